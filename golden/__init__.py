@@ -1,0 +1,1 @@
+"""dsv4spec.golden: golden tensors, their manifest, the generator and the checker."""

@@ -1,0 +1,15 @@
+"""dsv4spec.impl: the readable reference implementation, one module per rule family.
+
+Every public operation is re-exported here under its canonical name, so this package is itself a
+target (`dsv4spec verify --target impl`).
+"""
+from .quant import *  # noqa: F401,F403
+from .indexer import *  # noqa: F401,F403
+from .pool import *  # noqa: F401,F403
+from .compressor import *  # noqa: F401,F403
+from .layout import *  # noqa: F401,F403
+
+NAME = "impl"
+DEVICE = "cpu"
+CLAIMS_CONFORMANCE = True
+VARIANTS: dict = {}

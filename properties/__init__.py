@@ -1,0 +1,1 @@
+"""dsv4spec.properties: the conformance suite (targets, checks, comparison policies, reports)."""

@@ -1,0 +1,90 @@
+"""Comparison policies.  Every failure names the rule's clause and decodes the first mismatch."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def as_numpy(x) -> np.ndarray:
+    """A torch tensor or array-like as a numpy array (bf16 widened exactly to float32)."""
+    if hasattr(x, "detach"):
+        import torch
+        x = x.detach().cpu()
+        if x.dtype == torch.bfloat16:
+            x = x.float()
+        if x.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            x = x.view(torch.uint8)
+        return x.numpy()
+    return np.asarray(x)
+
+
+def _index(flat_i: int, shape) -> tuple:
+    return tuple(int(i) for i in np.unravel_index(flat_i, shape)) if shape else ()
+
+
+def assert_same_shape(actual, expected, what: str):
+    if tuple(actual.shape) != tuple(expected.shape):
+        raise AssertionError(f"{what}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}")
+
+
+def assert_bytes_equal(actual, expected, *, what: str, decode=None, context=None, limit: int = 4):
+    """Exact equality of integer codes/bytes.
+
+    decode(code) -> str renders one code (e.g. 'sign=1 exp=2 man=1 (-3.0)'); context(index) -> str
+    describes the input that produced the element at that index.
+    """
+    a, e = as_numpy(actual), as_numpy(expected)
+    assert_same_shape(a, e, what)
+    bad = np.flatnonzero(a.reshape(-1).astype(np.int64) != e.reshape(-1).astype(np.int64))
+    if bad.size == 0:
+        return
+    lines = [f"{what}: {bad.size} of {a.size} differ"]
+    for flat in bad[:limit]:
+        idx = _index(flat, a.shape)
+        got, want = int(a.reshape(-1)[flat]), int(e.reshape(-1)[flat])
+        show = (lambda v: f"0x{v:02x} {decode(v)}") if decode else (lambda v: f"0x{v:02x}")
+        line = f"  at {idx}: got {show(got)}, expected {show(want)}"
+        if context:
+            line += f"; {context(idx)}"
+        lines.append(line)
+    raise AssertionError("\n".join(lines))
+
+
+def assert_equal(actual, expected, *, what: str, context=None, limit: int = 4):
+    """Exact equality of values (NaN equal to NaN, -0 distinct from +0 for floats)."""
+    a, e = as_numpy(actual), as_numpy(expected)
+    assert_same_shape(a, e, what)
+    if a.dtype.kind == "f" or e.dtype.kind == "f":
+        a64, e64 = a.astype(np.float64).reshape(-1), e.astype(np.float64).reshape(-1)
+        same = (a64 == e64) & (np.signbit(a64) == np.signbit(e64)) | (np.isnan(a64) & np.isnan(e64))
+    else:
+        same = a.reshape(-1) == e.reshape(-1)
+    bad = np.flatnonzero(~same)
+    if bad.size == 0:
+        return
+    lines = [f"{what}: {bad.size} of {a.size} differ"]
+    for flat in bad[:limit]:
+        idx = _index(flat, a.shape)
+        line = f"  at {idx}: got {a.reshape(-1)[flat]!r}, expected {e.reshape(-1)[flat]!r}"
+        if context:
+            line += f"; {context(idx)}"
+        lines.append(line)
+    raise AssertionError("\n".join(lines))
+
+
+def assert_close(actual, expected, *, what: str, atol: float, rtol: float, limit: int = 4):
+    """|a − e| ≤ atol + rtol·|e| where both are finite; ±inf and NaN positions must match exactly."""
+    a = as_numpy(actual).astype(np.float64)
+    e = as_numpy(expected).astype(np.float64)
+    assert_same_shape(a, e, what)
+    af, ef = a.reshape(-1), e.reshape(-1)
+    anomaly = ~np.isfinite(ef) | ~np.isfinite(af)
+    same_anomaly = (af == ef) | (np.isnan(af) & np.isnan(ef))
+    finite = ~anomaly
+    err = np.abs(af - ef)
+    bad = np.flatnonzero((anomaly & ~same_anomaly) | (finite & (err > atol + rtol * np.abs(ef))))
+    if bad.size == 0:
+        return
+    lines = [f"{what}: {bad.size} of {a.size} outside atol={atol:g} rtol={rtol:g}"]
+    for flat in bad[:limit]:
+        lines.append(f"  at {_index(flat, a.shape)}: got {af[flat]!r}, expected {ef[flat]!r}")
+    raise AssertionError("\n".join(lines))

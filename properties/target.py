@@ -1,0 +1,121 @@
+"""The target contract: what the suite checks.
+
+A target provides some operations by canonical name (plain attributes: functions taking and
+returning whole batched torch tensors on the CPU) and optional metadata:
+
+    NAME = "mylib"                      # shown in reports
+    DEVICE = "cuda"                     # informative
+    VARIANTS = {"e2m1_ties": "even"}    # the implementation-defined choices it declares
+    CLAIMS_CONFORMANCE = True           # its failures make `dsv4spec verify` exit non-zero
+
+`--target pkg.module:attr` names a module, an object, or a zero-argument callable returning one;
+`--target pkg.module` names a module.  Installed packages may also register targets in the
+`dsv4spec.targets` entry-point group.  Operations a target lacks are NOT_IMPLEMENTED, never FAIL.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import types
+from importlib import metadata
+
+from ..spec.rules import KNOBS, check_variants
+
+BUILTIN = {
+    "impl": "dsv4spec.impl",
+    "kernels": "dsv4spec.kernels",
+    "ml_dtypes": "dsv4spec.properties.casts:MLDTYPES",
+    "torch": "dsv4spec.properties.casts:TORCH",
+}
+ENTRY_POINT_GROUP = "dsv4spec.targets"
+
+
+class NotImplementedOp(Exception):
+    """The target does not provide an operation a check needs."""
+
+
+class Target:
+    def __init__(self, provider, spec: str, name: str | None = None):
+        self.provider = provider
+        self.spec = spec
+        self.name = name or getattr(provider, "NAME", spec)
+        self.device = getattr(provider, "DEVICE", "cpu")
+        self.claims_conformance = bool(getattr(provider, "CLAIMS_CONFORMANCE", False))
+        self.declared = dict(getattr(provider, "VARIANTS", {}) or {})
+        self.variants = check_variants(self.declared)
+
+    def has(self, *ops: str) -> bool:
+        return all(callable(getattr(self.provider, op, None)) for op in ops)
+
+    def op(self, name: str):
+        fn = getattr(self.provider, name, None)
+        if not callable(fn):
+            raise NotImplementedOp(name)
+        return fn
+
+    def __getattr__(self, name):  # target.fp4_e8m0_quantize(x) reads like a call on the library
+        if name.startswith("_") or name in ("provider",):
+            raise AttributeError(name)
+        return self.op(name)
+
+    def variant(self, knob: str) -> str:
+        """The value of a knob the checks must expect from this target."""
+        if knob not in KNOBS:
+            raise KeyError(f"unknown knob {knob!r}")
+        return self.variants[knob]
+
+    def expecting(self, knob: str, value: str) -> "Target":
+        """A view of this target whose checks expect `knob = value` (used to name a variant)."""
+        view = Target.__new__(Target)
+        view.__dict__.update(self.__dict__)
+        view.variants = {**self.variants, knob: value}
+        return view
+
+    def __repr__(self):
+        return f"Target({self.name!r})"
+
+
+def _import(ref: str):
+    module_name, _, attr = ref.partition(":")
+    try:
+        obj = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"cannot import target module {module_name!r}: {e}") from None
+    for part in filter(None, attr.split(".")):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ValueError(f"target {ref!r}: {module_name} has no attribute {attr!r}") from None
+    if attr and callable(obj) and not isinstance(obj, types.ModuleType):
+        obj = obj()
+    return obj
+
+
+def _entry_points() -> dict[str, str]:
+    return {ep.name: ep.value for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def load_target(spec: str) -> Target:
+    """A built-in name, an entry-point name, or `pkg.module[:attr]`."""
+    if spec == "kernels":
+        prepare_triton()
+    known = {**_entry_points(), **BUILTIN}
+    if spec in known:
+        return Target(_import(known[spec]), spec, name=spec)
+    if "." not in spec and ":" not in spec:
+        raise ValueError(f"unknown target {spec!r}; built-in targets are {', '.join(BUILTIN)}, "
+                         f"or give pkg.module:attr")
+    return Target(_import(spec), spec)
+
+
+def prepare_triton() -> None:
+    """Run Triton kernels in the interpreter when no GPU is present (read at @triton.jit time)."""
+    if "TRITON_INTERPRET" in os.environ:
+        return
+    try:
+        import torch
+        gpu = torch.cuda.is_available()
+    except ImportError:
+        gpu = False
+    if not gpu:
+        os.environ["TRITON_INTERPRET"] = "1"
