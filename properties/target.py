@@ -15,6 +15,7 @@ returning whole batched torch tensors on the CPU) and optional metadata:
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import types
 from importlib import metadata
@@ -102,7 +103,7 @@ def load_target(spec: str) -> Target:
     known = {**_entry_points(), **BUILTIN}
     if spec in known:
         return Target(_import(known[spec]), spec, name=spec)
-    if "." not in spec and ":" not in spec:
+    if "." not in spec and ":" not in spec and importlib.util.find_spec(spec) is None:
         raise ValueError(f"unknown target {spec!r}; built-in targets are {', '.join(BUILTIN)}, "
                          f"or give pkg.module:attr")
     return Target(_import(spec), spec)

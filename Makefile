@@ -1,0 +1,29 @@
+# The two commands of the README.  Each builds its own virtual environment on a fresh machine.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# CPU torch for tests (the H200 machine brings its own CUDA torch); triton pinned to the GPU's.
+TORCH ?= torch==2.13.0
+DEPS := $(TORCH) triton==3.6.0 numpy ml_dtypes hypothesis pytest pytest-xdist safetensors
+JOBS ?= auto
+
+.PHONY: verify test spec clean
+
+$(BIN)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip setuptools
+	$(BIN)/pip install --quiet $(DEPS)
+	$(BIN)/pip install --quiet --no-build-isolation --no-deps -e .
+	touch $@
+
+verify: $(BIN)/.installed
+	$(BIN)/dsv4spec verify
+
+test: $(BIN)/.installed
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -n $(JOBS) -q tests
+
+spec: $(BIN)/.installed
+	$(BIN)/dsv4spec spec --write SPEC.md
+
+clean:
+	rm -rf $(VENV) *.egg-info

@@ -1,0 +1,5 @@
+import sys
+
+from dsv4spec.cli import main
+
+sys.exit(main())

@@ -1,0 +1,60 @@
+"""Render the rule registry as the Markdown specification kept in the repository (SPEC.md)."""
+from __future__ import annotations
+
+from .models import PROFILES
+from .rules import KNOBS, POLICIES, RULES
+
+FAMILY_TITLES = {
+    "FMT": "Exact number formats",
+    "FP4": "FP4 E2M1 codecs",
+    "FP8": "FP8 act_quant",
+    "HAD": "Hadamard rotation",
+    "IDX": "Lightning indexer",
+    "POOL": "V4.1 candidate pool",
+    "LAYER": "Layer roles",
+    "CMP": "Compressor",
+    "LAYOUT": "KV entry layouts",
+    "BUDGET": "Bytes and work per token",
+}
+
+
+def render() -> str:
+    out = [
+        "# dsv4spec — the rules",
+        "",
+        "Generated from the rule registry in `spec/` by `dsv4spec spec --write`; do not edit by hand "
+        "(a test fails when this file is stale). Each rule: its id, status, the models it applies to, "
+        "how a result is compared, its statement, and its sources. Where a source document says "
+        "otherwise, the rule says what it claimed and why the rule differs.",
+        "",
+        "## Comparison policies",
+        "",
+        *[f"- **{name}**: {text}" for name, text in POLICIES.items()],
+        "",
+    ]
+    families = list(dict.fromkeys(r.family for r in sorted(RULES.values(), key=_order)))
+    for family in families:
+        out += [f"## {family} — {FAMILY_TITLES.get(family, family)}", ""]
+        for r in sorted((r for r in RULES.values() if r.family == family), key=lambda r: r.id):
+            out += [f"### `{r.id}` — {r.title}", "",
+                    f"*{r.status}*; applies to {', '.join(r.applies_to)}; compared by **{r.policy}**"
+                    + (f"; variant knob `{r.knob}`" if r.knob else "") + ".", "",
+                    r.statement, ""]
+            if r.differs:
+                out += [f"> **Differs from the source documents.** {r.differs}", ""]
+            out += ["Sources: " + "; ".join(r.sources) + ".", ""]
+    out += ["## Variant knobs", "", "| knob | canonical | alternatives | meaning |", "|---|---|---|---|"]
+    for k in sorted(KNOBS.values(), key=lambda k: k.name):
+        alts = "; ".join(f"`{v}`: {d}" for v, d in k.alternatives.items())
+        out.append(f"| `{k.name}` | `{k.canonical}` | {alts} | {k.doc} |")
+    out += ["", "## Model profiles", "", "| model | layers (+draft) | index heads × dim | index_topk | "
+            "score dtype | Hadamard | norm eps |", "|---|---|---|---|---|---|---|"]
+    for m in PROFILES.values():
+        out.append(f"| {m.name} | {m.n_layers} (+{m.n_draft}) | {m.index_n_heads} × {m.index_head_dim} | "
+                   f"{m.index_topk} | {m.score_dtype} | {'yes' if m.hadamard else 'no'} | {m.norm_eps:g} |")
+    return "\n".join(out) + "\n"
+
+
+def _order(rule):
+    keys = list(FAMILY_TITLES)
+    return (keys.index(rule.family) if rule.family in keys else len(keys), rule.id)

@@ -1,0 +1,49 @@
+"""The registry itself: well-formed rules, a check for every rule that needs one, a mutant for every
+checked rule, and SPEC.md in step with the registry."""
+import re
+from pathlib import Path
+
+import pytest
+
+from dsv4spec.spec import KNOBS, RULES
+from dsv4spec.spec.document import render
+from dsv4spec.spec.rules import INFORMATIVE, MODELS
+from dsv4spec.properties.suite import checks_for, load_checks
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_spec_md_is_current():
+    assert (ROOT / "SPEC.md").read_text() == render(), \
+        "SPEC.md is stale: run `dsv4spec spec --write SPEC.md` (or `make spec`) and commit it"
+
+
+def test_ids_are_dotted_family_first_and_stable_shape():
+    for rule_id in RULES:
+        assert re.fullmatch(r"[A-Z][A-Z0-9]*(\.[A-Z0-9_]+)+", rule_id), rule_id
+
+
+def test_every_rule_cites_the_official_code_or_reference():
+    for r in RULES.values():
+        assert any("official-rules.md" in s or "seed" in s or "conventions.md" in s for s in r.sources), r.id
+        assert set(r.applies_to) <= set(MODELS) and r.applies_to, r.id
+
+
+def test_every_knob_is_named_by_a_rule():
+    named = {r.knob for r in RULES.values() if r.knob}
+    assert set(KNOBS) <= named, f"knobs no rule names: {sorted(set(KNOBS) - named)}"
+
+
+@pytest.mark.parametrize("rule_id", sorted(RULES))
+def test_every_non_informative_rule_has_a_check(rule_id):
+    load_checks()
+    if RULES[rule_id].status != INFORMATIVE:
+        assert checks_for(rule_id), f"{rule_id} has no check in properties/"
+
+
+def test_every_checked_rule_has_a_mutant_that_is_caught_on_it():
+    """A property that no mutant can fail is suspect: each checked rule id appears in a mutant test."""
+    text = "".join(p.read_text() for p in (ROOT / "tests").glob("test_mutants_*.py"))
+    load_checks()
+    missing = [r for r in sorted(RULES) if checks_for(r) and f'"{r}"' not in text]
+    assert not missing, f"rules with checks but no mutant test: {missing}"
