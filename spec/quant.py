@@ -1,1 +1,366 @@
-"""(to be written)"""
+"""The KV-cache and indexer quantization codecs, exactly, with their variant knobs.
+
+Three codecs, each per block of the last dimension (official-rules.md §1, §2):
+
+    V4.1 main KV   FP4 E2M1 payload, one E4M3 scale per 16    fp4_e4m3_quantize
+    indexer Q/K    FP4 E2M1 payload, one E8M0 scale per 32    fp4_e8m0_quantize   (V4 and V4.1)
+    act_quant      FP8 E4M3 payload, one E8M0 scale per b     fp8_quantize        (b = 64, 32, 128)
+
+Every function takes numpy arrays (inputs read as float32) and the variant knobs as keyword
+arguments defaulting to the canonical (official) values, so an oracle can compute the expected
+bytes of any declared variant.  Every fp32 operation below is one IEEE fp32 operation with
+round-to-nearest-even (numpy float32 arithmetic), written in the order the official kernels do it.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .formats import (E2M1_MAX, E4M3_MAX, e2m1_decode, e2m1_encode, e4m3_decode,
+                      e4m3_encode, e8m0_decode, e8m0_encode_exponent, bf16_round, ceil_log2,
+                      floor_log2, pow2, f32_bits)
+from .rules import IMPLEMENTATION_DEFINED, V4, V41, V4_ALL, knob, rule
+
+F32 = np.float32
+FP4_KV_BLOCK = 16           # V4.1 main KV: one E4M3 scale per 16 values
+FP4_IDX_BLOCK = 32          # indexer Q/K (V4, V4.1): one E8M0 scale per 32 values
+FP8_BLOCKS = {"v4 main/window KV (448 NoPE dims)": 64, "v4.1 SWA KV (512 dims)": 32,
+              "v3.2 indexer Q/K (128 dims)": 128}
+FP4_MAX_INV = F32(1) / F32(E2M1_MAX)      # fl32(1/6) = 0x3E2AAAAB, slightly above 1/6
+FP8_MAX_INV = F32(1) / F32(E4M3_MAX)      # fl32(1/448)
+
+# --------------------------------------------------------------------------------------------
+# Knobs of the codecs (the element-cast knobs e2m1_*, e4m3_overflow, e8m0_rounding are in formats)
+# --------------------------------------------------------------------------------------------
+
+knob("nibble_order", "low_first", {
+    "high_first": "element 2i in the high nibble (swapped)",
+}, "Which nibble of a packed FP4 byte holds the even-index element.")
+
+knob("fp4_idx_amax_floor", "6x2^-126", {
+    "1e-4": "amax clamped to 1e-4 (borrowed from act_quant): an all-zero block gets scale 2^-15",
+    "none": "no clamp: an all-zero block gets scale 2^-127 (byte 0x00)",
+}, "The lower clamp of amax on the indexer FP4 (E8M0/32) path.")
+
+knob("fp4_kv_scale_floor", "6x2^-9", {
+    "6x2^-6": "amax clamped to 6·2^-6, so the scale is never below 2^-6 (the smallest normal E4M3)",
+}, "The lower clamp of amax on the V4.1 main KV FP4 (E4M3/16) path.")
+
+knob("scale_apply", "divide", {
+    "reciprocal": "x · fl32(1/s) instead of x / s: differs near ties, e.g. block "
+                  "[0.17578125, 0.03662109375, 0, …] gives code 1.0 by division, 1.5 by reciprocal",
+}, "How the rounded E4M3 scale is applied to the values before the E2M1 cast.")
+
+knob("fp8_amax_floor", "1e-4", {
+    "1e-8": "amax clamped to 1e-8: an all-zero block gets scale 2^-35",
+}, "The lower clamp of amax in act_quant.")
+
+knob("v4_fp8_inplace", "fp8", {
+    "bf16": "the initial V4-Flash kernel: the in-place QDQ casts clamp(x/s) to BF16, not FP8 "
+            "(V4-kernel L55, L86-90), so it is almost the identity",
+}, "What the in-place act_quant QDQ rounds x/s to (V4 main/window KV).")
+
+knob("nonfinite_input", "reject", {
+    "block_local": "NaN/Inf are accepted; the bytes of a block holding one are unspecified, every "
+                   "other block is encoded exactly (no cross-block contamination)",
+}, "What a quantizer does with NaN or ±Inf in its input (the official code leaves it undefined).")
+
+# --------------------------------------------------------------------------------------------
+# Rules
+# --------------------------------------------------------------------------------------------
+
+_SEED_V41_FP4 = "seed 000 'FP4 量化如何压缩 KV 存储' and Q&A on V4.1 main KV"
+_SEED_IDX_FP4 = "seed 003 §5.2, §10.3"
+
+rule("FP4.PACK.NIBBLE", "FP4 packing: even element in the low nibble",
+     "Codes c[..., n] pack into bytes p[..., n/2] with p[i] = c[2i] | c[2i+1] << 4 (the layout of "
+     "torch.float4_e2m1fn_x2 and convert.py); unpacking is the inverse.",
+     applies_to=V4_ALL, policy="bytes", status=IMPLEMENTATION_DEFINED, knob="nibble_order",
+     sources=("official-rules.md §1 'Packing and storage dtype' (V4-kernel L193)",))
+
+rule("FP4.E2M1.RNE", "FP4 codecs round x/s to E2M1 with ties to even",
+     "Both FP4 codecs encode the scaled value r = clamp(x/s, −6, 6) with FMT.E2M1.RNE: nearest "
+     "magnitude, exact ties to the even code.  With amax = 6 both scales are exactly 1, so the "
+     "values 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5 are ties of the codec itself.",
+     applies_to=V4_ALL, policy="bytes", status=IMPLEMENTATION_DEFINED, knob="e2m1_ties",
+     sources=("official-rules.md §1 'Rounding behaviour' (V4-kernel L165-177)",))
+
+rule("FP4.E2M1.ZERO_SIGN", "FP4 codecs keep the sign of zero",
+     "A negative value (or −0) whose scaled value rounds to zero is stored as code 0x8 (−0).",
+     applies_to=V4_ALL, policy="bytes", status=IMPLEMENTATION_DEFINED, knob="e2m1_zero_sign",
+     sources=("official-rules.md §1 ('−0 exists (nibble 8)')",))
+
+rule("FP4.KV.SCALE", "V4.1 main KV scale: E4M3 nearest to amax/6, per 16",
+     "Per block of 16: amax = max|x| in fp32; s = E4M3_RNE(fl32(amax / 6)) (an IEEE fp32 division "
+     "then FMT.E4M3.RNE); the stored scale byte is the E4M3 code of s.  s is rounded to nearest, "
+     "not up, and is not a power of two.",
+     applies_to=V41, policy="bytes",
+     sources=("official-rules.md §2.2 (tt K41:158-161; V4.1-model upstream L758-760)", _SEED_V41_FP4),
+     differs="Seed 000 says the E4M3 scale is 'almost exactly max|x|/6'.  It is the E4M3 value "
+             "NEAREST to amax/6 (4 significant bits), so amax/s ranges over about [5.65, 6.375] "
+             "and the largest element clips to ±6 in about half of the blocks.")
+
+rule("FP4.KV.FLOOR", "V4.1 main KV scale floor: amax ≥ 6·2^-9",
+     "amax is clamped below at 6·2^-9 before the division, so s ≥ 2^-9 (the smallest E4M3 "
+     "subnormal) and an all-zero block stores scale byte 0x01 with all codes 0.",
+     applies_to=V41, policy="bytes", status=IMPLEMENTATION_DEFINED, knob="fp4_kv_scale_floor",
+     sources=("official-rules.md §2.2 step 1 ('keep even an all-zero group's scale nonzero')",))
+
+rule("FP4.KV.SATURATE", "V4.1 main KV scale saturates at 448",
+     "When amax/6 > 464 the scale saturates to 448 (byte 0x7E), never NaN; amax 2785 gives "
+     "s = 448 and its top values clip to ±6.",
+     applies_to=V41, policy="bytes", status=IMPLEMENTATION_DEFINED, knob="e4m3_overflow",
+     sources=("official-rules.md §2.2 step 2 (satfinite)",))
+
+rule("FP4.KV.DIVIDE", "V4.1 main KV values are divided by the rounded scale",
+     "The E2M1 input is fl32(x / s) with s the ROUNDED E4M3 scale and an IEEE fp32 division "
+     "(not x · fl32(1/s), not x / (amax/6)).",
+     applies_to=V41, policy="bytes", status=IMPLEMENTATION_DEFINED, knob="scale_apply",
+     sources=("official-rules.md §2.2 step 3, §10 Q4 (ports use tl.div_rn)",))
+
+rule("FP4.KV.CLAMP", "V4.1 main KV values are clamped to ±6 before the E2M1 cast",
+     "r = clamp(x/s, −6, 6) then E2M1: an element whose ratio exceeds 6 (up to ≈6.375 when the "
+     "scale rounds down, without bound when it saturates at 448) is stored as ±6.",
+     applies_to=V41, policy="bytes", status=IMPLEMENTATION_DEFINED, knob="e2m1_overflow",
+     sources=("official-rules.md §1 'Saturation', §2.2 'Consequence of rounding the scale'",))
+
+rule("FP4.IDX.SCALE", "Indexer FP4 scale: 2^ceil(log2(amax · fl32(1/6))), E8M0, per 32",
+     "Per block of 32: v = fl32(amax · fl32(1/6)) (a multiplication by the fp32 reciprocal, not a "
+     "division); s = 2^FMT.CEIL_LOG2(v), stored as the E8M0 byte 127 + ceil_log2(v).  Because s is "
+     "rounded up, |x|/s ≤ 6 and nothing clips.",
+     applies_to=V4_ALL, policy="bytes", status=IMPLEMENTATION_DEFINED, knob="e8m0_rounding",
+     sources=("official-rules.md §2.1, §2.3 (V4-kernel L135, L161-164; tt K41:163-164; V4.1 "
+              "upstream L546, L552)", _SEED_IDX_FP4),
+     differs="Seed 003 §5.2 says the dequantization scale is stored as FP32 (V3.2's format); V4 and "
+             "V4.1 store one E8M0 byte per 32 values (4.25 bits per element).")
+
+rule("FP4.IDX.FLOOR", "Indexer FP4 amax floor: 6·2^-126",
+     "amax is clamped below at 6·2^-126, so the smallest scale is 2^-126 (byte 0x01) and an "
+     "all-zero block stores byte 0x01 with all codes 0.",
+     applies_to=V4_ALL, policy="bytes", status=IMPLEMENTATION_DEFINED, knob="fp4_idx_amax_floor",
+     sources=("official-rules.md §2.1 step 2 (V4-kernel L161-164)",))
+
+rule("FP4.DEQUANT", "FP4 dequantization is E2M1 value × scale, exactly",
+     "x̂ = FP4_TABLE[code] · s in fp32 (exact: at most 6 significant bits), with s the decoded "
+     "E4M3 or E8M0 scale of the element's block; −0 stays −0.",
+     applies_to=V4_ALL, policy="exact",
+     sources=("official-rules.md §2.2 step 4, §1 'everything is QDQ'",))
+
+rule("FP8.SCALE", "act_quant scale: 2^ceil(log2(amax · fl32(1/448))), E8M0",
+     "Per block of b: v = fl32(amax · fl32(1/448)); s = 2^FMT.CEIL_LOG2(v), stored as E8M0 byte "
+     "127 + ceil_log2(v) (scale_fmt = 'ue8m0').  Because s is rounded up nothing clips.",
+     applies_to=("v3.2",) + V4_ALL, policy="bytes", status=IMPLEMENTATION_DEFINED, knob="e8m0_rounding",
+     sources=("official-rules.md §2.1 (V4-kernel L77-83; V3.2-kernel L68-74; tt K41:76-80)",),
+     differs="Seed 003 §5.2/§10.2 describes an FP32 scale (the V3.2 storage of the same power of "
+             "two); V4/V4.1 store the byte E8M0.")
+
+rule("FP8.FLOOR", "act_quant amax floor: 1e-4",
+     "amax is clamped below at fl32(1e-4), so the smallest scale is 2^ceil(log2(fl32(1e-4)·"
+     "fl32(1/448))) = 2^-22 (byte 105), the scale of an all-zero block.",
+     applies_to=("v3.2",) + V4_ALL, policy="bytes", status=IMPLEMENTATION_DEFINED, knob="fp8_amax_floor",
+     sources=("official-rules.md §2.1 'Formula (FP8 act_quant)' step 1",))
+
+rule("FP8.E4M3", "act_quant values: E4M3_RNE(clamp(x/s, ±448)), satfinite",
+     "q = FMT.E4M3.RNE(clamp(fl32(x / s), −448, 448)); with a power-of-two s the division is exact "
+     "unless the quotient is an fp32 subnormal.",
+     applies_to=("v3.2",) + V4_ALL, policy="bytes",
+     sources=("official-rules.md §2.1 'Values' (V4-kernel L84-91)",))
+
+rule("FP8.DEQUANT", "act_quant dequantization is E4M3 value × scale, exactly",
+     "x̂ = E4M3 value · 2^(byte − 127) in fp32 (exact in the ranges the floor allows).",
+     applies_to=("v3.2",) + V4_ALL, policy="exact",
+     sources=("official-rules.md §2.1, §2.4",))
+
+rule("FP8.BLOCKS", "act_quant block sizes",
+     "One scale per block of the last dimension: V4 main/window KV quantizes the 448 NoPE dims in "
+     "blocks of 64 (7 scales, RoPE dims stay BF16); V4.1 SWA KV the whole 512-dim vector in blocks "
+     "of 32 (16 scales); V3.2 indexer Q/K 128 dims in one block of 128.",
+     applies_to=("v3.2",) + V4_ALL, policy="bytes",
+     sources=("official-rules.md §2.4 (V4-model L372, L505-506; V4.1 Attention._window_kv; "
+              "V3.2-model L467-468), §7.1",))
+
+rule("FP8.V4_INPLACE", "V4 in-place act_quant QDQ rounds through FP8",
+     "The in-place QDQ writes back E4M3_RNE(clamp(x/s, ±448)) · s.  The initial V4-Flash kernel "
+     "instead casts clamp(x/s) to BF16 (a near no-op); later copies and V4.1 cast through FP8.",
+     applies_to=("v3.2",) + V4_ALL, policy="exact", status=IMPLEMENTATION_DEFINED, knob="v4_fp8_inplace",
+     sources=("official-rules.md §2.4 'Caveat', §10 Q3 (V4-kernel L55, L84-91)",),
+     differs="Seed 003 §10.2 says the V4 main KV is FP8; with the initial V4-Flash kernel the "
+             "in-place simulation is effectively BF16.")
+
+rule("FP4.NONFINITE", "FP4 codecs reject NaN and ±Inf",
+     "The official code leaves non-finite input undefined (official-rules §10 Q5).  Canonical "
+     "here: a quantizer raises ValueError naming the first non-finite element.",
+     applies_to=V4_ALL, policy="exact", status=IMPLEMENTATION_DEFINED, knob="nonfinite_input",
+     sources=("official-rules.md §1 'NaN / Inf', §10 Q5",))
+
+rule("FP8.NONFINITE", "act_quant rejects NaN and ±Inf",
+     "As FP4.NONFINITE: a quantizer raises ValueError on NaN or ±Inf input; under the declared "
+     "variant block_local the other blocks must still be exact.",
+     applies_to=("v3.2",) + V4_ALL, policy="exact", status=IMPLEMENTATION_DEFINED,
+     knob="nonfinite_input", sources=("official-rules.md §2.1, §10 Q5",))
+
+
+# --------------------------------------------------------------------------------------------
+# Building blocks
+# --------------------------------------------------------------------------------------------
+
+
+def blocks(x, block: int) -> np.ndarray:
+    """x[..., n] as float32 [..., n/block, block]."""
+    x = np.asarray(x, dtype=F32)
+    if x.shape[-1] % block:
+        raise ValueError(f"last dimension {x.shape[-1]} is not a multiple of the block ({block})")
+    return x.reshape(*x.shape[:-1], x.shape[-1] // block, block)
+
+
+def unblock(x) -> np.ndarray:
+    return x.reshape(*x.shape[:-2], x.shape[-2] * x.shape[-1])
+
+
+def block_amax(xb) -> np.ndarray:
+    return np.abs(xb).max(axis=-1)
+
+
+def fp4_pack(codes, *, nibble_order: str = "low_first") -> np.ndarray:
+    codes = np.asarray(codes, dtype=np.uint8)
+    even, odd = codes[..., 0::2], codes[..., 1::2]
+    low, high = (even, odd) if nibble_order == "low_first" else (odd, even)
+    return (low | (high << 4)).astype(np.uint8)
+
+
+def fp4_unpack(packed, *, nibble_order: str = "low_first") -> np.ndarray:
+    packed = np.asarray(packed, dtype=np.uint8)
+    low, high = packed & 0xF, packed >> 4
+    even, odd = (low, high) if nibble_order == "low_first" else (high, low)
+    return np.stack([even, odd], axis=-1).reshape(*packed.shape[:-1], 2 * packed.shape[-1])
+
+
+def _to_e2m1(ratio, *, e2m1_overflow, e2m1_ties, e2m1_zero_sign):
+    if e2m1_overflow == "clamp":
+        ratio = np.clip(ratio, F32(-E2M1_MAX), F32(E2M1_MAX))
+    ratio = np.where(np.isnan(ratio), F32(0), ratio)    # only a NaN scale (e4m3_overflow=nan) gets here
+    return e2m1_encode(ratio, ties=e2m1_ties, overflow=e2m1_overflow, zero_sign=e2m1_zero_sign)
+
+
+def pow2_scale_exponent(amax, max_inv, elem_emax: int, *, e8m0_rounding: str = "ceil_exact"):
+    """The exponent e of the power-of-two scale 2^e of blocks with (floored) amax.
+
+    v = fl32(amax · max_inv); canonical e = ceil_log2(v).  elem_emax is the exponent of the
+    element format's largest value (2 for E2M1's 6 = 1.5·2^2, 8 for E4M3's 448 = 1.75·2^8).
+    A zero v (only reachable without an amax floor) gets e = −127, the E8M0 byte 0x00.
+    """
+    amax = np.asarray(amax, dtype=F32)
+    v = amax * F32(max_inv)
+    positive = np.where(v > 0, v, F32(1))
+    if e8m0_rounding == "ceil_exact":
+        e = ceil_log2(positive)
+    elif e8m0_rounding == "ocp_floor":
+        e = floor_log2(np.where(amax > 0, amax, F32(1))) - elem_emax
+    elif e8m0_rounding == "float_log2_ceil":
+        e = np.ceil(np.log2(positive.astype(np.float64)).astype(F32)).astype(np.int64)
+    elif e8m0_rounding == "round_half_up":
+        half_or_more = (f32_bits(positive) >> 22) & 1    # leading fraction bit of a normal v
+        e = floor_log2(positive) + half_or_more
+    else:
+        raise ValueError(f"unknown e8m0_rounding {e8m0_rounding!r}")
+    return np.clip(np.where(v > 0, e, -127), -127, 127)
+
+
+# --------------------------------------------------------------------------------------------
+# The codecs
+# --------------------------------------------------------------------------------------------
+
+_KV_FLOORS = {"6x2^-9": F32(6 * 2.0 ** -9), "6x2^-6": F32(6 * 2.0 ** -6)}
+_IDX_FLOORS = {"6x2^-126": F32(6 * 2.0 ** -126), "1e-4": F32(1e-4), "none": F32(0)}
+_FP8_FLOORS = {"1e-4": F32(1e-4), "1e-8": F32(1e-8)}
+
+
+def fp4_e4m3_scale(amax, *, fp4_kv_scale_floor="6x2^-9", e4m3_overflow="saturate") -> np.ndarray:
+    """The E4M3 scale byte of blocks with the given amax (V4.1 main KV)."""
+    amax = np.maximum(np.asarray(amax, dtype=F32), _KV_FLOORS[fp4_kv_scale_floor])
+    return e4m3_encode(amax / F32(E2M1_MAX), overflow=e4m3_overflow)
+
+
+def fp4_e4m3_quantize(x, *, fp4_kv_scale_floor="6x2^-9", e4m3_overflow="saturate",
+                      scale_apply="divide", e2m1_overflow="clamp", e2m1_ties="even",
+                      e2m1_zero_sign="keep", nibble_order="low_first"):
+    """V4.1 main KV: x[..., 16k] -> (packed uint8 [..., 8k], E4M3 scale bytes [..., k])."""
+    xb = blocks(x, FP4_KV_BLOCK)
+    scales = fp4_e4m3_scale(block_amax(xb), fp4_kv_scale_floor=fp4_kv_scale_floor,
+                            e4m3_overflow=e4m3_overflow)
+    s = e4m3_decode(scales)[..., None]
+    if scale_apply == "divide":
+        ratio = xb / s
+    elif scale_apply == "reciprocal":
+        ratio = xb * (F32(1) / s)
+    else:
+        raise ValueError(f"unknown scale_apply {scale_apply!r}")
+    codes = _to_e2m1(ratio, e2m1_overflow=e2m1_overflow, e2m1_ties=e2m1_ties,
+                     e2m1_zero_sign=e2m1_zero_sign)
+    return fp4_pack(unblock(codes), nibble_order=nibble_order), scales
+
+
+def fp4_e4m3_dequantize(packed, scales, *, nibble_order="low_first") -> np.ndarray:
+    values = blocks(e2m1_decode(fp4_unpack(packed, nibble_order=nibble_order)), FP4_KV_BLOCK)
+    return unblock(values * e4m3_decode(scales)[..., None])
+
+
+def fp4_e8m0_scale(amax, *, fp4_idx_amax_floor="6x2^-126", e8m0_rounding="ceil_exact") -> np.ndarray:
+    """The E8M0 scale byte of blocks with the given amax (indexer Q/K)."""
+    amax = np.maximum(np.asarray(amax, dtype=F32), _IDX_FLOORS[fp4_idx_amax_floor])
+    return e8m0_encode_exponent(pow2_scale_exponent(amax, FP4_MAX_INV, 2, e8m0_rounding=e8m0_rounding))
+
+
+def fp4_e8m0_quantize(x, *, fp4_idx_amax_floor="6x2^-126", e8m0_rounding="ceil_exact",
+                      e2m1_overflow="clamp", e2m1_ties="even", e2m1_zero_sign="keep",
+                      nibble_order="low_first"):
+    """Indexer Q/K: x[..., 32k] -> (packed uint8 [..., 16k], E8M0 scale bytes [..., k])."""
+    xb = blocks(x, FP4_IDX_BLOCK)
+    scales = fp4_e8m0_scale(block_amax(xb), fp4_idx_amax_floor=fp4_idx_amax_floor,
+                            e8m0_rounding=e8m0_rounding)
+    codes = _to_e2m1(xb / e8m0_decode(scales)[..., None], e2m1_overflow=e2m1_overflow,
+                     e2m1_ties=e2m1_ties, e2m1_zero_sign=e2m1_zero_sign)
+    return fp4_pack(unblock(codes), nibble_order=nibble_order), scales
+
+
+def fp4_e8m0_dequantize(packed, scales, *, nibble_order="low_first") -> np.ndarray:
+    values = blocks(e2m1_decode(fp4_unpack(packed, nibble_order=nibble_order)), FP4_IDX_BLOCK)
+    return unblock(values * e8m0_decode(scales)[..., None])
+
+
+def fp8_scale(amax, *, fp8_amax_floor="1e-4", e8m0_rounding="ceil_exact") -> np.ndarray:
+    """The E8M0 scale byte of act_quant blocks with the given amax."""
+    amax = np.maximum(np.asarray(amax, dtype=F32), _FP8_FLOORS[fp8_amax_floor])
+    return e8m0_encode_exponent(pow2_scale_exponent(amax, FP8_MAX_INV, 8, e8m0_rounding=e8m0_rounding))
+
+
+def _fp8_ratio(x, block, fp8_amax_floor, e8m0_rounding):
+    xb = blocks(x, block)
+    scales = fp8_scale(block_amax(xb), fp8_amax_floor=fp8_amax_floor, e8m0_rounding=e8m0_rounding)
+    s = e8m0_decode(scales)[..., None]
+    return np.clip(xb / s, F32(-E4M3_MAX), F32(E4M3_MAX)), s, scales
+
+
+def fp8_quantize(x, block: int, *, fp8_amax_floor="1e-4", e8m0_rounding="ceil_exact",
+                 e4m3_overflow="saturate"):
+    """act_quant: x[..., b·k] -> (E4M3 bytes [..., b·k], E8M0 scale bytes [..., k])."""
+    ratio, _, scales = _fp8_ratio(x, block, fp8_amax_floor, e8m0_rounding)
+    return unblock(e4m3_encode(ratio, overflow=e4m3_overflow)), scales
+
+
+def fp8_dequantize(q, scales, block: int) -> np.ndarray:
+    return unblock(blocks(e4m3_decode(q), block) * e8m0_decode(scales)[..., None])
+
+
+def fp8_qdq(x, block: int, *, v4_fp8_inplace="fp8", fp8_amax_floor="1e-4",
+            e8m0_rounding="ceil_exact", e4m3_overflow="saturate") -> np.ndarray:
+    """The in-place act_quant result written back by the reference: round(clamp(x/s)) · s."""
+    ratio, s, _ = _fp8_ratio(x, block, fp8_amax_floor, e8m0_rounding)
+    if v4_fp8_inplace == "fp8":
+        rounded = e4m3_decode(e4m3_encode(ratio, overflow=e4m3_overflow))
+    elif v4_fp8_inplace == "bf16":
+        rounded = bf16_round(ratio)
+    else:
+        raise ValueError(f"unknown v4_fp8_inplace {v4_fp8_inplace!r}")
+    return unblock(rounded * s)
+
+
