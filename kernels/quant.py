@@ -1,2 +1,508 @@
-"""(to be written)"""
-__all__ = []
+"""Triton kernels for the quant family: FP4 (E2M1) with E4M3/16 or E8M0/32 scales, FP8 (E4M3) with
+E8M0 scales, and nibble packing.
+
+Launchers take and return CPU tensors (the target contract).  They run on CUDA when a GPU is
+present, otherwise under the Triton interpreter.  The `*_device` functions take and return
+tensors on the compute device without copies; the benchmark times those.
+
+Exactness.  The interpreter's float casts differ from the GPU's, so no rounding here is a cast:
+  * E4M3 and E8M0 encodings are integer arithmetic on the fp32 bit pattern (the E4M3 subnormal
+    range by the fp32 magic-number add, which is IEEE round-to-nearest-even in both modes);
+  * E2M1 codes are counts of threshold comparisons (ties to the even code: 0.25, 1.25, 2.5 and 5
+    are strict, 0.75, 1.75 and 3.5 inclusive);
+  * nothing divides per element.  With an E8M0 scale, x/s is x times the exact power of two 1/s.
+    With an E4M3 scale, the code of E2M1_RNE(clamp(fl(x/s), -6, 6)) is read directly from |x|
+    against the products t*s of the decision boundaries t with the rounded scale; those products
+    are exact fp32 numbers (s has at most 4 significant bits, t at most 3), and comparing |x| with
+    them gives exactly the same code as rounding the IEEE quotient first:
+      - for a strict boundary t, fl(a/s) > t  <=>  a > t*s.  If a > t*s then a >= t*s + ulp(t*s),
+        so a/s - t >= ulp(t*s)/s > t*2^-24 >= ulp(t)/2, and the rounded quotient lies above t.
+      - for an inclusive boundary t (0.75, 1.75, 3.5), fl(a/s) >= t  <=>  a >= t*s.  t*s is not a
+        power of two, so below it the next float is t*s - ulp(t*s), and a/s <= t - ulp(t*s)/s
+        < t - ulp(t)/2: the quotient rounds below t.
+    So the E4M3 path is bit-identical to dividing by the rounded scale with IEEE division
+    (tl.math.div_rn), without paying for a division per element.  The one division, amax/6, is
+    per block and uses tl.math.div_rn.
+  * Block maxima ignore NaN, as the CUDA max reduction of the official kernel does.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # read when @triton.jit decorates, below
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+__all__ = [
+    "fp4_pack",
+    "fp4_unpack",
+    "fp4_e4m3_quantize",
+    "fp4_e4m3_dequantize",
+    "fp4_e8m0_quantize",
+    "fp4_e8m0_dequantize",
+    "fp8_quantize",
+    "fp8_dequantize",
+]
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+E4M3_BLOCK = 16
+E8M0_BLOCK = 32
+
+# fp32 bit patterns and constants used below.
+_F32_ABS_MASK = 0x7FFFFFFF
+_F32_INF_BITS = 0x7F800000
+_E4M3_MIN_NORMAL_BITS = 0x3C800000   # 2^-6
+_E4M3_REBIAS = (127 - 7) << 3        # fp32 exponent+3 mantissa bits -> E4M3 code
+_E4M3_MAX_CODE = 0x7E                # 448
+_MAGIC_RNE = 12582912.0              # 1.5 * 2^23: x + M - M rounds x to an integer, ties to even
+_MAGIC_RNE_BITS = 0x4B400000
+
+
+# ----------------------------------------------------------------------------------------------
+# Device helpers (each identical under the interpreter and on the GPU)
+# ----------------------------------------------------------------------------------------------
+
+@triton.jit
+def _abs_max_rows(x, CLEAN_NAN: tl.constexpr):
+    """max |x| along axis 1, skipping NaN (the GPU's max reduction skips NaN; numpy's does not)."""
+    a = tl.abs(x)
+    if CLEAN_NAN:
+        a = tl.where(a == a, a, 0.0)
+    return tl.max(a, axis=1)
+
+
+@triton.jit
+def _pow2_ceil_exponent(p):
+    """ceil(log2 p) for positive normal fp32 p (and 128 for +Inf), read from the bits:
+    the unbiased exponent, plus one if any mantissa bit is set."""
+    bits = p.to(tl.int32, bitcast=True)
+    e = ((bits >> 23) & 0xFF) - 127
+    return e + ((bits & 0x7FFFFF) != 0).to(tl.int32)
+
+
+@triton.jit
+def _pow2(e):
+    """2^e as fp32 for integer e in [-127, 128]: normal by the exponent bits, 2^-127 subnormal,
+    2^128 = +Inf."""
+    normal = ((e + 127) << 23).to(tl.float32, bitcast=True)
+    return tl.where(e == -127, 5.877471754111438e-39, normal)
+
+
+@triton.jit
+def _e8m0_decode(byte):
+    """E8M0 byte -> 2^(byte-127); 0xFF is NaN."""
+    e = byte.to(tl.int32) - 127
+    return tl.where(byte.to(tl.int32) == 255, float("nan"), _pow2(e))
+
+
+@triton.jit
+def _e4m3_encode_magnitude(a):
+    """E4M3 code (0..0x7E) of fp32 a >= 0, round to nearest even, saturating at 448 (NaN -> 0x7F)."""
+    u = a.to(tl.int32, bitcast=True)
+    # normal range: round the 23-bit mantissa to 3 bits at bit 20, ties to even
+    normal = ((u + 0x7FFFF + ((u >> 20) & 1)) >> 20) - _E4M3_REBIAS
+    normal = tl.minimum(normal, _E4M3_MAX_CODE)
+    # subnormal range (a < 2^-6): the code is round(a * 2^9) in 0..8 (8 is 2^-6, the first normal)
+    sub = (a * 512.0 + _MAGIC_RNE).to(tl.int32, bitcast=True) - _MAGIC_RNE_BITS
+    code = tl.where(u < _E4M3_MIN_NORMAL_BITS, sub, normal)
+    return tl.where(u > _F32_INF_BITS, 0x7F, code)
+
+
+@triton.jit
+def _e4m3_decode(code):
+    """E4M3 code (0..255) -> fp32 value (0x7F and 0xFF are NaN)."""
+    c = code.to(tl.int32)
+    mag = c & 0x7F
+    normal = ((mag << 20) + (120 << 23)).to(tl.float32, bitcast=True)
+    sub = mag.to(tl.float32) * 0.001953125  # m * 2^-9
+    v = tl.where(mag >= 8, normal, sub)
+    v = tl.where(mag == 0x7F, float("nan"), v)
+    # the sign goes in as a bit: Triton's unary minus is 0 - v, which loses the sign of zero
+    return (v.to(tl.int32, bitcast=True) | ((c & 0x80) << 24)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _e2m1_code_from_scaled_thresholds(x, s):
+    """E2M1 code (sign in bit 3) of clamp(x / s, -6, 6), rounded to nearest with ties to the even
+    code, for s > 0 with at most 4 significant bits (module docstring: why no division)."""
+    a = tl.abs(x)
+    s2 = s[:, None]
+    mag = (a > 0.25 * s2).to(tl.int32)
+    mag += (a >= 0.75 * s2).to(tl.int32)
+    mag += (a > 1.25 * s2).to(tl.int32)
+    mag += (a >= 1.75 * s2).to(tl.int32)
+    mag += (a > 2.5 * s2).to(tl.int32)
+    mag += (a >= 3.5 * s2).to(tl.int32)
+    mag += (a > 5.0 * s2).to(tl.int32)
+    sign = (x.to(tl.int32, bitcast=True) >> 28) & 8
+    return mag | sign
+
+
+@triton.jit
+def _e2m1_decode(code):
+    """E2M1 code (0..15) -> fp32: 0, .5, 1, 1.5, 2, 3, 4, 6 with the sign in bit 3."""
+    m = code & 7
+    # m >= 2: exponent (m >> 1) - 1, mantissa bit m & 1, i.e. fp32 bits (m + 252) << 22
+    normal = ((m + 252) << 22).to(tl.float32, bitcast=True)
+    v = tl.where(m >= 2, normal, m.to(tl.float32) * 0.5)
+    return (v.to(tl.int32, bitcast=True) | ((code & 8) << 28)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _pack_pairs(codes, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """[ROWS, COLS] codes -> [ROWS, COLS/2] bytes, element 2i in the low nibble."""
+    lo, hi = tl.split(tl.reshape(codes, (ROWS, COLS // 2, 2)))
+    return (lo | (hi << 4)).to(tl.uint8)
+
+
+@triton.jit
+def _unpack_pairs(packed, ROWS: tl.constexpr, HALF: tl.constexpr):
+    """[ROWS, HALF] bytes -> [ROWS, 2*HALF] codes (int32)."""
+    p = packed.to(tl.int32)
+    return tl.reshape(tl.join(p & 15, p >> 4), (ROWS, 2 * HALF))
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernels.  Each program owns ROWS whole scale blocks (rows of a [nblocks, BLOCK] view).
+# ----------------------------------------------------------------------------------------------
+
+@triton.jit
+def _fp4_quantize_kernel(x_ptr, q_ptr, s_ptr, nblocks,
+                         E4M3_SCALE: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
+                         CLEAN_NAN: tl.constexpr):
+    row0 = tl.program_id(0).to(tl.int64) * ROWS
+    rows = row0 + tl.arange(0, ROWS)
+    row_ok = rows < nblocks
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + rows[:, None] * BLOCK + cols[None, :], mask=row_ok[:, None], other=0.0)
+    x = x.to(tl.float32)
+    amax = _abs_max_rows(x, CLEAN_NAN)
+    if E4M3_SCALE:
+        # s = E4M3_RNE(max(amax, 6*2^-9) / 6), saturating at 448; the byte is its E4M3 code
+        t = tl.math.div_rn(tl.maximum(amax, 0.01171875), 6.0)
+        s_code = _e4m3_encode_magnitude(t)
+        s = _e4m3_decode(s_code)
+    else:
+        # s = 2^ceil(log2(max(amax, 6*2^-126) * fl32(1/6))); byte = exponent + 127
+        p = tl.maximum(amax, 7.052316384526264e-38) * 0.1666666716337204
+        e = _pow2_ceil_exponent(p)
+        s_code = e + 127
+        s = _pow2(e)
+    codes = _e2m1_code_from_scaled_thresholds(x, s)
+    packed = _pack_pairs(codes, ROWS, BLOCK)
+    half = tl.arange(0, BLOCK // 2)
+    tl.store(q_ptr + rows[:, None] * (BLOCK // 2) + half[None, :], packed, mask=row_ok[:, None])
+    tl.store(s_ptr + rows, s_code.to(tl.uint8), mask=row_ok)
+
+
+@triton.jit
+def _fp4_dequantize_kernel(q_ptr, s_ptr, y_ptr, nblocks,
+                           E4M3_SCALE: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr):
+    row0 = tl.program_id(0).to(tl.int64) * ROWS
+    rows = row0 + tl.arange(0, ROWS)
+    row_ok = rows < nblocks
+    half = tl.arange(0, BLOCK // 2)
+    packed = tl.load(q_ptr + rows[:, None] * (BLOCK // 2) + half[None, :], mask=row_ok[:, None],
+                     other=0)
+    s_byte = tl.load(s_ptr + rows, mask=row_ok, other=0)
+    if E4M3_SCALE:
+        s = _e4m3_decode(s_byte)
+    else:
+        s = _e8m0_decode(s_byte)
+    codes = _unpack_pairs(packed, ROWS, BLOCK // 2)
+    y = _e2m1_decode(codes) * s[:, None]
+    cols = tl.arange(0, BLOCK)
+    tl.store(y_ptr + rows[:, None] * BLOCK + cols[None, :], y.to(y_ptr.dtype.element_ty),
+             mask=row_ok[:, None])
+
+
+@triton.jit
+def _fp8_quantize_kernel(x_ptr, q_ptr, s_ptr, nblocks, BLOCK: tl.constexpr,
+                         BLOCK_P2: tl.constexpr, ROWS: tl.constexpr, CLEAN_NAN: tl.constexpr):
+    row0 = tl.program_id(0).to(tl.int64) * ROWS
+    rows = row0 + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_P2)
+    mask = (rows < nblocks)[:, None] & (cols < BLOCK)[None, :]
+    offs = rows[:, None] * BLOCK + cols[None, :]
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    amax = _abs_max_rows(x, CLEAN_NAN)
+    # s = 2^ceil(log2(max(amax, fl32(1e-4)) * fl32(1/448))); x/s = x * 2^-e exactly
+    p = tl.maximum(amax, 9.999999747378752e-05) * 0.002232142863795161
+    e = _pow2_ceil_exponent(p)
+    y = x * _pow2(-e)[:, None]
+    y = tl.minimum(tl.maximum(y, -448.0), 448.0)
+    code = _e4m3_encode_magnitude(tl.abs(y)) | ((y.to(tl.int32, bitcast=True) >> 24) & 0x80)
+    tl.store(q_ptr + offs, code.to(tl.uint8), mask=mask)
+    tl.store(s_ptr + rows, (e + 127).to(tl.uint8), mask=rows < nblocks)
+
+
+@triton.jit
+def _fp8_dequantize_kernel(q_ptr, s_ptr, y_ptr, nblocks, BLOCK: tl.constexpr,
+                           BLOCK_P2: tl.constexpr, ROWS: tl.constexpr):
+    row0 = tl.program_id(0).to(tl.int64) * ROWS
+    rows = row0 + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_P2)
+    mask = (rows < nblocks)[:, None] & (cols < BLOCK)[None, :]
+    offs = rows[:, None] * BLOCK + cols[None, :]
+    q = tl.load(q_ptr + offs, mask=mask, other=0)
+    s = _e8m0_decode(tl.load(s_ptr + rows, mask=rows < nblocks, other=0))
+    y = _e4m3_decode(q) * s[:, None]
+    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _pack_kernel(c_ptr, p_ptr, npairs, N: tl.constexpr):
+    i = tl.program_id(0).to(tl.int64) * N + tl.arange(0, N)
+    ok = i < npairs
+    lo = tl.load(c_ptr + 2 * i, mask=ok, other=0).to(tl.int32)
+    hi = tl.load(c_ptr + 2 * i + 1, mask=ok, other=0).to(tl.int32)
+    tl.store(p_ptr + i, (lo | (hi << 4)).to(tl.uint8), mask=ok)
+
+
+@triton.jit
+def _unpack_kernel(p_ptr, c_ptr, nbytes, N: tl.constexpr):
+    i = tl.program_id(0).to(tl.int64) * N + tl.arange(0, N)
+    ok = i < nbytes
+    p = tl.load(p_ptr + i, mask=ok, other=0).to(tl.int32)
+    tl.store(c_ptr + 2 * i, (p & 15).to(tl.uint8), mask=ok)
+    tl.store(c_ptr + 2 * i + 1, (p >> 4).to(tl.uint8), mask=ok)
+
+
+# ----------------------------------------------------------------------------------------------
+# Launch configuration: fixed (no autotune: the interpreter cannot run it).  On the GPU a program
+# owns 2048-4096 elements; in the interpreter fewer, larger programs are faster.
+# ----------------------------------------------------------------------------------------------
+
+# Elements per program and warps on the GPU (the benchmark may sweep them: bench/bench_quant.py).
+GPU_CONFIG = {"elements_per_program": 4096, "num_warps": 4}
+
+
+def _rows_per_program(block: int) -> int:
+    elements = 8192 if INTERPRETED else GPU_CONFIG["elements_per_program"]
+    return max(1, elements // block)
+
+
+def _num_warps() -> int:
+    return GPU_CONFIG["num_warps"]
+
+
+def _device() -> torch.device:
+    return torch.device("cpu" if INTERPRETED else "cuda")
+
+
+def _grid(nblocks: int, rows: int):
+    return (triton.cdiv(nblocks, rows),)
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation
+# ----------------------------------------------------------------------------------------------
+
+def _need_tensor(op: str, name: str, t) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def _need_float_input(op: str, x, block: int) -> None:
+    _need_tensor(op, "x", x)
+    if x.dtype not in (torch.float32, torch.bfloat16):
+        raise TypeError(f"{op}: x must be float32 or bfloat16, got {x.dtype}")
+    if x.dim() == 0:
+        raise ValueError(f"{op}: x must have at least one dimension")
+    if x.shape[-1] % block != 0:
+        raise ValueError(f"{op}: last dimension {x.shape[-1]} is not a multiple of the block ({block})")
+    if not x.is_contiguous():
+        raise ValueError(f"{op}: x must be contiguous (call .contiguous())")
+    bad = (~torch.isfinite(x)).nonzero()
+    if len(bad):
+        where = tuple(bad[0].tolist())
+        raise ValueError(f"{op}: non-finite input {x[where].item()} at index {where}; NaN and "
+                         f"±Inf are rejected (rules FP4.NONFINITE / FP8.NONFINITE)")
+
+
+_BYTE_VIEWS = (torch.float8_e4m3fn, torch.float8_e8m0fnu, torch.float4_e2m1fn_x2)
+
+
+def _need_uint8(op: str, name: str, t) -> torch.Tensor:
+    """t as uint8 (the torch FP8/FP4 storage dtypes are accepted as views of their bytes)."""
+    _need_tensor(op, name, t)
+    if t.dtype in _BYTE_VIEWS:
+        t = t.view(torch.uint8)
+    if t.dtype != torch.uint8:
+        raise TypeError(f"{op}: {name} must be uint8, got {t.dtype}")
+    if t.dim() == 0:
+        raise ValueError(f"{op}: {name} must have at least one dimension")
+    if not t.is_contiguous():
+        raise ValueError(f"{op}: {name} must be contiguous (call .contiguous())")
+    return t
+
+
+def _need_block(op: str, block) -> int:
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise ValueError(f"{op}: block must be a positive int, got {block!r}")
+    return block
+
+
+def _need_matching_scales(op: str, values_per_row: int, scales, block: int, lead, what: str):
+    if tuple(scales.shape[:-1]) != tuple(lead):
+        raise ValueError(f"{op}: scales leading shape {tuple(scales.shape[:-1])} does not match "
+                         f"{what} leading shape {tuple(lead)}")
+    if values_per_row % block != 0 or scales.shape[-1] != values_per_row // block:
+        raise ValueError(f"{op}: expected {values_per_row // block} scales per row (one per {block} "
+                         f"values of {values_per_row}), got {scales.shape[-1]}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Device-level entry points (tensors already on the compute device; no copies)
+# ----------------------------------------------------------------------------------------------
+
+def fp4_quantize_device(x: torch.Tensor, e4m3_scale: bool):
+    block = E4M3_BLOCK if e4m3_scale else E8M0_BLOCK
+    n = x.numel()
+    nblocks = n // block
+    q = torch.empty(x.shape[:-1] + (x.shape[-1] // 2,), dtype=torch.uint8, device=x.device)
+    s = torch.empty(x.shape[:-1] + (x.shape[-1] // block,), dtype=torch.uint8, device=x.device)
+    if nblocks:
+        rows = _rows_per_program(block)
+        _fp4_quantize_kernel[_grid(nblocks, rows)](
+            x, q, s, nblocks, E4M3_SCALE=e4m3_scale, BLOCK=block, ROWS=rows,
+            CLEAN_NAN=INTERPRETED, num_warps=_num_warps())
+    return q, s
+
+
+def fp4_dequantize_device(packed: torch.Tensor, scales: torch.Tensor, e4m3_scale: bool,
+                          out_dtype: torch.dtype = torch.float32):
+    block = E4M3_BLOCK if e4m3_scale else E8M0_BLOCK
+    nblocks = scales.numel()
+    y = torch.empty(packed.shape[:-1] + (packed.shape[-1] * 2,), dtype=out_dtype,
+                    device=packed.device)
+    if nblocks:
+        rows = _rows_per_program(block)
+        _fp4_dequantize_kernel[_grid(nblocks, rows)](
+            packed, scales, y, nblocks, E4M3_SCALE=e4m3_scale, BLOCK=block, ROWS=rows,
+            num_warps=_num_warps())
+    return y
+
+
+def fp8_quantize_device(x: torch.Tensor, block: int):
+    nblocks = x.numel() // block
+    q = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
+    s = torch.empty(x.shape[:-1] + (x.shape[-1] // block,), dtype=torch.uint8, device=x.device)
+    if nblocks:
+        p2 = triton.next_power_of_2(block)
+        rows = _rows_per_program(p2)
+        _fp8_quantize_kernel[_grid(nblocks, rows)](
+            x, q, s, nblocks, BLOCK=block, BLOCK_P2=p2, ROWS=rows, CLEAN_NAN=INTERPRETED,
+            num_warps=_num_warps())
+    return q, s
+
+
+def fp8_dequantize_device(q: torch.Tensor, scales: torch.Tensor, block: int,
+                          out_dtype: torch.dtype = torch.float32):
+    nblocks = scales.numel()
+    y = torch.empty(q.shape, dtype=out_dtype, device=q.device)
+    if nblocks:
+        p2 = triton.next_power_of_2(block)
+        rows = _rows_per_program(p2)
+        _fp8_dequantize_kernel[_grid(nblocks, rows)](
+            q, scales, y, nblocks, BLOCK=block, BLOCK_P2=p2, ROWS=rows, num_warps=_num_warps())
+    return y
+
+
+def fp4_pack_device(codes: torch.Tensor):
+    packed = torch.empty(codes.shape[:-1] + (codes.shape[-1] // 2,), dtype=torch.uint8,
+                         device=codes.device)
+    npairs = packed.numel()
+    if npairs:
+        _pack_kernel[(triton.cdiv(npairs, 4096),)](codes, packed, npairs, N=4096)
+    return packed
+
+
+def fp4_unpack_device(packed: torch.Tensor):
+    codes = torch.empty(packed.shape[:-1] + (packed.shape[-1] * 2,), dtype=torch.uint8,
+                        device=packed.device)
+    nbytes = packed.numel()
+    if nbytes:
+        _unpack_kernel[(triton.cdiv(nbytes, 4096),)](packed, codes, nbytes, N=4096)
+    return codes
+
+
+# ----------------------------------------------------------------------------------------------
+# The operations (CPU tensors in, CPU tensors out)
+# ----------------------------------------------------------------------------------------------
+
+def _to_device(t: torch.Tensor) -> torch.Tensor:
+    return t.to(_device()).contiguous()
+
+
+def _to_cpu(*ts):
+    out = tuple(t.cpu() for t in ts)
+    return out[0] if len(out) == 1 else out
+
+
+def fp4_pack(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 codes [..., n] (each 0..15, n even) -> uint8 [..., n/2]; element 2i in the low nibble."""
+    op = "fp4_pack"
+    codes = _need_uint8(op, "codes", codes)
+    if codes.shape[-1] % 2 != 0:
+        raise ValueError(f"{op}: last dimension {codes.shape[-1]} is not even")
+    if codes.numel() and int(codes.max()) > 15:
+        raise ValueError(f"{op}: codes must be 4-bit (0..15), got a value {int(codes.max())}")
+    return _to_cpu(fp4_pack_device(_to_device(codes)))
+
+
+def fp4_unpack(packed: torch.Tensor) -> torch.Tensor:
+    """uint8 [..., m] -> uint8 codes [..., 2m]; the low nibble is element 2i."""
+    packed = _need_uint8("fp4_unpack", "packed", packed)
+    return _to_cpu(fp4_unpack_device(_to_device(packed)))
+
+
+def fp4_e4m3_quantize(x: torch.Tensor):
+    """x [..., 16k] float32/bfloat16 -> (packed E2M1 uint8 [..., 8k], E4M3 scale bytes [..., k])."""
+    _need_float_input("fp4_e4m3_quantize", x, E4M3_BLOCK)
+    return _to_cpu(*fp4_quantize_device(_to_device(x), e4m3_scale=True))
+
+
+def fp4_e8m0_quantize(x: torch.Tensor):
+    """x [..., 32k] float32/bfloat16 -> (packed E2M1 uint8 [..., 16k], E8M0 scale bytes [..., k])."""
+    _need_float_input("fp4_e8m0_quantize", x, E8M0_BLOCK)
+    return _to_cpu(*fp4_quantize_device(_to_device(x), e4m3_scale=False))
+
+
+def _fp4_dequantize(op: str, packed, scales, block: int, e4m3_scale: bool) -> torch.Tensor:
+    packed = _need_uint8(op, "packed", packed)
+    scales = _need_uint8(op, "scales", scales)
+    _need_matching_scales(op, 2 * packed.shape[-1], scales, block, packed.shape[:-1], "packed")
+    return _to_cpu(fp4_dequantize_device(_to_device(packed), _to_device(scales), e4m3_scale))
+
+
+def fp4_e4m3_dequantize(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """(packed [..., 8k], E4M3 scale bytes [..., k]) -> float32 [..., 16k]: e2m1 value * scale."""
+    return _fp4_dequantize("fp4_e4m3_dequantize", packed, scales, E4M3_BLOCK, True)
+
+
+def fp4_e8m0_dequantize(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """(packed [..., 16k], E8M0 scale bytes [..., k]) -> float32 [..., 32k]: e2m1 value * scale."""
+    return _fp4_dequantize("fp4_e8m0_dequantize", packed, scales, E8M0_BLOCK, False)
+
+
+def fp8_quantize(x: torch.Tensor, block: int):
+    """x [..., b*k] float32/bfloat16 -> (E4M3 bytes [..., b*k], E8M0 scale bytes [..., k])."""
+    op = "fp8_quantize"
+    block = _need_block(op, block)
+    _need_float_input(op, x, block)
+    return _to_cpu(*fp8_quantize_device(_to_device(x), block))
+
+
+def fp8_dequantize(q: torch.Tensor, scales: torch.Tensor, block: int) -> torch.Tensor:
+    """(E4M3 bytes [..., b*k], E8M0 scale bytes [..., k]) -> float32 [..., b*k]."""
+    op = "fp8_dequantize"
+    block = _need_block(op, block)
+    q = _need_uint8(op, "q", q)
+    scales = _need_uint8(op, "scales", scales)
+    _need_matching_scales(op, q.shape[-1], scales, block, q.shape[:-1], "q")
+    return _to_cpu(fp8_dequantize_device(_to_device(q), _to_device(scales), block))
