@@ -1,1 +1,391 @@
-"""(to be written)"""
+"""Lightning indexer: Hadamard rotation (HAD.*), scores, visibility and top-k (IDX.*).
+
+The indexer scores every visible compressed KV entry s for every query t,
+
+    I[t, s] = Σ_h  w[t, h] · ReLU( q[t, h] · k[s] ),
+
+and keeps the k best entries.  The definitions below are exact: dot products of BF16 values and
+sums of BF16 values are formed in float64 (exact for any inputs whose products span fewer than
+~40 binades, which every generated input does), and every rounding to BF16 is written out as
+round-to-nearest-even on the exact value.  A framework cast never defines a rounding here.
+
+Sources: official-rules.md §3 (Hadamard), §4 (indexer forward), §9 (verdicts), §10 Q6/Q8;
+seeds 002 (V4 lightning indexer) and 003 (V4 indexer walk-through).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .models import Model
+from .rules import IMPLEMENTATION_DEFINED, INFORMATIVE, V4, V41, V4_ALL, knob, rule
+
+V32 = ("v3.2",)
+SEED_V41 = "seed 000 (V4.1 hierarchical sparse indexer)"
+SEED_V4_BRIEF = "seed 002 (V4 lightning indexer Q&A)"
+SEED_V4_LONG = "seed 003 (V4 lightning indexer walk-through)"
+
+# ------------------------------------------------------------------------------------------------
+# BF16, written out (8 significant bits, exponent range of fp32, round to nearest, ties to even)
+# ------------------------------------------------------------------------------------------------
+BF16_MIN_EXP = -126          # smallest normal exponent; subnormals are multiples of 2^-133
+BF16_MANTISSA_BITS = 7
+
+
+def bf16_quantum(x) -> np.ndarray:
+    """The spacing of BF16 numbers at |x| (one BF16 ulp); 2^-133 below the normal range."""
+    a = np.abs(np.asarray(x, dtype=np.float64))
+    _, e = np.frexp(np.where(np.isfinite(a) & (a > 0), a, 1.0))  # a = m·2^e, 0.5 ≤ m < 1
+    return np.ldexp(1.0, np.maximum(e - 1, BF16_MIN_EXP) - BF16_MANTISSA_BITS)
+
+
+def round_bf16(x) -> np.ndarray:
+    """Round exact (float64) values to the nearest BF16 value, ties to even; overflow gives ±inf."""
+    x = np.asarray(x, dtype=np.float64)
+    q = bf16_quantum(x)
+    y = np.rint(x / q) * q                    # x/q is exact (q is a power of two); rint ties to even
+    y = np.where(np.abs(y) >= 2.0 ** 128, np.copysign(np.inf, x), y)
+    return np.where(np.isfinite(x), y, x)
+
+
+def is_bf16(x) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    return (round_bf16(x) == x) | np.isnan(x)
+
+
+def round_fp32(x) -> np.ndarray:
+    """IEEE binary32 round-to-nearest-even of float64 values (numpy's conversion is IEEE RNE)."""
+    return np.asarray(x, dtype=np.float64).astype(np.float32).astype(np.float64)
+
+
+# ------------------------------------------------------------------------------------------------
+# HAD: the Hadamard rotation of indexer q and k (V3.2, V4; not V4.1)
+# ------------------------------------------------------------------------------------------------
+HADAMARD_DIM = 128
+HADAMARD_SCALE = HADAMARD_DIM ** -0.5
+
+
+def sylvester_hadamard(d: int = HADAMARD_DIM) -> np.ndarray:
+    """H[i, j] = (−1)^popcount(i & j): the Sylvester construction H_2n = [[H, H], [H, −H]]."""
+    i = np.arange(d)
+    bits = np.bitwise_and.outer(i, i)
+    parity = np.zeros_like(bits)
+    while bits.any():
+        parity ^= bits & 1
+        bits >>= 1
+    return 1 - 2 * parity
+
+
+def hadamard(x) -> np.ndarray:
+    """bf16( H·x / √128 ) over the last dimension; x holds BF16 values."""
+    x = np.asarray(x, dtype=np.float64)
+    return round_bf16((x @ sylvester_hadamard(x.shape[-1]).T) * HADAMARD_SCALE)
+
+
+def hadamard_tolerance(x) -> np.ndarray:
+    """One BF16 ulp of the result, plus the fp32 butterfly's accumulation bound (7 stages)."""
+    x = np.asarray(x, dtype=np.float64)
+    exact = (x @ sylvester_hadamard(x.shape[-1]).T) * HADAMARD_SCALE
+    l1 = np.abs(x).sum(axis=-1, keepdims=True) * HADAMARD_SCALE
+    return bf16_quantum(exact) + 2.0 ** -20 * l1
+
+
+def rotates_index_qk(model: Model) -> bool:
+    return model.hadamard
+
+
+rule("HAD.MATRIX", "Sylvester Hadamard, orthonormal, no random signs",
+     """The rotation is y = H·x / √128 over the 128 indexer dimensions, with H the Sylvester
+     (natural-order) Hadamard matrix H[i, j] = (−1)^popcount(i AND j) and scale 128^-0.5.  There
+     is no random sign vector and no permutation: basis vector e_j maps to column j of H times
+     bf16(128^-0.5) = ±0.08837890625.""",
+     applies_to=V32 + V4, policy="exact",
+     sources=("official-rules.md §3 (V4-model L247–251; V3.2-model L424–428)",
+              f"{SEED_V4_BRIEF}, Q 'which quantization techniques'", "official-rules.md §10 Q11"),
+     differs="""Seed 002 speaks of a *random* Hadamard rotation and the V4 docstring says
+     'randomized'; the code calls fast_hadamard_transform with scale d^-0.5 and applies no signs
+     or permutation, so the rotation is deterministic.""")
+
+rule("HAD.ROUNDING", "Hadamard output rounded to BF16",
+     """Input and output are BF16.  Each output element is BF16-representable and lies within one
+     BF16 ulp of the exact value H·x/√128, plus 2^-20·‖x‖₁/√128 for the fp32 butterfly's
+     accumulation order.""",
+     applies_to=V32 + V4, policy="tolerance",
+     sources=("official-rules.md §3 (V4-model L247–251: BF16 asserted on input, output in x's dtype)",))
+
+rule("HAD.PLACEMENT", "Hadamard on indexer q and k after RoPE, before quantization",
+     """In V3.2 and V4 the rotation is applied to the indexer query (after RoPE on its last 64
+     dims) and to the indexer's compressed key (RMSNorm → RoPE → rotation), both immediately
+     before their quantization (FP4 E8M0/32 in V4, FP8 per-128 in V3.2).  It is never applied to
+     the main attention q or KV.""",
+     applies_to=V32 + V4, policy="structural", status=INFORMATIVE,
+     sources=("official-rules.md §3 (V4-model L362–370, L413–416; V3.2-model L465–466)",))
+
+rule("HAD.ABSENT_V41", "No Hadamard rotation in V4.1",
+     """V4.1 applies no rotation to indexer q or k: index_rotate(x, 'v4.1-flash') returns x
+     unchanged.""",
+     applies_to=V41, policy="exact",
+     sources=("official-rules.md §3 (V4.1-model has no rotate_activation; upstream ~L541–552)",
+              "official-rules.md §9 'Hadamard on indexer q/k before fp4'"),
+     differs="""Source documents carry 'Hadamard rotation of indexer q and k before FP4' (seed 002,
+     written for V4) over to V4.1; the official V4.1 model.py has no rotate_activation and no
+     fast_hadamard_transform import, so V4.1 indexer q and k are quantized unrotated.""")
+
+
+def index_rotate(x, model: Model) -> np.ndarray:
+    return hadamard(x) if rotates_index_qk(model) else np.asarray(x, dtype=np.float64)
+
+
+# ------------------------------------------------------------------------------------------------
+# IDX: weights, scores
+# ------------------------------------------------------------------------------------------------
+def index_weights(raw, model: Model) -> np.ndarray:
+    """bf16( raw · fl32(c) ) with c = index_head_dim^-0.5 · index_n_heads^-0.5.
+
+    The product of a BF16 tensor and a Python scalar is formed in fp32 and rounded to BF16
+    (two roundings; c is 1/64 exactly for V4.1, so both are exact there)."""
+    c = round_fp32(model.index_weight_scale)
+    return round_bf16(round_fp32(np.asarray(raw, dtype=np.float64) * c))
+
+
+rule("IDX.WEIGHT.SCALE", "Head weights carry index_head_dim^-0.5 · index_n_heads^-0.5",
+     """w[t, h] = bf16(fl32(weights_proj(x)[t, h] · fl32(128^-0.5 · n^-0.5))) with n the global
+     index_n_heads: the factor is 1/64 exactly for V4.1 (n = 32) and 2^-6.5 ≈ 0.011049 for V4
+     (n = 64).  No other factor enters the score.  Compared within one BF16 ulp of the
+     reference (a single rounding of the exact product is also accepted).""",
+     applies_to=V4_ALL, policy="tolerance",
+     sources=("official-rules.md §4.1 (V4-model L395, L418)", "official-rules.md §4.2 (upstream L555–557)",
+              "official-rules.md §8 (index-score weight factor)",
+              f"{SEED_V4_LONG} §11.1 (weights_proj(x) · softmax_scale · n_heads^-0.5)"),
+     differs="""Seed 003 §4 stage 3 puts a 1/√c^I factor on each head's dot product and a
+     kv_scale after the head sum (the V3.2 arrangement); in V4 and V4.1 the whole factor
+     128^-0.5·n^-0.5 is folded into the head weights and nothing multiplies the summed score.""")
+
+SCORE_DTYPES = ("bf16", "fp32")
+
+knob("score_rounding", "bf16_steps",
+     {"fp32": "the score kept in fp32 throughout (as V3.2, and ports that skip the BF16 tensors)",
+      "fp32_then_bf16": "fp32 dot, ReLU, weighting and head sum, then one cast to BF16 "
+                        "(engine choice, e.g. logits_dtype=bf16; seed 003 §4 stage 4)"},
+     """How the V4/V4.1 index score is rounded.  Canonical: each step is a BF16 tensor — the
+     per-head dot accumulated in fp32 then rounded, ReLU, the weighted product rounded, the head
+     sum accumulated in fp32 then rounded.""")
+
+
+def _score_terms(q, k, w):
+    q, k, w = (np.asarray(a, dtype=np.float64) for a in (q, k, w))
+    dots = np.einsum("thd,sd->ths", q, k)                       # exact: products of BF16 values
+    l1 = np.einsum("thd,sd->ths", np.abs(q), np.abs(k))
+    return dots, l1, w[:, :, None]
+
+
+def index_scores(q, k, w, visible, score_dtype: str = "bf16") -> np.ndarray:
+    """The index score [T, S]; −inf where s ≥ visible[t].
+
+    bf16 (V4, V4.1):  s_h = bf16(q_h·k);  r_h = ReLU(s_h);  p_h = bf16(r_h·w_h);  I = bf16(Σ_h p_h)
+    fp32 (V3.2):      I = Σ_h w_h · ReLU(q_h·k), exact here, fp32 in the official kernel."""
+    dots, _, w = _score_terms(q, k, w)
+    if score_dtype == "bf16":
+        p = round_bf16(np.maximum(round_bf16(dots), 0.0) * w)
+        scores = round_bf16(p.sum(axis=1))
+    elif score_dtype == "fp32":
+        scores = (np.maximum(dots, 0.0) * w).sum(axis=1)
+    else:
+        raise ValueError(f"score_dtype must be one of {SCORE_DTYPES}, got {score_dtype!r}")
+    return np.where(visibility_mask(visible, scores.shape[1]), scores, -np.inf)
+
+
+def index_score_tolerance(q, k, w, score_dtype: str = "bf16") -> np.ndarray:
+    """The allowed |target − reference| per score [T, S] (applies to finite references).
+
+    bf16: two BF16 ulps of M = max(|I|, max_h |p_h|): one for the final rounding and one for a
+          single per-head rounding flipped by a different fp32 accumulation order.
+    fp32: (D + H)·2^-24 · Σ_h |w_h| · Σ_d |q_hd·k_d|, the recursive-summation bound."""
+    dots, l1, w = _score_terms(q, k, w)
+    if score_dtype == "bf16":
+        p = round_bf16(np.maximum(round_bf16(dots), 0.0) * w)
+        magnitude = np.maximum(np.abs(round_bf16(p.sum(axis=1))), np.abs(p).max(axis=1, initial=0.0))
+        return 2.0 * bf16_quantum(magnitude)
+    depth = dots.shape[1] + np.asarray(q).shape[-1]
+    return depth * 2.0 ** -24 * (np.abs(w) * l1).sum(axis=1)
+
+
+rule("IDX.SCORE.FORMULA", "Score = Σ_h w_h · ReLU(q_h · k)",
+     """I[t, s] = Σ_h w[t, h] · ReLU(q[t, h]·k[s]): the ReLU applies to each head's dot product
+     before the (signed) head weight multiplies it; heads are then summed.  Compared with the
+     tolerance of IDX.SCORE.ROUNDING (bf16) or the fp32 summation bound (fp32).""",
+     applies_to=V32 + V4_ALL, policy="tolerance",
+     sources=("official-rules.md §4.1 (V4-model L420–421)", "official-rules.md §4.2 (upstream L555–557)",
+              "official-rules.md §4.3 (V3.2-kernel L240–247)", f"{SEED_V4_BRIEF}, Q 'scoring formula'"))
+
+rule("IDX.SCORE.ROUNDING", "V4/V4.1 score is BF16 at every step",
+     """With q, k, w BF16: s_h = bf16(Σ_d q·k accumulated in fp32); r_h = ReLU(s_h);
+     p_h = bf16(r_h·w_h); I = bf16(Σ_h p_h accumulated in fp32).  A target's score must lie
+     within 2 BF16 ulps of M = max(|I|, max_h |p_h|) of this definition: the official expression
+     and the definition differ by one ulp in about 1 of 16384 scores (summation order), and the
+     bound admits one flipped per-head rounding besides the final one.  The TP all-reduce of the
+     head-sharded partial scores is also BF16.""",
+     applies_to=V4_ALL, policy="tolerance", status=IMPLEMENTATION_DEFINED, knob="score_rounding",
+     sources=("official-rules.md §4.1 'Score dtype' and 'The BF16 score, written out'",
+              "official-rules.md §4.2", "official-rules.md §9 'score cast FP32 → BF16 before topk'",
+              f"{SEED_V4_LONG} §4 stage 4 and §10.1"),
+     differs="""Seed 003 (quoting the paper) computes the score in fp32 and casts it to BF16 once
+     before top-k.  The reference has no fp32 buffer: q, k and the weights are BF16 tensors, so the
+     einsum output, the weighted product and the head sum are each rounded to BF16.  The two differ
+     when signed head weights cancel: 32 heads alternating w = ±1 with dots 1+3·2^-9 and 1+2^-9
+     give 0.125 in BF16 steps and 0.0625 in fp32-then-cast.  The one-cast form is an engine choice
+     (DeepGEMM logits_dtype=bf16), declared as score_rounding=fp32_then_bf16.""")
+
+rule("IDX.SCORE.V32_FP32", "V3.2 score is fp32 throughout",
+     """V3.2's fp8_index kernel keeps the logits, the ReLU, the weighting and the head sum in
+     fp32 (score_dtype='fp32'): no step rounds to BF16.  Compared within (D + H)·2^-24 ·
+     Σ_h |w_h|·Σ_d |q·k| of the exact value.""",
+     applies_to=V32, policy="tolerance",
+     sources=("official-rules.md §4.3 (V3.2-kernel L240–247)",))
+
+rule("IDX.SCORE.FP4", "FP4 scores equal the scores of the dequantized q and k",
+     """index_scores_fp4 on packed E2M1 q and k with E8M0 scales per 32 is the BF16 score of the
+     dequantized values (code value · 2^(byte − 127)), with the tolerance of IDX.SCORE.ROUNDING.""",
+     applies_to=V4_ALL, policy="tolerance",
+     sources=("official-rules.md §2.3", "official-rules.md §4.1 (q, k FP4-simulated, then BF16 einsum)"))
+
+rule("IDX.SCORE.TP", "Head-sharded partial scores sum to the full score",
+     """Splitting the heads over n tensor-parallel shards (each with its slice of q and w, the
+     weights keeping the global factor), scoring each shard and adding the partial BF16 scores
+     gives the full score within (n + 2) BF16 ulps of M (one rounding per partial sum and per
+     addition): the weight factor uses the global head count, never the local one.""",
+     applies_to=V4_ALL, policy="tolerance",
+     sources=("official-rules.md §4.1 (V4-model L422–423 all-reduce; n_heads is global, L395)",
+              "official-rules.md §4.2"))
+
+
+# ------------------------------------------------------------------------------------------------
+# IDX: visibility and mask
+# ------------------------------------------------------------------------------------------------
+def index_visible(positions, ratio: int) -> np.ndarray:
+    """Entries visible to the query at absolute position p: j < (p + 1) // ratio."""
+    return (np.asarray(positions, dtype=np.int64) + 1) // ratio
+
+
+def visibility_mask(visible, width: int) -> np.ndarray:
+    return np.arange(width)[None, :] < np.asarray(visible, dtype=np.int64)[:, None]
+
+
+rule("IDX.VISIBLE", "A query at position p sees compressed entries j < (p+1)//ratio",
+     """Compressed entry j covers tokens [j·ratio, (j+1)·ratio) and exists once its group is
+     complete, so the query at absolute position p sees visible(p) = (p + 1) // ratio entries.
+     One-chunk prefill (query i = position i), a chunk starting anywhere and single-token decode
+     (end_pos // ratio entries, end_pos = p + 1) all give the same count.""",
+     applies_to=V32 + V4_ALL, policy="exact",
+     sources=("official-rules.md §4.1 'Causal / visible length' (V4-model L424–426)",
+              "official-rules.md §4.2 (upstream L563–567)", "official-rules.md §10 Q8"))
+
+rule("IDX.MASK", "Invisible entries score −inf, never 0",
+     """Every score at s ≥ visible[t] is −inf and every score at s < visible[t] is finite.  A
+     masked score of 0 would rank above every visible entry whose weighted ReLU sum is negative.""",
+     applies_to=V32 + V4_ALL, policy="exact",
+     sources=("official-rules.md §4.1 (mask adds −inf, V4-model L424–426)", "official-rules.md §4.2",
+              f"{SEED_V4_LONG} §9.1"),
+     differs="""Seed 003 §9.1 says the scores of later positions are 'set to 0' (its own code adds
+     −inf).  The reference adds −inf; with signed head weights a score can be negative, so a 0
+     would let a future entry outrank visible ones.""")
+
+rule("IDX.CHUNK", "Decode, chunked and one-chunk prefill scores agree",
+     """The scores of a query depend only on its own q, w and visible count: the row of a query
+     computed alone (decode: the first end_pos//ratio entries, none masked) or inside any chunk of
+     queries equals that query's row of a one-chunk prefill, within the IDX.SCORE.ROUNDING
+     tolerance, with −inf at exactly the same positions.""",
+     applies_to=V4_ALL, policy="tolerance",
+     sources=("official-rules.md §4.1 (decode scores end_pos//ratio entries unmasked)",
+              "official-rules.md §10 Q8"))
+
+
+# ------------------------------------------------------------------------------------------------
+# IDX: top-k
+# ------------------------------------------------------------------------------------------------
+TOPK_ORDERS = ("score", "position")
+
+knob("topk_order", "official",
+     {"score": "descending score in every version (V4's order used for V4.1 too)",
+      "position": "ascending position in every version (V4.1's order used for V4 too)"},
+     """Order of the returned top-k indices.  Canonical: the caller's order — V4 'score'
+     (torch.topk sorted=True), V4.1 'position' (sorted ascending after topk).""")
+
+knob("topk_ties", "any",
+     {"lowest_index": "among equal scores the lowest position is taken (stable sort)"},
+     """Which of several equal scores (or equal block maxima) fill the last top-k slots.
+     Canonical: any of them (torch.topk differs between CPU and CUDA).""")
+
+
+def topk_width(index_topk: int, end_pos: int, ratio: int) -> int:
+    """Columns of the top-k result: min(index_topk, end_pos // ratio)."""
+    return min(index_topk, end_pos // ratio)
+
+
+def index_topk(scores, visible, k: int, order: str) -> np.ndarray:
+    """The k best visible entries per row, −1 after the min(k, visible) valid ones.
+
+    Ties are broken by the lowest index (one of the allowed choices; see IDX.TOPK.TIES)."""
+    scores = np.asarray(scores, dtype=np.float64)
+    out = np.full((scores.shape[0], k), -1, dtype=np.int64)
+    for t, row in enumerate(scores):
+        n = min(k, int(visible[t]))
+        best = np.lexsort((np.arange(int(visible[t])), -row[: int(visible[t])]))[:n]
+        out[t, :n] = np.sort(best) if order == "position" else best
+    return out
+
+
+def kv_rows(indices, offset: int) -> np.ndarray:
+    """Top-k entries as rows of the concatenated [window | compressed] KV; −1 stays −1."""
+    indices = np.asarray(indices)
+    return np.where(indices >= 0, indices + offset, -1)
+
+
+rule("IDX.TOPK.COUNT", "k = min(index_topk, end_pos//ratio); min(k, visible) valid entries",
+     """The result has k = min(index_topk, end_pos // ratio) columns (0 columns when nothing is
+     compressed yet: V4.1 returns an empty index tensor); row t holds min(k, visible[t]) valid
+     indices, each in [0, visible[t]), distinct, and −1 in the remaining columns.""",
+     applies_to=V4_ALL, policy="tie-aware",
+     sources=("official-rules.md §4.1 'Top-k' (V4-model L427–432)", "official-rules.md §4.2 'Top-k', 'Empty case'",
+              "conventions.md 'How good suites compare'"))
+
+rule("IDX.TOPK.PAD", "−1 only as trailing padding",
+     """−1 marks the slots left when visible[t] < k, and only those: it never appears before a
+     valid index.  V4 produces −1 only in prefill rows (decode sees end_pos//ratio ≥ k entries);
+     V4.1 produces it in prefill and decode alike, always at the tail.""",
+     applies_to=V4_ALL, policy="tie-aware",
+     sources=("official-rules.md §4.1 (V4-model L428–432)", "official-rules.md §4.2 (where(idx < compress_lens, …, −1))"))
+
+rule("IDX.TOPK.ORDER", "V4: descending score; V4.1: ascending position",
+     """V4 returns the valid indices in descending score order (torch.topk sorted=True; equal
+     scores in any order); V4.1 returns them in strictly ascending position order (topk with
+     sorted=False, then sorted by index).""",
+     applies_to=V4_ALL, policy="tie-aware", status=IMPLEMENTATION_DEFINED, knob="topk_order",
+     sources=("official-rules.md §4.1 (V4-model L427)", "official-rules.md §4.2 'Top-k'", "official-rules.md §10 Q6"))
+
+rule("IDX.TOPK.SELECTION", "The chosen entries are a top-k of the visible scores",
+     """The multiset of reference scores at the chosen indices equals the multiset of the
+     min(k, visible) largest visible reference scores.  Where the target computes the scores
+     itself, an index whose reference score is within the score tolerance of the k-th score is
+     also accepted.  Index lists are never compared.""",
+     applies_to=V4_ALL, policy="tie-aware",
+     sources=("official-rules.md §4.1", "official-rules.md §4.2", "conventions.md 'How good suites compare'"))
+
+rule("IDX.TOPK.TIES", "Ties are implementation-defined",
+     """Which of several equal scores fill the last top-k slots is implementation-defined (ReLU
+     zeros and colliding BF16 scores make exact ties common).  A target declaring
+     topk_ties=lowest_index must take the lowest tied positions.""",
+     applies_to=V4_ALL, policy="tie-aware", status=IMPLEMENTATION_DEFINED, knob="topk_ties",
+     sources=("official-rules.md §10 Q6", "conventions.md 'Knobs' (top-k ties)"))
+
+rule("IDX.TOPK.OFFSET", "Indices are shifted past the window KV",
+     """Valid indices are offset by the number of window KV rows placed before the compressed
+     block: the sequence length in prefill and window_size = 128 in decode (V4 and V4.1); −1
+     stays −1 (kv_rows).""",
+     applies_to=V4_ALL, policy="exact", status=INFORMATIVE,
+     sources=("official-rules.md §4.1 (V4-model L428–432, offset L509)", "official-rules.md §4.2"))
+
+rule("IDX.TOPK.V32", "V3.2 top-k: min(2048, end_pos), by score, no −1",
+     """V3.2 indexes tokens (ratio 1) and takes topk(min(2048, end_pos)) sorted by score; masked
+     future slots are not replaced by −1 but re-masked inside attention.""",
+     applies_to=V32, policy="tie-aware", status=INFORMATIVE,
+     sources=("official-rules.md §4.3",))

@@ -1,1 +1,239 @@
-"""(to be written)"""
+"""V4.1 hierarchical sparse indexer: the candidate pool (POOL.*) and the layer roles (LAYER.*).
+
+The candidate-source layer (20) scores every reachable position, groups positions into blocks of
+8, keeps the 2048 blocks with the highest maxima (the block of the newest reachable position
+always among them) and hands the resulting per-query bool mask to the re-index layers, which take
+their own top-512 inside it.
+
+Sources: official-rules.md §4.2, §5, §7.2, §9; seed 000 (V4.1 hierarchical sparse indexer).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from .indexer import index_topk, visibility_mask
+from .models import Model
+from .rules import IMPLEMENTATION_DEFINED, V4, V41, knob, rule
+
+SEED = "seed 000 (V4.1 hierarchical sparse indexer)"
+TOPK_BLOCKS = 2048
+BLOCK_SIZE = 8
+POOL_CAPACITY = TOPK_BLOCKS * BLOCK_SIZE  # 16384 positions
+
+
+# ------------------------------------------------------------------------------------------------
+# POOL: select_candidate_blocks
+# ------------------------------------------------------------------------------------------------
+def newest_block(compress_len: int, block_size: int = BLOCK_SIZE) -> int:
+    """The block of the newest reachable position; −1 (none) when nothing is reachable.
+
+    Python's // floors, so compress_len = 0 gives (0 − 1) // 8 = −1, not block 0."""
+    return (compress_len - 1) // block_size
+
+
+def block_scores(row, compress_len: int, block_size: int = BLOCK_SIZE) -> np.ndarray:
+    """Block maxima of one row padded with −inf to a whole number of blocks, newest block +inf."""
+    row = np.asarray(row, dtype=np.float64)
+    n_blocks = -(-row.size // block_size)
+    padded = np.full(n_blocks * block_size, -np.inf)
+    padded[: row.size] = row
+    scores = padded.reshape(n_blocks, block_size).max(axis=1)
+    last = newest_block(compress_len, block_size)
+    if last >= 0:
+        scores[last] = np.inf
+    return scores
+
+
+def selected_blocks(scores: np.ndarray, topk_blocks: int = TOPK_BLOCKS) -> np.ndarray:
+    """The top min(topk_blocks, n_blocks) blocks, minus those scoring −inf (ties: lowest index)."""
+    order = np.lexsort((np.arange(scores.size), -scores))[: min(topk_blocks, scores.size)]
+    keep = np.zeros(scores.size, dtype=bool)
+    keep[order] = scores[order] > -np.inf
+    return keep
+
+
+def candidate_blocks(scores, compress_lens, topk_blocks: int = TOPK_BLOCKS,
+                     block_size: int = BLOCK_SIZE) -> np.ndarray:
+    """The per-query candidate mask [T, W]: whole kept blocks, cut at the row width W."""
+    scores = np.asarray(scores, dtype=np.float64)
+    width = scores.shape[1]
+    pool = np.zeros(scores.shape, dtype=bool)
+    for t, row in enumerate(scores):
+        keep = selected_blocks(block_scores(row, int(compress_lens[t]), block_size), topk_blocks)
+        pool[t] = np.repeat(keep, block_size)[:width]
+    return pool
+
+
+def reindex_topk(scores, visible, pool, k: int) -> np.ndarray:
+    """A re-index layer's top-k: its scores outside the pool set to −inf, V4.1 order.
+
+    Only pool positions are eligible; a row whose pool holds fewer than min(k, visible) visible
+    positions is padded with −1 (never the case for a pool from candidate_blocks and k ≤ 16377)."""
+    scores = np.asarray(scores, dtype=np.float64)
+    eligible = np.asarray(pool, dtype=bool) & visibility_mask(visible, scores.shape[1])
+    masked = np.where(eligible, scores, -np.inf)
+    out = index_topk(masked, visible, k, "position")
+    taken = np.take_along_axis(eligible, np.maximum(out, 0), axis=1)
+    out = np.where((out >= 0) & taken, out, -1)
+    return _valid_first(out)
+
+
+def _valid_first(indices: np.ndarray) -> np.ndarray:
+    """Move −1 entries to the tail, keeping the valid ones in their order."""
+    out = np.full_like(indices, -1)
+    for t, row in enumerate(indices):
+        valid = row[row >= 0]
+        out[t, : valid.size] = valid
+    return out
+
+
+knob("pool_pin_empty", "none",
+     {"block0": "truncating division: (0 − 1) / 8 → 0 pins block 0 when nothing is reachable"},
+     """What is pinned when compress_lens = 0.  Canonical: nothing ((0 − 1) // 8 = −1 with floor
+     division, an out-of-range block).""")
+
+rule("POOL.BLOCK_SCORE", "Block score = max of its 8 positions, padded with −inf",
+     """The row of W scores is padded with −inf to ceil(W/8) blocks of 8; a block's score is the
+     maximum of its 8 entries.  The multiset of block scores of the kept blocks (the newest block
+     counted as +inf) equals the reference one.""",
+     applies_to=V41, policy="structural",
+     sources=("official-rules.md §5.1 step 1 (upstream L583–610)", f"{SEED}, Q 'key details'"))
+
+rule("POOL.PIN_NEWEST", "The newest reachable block is always in the pool",
+     """When compress_lens > 0 the block (compress_lens − 1) // 8 of the newest reachable
+     position gets score +inf, so it is in the pool even when older full blocks outscore it.""",
+     applies_to=V41, policy="structural",
+     sources=("official-rules.md §5.1 step 2", "official-rules.md §9 'latest block forced'", f"{SEED}, Q 'key details'"))
+
+rule("POOL.PIN_EMPTY", "Nothing is pinned when compress_lens = 0",
+     """With compress_lens = 0, (0 − 1) // 8 = −1 under floor division: no block is pinned, and
+     since no position is reachable (all −inf) the pool is empty.""",
+     applies_to=V41, policy="structural", status=IMPLEMENTATION_DEFINED, knob="pool_pin_empty",
+     sources=("official-rules.md §5.1 step 2", "conventions.md 'Knobs' (pinned newest block)"))
+
+rule("POOL.PIN_COUNTS", "The pinned block is one of the 2048",
+     """The pinned block takes one of the min(2048, n_blocks) top-k slots; it is not an extra
+     block, so a pool never holds more than 2048 blocks.""",
+     applies_to=V41, policy="structural",
+     sources=("official-rules.md §5.1 step 2", "official-rules.md §9 'latest block forced'"))
+
+rule("POOL.TOPK_BLOCKS", "The pool is the top min(2048, n_blocks) blocks by block score",
+     """The kept blocks are the min(2048, n_blocks) blocks with the largest block scores (ties
+     among equal maxima are implementation-defined, topk_ties), minus those scoring −inf.""",
+     applies_to=V41, policy="structural", status=IMPLEMENTATION_DEFINED, knob="topk_ties",
+     sources=("official-rules.md §5.1 step 3", "official-rules.md §10 Q6"))
+
+rule("POOL.DROP_INF", "Blocks without a reachable finite score are dropped",
+     """A selected block whose score is −inf (no reachable position) is not in the pool: every
+     pool block holds at least one reachable position, and positions at or past compress_lens
+     appear only inside the newest block.""",
+     applies_to=V41, policy="structural",
+     sources=("official-rules.md §5.1 steps 3–4 (keep = scatter(top.indices, top.values > −inf))",))
+
+rule("POOL.MASK", "The pool is a per-query bool mask of whole blocks",
+     """candidate_blocks returns a bool mask with the shape of the scores [T, W]: the union of the
+     kept blocks' 8 positions, cut at W (repeat_interleave(8)[..., :W]).""",
+     applies_to=V41, policy="structural",
+     sources=("official-rules.md §5.1 step 4", f"{SEED}, Q 'key details' (a bool table per query)"))
+
+rule("POOL.SIZE", "At most 16384 positions",
+     """A pool holds at most 2048 · 8 = 16384 positions; with N > 16384 reachable positions it
+     holds at least 2047 · 8 + 1 = 16377 reachable ones (≥ 512), so the re-index top-512 is never
+     short of candidates.""",
+     applies_to=V41, policy="structural",
+     sources=("official-rules.md §5.1 'Consequences'", f"{SEED}, summary (at most 16384 candidates)"))
+
+rule("POOL.ALL_REACHABLE", "All reachable positions are candidates iff N ≤ 16384",
+     """With finite scores at the N = compress_lens reachable positions, every one of them is in
+     the pool if and only if ceil(N/8) ≤ 2048, i.e. N ≤ 16384; at N = 16385 some reachable block
+     is pruned.""",
+     applies_to=V41, policy="structural",
+     sources=("official-rules.md §5.1 'Consequences'", "official-rules.md §9 'pool = all positions below 16384 tokens'",
+              f"{SEED}, 'implementation details and boundary conditions'"),
+     differs="""Seed 000 says the pool prunes nothing 'when the context is shorter than 16384
+     tokens' (and 'fewer than 2048 blocks').  The boundary is inclusive: at exactly 16384 reachable
+     positions there are 2048 blocks, all selected, so nothing is pruned; pruning starts at 16385.""")
+
+rule("POOL.REINDEX", "Re-index layers take top-k inside the pool",
+     """A re-index layer sets its own scores outside the pool to −inf and takes top-512 with the
+     V4.1 order (ascending positions, −1 at the tail): row t holds min(k, |pool ∩ visible|) valid
+     indices, every one a visible pool position, and their scores are a top-k of the
+     pool-restricted scores (tie-aware).  No position outside the pool is ever selected.""",
+     applies_to=V41, policy="tie-aware",
+     sources=("official-rules.md §4.2 'Candidate handling'", "official-rules.md §5.1 'Consequences'",
+              f"{SEED}, Q 'how does it reduce decode cost'"))
+
+
+# ------------------------------------------------------------------------------------------------
+# LAYER: roles
+# ------------------------------------------------------------------------------------------------
+class Role(NamedTuple):
+    """What one layer does in sparse attention.
+
+    kind: window | dsa | csa | hca | index_source | candidate_source | reindex | reuse
+    kv_source: the layer whose compressed KV it reads (−1: none)
+    topk_source: the layer whose top-k indices it attends to (−1: none or all visible entries)
+    pool_source: the layer whose candidate pool masks its scores (−1: unrestricted)"""
+
+    kind: str
+    kv_source: int = -1
+    topk_source: int = -1
+    pool_source: int = -1
+
+
+ROLE_KINDS = ("window", "dsa", "csa", "hca", "index_source", "candidate_source", "reindex", "reuse")
+
+
+def layer_role(model: Model, layer: int) -> Role:
+    if not 0 <= layer < len(model.compress_ratios):
+        raise ValueError(f"layer_role: {model.name} has layers 0..{len(model.compress_ratios) - 1}, got {layer}")
+    ratio = model.ratio(layer)
+    if ratio == 0:
+        return Role("window")
+    if model.candidate_source_layer >= 0:
+        return _v41_role(model, layer)
+    if model.window == 0:                     # V3.2 (no window): every layer indexes its own tokens
+        return Role("dsa", layer, layer)
+    if ratio == 4:                            # V4 CSA: own compressor and indexer
+        return Role("csa", layer, layer)
+    return Role("hca", layer)                 # V4 HCA: all visible compressed entries, no indexer
+
+
+def _v41_role(model: Model, layer: int) -> Role:
+    kv = max(s for s in model.kv_source_layers if s <= layer)
+    index = max(s for s in model.index_source_layers if s <= layer)
+    cand = model.candidate_source_layer
+    pool = cand if (layer == index and 0 <= cand < layer) else -1
+    if layer == cand:
+        return Role("candidate_source", kv, index)
+    if layer != index:
+        return Role("reuse", kv, index)
+    return Role("reindex" if pool >= 0 else "index_source", kv, index, pool)
+
+
+def layer_roles(model: Model) -> tuple[Role, ...]:
+    return tuple(layer_role(model, layer) for layer in range(len(model.compress_ratios)))
+
+
+def has_indexer(role: Role) -> bool:
+    return role.kind in ("dsa", "csa", "index_source", "candidate_source", "reindex")
+
+
+rule("LAYER.V4", "V4 layer roles: indexer only in ratio-4 layers",
+     """In V4-Flash and V4-Pro (MTP layer included) a ratio-4 (CSA) layer has its own compressor
+     and lightning indexer; a ratio-128 (HCA) layer has no indexer and attends to every visible
+     compressed entry; a ratio-0 layer attends to its window only.""",
+     applies_to=V4, policy="exact",
+     sources=("official-rules.md §4.1 (V4-model L466–471; HCA: L268–276)", "official-rules.md §7.2"))
+
+rule("LAYER.V41", "V4.1 layer roles: sources, candidate source, re-index, reuse",
+     """V4.1-Flash: layers 0, 1 and 40–42 are window-only; 2, 8, 14 (ratio 2) own their KV and
+     index K and take their own top-512; 20 (ratio 1) does the same and is the candidate source
+     (its own top-512 unrestricted); 24, 28, 32, 36 read layer 20's KV and index K, mask their
+     own scores to layer 20's pool and take top-512; every other layer reuses the KV of the
+     preceding KV source and the top-k of the preceding index source.""",
+     applies_to=V41, policy="exact",
+     sources=("official-rules.md §5.2", "official-rules.md §4.2 'Roles'", "official-rules.md §7.2",
+              f"{SEED}, Q 'which layers'"))
