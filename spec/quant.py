@@ -234,10 +234,23 @@ def fp4_unpack(packed, *, nibble_order: str = "low_first") -> np.ndarray:
     return np.stack([even, odd], axis=-1).reshape(*packed.shape[:-1], 2 * packed.shape[-1])
 
 
-def _to_e2m1(ratio, *, e2m1_overflow, e2m1_ties, e2m1_zero_sign):
+def e2m1_codes(xb, s, *, scale_apply="divide", e2m1_overflow="clamp", e2m1_ties="even",
+               e2m1_zero_sign="keep") -> np.ndarray:
+    """E2M1 codes of blocks xb [..., nb, block] with scales s [..., nb]: E2M1_RNE(clamp(x/s, ±6)).
+
+    With a NaN scale (only e4m3_overflow=nan makes one) the codes of that block are unspecified;
+    they are returned as 0 here.
+    """
+    xb, s = np.asarray(xb, dtype=F32), np.asarray(s, dtype=F32)[..., None]
+    if scale_apply == "divide":
+        ratio = xb / s
+    elif scale_apply == "reciprocal":
+        ratio = xb * (F32(1) / s)
+    else:
+        raise ValueError(f"unknown scale_apply {scale_apply!r}")
     if e2m1_overflow == "clamp":
         ratio = np.clip(ratio, F32(-E2M1_MAX), F32(E2M1_MAX))
-    ratio = np.where(np.isnan(ratio), F32(0), ratio)    # only a NaN scale (e4m3_overflow=nan) gets here
+    ratio = np.where(np.isnan(ratio), F32(0), ratio)
     return e2m1_encode(ratio, ties=e2m1_ties, overflow=e2m1_overflow, zero_sign=e2m1_zero_sign)
 
 
@@ -287,15 +300,8 @@ def fp4_e4m3_quantize(x, *, fp4_kv_scale_floor="6x2^-9", e4m3_overflow="saturate
     xb = blocks(x, FP4_KV_BLOCK)
     scales = fp4_e4m3_scale(block_amax(xb), fp4_kv_scale_floor=fp4_kv_scale_floor,
                             e4m3_overflow=e4m3_overflow)
-    s = e4m3_decode(scales)[..., None]
-    if scale_apply == "divide":
-        ratio = xb / s
-    elif scale_apply == "reciprocal":
-        ratio = xb * (F32(1) / s)
-    else:
-        raise ValueError(f"unknown scale_apply {scale_apply!r}")
-    codes = _to_e2m1(ratio, e2m1_overflow=e2m1_overflow, e2m1_ties=e2m1_ties,
-                     e2m1_zero_sign=e2m1_zero_sign)
+    codes = e2m1_codes(xb, e4m3_decode(scales), scale_apply=scale_apply, e2m1_overflow=e2m1_overflow,
+                       e2m1_ties=e2m1_ties, e2m1_zero_sign=e2m1_zero_sign)
     return fp4_pack(unblock(codes), nibble_order=nibble_order), scales
 
 
@@ -317,8 +323,8 @@ def fp4_e8m0_quantize(x, *, fp4_idx_amax_floor="6x2^-126", e8m0_rounding="ceil_e
     xb = blocks(x, FP4_IDX_BLOCK)
     scales = fp4_e8m0_scale(block_amax(xb), fp4_idx_amax_floor=fp4_idx_amax_floor,
                             e8m0_rounding=e8m0_rounding)
-    codes = _to_e2m1(xb / e8m0_decode(scales)[..., None], e2m1_overflow=e2m1_overflow,
-                     e2m1_ties=e2m1_ties, e2m1_zero_sign=e2m1_zero_sign)
+    codes = e2m1_codes(xb, e8m0_decode(scales), e2m1_overflow=e2m1_overflow, e2m1_ties=e2m1_ties,
+                       e2m1_zero_sign=e2m1_zero_sign)
     return fp4_pack(unblock(codes), nibble_order=nibble_order), scales
 
 
@@ -333,11 +339,17 @@ def fp8_scale(amax, *, fp8_amax_floor="1e-4", e8m0_rounding="ceil_exact") -> np.
     return e8m0_encode_exponent(pow2_scale_exponent(amax, FP8_MAX_INV, 8, e8m0_rounding=e8m0_rounding))
 
 
+def fp8_ratio(xb, s) -> np.ndarray:
+    """clamp(fl32(x / s), ±448) for blocks xb [..., nb, b] and scales s [..., nb]."""
+    s = np.asarray(s, dtype=F32)[..., None]
+    return np.clip(np.asarray(xb, dtype=F32) / s, F32(-E4M3_MAX), F32(E4M3_MAX))
+
+
 def _fp8_ratio(x, block, fp8_amax_floor, e8m0_rounding):
     xb = blocks(x, block)
     scales = fp8_scale(block_amax(xb), fp8_amax_floor=fp8_amax_floor, e8m0_rounding=e8m0_rounding)
-    s = e8m0_decode(scales)[..., None]
-    return np.clip(xb / s, F32(-E4M3_MAX), F32(E4M3_MAX)), s, scales
+    s = e8m0_decode(scales)
+    return fp8_ratio(xb, s), s[..., None], scales
 
 
 def fp8_quantize(x, block: int, *, fp8_amax_floor="1e-4", e8m0_rounding="ceil_exact",
