@@ -10,6 +10,7 @@ import torch
 
 from ..spec import indexer as spec
 from ..spec.models import profile
+from .quant import fp4_e8m0_dequantize
 
 __all__ = ["hadamard", "index_rotate", "index_weights", "index_scores", "index_scores_fp4",
            "index_visible", "index_topk"]
@@ -138,33 +139,17 @@ def index_scores(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, visible: tor
     return scores.masked_fill(~_visibility_mask(visible, k.shape[0]), float("-inf"))
 
 
-E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
-                            -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
-
-
-def _fp4_e8m0_values(op: str, name: str, packed: torch.Tensor, scales: torch.Tensor, dim: int):
-    """code value · 2^(byte − 127); element 2i in the low nibble (official-rules.md §1, §2.1)."""
-    if packed.dtype != torch.uint8 or scales.dtype != torch.uint8:
-        raise TypeError(f"{op}: {name}_packed and {name}_scales must be uint8, got {packed.dtype}, {scales.dtype}")
-    if packed.shape[-1] * 2 != dim or scales.shape[-1] * 32 != dim or packed.shape[:-1] != scales.shape[:-1]:
-        raise ValueError(f"{op}: {name}_packed {tuple(packed.shape)} / {name}_scales {tuple(scales.shape)} "
-                         f"do not describe {dim}-dim vectors (expected [..., {dim // 2}] and [..., {dim // 32}])")
-    if (scales == 0xFF).any():
-        raise ValueError(f"{op}: {name}_scales holds 0xFF, the E8M0 NaN")
-    codes = torch.stack((packed & 0xF, packed >> 4), dim=-1).flatten(-2).long()
-    exponent = torch.repeat_interleave(scales.long() - 127, 32, dim=-1)
-    return torch.ldexp(E2M1_VALUES[codes], exponent.float())
-
-
 def index_scores_fp4(q_packed: torch.Tensor, q_scales: torch.Tensor, k_packed: torch.Tensor,
                      k_scales: torch.Tensor, w: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
     """The BF16 score of the dequantized FP4 (E2M1, E8M0 per 32) q and k."""
     op = "index_scores_fp4"
     _tensor(op, "q_packed", q_packed, 3)
     _tensor(op, "k_packed", k_packed, 2)
-    dim = k_packed.shape[1] * 2
-    q = _fp4_e8m0_values(op, "q", q_packed, q_scales, dim)
-    k = _fp4_e8m0_values(op, "k", k_packed, k_scales, dim)
+    if q_packed.shape[-1] != k_packed.shape[-1]:
+        raise ValueError(f"{op}: q_packed holds {2 * q_packed.shape[-1]}-dim heads but k_packed "
+                         f"{2 * k_packed.shape[-1]}-dim keys; expected the same head dim")
+    q = fp4_e8m0_dequantize(q_packed, q_scales)
+    k = fp4_e8m0_dequantize(k_packed, k_scales)
     return index_scores(q, k, w, visible, "bf16")
 
 
