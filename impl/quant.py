@@ -143,6 +143,7 @@ def e4m3_encode(x: torch.Tensor) -> torch.Tensor:
     magnitude = torch.where(torch.isfinite(x), x.abs(), torch.zeros_like(x))   # non-finite: below
     _, exponent = torch.frexp(magnitude)
     binade = (exponent.to(torch.int64) - 1).clamp(min=-6)     # below 2^-6 the spacing stays 2^-9
+    binade = torch.where(magnitude == 0, -6, binade)           # frexp(0) has exponent 0
     # magnitude / spacing, with spacing = 2^(binade - 3): an exact power-of-two scaling, then RNE.
     quanta = torch.round(magnitude * _pow2(3 - binade)).to(torch.int64)
     code = (((binade + 6) << 3) + quanta).clamp(max=0x7E)     # quanta 16 carries into the next binade

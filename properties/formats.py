@@ -1,2 +1,314 @@
-"""(to be written)"""
-__all__ = []
+"""Checks of the element formats (FMT.*): the casts every codec is built from.
+
+Operations checked (all take and return CPU tensors):
+
+    e2m1_encode(x f32) -> uint8 codes       e2m1_decode(codes uint8) -> f32
+    e4m3_encode(x f32) -> uint8             e4m3_decode(uint8) -> f32
+    e8m0_decode(uint8) -> f32               bf16_round(x f32) -> f32 (value of the nearest bf16)
+
+The decoders are checked exhaustively (16 and 256 codes), bf16_round on every BF16 pattern and the
+fp32 neighbours of every rounding boundary, the encoders on dense sweeps around every decision
+boundary plus Hypothesis draws biased toward ties, ulps, subnormals and saturation.  These are the
+only operations the `ml_dtypes` and `torch` cast targets provide, so their rows judge those casts.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+
+import numpy as np
+import torch
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from ..spec import formats as F
+from ..spec import quant as Q
+from .compare import as_numpy, assert_bytes_equal, assert_equal
+from .suite import check
+
+__all__ = ["e2m1_text", "e4m3_text", "e8m0_text", "packed_text", "f32_text", "spec_knobs",
+           "edge_f32", "tensor", "forall", "neighbours", "f32_arrays"]
+
+# ---------------------------------------------------------------------------------------------
+# Decoding a code for a failure message
+# ---------------------------------------------------------------------------------------------
+
+
+def e2m1_text(code: int) -> str:
+    code = int(code)
+    if code > 15:
+        return f"not a nibble ({code})"
+    return f"s={code >> 3} e={(code >> 1) & 3:02b} m={code & 1} ({float(F.E2M1_VALUES[code]):g})"
+
+
+def e4m3_text(byte: int) -> str:
+    byte = int(byte) & 0xFF
+    value = float(F.e4m3_decode(np.array([byte]))[0])
+    return f"s={byte >> 7} e={(byte >> 3) & 0xF:04b} m={byte & 7:03b} ({value!r})"
+
+
+def e8m0_text(byte: int) -> str:
+    byte = int(byte) & 0xFF
+    return "NaN" if byte == 0xFF else f"2^{byte - 127}"
+
+
+def packed_text(byte: int) -> str:
+    byte = int(byte) & 0xFF
+    return f"[lo {e2m1_text(byte & 0xF)} | hi {e2m1_text(byte >> 4)}]"
+
+
+def f32_text(bits: int) -> str:
+    bits = int(bits) & 0xFFFFFFFF
+    value = float(F.f32_from_bits(np.array([bits]))[0])
+    return f"s={bits >> 31} e={(bits >> 23) & 0xFF:08b} m={bits & 0x7FFFFF:023b} ({value!r})"
+
+
+def spec_knobs(target, fn) -> dict:
+    """The knob values `target` is expected to follow, for the keyword arguments of spec `fn`."""
+    return {name: target.variant(name) for name, p in inspect.signature(fn).parameters.items()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+
+def forall(*examples: dict, **strategies):
+    """Make `fn(target, **drawn)` a check `fn(target)` that runs it under Hypothesis @given.
+
+    The target is bound outside Hypothesis (it must never see it); each dict in `examples` is a
+    permanent @example.
+    """
+    def wrap(fn):
+        @functools.wraps(fn)
+        def run(target):
+            def inner(**drawn):
+                fn(target, **drawn)
+            inner.__signature__ = inspect.Signature(
+                [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in strategies])
+            test = given(**strategies)(inner)
+            for ex in reversed(examples):
+                test = example(**ex)(test)
+            test()
+        del run.__wrapped__               # the check's own signature is (target)
+        return run
+    return wrap
+
+
+def tensor(a) -> torch.Tensor:
+    return torch.from_numpy(np.array(a, copy=True))
+
+
+def _value_context(x):
+    flat = np.asarray(x, dtype=np.float32)
+    return lambda idx: f"input {flat[idx]!r} (fp32 bits 0x{int(F.f32_bits(flat[idx])[0]):08x})"
+
+
+# ---------------------------------------------------------------------------------------------
+# Edge-biased fp32 strategies
+# ---------------------------------------------------------------------------------------------
+
+
+def neighbours(values, ulps: int = 2) -> np.ndarray:
+    """Each fp32 value and its ±1..ulps neighbours, both signs."""
+    v = np.asarray(values, dtype=np.float32)
+    bits = F.f32_bits(np.abs(v))
+    around = np.concatenate([bits + d for d in range(-ulps, ulps + 1)])
+    around = F.f32_from_bits(np.clip(around, 0, 0x7F7FFFFF))
+    return np.concatenate([around, -around])
+
+
+E2M1_EDGES = neighbours(F.E2M1_BOUNDARIES + F.E2M1_MAGNITUDES + (6.5, 7.0, 8.0, 12.0))
+E4M3_GRID = np.abs(F.e4m3_decode(np.arange(0x7F, dtype=np.uint8)))
+E4M3_MIDPOINTS = (E4M3_GRID[1:] + E4M3_GRID[:-1]) / 2        # exact in fp32 (one more bit)
+E4M3_EDGES = neighbours(np.concatenate([E4M3_GRID, E4M3_MIDPOINTS, [464.0, 480.0, 2.0 ** -10]]))
+
+
+def edge_f32(edges, *, lo=None, hi=None):
+    """fp32 values: the given edges, their scalings by 2^k, and arbitrary fp32s, all in [lo, hi]."""
+    anywhere = st.floats(width=32, allow_nan=False, allow_infinity=False,
+                         min_value=lo, max_value=hi)
+    pick = st.sampled_from([float(e) for e in edges if (lo is None or e >= lo) and (hi is None or e <= hi)])
+    return st.one_of(pick, anywhere)
+
+
+def f32_arrays(elements, max_size: int = 64):
+    return st.lists(elements, min_size=1, max_size=max_size).map(lambda v: np.array(v, dtype=np.float32))
+
+
+# ---------------------------------------------------------------------------------------------
+# E2M1
+# ---------------------------------------------------------------------------------------------
+
+E2M1_TIES_AT_SCALE_1 = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0,
+                                 -0.25, -0.75, -1.25, -1.75, -2.5, -3.5, -5.0], dtype=np.float32)
+
+
+def _check_e2m1_encode(target, x, what):
+    expected = F.e2m1_encode(x, **{"ties": target.variant("e2m1_ties"),
+                                   "overflow": target.variant("e2m1_overflow"),
+                                   "zero_sign": target.variant("e2m1_zero_sign")})
+    assert_bytes_equal(target.e2m1_encode(tensor(x)), expected, what=what, decode=e2m1_text,
+                       context=_value_context(x))
+
+
+@check("FMT.E2M1.VALUES", ops=("e2m1_decode",))
+def e2m1_decodes_all_16_codes(target):
+    codes = np.arange(16, dtype=np.uint8)
+    assert_equal(target.e2m1_decode(tensor(codes)), F.E2M1_VALUES,
+                 what="FMT.E2M1.VALUES: e2m1_decode(code)",
+                 context=lambda idx: f"code {e2m1_text(idx[0])}")
+
+
+@check("FMT.E2M1.RNE", ops=("e2m1_encode",))
+def e2m1_encode_every_boundary(target):
+    """Every fp32 within 2 ulps of each boundary and magnitude (|x| ≤ 6, no negative zero results)."""
+    x = E2M1_EDGES[(np.abs(E2M1_EDGES) <= 6) & ((E2M1_EDGES > 0) | (E2M1_EDGES < -0.25))]
+    _check_e2m1_encode(target, x, "FMT.E2M1.RNE: e2m1_encode near the decision boundaries")
+
+
+@check("FMT.E2M1.RNE", ops=("e2m1_encode",))
+@forall(dict(x=E2M1_TIES_AT_SCALE_1), x=f32_arrays(edge_f32(E2M1_EDGES, lo=-6.0, hi=6.0)))
+def e2m1_encode_rounds_to_nearest_even(target, x):
+    x = x[(x >= 0) | (x < -0.25)]       # a negative zero result is FMT.E2M1.ZERO_SIGN's business
+    if x.size:
+        _check_e2m1_encode(target, x, "FMT.E2M1.RNE: e2m1_encode")
+
+
+@check("FMT.E2M1.SATURATE", ops=("e2m1_encode",))
+@forall(dict(x=np.array([6.25, 7.0, -7.0, 8.0, 12.0, 1e30, -3.4e38], dtype=np.float32)),
+        x=f32_arrays(st.one_of(edge_f32(E2M1_EDGES[E2M1_EDGES > 6]),
+                               st.floats(min_value=6.0, width=32, exclude_min=True, allow_infinity=False))
+                     .flatmap(lambda v: st.sampled_from([v, -v]))))
+def e2m1_encode_saturates(target, x):
+    _check_e2m1_encode(target, x, "FMT.E2M1.SATURATE: e2m1_encode of |x| > 6")
+
+
+@check("FMT.E2M1.ZERO_SIGN", ops=("e2m1_encode",))
+@forall(dict(x=np.array([-0.0, -0.25, -0.1, -2.0 ** -149, 0.0], dtype=np.float32)),
+        x=f32_arrays(edge_f32(np.array([-0.0, -0.25, -2.0 ** -149, -1e-30]), lo=-0.25, hi=0.0)))
+def e2m1_encode_keeps_negative_zero(target, x):
+    _check_e2m1_encode(target, x, "FMT.E2M1.ZERO_SIGN: e2m1_encode of −0.25 ≤ x ≤ 0")
+
+
+# ---------------------------------------------------------------------------------------------
+# E4M3
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_e4m3_encode(target, x, what):
+    expected = F.e4m3_encode(x, overflow=target.variant("e4m3_overflow"))
+    actual = as_numpy(target.e4m3_encode(tensor(x))).astype(np.int64)
+    nan = (expected & 0x7F) == 0x7F                 # any NaN code will do: 0x7F or 0xFF
+    actual = np.where(nan & ((actual & 0x7F) == 0x7F), expected, actual)
+    assert_bytes_equal(actual, expected, what=what, decode=e4m3_text, context=_value_context(x))
+
+
+@check("FMT.E4M3.VALUES", ops=("e4m3_decode",))
+def e4m3_decodes_all_256_bytes(target):
+    codes = np.arange(256, dtype=np.uint8)
+    assert_equal(target.e4m3_decode(tensor(codes)), F.e4m3_decode(codes),
+                 what="FMT.E4M3.VALUES: e4m3_decode(byte)", context=lambda idx: e4m3_text(idx[0]))
+
+
+@check("FMT.E4M3.RNE", ops=("e4m3_encode",))
+def e4m3_encode_every_boundary(target):
+    """Every fp32 within 2 ulps of each E4M3 value and of each midpoint, |x| ≤ 464."""
+    x = E4M3_EDGES[np.abs(E4M3_EDGES) <= 464]
+    _check_e4m3_encode(target, x, "FMT.E4M3.RNE: e4m3_encode near the grid and its midpoints")
+
+
+@check("FMT.E4M3.RNE", ops=("e4m3_encode",))
+@forall(dict(x=np.array([2.0 ** -10, 3 * 2.0 ** -10, 2.0 ** -149, -2.0 ** -149, -0.0, 0.0,
+                         1.0625, 1.1875, 0.01, 0.05 / 6, 464.0, -464.0], dtype=np.float32)),
+        x=f32_arrays(edge_f32(E4M3_EDGES, lo=-464.0, hi=464.0)))
+def e4m3_encode_rounds_to_nearest_even(target, x):
+    _check_e4m3_encode(target, x, "FMT.E4M3.RNE: e4m3_encode")
+
+
+@check("FMT.E4M3.SATFINITE", ops=("e4m3_encode",))
+@forall(dict(x=np.array([464.00003, 480.0, -480.0, 1e6, np.inf, -np.inf, 3.4e38], dtype=np.float32)),
+        x=f32_arrays(st.one_of(st.floats(min_value=464.0, exclude_min=True, width=32),
+                               st.floats(max_value=-464.0, exclude_max=True, width=32),
+                               st.sampled_from([464.00003, 479.99997, 480.0, 2785.0 / 6]))))
+def e4m3_encode_saturates(target, x):
+    _check_e4m3_encode(target, x, "FMT.E4M3.SATFINITE: e4m3_encode of |x| > 464")
+
+
+@check("FMT.E4M3.SATFINITE", ops=("e4m3_encode",))
+def e4m3_encode_nan_only_from_nan(target):
+    x = F.f32_from_bits(np.array([0x7FC00000, 0xFFC00000, 0x7F800001], dtype=np.int64))
+    actual = as_numpy(target.e4m3_encode(tensor(x))).astype(np.int64)
+    assert np.all(actual & 0x7F == 0x7F), \
+        f"FMT.E4M3.SATFINITE: e4m3_encode(NaN) gave {[hex(a) for a in actual]}, expected NaN (0x7F/0xFF)"
+
+
+# ---------------------------------------------------------------------------------------------
+# E8M0, BF16
+# ---------------------------------------------------------------------------------------------
+
+
+@check("FMT.E8M0.VALUES", ops=("e8m0_decode",))
+def e8m0_decodes_all_256_bytes(target):
+    codes = np.arange(256, dtype=np.uint8)
+    assert_equal(target.e8m0_decode(tensor(codes)), F.e8m0_decode(codes),
+                 what="FMT.E8M0.VALUES: e8m0_decode(byte)", context=lambda idx: e8m0_text(idx[0]))
+
+
+def _check_bf16(target, x, what):
+    expected = F.f32_bits(F.bf16_round(x))
+    actual = F.f32_bits(as_numpy(target.bf16_round(tensor(x))))
+    nan = np.isnan(F.bf16_round(x))
+    actual = np.where(nan & np.isnan(F.f32_from_bits(actual)), expected, actual)  # any NaN will do
+    assert_bytes_equal(actual, expected, what=what, decode=f32_text, context=_value_context(x))
+
+
+@check("FMT.BF16.RNE", ops=("bf16_round",))
+def bf16_round_every_pattern_and_its_midpoints(target):
+    """All 65536 BF16 patterns, each with the low halves 0, 0x7FFF, 0x8000, 0x8001, 0xFFFF."""
+    high = np.arange(1 << 16, dtype=np.int64) << 16
+    x = F.f32_from_bits(np.concatenate([high + low for low in (0, 0x7FFF, 0x8000, 0x8001, 0xFFFF)]))
+    _check_bf16(target, x, "FMT.BF16.RNE: bf16_round")
+
+
+@check("FMT.BF16.RNE", ops=("bf16_round",))
+@forall(x=f32_arrays(st.floats(width=32, allow_nan=True, allow_infinity=True)))
+def bf16_round_any_fp32(target, x):
+    _check_bf16(target, x, "FMT.BF16.RNE: bf16_round")
+
+
+# ---------------------------------------------------------------------------------------------
+# ceil(log2), through the E8M0 scale bytes of the power-of-two codecs
+# ---------------------------------------------------------------------------------------------
+
+
+def ceil_log2_sweep(max_value: float, lowest: float) -> np.ndarray:
+    """Block amaxes max_value·2^k and 7/8·2^k multiples, ±1 ulp, over the whole range above lowest."""
+    k = np.arange(-149, 128, dtype=np.float64)
+    bases = np.concatenate([max_value * 2.0 ** k, 7 * 2.0 ** k, 8 * 2.0 ** k])
+    bases = bases[(bases >= lowest) & (bases < 3.0e38)].astype(np.float32)
+    return np.abs(neighbours(bases, ulps=1))
+
+
+def _check_single_element_scales(target, quantize, expected_scale, block, amax, what):
+    x = np.zeros((amax.size, block), dtype=np.float32)
+    x[np.arange(amax.size), np.arange(amax.size) % block] = amax
+    x[1::2] *= -1
+    scales = quantize(tensor(x))[1]
+    expected = expected_scale(amax)
+    assert_bytes_equal(as_numpy(scales).reshape(-1), expected, what=what, decode=e8m0_text,
+                       context=lambda idx: f"single nonzero block, amax {amax[idx[0]]!r}")
+
+
+@check("FMT.CEIL_LOG2", ops=("fp4_e8m0_quantize",))
+def ceil_log2_of_the_fp4_scale(target):
+    amax = ceil_log2_sweep(6.0, 6 * 2.0 ** -126)
+    knobs = spec_knobs(target, Q.fp4_e8m0_scale)
+    _check_single_element_scales(target, target.fp4_e8m0_quantize,
+                                 lambda a: Q.fp4_e8m0_scale(a, **knobs), Q.FP4_IDX_BLOCK, amax,
+                                 "FMT.CEIL_LOG2: E8M0 scale of fp4_e8m0_quantize (amax·fl32(1/6))")
+
+
+@check("FMT.CEIL_LOG2", ops=("fp8_quantize",))
+def ceil_log2_of_the_fp8_scale(target):
+    amax = ceil_log2_sweep(448.0, 1e-4)
+    knobs = spec_knobs(target, Q.fp8_scale)
+    _check_single_element_scales(target, lambda x: target.fp8_quantize(x, 32),
+                                 lambda a: Q.fp8_scale(a, **knobs), 32, amax,
+                                 "FMT.CEIL_LOG2: E8M0 scale of fp8_quantize (amax·fl32(1/448))")
