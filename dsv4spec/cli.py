@@ -17,6 +17,8 @@ class UsageError(Exception):
 def cmd_rules(args) -> int:
     from dsv4spec.spec import select
     rules = select(_prefixes(args.rules))
+    if not rules:
+        raise UsageError("the rule registry is empty")
     if args.json:
         print(json.dumps([{"id": r.id, "title": r.title, "statement": r.statement, "status": r.status,
                            "applies_to": list(r.applies_to), "policy": r.policy,

@@ -1,7 +1,7 @@
 """Golden files: generate them with impl, hash them into a manifest, check targets and port outputs.
 
 Layout of one case file `<name>.safetensors`: tensors `in.<input>` and `out.<output>`; metadata
-`op`, `rule`, `args` (JSON).  A non-Python port reads the `in.*` tensors, writes its own
+`case`: JSON of the op, the rule and the keyword arguments.  A non-Python port reads the `in.*` tensors, writes its own
 `<name>.safetensors` with the same `out.*` names, and `dsv4spec golden check-outputs DIR` compares.
 Files are never loaded with pickle: safetensors only.
 """
@@ -47,8 +47,10 @@ def generate(out: Path = DATA) -> dict:
         tensors = {f"in.{k}": np.ascontiguousarray(v) for k, v in case.inputs.items()}
         tensors.update({f"out.{k}": v for k, v in run_case(case, getattr(impl, case.op)).items()})
         path = out / f"{case.name}.safetensors"
-        save_file(tensors, str(path), metadata={"op": case.op, "rule": case.rule,
-                                                "args": json.dumps(case.args, sort_keys=True)})
+        # One metadata key: safetensors writes several in a random order, which would break
+        # bit-for-bit regeneration.
+        about = json.dumps({"op": case.op, "rule": case.rule, "args": case.args}, sort_keys=True)
+        save_file(tensors, str(path), metadata={"case": about})
         files[path.name] = {"sha256": sha256(path), "rule": case.rule, "op": case.op}
     manifest = {"generator_version": GENERATOR_VERSION, "files": files}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
