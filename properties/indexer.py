@@ -1,2 +1,462 @@
-"""(to be written)"""
-__all__ = []
+"""Checks of the lightning indexer rules (HAD.*, IDX.*).
+
+Operation contract (torch CPU tensors in and out; a target provides any subset):
+
+    hadamard(x [..., 128] f32|bf16) -> f32 [..., 128]
+        bf16(H·x/√128), Sylvester H, no signs; x BF16-representable.
+    index_rotate(x [..., 128], model: str) -> f32
+        the model's rotation of indexer q/k: hadamard for v3.2/v4-*, identity for v4.1-flash.
+    index_weights(raw_w [T, H] f32, model: str) -> f32 [T, H]
+        bf16(raw_w · fl32(index_head_dim^-0.5 · index_n_heads^-0.5)); H must be the model's
+        global index_n_heads.  index_scores takes weights already scaled by this op.
+    index_scores(q [T,H,D], k [S,D], w [T,H], visible int64 [T], score_dtype="bf16") -> f32 [T,S]
+        Σ_h w·ReLU(q·k); 'bf16' rounds every step (V4/V4.1; q, k, w BF16-representable),
+        'fp32' none (V3.2); −inf exactly where s ≥ visible[t].
+    index_scores_fp4(q_packed u8 [T,H,D/2], q_scales u8 [T,H,D/32], k_packed u8 [S,D/2],
+                     k_scales u8 [S,D/32], w [T,H], visible [T]) -> f32 [T,S]
+        index_scores of the dequantized E2M1 × E8M0 values (element 2i in the low nibble), 'bf16'.
+    index_visible(positions int64 [T], ratio: int) -> int64 [T]     (p + 1) // ratio
+    index_topk(scores f32 [T,S], visible int64 [T], k: int, order: str) -> int64 [T,k]
+        the k best entries among s < visible[t]; order 'score' (V4, descending) or 'position'
+        (V4.1, ascending); min(k, visible[t]) valid entries then −1.
+
+Bad input (mismatched shapes, NaN, unknown model/order/dtype, k outside [0, S]) raises
+ValueError/TypeError naming what was expected.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from hypothesis import example, given, strategies as st
+
+from ..spec import indexer as spec
+from ..spec.models import PROFILES, profile
+from ..spec.quant import fp4_e8m0_dequantize
+from ..spec.rules import V4_ALL
+from .compare import as_numpy, assert_close, assert_equal  # noqa: F401
+from .ranking import assert_topk
+from .suite import check
+
+__all__ = ["OPS", "ScoreCase", "score_cases", "expected_scores", "RowsCase", "score_rows"]
+
+OPS = {
+    "hadamard": "hadamard(x [..., 128]) -> f32: bf16(H·x/√128), Sylvester H, no random signs",
+    "index_rotate": "index_rotate(x [..., 128], model) -> f32: Hadamard for v3.2/v4, identity for v4.1",
+    "index_weights": "index_weights(raw_w [T, H], model) -> f32 [T, H]: bf16(raw · fl32(128^-0.5·H^-0.5))",
+    "index_scores": "index_scores(q [T,H,D], k [S,D], w [T,H], visible [T], score_dtype='bf16') -> f32 [T,S]",
+    "index_scores_fp4": "index_scores_fp4(q_packed, q_scales, k_packed, k_scales, w, visible) -> f32 [T,S]",
+    "index_visible": "index_visible(positions int64 [T], ratio) -> int64 [T]: (p + 1) // ratio",
+    "index_topk": "index_topk(scores [T,S], visible [T], k, order) -> int64 [T,k]: −1 at the tail",
+}
+
+
+def given_target(*examples, **strategies):
+    """@given for a check fn(target, **drawn): the target is bound first, examples are dicts."""
+    def decorate(fn):
+        def run(target):
+            test = given(**strategies)(lambda **drawn: fn(target, **drawn))
+            for ex in examples:
+                test = example(**ex)(test)
+            test()
+        run.__name__, run.__doc__ = fn.__name__, fn.__doc__
+        return run
+    return decorate
+
+
+def _t(x, dtype=torch.float32) -> torch.Tensor:
+    return torch.tensor(np.asarray(x), dtype=dtype)
+
+
+def _bf16(rng, shape, scale=1.0) -> np.ndarray:
+    return spec.round_bf16(rng.standard_normal(shape) * scale)
+
+
+# ------------------------------------------------------------------------------------------------
+# score cases
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class ScoreCase:
+    """Indexer inputs: BF16-valued q [T,H,D], k [S,D], w [T,H] and visible counts [T]."""
+    label: str
+    q: np.ndarray
+    k: np.ndarray
+    w: np.ndarray
+    visible: np.ndarray
+
+    def __repr__(self):
+        T, H, D = self.q.shape
+        return f"ScoreCase({self.label!r}, T={T} H={H} D={D} S={self.k.shape[0]}, visible={self.visible.tolist()})"
+
+    def torch(self, dtype=torch.float32):
+        return _t(self.q), _t(self.k), _t(self.w), _t(self.visible, torch.int64)
+
+
+SCORE_KINDS = ("normal", "relu_zero", "ties", "cancel", "wide_exponents")
+
+
+def make_score_case(kind: str, seed: int, T: int, H: int, D: int, S: int, fp32: bool = False) -> ScoreCase:
+    rng = np.random.default_rng(seed)
+    rnd = spec.round_fp32 if fp32 else spec.round_bf16
+    q, k = rng.standard_normal((T, H, D)), rng.standard_normal((S, D))
+    w = rng.standard_normal((T, H)) * 0.05
+    if kind == "relu_zero":                  # most heads' dots negative: many exact zeros in the score
+        q, k = -np.abs(q), np.abs(k)
+        q[:, : max(1, H // 4)] *= -1
+        q[0] = -np.abs(q[0])                 # a row whose every score is 0
+    elif kind == "ties":                     # small integers: colliding dots and scores
+        q, k = rng.integers(-1, 2, (T, H, D)).astype(float), rng.integers(-1, 2, (S, D)).astype(float)
+        w = rng.integers(-2, 3, (T, H)) / 8.0
+    elif kind == "cancel":                   # signed weights of equal size, dots near BF16 midpoints
+        w = np.where(np.arange(H) % 2 == 0, 1.0, -1.0)[None, :] * np.ones((T, 1))
+        k = np.zeros((S, D))
+        k[:, 0], k[:, 1] = 1.0, rng.integers(1, 4, S) * 2.0 ** -5
+        q = np.zeros((T, H, D))
+        q[:, :, 0], q[:, :, 1] = 1.0, 2.0 ** -4
+    elif kind == "wide_exponents":
+        q = q * 2.0 ** rng.integers(-30, 30, (T, H, D))
+        k = k * 2.0 ** rng.integers(-30, 30, (S, D))
+    visible = rng.integers(0, S + 1, T)
+    visible[rng.integers(0, T)] = S
+    return ScoreCase(f"{kind}/seed={seed}", rnd(q), rnd(k), rnd(w), visible.astype(np.int64))
+
+
+@st.composite
+def score_cases(draw, kinds=SCORE_KINDS, fp32: bool = False, max_t: int = 5):
+    return make_score_case(draw(st.sampled_from(kinds)), draw(st.integers(0, 2 ** 32 - 1)),
+                           draw(st.integers(1, max_t)), draw(st.sampled_from((1, 2, 4, 8, 32))),
+                           draw(st.sampled_from((16, 128))), draw(st.integers(1, 40)), fp32)
+
+
+def cancellation_case() -> ScoreCase:
+    """32 heads, w = ±1 alternating, dots 1+3·2^-9 (even heads) and 1+2^-9 (odd heads).
+
+    BF16 steps: 16·(1+2^-7) − 16·1 = 0.125;  fp32 then one cast: 16·2·2^-9 = 0.0625."""
+    q = np.zeros((1, 32, 128))
+    q[0, :, 0] = 1.0
+    q[0, ::2, 1] = 3 * 2.0 ** -9
+    q[0, 1::2, 1] = 2.0 ** -9
+    k = np.zeros((2, 128))
+    k[:, 0], k[:, 1] = 1.0, 1.0
+    w = np.where(np.arange(32) % 2 == 0, 1.0, -1.0)[None, :]
+    return ScoreCase("cancellation (IDX.SCORE.ROUNDING differs)", q, k, w, np.array([2]))
+
+
+def all_negative_case() -> ScoreCase:
+    """Every visible score negative: a masked 0 would outrank them all."""
+    q = np.ones((2, 1, 16))
+    k = np.ones((5, 16))
+    return ScoreCase("all visible scores −16 (w = −1)", q, k, -np.ones((2, 1)), np.array([1, 3]))
+
+
+def expected_scores(target, case: ScoreCase, score_dtype: str = "bf16"):
+    """(reference scores, tolerance) for this target's declared score_rounding."""
+    if score_dtype == "fp32":
+        return (spec.index_scores(case.q, case.k, case.w, case.visible, "fp32"),
+                spec.index_score_tolerance(case.q, case.k, case.w, "fp32"))
+    variant = target.variant("score_rounding")
+    if variant == "bf16_steps":
+        return (spec.index_scores(case.q, case.k, case.w, case.visible, "bf16"),
+                spec.index_score_tolerance(case.q, case.k, case.w, "bf16"))
+    exact = spec.index_scores(case.q, case.k, case.w, case.visible, "fp32")
+    tol = spec.index_score_tolerance(case.q, case.k, case.w, "fp32")
+    if variant == "fp32":
+        return exact, tol
+    return spec.round_bf16(exact), tol + spec.bf16_quantum(exact)
+
+
+def _scores(target, case: ScoreCase, score_dtype: str = "bf16") -> np.ndarray:
+    return as_numpy(target.index_scores(*case.torch(), score_dtype)).astype(np.float64)
+
+
+def _assert_scores(got, ref, tol, what: str, case):
+    """Finite references within tol; ±inf exactly where the reference has them."""
+    g, r = np.asarray(got, dtype=np.float64), np.asarray(ref, dtype=np.float64)
+    if g.shape != r.shape:
+        raise AssertionError(f"{what}: shape {g.shape}, expected {r.shape} [{case!r}]")
+    with np.errstate(invalid="ignore"):
+        err = np.abs(g - r)
+    bad = np.argwhere(np.where(np.isfinite(r), ~(err <= tol), g != r))
+    if bad.size:
+        lines = [f"{what}: {len(bad)} of {r.size} scores off [{case!r}]"]
+        for t, s in bad[:4]:
+            lines.append(f"  at (t={t}, s={s}): got {g[t, s]!r}, expected {r[t, s]!r} ± {tol[t, s]:.3g}")
+        raise AssertionError("\n".join(lines))
+
+
+# ------------------------------------------------------------------------------------------------
+# HAD
+# ------------------------------------------------------------------------------------------------
+HADAMARD_MODELS = tuple(m for m in PROFILES.values() if m.hadamard)
+
+
+@check("HAD.MATRIX", ops=("hadamard",))
+@given_target(dict(exponent=0, sign=1.0), exponent=st.integers(-40, 40), sign=st.sampled_from((1.0, -1.0)))
+def hadamard_maps_basis_vectors_to_scaled_columns(target, exponent, sign):
+    x = np.eye(spec.HADAMARD_DIM) * sign * 2.0 ** exponent
+    assert_equal(target.hadamard(_t(x)), spec.hadamard(x).astype(np.float32),
+                 what=f"HAD.MATRIX: hadamard(±2^{exponent}·e_j) must be column j of H·bf16(2^{exponent}/√128)",
+                 context=lambda i: f"input e_{i[0]}, H[{i[1]}, {i[0]}] = {spec.sylvester_hadamard()[i[1], i[0]]}")
+
+
+@check("HAD.MATRIX", ops=("index_rotate",))
+@given_target(model=st.sampled_from([m.name for m in HADAMARD_MODELS]), exponent=st.integers(-8, 8))
+def index_rotate_is_the_hadamard_in_v32_and_v4(target, model, exponent):
+    x = np.eye(spec.HADAMARD_DIM) * 2.0 ** exponent
+    assert_equal(target.index_rotate(_t(x), model), spec.hadamard(x).astype(np.float32),
+                 what=f"HAD.MATRIX: index_rotate(2^{exponent}·e_j, {model!r}) must be the Sylvester Hadamard")
+
+
+@check("HAD.ROUNDING", ops=("hadamard",))
+@given_target(dict(seed=0, rows=1, spread=30), seed=st.integers(0, 2 ** 32 - 1), rows=st.integers(1, 8), spread=st.sampled_from((0, 4, 30)))
+def hadamard_output_is_bf16_within_one_ulp(target, seed, rows, spread):
+    rng = np.random.default_rng(seed)
+    x = spec.round_bf16(rng.standard_normal((rows, 128)) * 2.0 ** rng.integers(-spread, spread + 1, (rows, 128)))
+    got = as_numpy(target.hadamard(_t(x))).astype(np.float64)
+    if not spec.is_bf16(got).all():
+        raise AssertionError(f"HAD.ROUNDING: output not BF16-representable, e.g. {got[~spec.is_bf16(got)][:3]}")
+    exact = (x @ spec.sylvester_hadamard().T) * spec.HADAMARD_SCALE
+    _within(got, exact, spec.hadamard_tolerance(x), "HAD.ROUNDING: hadamard(x) vs H·x/√128 (1 BF16 ulp + fp32 order)")
+
+
+def _within(got, ref, tol, what):
+    err = np.abs(got - ref)
+    bad = np.argwhere(~(err <= tol))
+    if bad.size:
+        i = tuple(bad[0])
+        raise AssertionError(f"{what}: {len(bad)} elements off; at {i}: got {got[i]!r}, exact {ref[i]!r} "
+                             f"± {tol[i]:.3g}")
+
+
+@check("HAD.ABSENT_V41", ops=("index_rotate",))
+@given_target(dict(seed=0, rows=1), seed=st.integers(0, 2 ** 32 - 1), rows=st.integers(1, 4))
+def v41_indexer_is_not_rotated(target, seed, rows):
+    x = _bf16(np.random.default_rng(seed), (rows, 128))
+    assert_equal(target.index_rotate(_t(x), "v4.1-flash"), x.astype(np.float32),
+                 what="HAD.ABSENT_V41: index_rotate(x, 'v4.1-flash') must return x (no Hadamard in V4.1)")
+
+
+# ------------------------------------------------------------------------------------------------
+# IDX.WEIGHT / IDX.SCORE
+# ------------------------------------------------------------------------------------------------
+@check("IDX.WEIGHT.SCALE", ops=("index_weights",))
+@given_target(dict(model="v4.1-flash", seed=0, rows=1), dict(model="v4-flash", seed=0, rows=1), model=st.sampled_from(V4_ALL), seed=st.integers(0, 2 ** 32 - 1), rows=st.integers(1, 4))
+def head_weights_carry_the_global_factor(target, model, seed, rows):
+    m = profile(model)
+    raw = _bf16(np.random.default_rng(seed), (rows, m.index_n_heads), 4.0)
+    ref = spec.index_weights(raw, m)
+    got = as_numpy(target.index_weights(_t(raw), model)).astype(np.float64)
+    _within(got, ref, spec.bf16_quantum(ref),
+            f"IDX.WEIGHT.SCALE: {model} weights must be raw · {m.index_weight_scale:.9g} rounded to BF16")
+
+
+@check("IDX.SCORE.FORMULA", ops=("index_scores",))
+@given_target(dict(case=all_negative_case(), score_dtype="bf16"), case=score_cases(kinds=("normal", "relu_zero", "ties")), score_dtype=st.sampled_from(spec.SCORE_DTYPES))
+def score_is_weighted_sum_of_relu_dots(target, case, score_dtype):
+    """Loose tolerance (2^-5 of Σ_h |w_h·s_h|): the formula, whatever the rounding scheme."""
+    got = _scores(target, case, score_dtype)
+    ref = spec.index_scores(case.q, case.k, case.w, case.visible, "fp32")
+    dots = np.einsum("thd,sd->ths", case.q, case.k)
+    scale = (np.abs(dots) * np.abs(case.w)[:, :, None]).sum(axis=1)
+    _assert_scores(got, ref, 2.0 ** -5 * scale + 1e-30, f"IDX.SCORE.FORMULA ({score_dtype})", case)
+
+
+@check("IDX.SCORE.ROUNDING", ops=("index_scores",))
+@given_target(dict(case=cancellation_case()), case=score_cases())
+def bf16_score_rounds_every_step(target, case):
+    ref, tol = expected_scores(target, case)
+    _assert_scores(_scores(target, case), ref, tol, "IDX.SCORE.ROUNDING (2 BF16 ulps of max(|I|, max|p_h|))", case)
+
+
+@check("IDX.SCORE.V32_FP32", ops=("index_scores",))
+@given_target(dict(case=cancellation_case()), case=score_cases(kinds=("normal", "cancel", "wide_exponents"), fp32=True))
+def v32_score_is_fp32(target, case):
+    ref, tol = expected_scores(target, case, "fp32")
+    _assert_scores(_scores(target, case, "fp32"), ref, tol, "IDX.SCORE.V32_FP32 ((D+H)·2^-24 bound)", case)
+
+
+@check("IDX.SCORE.FP4", ops=("index_scores_fp4",))
+@given_target(dict(seed=0, T=2, H=32, S=16, D=128), seed=st.integers(0, 2 ** 32 - 1), T=st.integers(1, 4), H=st.sampled_from((1, 4, 32)),
+       S=st.integers(1, 24), D=st.sampled_from((32, 128)))
+def fp4_scores_are_scores_of_dequantized_values(target, seed, T, H, S, D):
+    rng = np.random.default_rng(seed)
+    q_packed = rng.integers(0, 256, (T, H, D // 2), dtype=np.uint8)
+    k_packed = rng.integers(0, 256, (S, D // 2), dtype=np.uint8)
+    q_scales = rng.integers(118, 131, (T, H, D // 32), dtype=np.uint8)
+    k_scales = rng.integers(118, 131, (S, D // 32), dtype=np.uint8)
+    case = ScoreCase(f"fp4/seed={seed}", fp4_e8m0_dequantize(q_packed, q_scales).astype(np.float64),
+                     fp4_e8m0_dequantize(k_packed, k_scales).astype(np.float64),
+                     _bf16(rng, (T, H), 0.05), rng.integers(0, S + 1, T).astype(np.int64))
+    got = target.index_scores_fp4(*(torch.from_numpy(a) for a in (q_packed, q_scales, k_packed, k_scales)),
+                                  _t(case.w), _t(case.visible, torch.int64))
+    ref, tol = expected_scores(target, case)
+    _assert_scores(as_numpy(got).astype(np.float64), ref, tol, "IDX.SCORE.FP4 (vs dequantized E2M1·2^(e−127))", case)
+
+
+@check("IDX.SCORE.TP", ops=("index_scores",))
+@given_target(case=score_cases(kinds=("normal", "relu_zero")), shards=st.sampled_from((2, 4)))
+def head_shards_sum_to_the_full_score(target, case, shards):
+    H = case.q.shape[1]
+    if H % shards:
+        shards = H if H > 1 else 1
+    parts = np.array_split(np.arange(H), shards)
+    total = None
+    for heads in parts:
+        sub = ScoreCase(case.label, case.q[:, heads], case.k, case.w[:, heads], case.visible)
+        partial = _scores(target, sub)
+        total = partial if total is None else spec.round_bf16(total + partial)   # BF16 all-reduce
+    ref, tol = expected_scores(target, case)
+    with np.errstate(invalid="ignore"):
+        magnitude = np.maximum(np.abs(np.nan_to_num(ref, neginf=0.0)), tol)
+    _assert_scores(total, ref, (len(parts) + 2) * spec.bf16_quantum(magnitude) + tol,
+                   f"IDX.SCORE.TP ({len(parts)} head shards, BF16 all-reduce)", case)
+
+
+# ------------------------------------------------------------------------------------------------
+# IDX: visibility, mask, chunks
+# ------------------------------------------------------------------------------------------------
+@check("IDX.VISIBLE", ops=("index_visible",))
+@given_target(dict(ratio=4, seed=0, T=9, start=0), dict(ratio=128, seed=0, T=3, start=126), ratio=st.sampled_from((1, 2, 4, 128)), seed=st.integers(0, 2 ** 32 - 1), T=st.integers(1, 16),
+       start=st.integers(0, 10 ** 6))
+def visible_count_is_p_plus_one_floor_ratio(target, ratio, seed, T, start):
+    positions = start + np.arange(T)                   # a chunk starting anywhere (prefill: start 0)
+    got = target.index_visible(_t(positions, torch.int64), ratio)
+    assert_equal(got, spec.index_visible(positions, ratio),
+                 what=f"IDX.VISIBLE: visible(p) = (p + 1) // {ratio}", context=lambda i: f"p = {positions[i[0]]}")
+    for p in positions[:3]:                            # decode: one token, end_pos = p + 1
+        one = target.index_visible(_t([p], torch.int64), ratio)
+        assert_equal(one, np.array([(p + 1) // ratio]),
+                     what=f"IDX.VISIBLE: decode of position {p} must see end_pos // {ratio} entries")
+
+
+@check("IDX.MASK", ops=("index_scores",))
+@given_target(dict(case=all_negative_case(), score_dtype="bf16"), case=score_cases(), score_dtype=st.sampled_from(spec.SCORE_DTYPES))
+def invisible_entries_score_minus_inf(target, case, score_dtype):
+    got = _scores(target, case, score_dtype)
+    invisible = ~spec.visibility_mask(case.visible, case.k.shape[0])
+    expected = np.where(invisible, -np.inf, 0.0)
+    shown = np.where(invisible | ~np.isfinite(got), got, 0.0)
+    assert_equal(shown, expected, what=f"IDX.MASK: −inf exactly at s ≥ visible[t] ({score_dtype}) [{case!r}]",
+                 context=lambda i: f"visible[{i[0]}] = {case.visible[i[0]]}")
+
+
+@check("IDX.CHUNK", ops=("index_scores",))
+@given_target(case=score_cases(max_t=6), cut=st.integers(0, 6), data=st.data())
+def decode_and_chunk_rows_equal_prefill_rows(target, case, cut, data):
+    T = case.q.shape[0]
+    full = _scores(target, case)
+    _, tol = expected_scores(target, case)
+    a = min(cut, T - 1)
+    b = data.draw(st.integers(a + 1, T), label="chunk end")
+    chunk = ScoreCase(case.label, case.q[a:b], case.k, case.w[a:b], case.visible[a:b])
+    _assert_scores(_scores(target, chunk), full[a:b], tol[a:b] + tol[a:b], f"IDX.CHUNK: rows [{a}, {b}) alone", case)
+    t = data.draw(st.integers(0, T - 1), label="decode row")
+    n = int(case.visible[t])
+    decode = ScoreCase(case.label, case.q[t:t + 1], case.k[:n], case.w[t:t + 1], np.array([n]))
+    _assert_scores(_scores(target, decode), full[t:t + 1, :n], 2 * tol[t:t + 1, :n],
+                   f"IDX.CHUNK: decode of row {t} (end_pos//ratio = {n} entries, unmasked)", case)
+
+
+# ------------------------------------------------------------------------------------------------
+# IDX: top-k
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class RowsCase:
+    """A top-k input: scores [T, S] (BF16 values, −inf past visible unless 'unmasked'), visible, k."""
+    label: str
+    scores: np.ndarray
+    visible: np.ndarray
+    k: int
+
+    def __repr__(self):
+        return (f"RowsCase({self.label!r}, T={self.scores.shape[0]} S={self.scores.shape[1]}, "
+                f"visible={self.visible.tolist()}, k={self.k})")
+
+
+ROW_KINDS = ("normal", "relu_zero", "equal", "few_values", "minus_inf", "unmasked")
+
+
+def make_rows(kind: str, seed: int, T: int, S: int, k: int) -> RowsCase:
+    rng = np.random.default_rng(seed)
+    scores = _bf16(rng, (T, S))
+    if kind == "relu_zero":                  # fewer positive scores than k: the rest exactly 0
+        scores = np.where(rng.random((T, S)) < 0.8, 0.0, np.abs(scores))
+    elif kind == "equal":                    # rows full of one BF16 value
+        scores = np.full((T, S), spec.round_bf16(rng.standard_normal()))
+    elif kind == "few_values":
+        scores = rng.integers(-2, 3, (T, S)) * 0.25
+    elif kind == "minus_inf":                # −inf inside the visible range (all −inf in row 0)
+        scores = np.where(rng.random((T, S)) < 0.5, -np.inf, scores)
+        scores[0] = -np.inf
+    visible = rng.integers(0, S + 1, T)
+    visible[rng.integers(0, T)] = S
+    if rng.random() < 0.3:
+        visible[rng.integers(0, T)] = 0
+    if kind != "unmasked":                   # 'unmasked' leaves finite garbage past visible
+        scores = np.where(spec.visibility_mask(visible, S), scores, -np.inf)
+    return RowsCase(f"{kind}/seed={seed}", scores, visible.astype(np.int64), min(k, S))
+
+
+@st.composite
+def score_rows(draw, kinds=ROW_KINDS):
+    S = draw(st.integers(1, 48))
+    return make_rows(draw(st.sampled_from(kinds)), draw(st.integers(0, 2 ** 32 - 1)),
+                     draw(st.integers(1, 6)), S, draw(st.integers(0, S)))
+
+
+EDGE_ROWS = (
+    make_rows("relu_zero", 1, 3, 40, 16),
+    make_rows("equal", 2, 3, 33, 8),
+    make_rows("minus_inf", 3, 3, 24, 24),
+    RowsCase("k = 0 (nothing compressed yet)", np.full((2, 1), -np.inf), np.array([0, 0]), 0),
+)
+
+
+def _expected_order(target, order: str) -> str:
+    declared = target.variant("topk_order")
+    return order if declared == "official" else declared
+
+
+def _topk(target, case: RowsCase, order: str):
+    return target.index_topk(_t(case.scores), _t(case.visible, torch.int64), case.k, order)
+
+
+def _rows_check(target, case, order, clauses, what):
+    got = _topk(target, case, order)
+    assert_topk(got, case.scores, spec.visibility_mask(case.visible, case.scores.shape[1]), case.k,
+                _expected_order(target, order), clauses=clauses, what=f"{what} [{case!r}]")
+
+
+EDGE_EXAMPLES = tuple(dict(case=c, order="position") for c in EDGE_ROWS) + (dict(case=EDGE_ROWS[0], order="score"),)
+
+
+@check("IDX.TOPK.COUNT", ops=("index_topk",))
+@given_target(*EDGE_EXAMPLES, case=score_rows(), order=st.sampled_from(spec.TOPK_ORDERS))
+def topk_holds_min_k_visible_distinct_visible_entries(target, case, order):
+    _rows_check(target, case, order, ("shape", "range", "count", "unique"), f"IDX.TOPK.COUNT ({order})")
+
+
+@check("IDX.TOPK.PAD", ops=("index_topk",))
+@given_target(*EDGE_EXAMPLES, case=score_rows(), order=st.sampled_from(spec.TOPK_ORDERS))
+def minus_one_only_as_trailing_padding(target, case, order):
+    _rows_check(target, case, order, ("shape", "padding"), f"IDX.TOPK.PAD ({order})")
+
+
+@check("IDX.TOPK.ORDER", ops=("index_topk",))
+@given_target(*EDGE_EXAMPLES, case=score_rows(kinds=("normal", "few_values", "unmasked")), order=st.sampled_from(spec.TOPK_ORDERS))
+def topk_order_is_score_for_v4_and_position_for_v41(target, case, order):
+    _rows_check(target, case, order, ("shape", "order"), f"IDX.TOPK.ORDER (asked {order!r})")
+
+
+@check("IDX.TOPK.SELECTION", ops=("index_topk",))
+@given_target(*EDGE_EXAMPLES, case=score_rows(), order=st.sampled_from(spec.TOPK_ORDERS))
+def chosen_scores_are_a_top_k(target, case, order):
+    _rows_check(target, case, order, ("shape", "range", "selection"), f"IDX.TOPK.SELECTION ({order})")
+
+
+@check("IDX.TOPK.TIES", ops=("index_topk",))
+@given_target(*EDGE_EXAMPLES, case=score_rows(kinds=("equal", "few_values", "relu_zero")), order=st.sampled_from(spec.TOPK_ORDERS))
+def tied_entries_follow_the_declared_rule(target, case, order):
+    clauses = ("shape", "selection") + (("lowest_index",) if target.variant("topk_ties") == "lowest_index" else ())
+    _rows_check(target, case, order, clauses, f"IDX.TOPK.TIES (topk_ties={target.variant('topk_ties')})")

@@ -14,6 +14,8 @@ seeds 002 (V4 lightning indexer) and 003 (V4 indexer walk-through).
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .models import Model
@@ -64,6 +66,7 @@ HADAMARD_DIM = 128
 HADAMARD_SCALE = HADAMARD_DIM ** -0.5
 
 
+@functools.lru_cache(maxsize=None)
 def sylvester_hadamard(d: int = HADAMARD_DIM) -> np.ndarray:
     """H[i, j] = (−1)^popcount(i & j): the Sylvester construction H_2n = [[H, H], [H, −H]]."""
     i = np.arange(d)
@@ -72,7 +75,9 @@ def sylvester_hadamard(d: int = HADAMARD_DIM) -> np.ndarray:
     while bits.any():
         parity ^= bits & 1
         bits >>= 1
-    return 1 - 2 * parity
+    matrix = 1 - 2 * parity
+    matrix.setflags(write=False)
+    return matrix
 
 
 def hadamard(x) -> np.ndarray:
