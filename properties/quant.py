@@ -1,2 +1,556 @@
-"""(to be written)"""
-__all__ = []
+"""Checks of the FP4 and FP8 codecs (FP4.*, FP8.*): the operation contract a target implements.
+
+Operations (CPU torch tensors; values float32 or bfloat16, contiguous, last dimension a multiple of
+the block; codes and bytes uint8):
+
+    e2m1_encode(x)                 -> codes uint8 [...]         nearest E2M1 code, ties to even, ±6 saturation
+    e2m1_decode(codes)             -> f32 [...]                 FP4_TABLE[code]
+    e4m3_encode(x)                 -> uint8 [...]               nearest float8_e4m3fn, satfinite
+    e4m3_decode(b)                 -> f32 [...]                 value of a float8_e4m3fn byte (0x7F/0xFF NaN)
+    e8m0_decode(b)                 -> f32 [...]                 2^(b − 127), 0xFF NaN
+    bf16_round(x)                  -> f32 [...]                 value of the nearest bfloat16 (RNE)
+    fp4_pack(codes [..., n])       -> uint8 [..., n/2]          element 2i low nibble, 2i+1 high nibble
+    fp4_unpack(packed [..., n/2])  -> codes uint8 [..., n]      inverse of fp4_pack
+    fp4_e4m3_quantize(x [..., 16k])  -> (packed [..., 8k], E4M3 scales [..., k])     V4.1 main KV
+    fp4_e4m3_dequantize(packed, scales) -> f32 [..., 16k]       E2M1 value × E4M3 scale
+    fp4_e8m0_quantize(x [..., 32k])  -> (packed [..., 16k], E8M0 scales [..., k])    indexer Q/K
+    fp4_e8m0_dequantize(packed, scales) -> f32 [..., 32k]       E2M1 value × 2^(b − 127)
+    fp8_quantize(x [..., b·k], block)   -> (E4M3 [..., b·k], E8M0 scales [..., k])   act_quant
+    fp8_dequantize(q, scales, block)    -> f32 [..., b·k]       E4M3 value × 2^(b − 127)
+    fp8_qdq(x [..., b·k], block)        -> f32 [..., b·k]       the in-place act_quant QDQ result
+
+Non-finite input to a quantizer is rejected with ValueError (FP4.NONFINITE, FP8.NONFINITE) unless
+the target declares nonfinite_input=block_local.  The rules themselves are in spec/quant.py.
+
+Payload checks judge the codes against the target's OWN scale bytes, so a wrong scale is reported
+once, on its scale rule, and not again on every value rule.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from hypothesis import strategies as st
+
+from ..spec import formats as F
+from ..spec import quant as Q
+from .compare import as_numpy, assert_bytes_equal, assert_equal, assert_same_shape
+from .formats import (e2m1_text, e4m3_text, e8m0_text, forall, packed_text, spec_knobs, tensor)
+from .suite import check, skip
+
+OPS = {
+    "e2m1_encode": "e2m1_encode(x f32) -> uint8 codes: nearest E2M1, ties to even, saturating at ±6, −0 kept",
+    "e2m1_decode": "e2m1_decode(codes uint8) -> f32: FP4_TABLE[code]",
+    "e4m3_encode": "e4m3_encode(x f32) -> uint8: nearest float8_e4m3fn (RNE), saturating at ±448, NaN -> 0x7F",
+    "e4m3_decode": "e4m3_decode(uint8) -> f32: value of a float8_e4m3fn byte",
+    "e8m0_decode": "e8m0_decode(uint8) -> f32: 2^(b − 127), 0xFF -> NaN",
+    "bf16_round": "bf16_round(x f32) -> f32: value of the nearest bfloat16 (RNE)",
+    "fp4_pack": "fp4_pack(codes uint8 [..., n]) -> uint8 [..., n/2]: element 2i in the low nibble",
+    "fp4_unpack": "fp4_unpack(packed uint8 [..., n/2]) -> uint8 codes [..., n]",
+    "fp4_e4m3_quantize": "fp4_e4m3_quantize(x [..., 16k]) -> (packed uint8 [..., 8k], E4M3 scales uint8 "
+                         "[..., k]): V4.1 main KV",
+    "fp4_e4m3_dequantize": "fp4_e4m3_dequantize(packed, scales) -> f32 [..., 16k]",
+    "fp4_e8m0_quantize": "fp4_e8m0_quantize(x [..., 32k]) -> (packed uint8 [..., 16k], E8M0 scales uint8 "
+                         "[..., k]): indexer Q/K",
+    "fp4_e8m0_dequantize": "fp4_e8m0_dequantize(packed, scales) -> f32 [..., 32k]",
+    "fp8_quantize": "fp8_quantize(x [..., b·k], block: int) -> (E4M3 uint8 [..., b·k], E8M0 uint8 [..., k]): "
+                    "act_quant",
+    "fp8_dequantize": "fp8_dequantize(q, scales, block: int) -> f32 [..., b·k]",
+    "fp8_qdq": "fp8_qdq(x [..., b·k], block: int) -> f32: the in-place act_quant result (quantize, dequantize)",
+}
+__all__ = ["OPS", "codec_input", "make_block"]
+
+F32 = np.float32
+KV, IDX = Q.FP4_KV_BLOCK, Q.FP4_IDX_BLOCK
+FP8_BLOCK_SHAPES = ((448, 64), (512, 32), (128, 128))      # V4 main KV, V4.1 SWA, V3.2 indexer
+
+# ---------------------------------------------------------------------------------------------
+# Edge vectors (conventions.md "Edge vectors every codec test should carry")
+# ---------------------------------------------------------------------------------------------
+
+
+def padded(values, n: int) -> np.ndarray:
+    x = np.zeros(n, dtype=F32)
+    x[:len(values)] = values
+    return x
+
+
+TIES_AT_SCALE_1 = [6.0, 0.75, 1.75, 3.5, 0.25, 1.25, 2.5, 5.0, -0.75, -1.75, -3.5, -0.25, -1.25, -2.5,
+                   -5.0, -6.0]
+FLOAT_LOG2_EDGE = [96.00000762939453, 10.0]                    # scale 32 and 10 -> 16
+SMALL_KV_BLOCK = [0.05, 0.01]                                  # scale 2^-7, 0.01 -> 0.01171875
+DIV_VS_RECIPROCAL = ([0.17578125, 0.03662109375], [0.08203125, 0.02392577938735485])
+KV_SCALE_OVERFLOW = [2785.0, -2785.0, 2700.0, 1000.0, -0.5]   # scale saturates at 448
+ULP = np.finfo(F32).eps
+
+
+def amax_edges(top: float) -> list[float]:
+    """amax at top·2^k, ±1 ulp, 7·2^k and 8·2^k − 1 ulp for a few k, both ends of the range."""
+    out = []
+    for k in (-126, -120, -9, -1, 0, 1, 8, 100, 120):
+        for base in (top, 7.0, 8.0):
+            with np.errstate(over="ignore"):
+                v = F32(base * 2.0 ** k)
+            if np.isfinite(v) and v > 0:
+                out += [float(np.nextafter(v, F32(0))), float(v), float(np.nextafter(v, F32(np.inf)))]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Block strategies biased toward the edges
+# ---------------------------------------------------------------------------------------------
+
+KINDS = ("normal", "ties", "amax_edge", "zero", "single", "subnormal", "tiny", "huge", "grid",
+         "log2_edge", "div_recip", "negzero")
+
+
+def make_block(kind: str, block: int, k: int, seed: int, top: float = 6.0) -> np.ndarray:
+    """One block of `block` fp32 values of the given kind, at scale 2^k (top: the element max)."""
+    rng = np.random.default_rng(seed)
+    scale = 2.0 ** k
+    signs = rng.choice([-1.0, 1.0], block)
+    if kind == "normal":
+        x = rng.standard_normal(block) * scale
+    elif kind == "ties":            # amax top·2^k makes the scale 2^k: every value is on a tie
+        x = signs * rng.choice(F.E2M1_BOUNDARIES + F.E2M1_MAGNITUDES, block) * scale
+        x[rng.integers(block)] = top * scale
+    elif kind == "grid":            # E4M3 grid values and midpoints, relative to the block's top
+        grid = np.abs(F.e4m3_decode(np.arange(0x7F, dtype=np.uint8)))
+        x = signs * rng.choice(np.concatenate([grid, (grid[1:] + grid[:-1]) / 2]), block) * scale
+        x[0] = top * scale if top == 448.0 else x[0]
+    elif kind == "amax_edge":
+        base = F32(rng.choice([top, 7.0, 8.0, 5.0, 6.5]) * scale)
+        amax = np.nextafter(base, F32(rng.choice([0.0, np.inf]))) if rng.random() < 0.6 else base
+        x = rng.uniform(-1, 1, block) * amax
+        x[rng.integers(block)] = amax * rng.choice([-1.0, 1.0])
+    elif kind == "zero":
+        x = signs * 0.0
+    elif kind == "single":
+        x = signs * 0.0
+        x[rng.integers(block)] = rng.standard_normal() * scale
+    elif kind == "subnormal":
+        x = signs * rng.integers(0, 1 << 23, block) * 2.0 ** -149
+    elif kind == "tiny":            # around the amax floors: 6·2^-9 (KV), 1e-4 (FP8), 6·2^-126 (IDX)
+        floor = rng.choice([6 * 2.0 ** -9, 1e-4, 6 * 2.0 ** -126, 6 * 2.0 ** -6])
+        x = signs * rng.uniform(0, 2, block) * floor
+    elif kind == "huge":
+        x = signs * np.exp2(rng.uniform(11, 127.5, block))
+    elif kind == "log2_edge":
+        x = padded(FLOAT_LOG2_EDGE, block) * scale
+    elif kind == "div_recip":
+        x = padded(DIV_VS_RECIPROCAL[rng.integers(2)], block) * (1.0 if rng.random() < 0.5 else scale)
+    elif kind == "negzero":         # negative values that round to zero, −0, and one amax
+        x = -rng.uniform(0, 0.26, block) * scale
+        x[rng.integers(block)] = -0.0
+        x[rng.integers(block)] = top * scale
+    else:
+        raise ValueError(kind)
+    with np.errstate(over="ignore"):
+        x = x.astype(F32)
+    return np.where(np.isfinite(x), x, F32(3e38) * np.sign(x)).astype(F32)
+
+
+@st.composite
+def codec_input(draw, block: int, kinds=KINDS, k_range=(-20, 20), top: float = 6.0,
+                max_blocks: int = 4):
+    """x[*lead, nb·block] whose blocks are drawn kind by kind."""
+    lead = draw(st.sampled_from([(1,), (2,), (3,), (2, 2)]))
+    nb = draw(st.integers(1, max_blocks))
+    rows = int(np.prod(lead))
+    x = np.stack([np.stack([make_block(draw(st.sampled_from(kinds)), block, draw(st.integers(*k_range)),
+                                       draw(st.integers(0, 2 ** 32 - 1)), top)
+                            for _ in range(nb)]) for _ in range(rows)])
+    return x.reshape(*lead, nb * block)
+
+
+def as_bf16(x: np.ndarray) -> np.ndarray:
+    return F.bf16_round(x)
+
+
+def _tensor_in(x: np.ndarray, bf16: bool):
+    t = tensor(x)
+    return t.to(torch.bfloat16) if bf16 else t      # exact: x already holds bf16 values when bf16
+
+
+def into_range(x: np.ndarray, block: int, lo: float, hi: float = np.inf) -> np.ndarray:
+    """Each block scaled by a power of two so that lo ≤ amax ≤ hi (an all-zero block becomes 1s)."""
+    xb = Q.blocks(x, block).astype(np.float64)
+    amax = np.abs(xb).max(-1, keepdims=True)
+    xb = np.where(amax == 0, 1.0, xb)
+    amax = np.where(amax == 0, 1.0, amax)
+    with np.errstate(divide="ignore"):
+        up = np.clip(np.ceil(np.log2(lo / amax)), 0, None)
+        down = np.clip(np.ceil(np.log2(amax / hi)), 0, None)
+    return Q.unblock(np.ldexp(xb, (up - down).astype(np.int64))).astype(F32)
+
+
+def no_negative_zeros(x: np.ndarray, block: int) -> np.ndarray:
+    """x with every negative value that certainly rounds to −0 (|x| ≤ amax/20) made +0.
+
+    Keeps FP4.E2M1.ZERO_SIGN's business out of the other payload checks.
+    """
+    xb = Q.blocks(x, block)
+    small = np.signbit(xb) & (np.abs(xb) <= np.abs(xb).max(-1, keepdims=True) / 20)
+    return Q.unblock(np.where(small, F32(0), xb)).astype(F32)
+
+
+def with_block(block_choices, **kw):
+    """(block, x) pairs: a block size, then an input made of such blocks."""
+    return st.sampled_from(block_choices).flatmap(lambda b: st.tuples(st.just(b), codec_input(b, **kw)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparing a codec's output
+# ---------------------------------------------------------------------------------------------
+
+
+def _block_context(x, block, scales=None, scale_text=None):
+    xb = Q.blocks(x, block)
+
+    def describe(idx, element_axis=True):
+        lead, j = idx[:-1], idx[-1]
+        b = j // block if element_axis else j
+        values = xb[lead + (b,)]
+        shown = ", ".join(f"{v!r}" for v in values[:8].tolist()) + (", …" if block > 8 else "")
+        text = f"block {lead + (b,)} = [{shown}], amax {np.abs(values).max()!r}"
+        if scales is not None:
+            text += f", target's scale {scale_text(int(np.asarray(scales)[lead + (b,)]))}"
+        return text
+    return describe
+
+
+def _check_scales(actual, expected, x, block, what, decode):
+    describe = _block_context(x, block)
+    assert_bytes_equal(actual, expected, what=what, decode=decode,
+                       context=lambda idx: describe(idx, element_axis=False))
+
+
+def _check_fp4_codes(target, packed, expected_codes, x, block, scales, scale_text, what, valid=None):
+    packed = as_numpy(packed)
+    assert_same_shape(packed, np.empty(expected_codes.shape[:-1] + (expected_codes.shape[-1] // 2,)), what)
+    codes = Q.fp4_unpack(packed, nibble_order=target.variant("nibble_order")).astype(np.int64)
+    if valid is not None:                      # blocks whose payload the rule leaves unspecified
+        codes = np.where(np.repeat(valid, block, axis=-1), codes, expected_codes)
+    assert_bytes_equal(codes, expected_codes, what=what, decode=e2m1_text,
+                       context=_block_context(x, block, scales, scale_text))
+
+
+def _kv_payload(target, x, what):
+    packed, scales = target.fp4_e4m3_quantize(tensor(x))
+    scales = as_numpy(scales).astype(np.uint8)
+    s = F.e4m3_decode(scales)
+    expected = Q.unblock(Q.e2m1_codes(Q.blocks(x, KV), s, **spec_knobs(target, Q.e2m1_codes)))
+    _check_fp4_codes(target, packed, expected, x, KV, scales, e4m3_text, what, valid=~np.isnan(s))
+
+
+def _idx_payload(target, x, what):
+    packed, scales = target.fp4_e8m0_quantize(tensor(x))
+    scales = as_numpy(scales).astype(np.uint8)
+    knobs = {k: v for k, v in spec_knobs(target, Q.e2m1_codes).items() if k != "scale_apply"}
+    expected = Q.unblock(Q.e2m1_codes(Q.blocks(x, IDX), F.e8m0_decode(scales), **knobs))
+    _check_fp4_codes(target, packed, expected, x, IDX, scales, e8m0_text, what)
+
+
+def _kv_scales(target, x, what):
+    scales = target.fp4_e4m3_quantize(tensor(x))[1]
+    expected = Q.fp4_e4m3_scale(Q.block_amax(Q.blocks(x, KV)), **spec_knobs(target, Q.fp4_e4m3_scale))
+    _check_scales(scales, expected, x, KV, what, e4m3_text)
+
+
+def _idx_scales(target, x, what):
+    scales = target.fp4_e8m0_quantize(tensor(x))[1]
+    expected = Q.fp4_e8m0_scale(Q.block_amax(Q.blocks(x, IDX)), **spec_knobs(target, Q.fp4_e8m0_scale))
+    _check_scales(scales, expected, x, IDX, what, e8m0_text)
+
+
+def _fp8_scales(target, x, block, what):
+    scales = target.fp8_quantize(tensor(x), block)[1]
+    expected = Q.fp8_scale(Q.block_amax(Q.blocks(x, block)), **spec_knobs(target, Q.fp8_scale))
+    _check_scales(scales, expected, x, block, what, e8m0_text)
+
+
+# ---------------------------------------------------------------------------------------------
+# FP4: packing
+# ---------------------------------------------------------------------------------------------
+
+
+@check("FP4.PACK.NIBBLE", ops=("fp4_pack", "fp4_unpack"))
+@forall(codes=st.lists(st.integers(0, 15), min_size=1, max_size=32).map(
+    lambda v: np.array(v + v[:len(v) % 2], dtype=np.uint8)))
+def fp4_pack_puts_the_even_element_low(target, codes):
+    order = target.variant("nibble_order")
+    expected = Q.fp4_pack(codes, nibble_order=order)
+    assert_bytes_equal(target.fp4_pack(tensor(codes)), expected, what="FP4.PACK.NIBBLE: fp4_pack",
+                       decode=packed_text, context=lambda idx: f"codes {codes[2 * idx[-1]:2 * idx[-1] + 2]}")
+    assert_bytes_equal(target.fp4_unpack(tensor(expected)), codes, what="FP4.PACK.NIBBLE: fp4_unpack",
+                       decode=e2m1_text, context=lambda idx: f"packed byte {packed_text(expected[idx[-1] // 2])}")
+
+
+@check("FP4.PACK.NIBBLE", ops=("fp4_e8m0_quantize",))
+def fp4_quantizer_packs_the_even_element_low(target):
+    """Block [6, 1, 0, …]: the first byte must be 0x27 (6 low, 1 high)."""
+    x = padded([6.0, 1.0, 0.0, -0.5], IDX)[None]
+    expected = Q.fp4_pack(Q.unblock(Q.e2m1_codes(Q.blocks(x, IDX), np.ones((1, 1), F32))),
+                          nibble_order=target.variant("nibble_order"))
+    packed = target.fp4_e8m0_quantize(tensor(x))[0]
+    assert_bytes_equal(packed, expected, what="FP4.PACK.NIBBLE: fp4_e8m0_quantize payload",
+                       decode=packed_text, context=lambda idx: f"elements {x[0, 2 * idx[-1]:2 * idx[-1] + 2]}")
+
+
+# ---------------------------------------------------------------------------------------------
+# FP4: the E2M1 rounding inside both codecs
+# ---------------------------------------------------------------------------------------------
+
+_TIES_KV = dict(x=padded(TIES_AT_SCALE_1, KV)[None])
+_TIES_IDX = dict(x=np.concatenate([padded(TIES_AT_SCALE_1, IDX)[None], padded(TIES_AT_SCALE_1, IDX)[None] * 2 ** -20], -1))
+
+
+@check("FP4.E2M1.RNE", ops=("fp4_e4m3_quantize",))
+@forall(_TIES_KV, x=codec_input(KV, kinds=("ties",), k_range=(-9, 8)))
+def fp4_e4m3_rounds_ties_to_even(target, x):
+    _kv_payload(target, no_negative_zeros(x, KV), "FP4.E2M1.RNE: fp4_e4m3_quantize codes")
+
+
+@check("FP4.E2M1.RNE", ops=("fp4_e8m0_quantize",))
+@forall(_TIES_IDX, x=codec_input(IDX, kinds=("ties", "grid", "normal"), k_range=(-100, 100)))
+def fp4_e8m0_rounds_ties_to_even(target, x):
+    _idx_payload(target, no_negative_zeros(x, IDX), "FP4.E2M1.RNE: fp4_e8m0_quantize codes")
+
+
+@check("FP4.E2M1.ZERO_SIGN", ops=("fp4_e4m3_quantize",))
+@forall(dict(x=padded([6.0, -0.0, -0.1, -0.25, -1e-30], KV)[None]),
+        x=codec_input(KV, kinds=("negzero",), k_range=(-9, 8)))
+def fp4_e4m3_keeps_negative_zero(target, x):
+    _kv_payload(target, x, "FP4.E2M1.ZERO_SIGN: fp4_e4m3_quantize codes")
+
+
+@check("FP4.E2M1.ZERO_SIGN", ops=("fp4_e8m0_quantize",))
+@forall(dict(x=padded([6.0, -0.0, -0.1, -0.25, -1e-30], IDX)[None]),
+        x=codec_input(IDX, kinds=("negzero", "zero"), k_range=(-100, 100)))
+def fp4_e8m0_keeps_negative_zero(target, x):
+    _idx_payload(target, x, "FP4.E2M1.ZERO_SIGN: fp4_e8m0_quantize codes")
+
+
+# ---------------------------------------------------------------------------------------------
+# FP4: V4.1 main KV (E4M3 scale per 16)
+# ---------------------------------------------------------------------------------------------
+
+_KV_SCALE_EXAMPLES = [dict(x=padded(SMALL_KV_BLOCK, KV)[None]),
+                      dict(x=np.array(amax_edges(6.0)[:-2], F32).reshape(-1, 1) * np.eye(KV, dtype=F32)[0])]
+
+
+@check("FP4.KV.SCALE", ops=("fp4_e4m3_quantize",))
+@forall(*_KV_SCALE_EXAMPLES, x=codec_input(KV, kinds=("normal", "amax_edge", "grid", "single", "ties",
+                                                        "div_recip", "log2_edge"), k_range=(-6, 8)))
+def fp4_e4m3_scale_is_nearest_e4m3_of_amax_over_6(target, x):
+    x = into_range(x, KV, 6 * 2.0 ** -6, 2688.0)       # above both floors, below saturation
+    _kv_scales(target, x, "FP4.KV.SCALE: fp4_e4m3_quantize scale bytes")
+
+
+@check("FP4.KV.FLOOR", ops=("fp4_e4m3_quantize",))
+@forall(dict(x=np.zeros((2, 2 * KV), F32)), dict(x=padded([6 * 2.0 ** -9, -0.0, 2.0 ** -149], KV)[None]),
+        x=codec_input(KV, kinds=("zero", "tiny", "subnormal", "single"), k_range=(-40, -8)))
+def fp4_e4m3_scale_floor(target, x):
+    _kv_scales(target, x, "FP4.KV.FLOOR: fp4_e4m3_quantize scale bytes of tiny blocks")
+
+
+@check("FP4.KV.SATURATE", ops=("fp4_e4m3_quantize",))
+@forall(dict(x=padded(KV_SCALE_OVERFLOW, KV)[None]),
+        dict(x=padded([464 * 6.0, 464 * 6.0 + 0.01, 3e38], KV)[None]),
+        x=codec_input(KV, kinds=("huge", "amax_edge"), k_range=(9, 120)))
+def fp4_e4m3_scale_saturates(target, x):
+    _kv_scales(target, x, "FP4.KV.SATURATE: fp4_e4m3_quantize scale bytes of large blocks")
+
+
+@check("FP4.KV.DIVIDE", ops=("fp4_e4m3_quantize",))
+@forall(*[dict(x=padded(v, KV)[None]) for v in DIV_VS_RECIPROCAL], dict(x=padded(SMALL_KV_BLOCK, KV)[None]),
+        x=codec_input(KV, kinds=("div_recip", "normal", "amax_edge"), k_range=(-12, 8)))
+def fp4_e4m3_divides_by_the_rounded_scale(target, x):
+    _kv_payload(target, no_negative_zeros(x, KV), "FP4.KV.DIVIDE: fp4_e4m3_quantize codes")
+
+
+@check("FP4.KV.CLAMP", ops=("fp4_e4m3_quantize",))
+@forall(dict(x=padded(KV_SCALE_OVERFLOW, KV)[None]), dict(x=padded([5.0, -5.0, 4.9], KV)[None]),
+        dict(x=padded([1e4, -3500.0, 3136.0, 100.0], KV)[None]),
+        x=codec_input(KV, kinds=("amax_edge", "huge", "normal"), k_range=(-6, 14)))
+def fp4_e4m3_clamps_before_the_cast(target, x):
+    _kv_payload(target, no_negative_zeros(x, KV), "FP4.KV.CLAMP: fp4_e4m3_quantize codes")
+
+
+# ---------------------------------------------------------------------------------------------
+# FP4: indexer (E8M0 scale per 32)
+# ---------------------------------------------------------------------------------------------
+
+
+@check("FP4.IDX.SCALE", ops=("fp4_e8m0_quantize",))
+@forall(dict(x=padded(FLOAT_LOG2_EDGE, IDX)[None]),
+        dict(x=np.array(amax_edges(6.0), F32).reshape(-1, 1) * np.eye(IDX, dtype=F32)[0]),
+        x=codec_input(IDX, kinds=("normal", "amax_edge", "single", "log2_edge", "grid", "huge"),
+                      k_range=(-120, 120)))
+def fp4_e8m0_scale_is_pow2_ceil(target, x):
+    x = np.where(np.abs(x).max(-1, keepdims=True) >= 6 * 2.0 ** -126, x, F32(1.0))   # above the floor
+    _idx_scales(target, x, "FP4.IDX.SCALE: fp4_e8m0_quantize scale bytes")
+
+
+@check("FP4.IDX.FLOOR", ops=("fp4_e8m0_quantize",))
+@forall(dict(x=np.zeros((2, 2 * IDX), F32)), dict(x=padded([-0.0, 2.0 ** -149, 6 * 2.0 ** -127], IDX)[None]),
+        x=codec_input(IDX, kinds=("zero", "subnormal", "tiny"), k_range=(-140, -120)))
+def fp4_e8m0_amax_floor(target, x):
+    x = np.where(np.abs(x).max(-1, keepdims=True) < 6 * 2.0 ** -126, x, F32(0.0))
+    _idx_scales(target, x, "FP4.IDX.FLOOR: fp4_e8m0_quantize scale bytes of tiny blocks")
+
+
+# ---------------------------------------------------------------------------------------------
+# FP4: dequantization, non-finite input
+# ---------------------------------------------------------------------------------------------
+
+_random_bytes = st.integers(0, 2 ** 32 - 1).map(lambda seed: np.random.default_rng(seed))
+
+
+@check("FP4.DEQUANT", ops=("fp4_e4m3_dequantize",))
+@forall(rng=_random_bytes)
+def fp4_e4m3_dequantize_is_exact(target, rng):
+    packed = rng.integers(0, 256, (3, 2 * KV), dtype=np.uint8)
+    scales = rng.integers(0, 0x7F, (3, 4), dtype=np.uint8)        # every finite positive E4M3
+    expected = Q.fp4_e4m3_dequantize(packed, scales, nibble_order=target.variant("nibble_order"))
+    assert_equal(target.fp4_e4m3_dequantize(tensor(packed), tensor(scales)), expected,
+                 what="FP4.DEQUANT: fp4_e4m3_dequantize",
+                 context=lambda idx: f"scale {e4m3_text(scales[idx[0], idx[-1] // KV])}, "
+                                     f"byte {packed_text(packed[idx[0], idx[-1] // 2])}")
+
+
+@check("FP4.DEQUANT", ops=("fp4_e8m0_dequantize",))
+@forall(rng=_random_bytes)
+def fp4_e8m0_dequantize_is_exact(target, rng):
+    packed = rng.integers(0, 256, (3, 2 * IDX), dtype=np.uint8)
+    scales = rng.integers(0, 255, (3, 4), dtype=np.uint8)
+    expected = Q.fp4_e8m0_dequantize(packed, scales, nibble_order=target.variant("nibble_order"))
+    assert_equal(target.fp4_e8m0_dequantize(tensor(packed), tensor(scales)), expected,
+                 what="FP4.DEQUANT: fp4_e8m0_dequantize",
+                 context=lambda idx: f"scale {e8m0_text(scales[idx[0], idx[-1] // IDX])}, "
+                                     f"byte {packed_text(packed[idx[0], idx[-1] // 2])}")
+
+
+NONFINITE = (np.nan, np.inf, -np.inf)
+
+
+def _check_nonfinite(target, quantize, spec_quantize, block, payload_per_block, rule_id, rng):
+    x = rng.standard_normal((2, 3 * block)).astype(F32)
+    bad_block = rng.integers(3)
+    x[1, bad_block * block + rng.integers(block)] = rng.choice(NONFINITE)
+    if target.variant("nonfinite_input") == "reject":
+        try:
+            quantize(tensor(x))
+        except ValueError:
+            return
+        raise AssertionError(f"{rule_id}: a quantizer accepted {x[~np.isfinite(x)][0]} in block "
+                             f"(1, {bad_block}); expected ValueError")
+    got = [as_numpy(t) for t in quantize(tensor(x))]
+    clean = np.where(np.isfinite(x), x, F32(0))
+    for actual, expected, per in zip(got, spec_quantize(clean), (payload_per_block, 1)):
+        actual, expected = actual.copy(), expected.copy()
+        if actual.shape == expected.shape:                        # the bad block may hold anything
+            actual[1, bad_block * per:(bad_block + 1) * per] = expected[1, bad_block * per:(bad_block + 1) * per]
+        assert_bytes_equal(actual, expected, what=f"{rule_id}: blocks without NaN/Inf (block_local)")
+
+
+@check("FP4.NONFINITE", ops=("fp4_e4m3_quantize",))
+@forall(rng=_random_bytes)
+def fp4_e4m3_rejects_nonfinite(target, rng):
+    _check_nonfinite(target, target.fp4_e4m3_quantize, Q.fp4_e4m3_quantize, KV, KV // 2, "FP4.NONFINITE",
+                     rng)
+
+
+@check("FP4.NONFINITE", ops=("fp4_e8m0_quantize",))
+@forall(rng=_random_bytes)
+def fp4_e8m0_rejects_nonfinite(target, rng):
+    _check_nonfinite(target, target.fp4_e8m0_quantize, Q.fp4_e8m0_quantize, IDX, IDX // 2,
+                     "FP4.NONFINITE", rng)
+
+
+# ---------------------------------------------------------------------------------------------
+# FP8 act_quant
+# ---------------------------------------------------------------------------------------------
+
+_FP8_BLOCKS = [b for _, b in FP8_BLOCK_SHAPES]
+_fp8_block = st.sampled_from(_FP8_BLOCKS)
+
+
+_FP8_TIES = [240.0, 1.0625, 1.1875, 17.0, -17.0, 2.0 ** -10, 3 * 2.0 ** -10, 232.0, -0.0]
+
+
+@check("FP8.SCALE", ops=("fp8_quantize",))
+@forall(dict(case=(32, np.array(amax_edges(448.0), F32).reshape(-1, 1) * np.eye(32, dtype=F32)[0])),
+        dict(case=(64, padded(FLOAT_LOG2_EDGE, 64)[None] * 2 ** 5)),
+        case=with_block(_FP8_BLOCKS, kinds=("normal", "amax_edge", "single", "log2_edge", "grid", "huge"),
+                        k_range=(-10, 120), top=448.0, max_blocks=2))
+def fp8_scale_is_pow2_ceil(target, case):
+    block, x = case
+    x = into_range(x, block, 1e-4)                       # above the amax floor
+    _fp8_scales(target, x, block, "FP8.SCALE: fp8_quantize scale bytes")
+
+
+@check("FP8.FLOOR", ops=("fp8_quantize",))
+@forall(dict(case=(32, np.zeros((2, 64), F32))), dict(case=(128, padded([-0.0, 2.0 ** -149, 9.9e-5], 128)[None])),
+        case=with_block(_FP8_BLOCKS, kinds=("zero", "subnormal", "tiny", "single"), k_range=(-60, -14),
+                        max_blocks=2))
+def fp8_amax_floor(target, case):
+    block, x = case
+    x = np.where(np.abs(Q.blocks(x, block)).max(-1, keepdims=True) < F32(1e-4), Q.blocks(x, block), F32(0))
+    _fp8_scales(target, Q.unblock(x), block, "FP8.FLOOR: fp8_quantize scale bytes of tiny blocks")
+
+
+@check("FP8.E4M3", ops=("fp8_quantize",))
+@forall(dict(case=(32, padded(_FP8_TIES, 32)[None])),
+        case=with_block(_FP8_BLOCKS, kinds=("grid", "normal", "amax_edge", "subnormal", "negzero"),
+                        k_range=(-30, 30), top=448.0, max_blocks=2))
+def fp8_values_are_e4m3_of_x_over_s(target, case):
+    block, x = case
+    q, scales = target.fp8_quantize(tensor(x), block)
+    scales = as_numpy(scales).astype(np.uint8)
+    expected = Q.unblock(F.e4m3_encode(Q.fp8_ratio(Q.blocks(x, block), F.e8m0_decode(scales)),
+                                       overflow=target.variant("e4m3_overflow")))
+    assert_bytes_equal(q, expected, what="FP8.E4M3: fp8_quantize values", decode=e4m3_text,
+                       context=_block_context(x, block, scales, e8m0_text))
+
+
+@check("FP8.DEQUANT", ops=("fp8_dequantize",))
+@forall(rng=_random_bytes, block=_fp8_block)
+def fp8_dequantize_is_exact(target, rng, block):
+    q = rng.integers(0, 256, (2, 2 * block), dtype=np.uint8)
+    q[(q & 0x7F) == 0x7F] = 0x7E                                  # NaN codes are not produced
+    scales = rng.integers(0, 255, (2, 2), dtype=np.uint8)
+    assert_equal(target.fp8_dequantize(tensor(q), tensor(scales), block), Q.fp8_dequantize(q, scales, block),
+                 what="FP8.DEQUANT: fp8_dequantize",
+                 context=lambda idx: f"byte {e4m3_text(q[idx])}, scale {e8m0_text(scales[idx[0], idx[-1] // block])}")
+
+
+@check("FP8.BLOCKS", ops=("fp8_quantize",))
+@forall(shape=st.sampled_from(FP8_BLOCK_SHAPES), bf16=st.booleans(), rng=_random_bytes)
+def fp8_blocks_of_each_model(target, shape, bf16, rng):
+    n, block = shape
+    x = (rng.standard_normal((3, n)) * np.exp2(rng.integers(-8, 8, (3, n // block))).repeat(block, -1))
+    x = as_bf16(x.astype(F32)) if bf16 else x.astype(F32)
+    q, scales = target.fp8_quantize(_tensor_in(x, bf16), block)
+    knobs = spec_knobs(target, Q.fp8_quantize)
+    want_q, want_scales = Q.fp8_quantize(x, block, **knobs)
+    _check_scales(scales, want_scales, x, block, f"FP8.BLOCKS: {n} dims in blocks of {block}: scales",
+                  e8m0_text)
+    assert_bytes_equal(q, want_q, what=f"FP8.BLOCKS: {n} dims in blocks of {block}: values",
+                       decode=e4m3_text, context=_block_context(x, block))
+
+
+@check("FP8.V4_INPLACE", ops=("fp8_qdq",))
+@forall(case=with_block([64, 32], kinds=("normal", "grid", "amax_edge"), k_range=(-10, 10), top=448.0,
+                        max_blocks=2))
+def fp8_qdq_rounds_through_e4m3(target, case):
+    block, x = case
+    expected = Q.fp8_qdq(x, block, **spec_knobs(target, Q.fp8_qdq))
+    assert_equal(target.fp8_qdq(tensor(x), block), expected, what="FP8.V4_INPLACE: fp8_qdq",
+                 context=lambda idx: f"input {x[idx]!r}")
+
+
+@check("FP8.NONFINITE", ops=("fp8_quantize",))
+@forall(rng=_random_bytes)
+def fp8_rejects_nonfinite(target, rng):
+    _check_nonfinite(target, lambda t: target.fp8_quantize(t, 64), lambda a: Q.fp8_quantize(a, 64), 64, 64,
+                     "FP8.NONFINITE", rng)
