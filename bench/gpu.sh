@@ -5,7 +5,7 @@ set -uo pipefail
 out=${1:?usage: bench/gpu.sh OUTDIR}
 mkdir -p "$out"
 export TRITON_INTERPRET=0
-pip install --quiet --no-build-isolation --no-deps -e . > "$out/install.log" 2>&1 || { cat "$out/install.log"; exit 1; }
+python -m pip install --quiet --no-build-isolation --no-deps -e . > "$out/install.log" 2>&1 || { cat "$out/install.log"; exit 1; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/gpu.txt"
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$out/gpu.txt"
 cat "$out/gpu.txt"
