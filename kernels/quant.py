@@ -52,14 +52,13 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 E4M3_BLOCK = 16
 E8M0_BLOCK = 32
 
-# fp32 bit patterns and constants used below.
-_F32_ABS_MASK = 0x7FFFFFFF
-_F32_INF_BITS = 0x7F800000
-_E4M3_MIN_NORMAL_BITS = 0x3C800000   # 2^-6
-_E4M3_REBIAS = (127 - 7) << 3        # fp32 exponent+3 mantissa bits -> E4M3 code
-_E4M3_MAX_CODE = 0x7E                # 448
-_MAGIC_RNE = 12582912.0              # 1.5 * 2^23: x + M - M rounds x to an integer, ties to even
-_MAGIC_RNE_BITS = 0x4B400000
+# fp32 bit patterns and constants used inside the kernels (globals there must be constexpr).
+_F32_INF_BITS = tl.constexpr(0x7F800000)
+_E4M3_MIN_NORMAL_BITS = tl.constexpr(0x3C800000)   # 2^-6
+_E4M3_REBIAS = tl.constexpr((127 - 7) << 3)        # fp32 exponent + 3 mantissa bits -> E4M3 code
+_E4M3_MAX_CODE = tl.constexpr(0x7E)                # 448
+_MAGIC_RNE = tl.constexpr(12582912.0)              # 1.5 * 2^23: x + M - M rounds x to an integer
+_MAGIC_RNE_BITS = tl.constexpr(0x4B400000)         # (ties to even) and bits(x + M) - bits(M) is it
 
 
 # ----------------------------------------------------------------------------------------------
@@ -88,15 +87,16 @@ def _pow2_ceil_exponent(p):
 def _pow2(e):
     """2^e as fp32 for integer e in [-127, 128]: normal by the exponent bits, 2^-127 subnormal,
     2^128 = +Inf."""
-    normal = ((e + 127) << 23).to(tl.float32, bitcast=True)
-    return tl.where(e == -127, 5.877471754111438e-39, normal)
+    bits = tl.where(e == -127, 0x00400000, (e + 127) << 23)
+    return bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit
 def _e8m0_decode(byte):
     """E8M0 byte -> 2^(byte-127); 0xFF is NaN."""
-    e = byte.to(tl.int32) - 127
-    return tl.where(byte.to(tl.int32) == 255, float("nan"), _pow2(e))
+    b = byte.to(tl.int32)
+    bits = tl.where(b == 0, 0x00400000, b << 23)            # 2^-127 is an fp32 subnormal
+    return tl.where(b == 255, 0x7FC00000, bits).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -119,10 +119,10 @@ def _e4m3_decode(code):
     mag = c & 0x7F
     normal = ((mag << 20) + (120 << 23)).to(tl.float32, bitcast=True)
     sub = mag.to(tl.float32) * 0.001953125  # m * 2^-9
-    v = tl.where(mag >= 8, normal, sub)
-    v = tl.where(mag == 0x7F, float("nan"), v)
+    bits = tl.where(mag >= 8, normal, sub).to(tl.int32, bitcast=True)
+    bits = tl.where(mag == 0x7F, 0x7FC00000, bits)
     # the sign goes in as a bit: Triton's unary minus is 0 - v, which loses the sign of zero
-    return (v.to(tl.int32, bitcast=True) | ((c & 0x80) << 24)).to(tl.float32, bitcast=True)
+    return (bits | ((c & 0x80) << 24)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
