@@ -342,16 +342,17 @@ def invisible_entries_score_minus_inf(target, case, score_dtype):
 
 
 @check("IDX.CHUNK", ops=("index_scores",))
-@given_target(case=score_cases(max_t=6), cut=st.integers(0, 6), data=st.data())
-def decode_and_chunk_rows_equal_prefill_rows(target, case, cut, data):
+@given_target(dict(case=make_score_case("normal", 5, 4, 4, 16, 12), cut=1, length=2, row=1),
+              case=score_cases(max_t=6), cut=st.integers(0, 5), length=st.integers(1, 6), row=st.integers(0, 5))
+def decode_and_chunk_rows_equal_prefill_rows(target, case, cut, length, row):
     T = case.q.shape[0]
     full = _scores(target, case)
     _, tol = expected_scores(target, case)
     a = min(cut, T - 1)
-    b = data.draw(st.integers(a + 1, T), label="chunk end")
+    b = min(a + length, T)
     chunk = ScoreCase(case.label, case.q[a:b], case.k, case.w[a:b], case.visible[a:b])
-    _assert_scores(_scores(target, chunk), full[a:b], tol[a:b] + tol[a:b], f"IDX.CHUNK: rows [{a}, {b}) alone", case)
-    t = data.draw(st.integers(0, T - 1), label="decode row")
+    _assert_scores(_scores(target, chunk), full[a:b], 2 * tol[a:b], f"IDX.CHUNK: rows [{a}, {b}) alone", case)
+    t = min(row, T - 1)
     n = int(case.visible[t])
     decode = ScoreCase(case.label, case.q[t:t + 1], case.k[:n], case.w[t:t + 1], np.array([n]))
     _assert_scores(_scores(target, decode), full[t:t + 1, :n], 2 * tol[t:t + 1, :n],
@@ -406,6 +407,7 @@ def score_rows(draw, kinds=ROW_KINDS):
 
 
 EDGE_ROWS = (
+    make_rows("normal", 4, 3, 20, 6),
     make_rows("relu_zero", 1, 3, 40, 16),
     make_rows("equal", 2, 3, 33, 8),
     make_rows("minus_inf", 3, 3, 24, 24),

@@ -1,0 +1,116 @@
+"""Indexer mutants: one realistic mistake each, with the rule that must report it."""
+import torch
+
+from dsv4spec.impl import indexer as ref
+
+from . import mutant
+
+
+def _bf16(x):
+    return x.to(torch.bfloat16).float()
+
+
+def _scores(q, k, w, visible, score_dtype="bf16", *, relu_after_weight=False, masked_value=float("-inf"),
+            one_cast=False, fp32_rounds=False):
+    dots = torch.einsum("thd,sd->ths", q.float(), k.float())
+    w = w.float()[:, :, None]
+    if score_dtype == "bf16" and not one_cast or fp32_rounds:
+        p = _bf16(torch.relu(w * _bf16(dots))) if relu_after_weight else _bf16(torch.relu(_bf16(dots)) * w)
+        s = _bf16(p.sum(1))
+    else:
+        s = (torch.relu(dots) * w).sum(1)
+        s = _bf16(s) if one_cast else s
+    invisible = torch.arange(k.shape[0])[None, :] >= visible[:, None]
+    return s.masked_fill(invisible, masked_value)
+
+
+def _hadamard(x, scale=ref.spec.HADAMARD_SCALE, signs=None, rounded=True):
+    x = x.float()
+    if signs is not None:
+        x = x * signs
+    h = torch.tensor(ref.spec.sylvester_hadamard(), dtype=torch.float32)
+    y = (x @ h.T) * scale
+    return _bf16(y) if rounded else y
+
+
+_SIGNS = torch.where(torch.arange(128) % 3 == 0, -1.0, 1.0)
+
+
+def _topk(scores, visible, k, order, *, force=None, pad_first=False, unpadded=False, key=None, highest_ties=False):
+    scores = scores.float()
+    order = force or order
+    T, S = scores.shape
+    invisible = torch.arange(S)[None, :] >= visible[:, None]
+    masked = scores.masked_fill(invisible, float("-inf"))
+    if key is not None:
+        masked = key(masked)
+    if highest_ties:
+        masked = masked.flip(1)
+    idx = torch.sort(masked, dim=1, descending=True, stable=True).indices[:, :k]
+    if highest_ties:
+        idx = S - 1 - idx
+    if unpadded:                                       # V3.2 style: no −1, masked picks kept
+        return torch.sort(idx, dim=1).values if order == "position" else idx
+    valid = idx < visible[:, None]
+    idx = torch.where(valid, idx, -1)
+    if order == "position":
+        big = torch.where(idx < 0, S if not pad_first else -1, idx)
+        idx = torch.sort(big, dim=1).values
+        idx = torch.where((idx == S) | (idx < 0), -1, idx)
+    return idx
+
+
+def _decode_drops_newest(q, k, w, visible, score_dtype="bf16"):
+    if q.shape[0] == 1:
+        visible = (visible - 1).clamp(min=0)
+    return ref.index_scores(q, k, w, visible, score_dtype)
+
+
+def _local_head_factor(q, k, w, visible, score_dtype="bf16"):
+    """Weights renormalized by the local head count (calibrated for 32 heads)."""
+    return ref.index_scores(q, k, _bf16(w * (32 / q.shape[1]) ** 0.5), visible, score_dtype)
+
+
+def _fp4_nibbles_swapped(q_packed, q_scales, k_packed, k_scales, w, visible):
+    swap = lambda p: (p >> 4) | ((p & 0xF) << 4)  # noqa: E731
+    return ref.index_scores_fp4(q_packed, q_scales, swap(k_packed), k_scales, w, visible)  # K reader only
+
+
+MUTANTS = {
+    # name: (provider, rule it must fail)
+    "visible_p_floor": (mutant("visible_p_floor", index_visible=lambda p, r: torch.div(p, r, rounding_mode="floor")),
+                        "IDX.VISIBLE"),
+    "visible_p_plus_2": (mutant("visible_p_plus_2", index_visible=lambda p, r: torch.div(p + 2, r, rounding_mode="floor")),
+                         "IDX.VISIBLE"),
+    "relu_after_weight": (mutant("relu_after_weight", index_scores=lambda *a: _scores(*a, relu_after_weight=True)),
+                          "IDX.SCORE.FORMULA"),
+    "weight_factor_missing": (mutant("weight_factor_missing", index_weights=lambda raw, model: _bf16(raw.float())),
+                              "IDX.WEIGHT.SCALE"),
+    "weight_factor_local_heads": (mutant("weight_factor_local_heads", index_scores=_local_head_factor), "IDX.SCORE.TP"),
+    "masked_scores_zero": (mutant("masked_scores_zero", index_scores=lambda *a: _scores(*a, masked_value=0.0)),
+                           "IDX.MASK"),
+    "fp32_then_one_cast": (mutant("fp32_then_one_cast", index_scores=lambda *a: _scores(*a, one_cast=True)),
+                           "IDX.SCORE.ROUNDING"),
+    "v32_rounded_to_bf16": (mutant("v32_rounded_to_bf16", index_scores=lambda *a: _scores(*a, fp32_rounds=True)),
+                            "IDX.SCORE.V32_FP32"),
+    "fp4_k_nibbles_swapped": (mutant("fp4_k_nibbles_swapped", index_scores_fp4=_fp4_nibbles_swapped), "IDX.SCORE.FP4"),
+    "decode_drops_newest": (mutant("decode_drops_newest", index_scores=_decode_drops_newest), "IDX.CHUNK"),
+    "hadamard_unnormalized": (mutant("hadamard_unnormalized", hadamard=lambda x: _hadamard(x, scale=1.0)),
+                              "HAD.MATRIX"),
+    "hadamard_random_signs": (mutant("hadamard_random_signs", hadamard=lambda x: _hadamard(x, signs=_SIGNS)),
+                              "HAD.MATRIX"),
+    "hadamard_not_rounded": (mutant("hadamard_not_rounded", hadamard=lambda x: _hadamard(x, rounded=False)),
+                             "HAD.ROUNDING"),
+    "hadamard_in_v41": (mutant("hadamard_in_v41", index_rotate=lambda x, model: _hadamard(x)), "HAD.ABSENT_V41"),
+    "v4_order_in_v41": (mutant("v4_order_in_v41", index_topk=lambda s, v, k, o: _topk(s, v, k, o, force="score")),
+                        "IDX.TOPK.ORDER"),
+    "minus_one_first": (mutant("minus_one_first", index_topk=lambda s, v, k, o: _topk(s, v, k, o, pad_first=True)),
+                        "IDX.TOPK.PAD"),
+    "no_minus_one": (mutant("no_minus_one", index_topk=lambda s, v, k, o: _topk(s, v, k, o, unpadded=True)),
+                     "IDX.TOPK.COUNT"),
+    "topk_of_magnitude": (mutant("topk_of_magnitude", index_topk=lambda s, v, k, o: _topk(
+        s, v, k, o, key=lambda m: torch.where(torch.isinf(m), m, m.abs()))), "IDX.TOPK.SELECTION"),
+    "ties_highest_declared_lowest": (mutant("ties_highest_declared_lowest", variants={"topk_ties": "lowest_index"},
+                                            index_topk=lambda s, v, k, o: _topk(s, v, k, o, highest_ties=True)),
+                                     "IDX.TOPK.TIES"),
+}
