@@ -1,0 +1,229 @@
+"""Mutants of the element formats and the FP4/FP8 codecs: one realistic mistake each.
+
+Each is impl with one step of the pipeline swapped.  The codecs are rebuilt below from impl's own
+element operations, with every step a keyword argument, so a mutant names exactly one mistake.
+"""
+import torch
+
+import dsv4spec.impl.quant as impl
+
+from . import mutant
+
+F32_RECIPROCAL_6 = torch.tensor(1.0) / torch.tensor(6.0)
+F32_RECIPROCAL_448 = torch.tensor(1.0) / torch.tensor(448.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Element steps, right and wrong
+# ---------------------------------------------------------------------------------------------
+
+def _e2m1_by_strict_boundaries(x, tie_up: bool):
+    """E2M1 with every tie broken the same way (toward zero: '>', away from zero: '≥')."""
+    magnitude = x.abs()
+    code = torch.zeros(x.shape, dtype=torch.uint8)
+    for boundary in (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0):
+        code += (magnitude >= boundary) if tie_up else (magnitude > boundary)
+    return code | (torch.signbit(x).to(torch.uint8) << 3)
+
+
+def e2m1_ties_toward_zero(x):
+    return _e2m1_by_strict_boundaries(x.float(), tie_up=False)
+
+
+def e2m1_ties_away_from_zero(x):
+    return _e2m1_by_strict_boundaries(x.float(), tie_up=True)
+
+
+def e2m1_positive_zero(x):
+    """Sign taken from torch.sign(), which is 0 at ±0: a value rounding to zero loses its sign."""
+    code = impl.e2m1_encode(x)
+    return torch.where((code & 0x7) == 0, torch.zeros_like(code), code)
+
+
+def e2m1_wrapping(x):
+    """An unclamped bit-building encoder: magnitudes ≥ 7 carry out of the 3 magnitude bits."""
+    x = x.float()
+    magnitude = x.abs()
+    big = magnitude > 6
+    mantissa, exponent = torch.frexp(torch.where(big, magnitude, torch.ones_like(x)))
+    steps = torch.round(mantissa * 4)                # 2, 3 or 4 quanta of 2^(exponent − 2)
+    exponent = exponent + (steps == 4).to(exponent.dtype)
+    wrapped = ((exponent.to(torch.int64) << 1) | (steps == 3).to(torch.int64)) & 0x7
+    small = impl.e2m1_encode(torch.where(big, torch.zeros_like(x), x)).to(torch.int64) & 0x7
+    code = torch.where(big, wrapped, small)
+    return (code | (torch.signbit(x).to(torch.int64) << 3)).to(torch.uint8)
+
+
+def e2m1_decode_positive_zero(codes):
+    return impl.e2m1_decode(codes) + 0.0            # −0 + 0 = +0: code 8 decodes to +0
+
+
+def e4m3_encode_nan_overflow(x):
+    x = x.float()
+    code = impl.e4m3_encode(x)
+    return torch.where(x.abs() > 464, code | 0x7F, code)
+
+
+def e4m3_encode_truncating(x):
+    """E4M3 by truncation (round toward zero) instead of round to nearest even."""
+    x = x.float()
+    code = impl.e4m3_encode(x)
+    value = impl.e4m3_decode(code)
+    too_big = (value.abs() > x.abs()) & torch.isfinite(x) & (code & 0x7F != 0)
+    return torch.where(too_big, code - 1, code)
+
+
+def e4m3_decode_no_subnormals(codes):
+    """Exponent field 0 read with an implicit leading 1, as if it were normal."""
+    value = impl.e4m3_decode(codes)
+    c = codes.to(torch.int64)
+    sub = ((c >> 3) & 0xF) == 0
+    fixed = (1 + (c & 7) / 8.0) * 2.0 ** -7 * torch.where(c >= 0x80, -1.0, 1.0)
+    return torch.where(sub, fixed.float(), value)
+
+
+def e8m0_decode_zero_is_zero(codes):
+    return torch.where(codes == 0, torch.zeros(codes.shape), impl.e8m0_decode(codes))
+
+
+def bf16_truncating(x):
+    bits = x.float().contiguous().view(torch.int32) & ~0xFFFF
+    return bits.view(torch.float32)
+
+
+def pack_high_first(codes):
+    return impl.fp4_pack(torch.stack([codes[..., 1::2], codes[..., 0::2]], -1).flatten(-2))
+
+
+def unpack_high_first(packed):
+    codes = impl.fp4_unpack(packed)
+    return torch.stack([codes[..., 1::2], codes[..., 0::2]], -1).flatten(-2)
+
+
+def exponent_ceil(amax, reciprocal, emax):
+    return impl._ceil_log2(amax * reciprocal)
+
+
+def exponent_ocp_floor(amax, reciprocal, emax):
+    _, k = torch.frexp(amax)
+    return k.to(torch.int64) - 1 - emax
+
+
+def exponent_float_log2(amax, reciprocal, emax):
+    return torch.ceil(torch.log2(amax * reciprocal)).to(torch.int64)
+
+
+# ---------------------------------------------------------------------------------------------
+# The codecs with swappable steps
+# ---------------------------------------------------------------------------------------------
+
+def _checked(op, x, block):
+    getattr(impl, op)(x, block) if op.startswith("fp8") else getattr(impl, op)(x)   # impl's errors
+    return x.float()
+
+
+def fp4_kv(x, *, floor=6 * 2.0 ** -9, encode_scale=impl.e4m3_encode, reciprocal=False, clamp=True,
+           round_up_scale=False, encode=impl.e2m1_encode, pack=impl.fp4_pack):
+    xb = _checked("fp4_e4m3_quantize", x, 16).reshape(*x.shape[:-1], -1, 16)
+    amax = xb.abs().amax(-1).clamp(min=floor)
+    ideal = amax / torch.full_like(amax, 6.0)
+    scale_bytes = encode_scale(ideal)
+    if round_up_scale:
+        scale_bytes = torch.where(impl.e4m3_decode(scale_bytes) < ideal, scale_bytes + 1, scale_bytes)
+    s = impl.e4m3_decode(scale_bytes).unsqueeze(-1)
+    ratio = xb * (1.0 / s) if reciprocal else xb / s.expand_as(xb).contiguous()
+    if clamp:
+        ratio = ratio.clamp(-6.0, 6.0)
+    ratio = torch.nan_to_num(ratio, nan=0.0)
+    return pack(encode(ratio.contiguous()).flatten(-2)), scale_bytes
+
+
+def fp4_idx(x, *, floor=6 * 2.0 ** -126, exponent=exponent_ceil, encode=impl.e2m1_encode,
+            pack=impl.fp4_pack):
+    xb = _checked("fp4_e8m0_quantize", x, 32).reshape(*x.shape[:-1], -1, 32)
+    e = exponent(xb.abs().amax(-1).clamp(min=floor), F32_RECIPROCAL_6, 2).clamp(-127, 127)
+    ratio = (xb / impl._pow2(e).unsqueeze(-1)).clamp(-6.0, 6.0)
+    return pack(encode(ratio.contiguous()).flatten(-2)), (e + 127).to(torch.uint8)
+
+
+def fp8(x, block, *, floor=1e-4, exponent=exponent_ceil, encode=impl.e4m3_encode, block_override=None):
+    x = _checked("fp8_quantize", x, block)
+    block = block_override or block
+    xb = x.reshape(*x.shape[:-1], -1, block)
+    e = exponent(xb.abs().amax(-1).clamp(min=floor), F32_RECIPROCAL_448, 8).clamp(-127, 127)
+    ratio = (xb / impl._pow2(e).unsqueeze(-1)).clamp(-448.0, 448.0)
+    return encode(ratio.contiguous()).flatten(-2), (e + 127).to(torch.uint8)
+
+
+def _accepting_nonfinite(op):
+    """The quantizer without its NaN/Inf check: non-finite values quietly become 0."""
+    def run(x, *block):
+        return op(torch.nan_to_num(x.float(), nan=0.0, posinf=0.0, neginf=0.0), *block)
+    return run
+
+
+def fp8_qdq_through_bf16(x, block):
+    """The initial V4-Flash kernel: clamp(x/s) is cast to BF16, not FP8, before × s."""
+    q, scales = impl.fp8_quantize(x, block)
+    s = impl.e8m0_decode(scales).unsqueeze(-1)
+    xb = x.float().reshape(*x.shape[:-1], -1, block)
+    return (impl.bf16_round((xb / s).clamp(-448, 448).contiguous()) * s).flatten(-2)
+
+
+def _dequant_bias_off_by_one(op):
+    def run(payload, scales, *block):
+        return op(payload, scales, *block) * 0.5
+    return run
+
+
+# ---------------------------------------------------------------------------------------------
+# The catalogue: mutant name -> provider
+# ---------------------------------------------------------------------------------------------
+
+def _both_fp4(encode=impl.e2m1_encode, pack=impl.fp4_pack):
+    return dict(fp4_e4m3_quantize=lambda x: fp4_kv(x, encode=encode, pack=pack),
+                fp4_e8m0_quantize=lambda x: fp4_idx(x, encode=encode, pack=pack))
+
+
+MUTANTS = {
+    "e2m1_ties_toward_zero": mutant("e2m1_ties_toward_zero", e2m1_encode=e2m1_ties_toward_zero,
+                                    **_both_fp4(encode=e2m1_ties_toward_zero)),
+    "e2m1_ties_away_from_zero": mutant("e2m1_ties_away_from_zero", e2m1_encode=e2m1_ties_away_from_zero,
+                                       **_both_fp4(encode=e2m1_ties_away_from_zero)),
+    "e2m1_zero_sign_lost": mutant("e2m1_zero_sign_lost", e2m1_encode=e2m1_positive_zero,
+                                  **_both_fp4(encode=e2m1_positive_zero)),
+    "e2m1_no_clamp": mutant("e2m1_no_clamp", e2m1_encode=e2m1_wrapping,
+                            fp4_e4m3_quantize=lambda x: fp4_kv(x, clamp=False, encode=e2m1_wrapping)),
+    "e2m1_decode_positive_zero": mutant("e2m1_decode_positive_zero", e2m1_decode=e2m1_decode_positive_zero),
+    "swapped_nibbles": mutant("swapped_nibbles", fp4_pack=pack_high_first, fp4_unpack=unpack_high_first,
+                              **_both_fp4(pack=pack_high_first)),
+    "e4m3_nan_on_overflow": mutant("e4m3_nan_on_overflow", e4m3_encode=e4m3_encode_nan_overflow,
+                                   fp4_e4m3_quantize=lambda x: fp4_kv(x, encode_scale=e4m3_encode_nan_overflow)),
+    "e4m3_truncating": mutant("e4m3_truncating", e4m3_encode=e4m3_encode_truncating,
+                              fp8_quantize=lambda x, b: fp8(x, b, encode=e4m3_encode_truncating)),
+    "e4m3_decode_no_subnormals": mutant("e4m3_decode_no_subnormals", e4m3_decode=e4m3_decode_no_subnormals),
+    "e8m0_decode_zero_is_zero": mutant("e8m0_decode_zero_is_zero", e8m0_decode=e8m0_decode_zero_is_zero),
+    "bf16_truncating": mutant("bf16_truncating", bf16_round=bf16_truncating),
+    "kv_scale_rounded_up": mutant("kv_scale_rounded_up", fp4_e4m3_quantize=lambda x: fp4_kv(x, round_up_scale=True)),
+    "kv_scale_floor_2^-6": mutant("kv_scale_floor_2^-6", fp4_e4m3_quantize=lambda x: fp4_kv(x, floor=6 * 2.0 ** -6)),
+    "kv_reciprocal": mutant("kv_reciprocal", fp4_e4m3_quantize=lambda x: fp4_kv(x, reciprocal=True)),
+    "e8m0_ocp_floor": mutant("e8m0_ocp_floor",
+                             fp4_e8m0_quantize=lambda x: fp4_idx(x, exponent=exponent_ocp_floor),
+                             fp8_quantize=lambda x, b: fp8(x, b, exponent=exponent_ocp_floor)),
+    "e8m0_float_log2_ceil": mutant("e8m0_float_log2_ceil",
+                                   fp4_e8m0_quantize=lambda x: fp4_idx(x, exponent=exponent_float_log2),
+                                   fp8_quantize=lambda x, b: fp8(x, b, exponent=exponent_float_log2)),
+    "idx_amax_floor_1e-4": mutant("idx_amax_floor_1e-4", fp4_e8m0_quantize=lambda x: fp4_idx(x, floor=1e-4)),
+    "fp8_amax_floor_1e-8": mutant("fp8_amax_floor_1e-8", fp8_quantize=lambda x, b: fp8(x, b, floor=1e-8)),
+    "fp8_block_ignored": mutant("fp8_block_ignored", fp8_quantize=lambda x, b: fp8(x, b, block_override=32)),
+    "fp8_qdq_through_bf16": mutant("fp8_qdq_through_bf16", fp8_qdq=fp8_qdq_through_bf16),
+    "fp4_dequant_scale_halved": mutant("fp4_dequant_scale_halved",
+                                       fp4_e8m0_dequantize=_dequant_bias_off_by_one(impl.fp4_e8m0_dequantize),
+                                       fp4_e4m3_dequantize=_dequant_bias_off_by_one(impl.fp4_e4m3_dequantize)),
+    "fp8_dequant_scale_halved": mutant("fp8_dequant_scale_halved",
+                                       fp8_dequantize=_dequant_bias_off_by_one(impl.fp8_dequantize)),
+    "fp4_accepts_nonfinite": mutant("fp4_accepts_nonfinite",
+                                    fp4_e4m3_quantize=_accepting_nonfinite(impl.fp4_e4m3_quantize),
+                                    fp4_e8m0_quantize=_accepting_nonfinite(impl.fp4_e8m0_quantize)),
+    "fp8_accepts_nonfinite": mutant("fp8_accepts_nonfinite", fp8_quantize=_accepting_nonfinite(impl.fp8_quantize)),
+}
