@@ -34,3 +34,10 @@ def test_table_matches_the_catalogue():
 @pytest.mark.parametrize("name, rule_id", CAUGHT_ON)
 def test_mutant_is_caught(assert_caught, name, rule_id):
     assert_caught(MUTANTS[name][0], rule_id)
+
+
+def test_one_cast_score_is_named_as_the_known_variant():
+    from dsv4spec.properties.suite import run_rule
+    from dsv4spec.properties.target import Target
+    row = run_rule("IDX.SCORE.ROUNDING", Target(MUTANTS["fp32_then_one_cast"][0], "m"), "ci")
+    assert "matches score_rounding=fp32_then_bf16" in row.detail, row.detail
