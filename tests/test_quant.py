@@ -1,0 +1,191 @@
+"""impl/quant.py (torch) against spec/quant.py (numpy) on many blocks; hand-derived edge vectors;
+the conformance rows of impl; impl's errors on bad input."""
+import numpy as np
+import pytest
+import torch
+
+import dsv4spec.impl as impl
+from dsv4spec.properties.suite import PASS, run_rule
+from dsv4spec.properties.target import Target
+from dsv4spec.spec import RULES
+from dsv4spec.spec import formats as F
+from dsv4spec.spec import quant as Q
+
+F32 = np.float32
+
+
+def t(a):
+    return torch.from_numpy(np.array(a, dtype=F32))
+
+
+def pad(values, n):
+    x = np.zeros((1, n), F32)
+    x[0, :len(values)] = values
+    return x
+
+
+def many_blocks(seed, rows=64, n=512):
+    """Normal blocks at scales 2^-140 … 2^120, block-wise varying, with zeros, ties and subnormals."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, n)) * np.exp2(rng.integers(-140, 120, (rows, n // 16))).repeat(16, -1)
+    x[rng.random((rows, n)) < 0.05] = 0.0
+    x[rng.random((rows, n)) < 0.02] *= -0.0
+    ties = rng.choice(F.E2M1_BOUNDARIES, (rows, n)) * np.exp2(rng.integers(-9, 8, (rows, 1)))
+    x = np.where(rng.random((rows, n)) < 0.1, ties, x)
+    with np.errstate(over="ignore"):
+        x = x.astype(F32)
+    return np.where(np.isfinite(x), x, F32(1e38))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_impl_matches_spec_on_many_blocks(seed):
+    x = many_blocks(seed)
+    for mine, theirs in [(impl.fp4_e4m3_quantize(t(x)), Q.fp4_e4m3_quantize(x)),
+                         (impl.fp4_e8m0_quantize(t(x)), Q.fp4_e8m0_quantize(x)),
+                         (impl.fp8_quantize(t(x), 64), Q.fp8_quantize(x, 64)),
+                         (impl.fp8_quantize(t(x), 32), Q.fp8_quantize(x, 32)),
+                         (impl.fp8_quantize(t(x), 128), Q.fp8_quantize(x, 128))]:
+        for a, b in zip(mine, theirs):
+            assert np.array_equal(a.numpy(), b)
+    packed, scales = Q.fp4_e4m3_quantize(x)
+    assert np.array_equal(impl.fp4_e4m3_dequantize(torch.from_numpy(packed), torch.from_numpy(scales)).numpy(),
+                          Q.fp4_e4m3_dequantize(packed, scales))
+    assert np.array_equal(impl.fp8_qdq(t(x), 64).numpy(), Q.fp8_qdq(x, 64))
+
+
+def test_impl_matches_spec_on_bf16_input():
+    x = F.bf16_round(many_blocks(7))
+    xb = torch.from_numpy(x).to(torch.bfloat16)
+    for mine, theirs in [(impl.fp4_e4m3_quantize(xb), Q.fp4_e4m3_quantize(x)),
+                         (impl.fp4_e8m0_quantize(xb), Q.fp4_e8m0_quantize(x))]:
+        for a, b in zip(mine, theirs):
+            assert np.array_equal(a.numpy(), b)
+
+
+def test_impl_element_ops_match_spec_on_random_fp32_patterns():
+    bits = np.random.default_rng(3).integers(0, 2 ** 32, 1 << 20, dtype=np.uint64)
+    x = bits.astype(np.uint32).view(F32)
+    assert np.array_equal(impl.e4m3_encode(torch.from_numpy(x.copy())).numpy(), F.e4m3_encode(x))
+    assert np.array_equal(F.f32_bits(impl.bf16_round(torch.from_numpy(x.copy())).numpy()),
+                          F.f32_bits(F.bf16_round(x)))
+    finite = x[np.isfinite(x)]
+    assert np.array_equal(impl.e2m1_encode(torch.from_numpy(finite.copy())).numpy(), F.e2m1_encode(finite))
+
+
+# ---------------------------------------------------------------------------------------------
+# Edge vectors of conventions.md, derived by hand
+# ---------------------------------------------------------------------------------------------
+
+def test_float_log2_edge():
+    # 96.00000762939453 = 96 + 2^-17; × fl32(1/6) = 16 + 2^-19 (one fp32 ulp above 16), so
+    # ceil(log2) = 5, the scale is 32 (byte 132); 10/32 = 0.3125 > 0.25 rounds to 0.5 -> 16.
+    packed, scales = impl.fp4_e8m0_quantize(t(pad([96.00000762939453, 10.0], 32)))
+    assert scales.tolist() == [[132]]
+    assert impl.fp4_e8m0_dequantize(packed, scales)[0, :2].tolist() == [96.0, 16.0]
+
+
+def test_small_e4m3_block():
+    # amax/6 = 0.008333 = 4.27 · 2^-9 -> E4M3 subnormal 4·2^-9 = 2^-7 (byte 0x04);
+    # 0.01 / 2^-7 = 1.28 > 1.25 -> 1.5 -> 0.01171875; 0.05 / 2^-7 = 6.4 -> clamped to 6 -> 0.046875.
+    packed, scales = impl.fp4_e4m3_quantize(t(pad([0.05, 0.01], 16)))
+    assert scales.tolist() == [[0x04]]
+    assert impl.fp4_e4m3_dequantize(packed, scales)[0, :2].tolist() == [0.046875, 0.01171875]
+
+
+@pytest.mark.parametrize("block,code_by_division,code_by_reciprocal", [
+    # s = E4M3(0.17578125/6) = 15·2^-9 exactly.  0.03662109375 / s = 1.25 exactly (a tie -> 1.0,
+    # code 2); fl32(1/s) is above 1/s, so the product lands above 1.25 -> 1.5 (code 3).
+    ([0.17578125, 0.03662109375], 2, 3),
+    # s = E4M3(0.08203125/6) = 7·2^-9 exactly (a subnormal scale).  x is just below 1.75·s, so
+    # x / s < 1.75 -> 1.5 (code 3); the reciprocal product rounds to exactly 1.75, a tie -> 2 (code 4).
+    ([0.08203125, 0.02392577938735485], 3, 4),
+])
+def test_division_versus_reciprocal(block, code_by_division, code_by_reciprocal):
+    x = pad(block, 16)
+    assert impl.fp4_unpack(impl.fp4_e4m3_quantize(t(x))[0])[0, 1] == code_by_division
+    assert Q.fp4_unpack(Q.fp4_e4m3_quantize(x)[0])[0, 1] == code_by_division
+    assert Q.fp4_unpack(Q.fp4_e4m3_quantize(x, scale_apply="reciprocal")[0])[0, 1] == code_by_reciprocal
+
+
+def test_e4m3_scale_overflow():
+    # 2785/6 = 464.17 > 464 -> saturates at 448 (0x7E); 2785/448 = 6.22 -> clamped to 6 -> 2688.
+    packed, scales = impl.fp4_e4m3_quantize(t(pad([2785.0, -2785.0], 16)))
+    assert scales.tolist() == [[0x7E]]
+    assert impl.fp4_e4m3_dequantize(packed, scales)[0, :3].tolist() == [2688.0, -2688.0, 0.0]
+
+
+def test_all_zero_blocks():
+    # KV: amax -> 6·2^-9, /6 = 2^-9 = E4M3 byte 0x01.  Indexer: 6·2^-126 · fl32(1/6) rounds to
+    # 2^-126 -> byte 1.  FP8: fl32(1e-4) · fl32(1/448) = 2.23e-7, 2^-23 < that ≤ 2^-22 -> byte 105.
+    z = np.zeros((1, 128), F32)
+    assert impl.fp4_e4m3_quantize(t(z))[1].unique().tolist() == [0x01]
+    assert impl.fp4_e8m0_quantize(t(z))[1].unique().tolist() == [1]
+    assert impl.fp8_quantize(t(z), 64)[1].unique().tolist() == [105]
+    assert impl.fp4_e4m3_quantize(t(-z))[0].unique().tolist() == [0x88]      # −0 kept in both nibbles
+
+
+def test_ties_at_scale_1():
+    # amax 6 makes both FP4 scales exactly 1, so the codes are the official tie table.
+    ties = [6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0]
+    want = [6, 0, 1, 1, 2, 2, 4, 4]
+    for quantize, dequantize, n in ((impl.fp4_e4m3_quantize, impl.fp4_e4m3_dequantize, 16),
+                                    (impl.fp4_e8m0_quantize, impl.fp4_e8m0_dequantize, 32)):
+        packed, scales = quantize(t(pad(ties, n)))
+        assert dequantize(packed, scales)[0, :8].tolist() == want
+
+
+# ---------------------------------------------------------------------------------------------
+# Conformance rows of impl
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("rule_id", sorted(r for r in RULES if r.split(".")[0] in ("FMT", "FP4", "FP8")))
+def test_impl_passes(rule_id):
+    row = run_rule(rule_id, Target(impl, "impl"))
+    assert row.status == PASS, f"{rule_id}: {row.status} {row.detail}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input
+# ---------------------------------------------------------------------------------------------
+
+U8 = torch.uint8
+BAD = [
+    (lambda: impl.fp4_e8m0_quantize(torch.zeros(2, 100)), ValueError,
+     "last dimension 100 is not a multiple of the block \\(32\\)"),
+    (lambda: impl.fp4_e4m3_quantize(torch.zeros(2, 24)), ValueError, "multiple of the block \\(16\\)"),
+    (lambda: impl.fp8_quantize(torch.zeros(2, 448), 128), ValueError, "multiple of the block \\(128\\)"),
+    (lambda: impl.fp4_e4m3_quantize(torch.zeros(16, dtype=torch.float64)), TypeError, "float32 or bfloat16"),
+    (lambda: impl.fp4_e8m0_quantize(torch.zeros(32, dtype=torch.int32)), TypeError, "float32 or bfloat16"),
+    (lambda: impl.fp4_e8m0_quantize(np.zeros(32, F32)), TypeError, "torch.Tensor"),
+    (lambda: impl.fp8_quantize(torch.zeros(64, 4).t(), 64), ValueError, "contiguous"),
+    (lambda: impl.fp4_e4m3_quantize(torch.zeros(32, 2).t()), ValueError, "contiguous"),
+    (lambda: impl.fp4_e4m3_quantize(t(pad([1.0, np.nan], 16))), ValueError, "non-finite input nan at index \\(0, 1\\)"),
+    (lambda: impl.fp4_e8m0_quantize(t(pad([np.inf], 32))), ValueError, "non-finite input inf"),
+    (lambda: impl.fp8_quantize(t(pad([-np.inf], 64)), 64), ValueError, "non-finite input -inf"),
+    (lambda: impl.fp8_quantize(torch.zeros(64), 0), ValueError, "block must be a positive int"),
+    (lambda: impl.fp8_quantize(torch.zeros(64), 32.0), ValueError, "block must be a positive int"),
+    (lambda: impl.fp4_pack(torch.tensor([1, 16], dtype=U8)), ValueError, "nibbles 0..15"),
+    (lambda: impl.fp4_pack(torch.tensor([1, 2, 3], dtype=U8)), ValueError, "not even"),
+    (lambda: impl.fp4_pack(torch.tensor([1, 2])), TypeError, "uint8"),
+    (lambda: impl.e2m1_decode(torch.tensor([16], dtype=U8)), ValueError, "nibbles 0..15"),
+    (lambda: impl.e2m1_encode(t([np.nan])), ValueError, "non-finite"),
+    (lambda: impl.fp4_e4m3_dequantize(torch.zeros(8, dtype=U8), torch.zeros(2, dtype=U8)), ValueError,
+     "scales of shape \\(1,\\)"),
+    (lambda: impl.fp4_e8m0_dequantize(torch.zeros(16, dtype=U8), torch.zeros(1, dtype=torch.int8)), TypeError,
+     "uint8"),
+    (lambda: impl.fp8_dequantize(torch.zeros(64, dtype=U8), torch.zeros(1, dtype=U8), 32), ValueError,
+     "scales of shape \\(2,\\)"),
+]
+
+
+@pytest.mark.parametrize("call,error,message", BAD, ids=[f"bad{i}" for i in range(len(BAD))])
+def test_bad_input_is_a_clear_error(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_float8_dtypes_are_accepted_as_bytes():
+    x = t(np.random.default_rng(0).standard_normal((2, 64)))
+    q, scales = impl.fp8_quantize(x, 32)
+    as_dtypes = impl.fp8_dequantize(q.view(torch.float8_e4m3fn), scales.view(torch.float8_e8m0fnu), 32)
+    assert torch.equal(as_dtypes, impl.fp8_dequantize(q, scales, 32))
