@@ -1,0 +1,155 @@
+"""Indexer family: impl passes every HAD/IDX rule; spec definitions hold by independent derivation;
+impl agrees with the exact spec; bad input is refused with a message naming what was expected."""
+import numpy as np
+import pytest
+import torch
+
+import dsv4spec.impl as impl
+from dsv4spec.properties.indexer import cancellation_case, expected_scores
+from dsv4spec.properties.suite import PASS, SKIP, run_rule
+from dsv4spec.properties.target import Target
+from dsv4spec.spec import RULES
+from dsv4spec.spec import formats
+from dsv4spec.spec import indexer as spec
+from dsv4spec.spec.models import V4_1_FLASH, V4_FLASH
+
+IMPL = Target(impl, "impl")
+FAMILY = sorted(r for r in RULES if r.split(".")[0] in ("HAD", "IDX"))
+
+
+@pytest.mark.parametrize("rule_id", FAMILY)
+def test_impl_conforms(rule_id):
+    row = run_rule(rule_id, IMPL, "ci")
+    assert row.status in (PASS, SKIP), f"{rule_id}: {row.status} {row.detail}"
+
+
+def test_every_bf16_pattern_rounds_to_itself_and_midpoints_round_to_even():
+    """All 65536 BF16 patterns (exhaustive), and the exact midpoints between neighbours."""
+    bits = np.arange(1 << 16, dtype=np.uint32) << 16
+    values = bits.view(np.float32).astype(np.float64)
+    finite = np.isfinite(values)
+    assert np.array_equal(spec.round_bf16(values[finite]), values[finite])
+    positive = np.sort(np.unique(np.abs(values[finite])))
+    lo, hi = positive[:-1], positive[1:]
+    mid = (lo + hi) / 2                                  # exact in float64
+    lo_bits = (lo.astype(np.float32).view(np.uint32) >> 16)
+    even = np.where(lo_bits % 2 == 0, lo, hi)
+    assert np.array_equal(spec.round_bf16(mid), even)
+    assert np.array_equal(spec.round_bf16(-mid), -even)
+
+
+def test_round_bf16_agrees_with_the_fp32_rule_and_torch_on_fp32_inputs():
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(20000) * 2.0 ** rng.integers(-140, 128, 20000)).astype(np.float32)
+    x = x[np.isfinite(x)]
+    ours = spec.round_bf16(x.astype(np.float64))
+    assert np.array_equal(ours, formats.bf16_round(x).astype(np.float64))
+    assert np.array_equal(ours, torch.from_numpy(x).to(torch.bfloat16).float().numpy())
+
+
+def test_round_bf16_rounds_exact_values_once():
+    """1 + 2^-8 + 2^-30 rounds up; through fp32 first it would be the tie 1 + 2^-8 and round to 1."""
+    x = 1 + 2.0 ** -8 + 2.0 ** -30
+    assert spec.round_bf16(x) == 1 + 2.0 ** -7
+    assert spec.round_bf16(float(np.float32(1 + 2.0 ** -8))) == 1.0
+
+
+def test_hadamard_matrix_is_sylvester_and_orthogonal():
+    h = spec.sylvester_hadamard()
+    assert np.array_equal(h @ h.T, 128 * np.eye(128, dtype=h.dtype))
+    h2 = np.array([[1, 1], [1, -1]])
+    sylvester = np.array([[1]])
+    for _ in range(7):
+        sylvester = np.kron(h2, sylvester)
+    assert np.array_equal(h, sylvester)
+    # column 0 of H·bf16(2^-3.5): 2^-3.5 = 0.08838834764…, in [2^-4, 2^-3) the BF16 step is 2^-11:
+    # 0.0883883·2048 = 181.02 → 181·2^-11 = 0.08837890625
+    assert spec.hadamard(np.eye(128))[0, 0] == 0.08837890625
+
+
+def test_weight_factors():
+    assert V4_1_FLASH.index_weight_scale == 1 / 64
+    assert abs(V4_FLASH.index_weight_scale - 0.011048543456039806) < 1e-18
+    raw = np.array([[1.0] * 32])
+    assert np.all(spec.index_weights(raw, V4_1_FLASH) == 1 / 64)
+
+
+def test_cancellation_vector_separates_bf16_steps_from_one_cast():
+    """The IDX.SCORE.ROUNDING 'differs' example, derived by hand in its docstring."""
+    case = cancellation_case()
+    bf16 = spec.index_scores(case.q, case.k, case.w, case.visible, "bf16")
+    fp32 = spec.index_scores(case.q, case.k, case.w, case.visible, "fp32")
+    assert bf16.tolist() == [[0.125, 0.125]]
+    assert fp32.tolist() == [[0.0625, 0.0625]]
+    got = impl.index_scores(*case.torch())
+    assert got.tolist() == [[0.125, 0.125]]
+
+
+def test_impl_scores_match_the_exact_definition_at_model_shape():
+    """64 queries × 256 keys × 32 heads × 128 dims: within the stated tolerance; count exact matches."""
+    rng = np.random.default_rng(1)
+    q = spec.round_bf16(rng.standard_normal((64, 32, 128)))
+    k = spec.round_bf16(rng.standard_normal((256, 128)))
+    w = spec.round_bf16(rng.standard_normal((64, 32)) / 64)
+    visible = np.full(64, 256)
+    ref = spec.index_scores(q, k, w, visible)
+    tol = spec.index_score_tolerance(q, k, w)
+    got = impl.index_scores(torch.tensor(q, dtype=torch.float32), torch.tensor(k, dtype=torch.float32),
+                            torch.tensor(w, dtype=torch.float32), torch.tensor(visible)).numpy()
+    assert np.all(np.abs(got - ref) <= tol)
+    assert np.mean(got != ref) < 1e-2          # differences are rare (summation order only)
+
+
+def test_topk_spec_and_impl_agree_on_lowest_index_ties():
+    rng = np.random.default_rng(2)
+    scores = rng.integers(-2, 3, (8, 30)) * 0.5
+    visible = rng.integers(0, 31, 8)
+    scores = np.where(spec.visibility_mask(visible, 30), scores, -np.inf)
+    for order in spec.TOPK_ORDERS:
+        got = impl.index_topk(torch.tensor(scores, dtype=torch.float32), torch.tensor(visible), 12, order)
+        assert np.array_equal(got.numpy(), spec.index_topk(scores, visible, 12, order))
+
+
+def test_topk_width_and_kv_rows():
+    assert spec.topk_width(512, 100, 4) == 25 and spec.topk_width(512, 10 ** 6, 2) == 512
+    assert spec.topk_width(512, 1, 2) == 0
+    assert spec.kv_rows(np.array([3, 0, -1]), 128).tolist() == [131, 128, -1]
+
+
+def test_variant_references_differ_where_they_should():
+    case = cancellation_case()
+    from types import SimpleNamespace
+    for variant, value in (("bf16_steps", 0.125), ("fp32", 0.0625), ("fp32_then_bf16", 0.0625)):
+        t = SimpleNamespace(variant=lambda knob, v=variant: v)
+        ref, _ = expected_scores(t, case)
+        assert ref[0, 0] == value
+
+
+F = torch.float32
+BAD = [
+    (lambda: impl.index_scores(torch.zeros(2, 4, 16), torch.zeros(5, 8), torch.zeros(2, 4), torch.tensor([1, 1])),
+     "k has head dim 8, expected q's 16"),
+    (lambda: impl.index_scores(torch.zeros(2, 4, 16), torch.zeros(5, 16), torch.zeros(2, 3), torch.tensor([1, 1])),
+     "w has shape (2, 3), expected [T, H] = [2, 4]"),
+    (lambda: impl.index_scores(torch.zeros(1, 1, 16), torch.zeros(5, 16), torch.zeros(1, 1), torch.tensor([6])),
+     "visible must lie in [0, 5]"),
+    (lambda: impl.index_scores(torch.full((1, 1, 16), 1 + 2 ** -10), torch.zeros(5, 16), torch.zeros(1, 1),
+                               torch.tensor([1])), "BF16-representable"),
+    (lambda: impl.index_scores(torch.zeros(1, 1, 16), torch.zeros(5, 16), torch.zeros(1, 1), torch.tensor([1]), "fp16"),
+     "score_dtype must be one of"),
+    (lambda: impl.index_topk(torch.tensor([[float("nan"), 1.0]]), torch.tensor([2]), 1, "score"), "contains NaN"),
+    (lambda: impl.index_topk(torch.zeros(1, 4), torch.tensor([2]), -1, "score"), "k must be an int in [0, 4]"),
+    (lambda: impl.index_topk(torch.zeros(1, 4), torch.tensor([2]), 1, "random"), "order must be one of"),
+    (lambda: impl.index_visible(torch.tensor([3]), 0), "ratio must be a positive int"),
+    (lambda: impl.hadamard(torch.zeros(3, 100)), "last dimension must be 128"),
+    (lambda: impl.index_weights(torch.zeros(2, 64), "v4.1-flash"), "expected v4.1-flash's index_n_heads = 32"),
+    (lambda: impl.index_weights(torch.zeros(2, 64), "v3.2"), "expected a V4 or V4.1 model"),
+    (lambda: impl.index_rotate(torch.zeros(2, 128), "v5"), "unknown model"),
+]
+
+
+@pytest.mark.parametrize("call, message", BAD, ids=[m for _, m in BAD])
+def test_bad_input_is_refused_with_a_clear_message(call, message):
+    with pytest.raises((ValueError, TypeError)) as e:
+        call()
+    assert message in str(e.value)
