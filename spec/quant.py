@@ -181,7 +181,7 @@ rule("FP8.BLOCKS", "act_quant block sizes",
 rule("FP8.V4_INPLACE", "V4 in-place act_quant QDQ rounds through FP8",
      "The in-place QDQ writes back E4M3_RNE(clamp(x/s, ±448)) · s.  The initial V4-Flash kernel "
      "instead casts clamp(x/s) to BF16 (a near no-op); later copies and V4.1 cast through FP8.",
-     applies_to=("v3.2",) + V4_ALL, policy="exact", status=IMPLEMENTATION_DEFINED, knob="v4_fp8_inplace",
+     applies_to=V4, policy="exact", status=IMPLEMENTATION_DEFINED, knob="v4_fp8_inplace",
      sources=("official-rules.md §2.4 'Caveat', §10 Q3 (V4-kernel L55, L84-91)",),
      differs="Seed 003 §10.2 says the V4 main KV is FP8; with the initial V4-Flash kernel the "
              "in-place simulation is effectively BF16.")
