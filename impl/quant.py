@@ -53,7 +53,7 @@ def _values(op: str, x, block: int = 1, finite: bool = False) -> torch.Tensor:
         if len(bad):
             where = tuple(bad[0].tolist())
             raise ValueError(f"{op}: non-finite input {x[where].item()} at index {where}; NaN and "
-                             f"±Inf are rejected (rules FP4.NONFINITE / FP8.NONFINITE)")
+                             f"±Inf are rejected (E2M1 has neither; rules FP4.NONFINITE, FP8.NONFINITE)")
     return x
 
 
@@ -222,13 +222,18 @@ def fp4_e4m3_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return fp4_pack(codes), scale_bytes
 
 
+def _fp4_dequantize(op: str, packed, scales, block: int, decode_scale) -> torch.Tensor:
+    """E2M1 value × decoded scale of its block, in fp32 (exact)."""
+    packed = _bytes(op, packed, "packed bytes")
+    scales = _bytes(op, scales, "scale bytes")
+    _scale_shape(op, packed, scales, 2 * packed.shape[-1], block)
+    values = _blocks(e2m1_decode(fp4_unpack(packed)), block)
+    return (values * decode_scale(scales).unsqueeze(-1)).flatten(-2)
+
+
 def fp4_e4m3_dequantize(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """(packed [..., n/2], E4M3 scales [..., n/16]) -> f32 [..., n] = E2M1 value × scale."""
-    packed = _bytes("fp4_e4m3_dequantize", packed, "packed bytes")
-    scales = _bytes("fp4_e4m3_dequantize", scales, "scale bytes")
-    _scale_shape("fp4_e4m3_dequantize", packed, scales, 2 * packed.shape[-1], FP4_KV_BLOCK)
-    values = _blocks(e2m1_decode(fp4_unpack(packed)), FP4_KV_BLOCK)
-    return (values * e4m3_decode(scales).unsqueeze(-1)).flatten(-2)
+    return _fp4_dequantize("fp4_e4m3_dequantize", packed, scales, FP4_KV_BLOCK, e4m3_decode)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -252,11 +257,7 @@ def fp4_e8m0_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def fp4_e8m0_dequantize(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """(packed [..., n/2], E8M0 scales [..., n/32]) -> f32 [..., n] = E2M1 value × 2^(b−127)."""
-    packed = _bytes("fp4_e8m0_dequantize", packed, "packed bytes")
-    scales = _bytes("fp4_e8m0_dequantize", scales, "scale bytes")
-    _scale_shape("fp4_e8m0_dequantize", packed, scales, 2 * packed.shape[-1], FP4_IDX_BLOCK)
-    values = _blocks(e2m1_decode(fp4_unpack(packed)), FP4_IDX_BLOCK)
-    return (values * e8m0_decode(scales).unsqueeze(-1)).flatten(-2)
+    return _fp4_dequantize("fp4_e8m0_dequantize", packed, scales, FP4_IDX_BLOCK, e8m0_decode)
 
 
 def _fp8_ratio(op: str, x: torch.Tensor, block) -> tuple[torch.Tensor, torch.Tensor]:
