@@ -31,8 +31,9 @@ BUILTIN = {
 ENTRY_POINT_GROUP = "dsv4spec.targets"
 
 
-class NotImplementedOp(Exception):
-    """The target does not provide an operation a check needs."""
+class NotImplementedOp(AttributeError):
+    """The target does not provide an operation a check needs (an AttributeError, so that tools
+    probing attributes, such as Hypothesis on a @given argument, see a plain missing attribute)."""
 
 
 class Target:
