@@ -1,2 +1,318 @@
-"""(to be written)"""
-__all__ = []
+"""Checks of the compressor rules (CMP.*).
+
+The operations a target provides (all CPU torch, fp32):
+
+    compress(x, params, *, model, ratio) -> entries
+        x [B, S, dim] float32, fed from position 0 in one prefill; entries [B, S // ratio, d].
+    compressor_state(params, *, model, ratio, batch) -> state
+        an opaque state holding nothing fed yet.
+    compressor_feed(state, x) -> (state, entries)
+        x [B, T, dim], T >= 1, the next T tokens; entries [B, E, d] for the E groups this chunk
+        completed (E = 0 allowed).  The state passed in must not be modified (the suite may
+        reuse it); one token per call is the official decode path.
+
+params is a dict of float32 tensors: wkv [coff·d, dim], wgate [coff·d, dim] (ratio > 1),
+ape [ratio, coff·d] (V4), norm [d] (RMSNorm weight), rope_freqs [rope_dim / 2] (the last
+rope_dim channels are rotated; zeros give the pre-RoPE entry).  coff = 2 for V4 ratio 4, else 1.
+A target must know from (model, ratio) whether windows overlap, whether ape applies, whether a
+gate exists and which eps to use: those are the rules checked.
+
+How checks isolate one rule: CMP.GATE, CMP.OVERLAP and CMP.APE compare the entry's direction
+(rope_freqs = 0, norm weight 1, each entry scaled to unit RMS) with the reference, so an eps error
+does not leak into them; CMP.NORM feeds repeated tokens through projections whose halves are
+equal, so the pooled vector is W·x whatever the gate does; CMP.ROPE relates the target's entries
+with and without rotation; CMP.GROUPS, CMP.CAUSAL and CMP.STREAM compare the target with itself.
+Tolerances are spec.compressor.entry_tolerance (a first-order fp32 error bound); the impl's own
+prefill and decode paths differ by a few fp32 ulps (different GEMM shapes), so nothing here is
+compared bit for bit.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+from hypothesis import Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
+
+from ..spec import compressor as spec
+from ..spec.rules import V4, V41, V4_ALL
+from .compare import as_numpy, assert_same_shape
+from .formats import forall
+from .suite import check
+
+OPS = {
+    "compress": "compress(x [B,S,dim] f32, params, *, model, ratio) -> entries [B, S//ratio, d] f32",
+    "compressor_state": "compressor_state(params, *, model, ratio, batch) -> state (opaque)",
+    "compressor_feed": "compressor_feed(state, x [B,T,dim] f32) -> (state, entries [B,E,d] f32)",
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    model: str
+    ratio: int
+    x: np.ndarray          # [B, S, dim] float32
+    params: dict           # name -> float32 ndarray
+    recipe: str = ""       # the make_case call that built it (shown in failures)
+
+    def __repr__(self):
+        return self.recipe or self.describe()
+
+    def but(self, note: str, **changes) -> "Case":
+        """A modified copy whose repr says how it was modified."""
+        return replace(self, recipe=f"{self!r} with {note}", **changes)
+
+    def torch_params(self) -> dict:
+        return {k: torch.from_numpy(v.copy()) for k, v in self.params.items()}
+
+    def describe(self) -> str:
+        shapes = ", ".join(f"{k}{list(v.shape)}" for k, v in self.params.items())
+        return f"model={self.model} ratio={self.ratio} x{list(self.x.shape)} {shapes}"
+
+
+def make_case(model: str, ratio: int, seqlen: int, seed: int, *, batch: int = 1, dim: int = 6,
+              d: int = 8, rope_pairs: int = 2, x_scale: float = 1.0, gate_scale: float = 1.0,
+              ape: bool = True, symmetric: bool = False, repeated: bool = False,
+              unit_norm: bool = False) -> Case:
+    """A random case.  symmetric: equal halves in wkv/wgate/ape (overlap cannot be told apart);
+    repeated: every token of a row equal; unit_norm: norm weight 1."""
+    rng = np.random.default_rng(seed)
+    coff = spec.channel_factor(model, ratio)
+
+    wkv = rng.standard_normal((coff * d, dim)) / np.sqrt(dim)
+    wgate = rng.standard_normal((coff * d, dim)) * gate_scale / np.sqrt(dim)
+    ape_w = rng.standard_normal((ratio, coff * d)) if ape else np.zeros((ratio, coff * d))
+    if symmetric and coff == 2:
+        wkv[d:], wgate[d:], ape_w[:, d:] = wkv[:d], wgate[:d], ape_w[:, :d]
+    x = rng.standard_normal((batch, seqlen, dim)) * x_scale
+    if repeated and seqlen:
+        x[:] = x[:, :1]
+    params = {"wkv": wkv, "norm": np.ones(d) if unit_norm else 1 + 0.5 * rng.standard_normal(d),
+              "rope_freqs": spec.rope_frequencies(2 * rope_pairs, 160000.0)}
+    if spec.has_gate(ratio):
+        params["wgate"] = wgate
+        if spec.has_ape(model):
+            params["ape"] = ape_w
+    options = dict(batch=batch, dim=dim, d=d, rope_pairs=rope_pairs, x_scale=x_scale, gate_scale=gate_scale,
+                   ape=ape, symmetric=symmetric, repeated=repeated, unit_norm=unit_norm)
+    recipe = f"make_case({model!r}, {ratio}, {seqlen}, {seed}, " + ", ".join(f"{k}={v!r}" for k, v in options.items()) + ")"
+    return Case(model, ratio, x.astype(np.float32), {k: np.asarray(v, np.float32) for k, v in params.items()}, recipe)
+
+
+@st.composite
+def cases(draw, models=V4_ALL, ratios=None, **fixed) -> Case:
+    model = draw(st.sampled_from([m for m in models if not ratios or set(ratios) & set(spec.compressor_ratios(m))]))
+    ratio = draw(st.sampled_from([r for r in spec.compressor_ratios(model) if not ratios or r in ratios]))
+    groups = draw(st.integers(0, 3 if ratio == 128 else 6))
+    seqlen = max(0, groups * ratio + draw(st.sampled_from([0, 0, 1, -1, ratio // 2])))
+    options = dict(batch=draw(st.integers(1, 2)), dim=draw(st.integers(1, 10)),
+                   d=draw(st.sampled_from([8, 16])), rope_pairs=draw(st.integers(0, 4)),
+                   x_scale=2.0 ** draw(st.integers(-3, 3)), gate_scale=2.0 ** draw(st.integers(-2, 3)),
+                   repeated=draw(st.sampled_from([False, False, False, True])))
+    options.update({k: draw(v) if isinstance(v, st.SearchStrategy) else v for k, v in fixed.items()})
+    return make_case(model, ratio, seqlen, draw(st.integers(0, 2**32 - 1)), **options)
+
+
+def run_compress(target, case: Case, **param_overrides) -> np.ndarray:
+    params = {**case.torch_params(), **{k: torch.from_numpy(np.asarray(v, np.float32)) for k, v in param_overrides.items()}}
+    out = target.compress(torch.from_numpy(case.x.copy()), params, model=case.model, ratio=case.ratio)
+    return as_numpy(out).astype(np.float64)
+
+
+def assert_within(actual, expected, tol, *, what: str, case: Case):
+    """|actual - expected| <= tol elementwise; the first violations are listed with the entry index."""
+    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    assert_same_shape(actual, expected, what)
+    bad = ~(np.abs(actual - expected) <= tol)
+    if not bad.any():
+        return
+    lines = [f"{what}: {int(bad.sum())} of {bad.size} values outside the fp32 bound ({case.describe()})"]
+    for idx in list(zip(*np.nonzero(bad)))[:4]:
+        idx = tuple(int(i) for i in idx)
+        lines.append(f"  at [batch, entry, channel] {idx}: got {actual[idx]!r}, expected {expected[idx]!r} "
+                     f"(bound {tol[idx]:.3g})")
+    raise AssertionError("\n".join(lines))
+
+
+def unit_rms(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    r = np.sqrt(np.mean(y * y, axis=-1, keepdims=True))
+    return y / np.where(r > 0, r, 1.0), r
+
+
+def assert_direction(target, case: Case, what: str):
+    """Compare entry directions (rope off, unit RMS) with the reference's pooled vectors."""
+    zero_rope = np.zeros_like(case.params["rope_freqs"])
+    case = case.but("rope_freqs 0, norm weight 1",
+                    params={**case.params, "rope_freqs": zero_rope, "norm": np.ones_like(case.params["norm"])})
+    got = run_compress(target, case)
+    ref = spec.compress(case.x, case.params, case.model, case.ratio)
+    tol = spec.entry_tolerance(case.x, case.params, case.model, case.ratio)
+    assert_same_shape(got, ref, what)
+    got_dir, _ = unit_rms(got)
+    ref_dir, ref_rms = unit_rms(ref)
+    assert_within(got_dir, ref_dir, 2 * tol / np.where(ref_rms > 0, ref_rms, 1.0), what=what, case=case)
+
+
+# --- CMP.GROUPS ---------------------------------------------------------------------------------
+
+@check("CMP.GROUPS", ops=("compress",))
+@forall(dict(case=make_case("v4-flash", 4, 3, 0)),
+        dict(case=make_case("v4-flash", 128, 255, 1, dim=2)),
+        dict(case=make_case("v4.1-flash", 2, 7, 2)),
+        case=cases())
+def prefill_emits_one_entry_per_complete_group(target, case):
+    out = target.compress(torch.from_numpy(case.x), case.torch_params(), model=case.model, ratio=case.ratio)
+    batch, seqlen, _ = case.x.shape
+    want = (batch, seqlen // case.ratio, case.params["norm"].shape[0])
+    assert tuple(out.shape) == want, (f"CMP.GROUPS: {seqlen} tokens at ratio {case.ratio} gave entries of shape "
+                                      f"{tuple(out.shape)}, expected {want} ({case.describe()})")
+
+
+@check("CMP.GROUPS", ops=("compressor_state", "compressor_feed"))
+@forall(dict(case=make_case("v4-flash", 4, 9, 3)),
+        case=cases(ratios=(1, 2, 4)))
+def decode_emits_when_a_group_completes(target, case):
+    batch, seqlen, _ = case.x.shape
+    state = target.compressor_state(case.torch_params(), model=case.model, ratio=case.ratio, batch=batch)
+    for t in range(seqlen):
+        state, out = target.compressor_feed(state, torch.from_numpy(case.x[:, t:t + 1]))
+        want = 1 if (t + 1) % case.ratio == 0 else 0
+        assert out.shape[1] == want, (f"CMP.GROUPS: token {t} (ratio {case.ratio}) emitted {out.shape[1]} entries, "
+                                      f"expected {want}: a group emits exactly when its last token arrives")
+
+
+# --- CMP.CAUSAL ---------------------------------------------------------------------------------
+
+@check("CMP.CAUSAL", ops=("compress",))
+@forall(dict(case=make_case("v4-flash", 4, 16, 4), cut=0.5, seed=0),
+        case=cases(), cut=st.floats(0, 1), seed=st.integers(0, 2**32 - 1))
+def entries_do_not_see_later_tokens(target, case, cut, seed):
+    seqlen = case.x.shape[1]
+    n = int(cut * seqlen)
+    later = case.x.copy()
+    later[:, n:] = np.random.default_rng(seed).standard_normal(later[:, n:].shape).astype(np.float32) * 3
+    prefix = case.but(f"the first {n} tokens", x=np.ascontiguousarray(case.x[:, :n]))
+    got_prefix = run_compress(target, prefix)
+    got_changed = run_compress(target, case.but(f"tokens >= {n} replaced", x=later))[:, :n // case.ratio]
+    tol = spec.entry_tolerance(prefix.x, case.params, case.model, case.ratio)
+    assert_within(got_changed, got_prefix, 2 * tol,
+                  what=f"CMP.CAUSAL: entries before token {n} changed when tokens >= {n} changed", case=case)
+
+
+# --- CMP.OVERLAP, CMP.APE, CMP.GATE, CMP.RATIO1 -----------------------------------------------------
+
+@check("CMP.OVERLAP", ops=("compress",))
+# group 0 alone: its previous half weighs 0
+@forall(dict(case=make_case("v4-pro", 4, 12, 5, ape=False, gate_scale=4.0)),
+        dict(case=make_case("v4-flash", 4, 4, 6, ape=False)),
+        case=cases(models=V4, ratios=(4,), ape=False))
+def overlapping_windows_use_first_then_second_half(target, case):
+    assert_direction(target, case, "CMP.OVERLAP: pooled direction (slots 0-3 previous group, first half)")
+
+
+@check("CMP.APE", ops=("compress",))
+@forall(dict(case=make_case("v4-flash", 128, 256, 7, symmetric=True)),
+        case=cases(models=V4, symmetric=True, gate_scale=0.5))
+def gate_scores_carry_the_positional_bias(target, case):
+    assert_direction(target, case, "CMP.APE: pooled direction with ape[t mod m] added to the scores")
+
+
+@check("CMP.GATE", ops=("compress",))
+@forall(dict(case=make_case("v4.1-flash", 2, 8, 8, gate_scale=8.0)),
+        dict(case=make_case("v4-pro", 128, 128, 9, ape=False, gate_scale=8.0, dim=3)),
+        case=cases(ratios=(2, 128), ape=False))
+def softmax_over_slots_per_channel(target, case):
+    assert_direction(target, case, "CMP.GATE: pooled direction (softmax over the window per channel)")
+
+
+@check("CMP.RATIO1", ops=("compress",))
+@forall(case=cases(models=V41, ratios=(1,)))
+def ratio_one_is_normalized_projection(target, case):
+    got = run_compress(target, case)
+    ref = spec.compress(case.x, case.params, case.model, case.ratio)
+    tol = spec.entry_tolerance(case.x, case.params, case.model, case.ratio)
+    assert_within(got, ref, tol, what="CMP.RATIO1: entry = RoPE(RMSNorm(wkv·x), t)", case=case)
+
+
+# --- CMP.NORM -----------------------------------------------------------------------------------
+
+@check("CMP.NORM", ops=("compress",))
+@forall(dict(case=make_case("v4.1-flash", 2, 6, 10, symmetric=True, repeated=True, rope_pairs=0), exponent=-10),
+        dict(case=make_case("v4-flash", 4, 8, 11, symmetric=True, repeated=True, rope_pairs=0), exponent=-9),
+        dict(case=make_case("v4-flash", 4, 8, 12, symmetric=True, repeated=True, rope_pairs=0, x_scale=0.0), exponent=0),
+        case=cases(symmetric=True, repeated=True, rope_pairs=0), exponent=st.integers(-14, 2))
+def rms_norm_with_profile_eps(target, case, exponent):
+    # Repeated tokens and equal halves make every window hold one kv vector, so pooled = W·x for
+    # any gate; the scale 2^exponent reaches the regime where eps (1e-6 V4, 1e-20 V4.1) matters.
+    case = case.but(f"x scaled by 2^{exponent}", x=(case.x * np.float32(2.0 ** exponent)).astype(np.float32))
+    got = run_compress(target, case)
+    ref = spec.compress(case.x, case.params, case.model, case.ratio)
+    tol = spec.entry_tolerance(case.x, case.params, case.model, case.ratio)
+    assert_within(got, ref, tol, what="CMP.NORM: entry = w·p / sqrt(mean(p^2) + eps)", case=case)
+
+
+# --- CMP.ROPE -----------------------------------------------------------------------------------
+
+@check("CMP.ROPE", ops=("compress",))
+@forall(dict(case=make_case("v4-flash", 4, 20, 13, rope_pairs=4)),
+        dict(case=make_case("v4.1-flash", 2, 10, 14, rope_pairs=1)),
+        case=cases(rope_pairs=st.integers(1, 4)))
+def rope_at_the_groups_first_position(target, case):
+    freqs = case.params["rope_freqs"]
+    plain = run_compress(target, case, rope_freqs=np.zeros_like(freqs))
+    got = run_compress(target, case)
+    positions = np.arange(plain.shape[1]) * case.ratio
+    want = spec.rope(plain, positions, freqs)
+    rd = 2 * len(freqs)
+    pair = np.repeat(np.hypot(plain[..., -rd::2], plain[..., -rd + 1::2]), 2, axis=-1)
+    angle = np.repeat(np.abs(spec.rope_angles(positions, freqs).astype(np.float64)), 2, axis=-1)
+    tol = np.zeros_like(plain)
+    tol[..., -rd:] = pair * (4 * spec.U32 * angle + 16 * spec.U32) + 1e-35
+    assert_within(got, want, tol, what=f"CMP.ROPE: entry j rotated at position j·{case.ratio}", case=case)
+
+
+# --- CMP.STREAM ---------------------------------------------------------------------------------
+
+@check("CMP.STREAM", ops=("compress", "compressor_state", "compressor_feed"))
+def chunked_feeding_matches_prefill(target):
+    """A stateful test: random chunk sizes (1 = decode) against one prefill of everything fed."""
+
+    class Streaming(RuleBasedStateMachine):
+        @initialize(case=cases(), seed=st.integers(0, 2**32 - 1))
+        def start(self, case, seed):
+            self.case = case.but("the tokens fed so far", x=case.x[:, :0])
+            self.rng = np.random.default_rng(seed)
+            self.state = target.compressor_state(case.torch_params(), model=case.model, ratio=case.ratio,
+                                                 batch=case.x.shape[0])
+            self.entries = []
+
+        @rule(size=st.sampled_from([1, 1, 1, 2, 3, 5, 8]), scale=st.sampled_from([0.5, 1.0, 4.0]))
+        def feed(self, size, scale):
+            case = self.case
+            if case.ratio == 128:
+                size = int(self.rng.choice([1, 7, 63, 128, 129]))
+            chunk = (self.rng.standard_normal((case.x.shape[0], size, case.x.shape[2])) * scale).astype(np.float32)
+            before = case.x.shape[1]
+            self.state, out = target.compressor_feed(self.state, torch.from_numpy(chunk.copy()))
+            self.case = replace(case, x=np.concatenate([case.x, chunk], axis=1))
+            completed = (before + size) // case.ratio - before // case.ratio
+            assert out.shape[1] == completed, (f"CMP.STREAM: a chunk of {size} tokens after {before} emitted "
+                                               f"{out.shape[1]} entries, expected {completed}")
+            self.entries.append(as_numpy(out).astype(np.float64))
+
+        @invariant()
+        def same_as_prefill(self):
+            if not hasattr(self, "case") or self.case.x.shape[1] == 0:
+                return
+            case = self.case
+            streamed = np.concatenate(self.entries, axis=1)
+            prefill = run_compress(target, case)
+            tol = spec.entry_tolerance(case.x, case.params, case.model, case.ratio)
+            assert_within(streamed, prefill, 2 * tol,
+                          what="CMP.STREAM: entries fed in chunks differ from one prefill", case=case)
+
+    # The explain phase replays a failing machine hundreds of times (minutes); shrinking is kept.
+    phases = [p for p in settings.default.phases if p != Phase.explain]
+    run_state_machine_as_test(Streaming, settings=settings(stateful_step_count=8, phases=phases))

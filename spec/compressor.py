@@ -1,1 +1,247 @@
-"""(to be written)"""
+"""The KV compressor: how m consecutive tokens become one compressed KV (or index-K) entry.
+
+Sources: official-rules.md §6.1 (V4 `Compressor`, V4-model L279-377) and §6.2 (V4.1 `Compressor`,
+upstream L429-485).  The same compressor produces the main compressed KV (head_dim 512) and, in
+V4, the indexer's compressed K (head_dim 128, followed by the Hadamard and FP4 rules of other
+families); the rules below do not depend on the head dimension.
+
+One entry j of a ratio-m compressor, for a sequence x[0..n) of fp32 activations (the official code
+casts x to fp32 and keeps wkv, wgate and ape in fp32):
+
+    kv_t    = wkv · x_t                                   [coff·d]
+    score_t = wgate · x_t + ape[t mod m]                  [coff·d]   (ape: V4 only)
+    window  = tokens j·m .. j·m+m-1                       (V4 ratio 4 also: the m tokens before)
+    p       = softmax over the window's slots, per channel
+    pooled  = sum over slots of p · kv                    [d]
+    entry_j = RoPE(RMSNorm(pooled), position j·m)
+
+coff = 2 when the windows overlap (V4 ratio 4), else 1.  V4.1 ratio 1 has no gate: entry_t =
+RMSNorm(wkv · x_t).  A group that is not complete emits nothing; its tokens wait in the
+compressor state (kv_state / score_state) until the group completes.
+
+RoPE here is the plain rotation of adjacent pairs by angle position·f_i with a given frequency
+vector f (the last rope_dim = 2·len(f) channels are rotated).  The released models build f with
+compress_rope_theta = 160000 and YaRN (factor 16, original_seq_len 65536, §6.2): YaRN changes
+only the frequency vector, never the position rule, so it enters as a different `rope_freqs`.
+The official V4.1 compressor returns the pre-RoPE latent and the attention then applies RoPE at
+the same position j·m; a pre-RoPE entry is the entry with all frequencies 0.
+
+The reference below computes in float64 from the fp32 inputs.  The official code computes in fp32
+with summation orders that depend on the GEMM shapes, so entries are compared within
+`entry_tolerance`, a first-order bound on fp32 rounding derived in that function.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .models import profile
+from .rules import V4, V41, V4_ALL, rule
+
+SOURCES_V4 = "official-rules.md §6.1; V4-model L279-377 (prefill L325-342, decode L343-359)"
+SOURCES_V41 = "official-rules.md §6.2; V4.1-model upstream L429-485"
+SEED_V4 = "seed 002 (V4 Lightning Indexer), 'training and inference details'; seed 003 §4 stage 1"
+
+rule("CMP.GROUPS", "one entry per complete group of m tokens",
+     """A ratio-m compressor fed n tokens from position 0 has emitted exactly n // m entries; entry
+     j pools tokens j·m .. j·m+m-1 (plus, for V4 ratio 4, the m tokens before them).  An
+     incomplete group emits nothing: its tokens wait in the compressor state.""",
+     applies_to=V4_ALL, policy="exact", sources=(SOURCES_V4, SOURCES_V41))
+
+rule("CMP.CAUSAL", "entries never depend on later tokens",
+     """Entry j depends only on tokens at positions < (j+1)·m: changing or appending later tokens
+     leaves every entry already emitted unchanged.""",
+     applies_to=V4_ALL, policy="tolerance", sources=(SOURCES_V4, SOURCES_V41))
+
+rule("CMP.OVERLAP", "V4 ratio 4: overlapping 8-token windows",
+     """With ratio 4 (V4 only) wkv and wgate project to 2·d channels.  Entry j pools an 8-slot
+     window: slots 0-3 are group j-1's tokens through the FIRST d channels, slots 4-7 are group
+     j's tokens through the SECOND d channels.  Group 0 has no previous group: its slots 0-3 hold
+     kv = 0 and score = -inf, so they get weight 0.""",
+     applies_to=V4, policy="tolerance", sources=(SOURCES_V4, SEED_V4))
+
+rule("CMP.APE", "V4 additive positional bias on the gate scores",
+     """In V4 the gate score of the token at position t is wgate·x_t + ape[t mod m] (ape is
+     [m, coff·d], fp32), added before the window is formed, so a token keeps the bias row of its
+     own position in its group in both halves of an overlapping window.  V4.1 has no ape.""",
+     applies_to=V4_ALL, policy="tolerance", sources=(SOURCES_V4, SOURCES_V41),
+     differs="""The seeds describe 'softmax gating with a positional bias' for every compressor;
+     the V4.1 compressor has neither the bias nor the overlap (official-rules.md §9).""")
+
+rule("CMP.GATE", "per-channel softmax over the window",
+     """The pooled vector is sum over the window's slots of softmax(score)·kv, the softmax taken
+     over the slots separately for every channel (4 or 8 slots for V4 ratio 4, 128 for V4 ratio
+     128, 2 for V4.1 ratio 2), computed in fp32.""",
+     applies_to=V4_ALL, policy="tolerance", sources=(SOURCES_V4, SOURCES_V41))
+
+rule("CMP.RATIO1", "V4.1 ratio 1: a normalized projection",
+     """At ratio 1 (V4.1 decoder layers) there is no gate: entry_t = RoPE(RMSNorm(wkv·x_t),
+     position t).""",
+     applies_to=V41, policy="tolerance", sources=(SOURCES_V41,))
+
+rule("CMP.NORM", "RMSNorm of the pooled vector, eps from the profile",
+     """The pooled vector is normalized as y = w · p / sqrt(mean(p^2) + eps) over its d channels,
+     with the learned weight w and eps = norm_eps of the model (1e-6 for V4, 1e-20 for V4.1).""",
+     applies_to=V4_ALL, policy="tolerance", sources=(SOURCES_V4, SOURCES_V41,
+                                                     "official-rules.md §8 (norm_eps)"))
+
+rule("CMP.ROPE", "RoPE at the group's first position",
+     """The last rope_dim channels of the normalized entry j are rotated as adjacent pairs
+     (y[2i], y[2i+1]) by the angle (j·m)·f_i: the position of the FIRST token of the group
+     (prefill freqs_cis[:cutoff:m]; decode start_pos + 1 - m).""",
+     applies_to=V4_ALL, policy="tolerance", sources=(SOURCES_V4, SOURCES_V41))
+
+rule("CMP.STREAM", "prefill, decode and chunked prefill agree",
+     """Feeding a sequence to the compressor in chunks of any sizes (one token at a time as in
+     decode, or one prefill chunk) yields the same entries, within the fp32 tolerance: the
+     state carries the incomplete group and, for V4 ratio 4, the previous group's window half.""",
+     applies_to=V4_ALL, policy="tolerance", sources=(SOURCES_V4, SOURCES_V41,
+                                                     "official-rules.md §10 Q8 (chunked prefill)"))
+
+
+def overlaps(model: str, ratio: int) -> bool:
+    """Overlapping 8-token windows: V4, ratio 4 (`overlap = (ratio == 4)` in the V4 Compressor)."""
+    return model in V4 and ratio == 4
+
+
+def has_ape(model: str) -> bool:
+    return model in V4
+
+
+def has_gate(ratio: int) -> bool:
+    return ratio > 1
+
+
+def channel_factor(model: str, ratio: int) -> int:
+    """coff: wkv and wgate project to coff·d channels."""
+    return 2 if overlaps(model, ratio) else 1
+
+
+def compressor_ratios(model: str) -> tuple[int, ...]:
+    """The compress ratios a model's compressors use (0 = window only, no compressor)."""
+    return tuple(sorted({r for r in profile(model).compress_ratios if r > 0}))
+
+
+def rope_frequencies(rope_dim: int, theta: float) -> np.ndarray:
+    """Plain RoPE frequencies f_i = theta^(-2i/rope_dim) in fp32 (YaRN rescales these, §6.2)."""
+    return (1.0 / theta ** (np.arange(0, rope_dim, 2, dtype=np.float64) / rope_dim)).astype(np.float32)
+
+
+def rope_angles(positions: np.ndarray, freqs: np.ndarray) -> np.ndarray:
+    """position·f_i formed in fp32, as the official freqs_cis table is (outer product in fp32)."""
+    return np.float32(positions)[..., None] * np.asarray(freqs, np.float32)
+
+
+def rope(y: np.ndarray, positions: np.ndarray, freqs: np.ndarray) -> np.ndarray:
+    """Rotate the last 2·len(freqs) channels as adjacent pairs by position·f_i."""
+    rd = 2 * len(freqs)
+    if rd == 0:
+        return y
+    angle = rope_angles(positions, freqs).astype(np.float64)
+    out = y.copy()
+    a, b = y[..., -rd::2], y[..., -rd + 1::2]
+    cos, sin = np.cos(angle), np.sin(angle)
+    out[..., -rd::2] = a * cos - b * sin
+    out[..., -rd + 1::2] = a * sin + b * cos
+    return out
+
+
+def rms_norm(p: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    return weight * p / np.sqrt(np.mean(p * p, axis=-1, keepdims=True) + eps)
+
+
+def windows(t: np.ndarray, d: int, fill: float) -> np.ndarray:
+    """[..., groups, m, 2d] -> [..., groups, 2m, d]: group j-1's first half, then group j's second
+    half; group 0's missing previous half is `fill` (kv 0, score -inf)."""
+    prev = np.full_like(t[..., :d], fill)
+    prev[..., 1:, :, :] = t[..., :-1, :, :d]
+    return np.concatenate([prev, t[..., d:]], axis=-2)
+
+
+def softmax_pool(kv: np.ndarray, score: np.ndarray) -> np.ndarray:
+    """sum over slots (axis -2) of softmax(score)·kv, per channel."""
+    w = np.exp(score - score.max(axis=-2, keepdims=True))
+    return (w * kv).sum(axis=-2) / w.sum(axis=-2)
+
+
+def pooled(x: np.ndarray, params: dict, model: str, ratio: int) -> np.ndarray:
+    """The pooled vectors (before RMSNorm) of every complete group, float64: [..., n // m, d]."""
+    x = np.asarray(x, np.float64)
+    kv = x @ np.asarray(params["wkv"], np.float64).T
+    groups = x.shape[-2] // ratio
+    if not has_gate(ratio):
+        return kv[..., :groups, :]
+    score = x @ np.asarray(params["wgate"], np.float64).T
+    if has_ape(model):
+        score = score + np.asarray(params["ape"], np.float64)[np.arange(x.shape[-2]) % ratio]
+    shape = (*x.shape[:-2], groups, ratio, kv.shape[-1])
+    kv, score = kv[..., :groups * ratio, :].reshape(shape), score[..., :groups * ratio, :].reshape(shape)
+    if overlaps(model, ratio):
+        d = kv.shape[-1] // 2
+        kv, score = windows(kv, d, 0.0), windows(score, d, -np.inf)
+    return softmax_pool(kv, score)
+
+
+def compress(x: np.ndarray, params: dict, model: str, ratio: int) -> np.ndarray:
+    """All entries of a sequence x [..., n, dim] fed from position 0: [..., n // ratio, d] float64.
+
+    params: wkv [coff·d, dim], wgate [coff·d, dim] (ratio > 1), ape [ratio, coff·d] (V4),
+    norm [d] (RMSNorm weight), rope_freqs [rope_dim / 2].
+    """
+    p = pooled(x, params, model, ratio)
+    y = rms_norm(p, np.asarray(params["norm"], np.float64), profile(model).norm_eps)
+    return rope(y, np.arange(p.shape[-2]) * ratio, params["rope_freqs"])
+
+
+# The tolerance.  u = 2^-24 is the fp32 unit roundoff.  A dot product of length k computed in fp32
+# in any order is within k·u·sum|terms| of the exact value; the bound follows one entry through the
+# projection (length dim), the softmax and the slot sum (2m slots), RMSNorm and the rotation, and
+# is doubled for safety.  It is relative to magnitudes before cancellation, so cancellation in the
+# projections or the pooled sum widens it honestly instead of failing good targets.
+U32 = 2.0 ** -24
+
+
+def entry_tolerance(x: np.ndarray, params: dict, model: str, ratio: int) -> np.ndarray:
+    """A per-element absolute bound on |fp32 entry - exact entry|: [..., n // ratio, d]."""
+    x = np.asarray(x, np.float64)
+    ax = np.abs(x)
+    dim = x.shape[-1]
+    groups = x.shape[-2] // ratio
+    kv_mag = ax @ np.abs(np.asarray(params["wkv"], np.float64)).T      # sum_k |x_k||W_ck|
+    if has_gate(ratio):
+        s_mag = ax @ np.abs(np.asarray(params["wgate"], np.float64)).T
+        if has_ape(model):
+            s_mag = s_mag + np.abs(np.asarray(params["ape"], np.float64))[np.arange(x.shape[-2]) % ratio]
+        score_err = (dim + 2) * U32 * s_mag.max(axis=-1, initial=0).max(axis=-1, initial=0)     # worst score error, per row
+        # A weight p_s = e^{s_s}/sum e^{s} moves by <= 2·max|δs| relatively (plus rounding).
+        weight_rel = 2 * score_err[..., None, None] + 4 * (2 * ratio) * U32
+        shape = (*x.shape[:-2], groups, ratio, kv_mag.shape[-1])
+        mag = kv_mag[..., :groups * ratio, :].reshape(shape)
+        if overlaps(model, ratio):
+            d = mag.shape[-1] // 2
+            mag = windows(mag, d, 0.0)
+        # sum_s p_s·|kv_s| <= max_s |kv_s|: the softmax weights sum to 1.
+        pooled_mag = mag.max(axis=-2)
+        err_p = ((dim + 2 * ratio + 4) * U32 + weight_rel) * pooled_mag
+    else:
+        pooled_mag = kv_mag[..., :groups, :]
+        err_p = (dim + 2) * U32 * pooled_mag
+    p = pooled(x, params, model, ratio)
+    w = np.abs(np.asarray(params["norm"], np.float64))
+    eps = profile(model).norm_eps
+    d = p.shape[-1]
+    r = np.sqrt(np.mean(p * p, axis=-1, keepdims=True) + eps)
+    r_safe = np.where(r > 0, r, 1.0)
+    rms_err = np.sqrt(np.mean(err_p * err_p, axis=-1, keepdims=True))
+    y_mag = w * np.abs(p) / r_safe
+    err_y = w * (err_p + np.abs(p) * rms_err / r_safe) / r_safe + (d + 8) * U32 * y_mag
+    freqs = np.asarray(params["rope_freqs"], np.float32)
+    rd = 2 * len(freqs)
+    if rd:
+        angle = np.abs(rope_angles(np.arange(groups) * ratio, freqs).astype(np.float64))
+        pair_mag = np.hypot(y_mag[..., -rd::2], y_mag[..., -rd + 1::2])
+        pair_err = np.maximum(err_y[..., -rd::2], err_y[..., -rd + 1::2])
+        rot_err = 2 * pair_err + pair_mag * (2 * U32 * angle + 8 * U32)
+        err_y = err_y.copy()
+        err_y[..., -rd::2] = rot_err
+        err_y[..., -rd + 1::2] = rot_err
+    return 2 * err_y + 1e-35

@@ -1,0 +1,107 @@
+"""The compressor spec against hand derivations, and the impl against every CMP rule."""
+import numpy as np
+import pytest
+import torch
+
+from dsv4spec.impl import compressor as impl
+from dsv4spec.properties.compressor import make_case
+from dsv4spec.properties.suite import PASS, run_rule
+from dsv4spec.properties.target import load_target
+from dsv4spec.spec import RULES
+from dsv4spec.spec import compressor as spec
+
+
+def test_ratio2_equal_gates_average_two_tokens():
+    # V4.1 ratio 2, dim 1, d 2: wkv = [1, 2]^T, zero gates -> weights 1/2 each.
+    # x = 1, 3 -> kv = [1, 2], [3, 6] -> pooled [2, 4]; rms = sqrt((4 + 16) / 2) = sqrt(10).
+    params = {"wkv": np.array([[1.0], [2.0]]), "wgate": np.zeros((2, 1)), "norm": np.ones(2),
+              "rope_freqs": np.zeros(0, np.float32)}
+    out = spec.compress(np.array([[1.0], [3.0], [5.0]]), params, "v4.1-flash", 2)
+    assert out.shape == (1, 2)                      # the third token waits: 3 // 2 = 1 entry
+    np.testing.assert_allclose(out[0], np.array([2.0, 4.0]) / np.sqrt(10.0), rtol=1e-15)
+
+
+def test_group_zero_ignores_its_missing_previous_half():
+    # Slots 0-3 of group 0 have score -inf: the entry is a 4-slot softmax over the second half.
+    case = make_case("v4-flash", 4, 4, 0, d=8)
+    p = case.params
+    x = case.x[0].astype(np.float64)
+    kv, score = x @ p["wkv"][8:].T, x @ p["wgate"][8:].T + p["ape"][:, 8:]
+    w = np.exp(score - score.max(0))
+    pooled = (w * kv).sum(0) / w.sum(0)
+    want = spec.rope(spec.rms_norm(pooled, p["norm"], 1e-6), np.array(0), p["rope_freqs"])
+    np.testing.assert_allclose(spec.compress(case.x, p, "v4-flash", 4)[0, 0], want, rtol=1e-12)
+
+
+def test_overlap_window_takes_previous_first_half_then_current_second_half():
+    t = np.arange(2 * 4 * 4, dtype=np.float64).reshape(2, 4, 4)    # 2 groups, m 4, 2d = 4
+    w = spec.windows(t, 2, -1.0)
+    assert (w[0, :4] == -1).all() and (w[0, 4:] == t[0, :, 2:]).all()
+    assert (w[1, :4] == t[0, :, :2]).all() and (w[1, 4:] == t[1, :, 2:]).all()
+
+
+def test_rope_rotates_adjacent_pairs_of_the_last_channels():
+    y = np.array([5.0, 1.0, 0.0, 1.0, 0.0])            # rope_dim 4: channels 1..4
+    freqs = np.array([np.pi / 2, 0.0], np.float32)      # a quarter turn per position on pair 0
+    out = spec.rope(y, np.array(1), freqs)
+    angle = np.float64(np.float32(np.pi / 2))
+    np.testing.assert_allclose(out, [5.0, np.cos(angle), np.sin(angle), 1.0, 0.0], atol=1e-15)
+    np.testing.assert_array_equal(spec.rope(y, np.array(0), freqs), y)   # position 0: identity
+
+
+def test_sharp_gate_at_ratio_128_picks_one_token():
+    case = make_case("v4-pro", 128, 128, 3, ape=False, gate_scale=0.0, d=8)
+    p = dict(case.params)
+    p["ape"] = np.zeros((128, 8), np.float32)
+    p["ape"][37] = 200.0                                 # token 37 dominates every channel
+    pooled = spec.pooled(case.x[0], p, "v4-pro", 128)
+    np.testing.assert_allclose(pooled[0], case.x[0, 37].astype(np.float64) @ p["wkv"].T.astype(np.float64),
+                               rtol=1e-12)
+
+
+@pytest.mark.parametrize("model,ratio", [("v4-flash", 4), ("v4-pro", 128), ("v4.1-flash", 2), ("v4.1-flash", 1)])
+def test_impl_is_within_the_stated_bound_and_well_inside_it(model, ratio):
+    case = make_case(model, ratio, 3 * ratio + 1, 11, batch=2, dim=12, d=16, rope_pairs=4, gate_scale=4.0)
+    got = impl.compress(torch.from_numpy(case.x), case.torch_params(), model=model, ratio=ratio).numpy()
+    err = np.abs(got - spec.compress(case.x, case.params, model, ratio))
+    tol = spec.entry_tolerance(case.x, case.params, model, ratio)
+    assert (err <= tol).all()
+    assert err.max() < 1e-4                              # the bound is worst-case, fp32 is far better
+
+
+def test_compressor_ratios_follow_the_layer_lists():
+    assert spec.compressor_ratios("v4-flash") == (4, 128)
+    assert spec.compressor_ratios("v4-pro") == (4, 128)
+    assert spec.compressor_ratios("v4.1-flash") == (1, 2)
+    assert spec.channel_factor("v4-flash", 4) == 2 and spec.channel_factor("v4.1-flash", 2) == 1
+
+
+def test_impl_rejects_bad_input():
+    case = make_case("v4-flash", 4, 8, 0)
+    p = case.torch_params()
+    with pytest.raises(ValueError, match="no ratio-2 compressor"):
+        impl.compress(torch.from_numpy(case.x), p, model="v4-flash", ratio=2)
+    with pytest.raises(TypeError, match="float32"):
+        impl.compress(torch.from_numpy(case.x).double(), p, model="v4-flash", ratio=4)
+    with pytest.raises(ValueError, match="lack ape"):
+        impl.compress(torch.from_numpy(case.x), {k: v for k, v in p.items() if k != "ape"},
+                      model="v4-flash", ratio=4)
+    state = impl.compressor_state(p, model="v4-flash", ratio=4, batch=2)
+    with pytest.raises(ValueError, match="batch 1"):
+        impl.compressor_feed(state, torch.from_numpy(case.x))
+
+
+def test_feed_leaves_the_given_state_untouched():
+    case = make_case("v4-flash", 4, 6, 5)
+    x = torch.from_numpy(case.x)
+    s0 = impl.compressor_state(case.torch_params(), model="v4-flash", ratio=4, batch=1)
+    s1, _ = impl.compressor_feed(s0, x[:, :5])
+    _, a = impl.compressor_feed(s1, x[:, 5:])
+    _, b = impl.compressor_feed(s1, x[:, 5:])
+    assert torch.equal(a, b) and s0.position == 0 and torch.isinf(s0.score).all()
+
+
+@pytest.mark.parametrize("rule_id", sorted(r for r in RULES if r.startswith("CMP.")))
+def test_impl_passes(rule_id):
+    row = run_rule(rule_id, load_target("impl"))
+    assert row.status == PASS, row.detail
