@@ -98,7 +98,6 @@ def pool_cases(draw, kinds=POOL_KINDS):
 
 def wide_case(n: int, kind: str = "normal", extra: int = 9) -> PoolCase:
     """One decode-like row with n reachable positions at full size (2048 blocks of 8)."""
-    case = make_pool(kind, n, 1, n + extra, spec.TOPK_BLOCKS)
     scores = spec_indexer.round_bf16(np.random.default_rng(n).standard_normal((1, n + extra)))
     if kind == "weak_newest":
         scores[0, spec.newest_block(n) * 8: n] = -100.0

@@ -35,7 +35,7 @@ from ..spec import formats as F
 from ..spec import quant as Q
 from .compare import as_numpy, assert_bytes_equal, assert_equal, assert_same_shape
 from .formats import (e2m1_text, e4m3_text, e8m0_text, forall, packed_text, spec_knobs, tensor)
-from .suite import check, skip
+from .suite import check
 
 OPS = {
     "e2m1_encode": "e2m1_encode(x f32) -> uint8 codes: nearest E2M1, ties to even, saturating at ±6, −0 kept",

@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import HealthCheck, settings
 
 from ..spec import RULES
 from ..spec.rules import INFORMATIVE, KNOBS, select

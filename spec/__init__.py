@@ -7,3 +7,5 @@ from .rules import RULES, KNOBS, Rule, Knob, select
 from . import formats, quant, indexer, pool, compressor, layout, budget  # noqa: F401  (declare rules)
 
 FAMILIES = ("FMT", "FP4", "FP8", "HAD", "IDX", "POOL", "LAYER", "CMP", "LAYOUT", "BUDGET")
+
+__all__ = ["rules", "models", "RULES", "KNOBS", "Rule", "Knob", "select", "FAMILIES"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .rules import IMPLEMENTATION_DEFINED, V4_ALL, knob, rule
+from .rules import V4_ALL, knob, rule
 
 ALL_MODELS = ("v3.2",) + V4_ALL
 
@@ -112,18 +112,18 @@ rule("FMT.E2M1.RNE", "E2M1 rounds to nearest, ties to the even code",
      "A finite x with |x| ≤ 6 encodes to the nearest E2M1 magnitude with x's sign; an exact tie "
      "goes to the even code: 0.25→0, 0.75→1, 1.25→1, 1.75→2, 2.5→2, 3.5→4, 5→4 (boundaries "
      "alternate '>' and '≥': >0.25, ≥0.75, >1.25, ≥1.75, >2.5, ≥3.5, >5).",
-     applies_to=V4_ALL, policy="bytes", status=IMPLEMENTATION_DEFINED, knob="e2m1_ties",
+     applies_to=V4_ALL, policy="bytes", knob="e2m1_ties",
      sources=("official-rules.md §1 (T.Cast to float4_e2m1fn, V4-kernel L134, L165-177; "
               "CUDA cvt.rn.satfinite.e2m1x2)",))
 
 rule("FMT.E2M1.SATURATE", "E2M1 saturates to ±6",
      "A finite x with |x| > 6 encodes to ±6 (code 0x7 or 0xF).",
-     applies_to=V4_ALL, policy="bytes", status=IMPLEMENTATION_DEFINED, knob="e2m1_overflow",
+     applies_to=V4_ALL, policy="bytes", knob="e2m1_overflow",
      sources=("official-rules.md §1 'Saturation' (explicit clamp, V4-kernel L170/L176)",))
 
 rule("FMT.E2M1.ZERO_SIGN", "E2M1 keeps the sign of zero",
      "−0 and every negative x that rounds to magnitude 0 (x ≥ −0.25) encode to code 0x8 (−0).",
-     applies_to=V4_ALL, policy="bytes", status=IMPLEMENTATION_DEFINED, knob="e2m1_zero_sign",
+     applies_to=V4_ALL, policy="bytes", knob="e2m1_zero_sign",
      sources=("official-rules.md §1 ('−0 exists (nibble 8)'; the CUDA cast keeps the sign)",))
 
 
@@ -194,7 +194,7 @@ rule("FMT.E4M3.RNE", "fp32 → E4M3 rounds to nearest even",
 rule("FMT.E4M3.SATFINITE", "fp32 → E4M3 saturates to ±448",
      "A value with |x| > 464 (including ±Inf) encodes to ±448 (0x7E/0xFE); 464 itself is a tie "
      "and rounds to the even 448.  Only a NaN input gives NaN (0x7F, or 0xFF when its sign is set).",
-     applies_to=ALL_MODELS, policy="bytes", status=IMPLEMENTATION_DEFINED, knob="e4m3_overflow",
+     applies_to=ALL_MODELS, policy="bytes", knob="e4m3_overflow",
      sources=("official-rules.md §2.2 ('satfinite; scales above 448 saturate at 448')",))
 
 
@@ -265,7 +265,7 @@ rule("FMT.CEIL_LOG2", "ceil(log2) of an fp32, exactly",
      "bit is set else 0): exactly 2^k gives k and 2^k·(1 + 2^-23) gives k + 1.  It is computed "
      "from the bits, never through a floating log2.  Checked through the E8M0 scale bytes of the "
      "codecs, with amax swept over 6·2^k and 448·2^k ± 1 ulp across the whole range.",
-     applies_to=ALL_MODELS, policy="bytes", status=IMPLEMENTATION_DEFINED, knob="e8m0_rounding",
+     applies_to=ALL_MODELS, policy="bytes", knob="e8m0_rounding",
      sources=("official-rules.md §2.1 (fast_log2_ceil, V4-kernel L22-27; fast_pow2 L30-33)",))
 
 # --------------------------------------------------------------------------------------------

@@ -229,7 +229,7 @@ rule("IDX.SCORE.ROUNDING", "V4/V4.1 score is BF16 at every step",
      and the definition differ by one ulp in about 1 of 16384 scores (summation order), and the
      bound admits one flipped per-head rounding besides the final one.  The TP all-reduce of the
      head-sharded partial scores is also BF16.""",
-     applies_to=V4_ALL, policy="tolerance", status=IMPLEMENTATION_DEFINED, knob="score_rounding",
+     applies_to=V4_ALL, policy="tolerance", knob="score_rounding",
      sources=("official-rules.md §4.1 'Score dtype' and 'The BF16 score, written out'",
               "official-rules.md §4.2", "official-rules.md §9 'score cast FP32 → BF16 before topk'",
               f"{SEED_V4_LONG} §4 stage 4 and §10.1"),
@@ -364,7 +364,7 @@ rule("IDX.TOPK.ORDER", "V4: descending score; V4.1: ascending position",
      """V4 returns the valid indices in descending score order (torch.topk sorted=True; equal
      scores in any order); V4.1 returns them in strictly ascending position order (topk with
      sorted=False, then sorted by index).""",
-     applies_to=V4_ALL, policy="tie-aware", status=IMPLEMENTATION_DEFINED, knob="topk_order",
+     applies_to=V4_ALL, policy="tie-aware", knob="topk_order",
      sources=("official-rules.md §4.1 (V4-model L427)", "official-rules.md §4.2 'Top-k'", "official-rules.md §10 Q6"))
 
 rule("IDX.TOPK.SELECTION", "The chosen entries are a top-k of the visible scores",

@@ -15,7 +15,7 @@ import numpy as np
 
 from .indexer import index_topk, visibility_mask
 from .models import Model
-from .rules import IMPLEMENTATION_DEFINED, V4, V41, knob, rule
+from .rules import V4, V41, knob, rule
 
 SEED = "seed 000 (V4.1 hierarchical sparse indexer)"
 TOPK_BLOCKS = 2048
@@ -110,7 +110,7 @@ rule("POOL.PIN_NEWEST", "The newest reachable block is always in the pool",
 rule("POOL.PIN_EMPTY", "Nothing is pinned when compress_lens = 0",
      """With compress_lens = 0, (0 − 1) // 8 = −1 under floor division: no block is pinned, and
      since no position is reachable (all −inf) the pool is empty.""",
-     applies_to=V41, policy="structural", status=IMPLEMENTATION_DEFINED, knob="pool_pin_empty",
+     applies_to=V41, policy="structural", knob="pool_pin_empty",
      sources=("official-rules.md §5.1 step 2", "conventions.md 'Knobs' (pinned newest block)"))
 
 rule("POOL.PIN_COUNTS", "The pinned block is one of the 2048",
@@ -122,7 +122,7 @@ rule("POOL.PIN_COUNTS", "The pinned block is one of the 2048",
 rule("POOL.TOPK_BLOCKS", "The pool is the top min(2048, n_blocks) blocks by block score",
      """The kept blocks are the min(2048, n_blocks) blocks with the largest block scores (ties
      among equal maxima are implementation-defined, topk_ties), minus those scoring −inf.""",
-     applies_to=V41, policy="structural", status=IMPLEMENTATION_DEFINED, knob="topk_ties",
+     applies_to=V41, policy="structural", knob="topk_ties",
      sources=("official-rules.md §5.1 step 3", "official-rules.md §10 Q6"))
 
 rule("POOL.DROP_INF", "Blocks without a reachable finite score are dropped",

@@ -17,7 +17,7 @@ import numpy as np
 
 from .formats import (E2M1_MAX, E4M3_MAX, e2m1_decode, e2m1_encode, e4m3_decode,
                       e4m3_encode, e8m0_decode, e8m0_encode_exponent, bf16_round, ceil_log2,
-                      floor_log2, pow2, f32_bits)
+                      floor_log2, f32_bits)
 from .rules import IMPLEMENTATION_DEFINED, V4, V41, V4_ALL, knob, rule
 
 F32 = np.float32
@@ -74,19 +74,19 @@ _SEED_IDX_FP4 = "seed 003 §5.2, §10.3"
 rule("FP4.PACK.NIBBLE", "FP4 packing: even element in the low nibble",
      "Codes c[..., n] pack into bytes p[..., n/2] with p[i] = c[2i] | c[2i+1] << 4 (the layout of "
      "torch.float4_e2m1fn_x2 and convert.py); unpacking is the inverse.",
-     applies_to=V4_ALL, policy="bytes", status=IMPLEMENTATION_DEFINED, knob="nibble_order",
+     applies_to=V4_ALL, policy="bytes", knob="nibble_order",
      sources=("official-rules.md §1 'Packing and storage dtype' (V4-kernel L193)",))
 
 rule("FP4.E2M1.RNE", "FP4 codecs round x/s to E2M1 with ties to even",
      "Both FP4 codecs encode the scaled value r = clamp(x/s, −6, 6) with FMT.E2M1.RNE: nearest "
      "magnitude, exact ties to the even code.  With amax = 6 both scales are exactly 1, so the "
      "values 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5 are ties of the codec itself.",
-     applies_to=V4_ALL, policy="bytes", status=IMPLEMENTATION_DEFINED, knob="e2m1_ties",
+     applies_to=V4_ALL, policy="bytes", knob="e2m1_ties",
      sources=("official-rules.md §1 'Rounding behaviour' (V4-kernel L165-177)",))
 
 rule("FP4.E2M1.ZERO_SIGN", "FP4 codecs keep the sign of zero",
      "A negative value (or −0) whose scaled value rounds to zero is stored as code 0x8 (−0).",
-     applies_to=V4_ALL, policy="bytes", status=IMPLEMENTATION_DEFINED, knob="e2m1_zero_sign",
+     applies_to=V4_ALL, policy="bytes", knob="e2m1_zero_sign",
      sources=("official-rules.md §1 ('−0 exists (nibble 8)')",))
 
 rule("FP4.KV.SCALE", "V4.1 main KV scale: E4M3 nearest to amax/6, per 16",
@@ -102,32 +102,32 @@ rule("FP4.KV.SCALE", "V4.1 main KV scale: E4M3 nearest to amax/6, per 16",
 rule("FP4.KV.FLOOR", "V4.1 main KV scale floor: amax ≥ 6·2^-9",
      "amax is clamped below at 6·2^-9 before the division, so s ≥ 2^-9 (the smallest E4M3 "
      "subnormal) and an all-zero block stores scale byte 0x01 with all codes 0.",
-     applies_to=V41, policy="bytes", status=IMPLEMENTATION_DEFINED, knob="fp4_kv_scale_floor",
+     applies_to=V41, policy="bytes", knob="fp4_kv_scale_floor",
      sources=("official-rules.md §2.2 step 1 ('keep even an all-zero group's scale nonzero')",))
 
 rule("FP4.KV.SATURATE", "V4.1 main KV scale saturates at 448",
      "When amax/6 > 464 the scale saturates to 448 (byte 0x7E), never NaN; amax 2785 gives "
      "s = 448 and its top values clip to ±6.",
-     applies_to=V41, policy="bytes", status=IMPLEMENTATION_DEFINED, knob="e4m3_overflow",
+     applies_to=V41, policy="bytes", knob="e4m3_overflow",
      sources=("official-rules.md §2.2 step 2 (satfinite)",))
 
 rule("FP4.KV.DIVIDE", "V4.1 main KV values are divided by the rounded scale",
      "The E2M1 input is fl32(x / s) with s the ROUNDED E4M3 scale and an IEEE fp32 division "
      "(not x · fl32(1/s), not x / (amax/6)).",
-     applies_to=V41, policy="bytes", status=IMPLEMENTATION_DEFINED, knob="scale_apply",
+     applies_to=V41, policy="bytes", knob="scale_apply",
      sources=("official-rules.md §2.2 step 3, §10 Q4 (ports use tl.div_rn)",))
 
 rule("FP4.KV.CLAMP", "V4.1 main KV values are clamped to ±6 before the E2M1 cast",
      "r = clamp(x/s, −6, 6) then E2M1: an element whose ratio exceeds 6 (up to ≈6.375 when the "
      "scale rounds down, without bound when it saturates at 448) is stored as ±6.",
-     applies_to=V41, policy="bytes", status=IMPLEMENTATION_DEFINED, knob="e2m1_overflow",
+     applies_to=V41, policy="bytes", knob="e2m1_overflow",
      sources=("official-rules.md §1 'Saturation', §2.2 'Consequence of rounding the scale'",))
 
 rule("FP4.IDX.SCALE", "Indexer FP4 scale: 2^ceil(log2(amax · fl32(1/6))), E8M0, per 32",
      "Per block of 32: v = fl32(amax · fl32(1/6)) (a multiplication by the fp32 reciprocal, not a "
      "division); s = 2^FMT.CEIL_LOG2(v), stored as the E8M0 byte 127 + ceil_log2(v).  Because s is "
      "rounded up, |x|/s ≤ 6 and nothing clips.",
-     applies_to=V4_ALL, policy="bytes", status=IMPLEMENTATION_DEFINED, knob="e8m0_rounding",
+     applies_to=V4_ALL, policy="bytes", knob="e8m0_rounding",
      sources=("official-rules.md §2.1, §2.3 (V4-kernel L135, L161-164; tt K41:163-164; V4.1 "
               "upstream L546, L552)", _SEED_IDX_FP4),
      differs="Seed 003 §5.2 says the dequantization scale is stored as FP32 (V3.2's format); V4 and "
@@ -136,7 +136,7 @@ rule("FP4.IDX.SCALE", "Indexer FP4 scale: 2^ceil(log2(amax · fl32(1/6))), E8M0,
 rule("FP4.IDX.FLOOR", "Indexer FP4 amax floor: 6·2^-126",
      "amax is clamped below at 6·2^-126, so the smallest scale is 2^-126 (byte 0x01) and an "
      "all-zero block stores byte 0x01 with all codes 0.",
-     applies_to=V4_ALL, policy="bytes", status=IMPLEMENTATION_DEFINED, knob="fp4_idx_amax_floor",
+     applies_to=V4_ALL, policy="bytes", knob="fp4_idx_amax_floor",
      sources=("official-rules.md §2.1 step 2 (V4-kernel L161-164)",))
 
 rule("FP4.DEQUANT", "FP4 dequantization is E2M1 value × scale, exactly",
@@ -148,7 +148,7 @@ rule("FP4.DEQUANT", "FP4 dequantization is E2M1 value × scale, exactly",
 rule("FP8.SCALE", "act_quant scale: 2^ceil(log2(amax · fl32(1/448))), E8M0",
      "Per block of b: v = fl32(amax · fl32(1/448)); s = 2^FMT.CEIL_LOG2(v), stored as E8M0 byte "
      "127 + ceil_log2(v) (scale_fmt = 'ue8m0').  Because s is rounded up nothing clips.",
-     applies_to=("v3.2",) + V4_ALL, policy="bytes", status=IMPLEMENTATION_DEFINED, knob="e8m0_rounding",
+     applies_to=("v3.2",) + V4_ALL, policy="bytes", knob="e8m0_rounding",
      sources=("official-rules.md §2.1 (V4-kernel L77-83; V3.2-kernel L68-74; tt K41:76-80)",),
      differs="Seed 003 §5.2/§10.2 describes an FP32 scale (the V3.2 storage of the same power of "
              "two); V4/V4.1 store the byte E8M0.")
@@ -156,7 +156,7 @@ rule("FP8.SCALE", "act_quant scale: 2^ceil(log2(amax · fl32(1/448))), E8M0",
 rule("FP8.FLOOR", "act_quant amax floor: 1e-4",
      "amax is clamped below at fl32(1e-4), so the smallest scale is 2^ceil(log2(fl32(1e-4)·"
      "fl32(1/448))) = 2^-22 (byte 105), the scale of an all-zero block.",
-     applies_to=("v3.2",) + V4_ALL, policy="bytes", status=IMPLEMENTATION_DEFINED, knob="fp8_amax_floor",
+     applies_to=("v3.2",) + V4_ALL, policy="bytes", knob="fp8_amax_floor",
      sources=("official-rules.md §2.1 'Formula (FP8 act_quant)' step 1",))
 
 rule("FP8.E4M3", "act_quant values: E4M3_RNE(clamp(x/s, ±448)), satfinite",
