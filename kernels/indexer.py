@@ -5,7 +5,8 @@ Operations (CPU tensors in and out; CUDA when present, the Triton interpreter ot
     index_scores(q [T,H,D], k [S,D], w [T,H], visible [T], score_dtype="bf16") -> f32 [T,S]
     index_scores_fp4(q_packed, q_scales, k_packed, k_scales, w, visible)          -> f32 [T,S]
     index_topk(scores [T,S], visible [T], k, order)                                 -> i64 [T,k]
-    reindex_topk(q, k, w, visible, pool [T,S], k)                                   -> i64 [T,k]
+
+(kernels.pool builds candidate_blocks and reindex_topk on the score kernel and top-k engine here.)
 
 Scores.  One program holds TQ queries x H heads of q (TQ*H columns of the MMA, heads on the N
 side so the head sum is an in-register reduction) and streams key blocks: acc = k_blk @ q_tile^T
@@ -23,10 +24,8 @@ candidates, breaks ties toward the lowest position, and emits positions (V4.1 or
 the <= CAP candidates by (score desc, position asc) (V4 order).  Deterministic: every count is an
 integer and every placement comes from prefix sums, never from atomics' arrival order.
 
-Re-index.  The pool's positions (those also visible) are gathered per row in position order;
-only they are scored (the same score kernel reading K rows through the gathered index list),
-and the top-k runs on that compact row; slot indices map back to positions, which stay
-ascending.
+The score kernel can also read K through a per-query list of positions (GATHER), which is how
+kernels.pool's re-index scores only the pool.
 """
 from __future__ import annotations
 
@@ -36,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["index_scores", "index_scores_fp4", "index_topk", "reindex_topk"]
+__all__ = ["index_scores", "index_scores_fp4", "index_topk"]
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 SCORE_DTYPES = ("bf16", "fp32")
@@ -72,8 +71,9 @@ def _order_key(x):
 
 
 @triton.jit
-def _fp4_e8m0_to_bf16(byte, nibble_shift, sbyte):
-    """One E2M1 nibble of `byte` times its E8M0 scale 2^(sbyte-127), as an exact BF16 tensor."""
+def _fp4_e8m0_to_bf16(byte, nibble_shift, sbyte, AS_FP32: tl.constexpr):
+    """One E2M1 nibble of `byte` times its E8M0 scale 2^(sbyte-127), as an exact BF16 tensor
+    (fp32 for the interpreter, whose bf16 -> fp32 conversion mishandles subnormals)."""
     nib = (byte.to(tl.uint32) >> nibble_shift.to(tl.uint32)) & 0xF
     e = (nib >> 1) & 3
     m = nib & 1
@@ -84,6 +84,8 @@ def _fp4_e8m0_to_bf16(byte, nibble_shift, sbyte):
     sbits = tl.where(s == 0, 0x00400000, s << 23)  # byte 0 is 2^-127, an fp32 subnormal
     scale = tl.where(s == 255, float("nan"), sbits.to(tl.float32, bitcast=True))
     # E2M1 x E8M0 has <= 2 significant bits: exact in fp32 and in BF16 (top 16 bits)
+    if AS_FP32:
+        return val * scale
     prod = (val * scale).to(tl.uint32, bitcast=True)
     return (prod >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
@@ -112,7 +114,7 @@ def _scores_kernel(q_ptr, qs_ptr, k_ptr, ks_ptr, w_ptr, vis_ptr, idx_ptr, out_pt
     if FP4:
         qb = tl.load(q_ptr + q_row[:, None] * (D // 2) + d[None, :] // 2, mask=qmask, other=0)
         qsb = tl.load(qs_ptr + q_row[:, None] * (D // 32) + d[None, :] // 32, mask=qmask, other=127)
-        q = _fp4_e8m0_to_bf16(qb, (d[None, :] & 1) * 4, qsb)
+        q = _fp4_e8m0_to_bf16(qb, (d[None, :] & 1) * 4, qsb, IEEE)
     else:
         q = tl.load(q_ptr + q_row[:, None] * D + d[None, :], mask=qmask, other=0.0)
     w = tl.load(w_ptr + q_row, mask=row_ok, other=0.0).to(tl.float32)
@@ -137,7 +139,7 @@ def _scores_kernel(q_ptr, qs_ptr, k_ptr, ks_ptr, w_ptr, vis_ptr, idx_ptr, out_pt
                 kb = tl.load(k_ptr + pos[:, None] * (D // 2) + d[None, :] // 2, mask=kmask, other=0)
                 ksb = tl.load(ks_ptr + pos[:, None] * (D // 32) + d[None, :] // 32, mask=kmask,
                               other=127)
-                kt = _fp4_e8m0_to_bf16(kb, (d[None, :] & 1) * 4, ksb)
+                kt = _fp4_e8m0_to_bf16(kb, (d[None, :] & 1) * 4, ksb, IEEE)
             else:
                 kt = tl.load(k_ptr + pos[:, None] * D + d[None, :], mask=kmask, other=0.0)
             if IEEE:  # fp32 operands; also the interpreter, whose bf16 dot multiplies raw bits
@@ -161,9 +163,9 @@ def _scores_kernel(q_ptr, qs_ptr, k_ptr, ks_ptr, w_ptr, vis_ptr, idx_ptr, out_pt
 
 def _score_config(T: int, S: int, H_PAD: int, D_PAD: int, gather: bool):
     """(TQ, BLOCK_S, n_s_progs, num_warps): fixed configs, small ones in the interpreter."""
-    if INTERPRET:
+    if INTERPRET:  # the interpreter pays per operation, not per element: few, wide blocks
         tq = 1 if gather else max(1, 16 // H_PAD)
-        return tq, 16, 1, 4
+        return tq, 512 if gather else 64, 1, 4
     tq = 1 if gather else max(1, 128 // H_PAD)
     block_s = 128 if D_PAD <= 128 else 64
     n_t = triton.cdiv(T, tq)
@@ -177,6 +179,8 @@ def _launch_scores(q, qs, k, ks, w, vis32, idx, T, S, H, D, out, fp4: bool, bf16
     gather = idx is not None
     tq, block_s, n_s, warps = _score_config(T, S, H_PAD, D_PAD, gather)
     ieee = INTERPRET or ((not fp4) and q.dtype == torch.float32)
+    if INTERPRET and not fp4:  # exact widening on the host: the interpreter's bf16 -> fp32
+        q, k, w = q.float(), k.float(), w.float()  # conversion mishandles subnormals
     grid = (triton.cdiv(T, tq), n_s)
     _scores_kernel[grid](q, qs if fp4 else q, k, ks if fp4 else k, w, vis32,
                          idx if gather else vis32, out, T, S, H, out.stride(0),
@@ -259,8 +263,8 @@ def _boundary_kernel(hist_row_ptr, hist_chunk_ptr, state_ptr, gt_ptr, eq_ptr, R,
         gt_prev = tl.load(prev + 6)
         if active == 0:
             if c == 0:
-                for f in range(8):
-                    tl.store(me + f, tl.load(prev + f))
+                f = tl.arange(0, 8)
+                tl.store(me + f, tl.load(prev + f))
     if active != 0:
         ge = tl.cumsum(hist, axis=0, reverse=True)  # ge[b] = number of keys in bins >= b
         bnd = tl.max(tl.where(ge.to(tl.int64) >= need_rem, b, -1), axis=0)
@@ -290,7 +294,7 @@ def _boundary_kernel(hist_row_ptr, hist_chunk_ptr, state_ptr, gt_ptr, eq_ptr, R,
 
 @triton.jit
 def _compact_kernel(x_ptr, len_ptr, state_ptr, gt_ptr, eq_ptr, cand_key_ptr, cand_pos_ptr,
-                    R, N, x_stride, NC, CH, CAP, FINAL: tl.constexpr, NC_PAD: tl.constexpr,
+                    R, N, x_stride, NC, CH, CAP, FINAL, NC_PAD: tl.constexpr,
                     BLOCK: tl.constexpr, DROP_NEG_INF: tl.constexpr):
     """Write, in position order, every key above the boundary and the boundary keys taken."""
     row = tl.program_id(0)
@@ -334,32 +338,40 @@ def _compact_kernel(x_ptr, len_ptr, state_ptr, gt_ptr, eq_ptr, cand_key_ptr, can
 
 
 @triton.jit
+def _refine(key, sel, tied, need_rem, LO: tl.constexpr, WIDTH: tl.constexpr, BINS: tl.constexpr):
+    """One radix pass inside the boundary bin: keys whose bits [LO, LO+WIDTH) are above the bin
+    of the need_rem-th largest join the selection; the rest of that bin stays tied."""
+    field = ((key >> LO) & ((1 << WIDTH) - 1)).to(tl.int32)
+    ge = tl.cumsum(tl.histogram(field, BINS, mask=tied), axis=0, reverse=True)
+    bnd = tl.max(tl.where(ge.to(tl.int64) >= need_rem, tl.arange(0, BINS), -1), axis=0)
+    above = tied & (field > bnd)
+    return sel | above, tied & (field == bnd), need_rem - tl.sum(above.to(tl.int64), axis=0)
+
+
+@triton.jit
 def _final_kernel(cand_key_ptr, cand_pos_ptr, state_ptr, remap_ptr, scratch_ptr, out_ptr, R,
-                  out_stride, remap_stride, W, block, FINAL: tl.constexpr, CAP: tl.constexpr,
-                  K_PAD: tl.constexpr,
-                  BY_SCORE: tl.constexpr, REMAP: tl.constexpr, MASK_BLOCK: tl.constexpr):
+                  out_stride, remap_stride, W, block, FINAL, CAP: tl.constexpr,
+                  K_PAD: tl.constexpr, BINS: tl.constexpr, BY_SCORE: tl.constexpr,
+                  REMAP: tl.constexpr, MASK_BLOCK: tl.constexpr):
     """Exact k-th key among the candidates, ties to the lowest position, then the output."""
     row = tl.program_id(0)
     st = state_ptr + (FINAL * R + row) * 8
     need = tl.load(st + 0)
+    shift = tl.load(st + 4)
+    bound = tl.load(st + 5)
     n_cand = tl.load(st + 6) + tl.load(st + 7)
     i = tl.arange(0, CAP)
     ok = i < n_cand
     key = tl.load(cand_key_ptr + row * CAP + i, mask=ok, other=0).to(tl.uint32, bitcast=True)
     key = key.to(tl.int64)
     pos = tl.load(cand_pos_ptr + row * CAP + i, mask=ok, other=0).to(tl.int64)
-    # largest thr with #(key >= thr) >= need (bisection on the 32-bit key)
-    lo = tl.zeros((), tl.int64)
-    hi = tl.full((), 0xFFFFFFFF, tl.int64)
-    for _ in range(32):
-        mid = (lo + hi + 1) // 2
-        cnt = tl.sum((ok & (key >= mid)).to(tl.int64), axis=0)
-        lo = tl.where(cnt >= need, mid, lo)
-        hi = tl.where(cnt >= need, hi, mid - 1)
-    gt = ok & (key > lo)
-    eq = ok & (key == lo)
-    n_gt = tl.sum(gt.to(tl.int64), axis=0)
-    sel = gt | (eq & ((tl.cumsum(eq.to(tl.int64), axis=0) - 1) < need - n_gt))
+    # keys above the boundary bin are in; resolve the bin's low bits (<= 20) by two radix passes
+    sel = ok & ((key >> shift) > bound)
+    tied = ok & ((key >> shift) == bound)
+    need_rem = need - tl.sum(sel.to(tl.int64), axis=0)
+    sel, tied, need_rem = _refine(key, sel, tied, need_rem, 8, 12, BINS)
+    sel, tied, need_rem = _refine(key, sel, tied, need_rem, 0, 8, BINS)
+    sel = sel | (tied & ((tl.cumsum(tied.to(tl.int64), axis=0) - 1) < need_rem))
     sel = sel & (need > 0)
     if MASK_BLOCK > 0:  # candidate_blocks: selected block p marks positions [p*B, p*B+B) of W
         jj = tl.arange(0, MASK_BLOCK)
@@ -368,7 +380,7 @@ def _final_kernel(cand_key_ptr, cand_pos_ptr, state_ptr, remap_ptr, scratch_ptr,
                  mask=sel[:, None] & (jj[None, :] < block) & (p < W))
     else:
         slot = tl.cumsum(sel.to(tl.int64), axis=0) - 1
-        if BY_SCORE:  # sort the <= K_PAD chosen (score desc, position asc) via a scratch row
+        if BY_SCORE:  # order the <= K_PAD chosen by (score desc, position asc) via a scratch row
             n_sel = tl.sum(sel.to(tl.int64), axis=0)
             comp = ((key - 0x80000000) << 32) | (0xFFFFFFFF - pos)
             tl.store(scratch_ptr + row * K_PAD + slot, comp, mask=sel)
@@ -376,10 +388,14 @@ def _final_kernel(cand_key_ptr, cand_pos_ptr, state_ptr, remap_ptr, scratch_ptr,
             kk = tl.arange(0, K_PAD)
             comp = tl.load(scratch_ptr + row * K_PAD + kk, mask=kk < n_sel,
                            other=-0x7FFFFFFFFFFFFFFF - 1)
-            comp = tl.sort(comp, descending=True)
-            slot = kk.to(tl.int64)
             pos = 0xFFFFFFFF - (comp & 0xFFFFFFFF)
-            sel = slot < n_sel
+            sel = kk < n_sel
+            if K_PAD <= 256:  # rank by counting (composite keys are distinct)
+                slot = tl.sum((comp[None, :] > comp[:, None]).to(tl.int64), axis=1)
+            else:
+                comp = tl.sort(comp, descending=True)
+                pos = 0xFFFFFFFF - (comp & 0xFFFFFFFF)
+                slot = kk.to(tl.int64)
         if REMAP:
             pos = tl.load(remap_ptr + row * remap_stride + pos, mask=sel, other=0).to(tl.int64)
         tl.store(out_ptr + row * out_stride + slot, pos, mask=sel)
@@ -388,7 +404,7 @@ def _final_kernel(cand_key_ptr, cand_pos_ptr, state_ptr, remap_ptr, scratch_ptr,
 def _topk_config(R: int, N: int):
     """(BLOCK, CH): streaming block and rows' chunk length (a multiple of BLOCK)."""
     if INTERPRET:
-        return 256, 512
+        return 1024, 2048
     block = 4096
     ch = max(block, min(65536, triton.next_power_of_2(max(1, R * N // 1024))))
     return block, ch
@@ -397,11 +413,13 @@ def _topk_config(R: int, N: int):
 def _topk_engine(x: torch.Tensor, n_valid: torch.Tensor, k: int, *, by_score: bool = False,
                  drop_neg_inf: bool = False, remap: torch.Tensor | None = None,
                  mask_out: torch.Tensor | None = None, mask_block: int = 0,
-                 cap: int | None = None) -> torch.Tensor | None:
+                 cap: int | None = None, blocks: tuple[int, int] | None = None
+                 ) -> torch.Tensor | None:
     """Top-k of each row of x [R,N] (fp32, on the device) among positions < n_valid[r].
 
     Returns int64 [R,k] (position order, or score order with ties by position; -1 tail), or,
     with mask_out ([R,W] int8, zeroed), marks the selected positions' blocks of mask_block.
+    cap (candidates kept per row) and blocks ((BLOCK, CH)) override the defaults for tests.
     """
     R, N = x.shape
     dev = x.device
@@ -409,7 +427,7 @@ def _topk_engine(x: torch.Tensor, n_valid: torch.Tensor, k: int, *, by_score: bo
     if cap is None:
         cap = min(16384, max(2048, 4 * k_pad))
     cap = max(cap, k_pad)
-    block, ch = _topk_config(R, N)
+    block, ch = blocks or _topk_config(R, N)  # (tests pass small blocks to force many chunks)
     nc = max(1, triton.cdiv(N, ch))
     nc_pad = _pow2(nc)
     hist_row = torch.zeros((len(_PASSES), R, _BINS), dtype=torch.int32, device=dev)
@@ -425,7 +443,11 @@ def _topk_engine(x: torch.Tensor, n_valid: torch.Tensor, k: int, *, by_score: bo
         _boundary_kernel[(R, nc)](hist_row[p], hist_chunk, state, gt, eq, R, N, nc, k, cap,
                                   PASS=p, SHIFT=shift, WIDTH=width, LAST=p == len(_PASSES) - 1,
                                   BINS=_BINS, num_warps=warps)
-    final = len(_PASSES) - 1
+        final = p
+        # The remaining passes are no-ops for rows already resolved; on the CPU (interpreter)
+        # reading the flags is free, on a GPU it would cost a synchronization.
+        if INTERPRET and not bool(state[p, :, 3].any()):
+            break
     cand_key = torch.empty((R, cap), dtype=torch.int32, device=dev)
     cand_pos = torch.empty((R, cap), dtype=torch.int32, device=dev)
     _compact_kernel[(R, nc)](x, n_valid, state, gt, eq, cand_key, cand_pos, R, N, x.stride(0), nc,
@@ -433,7 +455,7 @@ def _topk_engine(x: torch.Tensor, n_valid: torch.Tensor, k: int, *, by_score: bo
                              DROP_NEG_INF=drop_neg_inf, num_warps=warps)
     if mask_out is not None:
         _final_kernel[(R,)](cand_key, cand_pos, state, cand_pos, cand_key, mask_out, R, mask_out.stride(0), 0,
-                            mask_out.shape[1], mask_block, FINAL=final, CAP=cap, K_PAD=k_pad, BY_SCORE=False,
+                            mask_out.shape[1], mask_block, FINAL=final, CAP=cap, K_PAD=k_pad, BINS=_BINS, BY_SCORE=False,
                             REMAP=False, MASK_BLOCK=_pow2(mask_block), num_warps=warps)
         return None
     out = torch.full((R, k), -1, dtype=torch.int64, device=dev)
@@ -441,7 +463,7 @@ def _topk_engine(x: torch.Tensor, n_valid: torch.Tensor, k: int, *, by_score: bo
     _final_kernel[(R,)](cand_key, cand_pos, state, remap if remap is not None else cand_pos,
                         scratch, out, R,
                         out.stride(0), remap.stride(0) if remap is not None else 0, 0, 0,
-                        FINAL=final, CAP=cap, K_PAD=k_pad, BY_SCORE=by_score, REMAP=remap is not None,
+                        FINAL=final, CAP=cap, K_PAD=k_pad, BINS=_BINS, BY_SCORE=by_score, REMAP=remap is not None,
                         MASK_BLOCK=0, num_warps=warps)
     return out
 
@@ -461,37 +483,44 @@ def _need_tensor(name: str, op: str, x, ndim: int, dtypes=None) -> torch.Tensor:
     return x
 
 
-def _check_visible(op: str, visible, T: int, S: int) -> torch.Tensor:
-    visible = _need_tensor("visible", op, visible, 1, (torch.int64, torch.int32))
-    if visible.shape[0] != T:
-        raise ValueError(f"{op}: visible has {visible.shape[0]} entries, expected {T} (one per query)")
-    if T and (int(visible.min()) < 0 or int(visible.max()) > S):
-        raise ValueError(f"{op}: visible lengths must lie in [0, {S}], got "
-                         f"[{int(visible.min())}, {int(visible.max())}]")
-    return visible.to(torch.int32)
+def _check_lengths(op: str, lens, T: int, width: int, name: str = "visible") -> torch.Tensor:
+    """Per-row counts of reachable positions, each in [0, width]; int32 for the kernels."""
+    lens = _need_tensor(name, op, lens, 1)
+    if lens.is_floating_point() or lens.dtype == torch.bool or lens.is_complex():
+        raise TypeError(f"{op}: {name} must be an integer tensor, got {str(lens.dtype).replace('torch.', '')}")
+    if lens.shape[0] != T:
+        raise ValueError(f"{op}: {name} has {lens.shape[0]} entries, expected one per query ({T})")
+    if T and (int(lens.min()) < 0 or int(lens.max()) > width):
+        raise ValueError(f"{op}: {name} must lie in [0, {width}] (the row width), got "
+                         f"[{int(lens.min())}, {int(lens.max())}]")
+    return lens.to(torch.int32)
 
 
-def _check_k(op: str, k) -> int:
+def _check_k(op: str, k, width: int, name: str = "k") -> int:
     if isinstance(k, bool) or not isinstance(k, int):
-        raise TypeError(f"{op}: k must be an int, got {type(k).__name__}")
-    if k < 0:
-        raise ValueError(f"{op}: k must be >= 0, got {k}")
+        raise TypeError(f"{op}: {name} must be an int, got {type(k).__name__}")
+    if k < 0 or k > width:
+        raise ValueError(f"{op}: {name} must be an int in [0, {width}] (the row width), got {k}")
     return k
 
 
-def _float_input(op: str, name: str, x: torch.Tensor, bf16: bool) -> torch.Tensor:
-    """bf16 passes through; fp32 is accepted when (bf16 mode) its values are BF16 numbers."""
+def _float_input(op: str, name: str, x, ndim: int, bf16: bool) -> torch.Tensor:
+    """A floating tensor without NaN; in bf16 mode its finite values must be BF16 numbers."""
+    x = _need_tensor(name, op, x, ndim)
+    if not x.is_floating_point():
+        raise TypeError(f"{op}: {name} must be float32 or bfloat16, got {str(x.dtype).replace('torch.', '')}")
+    if bool(torch.isnan(x).any()):
+        raise ValueError(f"{op}: {name} contains NaN")
     if x.dtype == torch.bfloat16:
+        return x.contiguous() if bf16 else x.float().contiguous()
+    x = x.float()
+    if not bf16:
         return x.contiguous()
-    if x.dtype != torch.float32:
-        raise TypeError(f"{op}: {name} must be bfloat16 or float32, got {str(x.dtype).replace('torch.', '')}")
-    if bf16:
-        xb = x.to(torch.bfloat16)
-        if not torch.equal(xb.float(), x) and not bool(torch.isnan(x).any()):
-            raise ValueError(f"{op}: {name} is float32 with values that are not BF16 numbers; "
-                             f"the BF16 score takes BF16 inputs")
-        return xb.contiguous()
-    return x.contiguous()
+    xb = x.to(torch.bfloat16)
+    if not torch.equal(xb.float(), x):
+        raise ValueError(f"{op}: {name} must hold BF16-representable values (the BF16 score takes "
+                         f"BF16 inputs; round them first)")
+    return xb.contiguous()
 
 
 def _check_score_shapes(op: str, T: int, H: int, S: int, D: int, w: torch.Tensor, D_k: int):
@@ -511,17 +540,14 @@ def index_scores(q, k, w, visible, score_dtype: str = "bf16") -> torch.Tensor:
     op = "index_scores"
     if score_dtype not in SCORE_DTYPES:
         raise ValueError(f"{op}: score_dtype must be one of {SCORE_DTYPES}, got {score_dtype!r}")
-    _need_tensor("q", op, q, 3)
-    _need_tensor("k", op, k, 2)
-    _need_tensor("w", op, w, 2)
+    bf16 = score_dtype == "bf16"
+    q = _float_input(op, "q", q, 3, bf16)
+    k = _float_input(op, "k", k, 2, bf16)
+    w = _float_input(op, "w", w, 2, bf16)
     T, H, D = q.shape
     S = k.shape[0]
     _check_score_shapes(op, T, H, S, D, w, k.shape[1])
-    vis = _check_visible(op, visible, T, S)
-    bf16 = score_dtype == "bf16"
-    q, k, w = (_float_input(op, n, x, bf16) for n, x in (("q", q), ("k", k), ("w", w)))
-    if not bf16:  # one dtype for both MMA operands
-        q, k, w = q.float(), k.float(), w.float()
+    vis = _check_lengths(op, visible, T, S)
     if T == 0 or S == 0:
         return torch.full((T, S), float("-inf"), dtype=torch.float32)
     dev = _device()
@@ -542,7 +568,7 @@ def index_scores_fp4(q_packed, q_scales, k_packed, k_scales, w, visible) -> torc
     for name, x, nd in (("q_packed", q_packed, 3), ("q_scales", q_scales, 3),
                         ("k_packed", k_packed, 2), ("k_scales", k_scales, 2)):
         _need_tensor(name, op, x, nd, (torch.uint8,))
-    _need_tensor("w", op, w, 2)
+    w = _float_input(op, "w", w, 2, True)
     T, H, half = q_packed.shape
     D = 2 * half
     S = k_packed.shape[0]
@@ -554,8 +580,7 @@ def index_scores_fp4(q_packed, q_scales, k_packed, k_scales, w, visible) -> torc
     if tuple(k_scales.shape) != (S, D // 32):
         raise ValueError(f"{op}: k_scales must have shape {(S, D // 32)}, got {tuple(k_scales.shape)}")
     _check_score_shapes(op, T, H, S, D, w, 2 * k_packed.shape[1])
-    vis = _check_visible(op, visible, T, S)
-    w = _float_input(op, "w", w, True)
+    vis = _check_lengths(op, visible, T, S)
     if T == 0 or S == 0:
         return torch.full((T, S), float("-inf"), dtype=torch.float32)
     dev = _device()
@@ -566,10 +591,7 @@ def index_scores_fp4(q_packed, q_scales, k_packed, k_scales, w, visible) -> torc
 
 
 def _check_scores_row(op: str, scores) -> torch.Tensor:
-    scores = _need_tensor("scores", op, scores, 2, (torch.float32, torch.bfloat16))
-    if bool(torch.isnan(scores).any()):
-        raise ValueError(f"{op}: scores contain NaN; top-k is defined on non-NaN scores")
-    return scores.float().contiguous()
+    return _float_input(op, "scores", scores, 2, False)
 
 
 def index_topk(scores, visible, k: int, order: str) -> torch.Tensor:
@@ -581,70 +603,11 @@ def index_topk(scores, visible, k: int, order: str) -> torch.Tensor:
     op = "index_topk"
     scores = _check_scores_row(op, scores)
     T, S = scores.shape
-    vis = _check_visible(op, visible, T, S)
-    k = _check_k(op, k)
+    vis = _check_lengths(op, visible, T, S)
+    k = _check_k(op, k, S)
     if order not in ORDERS:
         raise ValueError(f"{op}: order must be one of {ORDERS}, got {order!r}")
     if T == 0 or k == 0 or S == 0:
         return torch.full((T, k), -1, dtype=torch.int64)
     dev = _device()
     return _topk_engine(scores.to(dev), vis.to(dev), k, by_score=order == "score").cpu()
-
-
-def _gather_pool(pool_u8: torch.Tensor, vis32: torch.Tensor, width: int) -> tuple:
-    """Per row, the positions s < visible[t] with pool[t,s], in ascending order, -1 padded."""
-    T, S = pool_u8.shape
-    idx = torch.full((T, width), -1, dtype=torch.int32, device=pool_u8.device)
-    count = torch.zeros((T,), dtype=torch.int32, device=pool_u8.device)
-    _gather_kernel[(T,)](pool_u8, vis32, idx, count, S, width, BLOCK=256 if INTERPRET else 4096,
-                         num_warps=4 if INTERPRET else 8)
-    return idx, count
-
-
-@triton.jit
-def _gather_kernel(pool_ptr, vis_ptr, idx_ptr, count_ptr, S, width, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    n = tl.minimum(tl.load(vis_ptr + row), S)
-    written = tl.zeros((), tl.int32)
-    start = 0
-    while start < n:
-        s = start + tl.arange(0, BLOCK)
-        m = tl.load(pool_ptr + row * S + s, mask=s < n, other=0) != 0
-        mi = m.to(tl.int32)
-        slot = written + tl.cumsum(mi, axis=0) - 1
-        tl.store(idx_ptr + row * width + slot, s, mask=m & (slot < width))
-        written += tl.sum(mi, axis=0)
-        start += BLOCK
-    tl.store(count_ptr + row, written)
-
-
-def reindex_topk(q, k, w, visible, pool, k_top: int) -> torch.Tensor:
-    """V4.1 re-index: BF16 scores masked to the pool, top-k in position order (int64 [T,k]).
-
-    Only the pool's visible positions are scored: they are gathered per row (ascending) and the
-    score kernel reads K through that list; the row top-k then runs on <= |pool| columns.
-    """
-    op = "reindex_topk"
-    k_top = _check_k(op, k_top)
-    _need_tensor("q", op, q, 3)
-    _need_tensor("k", op, k, 2)
-    _need_tensor("w", op, w, 2)
-    T, H, D = q.shape
-    S = k.shape[0]
-    _check_score_shapes(op, T, H, S, D, w, k.shape[1])
-    vis = _check_visible(op, visible, T, S)
-    pool = _need_tensor("pool", op, pool, 2, (torch.bool,))
-    if tuple(pool.shape) != (T, S):
-        raise ValueError(f"{op}: pool must have shape [T, S] = [{T}, {S}], got {tuple(pool.shape)}")
-    q, k, w = (_float_input(op, n, x, True) for n, x in (("q", q), ("k", k), ("w", w)))
-    if T == 0 or k_top == 0 or S == 0:
-        return torch.full((T, k_top), -1, dtype=torch.int64)
-    reach = pool & (torch.arange(S)[None, :] < visible[:, None])
-    width = _pow2(int(reach.sum(1).max()), 16)
-    dev = _device()
-    vis_d = vis.to(dev)
-    idx, count = _gather_pool(pool.contiguous().view(torch.uint8).to(dev), vis_d, width)
-    pscores = torch.empty((T, width), dtype=torch.float32, device=dev)
-    _launch_scores(q.to(dev), None, k.to(dev), None, w.to(dev), count, idx, T, width, H, D,
-                   pscores, fp4=False, bf16=True)
-    return _topk_engine(pscores, count, k_top, by_score=False, remap=idx).cpu()

@@ -1,2 +1,155 @@
-"""(to be written)"""
-__all__ = []
+"""Triton kernels of the V4.1 candidate pool (official-rules.md §5.1) and the re-index top-k.
+
+    candidate_blocks(scores [T,W], compress_lens [T], topk_blocks=2048, block_size=8) -> bool [T,W]
+    reindex_topk(q [T,H,D], k [S,D], w [T,H], visible [T], pool bool [T,S], topk)     -> i64 [T,topk]
+
+candidate_blocks: one streaming kernel reduces each row to its block maxima (padding past W is
+−inf) and pins the newest block, (compress_lens − 1) // block_size, to +inf when compress_lens > 0.
+When a row has at most topk_blocks blocks every block is selected, so a second kernel writes the
+mask of the blocks with a score above −inf.  Otherwise the radix top-k engine of kernels.indexer
+runs on the block scores with −inf blocks excluded (the reference's "top-n, then drop −inf" keeps
+exactly the top-min(n, #finite) finite blocks) and marks the chosen blocks' positions directly.
+Equal block maxima: the lowest block index wins.
+
+reindex_topk never scores a full row to mask it afterwards: one kernel gathers, per row and in
+ascending order, the positions that are in the pool and visible (<= 16384 for a real pool); the
+score kernel of kernels.indexer reads K through that list; the top-k engine selects slots of the
+compact row, and the slots map back to positions, still ascending (V4.1 order).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .indexer import (INTERPRET, _check_k, _check_lengths, _check_score_shapes, _device,
+                      _float_input, _launch_scores, _need_tensor, _pow2, _topk_engine)
+
+__all__ = ["candidate_blocks", "reindex_topk"]
+
+
+@triton.jit
+def _block_max_kernel(x_ptr, lens_ptr, out_ptr, W, NB, block, x_stride,
+                      BLOCK_B: tl.constexpr, BS_PAD: tl.constexpr):
+    """out[r, b] = max(x[r, b*block : (b+1)*block]) (−inf padding); the newest block is +inf."""
+    row = tl.program_id(0)
+    pb = tl.program_id(1)
+    b = pb * BLOCK_B + tl.arange(0, BLOCK_B)
+    j = tl.arange(0, BS_PAD)
+    pos = b[:, None] * block + j[None, :]
+    m = (b[:, None] < NB) & (j[None, :] < block) & (pos < W)
+    x = tl.load(x_ptr + row * x_stride + pos, mask=m, other=float("-inf"))
+    best = tl.max(x, axis=1)
+    n = tl.load(lens_ptr + row)
+    newest = tl.where(n > 0, (n - 1) // block, -1)  # n >= 1 here, so // is floor division
+    best = tl.where(b == newest, float("inf"), best)
+    tl.store(out_ptr + row * NB + b, best, mask=b < NB)
+
+
+@triton.jit
+def _finite_blocks_mask_kernel(bs_ptr, out_ptr, W, NB, block, BLOCK_W: tl.constexpr):
+    """Every block selected: mark positions whose block score is above −inf."""
+    row = tl.program_id(0)
+    pw = tl.program_id(1)
+    w = pw * BLOCK_W + tl.arange(0, BLOCK_W)
+    s = tl.load(bs_ptr + row * NB + w // block, mask=w < W, other=float("-inf"))
+    tl.store(out_ptr + row * W + w, (s > float("-inf")).to(tl.int8), mask=w < W)
+
+
+def _positive_int(op: str, name: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"{op}: {name} must be an int, got {type(v).__name__}")
+    if v < 1:
+        raise ValueError(f"{op}: {name} must be a positive int, got {v}")
+    return v
+
+
+def candidate_blocks(scores, compress_lens, topk_blocks: int = 2048, block_size: int = 8) -> torch.Tensor:
+    """select_candidate_blocks: bool [T,W], whole blocks of the top min(topk_blocks, n_blocks)."""
+    op = "candidate_blocks"
+    scores = _float_input(op, "scores", scores, 2, False)
+    T, W = scores.shape
+    lens = _check_lengths(op, compress_lens, T, W, "compress_lens")
+    topk_blocks = _positive_int(op, "topk_blocks", topk_blocks)
+    block_size = _positive_int(op, "block_size", block_size)
+    reachable = torch.arange(W)[None, :] < lens[:, None]
+    if bool((scores.masked_fill(reachable, float("-inf")) != float("-inf")).any()):
+        raise ValueError(f"{op}: scores at positions >= compress_lens must be -inf (the causal mask)")
+    if T == 0 or W == 0:
+        return torch.zeros((T, W), dtype=torch.bool)
+    n_blocks = triton.cdiv(W, block_size)
+    dev = _device()
+    x, lens_d = scores.to(dev), lens.to(dev)
+    block_scores = torch.empty((T, n_blocks), dtype=torch.float32, device=dev)
+    block_b = 64 if INTERPRET else max(16, 4096 // _pow2(block_size))
+    warps = 4 if INTERPRET else 8
+    _block_max_kernel[(T, triton.cdiv(n_blocks, block_b))](
+        x, lens_d, block_scores, W, n_blocks, block_size, x.stride(0),
+        BLOCK_B=block_b, BS_PAD=_pow2(block_size), num_warps=warps)
+    out = torch.zeros((T, W), dtype=torch.int8, device=dev)
+    if n_blocks <= topk_blocks:
+        block_w = 1024 if INTERPRET else 4096
+        _finite_blocks_mask_kernel[(T, triton.cdiv(W, block_w))](
+            block_scores, out, W, n_blocks, block_size, BLOCK_W=block_w, num_warps=warps)
+    else:
+        everything = torch.full((T,), n_blocks, dtype=torch.int32, device=dev)
+        _topk_engine(block_scores, everything, topk_blocks, drop_neg_inf=True, mask_out=out,
+                     mask_block=block_size)
+    return out.cpu().view(torch.bool)
+
+
+def _gather_pool(pool_u8: torch.Tensor, vis32: torch.Tensor, width: int) -> tuple:
+    """Per row, the positions s < visible[t] with pool[t,s], in ascending order, -1 padded."""
+    T, S = pool_u8.shape
+    idx = torch.full((T, width), -1, dtype=torch.int32, device=pool_u8.device)
+    count = torch.zeros((T,), dtype=torch.int32, device=pool_u8.device)
+    _gather_kernel[(T,)](pool_u8, vis32, idx, count, S, width, BLOCK=256 if INTERPRET else 4096,
+                         num_warps=4 if INTERPRET else 8)
+    return idx, count
+
+
+@triton.jit
+def _gather_kernel(pool_ptr, vis_ptr, idx_ptr, count_ptr, S, width, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    n = tl.minimum(tl.load(vis_ptr + row), S)
+    written = tl.zeros((), tl.int32)
+    start = 0
+    while start < n:
+        s = start + tl.arange(0, BLOCK)
+        m = tl.load(pool_ptr + row * S + s, mask=s < n, other=0) != 0
+        mi = m.to(tl.int32)
+        slot = written + tl.cumsum(mi, axis=0) - 1
+        tl.store(idx_ptr + row * width + slot, s, mask=m & (slot < width))
+        written += tl.sum(mi, axis=0)
+        start += BLOCK
+    tl.store(count_ptr + row, written)
+
+
+def reindex_topk(q, k, w, visible, pool, topk: int) -> torch.Tensor:
+    """V4.1 re-index: BF16 scores masked to the pool, top-k in position order (int64 [T,topk]).
+
+    Only the pool's visible positions are scored: they are gathered per row (ascending) and the
+    score kernel reads K through that list; the row top-k then runs on <= |pool| columns.
+    """
+    op = "reindex_topk"
+    q = _float_input(op, "q", q, 3, True)
+    k = _float_input(op, "k", k, 2, True)
+    w = _float_input(op, "w", w, 2, True)
+    T, H, D = q.shape
+    S = k.shape[0]
+    _check_score_shapes(op, T, H, S, D, w, k.shape[1])
+    vis = _check_lengths(op, visible, T, S)
+    pool = _need_tensor("pool", op, pool, 2, (torch.bool,))
+    if tuple(pool.shape) != (T, S):
+        raise ValueError(f"{op}: pool has shape {tuple(pool.shape)}, expected the scores' [T, S] = [{T}, {S}]")
+    topk = _check_k(op, topk, S, "topk")
+    if T == 0 or topk == 0 or S == 0:
+        return torch.full((T, topk), -1, dtype=torch.int64)
+    reach = pool & (torch.arange(S)[None, :] < vis[:, None])
+    width = _pow2(int(reach.sum(1).max()), 16)
+    dev = _device()
+    idx, count = _gather_pool(pool.contiguous().view(torch.uint8).to(dev), vis.to(dev), width)
+    pscores = torch.empty((T, width), dtype=torch.float32, device=dev)
+    _launch_scores(q.to(dev), None, k.to(dev), None, w.to(dev), count, idx, T, width, H, D,
+                   pscores, fp4=False, bf16=True)
+    return _topk_engine(pscores, count, topk, by_score=False, remap=idx).cpu()
