@@ -1,1 +1,330 @@
-"""(to be written)"""
+"""KV-cache entry layouts: every cached vector as bytes.
+
+Source: official-rules.md §7.1 (and §2.2-§2.4 for the codecs).  The reference code keeps its caches
+as BF16 after an in-place quantize-dequantize, so the byte layouts are implied by the quantizers,
+not materialized: the byte COUNTS below follow from the formats and are normative; the ORDER of the
+fields inside an entry is an engine choice (knob entry_field_order), and this module fixes a
+canonical one.
+
+An entry is up to four fields, each a run of elements of one format:
+
+    payload   the quantized values (E4M3 bytes, or E2M1 nibbles two to a byte)
+    scales    one scale per block of the payload (E8M0, E4M3 or FP32)
+    pad       zero bytes that round the scale run up to its alignment
+    tail      dims kept unquantized (V4: the 64 RoPE dims in BF16)
+
+Multi-byte elements (BF16, FP32) are little-endian, as on every GPU these models run on; FP4
+nibbles follow FP4.PACK.NIBBLE (even element in the low nibble).  The pad bytes are written as 0
+and ignored when reading.  Sizes, derived here from bits and block sizes:
+
+    kind          dims  payload             scales               pad  tail          bytes
+    v4_main_kv    512   448 E4M3            7 E8M0 (per 64)      1    64 BF16        584
+    fp4_index_k   128   128 E2M1            4 E8M0 (per 32)      0    -               68
+    v41_main_kv   512   512 E2M1            32 E4M3 (per 16)     0    -              288
+    v41_swa_kv    512   512 E4M3            16 E8M0 (per 32)     0    -              528
+    v32_index_k   128   128 E4M3            1 FP32 (per 128)     0    -              132
+
+The V4 index K is Hadamard-rotated before it is packed (HAD rules); packing takes the vector to
+store.  Paged engines may store a whole page planar (all payloads, then all scales, as DeepGEMM's
+index-K pool does); that is a pool layout built from these entries, not another entry layout.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+
+from . import formats as F
+from . import quant as Q
+from .rules import IMPLEMENTATION_DEFINED, V4, V41, V4_ALL, knob, rule
+
+
+@dataclass(frozen=True)
+class ElementFormat:
+    name: str
+    sign: int
+    exponent: int
+    mantissa: int
+
+    @property
+    def bits(self) -> int:
+        return self.sign + self.exponent + self.mantissa
+
+
+E2M1 = ElementFormat("E2M1", 1, 2, 1)
+E4M3 = ElementFormat("E4M3", 1, 4, 3)
+E8M0 = ElementFormat("E8M0", 0, 8, 0)
+BF16 = ElementFormat("BF16", 1, 8, 7)
+FP32 = ElementFormat("FP32", 1, 8, 23)
+BYTE = ElementFormat("pad byte", 0, 0, 8)
+
+
+@dataclass(frozen=True)
+class Field:
+    role: str               # payload, scales, pad, tail
+    format: ElementFormat
+    count: int              # elements
+
+    @property
+    def nbytes(self) -> int:
+        bits = self.count * self.format.bits
+        if bits % 8:
+            raise ValueError(f"{self.role}: {self.count} {self.format.name} elements are not whole bytes")
+        return bits // 8
+
+
+@dataclass(frozen=True)
+class Layout:
+    kind: str
+    quantized_dims: int
+    payload: ElementFormat
+    scale: ElementFormat
+    block: int
+    tail_dims: int = 0          # BF16 dims after the quantized ones
+    scale_align: int = 1        # the scale run is padded to a multiple of this many bytes
+
+    @property
+    def dims(self) -> int:
+        return self.quantized_dims + self.tail_dims
+
+    @property
+    def fields(self) -> dict[str, Field]:
+        scales = Field("scales", self.scale, self.quantized_dims // self.block)
+        pad = -scales.nbytes % self.scale_align
+        return {"payload": Field("payload", self.payload, self.quantized_dims), "scales": scales,
+                "pad": Field("pad", BYTE, pad), "tail": Field("tail", BF16, self.tail_dims)}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(f.nbytes for f in self.fields.values())
+
+    @property
+    def bits_per_value(self) -> Fraction:
+        """Storage bits per cached dimension (payload, scales and padding)."""
+        return Fraction(8 * self.nbytes, self.dims)
+
+
+# The engines' V4 main entry stores its 7 UE8M0 scales in 8 bytes (SGLang asserts 448 + 64*2 + 8;
+# FlashMLA "MODEL1" uses 584): the scale run is aligned to 8 bytes.
+V4_MAIN_KV = Layout("v4_main_kv", 448, E4M3, E8M0, Q.FP8_BLOCKS["v4 main/window KV (448 NoPE dims)"],
+                    tail_dims=64, scale_align=8)
+FP4_INDEX_K = Layout("fp4_index_k", 128, E2M1, E8M0, Q.FP4_IDX_BLOCK)
+V41_MAIN_KV = Layout("v41_main_kv", 512, E2M1, E4M3, Q.FP4_KV_BLOCK)
+V41_SWA_KV = Layout("v41_swa_kv", 512, E4M3, E8M0, Q.FP8_BLOCKS["v4.1 SWA KV (512 dims)"])
+V32_INDEX_K = Layout("v32_index_k", 128, E4M3, FP32, Q.FP8_BLOCKS["v3.2 indexer Q/K (128 dims)"])
+# The variant seen in ports: V4.1 main KV with the RoPE dims kept in BF16, V4-style.
+V41_MAIN_KV_BF16_ROPE = Layout("v41_main_kv", 448, E2M1, E4M3, Q.FP4_KV_BLOCK, tail_dims=64, scale_align=8)
+
+LAYOUTS: dict[str, Layout] = {l.kind: l for l in (V4_MAIN_KV, FP4_INDEX_K, V41_MAIN_KV, V41_SWA_KV, V32_INDEX_K)}
+KINDS = tuple(LAYOUTS)
+
+# ------------------------------------------------------------------------------------------------
+# Knobs and rules
+# ------------------------------------------------------------------------------------------------
+
+FIELD_ORDERS = {
+    "payload_first": ("payload", "scales", "pad", "tail"),
+    "scales_first": ("scales", "pad", "payload", "tail"),
+    "payload_tail_scales": ("payload", "tail", "scales", "pad"),
+}
+
+knob("entry_field_order", "payload_first", {
+    "scales_first": "scales (and their pad) first, then the payload, then the BF16 tail",
+    "payload_tail_scales": "payload, then the BF16 tail, then the scales and their pad",
+}, "The order of the fields inside one packed KV entry (the reference never materializes it).")
+
+knob("v41_main_rope", "fp4", {
+    "bf16": "V4.1 main KV with the 64 RoPE dims kept in BF16 as in V4: 448 dims FP4 (224 B) + 28 "
+            "E4M3 scales + 4 pad + 64 BF16 (128 B) = 384 B",
+}, "Whether the V4.1 main KV quantizes its RoPE dims with the rest.")
+
+_SRC = "official-rules.md §7.1"
+
+rule("LAYOUT.V4.MAIN", "V4 main KV entry: 584 bytes",
+     """A V4 main (CSA, HCA and window) KV entry of 512 dims is 448 NoPE dims as FP8 E4M3 (448 B)
+     with one E8M0 scale per 64 (7 B) padded to 8 B, and the 64 RoPE dims as BF16 (128 B): 584
+     bytes; unpacking gives exactly act_quant's dequantization of the NoPE dims and the BF16
+     value of the RoPE dims.""",
+     applies_to=V4, policy="bytes", sources=(_SRC, "official-rules.md §2.4 (V4-model L372, L505-506)",
+                                             "seed 000 'FP4 量化如何压缩 KV 存储'"))
+
+rule("LAYOUT.INDEX_K", "indexer K entry: 68 bytes",
+     """An indexer K entry (V4 and V4.1) of 128 dims is FP4 E2M1 (64 B, two per byte) with one E8M0
+     scale per 32 (4 B): 68 bytes, 4.25 bits per dim; unpacking gives exactly the FP4 E8M0/32
+     dequantization.""",
+     applies_to=V4_ALL, policy="bytes", sources=(_SRC, "official-rules.md §2.3",
+                                                 "seed 000 Q&A on FP4 main KV vs indexer K"),
+     differs="""Seed 003 §10.2 stores the indexer K's dequantization factor as one FP32 per token
+     (4 B); that is the V3.2 index K.  The V4/V4.1 index K carries four E8M0 bytes, one per 32 dims.""")
+
+rule("LAYOUT.V41.MAIN", "V4.1 main KV entry: 288 bytes, RoPE dims quantized",
+     """A V4.1 main (compressed) KV entry of 512 dims, RoPE dims included, is FP4 E2M1 (256 B) with
+     one E4M3 scale per 16 (32 B): 288 bytes, 4.5 bits per dim, no global scale; unpacking gives
+     exactly the FP4 E4M3/16 dequantization.""",
+     applies_to=V41, policy="bytes", status=IMPLEMENTATION_DEFINED, knob="v41_main_rope",
+     sources=(_SRC, "official-rules.md §2.2 (V4.1-model upstream L758-760)",
+              "seed 000 'FP4 量化如何压缩 KV 存储'"))
+
+rule("LAYOUT.V41.SWA", "V4.1 sliding-window KV entry: 528 bytes",
+     """A V4.1 window KV entry of 512 dims (post-RoPE, RoPE dims included) is FP8 E4M3 (512 B) with
+     one E8M0 scale per 32 (16 B): 528 bytes; unpacking gives exactly act_quant's dequantization.""",
+     applies_to=V41, policy="bytes", sources=(_SRC, "official-rules.md §2.4 (V4.1 Attention._window_kv)"))
+
+rule("LAYOUT.V32.INDEX_K", "V3.2 indexer K entry: 132 bytes",
+     """A V3.2 indexer K entry of 128 dims is FP8 E4M3 (128 B) with its one power-of-two scale (per
+     128) stored as an FP32 (4 B): 132 bytes; unpacking gives exactly the E4M3 value times the
+     scale.""",
+     applies_to=("v3.2",), policy="bytes", sources=(_SRC, "official-rules.md §2.4 (V3.2-model L448-449, L467-468)"))
+
+rule("LAYOUT.ORDER", "field order inside an entry",
+     """The bytes of a packed entry are its fields in the order of entry_field_order (canonical:
+     payload, scales, pad, tail), BF16 and FP32 elements little-endian, FP4 nibbles per
+     FP4.PACK.NIBBLE, pad bytes 0.""",
+     applies_to=("v3.2",) + V4_ALL, policy="bytes", status=IMPLEMENTATION_DEFINED,
+     knob="entry_field_order", sources=(_SRC, "official-rules.md §7.1 (vLLM-fork and DeepGEMM layouts are engine choices)"))
+
+rule("LAYOUT.UNPACK", "unpacking any valid entry dequantizes its fields",
+     """For every byte buffer of the right length whose scales are not NaN, unpacking gives exactly
+     the codec's dequantization of its payload and scales (E2M1 or E4M3 value times the scale,
+     rounded once to fp32) and the BF16 tail's value; pad bytes are ignored.""",
+     applies_to=("v3.2",) + V4_ALL, policy="bytes", sources=(_SRC, "official-rules.md §1, §2"))
+
+rule("LAYOUT.REJECT", "malformed entries are rejected",
+     """Unpacking a buffer that is not uint8, whose last dimension is not the entry size, or that
+     holds a NaN scale (E8M0 byte 0xFF, E4M3 byte 0x7F or 0xFF, an FP32 NaN or Inf) raises an error
+     naming what was expected, instead of returning garbage.""",
+     applies_to=("v3.2",) + V4_ALL, policy="exact", sources=(_SRC,))
+
+
+# ------------------------------------------------------------------------------------------------
+# Packing
+# ------------------------------------------------------------------------------------------------
+
+
+def layout(kind, v41_main_rope: str = "fp4") -> Layout:
+    """The layout of an entry kind under the v41_main_rope knob (a Layout is returned as it is)."""
+    if isinstance(kind, Layout):
+        return kind
+    if kind not in LAYOUTS:
+        raise ValueError(f"unknown entry kind {kind!r}; expected one of {', '.join(KINDS)}")
+    if kind == "v41_main_kv" and v41_main_rope == "bf16":
+        return V41_MAIN_KV_BF16_ROPE
+    return LAYOUTS[kind]
+
+
+def codec_knobs(fn, variants: dict) -> dict:
+    """The codec knobs among `variants` that the spec codec `fn` takes as keyword arguments."""
+    names = inspect.signature(fn).parameters
+    return {k: v for k, v in variants.items() if k in names and names[k].kind is inspect.Parameter.KEYWORD_ONLY}
+
+
+def _quantize(lay: Layout, x: np.ndarray, variants: dict):
+    if lay.payload is E2M1:
+        fn = Q.fp4_e4m3_quantize if lay.scale is E4M3 else Q.fp4_e8m0_quantize
+        return fn(x, **codec_knobs(fn, variants))
+    payload, scales = Q.fp8_quantize(x, lay.block, **codec_knobs(Q.fp8_quantize, variants))
+    if lay.scale is FP32:
+        scales = le_bytes(F.e8m0_decode(scales).astype("<f4"))
+    return payload, scales
+
+
+def _dequantize(lay: Layout, payload: np.ndarray, scales: np.ndarray, variants: dict) -> np.ndarray:
+    if lay.payload is E2M1:
+        fn = Q.fp4_e4m3_dequantize if lay.scale is E4M3 else Q.fp4_e8m0_dequantize
+        return fn(payload, scales, **codec_knobs(fn, variants))
+    if lay.scale is FP32:
+        scale = from_le_bytes(scales, "<f4")
+        return Q.unblock(Q.blocks(F.e4m3_decode(payload), lay.block) * scale[..., None])
+    return Q.fp8_dequantize(payload, scales, lay.block)
+
+
+def le_bytes(a: np.ndarray) -> np.ndarray:
+    """The little-endian bytes of the elements of a: [..., n] -> uint8 [..., n·itemsize]."""
+    a = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))
+    return a.view(np.uint8).reshape(*a.shape[:-1], a.shape[-1] * a.itemsize)
+
+
+def from_le_bytes(b: np.ndarray, dtype: str) -> np.ndarray:
+    b = np.ascontiguousarray(b, dtype=np.uint8)
+    return b.view(np.dtype(dtype)).reshape(*b.shape[:-1], -1)
+
+
+def bf16_tail_bytes(x: np.ndarray) -> np.ndarray:
+    return le_bytes(F.bf16_bits(x).astype("<u2"))
+
+
+def bf16_tail_values(b: np.ndarray) -> np.ndarray:
+    return F.f32_from_bits(from_le_bytes(b, "<u2").astype(np.int64) << 16)
+
+
+def encode_fields(kind, x, variants: dict | None = None) -> dict[str, np.ndarray]:
+    """The bytes of each field of the entries of x [..., dims] (float32)."""
+    variants = variants or {}
+    lay = layout(kind, variants.get("v41_main_rope", "fp4"))
+    x = np.asarray(x, dtype=np.float32)
+    if x.shape[-1] != lay.dims:
+        raise ValueError(f"{lay.kind}: an entry has {lay.dims} dims, got last dimension {x.shape[-1]}")
+    payload, scales = _quantize(lay, x[..., :lay.quantized_dims], variants)
+    batch = x.shape[:-1]
+    return {"payload": payload, "scales": scales,
+            "pad": np.zeros((*batch, lay.fields["pad"].nbytes), np.uint8),
+            "tail": bf16_tail_bytes(x[..., lay.quantized_dims:])}
+
+
+def join(kind, fields: dict[str, np.ndarray], variants: dict | None = None) -> np.ndarray:
+    """Fields -> packed entries uint8 [..., nbytes], in the order of entry_field_order."""
+    order = FIELD_ORDERS[(variants or {}).get("entry_field_order", "payload_first")]
+    return np.concatenate([fields[name] for name in order], axis=-1)
+
+
+def split(kind, data, variants: dict | None = None) -> dict[str, np.ndarray]:
+    """Packed entries uint8 [..., nbytes] -> the bytes of each field."""
+    variants = variants or {}
+    lay = layout(kind, variants.get("v41_main_rope", "fp4"))
+    data = np.asarray(data)
+    if data.dtype != np.uint8:
+        raise TypeError(f"{lay.kind}: packed entries must be uint8, got {data.dtype}")
+    if data.ndim == 0 or data.shape[-1] != lay.nbytes:
+        raise ValueError(f"{lay.kind}: a packed entry is {lay.nbytes} bytes, got last dimension "
+                         f"{data.shape[-1] if data.ndim else 'none (a scalar)'}")
+    out, start = {}, 0
+    for name in FIELD_ORDERS[variants.get("entry_field_order", "payload_first")]:
+        n = lay.fields[name].nbytes
+        out[name], start = data[..., start:start + n], start + n
+    return out
+
+
+def nan_scales(lay: Layout, scales: np.ndarray) -> np.ndarray:
+    """Which scale elements are NaN (or, for FP32, NaN or Inf)."""
+    if lay.scale is E8M0:
+        return scales == F.E8M0_NAN_CODE
+    if lay.scale is E4M3:
+        return (scales & 0x7F) == F.E4M3_NAN_CODE
+    return ~np.isfinite(from_le_bytes(scales, "<f4"))
+
+
+def pack(kind, x, variants: dict | None = None) -> np.ndarray:
+    """x [..., dims] float32 -> packed entries uint8 [..., nbytes]."""
+    return join(kind, encode_fields(kind, x, variants), variants)
+
+
+def unpack(kind, data, variants: dict | None = None) -> np.ndarray:
+    """Packed entries uint8 [..., nbytes] -> the dequantized float32 entries [..., dims].
+
+    kind is an entry kind or a Layout (every function here takes either)."""
+    variants = variants or {}
+    lay = layout(kind, variants.get("v41_main_rope", "fp4"))
+    f = split(kind, data, variants)
+    bad = nan_scales(lay, f["scales"])
+    if bad.any():
+        where = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"{lay.kind}: scale {where} is NaN; a {lay.scale.name} scale must be a number")
+    values = _dequantize(lay, f["payload"], f["scales"], variants)
+    return np.concatenate([values, bf16_tail_values(f["tail"])], axis=-1).astype(np.float32)
+
+
+def qdq(kind, x, variants: dict | None = None) -> np.ndarray:
+    """What a round trip through the cache gives: unpack(pack(x))."""
+    return unpack(kind, pack(kind, x, variants), variants)
