@@ -18,8 +18,10 @@ import importlib
 import signal
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 
+import numpy as np
 from hypothesis import HealthCheck, settings
 
 from ..spec import RULES
@@ -116,7 +118,9 @@ def run_check(chk: Check, target: Target, profile: str = "ci") -> Outcome:
         return Outcome(NOT_IMPLEMENTED, "missing " + ", ".join(missing))
     start = time.perf_counter()
     try:
-        with _time_limit(TIME_LIMIT_S[profile]):
+        # A target's numeric warnings (NaN casts and the like) are not results; the checks judge values.
+        with _time_limit(TIME_LIMIT_S[profile]), warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore", RuntimeWarning)
             chk.fn(target)
         status, detail = PASS, ""
     except NotImplementedOp as e:
