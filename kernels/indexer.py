@@ -530,6 +530,16 @@ def _check_score_shapes(op: str, T: int, H: int, S: int, D: int, w: torch.Tensor
         raise ValueError(f"{op}: w must have shape [T, H] = [{T}, {H}], got {tuple(w.shape)}")
 
 
+def _score_inputs(op: str, q, k, w, visible, bf16: bool):
+    """Validated (q, k, w, visible int32) of a score op."""
+    q = _float_input(op, "q", q, 3, bf16)
+    k = _float_input(op, "k", k, 2, bf16)
+    w = _float_input(op, "w", w, 2, bf16)
+    T, H, D = q.shape
+    _check_score_shapes(op, T, H, k.shape[0], D, w, k.shape[1])
+    return q, k, w, _check_lengths(op, visible, T, k.shape[0])
+
+
 def index_scores(q, k, w, visible, score_dtype: str = "bf16") -> torch.Tensor:
     """I[t,s] = sum_h w[t,h] * ReLU(q[t,h] . k[s]) for s < visible[t], -inf elsewhere (f32 [T,S]).
 
@@ -541,13 +551,8 @@ def index_scores(q, k, w, visible, score_dtype: str = "bf16") -> torch.Tensor:
     if score_dtype not in SCORE_DTYPES:
         raise ValueError(f"{op}: score_dtype must be one of {SCORE_DTYPES}, got {score_dtype!r}")
     bf16 = score_dtype == "bf16"
-    q = _float_input(op, "q", q, 3, bf16)
-    k = _float_input(op, "k", k, 2, bf16)
-    w = _float_input(op, "w", w, 2, bf16)
-    T, H, D = q.shape
-    S = k.shape[0]
-    _check_score_shapes(op, T, H, S, D, w, k.shape[1])
-    vis = _check_lengths(op, visible, T, S)
+    q, k, w, vis = _score_inputs(op, q, k, w, visible, bf16)
+    (T, H, D), S = q.shape, k.shape[0]
     if T == 0 or S == 0:
         return torch.full((T, S), float("-inf"), dtype=torch.float32)
     dev = _device()

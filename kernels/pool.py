@@ -22,8 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .indexer import (INTERPRET, _check_k, _check_lengths, _check_score_shapes, _device,
-                      _float_input, _launch_scores, _need_tensor, _pow2, _topk_engine)
+from .indexer import (INTERPRET, _check_k, _check_lengths, _device, _float_input, _launch_scores,
+                      _need_tensor, _pow2, _score_inputs, _topk_engine)
 
 __all__ = ["candidate_blocks", "reindex_topk"]
 
@@ -98,16 +98,6 @@ def candidate_blocks(scores, compress_lens, topk_blocks: int = 2048, block_size:
     return out.cpu().view(torch.bool)
 
 
-def _gather_pool(pool_u8: torch.Tensor, vis32: torch.Tensor, width: int) -> tuple:
-    """Per row, the positions s < visible[t] with pool[t,s], in ascending order, -1 padded."""
-    T, S = pool_u8.shape
-    idx = torch.full((T, width), -1, dtype=torch.int32, device=pool_u8.device)
-    count = torch.zeros((T,), dtype=torch.int32, device=pool_u8.device)
-    _gather_kernel[(T,)](pool_u8, vis32, idx, count, S, width, BLOCK=256 if INTERPRET else 4096,
-                         num_warps=4 if INTERPRET else 8)
-    return idx, count
-
-
 @triton.jit
 def _gather_kernel(pool_ptr, vis_ptr, idx_ptr, count_ptr, S, width, BLOCK: tl.constexpr):
     row = tl.program_id(0)
@@ -125,6 +115,16 @@ def _gather_kernel(pool_ptr, vis_ptr, idx_ptr, count_ptr, S, width, BLOCK: tl.co
     tl.store(count_ptr + row, written)
 
 
+def _gather_pool(pool_u8: torch.Tensor, vis32: torch.Tensor, width: int) -> tuple:
+    """Per row, the positions s < visible[t] with pool[t,s], in ascending order, -1 padded."""
+    T, S = pool_u8.shape
+    idx = torch.full((T, width), -1, dtype=torch.int32, device=pool_u8.device)
+    count = torch.zeros((T,), dtype=torch.int32, device=pool_u8.device)
+    _gather_kernel[(T,)](pool_u8, vis32, idx, count, S, width, BLOCK=2048 if INTERPRET else 4096,
+                         num_warps=4 if INTERPRET else 8)
+    return idx, count
+
+
 def reindex_topk(q, k, w, visible, pool, topk: int) -> torch.Tensor:
     """V4.1 re-index: BF16 scores masked to the pool, top-k in position order (int64 [T,topk]).
 
@@ -132,13 +132,8 @@ def reindex_topk(q, k, w, visible, pool, topk: int) -> torch.Tensor:
     score kernel reads K through that list; the row top-k then runs on <= |pool| columns.
     """
     op = "reindex_topk"
-    q = _float_input(op, "q", q, 3, True)
-    k = _float_input(op, "k", k, 2, True)
-    w = _float_input(op, "w", w, 2, True)
-    T, H, D = q.shape
-    S = k.shape[0]
-    _check_score_shapes(op, T, H, S, D, w, k.shape[1])
-    vis = _check_lengths(op, visible, T, S)
+    q, k, w, vis = _score_inputs(op, q, k, w, visible, True)
+    (T, H, D), S = q.shape, k.shape[0]
     pool = _need_tensor("pool", op, pool, 2, (torch.bool,))
     if tuple(pool.shape) != (T, S):
         raise ValueError(f"{op}: pool has shape {tuple(pool.shape)}, expected the scores' [T, S] = [{T}, {S}]")
