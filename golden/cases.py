@@ -57,6 +57,26 @@ class Case:
     outputs: tuple[str, ...] = ("out",)
 
 
+def permutation_rows(seed: int, rows: int, n: int) -> np.ndarray:
+    """Each row a permutation of 1..n (as float32): distinct scores, so top-k and pools are unique."""
+    return (np.argsort(uniform(seed, (rows, n)), axis=1, kind="stable") + 1).astype(np.float32)
+
+
+def fp4_operands(seed: int, rows: int, heads: int, keys: int, dim: int = 128):
+    """FP4 q and k with E8M0 scales 2^-1 or 2^0 and weights ±2^-j (j ≤ 3).
+
+    Every product is a multiple of 2^-4 below 36, so each per-head dot (< 2^13) and each head sum
+    (< 2^16 in steps of 2^-7) is exact in fp32: any summation order gives the same bits, and the
+    BF16 roundings of the rule are then the only roundings."""
+    words = lambda s, shape: (splitmix64(s, int(np.prod(shape))) >> np.uint64(56)).astype(np.uint8).reshape(shape)
+    q_packed, k_packed = words(seed, (rows, heads, dim // 2)), words(seed + 1, (keys, dim // 2))
+    q_scales = 126 + (words(seed + 2, (rows, heads, dim // 32)) & 1)
+    k_scales = 126 + (words(seed + 3, (keys, dim // 32)) & 1)
+    w_bits = words(seed + 4, (rows, heads))
+    w = np.where(w_bits & 8, -1.0, 1.0) * 2.0 ** -(w_bits & 3).astype(np.float32)
+    return q_packed, q_scales.astype(np.uint8), k_packed, k_scales.astype(np.uint8), w.astype(np.float32)
+
+
 def cases() -> list[Case]:
     x512 = mixed_magnitudes(11, (64, 512))
     x128 = mixed_magnitudes(12, (64, 128))
@@ -67,4 +87,31 @@ def cases() -> list[Case]:
         Case("fp8_v4_main_kv", "FP8.SCALE", "fp8_quantize", {"x": x448}, {"block": 64}, ("q", "scales")),
         Case("fp8_v41_swa", "FP8.SCALE", "fp8_quantize", {"x": x512}, {"block": 32}, ("q", "scales")),
         Case("fp8_v32_index", "FP8.SCALE", "fp8_quantize", {"x": x128}, {"block": 128}, ("q", "scales")),
+        *indexer_cases(),
+    ]
+
+
+def indexer_cases() -> list[Case]:
+    from ..impl.quant import fp4_e8m0_dequantize    # the inputs of the value-level score cases
+    import torch
+    q_packed, q_scales, k_packed, k_scales, w = fp4_operands(21, 12, 8, 40)
+    visible = np.array([0, 1, 2, 5, 8, 13, 20, 27, 33, 38, 40, 40], dtype=np.int64)
+    q = fp4_e8m0_dequantize(torch.from_numpy(q_packed), torch.from_numpy(q_scales)).numpy()
+    k = fp4_e8m0_dequantize(torch.from_numpy(k_packed), torch.from_numpy(k_scales)).numpy()
+    scores = permutation_rows(22, 12, 200)
+    seen = np.array([0, 1, 7, 8, 9, 31, 32, 33, 64, 150, 199, 200], dtype=np.int64)
+    scores[np.arange(200)[None, :] >= seen[:, None]] = -np.inf
+    fp4 = {"q_packed": q_packed, "q_scales": q_scales, "k_packed": k_packed, "k_scales": k_scales,
+           "w": w, "visible": visible}
+    values = {"q": q, "k": k, "w": w, "visible": visible}
+    return [
+        Case("index_scores_fp4", "IDX.SCORE.FP4", "index_scores_fp4", fp4),
+        Case("index_scores_bf16", "IDX.SCORE.ROUNDING", "index_scores", values, {"score_dtype": "bf16"}),
+        Case("index_scores_v32_fp32", "IDX.SCORE.V32_FP32", "index_scores", values, {"score_dtype": "fp32"}),
+        Case("index_topk_v41", "IDX.TOPK.ORDER", "index_topk", {"scores": scores, "visible": seen},
+             {"k": 32, "order": "position"}),
+        Case("index_topk_v4", "IDX.TOPK.ORDER", "index_topk", {"scores": scores, "visible": seen},
+             {"k": 32, "order": "score"}),
+        Case("candidate_blocks", "POOL.TOPK_BLOCKS", "candidate_blocks",
+             {"scores": scores, "compress_lens": seen}, {"topk_blocks": 5, "block_size": 8}),
     ]

@@ -109,7 +109,8 @@ def check_target(target, data: Path = DATA) -> list[tuple[str, str, str]]:
             results.append((case.name, "NOT_IMPLEMENTED", f"missing {case.op}"))
             continue
         inputs, want = load_case(case.name, data)
-        stored = Case(case.name, case.rule, case.op, inputs, case.args, case.outputs)
+        ordered = {name: inputs[name] for name in case.inputs}     # operations take them positionally
+        stored = Case(case.name, case.rule, case.op, ordered, case.args, case.outputs)
         problem = compare(case, run_case(stored, target.op(case.op)), want)
         results.append((case.name, "FAIL" if problem else "PASS", problem or ""))
     return results
