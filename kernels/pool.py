@@ -77,9 +77,15 @@ def candidate_blocks(scores, compress_lens, topk_blocks: int = 2048, block_size:
         raise ValueError(f"{op}: scores at positions >= compress_lens must be -inf (the causal mask)")
     if T == 0 or W == 0:
         return torch.zeros((T, W), dtype=torch.bool)
-    n_blocks = triton.cdiv(W, block_size)
     dev = _device()
-    x, lens_d = scores.to(dev), lens.to(dev)
+    return _candidate_blocks(scores.to(dev), lens.to(dev), topk_blocks, block_size).cpu().view(torch.bool)
+
+
+def _candidate_blocks(x: torch.Tensor, lens_d: torch.Tensor, topk_blocks: int, block_size: int):
+    """The device part of candidate_blocks: x [T,W] f32 and lens int32 on the device -> int8 mask."""
+    T, W = x.shape
+    dev = x.device
+    n_blocks = triton.cdiv(W, block_size)
     block_scores = torch.empty((T, n_blocks), dtype=torch.float32, device=dev)
     block_b = 64 if INTERPRET else max(16, 4096 // _pow2(block_size))
     warps = 4 if INTERPRET else 8
@@ -95,7 +101,7 @@ def candidate_blocks(scores, compress_lens, topk_blocks: int = 2048, block_size:
         everything = torch.full((T,), n_blocks, dtype=torch.int32, device=dev)
         _topk_engine(block_scores, everything, topk_blocks, drop_neg_inf=True, mask_out=out,
                      mask_block=block_size)
-    return out.cpu().view(torch.bool)
+    return out
 
 
 @triton.jit
@@ -143,8 +149,14 @@ def reindex_topk(q, k, w, visible, pool, topk: int) -> torch.Tensor:
     reach = pool & (torch.arange(S)[None, :] < vis[:, None])
     width = _pow2(int(reach.sum(1).max()), 16)
     dev = _device()
-    idx, count = _gather_pool(pool.contiguous().view(torch.uint8).to(dev), vis.to(dev), width)
-    pscores = torch.empty((T, width), dtype=torch.float32, device=dev)
-    _launch_scores(q.to(dev), None, k.to(dev), None, w.to(dev), count, idx, T, width, H, D,
-                   pscores, fp4=False, bf16=True)
-    return _topk_engine(pscores, count, topk, by_score=False, remap=idx).cpu()
+    return _reindex_topk(q.to(dev), k.to(dev), w.to(dev), vis.to(dev),
+                         pool.contiguous().view(torch.uint8).to(dev), topk, width).cpu()
+
+
+def _reindex_topk(q, k, w, vis, pool_u8, topk: int, width: int) -> torch.Tensor:
+    """The device part of reindex_topk; width >= the largest |pool ∩ visible| of a row."""
+    T, H, D = q.shape
+    idx, count = _gather_pool(pool_u8, vis, width)
+    pscores = torch.empty((T, width), dtype=torch.float32, device=q.device)
+    _launch_scores(q, None, k, None, w, count, idx, T, width, H, D, pscores, fp4=False, bf16=True)
+    return _topk_engine(pscores, count, topk, by_score=False, remap=idx)

@@ -1,0 +1,326 @@
+"""Benchmark of the indexer- and pool-family Triton kernels on one CUDA GPU (performance.md §0).
+
+In one run: the ceilings measured on this GPU (device-to-device copy bandwidth, bf16 GEMM rate),
+torch baselines (torch.topk sorted=False; view(B, N//8, 8).amax(-1) + topk(2048); the naive
+per-head bf16 matmul score), and the kernels on the performance.md §0 shapes: row top-k 1x1M,
+64x1M, 1024x64K; block selection [64 | 1024, 262144]; prefill logits T=4096 x S=65536, H=64,
+D=128 (BF16 and FP4-packed K); re-index top-512 inside a 16384-position pool.  Each kernel result
+is checked for tie-aware validity on the benchmark inputs.  Ratios: kernel/torch (speed-up) and
+kernel/ceiling.  Writes bench_indexer.json and bench_indexer.md to --out.  Refuses (exit 2)
+without a GPU.  Timings: triton.testing.do_bench median (L2 flushed between repetitions).
+
+    python bench/bench_indexer.py --out out/
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=None, help="folder for bench_indexer.json and bench_indexer.md")
+    ap.add_argument("--rep", type=int, default=100, help="do_bench rep (ms)")
+    ap.add_argument("--quick", action="store_true", help="smaller shapes (a smoke run, not the goals)")
+    ap.add_argument("--only", default="", help="comma list among topk,blocks,logits,reindex")
+    ap.add_argument("--skip-torch", action="store_true", help="skip the torch baselines")
+    return ap.parse_args(argv)
+
+
+def bench(fn, rep):
+    from triton.testing import do_bench
+    return do_bench(fn, warmup=25, rep=rep, return_mode="median") * 1e-3  # seconds
+
+
+def bf16_ulp(torch, x):
+    """The BF16 quantum of |x| (2^(e-7)), for finite x; 2^-133 at 0."""
+    e = torch.frexp(x.abs().clamp_min(2.0 ** -126).float()).exponent
+    return torch.ldexp(torch.ones_like(x, dtype=torch.float32), (e - 8).to(torch.int32))
+
+
+# ----------------------------------------------------------------------------------------------
+# ceilings
+# ----------------------------------------------------------------------------------------------
+def ceilings(torch, rep):
+    x = torch.empty(1 << 31, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    t = bench(lambda: y.copy_(x), rep)
+    copy = 2 * x.numel() / t
+    del x, y
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    t = bench(lambda: a @ b, rep)
+    return {"copy_TBps": copy / 1e12, "bf16_gemm_TFLOPs": 2 * 8192 ** 3 / t / 1e12}
+
+
+# ----------------------------------------------------------------------------------------------
+# validity (tie-aware, on the GPU, with torch as the judge)
+# ----------------------------------------------------------------------------------------------
+def topk_validity(torch, scores, n_valid, idx, k, order, tol=None):
+    """Range/count/unique/padding/order, and the chosen score multiset equal to the top-k one
+    (within tol per element when the scores were computed by another route)."""
+    R, N = scores.shape
+    n_want = torch.clamp(n_valid.long(), max=k)
+    valid = idx >= 0
+    cnt_ok = bool((valid.sum(1) == n_want).all())
+    pad_ok = bool((valid.int().diff(dim=1) <= 0).all()) if k > 1 else True
+    safe = torch.where(valid, idx, 0)
+    in_range = bool(((safe < n_valid[:, None].long()) | ~valid).all())
+    big = torch.where(valid, idx, N + torch.arange(k, device=idx.device)[None, :])
+    srt = big.sort(dim=1).values
+    unique_ok = bool((srt.diff(dim=1) > 0).all()) if k > 1 else True
+    chosen = torch.where(valid, scores.gather(1, safe), float("-inf"))
+    if order == "position":
+        order_ok = bool(((idx.diff(dim=1) > 0) | ~valid[:, 1:]).all()) if k > 1 else True
+    else:
+        order_ok = bool(((chosen.diff(dim=1) <= 0) | ~valid[:, 1:]).all()) if k > 1 else True
+    masked = torch.where(torch.arange(N, device=scores.device)[None, :] < n_valid[:, None], scores,
+                         float("-inf"))
+    ref = torch.topk(masked, k, dim=1, sorted=True).values
+    ref = torch.where(torch.arange(k, device=idx.device)[None, :] < n_want[:, None], ref, float("-inf"))
+    got = chosen.sort(dim=1, descending=True).values
+    if tol is None:
+        sel_ok = bool(torch.equal(got, ref))
+    else:
+        fin = torch.isfinite(ref)
+        sel_ok = bool(((got - ref).abs()[fin] <= tol * bf16_ulp(torch, ref[fin])).all()) and \
+            bool(torch.equal(torch.isfinite(got), fin))
+    checks = dict(count=cnt_ok, padding=pad_ok, range=in_range, unique=unique_ok, order=order_ok,
+                  selection=sel_ok)
+    bad = [c for c, v in checks.items() if not v]
+    return "valid" if not bad else "INVALID: " + ",".join(bad)
+
+
+def torch_scores_bf16(torch, q, k, w, vis):
+    """The BF16-steps score written in torch (judge for a few rows): q [t,H,D], k [S,D]."""
+    dots = torch.einsum("thd,sd->ths", q.float(), k.float())
+    p = (torch.relu(dots.bfloat16().float()) * w.float()[:, :, None]).bfloat16().float()
+    s = p.sum(1).bfloat16().float()
+    return s.masked_fill(torch.arange(k.shape[0], device=q.device)[None, :] >= vis[:, None], float("-inf"))
+
+
+def scores_validity(torch, got, ref):
+    inf_ok = torch.equal(torch.isinf(got), torch.isinf(ref)) and torch.equal(got[torch.isinf(ref)], ref[torch.isinf(ref)])
+    fin = torch.isfinite(ref)
+    err = (got[fin] - ref[fin]).abs()
+    ok = bool((err <= bf16_ulp(torch, ref[fin])).all())
+    return "valid (±1 BF16 ulp, −inf exact)" if inf_ok and ok else \
+        f"INVALID (inf positions {'ok' if inf_ok else 'differ'}, max err {float(err.max()):.3g})"
+
+
+# ----------------------------------------------------------------------------------------------
+# cases
+# ----------------------------------------------------------------------------------------------
+def run_topk(torch, KI, rep, ceil, quick, skip_torch):
+    shapes = [(1, 1 << 20, 512), (1, 1 << 20, 2048), (64, 1 << 20, 2048), (1024, 1 << 16, 2048)]
+    if quick:
+        shapes = [(1, 1 << 18, 512), (16, 1 << 18, 2048)]
+    rows = []
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for R, N, k in shapes:
+        x = torch.randn(R, N, device="cuda", generator=g).bfloat16().float()  # BF16-valued scores
+        nv = torch.full((R,), N, dtype=torch.int32, device="cuda")
+        for order in ("position", "score"):
+            if order == "score" and (R, N) != (64, 1 << 20):
+                continue
+            out = KI._topk_engine(x, nv, k, by_score=order == "score")
+            validity = topk_validity(torch, x, nv, out, k, order)
+            t = bench(lambda: KI._topk_engine(x, nv, k, by_score=order == "score"), rep)
+            tt = None if skip_torch else bench(lambda: torch.topk(x, k, dim=1, sorted=False), rep)
+            nbytes = R * N * 4
+            rows.append(dict(case=f"top-k {R}x{N} k={k} ({order})", kernel_us=t * 1e6,
+                             torch_us=tt and tt * 1e6, TBps=nbytes / t / 1e12,
+                             vs_torch=tt and tt / t, vs_ceiling=nbytes / t / 1e12 / ceil["copy_TBps"],
+                             validity=validity))
+        del x
+    return rows
+
+
+def run_blocks(torch, KP, rep, ceil, quick, skip_torch):
+    W = 1 << 18 if not quick else 1 << 16
+    rows = []
+    g = torch.Generator(device="cuda").manual_seed(1)
+    for R in (64, 1024):
+        x = torch.randn(R, W, device="cuda", generator=g).bfloat16().float()
+        lens = torch.full((R,), W, dtype=torch.int32, device="cuda")
+        out = KP._candidate_blocks(x, lens, 2048, 8)
+        # validity: block granular, 2048 blocks, block-score multiset = torch's (newest pinned)
+        bmax = x.view(R, W // 8, 8).amax(-1)
+        bmax[:, -1] = float("inf")
+        kept = out.view(R, W // 8, 8)
+        whole = bool((kept.amin(-1) == kept.amax(-1)).all())
+        kb = kept[:, :, 0].bool()
+        count_ok = bool((kb.sum(1) == 2048).all())
+        got = torch.where(kb, bmax, float("-inf")).sort(1, descending=True).values[:, :2048]
+        ref = torch.topk(bmax, 2048, dim=1).values
+        validity = "valid" if whole and count_ok and torch.equal(got, ref) else \
+            f"INVALID (whole={whole}, count={count_ok}, multiset={torch.equal(got, ref)})"
+        t = bench(lambda: KP._candidate_blocks(x, lens, 2048, 8), rep)
+        tt = None if skip_torch else bench(
+            lambda: torch.topk(x.view(R, W // 8, 8).amax(-1), 2048, dim=1, sorted=False), rep)
+        nbytes = R * W * 4
+        rows.append(dict(case=f"block select [{R}, {W}] -> 2048 blocks", kernel_us=t * 1e6,
+                         torch_us=tt and tt * 1e6, TBps=nbytes / t / 1e12, vs_torch=tt and tt / t,
+                         vs_ceiling=nbytes / t / 1e12 / ceil["copy_TBps"], validity=validity))
+        del x, out
+    return rows
+
+
+def run_logits(torch, KI, rep, ceil, quick, skip_torch):
+    T, S, H, D = (4096, 65536, 64, 128) if not quick else (512, 8192, 64, 128)
+    g = torch.Generator(device="cuda").manual_seed(2)
+    q = torch.randn(T, H, D, device="cuda", generator=g).bfloat16()
+    k = torch.randn(S, D, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(T, H, device="cuda", generator=g) * 0.011).bfloat16()
+    vis = (S - T + 1 + torch.arange(T, device="cuda")).to(torch.int32)  # the last T of S tokens
+    out = torch.empty(T, S, device="cuda")
+    flops = 2 * H * D * float(vis.double().sum())
+
+    def kernel():
+        KI._launch_scores(q, None, k, None, w, vis, None, T, S, H, D, out, fp4=False, bf16=True)
+
+    kernel()
+    rows_chk = torch.linspace(0, T - 1, 16, device="cuda").long()
+    ref = torch_scores_bf16(torch, q[rows_chk], k, w[rows_chk], vis[rows_chk])
+    validity = scores_validity(torch, out[rows_chk], ref)
+    t = bench(kernel, rep)
+    tt = None
+    if not skip_torch:  # the naive per-head bf16 matmul on a 256-query chunk, scaled to T
+        tc = 256
+
+        def naive():
+            dots = (q[:tc].reshape(tc * H, D) @ k.T).view(tc, H, S)
+            p = (torch.relu(dots) * w[:tc, :, None]).sum(1)
+            return p.masked_fill(torch.arange(S, device="cuda")[None, :] >= vis[:tc, None], float("-inf"))
+        tt = bench(naive, rep) * (T / tc)
+    rows = [dict(case=f"logits bf16 T={T} S={S} H={H} D={D} (prefill, causal)", kernel_us=t * 1e6,
+                 torch_us=tt and tt * 1e6, TFLOPs=flops / t / 1e12, vs_torch=tt and tt / t,
+                 vs_ceiling=flops / t / 1e12 / ceil["bf16_gemm_TFLOPs"], validity=validity)]
+    # FP4-packed q and K (E2M1 + E8M0/32), dequantized in registers
+    qp = torch.randint(0, 256, (T, H, D // 2), device="cuda", dtype=torch.uint8, generator=g)
+    qs = torch.randint(122, 130, (T, H, D // 32), device="cuda", dtype=torch.uint8, generator=g)
+    kp = torch.randint(0, 256, (S, D // 2), device="cuda", dtype=torch.uint8, generator=g)
+    ks = torch.randint(122, 130, (S, D // 32), device="cuda", dtype=torch.uint8, generator=g)
+
+    def fp4():
+        KI._launch_scores(qp, qs, kp, ks, w, vis, None, T, S, H, D, out, fp4=True, bf16=True)
+
+    fp4()
+    lut = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], device="cuda")
+
+    def deq(p, s):
+        v = torch.stack((lut[(p & 15).long()], lut[(p >> 4).long()]), -1).flatten(-2)
+        return (v.view(*v.shape[:-1], -1, 32) * torch.pow(2.0, s.float() - 127)[..., None]).flatten(-2)
+    ref = torch_scores_bf16(torch, deq(qp[rows_chk], qs[rows_chk]), deq(kp, ks), w[rows_chk], vis[rows_chk])
+    validity = scores_validity(torch, out[rows_chk], ref)
+    t4 = bench(fp4, rep)
+    rows.append(dict(case=f"logits fp4 (E2M1+E8M0/32) T={T} S={S} H={H} D={D}", kernel_us=t4 * 1e6,
+                     torch_us=tt and tt * 1e6, TFLOPs=flops / t4 / 1e12, vs_torch=tt and tt / t4,
+                     vs_ceiling=flops / t4 / 1e12 / ceil["bf16_gemm_TFLOPs"], validity=validity))
+    return rows
+
+
+def run_reindex(torch, KP, rep, ceil, quick, skip_torch):
+    T, S, H, D, k = (64, 1 << 18, 32, 128, 512) if not quick else (8, 1 << 16, 32, 128, 512)
+    g = torch.Generator(device="cuda").manual_seed(3)
+    q = torch.randn(T, H, D, device="cuda", generator=g).bfloat16()
+    kc = torch.randn(S, D, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(T, H, device="cuda", generator=g) / 64).bfloat16()
+    vis = torch.full((T,), S, dtype=torch.int32, device="cuda")
+    blocks = torch.rand(T, S // 8, device="cuda", generator=g).topk(2048, dim=1).indices
+    pool = torch.zeros(T, S // 8, dtype=torch.uint8, device="cuda").scatter_(1, blocks, 1)
+    pool = pool.repeat_interleave(8, dim=1).contiguous()
+    width = 16384
+    out = KP._reindex_topk(q, kc, w, vis, pool, k, width)
+    # judge: the pool's scores by torch (gathered), tie-aware within 1 BF16 ulp
+    pos = pool.bool().nonzero()[:, 1].view(T, width)
+    kg = kc[pos]                                                   # [T, 16384, D]
+    dots = torch.einsum("thd,tpd->thp", q.float(), kg.float())
+    ref = (torch.relu(dots.bfloat16().float()) * w.float()[:, :, None]).bfloat16().float().sum(1).bfloat16().float()
+    full = torch.full((T, S), float("-inf"), device="cuda").scatter_(1, pos, ref)
+    in_pool = bool(pool.gather(1, torch.where(out >= 0, out, 0)).bool().logical_or(out < 0).all())
+    validity = topk_validity(torch, full, vis, out, k, "position", tol=1.0)
+    validity += "" if in_pool else "; OUTSIDE THE POOL"
+    t = bench(lambda: KP._reindex_topk(q, kc, w, vis, pool, k, width), rep)
+    tt = None
+    if not skip_torch:
+        def naive():  # gather the pool's K rows, per-head bf16 matmul, top-k, sort
+            d = torch.einsum("thd,tpd->thp", q, kc[pos])
+            s = (torch.relu(d) * w[:, :, None]).sum(1)
+            return pos.gather(1, torch.topk(s, k, dim=1, sorted=False).indices).sort(1).values
+        tt = bench(naive, rep)
+    nbytes = T * width * (D * 2 + 4)   # K rows gathered + pool scores written
+    return [dict(case=f"re-index top-{k} in a {width}-position pool (T={T}, S={S}, H={H})",
+                 kernel_us=t * 1e6, torch_us=tt and tt * 1e6, TBps=nbytes / t / 1e12,
+                 vs_torch=tt and tt / t, vs_ceiling=nbytes / t / 1e12 / ceil["copy_TBps"],
+                 validity=validity)]
+
+
+def markdown(result):
+    c = result["ceilings"]
+    lines = [f"# bench_indexer on {result['gpu']}", "",
+             f"Ceilings measured in this run: copy {c['copy_TBps']:.2f} TB/s, bf16 GEMM "
+             f"{c['bf16_gemm_TFLOPs']:.0f} TFLOP/s (8192³).", "",
+             "| case | kernel µs | torch µs | rate | kernel/torch (speed-up) | kernel/ceiling | validity |",
+             "|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        rate = f"{r['TBps']:.2f} TB/s" if "TBps" in r else f"{r['TFLOPs']:.0f} TFLOP/s"
+        ts = f"{r['torch_us']:.1f}" if r.get("torch_us") else "–"
+        vt = f"{r['vs_torch']:.2f}×" if r.get("vs_torch") else "–"
+        lines.append(f"| {r['case']} | {r['kernel_us']:.1f} | {ts} | {rate} | {vt} | "
+                     f"{100 * r['vs_ceiling']:.0f} % | {r['validity']} |")
+    lines += ["", "Rates: top-k/block select count the fp32 score bytes read once; logits count "
+              "2·H·D FLOPs per visible (t, s) pair against the bf16 GEMM ceiling; re-index counts "
+              "the gathered K rows and the pool scores.  The logits torch baseline is a 256-query "
+              "chunk scaled to T."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    os.environ.setdefault("TRITON_INTERPRET", "0")
+    import torch
+    if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
+        print("bench_indexer: needs a CUDA GPU (and TRITON_INTERPRET unset or 0); nothing measured",
+              file=sys.stderr)
+        return 2
+    from dsv4spec.kernels import indexer as KI
+    from dsv4spec.kernels import pool as KP
+    only = set(filter(None, args.only.split(","))) or {"topk", "blocks", "logits", "reindex"}
+    t0 = time.time()
+    ceil = ceilings(torch, args.rep)
+    print(f"ceilings: {ceil}", flush=True)
+    rows = []
+    for name, fn, mod in (("topk", run_topk, KI), ("blocks", run_blocks, KP),
+                          ("logits", run_logits, KI), ("reindex", run_reindex, KP)):
+        if name in only:
+            try:
+                new = fn(torch, mod, args.rep, ceil, args.quick, args.skip_torch)
+            except Exception as e:  # noqa: BLE001 -- report and go on with the other cases
+                new = [dict(case=name, kernel_us=float("nan"), vs_ceiling=float("nan"),
+                            TBps=float("nan"), validity=f"ERROR {type(e).__name__}: {e}"[:300])]
+            for r in new:
+                print(json.dumps(r), flush=True)
+            rows += new
+            torch.cuda.empty_cache()
+    result = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+                  triton=__import__("triton").__version__, host=platform.node(), quick=args.quick,
+                  ceilings=ceil, rows=rows, seconds=time.time() - t0)
+    md = markdown(result)
+    print(md)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "bench_indexer.json"), "w") as f:
+            json.dump(result, f, indent=1)
+        with open(os.path.join(args.out, "bench_indexer.md"), "w") as f:
+            f.write(md)
+    return 0 if all(r["validity"].startswith("valid") for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
