@@ -1,0 +1,68 @@
+"""Budget mutants: cost models with one realistic mistake each (rule caught on, in MUTANTS)."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import dsv4spec.impl as impl
+import dsv4spec.impl.budget as ib
+from dsv4spec.spec import layout
+from dsv4spec.spec.models import profile
+
+from . import mutant
+
+# impl plus its budget operations (impl/__init__ may not re-export impl.budget yet).
+BASE = SimpleNamespace(**{k: getattr(impl, k) for k in dir(impl) if not k.startswith("_")},
+                       **{k: getattr(ib, k) for k in ib.__all__})
+
+
+def _kv_bytes(model, *, hca_ratio=None, index_on_hca=False, sharing=True):
+    m = profile(model)
+    main, index, _ = ib._entries(m)
+    total = 0.0
+    for layer in range(m.n_layers):
+        ratio = m.compress_ratios[layer]
+        if not ratio:
+            continue
+        if m.kv_source_layers and sharing:
+            stores_main = stores_index = layer in m.kv_source_layers
+        else:
+            stores_main, stores_index = True, ratio in (1, 2, 4) or index_on_hca
+        if ratio == 128 and hca_ratio:
+            ratio = hca_ratio
+        total += (main * stores_main + index * stores_index) / ratio
+    return total
+
+
+def _indexer_pool_from_source(model, context, pool=True):
+    """The pool is applied at every layer from the candidate source on, layer 20 included."""
+    m = profile(model)
+    total = 0
+    for layer in ib._indexing_layers(m):
+        scored = context // m.compress_ratios[layer]
+        if pool and 0 <= m.candidate_source_layer <= layer:
+            scored = min(scored, m.candidate_topk_blocks * m.candidate_block_size)
+        total += scored * m.index_n_heads * m.index_head_dim
+    return total
+
+
+def _window_v4_layout(model):
+    return profile(model).window * layout.V4_MAIN_KV.nbytes
+
+
+def _attention_qk_only(model, layer, context):
+    return ib.core_attention_macs(model, layer, context) // 2
+
+
+MUTANTS = {
+    "budget-hca-counted-at-ratio-4": ("BUDGET.KV_BYTES", dict(kv_bytes_per_token=lambda m: _kv_bytes(m, hca_ratio=4))),
+    "budget-index-k-on-hca-layers": ("BUDGET.KV_BYTES", dict(kv_bytes_per_token=lambda m: _kv_bytes(m, index_on_hca=True))),
+    "budget-sharing-ignored": ("BUDGET.KV_BYTES", dict(kv_bytes_per_token=lambda m: _kv_bytes(m, sharing=False))),
+    "budget-pool-at-layer-20": ("BUDGET.INDEX_WORK", dict(indexer_macs_per_token=_indexer_pool_from_source)),
+    "budget-v41-window-in-v4-layout": ("BUDGET.WINDOW", dict(window_bytes_per_layer=_window_v4_layout)),
+    "budget-attention-qk-only": ("BUDGET.ATTN_WORK", dict(core_attention_macs=_attention_qk_only)),
+}
+
+
+def build(name: str):
+    rule_id, overrides = MUTANTS[name]
+    return rule_id, mutant(name, base=BASE, **overrides)
