@@ -60,6 +60,9 @@ class Case:
     def __repr__(self):
         return self.recipe or self.describe()
 
+    def _repr_pretty_(self, printer, cycle):     # Hypothesis prints falsifying examples with this
+        printer.text(repr(self))
+
     def but(self, note: str, **changes) -> "Case":
         """A modified copy whose repr says how it was modified."""
         return replace(self, recipe=f"{self!r} with {note}", **changes)
@@ -131,7 +134,7 @@ def assert_within(actual, expected, tol, *, what: str, case: Case):
     lines = [f"{what}: {int(bad.sum())} of {bad.size} values outside the fp32 bound ({case.describe()})"]
     for idx in list(zip(*np.nonzero(bad)))[:4]:
         idx = tuple(int(i) for i in idx)
-        lines.append(f"  at [batch, entry, channel] {idx}: got {actual[idx]!r}, expected {expected[idx]!r} "
+        lines.append(f"  at [batch, entry, channel] {idx}: got {float(actual[idx])!r}, expected {float(expected[idx])!r} "
                      f"(bound {tol[idx]:.3g})")
     raise AssertionError("\n".join(lines))
 

@@ -6,9 +6,26 @@ from dsv4spec.properties.target import Target
 from mutants import layout
 
 
-@pytest.mark.parametrize("name", sorted(layout.MUTANTS))
-def test_mutant_is_caught(name, assert_caught):
-    rule_id, provider = layout.build(name)
+CAUGHT_ON = {
+    "layout-scales-first-undeclared": "LAYOUT.ORDER",
+    "layout-bf16-tail-big-endian": "LAYOUT.ORDER",
+    "layout-v4-pad-byte-missing": "LAYOUT.V4.MAIN",
+    "layout-v41-rope-bf16-undeclared": "LAYOUT.V41.MAIN",
+    "layout-index-k-scales-padded-to-8": "LAYOUT.INDEX_K",
+    "layout-swa-rope-kept-bf16": "LAYOUT.V41.SWA",
+    "layout-v32-scale-as-e8m0-byte": "LAYOUT.V32.INDEX_K",
+    "layout-unpack-accepts-nan-scales": "LAYOUT.REJECT",
+    "layout-unpack-e8m0-bias-126": "LAYOUT.UNPACK",
+}
+
+
+def test_the_catalogue_is_complete():
+    assert {name: rule for name, (rule, _) in layout.MUTANTS.items()} == CAUGHT_ON
+
+
+@pytest.mark.parametrize("name,rule_id", sorted(CAUGHT_ON.items()))
+def test_mutant_is_caught(name, rule_id, assert_caught):
+    _, provider = layout.build(name)
     assert_caught(provider, rule_id)
 
 
