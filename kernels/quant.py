@@ -1,5 +1,7 @@
 """Triton kernels for the quant family: FP4 (E2M1) with E4M3/16 or E8M0/32 scales, FP8 (E4M3) with
-E8M0 scales, and nibble packing.
+E8M0 scales and its in-place QDQ, nibble packing, and the element formats themselves (E2M1, E4M3
+and E8M0 codes, BF16 rounding), each an elementwise kernel built from the same device helpers the
+codecs use, so that the FMT.* rules check exactly the roundings the codecs run.
 
 Launchers take and return CPU tensors (the target contract).  They run on CUDA when a GPU is
 present, otherwise under the Triton interpreter.  The `*_device` functions take and return
@@ -22,6 +24,8 @@ Exactness.  The interpreter's float casts differ from the GPU's, so no rounding 
     So the E4M3 path is bit-identical to dividing by the rounded scale with IEEE division
     (tl.math.div_rn), without paying for a division per element.  The one division, amax/6, is
     per block and uses tl.math.div_rn.
+  * BF16 rounding adds 0x7FFF + (bit 16) to the fp32 bits of the magnitude and clears the low
+    half, the sign goes back in as a bit; a NaN keeps its upper half with the quiet bit set.
   * Block maxima ignore NaN, as the CUDA max reduction of the official kernel does (the launchers
     reject non-finite input anyway: rules FP4.NONFINITE / FP8.NONFINITE).
 """
@@ -37,7 +41,17 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from ..impl.quant import _block_param as _impl_block_param  # noqa: E402
+from ..impl.quant import _bytes as _impl_bytes  # noqa: E402
+from ..impl.quant import _values as _impl_values  # noqa: E402
+
 __all__ = [
+    "e2m1_encode",
+    "e2m1_decode",
+    "e4m3_encode",
+    "e4m3_decode",
+    "e8m0_decode",
+    "bf16_round",
     "fp4_pack",
     "fp4_unpack",
     "fp4_e4m3_quantize",
@@ -46,6 +60,7 @@ __all__ = [
     "fp4_e8m0_dequantize",
     "fp8_quantize",
     "fp8_dequantize",
+    "fp8_qdq",
 ]
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -121,9 +136,16 @@ def _e4m3_decode(code):
     normal = ((mag << 20) + (120 << 23)).to(tl.float32, bitcast=True)
     sub = mag.to(tl.float32) * 0.001953125  # m * 2^-9
     bits = tl.where(mag >= 8, normal, sub).to(tl.int32, bitcast=True)
-    bits = tl.where(mag == 0x7F, 0x7FC00000, bits)
-    # the sign goes in as a bit: Triton's unary minus is 0 - v, which loses the sign of zero
-    return (bits | ((c & 0x80) << 24)).to(tl.float32, bitcast=True)
+    # the sign goes in as a bit: Triton's unary minus is 0 - v, which loses the sign of zero.
+    # Both NaN bytes give the one quiet NaN 0x7FC00000, as spec.formats.e4m3_decode does.
+    bits = bits | ((c & 0x80) << 24)
+    return tl.where(mag == 0x7F, 0x7FC00000, bits).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _e4m3_encode(x):
+    """E4M3 byte of fp32 x: RNE, saturating at ±448, NaN -> 0x7F/0xFF; the sign is x's sign bit."""
+    return _e4m3_encode_magnitude(tl.abs(x)) | ((x.to(tl.int32, bitcast=True) >> 24) & 0x80)
 
 
 @triton.jit
@@ -165,6 +187,19 @@ def _e2m1_decode(code):
     normal = ((m + 252) << 22).to(tl.float32, bitcast=True)
     v = tl.where(m >= 2, normal, m.to(tl.float32) * 0.5)
     return (v.to(tl.int32, bitcast=True) | ((code & 8) << 28)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _bf16_round(x):
+    """fp32 value of the BF16 nearest to x (RNE, overflow to ±Inf; a NaN keeps its upper half,
+    made quiet).  Rounds the magnitude's bits, so the integer add never overflows."""
+    bits = x.to(tl.int32, bitcast=True)
+    mag = bits & 0x7FFFFFFF
+    nan = mag > _F32_INF_BITS
+    finite_mag = tl.where(nan, 0, mag)
+    rounded = ((finite_mag + 0x7FFF + ((finite_mag >> 16) & 1)) >> 16) << 16
+    out = tl.where(nan, ((bits >> 16) << 16) | 0x00400000, rounded | (bits ^ mag))   # bits ^ mag: sign
+    return out.to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -234,21 +269,34 @@ def _fp4_dequantize_kernel(q_ptr, s_ptr, y_ptr, nblocks,
 
 
 @triton.jit
-def _fp8_quantize_kernel(x_ptr, q_ptr, s_ptr, nblocks, BLOCK: tl.constexpr,
-                         BLOCK_P2: tl.constexpr, ROWS: tl.constexpr, CLEAN_NAN: tl.constexpr):
-    row0 = tl.program_id(0).to(tl.int64) * ROWS
-    rows = row0 + tl.arange(0, ROWS)
+def _block_tile(nblocks, BLOCK: tl.constexpr, BLOCK_P2: tl.constexpr, ROWS: tl.constexpr):
+    """This program's ROWS blocks of BLOCK elements (padded to BLOCK_P2 columns): the block
+    indices, the element offsets [ROWS, BLOCK_P2] and their mask."""
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_P2)
     mask = (rows < nblocks)[:, None] & (cols < BLOCK)[None, :]
-    offs = rows[:, None] * BLOCK + cols[None, :]
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    return rows, rows[:, None] * BLOCK + cols[None, :], mask
+
+
+@triton.jit
+def _fp8_block_codes(x, CLEAN_NAN: tl.constexpr):
+    """act_quant of the rows of x (one block each): the E4M3 codes of clamp(x/s, ±448) and the
+    exponents e of the scales s = 2^e."""
     amax = _abs_max_rows(x, CLEAN_NAN)
     # s = 2^ceil(log2(max(amax, fl32(1e-4)) * fl32(1/448))); x/s = x * 2^-e exactly
     p = tl.maximum(amax, 9.999999747378752e-05) * 0.002232142863795161
     e = _pow2_ceil_exponent(p)
     y = x * _pow2(-e)[:, None]
     y = tl.minimum(tl.maximum(y, -448.0), 448.0)
-    code = _e4m3_encode_magnitude(tl.abs(y)) | ((y.to(tl.int32, bitcast=True) >> 24) & 0x80)
+    return _e4m3_encode(y), e
+
+
+@triton.jit
+def _fp8_quantize_kernel(x_ptr, q_ptr, s_ptr, nblocks, BLOCK: tl.constexpr,
+                         BLOCK_P2: tl.constexpr, ROWS: tl.constexpr, CLEAN_NAN: tl.constexpr):
+    rows, offs, mask = _block_tile(nblocks, BLOCK, BLOCK_P2, ROWS)
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    code, e = _fp8_block_codes(x, CLEAN_NAN)
     tl.store(q_ptr + offs, code.to(tl.uint8), mask=mask)
     tl.store(s_ptr + rows, (e + 127).to(tl.uint8), mask=rows < nblocks)
 
@@ -256,15 +304,43 @@ def _fp8_quantize_kernel(x_ptr, q_ptr, s_ptr, nblocks, BLOCK: tl.constexpr,
 @triton.jit
 def _fp8_dequantize_kernel(q_ptr, s_ptr, y_ptr, nblocks, BLOCK: tl.constexpr,
                            BLOCK_P2: tl.constexpr, ROWS: tl.constexpr):
-    row0 = tl.program_id(0).to(tl.int64) * ROWS
-    rows = row0 + tl.arange(0, ROWS)
-    cols = tl.arange(0, BLOCK_P2)
-    mask = (rows < nblocks)[:, None] & (cols < BLOCK)[None, :]
-    offs = rows[:, None] * BLOCK + cols[None, :]
+    rows, offs, mask = _block_tile(nblocks, BLOCK, BLOCK_P2, ROWS)
     q = tl.load(q_ptr + offs, mask=mask, other=0)
     s = _e8m0_decode(tl.load(s_ptr + rows, mask=rows < nblocks, other=0))
     y = _e4m3_decode(q) * s[:, None]
     tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _fp8_qdq_kernel(x_ptr, y_ptr, nblocks, BLOCK: tl.constexpr, BLOCK_P2: tl.constexpr,
+                    ROWS: tl.constexpr, CLEAN_NAN: tl.constexpr):
+    rows, offs, mask = _block_tile(nblocks, BLOCK, BLOCK_P2, ROWS)
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    code, e = _fp8_block_codes(x, CLEAN_NAN)
+    # E4M3 value times 2^e: one IEEE multiplication, exact unless it overflows (as in the spec)
+    tl.store(y_ptr + offs, _e4m3_decode(code) * _pow2(e)[:, None], mask=mask)
+
+
+@triton.jit
+def _format_kernel(in_ptr, out_ptr, n, OP: tl.constexpr, N: tl.constexpr):
+    """out[i] = OP(in[i]) for one element-format operation (fp32 or uint8 in, uint8 or fp32 out)."""
+    i = tl.program_id(0).to(tl.int64) * N + tl.arange(0, N)
+    ok = i < n
+    v = tl.load(in_ptr + i, mask=ok, other=0)
+    if OP == "e2m1_encode":
+        out = _e2m1_code_of_exact(v, 1.0)            # clamp to ±6 and RNE by the bits
+    elif OP == "e2m1_decode":
+        out = _e2m1_decode(v.to(tl.int32))
+    elif OP == "e4m3_encode":
+        out = _e4m3_encode(v)
+    elif OP == "e4m3_decode":
+        out = _e4m3_decode(v)
+    elif OP == "e8m0_decode":
+        out = _e8m0_decode(v)
+    else:
+        tl.static_assert(OP == "bf16_round", "unknown element-format operation")
+        out = _bf16_round(v)
+    tl.store(out_ptr + i, out.to(out_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -426,6 +502,34 @@ def fp8_dequantize_device(q: torch.Tensor, scales: torch.Tensor, block: int,
     return y
 
 
+def fp8_qdq_device(x: torch.Tensor, block: int):
+    y = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    nblocks = x.numel() // block
+    if nblocks:
+        p2 = triton.next_power_of_2(block)
+        rows = _rows_per_program(p2)
+        _fp8_qdq_kernel[_grid(nblocks, rows)](
+            x, y, nblocks, BLOCK=block, BLOCK_P2=p2, ROWS=rows, CLEAN_NAN=INTERPRETED,
+            num_warps=_num_warps())
+    return y
+
+
+FORMAT_OUTPUTS = {"e2m1_encode": torch.uint8, "e2m1_decode": torch.float32,
+                  "e4m3_encode": torch.uint8, "e4m3_decode": torch.float32,
+                  "e8m0_decode": torch.float32, "bf16_round": torch.float32}
+
+
+def format_device(op: str, t: torch.Tensor) -> torch.Tensor:
+    """Elementwise element-format operation `op` on float32 values or uint8 codes on the device."""
+    out = torch.empty(t.shape, dtype=FORMAT_OUTPUTS[op], device=t.device)
+    n = t.numel()
+    if n:
+        per_program = 16384 if INTERPRETED else GPU_CONFIG["elements_per_program"]
+        _format_kernel[(triton.cdiv(n, per_program),)](t, out, n, OP=op, N=per_program,
+                                                       num_warps=_num_warps())
+    return out
+
+
 def fp4_pack_device(codes: torch.Tensor):
     packed = torch.empty(codes.shape[:-1] + (codes.shape[-1] // 2,), dtype=torch.uint8,
                          device=codes.device)
@@ -455,6 +559,59 @@ def _to_device(t: torch.Tensor) -> torch.Tensor:
 def _to_cpu(*ts):
     out = tuple(t.cpu() for t in ts)
     return out[0] if len(out) == 1 else out
+
+
+# The element formats and fp8_qdq check their input exactly as impl does (its helpers, so that
+# both targets reject the same input with the same words); float input is widened to fp32 on the
+# host (exact), so each kernel sees fp32 values or uint8 codes only.
+
+def e2m1_encode(x: torch.Tensor) -> torch.Tensor:
+    """finite float32/bfloat16 -> E2M1 codes (uint8 0..15): nearest, ties to the even code,
+    saturating at ±6, the sign of zero kept."""
+    x = _impl_values("e2m1_encode", x, finite=True)
+    return _to_cpu(format_device("e2m1_encode", _to_device(x)))
+
+
+def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
+    """E2M1 codes (uint8 0..15) -> float32: FP4_TABLE[code]."""
+    codes = _impl_bytes("e2m1_decode", codes)
+    if codes.numel() and int(codes.max()) > 15:
+        raise ValueError(f"e2m1_decode: codes are nibbles 0..15, got {int(codes.max())}")
+    return _to_cpu(format_device("e2m1_decode", _to_device(codes)))
+
+
+def e4m3_encode(x: torch.Tensor) -> torch.Tensor:
+    """float32/bfloat16 -> float8_e4m3fn bytes: RNE, saturating at ±448 (±Inf too), NaN -> 0x7F
+    with the sign bit of the NaN (0xFF for a negative NaN)."""
+    x = _impl_values("e4m3_encode", x)
+    return _to_cpu(format_device("e4m3_encode", _to_device(x)))
+
+
+def e4m3_decode(codes: torch.Tensor) -> torch.Tensor:
+    """float8_e4m3fn bytes -> float32 (0x7F and 0xFF -> NaN)."""
+    codes = _impl_bytes("e4m3_decode", codes)
+    return _to_cpu(format_device("e4m3_decode", _to_device(codes)))
+
+
+def e8m0_decode(codes: torch.Tensor) -> torch.Tensor:
+    """E8M0 bytes -> float32 2^(b − 127) (b = 0: the subnormal 2^-127; 0xFF -> NaN)."""
+    codes = _impl_bytes("e8m0_decode", codes)
+    return _to_cpu(format_device("e8m0_decode", _to_device(codes)))
+
+
+def bf16_round(x: torch.Tensor) -> torch.Tensor:
+    """float32/bfloat16 -> float32 value of the nearest bfloat16 (RNE; NaN stays NaN)."""
+    x = _impl_values("bf16_round", x)
+    return _to_cpu(format_device("bf16_round", _to_device(x)))
+
+
+def fp8_qdq(x: torch.Tensor, block: int) -> torch.Tensor:
+    """The in-place act_quant result (rule FP8.V4_INPLACE, canonical v4_fp8_inplace=fp8):
+    x [..., b·k] -> float32 E4M3_RNE(clamp(x/s, ±448)) · s with s the E8M0 scale of each block."""
+    op = "fp8_qdq"
+    block = _impl_block_param(op, block)
+    x = _impl_values(op, x, block, finite=True)
+    return _to_cpu(fp8_qdq_device(_to_device(x), block))
 
 
 def fp4_pack(codes: torch.Tensor) -> torch.Tensor:
