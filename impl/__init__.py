@@ -8,6 +8,7 @@ from .indexer import *  # noqa: F401,F403
 from .pool import *  # noqa: F401,F403
 from .compressor import *  # noqa: F401,F403
 from .layout import *  # noqa: F401,F403
+from .budget import *  # noqa: F401,F403
 
 NAME = "impl"
 DEVICE = "cpu"

@@ -39,8 +39,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from ..spec import compressor as spec
 from ..spec.rules import V4, V41, V4_ALL
 from .compare import as_numpy, assert_same_shape
-from .formats import forall
-from .suite import check
+from .suite import check, forall
 
 OPS = {
     "compress": "compress(x [B,S,dim] f32, params, *, model, ratio) -> entries [B, S//ratio, d] f32",

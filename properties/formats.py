@@ -13,21 +13,19 @@ only operations the `ml_dtypes` and `torch` cast targets provide, so their rows 
 """
 from __future__ import annotations
 
-import functools
 import inspect
 
 import numpy as np
 import torch
-from hypothesis import example, given
 from hypothesis import strategies as st
 
 from ..spec import formats as F
 from ..spec import quant as Q
 from .compare import as_numpy, assert_bytes_equal, assert_equal
-from .suite import check
+from .suite import check, forall
 
 __all__ = ["e2m1_text", "e4m3_text", "e8m0_text", "packed_text", "f32_text", "spec_knobs",
-           "edge_f32", "tensor", "forall", "neighbours", "f32_arrays"]
+           "edge_f32", "tensor", "neighbours", "f32_arrays"]
 
 # ---------------------------------------------------------------------------------------------
 # Decoding a code for a failure message
@@ -67,28 +65,6 @@ def spec_knobs(target, fn) -> dict:
     """The knob values `target` is expected to follow, for the keyword arguments of spec `fn`."""
     return {name: target.variant(name) for name, p in inspect.signature(fn).parameters.items()
             if p.kind is inspect.Parameter.KEYWORD_ONLY}
-
-
-def forall(*examples: dict, **strategies):
-    """Make `fn(target, **drawn)` a check `fn(target)` that runs it under Hypothesis @given.
-
-    The target is bound outside Hypothesis (it must never see it); each dict in `examples` is a
-    permanent @example.
-    """
-    def wrap(fn):
-        @functools.wraps(fn)
-        def run(target):
-            def inner(**drawn):
-                fn(target, **drawn)
-            inner.__signature__ = inspect.Signature(
-                [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in strategies])
-            test = given(**strategies)(inner)
-            for ex in reversed(examples):
-                test = example(**ex)(test)
-            test()
-        del run.__wrapped__               # the check's own signature is (target)
-        return run
-    return wrap
 
 
 def tensor(a) -> torch.Tensor:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from hypothesis import example, given, strategies as st
+from hypothesis import strategies as st
 
 from ..spec import indexer as spec
 from ..spec.models import PROFILES, profile
@@ -37,7 +37,7 @@ from ..spec.quant import fp4_e8m0_dequantize
 from ..spec.rules import V4_ALL
 from .compare import as_numpy, assert_close, assert_equal  # noqa: F401
 from .ranking import assert_topk
-from .suite import check
+from .suite import check, forall
 
 __all__ = ["OPS", "ScoreCase", "score_cases", "expected_scores", "RowsCase", "score_rows"]
 
@@ -50,19 +50,6 @@ OPS = {
     "index_visible": "index_visible(positions int64 [T], ratio) -> int64 [T]: (p + 1) // ratio",
     "index_topk": "index_topk(scores [T,S], visible [T], k, order) -> int64 [T,k]: −1 at the tail",
 }
-
-
-def given_target(*examples, **strategies):
-    """@given for a check fn(target, **drawn): the target is bound first, examples are dicts."""
-    def decorate(fn):
-        def run(target):
-            test = given(**strategies)(lambda **drawn: fn(target, **drawn))
-            for ex in examples:
-                test = example(**ex)(test)
-            test()
-        run.__name__, run.__doc__ = fn.__name__, fn.__doc__
-        return run
-    return decorate
 
 
 def _t(x, dtype=torch.float32) -> torch.Tensor:
@@ -192,7 +179,7 @@ HADAMARD_MODELS = tuple(m for m in PROFILES.values() if m.hadamard)
 
 
 @check("HAD.MATRIX", ops=("hadamard",))
-@given_target(dict(exponent=0, sign=1.0), exponent=st.integers(-40, 40), sign=st.sampled_from((1.0, -1.0)))
+@forall(dict(exponent=0, sign=1.0), exponent=st.integers(-40, 40), sign=st.sampled_from((1.0, -1.0)))
 def hadamard_maps_basis_vectors_to_scaled_columns(target, exponent, sign):
     x = np.eye(spec.HADAMARD_DIM) * sign * 2.0 ** exponent
     assert_equal(target.hadamard(_t(x)), spec.hadamard(x).astype(np.float32),
@@ -201,7 +188,7 @@ def hadamard_maps_basis_vectors_to_scaled_columns(target, exponent, sign):
 
 
 @check("HAD.MATRIX", ops=("index_rotate",))
-@given_target(model=st.sampled_from([m.name for m in HADAMARD_MODELS]), exponent=st.integers(-8, 8))
+@forall(model=st.sampled_from([m.name for m in HADAMARD_MODELS]), exponent=st.integers(-8, 8))
 def index_rotate_is_the_hadamard_in_v32_and_v4(target, model, exponent):
     x = np.eye(spec.HADAMARD_DIM) * 2.0 ** exponent
     assert_equal(target.index_rotate(_t(x), model), spec.hadamard(x).astype(np.float32),
@@ -209,7 +196,7 @@ def index_rotate_is_the_hadamard_in_v32_and_v4(target, model, exponent):
 
 
 @check("HAD.ROUNDING", ops=("hadamard",))
-@given_target(dict(seed=0, rows=1, spread=30), seed=st.integers(0, 2 ** 32 - 1), rows=st.integers(1, 8), spread=st.sampled_from((0, 4, 30)))
+@forall(dict(seed=0, rows=1, spread=30), seed=st.integers(0, 2 ** 32 - 1), rows=st.integers(1, 8), spread=st.sampled_from((0, 4, 30)))
 def hadamard_output_is_bf16_within_one_ulp(target, seed, rows, spread):
     rng = np.random.default_rng(seed)
     x = spec.round_bf16(rng.standard_normal((rows, 128)) * 2.0 ** rng.integers(-spread, spread + 1, (rows, 128)))
@@ -230,7 +217,7 @@ def _within(got, ref, tol, what):
 
 
 @check("HAD.ABSENT_V41", ops=("index_rotate",))
-@given_target(dict(seed=0, rows=1), seed=st.integers(0, 2 ** 32 - 1), rows=st.integers(1, 4))
+@forall(dict(seed=0, rows=1), seed=st.integers(0, 2 ** 32 - 1), rows=st.integers(1, 4))
 def v41_indexer_is_not_rotated(target, seed, rows):
     x = _bf16(np.random.default_rng(seed), (rows, 128))
     assert_equal(target.index_rotate(_t(x), "v4.1-flash"), x.astype(np.float32),
@@ -241,7 +228,7 @@ def v41_indexer_is_not_rotated(target, seed, rows):
 # IDX.WEIGHT / IDX.SCORE
 # ------------------------------------------------------------------------------------------------
 @check("IDX.WEIGHT.SCALE", ops=("index_weights",))
-@given_target(dict(model="v4.1-flash", seed=0, rows=1), dict(model="v4-flash", seed=0, rows=1), model=st.sampled_from(V4_ALL), seed=st.integers(0, 2 ** 32 - 1), rows=st.integers(1, 4))
+@forall(dict(model="v4.1-flash", seed=0, rows=1), dict(model="v4-flash", seed=0, rows=1), model=st.sampled_from(V4_ALL), seed=st.integers(0, 2 ** 32 - 1), rows=st.integers(1, 4))
 def head_weights_carry_the_global_factor(target, model, seed, rows):
     m = profile(model)
     raw = _bf16(np.random.default_rng(seed), (rows, m.index_n_heads), 4.0)
@@ -252,7 +239,7 @@ def head_weights_carry_the_global_factor(target, model, seed, rows):
 
 
 @check("IDX.SCORE.FORMULA", ops=("index_scores",))
-@given_target(dict(case=all_negative_case(), score_dtype="bf16"), case=score_cases(kinds=("normal", "relu_zero", "ties")), score_dtype=st.sampled_from(spec.SCORE_DTYPES))
+@forall(dict(case=all_negative_case(), score_dtype="bf16"), case=score_cases(kinds=("normal", "relu_zero", "ties")), score_dtype=st.sampled_from(spec.SCORE_DTYPES))
 def score_is_weighted_sum_of_relu_dots(target, case, score_dtype):
     """Loose tolerance (2^-5 of Σ_h |w_h·s_h|): the formula, whatever the rounding scheme."""
     got = _scores(target, case, score_dtype)
@@ -263,21 +250,21 @@ def score_is_weighted_sum_of_relu_dots(target, case, score_dtype):
 
 
 @check("IDX.SCORE.ROUNDING", ops=("index_scores",))
-@given_target(dict(case=cancellation_case()), case=score_cases())
+@forall(dict(case=cancellation_case()), case=score_cases())
 def bf16_score_rounds_every_step(target, case):
     ref, tol = expected_scores(target, case)
     _assert_scores(_scores(target, case), ref, tol, "IDX.SCORE.ROUNDING (2 BF16 ulps of max(|I|, max|p_h|))", case)
 
 
 @check("IDX.SCORE.V32_FP32", ops=("index_scores",))
-@given_target(dict(case=cancellation_case()), case=score_cases(kinds=("normal", "cancel", "wide_exponents"), fp32=True))
+@forall(dict(case=cancellation_case()), case=score_cases(kinds=("normal", "cancel", "wide_exponents"), fp32=True))
 def v32_score_is_fp32(target, case):
     ref, tol = expected_scores(target, case, "fp32")
     _assert_scores(_scores(target, case, "fp32"), ref, tol, "IDX.SCORE.V32_FP32 ((D+H)·2^-24 bound)", case)
 
 
 @check("IDX.SCORE.FP4", ops=("index_scores_fp4",))
-@given_target(dict(seed=0, T=2, H=32, S=16, D=128), seed=st.integers(0, 2 ** 32 - 1), T=st.integers(1, 4), H=st.sampled_from((1, 4, 32)),
+@forall(dict(seed=0, T=2, H=32, S=16, D=128), seed=st.integers(0, 2 ** 32 - 1), T=st.integers(1, 4), H=st.sampled_from((1, 4, 32)),
        S=st.integers(1, 24), D=st.sampled_from((32, 128)))
 def fp4_scores_are_scores_of_dequantized_values(target, seed, T, H, S, D):
     rng = np.random.default_rng(seed)
@@ -295,7 +282,7 @@ def fp4_scores_are_scores_of_dequantized_values(target, seed, T, H, S, D):
 
 
 @check("IDX.SCORE.TP", ops=("index_scores",))
-@given_target(case=score_cases(kinds=("normal", "relu_zero")), shards=st.sampled_from((2, 4)))
+@forall(case=score_cases(kinds=("normal", "relu_zero")), shards=st.sampled_from((2, 4)))
 def head_shards_sum_to_the_full_score(target, case, shards):
     H = case.q.shape[1]
     if H % shards:
@@ -317,7 +304,7 @@ def head_shards_sum_to_the_full_score(target, case, shards):
 # IDX: visibility, mask, chunks
 # ------------------------------------------------------------------------------------------------
 @check("IDX.VISIBLE", ops=("index_visible",))
-@given_target(dict(ratio=4, seed=0, T=9, start=0), dict(ratio=128, seed=0, T=3, start=126), ratio=st.sampled_from((1, 2, 4, 128)), seed=st.integers(0, 2 ** 32 - 1), T=st.integers(1, 16),
+@forall(dict(ratio=4, seed=0, T=9, start=0), dict(ratio=128, seed=0, T=3, start=126), ratio=st.sampled_from((1, 2, 4, 128)), seed=st.integers(0, 2 ** 32 - 1), T=st.integers(1, 16),
        start=st.integers(0, 10 ** 6))
 def visible_count_is_p_plus_one_floor_ratio(target, ratio, seed, T, start):
     positions = start + np.arange(T)                   # a chunk starting anywhere (prefill: start 0)
@@ -331,7 +318,7 @@ def visible_count_is_p_plus_one_floor_ratio(target, ratio, seed, T, start):
 
 
 @check("IDX.MASK", ops=("index_scores",))
-@given_target(dict(case=all_negative_case(), score_dtype="bf16"), case=score_cases(), score_dtype=st.sampled_from(spec.SCORE_DTYPES))
+@forall(dict(case=all_negative_case(), score_dtype="bf16"), case=score_cases(), score_dtype=st.sampled_from(spec.SCORE_DTYPES))
 def invisible_entries_score_minus_inf(target, case, score_dtype):
     got = _scores(target, case, score_dtype)
     invisible = ~spec.visibility_mask(case.visible, case.k.shape[0])
@@ -342,7 +329,7 @@ def invisible_entries_score_minus_inf(target, case, score_dtype):
 
 
 @check("IDX.CHUNK", ops=("index_scores",))
-@given_target(dict(case=make_score_case("normal", 5, 4, 4, 16, 12), cut=1, length=2, row=1),
+@forall(dict(case=make_score_case("normal", 5, 4, 4, 16, 12), cut=1, length=2, row=1),
               case=score_cases(max_t=6), cut=st.integers(0, 5), length=st.integers(1, 6), row=st.integers(0, 5))
 def decode_and_chunk_rows_equal_prefill_rows(target, case, cut, length, row):
     T = case.q.shape[0]
@@ -434,31 +421,31 @@ EDGE_EXAMPLES = tuple(dict(case=c, order="position") for c in EDGE_ROWS) + (dict
 
 
 @check("IDX.TOPK.COUNT", ops=("index_topk",))
-@given_target(*EDGE_EXAMPLES, case=score_rows(), order=st.sampled_from(spec.TOPK_ORDERS))
+@forall(*EDGE_EXAMPLES, case=score_rows(), order=st.sampled_from(spec.TOPK_ORDERS))
 def topk_holds_min_k_visible_distinct_visible_entries(target, case, order):
     _rows_check(target, case, order, ("shape", "range", "count", "unique"), f"IDX.TOPK.COUNT ({order})")
 
 
 @check("IDX.TOPK.PAD", ops=("index_topk",))
-@given_target(*EDGE_EXAMPLES, case=score_rows(), order=st.sampled_from(spec.TOPK_ORDERS))
+@forall(*EDGE_EXAMPLES, case=score_rows(), order=st.sampled_from(spec.TOPK_ORDERS))
 def minus_one_only_as_trailing_padding(target, case, order):
     _rows_check(target, case, order, ("shape", "padding"), f"IDX.TOPK.PAD ({order})")
 
 
 @check("IDX.TOPK.ORDER", ops=("index_topk",))
-@given_target(*EDGE_EXAMPLES, case=score_rows(kinds=("normal", "few_values", "unmasked")), order=st.sampled_from(spec.TOPK_ORDERS))
+@forall(*EDGE_EXAMPLES, case=score_rows(kinds=("normal", "few_values", "unmasked")), order=st.sampled_from(spec.TOPK_ORDERS))
 def topk_order_is_score_for_v4_and_position_for_v41(target, case, order):
     _rows_check(target, case, order, ("shape", "order"), f"IDX.TOPK.ORDER (asked {order!r})")
 
 
 @check("IDX.TOPK.SELECTION", ops=("index_topk",))
-@given_target(*EDGE_EXAMPLES, case=score_rows(), order=st.sampled_from(spec.TOPK_ORDERS))
+@forall(*EDGE_EXAMPLES, case=score_rows(), order=st.sampled_from(spec.TOPK_ORDERS))
 def chosen_scores_are_a_top_k(target, case, order):
     _rows_check(target, case, order, ("shape", "range", "selection"), f"IDX.TOPK.SELECTION ({order})")
 
 
 @check("IDX.TOPK.TIES", ops=("index_topk",))
-@given_target(*EDGE_EXAMPLES, case=score_rows(kinds=("equal", "few_values", "relu_zero")), order=st.sampled_from(spec.TOPK_ORDERS))
+@forall(*EDGE_EXAMPLES, case=score_rows(kinds=("equal", "few_values", "relu_zero")), order=st.sampled_from(spec.TOPK_ORDERS))
 def tied_entries_follow_the_declared_rule(target, case, order):
     clauses = ("shape", "selection") + (("lowest_index",) if target.variant("topk_ties") == "lowest_index" else ())
     _rows_check(target, case, order, clauses, f"IDX.TOPK.TIES (topk_ties={target.variant('topk_ties')})")

@@ -24,8 +24,7 @@ from ..spec import formats as F
 from ..spec import layout as spec
 from ..spec.rules import KNOBS
 from .compare import as_numpy, assert_bytes_equal, assert_equal
-from .formats import forall
-from .suite import check
+from .suite import check, forall
 
 OPS = {
     "entry_pack": "entry_pack(kind, x f32 [..., dims]) -> uint8 [..., nbytes]",

@@ -30,9 +30,9 @@ from ..spec import pool as spec
 from ..spec.models import PROFILES, profile
 from ..spec.rules import V4
 from .compare import as_numpy
-from .indexer import ScoreCase, _t, expected_scores, given_target, make_score_case
+from .indexer import ScoreCase, _t, expected_scores, make_score_case
 from .ranking import assert_pool, assert_topk
-from .suite import check
+from .suite import check, forall
 
 __all__ = ["OPS", "PoolCase", "pool_cases"]
 
@@ -122,50 +122,50 @@ def _pool_check(target, case: PoolCase, clauses, what: str):
 
 
 @check("POOL.BLOCK_SCORE", ops=("candidate_blocks",))
-@given_target(*EDGE, case=pool_cases(("normal", "few_values", "weak_newest")))
+@forall(*EDGE, case=pool_cases(("normal", "few_values", "weak_newest")))
 def kept_block_scores_are_the_top_block_maxima(target, case):
     _pool_check(target, case, ("selection",), "POOL.BLOCK_SCORE (block score = max of 8)")
 
 
 @check("POOL.PIN_NEWEST", ops=("candidate_blocks",))
-@given_target(*EDGE, WIDE[-1], case=pool_cases(("weak_newest", "prefill")))
+@forall(*EDGE, WIDE[-1], case=pool_cases(("weak_newest", "prefill")))
 def newest_block_is_always_kept(target, case):
     _pool_check(target, case, ("newest",), "POOL.PIN_NEWEST")
 
 
 @check("POOL.PIN_EMPTY", ops=("candidate_blocks",))
-@given_target(*EDGE, case=pool_cases(("normal", "prefill")))
+@forall(*EDGE, case=pool_cases(("normal", "prefill")))
 def nothing_is_pinned_without_reachable_positions(target, case):
     _pool_check(target, case, ("empty",), f"POOL.PIN_EMPTY (pool_pin_empty={target.variant('pool_pin_empty')})")
 
 
 @check("POOL.PIN_COUNTS", ops=("candidate_blocks",))
-@given_target(*EDGE, WIDE[-1], case=pool_cases(("weak_newest",)))
+@forall(*EDGE, WIDE[-1], case=pool_cases(("weak_newest",)))
 def pinned_block_is_one_of_the_topk_blocks(target, case):
     _pool_check(target, case, ("size",), "POOL.PIN_COUNTS (at most topk_blocks blocks, the pinned one included)")
 
 
 @check("POOL.TOPK_BLOCKS", ops=("candidate_blocks",))
-@given_target(*EDGE, *WIDE, case=pool_cases())
+@forall(*EDGE, *WIDE, case=pool_cases())
 def pool_is_a_topk_of_blocks(target, case):
     clauses = ("selection",) + (("lowest_index",) if target.variant("topk_ties") == "lowest_index" else ())
     _pool_check(target, case, clauses, f"POOL.TOPK_BLOCKS (topk_ties={target.variant('topk_ties')})")
 
 
 @check("POOL.DROP_INF", ops=("candidate_blocks",))
-@given_target(*EDGE, case=pool_cases(("prefill", "minus_inf_blocks", "normal")))
+@forall(*EDGE, case=pool_cases(("prefill", "minus_inf_blocks", "normal")))
 def pool_blocks_hold_reachable_positions(target, case):
     _pool_check(target, case, ("reachable",), "POOL.DROP_INF")
 
 
 @check("POOL.MASK", ops=("candidate_blocks",))
-@given_target(*EDGE, case=pool_cases())
+@forall(*EDGE, case=pool_cases())
 def pool_is_a_mask_of_whole_blocks(target, case):
     _pool_check(target, case, ("shape", "whole_blocks"), "POOL.MASK")
 
 
 @check("POOL.SIZE", ops=("candidate_blocks",))
-@given_target(*EDGE, *WIDE, case=pool_cases())
+@forall(*EDGE, *WIDE, case=pool_cases())
 def pool_holds_at_most_16384_positions(target, case):
     _pool_check(target, case, ("size",), "POOL.SIZE")
     got = _pool(target, case)
@@ -178,7 +178,7 @@ def pool_holds_at_most_16384_positions(target, case):
 
 
 @check("POOL.ALL_REACHABLE", ops=("candidate_blocks",))
-@given_target(*WIDE, *EDGE, case=pool_cases(("normal", "few_values", "prefill", "weak_newest")))
+@forall(*WIDE, *EDGE, case=pool_cases(("normal", "few_values", "prefill", "weak_newest")))
 def every_reachable_position_is_a_candidate_iff_n_le_capacity(target, case):
     got = _pool(target, case)
     capacity = case.topk_blocks * case.block_size
@@ -229,7 +229,7 @@ def wide_reindex_case(n: int = 16400) -> ReindexCase:
 
 
 @check("POOL.REINDEX", ops=("reindex_topk",))
-@given_target(dict(case=wide_reindex_case()), case=reindex_cases())
+@forall(dict(case=wide_reindex_case()), case=reindex_cases())
 def reindex_topk_stays_inside_the_pool(target, case):
     sc = case.scores
     got = target.reindex_topk(*sc.torch(), torch.from_numpy(case.pool), case.topk)

@@ -34,8 +34,8 @@ from hypothesis import strategies as st
 from ..spec import formats as F
 from ..spec import quant as Q
 from .compare import as_numpy, assert_bytes_equal, assert_equal, assert_same_shape
-from .formats import (e2m1_text, e4m3_text, e8m0_text, forall, packed_text, spec_knobs, tensor)
-from .suite import check
+from .formats import (e2m1_text, e4m3_text, e8m0_text, packed_text, spec_knobs, tensor)
+from .suite import check, forall
 
 OPS = {
     "e2m1_encode": "e2m1_encode(x f32) -> uint8 codes: nearest E2M1, ties to even, saturating at ±6, −0 kept",

@@ -1,9 +1,10 @@
 """The conformance suite: checks, the runner, and one result per (rule, target).
 
-A check is a function of one argument, the target, registered for exactly one rule:
+A check is a function of one argument, the target, registered for exactly one rule; `forall`
+runs its body under Hypothesis with the target bound outside (and the profile read at run time):
 
     @check("FP4.E2M1.RNE", ops=("e2m1_encode",))
-    @given(x=finite_f32())
+    @forall(dict(x=TIES), x=finite_f32())
     def e2m1_rounds_to_nearest_even(target, x):
         assert_bytes_equal(target.e2m1_encode(x), spec_codes(x), ...)
 
@@ -14,7 +15,9 @@ an undeclared deviation is named ("matches e2m1_ties=toward_zero").
 """
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
 import signal
 import threading
 import time
@@ -22,7 +25,7 @@ import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 
 from ..spec import RULES
 from ..spec.rules import INFORMATIVE, KNOBS, select
@@ -35,11 +38,13 @@ SEVERITY = [PASS, VARIANT, SKIP, NOT_IMPLEMENTED, TIMEOUT, FAIL, ERROR]
 
 FAMILY_MODULES = ("formats", "quant", "indexer", "pool", "compressor", "layout", "budget")
 
+# The explain phase can take minutes on a failing stateful check; reports already decode the failure.
+_phases = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink)
 _health = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
            HealthCheck.large_base_example]
-settings.register_profile("ci", derandomize=True, max_examples=25, deadline=None, database=None,
+settings.register_profile("ci", phases=_phases, derandomize=True, max_examples=25, deadline=None, database=None,
                           print_blob=True, suppress_health_check=_health)
-settings.register_profile("dev", max_examples=100, deadline=None, database=None, print_blob=True,
+settings.register_profile("dev", phases=_phases, max_examples=100, deadline=None, database=None, print_blob=True,
                           suppress_health_check=_health)
 settings.register_profile("thorough", max_examples=2000, deadline=None, database=None,
                           print_blob=True, suppress_health_check=_health)
@@ -68,6 +73,29 @@ class Check:
 
 
 CHECKS: list[Check] = []
+
+
+def forall(*examples: dict, **strategies):
+    """Make `fn(target, **drawn)` a check `fn(target)` that runs it under Hypothesis @given.
+
+    The target is bound outside Hypothesis (it must never see it); each dict in `examples` is a
+    permanent @example.
+    """
+    def wrap(fn):
+        @functools.wraps(fn)
+        def run(target):
+            def inner(**drawn):
+                fn(target, **drawn)
+            inner.__signature__ = inspect.Signature(
+                [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in strategies])
+            test = given(**strategies)(inner)
+            for ex in reversed(examples):
+                test = example(**ex)(test)
+            test()
+        del run.__wrapped__               # the check's own signature is (target)
+        return run
+    return wrap
+
 
 
 def check(rule_id: str, *, ops: tuple[str, ...] = ()):

@@ -25,7 +25,7 @@ from fractions import Fraction
 from . import layout
 from .models import Model, profile
 from .pool import has_indexer, layer_role
-from .rules import V4, V41, V4_ALL, rule
+from .rules import V4, V4_ALL, rule
 
 _SRC = "official-rules.md §7.3"
 _SEED_000 = "seed 000 'FP4 量化如何压缩 KV 存储' and Q&A '890 字节'"
