@@ -1,8 +1,6 @@
 """Budget mutants: cost models with one realistic mistake each (rule caught on, in MUTANTS)."""
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import dsv4spec.impl as impl
 import dsv4spec.impl.budget as ib
 from dsv4spec.spec import layout
@@ -10,9 +8,7 @@ from dsv4spec.spec.models import profile
 
 from . import mutant
 
-# impl plus its budget operations (impl/__init__ may not re-export impl.budget yet).
-BASE = SimpleNamespace(**{k: getattr(impl, k) for k in dir(impl) if not k.startswith("_")},
-                       **{k: getattr(ib, k) for k in ib.__all__})
+BASE = impl      # impl re-exports the budget operations
 
 
 def _kv_bytes(model, *, hca_ratio=None, index_on_hca=False, sharing=True):
