@@ -29,6 +29,7 @@ def parse_args(argv=None):
     ap.add_argument("--quick", action="store_true", help="smaller shapes (a smoke run, not the goals)")
     ap.add_argument("--only", default="", help="comma list among topk,blocks,logits,reindex")
     ap.add_argument("--skip-torch", action="store_true", help="skip the torch baselines")
+    ap.add_argument("--profile", action="store_true", help="print per-kernel CUDA times (torch.profiler)")
     return ap.parse_args(argv)
 
 
@@ -97,20 +98,28 @@ def topk_validity(torch, scores, n_valid, idx, k, order, tol=None):
 
 
 def torch_scores_bf16(torch, q, k, w, vis):
-    """The BF16-steps score written in torch (judge for a few rows): q [t,H,D], k [S,D]."""
+    """The BF16-steps score written in torch (judge for a few rows): q [t,H,D], k [S,D].
+    Returns (scores, max_h |p_h|) — the second sets the suite's tolerance scale."""
     dots = torch.einsum("thd,sd->ths", q.float(), k.float())
     p = (torch.relu(dots.bfloat16().float()) * w.float()[:, :, None]).bfloat16().float()
     s = p.sum(1).bfloat16().float()
-    return s.masked_fill(torch.arange(k.shape[0], device=q.device)[None, :] >= vis[:, None], float("-inf"))
+    mask = torch.arange(k.shape[0], device=q.device)[None, :] >= vis[:, None]
+    return s.masked_fill(mask, float("-inf")), p.abs().amax(1)
 
 
-def scores_validity(torch, got, ref):
+def scores_validity(torch, got, ref_and_scale):
+    """−inf exact; finite within 2 BF16 ulps of max(|I|, max_h |p_h|) (IDX.SCORE.ROUNDING's
+    tolerance); the error is also reported in ulps of |I|."""
+    ref, scale = ref_and_scale
     inf_ok = torch.equal(torch.isinf(got), torch.isinf(ref)) and torch.equal(got[torch.isinf(ref)], ref[torch.isinf(ref)])
     fin = torch.isfinite(ref)
     err = (got[fin] - ref[fin]).abs()
-    ok = bool((err <= bf16_ulp(torch, ref[fin])).all())
-    return "valid (±1 BF16 ulp, −inf exact)" if inf_ok and ok else \
-        f"INVALID (inf positions {'ok' if inf_ok else 'differ'}, max err {float(err.max()):.3g})"
+    ulps = err / bf16_ulp(torch, ref[fin])
+    ok = bool((err <= 2 * bf16_ulp(torch, torch.maximum(ref[fin].abs(), scale[fin]))).all())
+    detail = (f"max {float(ulps.max()):.2g} ulp of |I|, {100 * float((ulps > 1).float().mean()):.3f} % "
+              f"beyond 1 ulp")
+    return (f"valid ({detail}; −inf exact)" if inf_ok and ok else
+            f"INVALID (inf positions {'ok' if inf_ok else 'differ'}, {detail})")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -261,6 +270,22 @@ def run_reindex(torch, KP, rep, ceil, quick, skip_torch):
                  validity=validity)]
 
 
+def profile_kernels(torch, KI, KP):
+    from torch.profiler import ProfilerActivity, profile
+    cases = [("top-k 1x1M k=2048", torch.randn(1, 1 << 20, device="cuda").bfloat16().float()),
+             ("top-k 64x1M k=2048", torch.randn(64, 1 << 20, device="cuda").bfloat16().float())]
+    for name, x in cases:
+        nv = torch.full((x.shape[0],), x.shape[1], dtype=torch.int32, device="cuda")
+        KI._topk_engine(x, nv, 2048)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                KI._topk_engine(x, nv, 2048)
+            torch.cuda.synchronize()
+        print(f"== {name} (5 calls)")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12))
+
+
 def markdown(result):
     c = result["ceilings"]
     lines = [f"# bench_indexer on {result['gpu']}", "",
@@ -311,6 +336,8 @@ def main(argv=None):
     result = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                   triton=__import__("triton").__version__, host=platform.node(), quick=args.quick,
                   ceilings=ceil, rows=rows, seconds=time.time() - t0)
+    if args.profile:
+        profile_kernels(torch, KI, KP)
     md = markdown(result)
     print(md)
     if args.out:

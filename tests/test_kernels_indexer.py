@@ -99,9 +99,11 @@ def test_topk_matches_impl(kind, order):
 
 
 def engine(case, order, cap, blocks=(64, 128)):
-    out = K._topk_engine(torch.from_numpy(case.scores).float(), torch.from_numpy(case.visible).int(),
+    dev = K._device()
+    out = K._topk_engine(torch.from_numpy(case.scores).float().to(dev),
+                         torch.from_numpy(case.visible).int().to(dev),
                          case.k, by_score=order == "score", cap=cap, blocks=blocks)
-    return out
+    return out.cpu()
 
 
 def low_bit_rows(T=3, S_=500, seed=0):

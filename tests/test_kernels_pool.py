@@ -60,10 +60,11 @@ def test_block_select_across_many_chunks():
     lens = torch.from_numpy(case.compress_lens)
     newest = torch.div(lens - 1, 8, rounding_mode="floor")
     bs[torch.arange(3), newest.clamp(min=0)] = torch.where(lens > 0, float("inf"), bs[torch.arange(3), newest.clamp(min=0)])
-    out = torch.zeros((3, 8 * 600), dtype=torch.int8)
-    KI._topk_engine(bs, torch.full((3,), 600, dtype=torch.int32), 37, drop_neg_inf=True, mask_out=out,
-                    mask_block=8, cap=64, blocks=(64, 128))
-    assert torch.equal(out.view(torch.bool), pool_of(case, impl.candidate_blocks))
+    dev = KI._device()
+    out = torch.zeros((3, 8 * 600), dtype=torch.int8, device=dev)
+    KI._topk_engine(bs.to(dev), torch.full((3,), 600, dtype=torch.int32, device=dev), 37,
+                    drop_neg_inf=True, mask_out=out, mask_block=8, cap=64, blocks=(64, 128))
+    assert torch.equal(out.cpu().view(torch.bool), pool_of(case, impl.candidate_blocks))
 
 
 def reindex_case(kind, seed, T, H, S_, density, blocky):
