@@ -25,7 +25,7 @@ from fractions import Fraction
 from . import layout
 from .models import Model, profile
 from .pool import has_indexer, layer_role
-from .rules import V4, V4_ALL, rule
+from .rules import INFORMATIVE, V4, V4_ALL, rule
 
 _SRC = "official-rules.md §7.3"
 _SEED_000 = "seed 000 'FP4 量化如何压缩 KV 存储' and Q&A '890 字节'"
@@ -69,7 +69,7 @@ rule("BUDGET.CLAIMS", "the claims ledger holds",
      value the spec computes and a verdict; a claim marked reproduced equals its computed value
      (within the rounding the claim states), a corrected one differs from it and names an existing
      rule that says why, and a claim no numerics can check says so.""",
-     applies_to=V4_ALL, policy="exact",
+     applies_to=V4_ALL, policy="exact", status=INFORMATIVE,
      sources=("seed 000", "seed 002", "seed 003", "official-rules.md §9"))
 
 

@@ -10,7 +10,7 @@ Each claim has a verdict:
     corrected       the spec computes something else, and `rule` names the rule that says why;
     not checkable   the numerics alone cannot check it (a trained model's recall, a latency, a
                     training recipe, an engine's page size).
-BUDGET.CLAIMS (and tests/test_claims.py) recompute every entry, so the ledger cannot drift.
+`dsv4spec claims` and tests/test_claims.py recompute every entry, so the ledger cannot drift.
 """
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
-"""Every budget mutant is reported FAIL on the rule it breaks; a drifted claims ledger fails BUDGET.CLAIMS."""
+"""Every budget mutant is reported FAIL on the rule it breaks; a drifted claims ledger is reported."""
 from dataclasses import replace
 
 import pytest
 
-from dsv4spec.properties.suite import FAIL, PASS, run_rule
-from dsv4spec.properties.target import Target
 from dsv4spec.spec import claims
 from mutants import budget
 
@@ -31,10 +29,8 @@ def test_mutant_is_caught(name, rule_id, assert_caught):
 @pytest.mark.parametrize("claim_id,change", [("v41-890", dict(stated=889)),                     # drifted value
                                               ("masked-scores-zero", dict(verdict=claims.REPRODUCED)),
                                               ("sixteen-pages", dict(rule="IDX.NO_SUCH_RULE"))])
-def test_a_drifted_ledger_fails_the_claims_check(monkeypatch, claim_id, change):
-    target = Target(budget.BASE, "impl")
-    assert run_rule("BUDGET.CLAIMS", target).status == PASS
+def test_a_drifted_ledger_is_reported(monkeypatch, claim_id, change):
+    assert claims.problems() == []
     drifted = tuple(replace(c, **change) if c.id == claim_id else c for c in claims.CLAIMS)
     monkeypatch.setattr(claims, "CLAIMS", drifted)
-    row = run_rule("BUDGET.CLAIMS", target)
-    assert row.status == FAIL and claim_id in row.detail
+    assert any(claim_id in p for p in claims.problems())
