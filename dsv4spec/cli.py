@@ -62,15 +62,16 @@ def cmd_verify(args) -> int:
             raise UsageError(str(e)) from None
     total = len(select(prefixes)) * len(targets)
     done = [0]
+    tty = sys.stderr.isatty()
 
     def progress(row):
         done[0] += 1
         if not args.quiet:
-            print(f"\r[{done[0]}/{total}] {row.target:<10} {row.rule_id:<28} {row.status:<8}",
-                  end="", file=sys.stderr, flush=True)
+            line = f"[{done[0]}/{total}] {row.target:<10} {row.rule_id:<28} {row.status:<16}"
+            print("\r" + line if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
 
     rows = verify(targets, prefixes, args.profile, progress)
-    if not args.quiet:
+    if not args.quiet and tty:
         print(file=sys.stderr)
     print(report.terminal(rows, color=sys.stdout.isatty()))
     meta = {"profile": args.profile, "targets": [t.spec for t in targets],
