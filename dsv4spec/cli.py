@@ -84,7 +84,7 @@ def cmd_verify(args) -> int:
     status = exit_status(rows, targets)
     claiming = [t.name for t in targets if t.claims_conformance]
     print(f"\nconformance claimed by {', '.join(claiming) or 'no target'}: "
-          + ("all PASS" if status == 0 else "FAILURES (exit 1)"))
+          + ("no FAIL, ERROR or TIMEOUT" if status == 0 else "FAILURES (exit 1)"))
     return status
 
 

@@ -173,9 +173,14 @@ def run_rule(rule_id: str, target: Target, profile: str = "ci") -> Row:
         why = "informative: no check" if r.status == INFORMATIVE else "no check written for this rule"
         return Row(rule_id, target.name, SKIP if r.status == INFORMATIVE else ERROR, why)
     outcomes = {c.name: run_check(c, target, profile) for c in chks}
-    status = max((o.status for o in outcomes.values()), key=SEVERITY.index)
+    # A rule is judged on the checks the target could run; n/i only when it could run none.
+    ran = [o.status for o in outcomes.values() if o.status not in (NOT_IMPLEMENTED, SKIP)]
+    status = max(ran or [o.status for o in outcomes.values()], key=SEVERITY.index)
     failing = [f"{n}: {o.detail}" for n, o in outcomes.items() if o.status == status and o.detail]
     detail = failing[0] if failing else ""
+    missing = len(outcomes) - len(ran)
+    if ran and missing and status == PASS:
+        detail = f"{len(ran)} of {len(outcomes)} checks ran; the others need operations the target lacks"
     if r.knob and status == PASS and target.variant(r.knob) != KNOBS[r.knob].canonical:
         status, detail = VARIANT, f"passes under declared {r.knob}={target.variant(r.knob)}"
     elif r.knob and status == FAIL:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import sys
 import types
 from importlib import metadata
 
@@ -79,6 +80,8 @@ class Target:
 
 def _import(ref: str):
     module_name, _, attr = ref.partition(":")
+    if os.getcwd() not in sys.path:      # a user's own module beside them, as `python -m` would find it
+        sys.path.append(os.getcwd())
     try:
         obj = importlib.import_module(module_name)
     except ImportError as e:
