@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 # CPU torch for tests (the H200 machine brings its own CUDA torch); triton pinned to the GPU's.
 TORCH ?= torch==2.13.0
-DEPS := $(TORCH) triton==3.6.0 numpy ml_dtypes hypothesis pytest pytest-xdist safetensors
+DEPS := $(TORCH) triton==3.6.0 numpy ml_dtypes hypothesis pytest pytest-xdist safetensors matplotlib
 JOBS ?= auto
 
 .PHONY: verify test spec clean

@@ -25,7 +25,11 @@ import triton.language as tl
 from .indexer import (INTERPRET, _check_k, _check_lengths, _device, _float_input, _launch_scores,
                       _need_tensor, _pow2, _score_inputs, _topk_engine)
 
-__all__ = ["candidate_blocks", "reindex_topk"]
+# Layer roles are host-side configuration, not device work: the kernels target serves impl's table so
+# that a serving engine built on these kernels is checked on LAYER.* as a whole.
+from ..impl.pool import layer_role
+
+__all__ = ["candidate_blocks", "reindex_topk", "layer_role"]
 
 
 @triton.jit
