@@ -5,6 +5,10 @@ Operations (CPU tensors in and out; CUDA when present, the Triton interpreter ot
     index_scores(q [T,H,D], k [S,D], w [T,H], visible [T], score_dtype="bf16") -> f32 [T,S]
     index_scores_fp4(q_packed, q_scales, k_packed, k_scales, w, visible)          -> f32 [T,S]
     index_topk(scores [T,S], visible [T], k, order)                                 -> i64 [T,k]
+    hadamard(x [..., 128])                                                          -> f32 [..., 128]
+    index_rotate(x [..., 128], model)                                               -> f32
+    index_weights(raw_w [T,H], model)                                               -> f32 [T,H]
+    index_visible(positions int [...], ratio)                                       -> i64 [...]
 
 (kernels.pool builds candidate_blocks and reindex_topk on the score kernel and top-k engine here.)
 
@@ -24,6 +28,15 @@ candidates, breaks ties toward the lowest position, and emits positions (V4.1 or
 the <= CAP candidates by (score desc, position asc) (V4 order).  Deterministic: every count is an
 integer and every placement comes from prefix sums, never from atomics' arrival order.
 
+Hadamard.  Each program holds ROWS rows of 128 in registers and runs the Sylvester butterfly
+(x[i], x[i+h]) -> (x[i] + x[i+h], x[i] - x[i+h]) for h = 1, 2, ..., 64 in fp32, each stage a
+reshape that puts the two partners on a last axis of 2, a split and a join; then one fp32
+multiply by fl32(128^-0.5) and the BF16 rounding on the bits.  Same pairs, same order and IEEE
+fp32 additions as impl's butterfly, so the result is impl's bit for bit, in the interpreter and on
+the GPU (no dot product, whose summation order and, in the interpreter, bf16 handling differ).
+V4.1 does not rotate: index_rotate copies.  The head weights are one fp32 multiply by the
+model's fl32 factor and the BF16 rounding; the visible counts are integer arithmetic.
+
 The score kernel can also read K through a per-query list of positions (GATHER), which is how
 kernels.pool's re-index scores only the pool.
 """
@@ -31,11 +44,18 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
 
-__all__ = ["index_scores", "index_scores_fp4", "index_topk"]
+from ..impl.indexer import _bf16_values as _impl_bf16_values
+from ..impl.indexer import _tensor as _impl_tensor
+from ..spec import indexer as spec
+from ..spec.models import profile
+
+__all__ = ["hadamard", "index_rotate", "index_weights", "index_scores", "index_scores_fp4",
+           "index_visible", "index_topk"]
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 SCORE_DTYPES = ("bf16", "fp32")
@@ -88,6 +108,63 @@ def _fp4_e8m0_to_bf16(byte, nibble_shift, sbyte, AS_FP32: tl.constexpr):
         return val * scale
     prod = (val * scale).to(tl.uint32, bitcast=True)
     return (prod >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Hadamard rotation, head weights, visible counts
+
+_HADAMARD_ROWS = 32 if INTERPRET else 16      # rows of 128 per program
+_ELEMENTWISE_BLOCK = 4096
+
+
+@triton.jit
+def _butterfly_stage(x, ROWS: tl.constexpr, D: tl.constexpr, H: tl.constexpr):
+    """(x[i], x[i+H]) -> (x[i] + x[i+H], x[i] - x[i+H]) along the rows of x [ROWS, D], for every
+    i with bit H clear: the partners are put on a last axis of 2, split, combined and joined."""
+    pairs = tl.permute(tl.reshape(x, (ROWS, D // (2 * H), 2, H)), (0, 1, 3, 2))
+    a, b = tl.split(pairs)
+    return tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 1, 3, 2)), (ROWS, D))
+
+
+@triton.jit
+def _hadamard_kernel(x_ptr, out_ptr, n_rows, scale_bits, ROWS: tl.constexpr, D: tl.constexpr):
+    """out = bf16(fl32(H x) * fl32(1/sqrt(D))) per row, H x by the fp32 butterfly (D = 128)."""
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    offs = r.to(tl.int64)[:, None] * D + tl.arange(0, D)[None, :]
+    m = (r < n_rows)[:, None]
+    x = tl.load(x_ptr + offs, mask=m, other=0.0)
+    x = _butterfly_stage(x, ROWS, D, 1)   # H_2h = [[H_h, H_h], [H_h, -H_h]], h = 1 ... 64
+    x = _butterfly_stage(x, ROWS, D, 2)
+    x = _butterfly_stage(x, ROWS, D, 4)
+    x = _butterfly_stage(x, ROWS, D, 8)
+    x = _butterfly_stage(x, ROWS, D, 16)
+    x = _butterfly_stage(x, ROWS, D, 32)
+    x = _butterfly_stage(x, ROWS, D, 64)
+    tl.store(out_ptr + offs, _bf16_rne(x * scale_bits.to(tl.float32, bitcast=True)), mask=m)
+
+
+@triton.jit
+def _copy_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + i, tl.load(x_ptr + i, mask=i < n), mask=i < n)
+
+
+@triton.jit
+def _weights_kernel(x_ptr, out_ptr, n, factor_bits, BLOCK: tl.constexpr):
+    """out = bf16(fl32(x * c)), c the fp32 factor whose bits are factor_bits."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + i, mask=i < n, other=0.0)
+    tl.store(out_ptr + i, _bf16_rne(x * factor_bits.to(tl.float32, bitcast=True)), mask=i < n)
+
+
+@triton.jit
+def _visible_kernel(p_ptr, out_ptr, n, ratio, BLOCK: tl.constexpr):
+    """out = (p + 1) // ratio for p >= 0, as p // ratio plus one where p is the last position of
+    its group (p + 1 itself is never formed: no wrap at the int64 maximum)."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    p = tl.load(p_ptr + i, mask=i < n, other=0)
+    q = p // ratio
+    tl.store(out_ptr + i, q + (p - q * ratio == ratio - 1).to(tl.int64), mask=i < n)
 
 
 # --------------------------------------------------------------------------------------------
@@ -616,3 +693,79 @@ def index_topk(scores, visible, k: int, order: str) -> torch.Tensor:
         return torch.full((T, k), -1, dtype=torch.int64)
     dev = _device()
     return _topk_engine(scores.to(dev), vis.to(dev), k, by_score=order == "score").cpu()
+
+
+# --------------------------------------------------------------------------------------------
+# Hadamard rotation, head weights, visible counts: launchers (input checks are impl's helpers)
+
+
+def _fl32_bits(value: float) -> int:
+    """The IEEE binary32 bit pattern of value rounded to nearest even (numpy's conversion)."""
+    return int(np.float32(value).view(np.int32))
+
+
+def _elementwise(kernel, x: torch.Tensor, out_dtype: torch.dtype, *args) -> torch.Tensor:
+    """kernel over the flat elements of x, on the compute device; a CPU tensor of x's shape."""
+    dev = _device()
+    out = torch.empty(x.shape, dtype=out_dtype, device=dev)
+    n = x.numel()
+    if n:
+        kernel[(triton.cdiv(n, _ELEMENTWISE_BLOCK),)](x.contiguous().to(dev), out, n, *args,
+                                                      BLOCK=_ELEMENTWISE_BLOCK)
+    return out.cpu()
+
+
+def hadamard(x) -> torch.Tensor:
+    """bf16(H x / sqrt(128)) over the last dimension: Sylvester H, no signs (official-rules.md §3).
+
+    x holds BF16 values (float32 or bfloat16); the result is float32 holding BF16 values, equal
+    bit for bit to impl's fp32 butterfly."""
+    op = "hadamard"
+    x = _impl_bf16_values(op, "x", _impl_tensor(op, "x", x, floating=True))
+    D = spec.HADAMARD_DIM
+    if x.dim() == 0 or x.shape[-1] != D:
+        raise ValueError(f"{op}: last dimension must be {D}, got shape {tuple(x.shape)}")
+    dev = _device()
+    out = torch.empty(x.shape, dtype=torch.float32, device=dev)
+    n_rows = x.numel() // D
+    if n_rows:
+        _hadamard_kernel[(triton.cdiv(n_rows, _HADAMARD_ROWS),)](
+            x.contiguous().to(dev), out, n_rows, _fl32_bits(spec.HADAMARD_SCALE),
+            ROWS=_HADAMARD_ROWS, D=D, num_warps=4)
+    return out.cpu()
+
+
+def index_rotate(x, model: str) -> torch.Tensor:
+    """The model's rotation of indexer q and k: hadamard in V3.2 and V4, a copy in V4.1."""
+    if spec.rotates_index_qk(profile(model)):
+        return hadamard(x)
+    op = "index_rotate"
+    return _elementwise(_copy_kernel, _impl_bf16_values(op, "x", _impl_tensor(op, "x", x, floating=True)),
+                        torch.float32)
+
+
+def index_weights(raw_w, model: str) -> torch.Tensor:
+    """bf16(raw_w * fl32(index_head_dim^-0.5 * index_n_heads^-0.5)), the V4/V4.1 head weights."""
+    op = "index_weights"
+    m = profile(model)
+    if m.score_dtype != "bf16":
+        raise ValueError(f"{op}: {model} folds the per-token q scale into the weights; "
+                         f"expected a V4 or V4.1 model")
+    raw_w = _impl_bf16_values(op, "raw_w", _impl_tensor(op, "raw_w", raw_w, 2, floating=True))
+    if raw_w.shape[1] != m.index_n_heads:
+        raise ValueError(f"{op}: raw_w has {raw_w.shape[1]} heads, expected {model}'s "
+                         f"index_n_heads = {m.index_n_heads} (the factor uses the global head count)")
+    return _elementwise(_weights_kernel, raw_w, torch.float32, _fl32_bits(m.index_weight_scale))
+
+
+def index_visible(positions, ratio: int) -> torch.Tensor:
+    """(p + 1) // ratio compressed entries are visible to the query at absolute position p."""
+    op = "index_visible"
+    positions = _impl_tensor(op, "positions", positions, integer=True).to(torch.int64)
+    if not isinstance(ratio, int) or ratio < 1:
+        raise ValueError(f"{op}: ratio must be a positive int, got {ratio!r}")
+    if ratio > torch.iinfo(torch.int64).max:
+        raise ValueError(f"{op}: ratio must fit in int64, got {ratio}")
+    if (positions < 0).any():
+        raise ValueError(f"{op}: positions must be ≥ 0")
+    return _elementwise(_visible_kernel, positions, torch.int64, int(ratio))
