@@ -32,8 +32,10 @@ Hadamard.  Each program holds ROWS rows of 128 in registers and runs the Sylvest
 (x[i], x[i+h]) -> (x[i] + x[i+h], x[i] - x[i+h]) for h = 1, 2, ..., 64 in fp32, each stage a
 reshape that puts the two partners on a last axis of 2, a split and a join; then one fp32
 multiply by fl32(128^-0.5) and the BF16 rounding on the bits.  Same pairs, same order and IEEE
-fp32 additions as impl's butterfly, so the result is impl's bit for bit, in the interpreter and on
-the GPU (no dot product, whose summation order and, in the interpreter, bf16 handling differ).
+fp32 additions as impl's butterfly, so the result is impl's bit for bit: checked under the
+interpreter; on the GPU nothing can contract into an FMA (adds, then one multiply) and add.f32
+keeps subnormals, so the same holds there (tests/test_kernels_indexer.py checks it wherever it
+runs).  No dot product: its summation order differs, and in the interpreter so does bf16.
 V4.1 does not rotate: index_rotate copies.  The head weights are one fp32 multiply by the
 model's fl32 factor and the BF16 rounding; the visible counts are integer arithmetic.
 
