@@ -85,9 +85,9 @@ def _bf16(x: torch.Tensor) -> torch.Tensor:
 def hadamard(x: torch.Tensor) -> torch.Tensor:
     """bf16(H·x/√d) over the last dimension by the fp32 butterfly (as fast_hadamard_transform)."""
     x = _bf16_values("hadamard", "x", _tensor("hadamard", "x", x, floating=True))
-    d = x.shape[-1]
-    if x.dim() == 0 or d != spec.HADAMARD_DIM:
+    if x.dim() == 0 or x.shape[-1] != spec.HADAMARD_DIM:
         raise ValueError(f"hadamard: last dimension must be {spec.HADAMARD_DIM}, got shape {tuple(x.shape)}")
+    d = spec.HADAMARD_DIM
     y = x.reshape(-1, d).clone()
     h = 1
     while h < d:                               # H_2h = [[H_h, H_h], [H_h, −H_h]]
@@ -163,7 +163,8 @@ def index_visible(positions: torch.Tensor, ratio: int) -> torch.Tensor:
         raise ValueError(f"index_visible: ratio must be a positive int, got {ratio!r}")
     if (positions < 0).any():
         raise ValueError("index_visible: positions must be ≥ 0")
-    return torch.div(positions + 1, ratio, rounding_mode="floor")
+    # (p + 1) // r written so that p + 1 is never formed (p = 2^63 − 1 would wrap).
+    return positions // ratio + (positions % ratio == ratio - 1).to(torch.int64)
 
 
 def _best_first(scores: torch.Tensor, eligible: torch.Tensor) -> torch.Tensor:
