@@ -62,3 +62,8 @@ MUTANTS = {
 def build(name: str):
     rule_id, overrides = MUTANTS[name]
     return rule_id, mutant(name, base=BASE, **overrides)
+
+
+def catalogue() -> list[tuple]:
+    """(name, the rule it must fail, the target provider)."""
+    return [(name, *build(name)) for name in MUTANTS]

@@ -114,3 +114,8 @@ MUTANTS = {
                                             index_topk=lambda s, v, k, o: _topk(s, v, k, o, highest_ties=True)),
                                      "IDX.TOPK.TIES"),
 }
+
+
+def catalogue() -> list[tuple]:
+    """(name, the rule it must fail, the target provider)."""
+    return [(name, rule_id, provider) for name, (provider, rule_id) in MUTANTS.items()]

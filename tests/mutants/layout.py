@@ -63,3 +63,8 @@ MUTANTS = {
 def build(name: str):
     rule_id, overrides = MUTANTS[name]
     return rule_id, mutant(name, **overrides)
+
+
+def catalogue() -> list[tuple]:
+    """(name, the rule it must fail, the target provider)."""
+    return [(name, *build(name)) for name in MUTANTS]

@@ -78,3 +78,8 @@ MUTANTS = {
     "hca_with_indexer": (mutant("hca_with_indexer", layer_role=_hca_with_indexer), "LAYER.V4"),
     "reindex_as_reuse": (mutant("reindex_as_reuse", layer_role=_reindex_as_reuse), "LAYER.V41"),
 }
+
+
+def catalogue() -> list[tuple]:
+    """(name, the rule it must fail, the target provider)."""
+    return [(name, rule_id, provider) for name, (provider, rule_id) in MUTANTS.items()]

@@ -227,3 +227,45 @@ MUTANTS = {
                                     fp4_e8m0_quantize=_accepting_nonfinite(impl.fp4_e8m0_quantize)),
     "fp8_accepts_nonfinite": mutant("fp8_accepts_nonfinite", fp8_quantize=_accepting_nonfinite(impl.fp8_quantize)),
 }
+
+# (name, rule it must fail): several mutants break two rules, one per layer of the format.
+CAUGHT = [
+    ("e2m1_ties_toward_zero", "FMT.E2M1.RNE"),
+    ("e2m1_ties_toward_zero", "FP4.E2M1.RNE"),
+    ("e2m1_ties_away_from_zero", "FMT.E2M1.RNE"),
+    ("e2m1_ties_away_from_zero", "FP4.E2M1.RNE"),
+    ("e2m1_zero_sign_lost", "FMT.E2M1.ZERO_SIGN"),
+    ("e2m1_zero_sign_lost", "FP4.E2M1.ZERO_SIGN"),
+    ("e2m1_no_clamp", "FMT.E2M1.SATURATE"),
+    ("e2m1_no_clamp", "FP4.KV.CLAMP"),
+    ("e2m1_decode_positive_zero", "FMT.E2M1.VALUES"),
+    ("swapped_nibbles", "FP4.PACK.NIBBLE"),
+    ("e4m3_nan_on_overflow", "FMT.E4M3.SATFINITE"),
+    ("e4m3_nan_on_overflow", "FP4.KV.SATURATE"),
+    ("e4m3_truncating", "FMT.E4M3.RNE"),
+    ("e4m3_truncating", "FP8.E4M3"),
+    ("e4m3_decode_no_subnormals", "FMT.E4M3.VALUES"),
+    ("e8m0_decode_zero_is_zero", "FMT.E8M0.VALUES"),
+    ("bf16_truncating", "FMT.BF16.RNE"),
+    ("kv_scale_rounded_up", "FP4.KV.SCALE"),
+    ("kv_scale_floor_2^-6", "FP4.KV.FLOOR"),
+    ("kv_reciprocal", "FP4.KV.DIVIDE"),
+    ("e8m0_ocp_floor", "FP4.IDX.SCALE"),
+    ("e8m0_ocp_floor", "FP8.SCALE"),
+    ("e8m0_ocp_floor", "FMT.CEIL_LOG2"),
+    ("e8m0_float_log2_ceil", "FP4.IDX.SCALE"),
+    ("e8m0_float_log2_ceil", "FMT.CEIL_LOG2"),
+    ("idx_amax_floor_1e-4", "FP4.IDX.FLOOR"),
+    ("fp8_amax_floor_1e-8", "FP8.FLOOR"),
+    ("fp8_block_ignored", "FP8.BLOCKS"),
+    ("fp8_qdq_through_bf16", "FP8.V4_INPLACE"),
+    ("fp4_dequant_scale_halved", "FP4.DEQUANT"),
+    ("fp8_dequant_scale_halved", "FP8.DEQUANT"),
+    ("fp4_accepts_nonfinite", "FP4.NONFINITE"),
+    ("fp8_accepts_nonfinite", "FP8.NONFINITE"),
+]
+
+
+def catalogue() -> list[tuple]:
+    """(name, the rule it must fail, the target provider)."""
+    return [(name, rule_id, MUTANTS[name]) for name, rule_id in CAUGHT]

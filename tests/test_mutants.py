@@ -1,0 +1,19 @@
+"""Teeth: every mutant in tests/mutants/ is reported FAIL on the rule it breaks (in the ci profile)."""
+import pytest
+
+from dsv4spec.properties.suite import FAIL, run_rule
+from dsv4spec.properties.target import Target
+from mutants import catalogue
+
+CATALOGUE = catalogue()
+
+
+@pytest.mark.parametrize("name, rule_id, provider", CATALOGUE, ids=[f"{n}-{r}" for n, r, _ in CATALOGUE])
+def test_mutant_is_caught(name, rule_id, provider):
+    row = run_rule(rule_id, Target(provider, name))
+    assert row.status == FAIL, f"mutant {name} survived {rule_id}: {row.status} {row.detail}"
+
+
+def test_mutant_names_are_unique():
+    names = [(n, r) for n, r, _ in CATALOGUE]
+    assert len(names) == len(set(names))
