@@ -6,11 +6,7 @@ from fractions import Fraction
 
 import pytest
 
-from dsv4spec.properties.suite import PASS, checks_for, run_rule
-from dsv4spec.properties.target import Target
-from dsv4spec.spec import RULES
 from dsv4spec.spec import budget
-from mutants.budget import BASE
 
 M1 = 2 ** 20
 
@@ -56,11 +52,6 @@ def test_core_attention():
 def test_budgets_refuse_v32():
     with pytest.raises(ValueError, match="no compressed KV cache"):
         budget.kv_bytes_per_token("v3.2")
-
-
-@pytest.mark.parametrize("rule_id", sorted(r for r in RULES if r.startswith("BUDGET.") and checks_for(r)))
-def test_impl_passes(rule_id):
-    assert run_rule(rule_id, Target(BASE, "impl")).status == PASS
 
 
 def cli(*args):

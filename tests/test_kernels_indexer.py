@@ -18,7 +18,6 @@ from dsv4spec import impl
 from dsv4spec.kernels import indexer as K
 from dsv4spec.properties.indexer import OPS, make_rows, make_score_case
 from dsv4spec.properties.ranking import assert_topk
-from dsv4spec.spec import RULES
 from dsv4spec.spec import indexer as S
 from dsv4spec.spec.models import PROFILES
 from dsv4spec.spec.rules import V4_ALL
@@ -508,21 +507,5 @@ def test_every_kernel_compiles_for_sm90(group):
     assert set(built) == COMPILE_GROUPS[group], done.stdout[-2000:]
 
 
-# ------------------------------------------------------------------------------------------------
-# every HAD.* and IDX.* rule that has a check, run by the suite on the kernels target
-# ------------------------------------------------------------------------------------------------
-def _checked_rules():
-    from dsv4spec.properties.suite import checks_for
-    return [rid for rid in sorted(RULES) if rid.startswith(("HAD.", "IDX.")) and checks_for(rid)]
-
-
 def test_kernels_provide_every_indexer_operation():
     assert set(K.__all__) == set(OPS), "kernels.indexer provides exactly the indexer operations"
-
-
-@pytest.mark.parametrize("rule_id", _checked_rules())
-def test_rule_passes_on_kernels(rule_id):
-    from dsv4spec.properties.suite import PASS, run_rule
-    from dsv4spec.properties.target import load_target
-    row = run_rule(rule_id, load_target("kernels"), "ci")
-    assert row.status == PASS, f"{rule_id} on kernels: {row.status} {row.detail}"

@@ -13,7 +13,6 @@ from dsv4spec.properties.indexer import expected_scores, make_score_case
 from dsv4spec.properties.pool import make_pool, wide_case
 from dsv4spec.properties.ranking import assert_pool, assert_topk
 from dsv4spec.properties.target import load_target
-from dsv4spec.spec import RULES
 from dsv4spec.spec import indexer as S
 
 
@@ -138,17 +137,3 @@ def test_repeated_calls_are_bitwise_identical():
     for _ in range(2):
         assert torch.equal(pool_of(case), first)
         assert torch.equal(K.reindex_topk(*sc_case.torch(), torch.from_numpy(pool), 20), r1)
-
-
-def _pool_rules():
-    from dsv4spec.properties.suite import checks_for
-    ops = set(K.__all__)
-    return [rid for rid in sorted(RULES) if rid.startswith("POOL.")
-            and checks_for(rid) and all(set(c.ops) <= ops for c in checks_for(rid))]
-
-
-@pytest.mark.parametrize("rule_id", _pool_rules())
-def test_pool_rule_passes_on_kernels(rule_id):
-    from dsv4spec.properties.suite import PASS, run_rule
-    row = run_rule(rule_id, load_target("kernels"), "ci")
-    assert row.status == PASS, f"{rule_id} on kernels: {row.status} {row.detail}"

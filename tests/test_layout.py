@@ -6,9 +6,6 @@ import pytest
 import torch
 
 from dsv4spec.impl import layout as impl
-from dsv4spec.properties.suite import PASS, run_rule
-from dsv4spec.properties.target import load_target
-from dsv4spec.spec import RULES
 from dsv4spec.spec import layout as spec
 
 
@@ -89,9 +86,3 @@ def test_impl_errors_name_what_was_expected():
         impl.entry_pack("v41_main_kv", torch.zeros(2, 448))
     with pytest.raises(ValueError, match="not finite|finite|NaN"):
         impl.entry_pack("v41_main_kv", torch.full((1, 512), float("nan")))
-
-
-@pytest.mark.parametrize("rule_id", sorted(r for r in RULES if r.startswith("LAYOUT.")))
-def test_impl_passes(rule_id):
-    row = run_rule(rule_id, load_target("impl"))
-    assert row.status == PASS, row.detail

@@ -1,0 +1,24 @@
+"""The project's own targets conform: impl passes every checked rule, and kernels every rule of the
+families it implements (its other rows are n/i by design: no compressor, layout or budget kernels)."""
+import pytest
+
+from dsv4spec.properties.suite import NOT_IMPLEMENTED, PASS, checks_for, load_checks, run_rule
+from dsv4spec.properties.target import load_target
+from dsv4spec.spec import RULES
+
+load_checks()
+CHECKED = sorted(r for r in RULES if checks_for(r))
+KERNEL_FAMILIES = ("FMT", "FP4", "FP8", "HAD", "IDX", "POOL", "LAYER")
+
+
+@pytest.mark.parametrize("rule_id", CHECKED)
+def test_impl_passes(rule_id):
+    row = run_rule(rule_id, load_target("impl"))
+    assert row.status == PASS, f"{rule_id} on impl: {row.status} {row.detail}"
+
+
+@pytest.mark.parametrize("rule_id", CHECKED)
+def test_kernels_pass_their_families(rule_id):
+    row = run_rule(rule_id, load_target("kernels"))
+    expected = PASS if RULES[rule_id].family in KERNEL_FAMILIES else NOT_IMPLEMENTED
+    assert row.status == expected, f"{rule_id} on kernels: {row.status} {row.detail}"
