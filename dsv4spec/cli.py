@@ -34,6 +34,32 @@ def cmd_rules(args) -> int:
     return 0
 
 
+def cmd_ops(args) -> int:
+    """The operation contract: every operation a target may provide, and the rules that check it."""
+    import importlib
+    from dsv4spec.properties.suite import FAMILY_MODULES, load_checks
+    checks = load_checks()
+    families = [f for f in FAMILY_MODULES if not args.family or f == args.family]
+    if not families:
+        raise UsageError(f"unknown family {args.family!r}; expected one of {', '.join(FAMILY_MODULES)}")
+    table = {}
+    for family in families:
+        ops = getattr(importlib.import_module(f"dsv4spec.properties.{family}"), "OPS", {})
+        for op, doc in ops.items():
+            rules = sorted({c.rule_id for c in checks if op in c.ops})
+            table.setdefault(family, []).append({"op": op, "signature": doc, "rules": rules})
+    if args.json:
+        print(json.dumps(table, indent=2))
+        return 0
+    for family, ops in table.items():
+        print(f"# {family}  (contract: properties/{family}.py)")
+        for entry in ops:
+            print(f"  {entry['signature']}")
+            print(f"      checked by: {', '.join(entry['rules']) or '-'}")
+        print()
+    return 0
+
+
 def cmd_spec(args) -> int:
     from dsv4spec.spec.document import render
     text = render()
@@ -101,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "KV-cache quantization numerics: list the rules, verify implementations against them.",
         epilog="Examples:\n"
                "  dsv4spec rules --rules FP4\n"
+               "  dsv4spec ops --family quant          # what a target implements\n"
                "  dsv4spec verify --target impl --target kernels --rules FMT,FP4,FP8\n"
                "  dsv4spec verify --target mypkg.fp4:Codec --json out.json --junit out.xml\n"
                "  dsv4spec budget --model v4.1-flash --json\n"
@@ -112,6 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rules", metavar="PREFIX,...", help="only rules whose id starts with a prefix")
     p.add_argument("--json", action="store_true", help="full rule records as JSON")
     p.set_defaults(func=cmd_rules)
+
+    p = sub.add_parser("ops", help="the operations a target may implement, and the rules checking each")
+    p.add_argument("--family", metavar="F", help="one family: quant, indexer, pool, compressor, layout, budget")
+    p.add_argument("--json", action="store_true", help="as JSON")
+    p.set_defaults(func=cmd_ops)
 
     p = sub.add_parser("spec", help="render the rule registry as Markdown (the text of SPEC.md)")
     p.add_argument("--write", metavar="FILE", help="write to FILE instead of standard output")

@@ -15,7 +15,7 @@ def run(*args):
 
 def test_help_lists_every_command():
     out = run("--help").stdout
-    for command in ("rules", "verify", "spec", "budget", "claims", "golden"):
+    for command in ("rules", "ops", "verify", "spec", "budget", "claims", "golden"):
         assert command in out
 
 
@@ -63,3 +63,11 @@ def test_verify_exit_status_follows_claimed_conformance(tmp_path):
     module.write_text(module.read_text().replace("CLAIMS_CONFORMANCE = True", "CLAIMS_CONFORMANCE = False"))
     relaxed = subprocess.run(cmd, capture_output=True, text=True, env=env)
     assert relaxed.returncode == 0, relaxed.stdout + relaxed.stderr
+
+
+def test_ops_lists_each_operation_with_the_rules_that_check_it(capsys):
+    assert main(["ops", "--json"]) == 0
+    table = json.loads(capsys.readouterr().out)
+    pool = {entry["op"]: entry["rules"] for entry in table["pool"]}
+    assert "POOL.PIN_NEWEST" in pool["candidate_blocks"] and pool["reindex_topk"] == ["POOL.REINDEX"]
+    assert main(["ops", "--family", "nope"]) == 2

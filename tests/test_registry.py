@@ -49,3 +49,16 @@ def test_every_checked_rule_has_a_mutant_that_is_caught_on_it():
     load_checks()
     missing = [r for r in sorted(RULES) if checks_for(r) and r not in aimed]
     assert not missing, f"rules with checks but no mutant: {missing}"
+
+
+def test_the_operation_contract_is_complete():
+    """Every operation a check needs is documented in some properties/<family>.py OPS, and every
+    documented operation is checked by at least one rule."""
+    import importlib
+    from dsv4spec.properties.suite import FAMILY_MODULES
+    documented = set()
+    for family in FAMILY_MODULES:
+        documented |= set(getattr(importlib.import_module(f"dsv4spec.properties.{family}"), "OPS", {}))
+    needed = {op for c in load_checks() for op in c.ops}
+    assert needed <= documented, f"checked but undocumented operations: {sorted(needed - documented)}"
+    assert documented <= needed, f"documented but never checked: {sorted(documented - needed)}"
