@@ -75,7 +75,9 @@ rule("CMP.GATE", "per-channel softmax over the window",
 
 rule("CMP.RATIO1", "V4.1 ratio 1: a normalized projection",
      """At ratio 1 (V4.1 decoder layers) there is no gate: entry_t = RoPE(RMSNorm(wkv·x_t),
-     position t).""",
+     position t). Unlike ratio 2, the official ratio-1 wkv is a BF16 Linear, so the projection,
+     the normed entry and the rotated entry may each be rounded to BF16; the tolerance admits
+     those three roundings.""",
      applies_to=V41, policy="tolerance", sources=(SOURCES_V41,))
 
 rule("CMP.NORM", "RMSNorm of the pooled vector, eps from the profile",
@@ -198,10 +200,15 @@ def compress(x: np.ndarray, params: dict, model: str, ratio: int) -> np.ndarray:
 # is doubled for safety.  It is relative to magnitudes before cancellation, so cancellation in the
 # projections or the pooled sum widens it honestly instead of failing good targets.
 U32 = 2.0 ** -24
+U16 = 2.0 ** -9          # unit roundoff of BF16 (8 significant bits)
 
 
 def entry_tolerance(x: np.ndarray, params: dict, model: str, ratio: int) -> np.ndarray:
-    """A per-element absolute bound on |fp32 entry - exact entry|: [..., n // ratio, d]."""
+    """A per-element absolute bound on |fp32 entry - exact entry|: [..., n // ratio, d].
+
+    At V4.1 ratio 1 it also admits the official BF16 roundings of the projection, the normed entry
+    and the rotated entry (CMP.RATIO1)."""
+    bf16 = int(model in V41 and ratio == 1)
     x = np.asarray(x, np.float64)
     ax = np.abs(x)
     dim = x.shape[-1]
@@ -224,7 +231,7 @@ def entry_tolerance(x: np.ndarray, params: dict, model: str, ratio: int) -> np.n
         err_p = ((dim + 2 * ratio + 4) * U32 + weight_rel) * pooled_mag
     else:
         pooled_mag = kv_mag[..., :groups, :]
-        err_p = (dim + 2) * U32 * pooled_mag
+        err_p = ((dim + 2) * U32 + bf16 * U16) * pooled_mag
     p = pooled(x, params, model, ratio)
     w = np.abs(np.asarray(params["norm"], np.float64))
     eps = profile(model).norm_eps
@@ -233,14 +240,14 @@ def entry_tolerance(x: np.ndarray, params: dict, model: str, ratio: int) -> np.n
     r_safe = np.where(r > 0, r, 1.0)
     rms_err = np.sqrt(np.mean(err_p * err_p, axis=-1, keepdims=True))
     y_mag = w * np.abs(p) / r_safe
-    err_y = w * (err_p + np.abs(p) * rms_err / r_safe) / r_safe + (d + 8) * U32 * y_mag
+    err_y = w * (err_p + np.abs(p) * rms_err / r_safe) / r_safe + ((d + 8) * U32 + bf16 * U16) * y_mag
     freqs = np.asarray(params["rope_freqs"], np.float32)
     rd = 2 * len(freqs)
     if rd:
         angle = np.abs(rope_angles(np.arange(groups) * ratio, freqs).astype(np.float64))
         pair_mag = np.hypot(y_mag[..., -rd::2], y_mag[..., -rd + 1::2])
         pair_err = np.maximum(err_y[..., -rd::2], err_y[..., -rd + 1::2])
-        rot_err = 2 * pair_err + pair_mag * (2 * U32 * angle + 8 * U32)
+        rot_err = 2 * pair_err + pair_mag * (2 * U32 * angle + 8 * U32 + bf16 * U16)
         err_y = err_y.copy()
         err_y[..., -rd::2] = rot_err
         err_y[..., -rd + 1::2] = rot_err

@@ -96,3 +96,44 @@ def test_feed_leaves_the_given_state_untouched():
     _, a = impl.compressor_feed(s1, x[:, 5:])
     _, b = impl.compressor_feed(s1, x[:, 5:])
     assert torch.equal(a, b) and s0.position == 0 and torch.isinf(s0.score).all()
+
+
+def _bf16(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.bfloat16).float()
+
+
+def compress_with_official_bf16_steps(x, params, *, model, ratio):
+    """A ratio-1 compressor that rounds where the official V4.1 code does (a BF16 Linear, a BF16 norm
+    output, a BF16 rotation result); other ratios as impl."""
+    if ratio != 1:
+        return impl.compress(x, params, model=model, ratio=ratio)
+    from dsv4spec.impl.compressor import _rms_norm, _rope
+    from dsv4spec.spec.models import profile
+    kv = _bf16(x @ params["wkv"].T)
+    normed = _bf16(_rms_norm(kv, params["norm"], profile(model).norm_eps))
+    return _bf16(_rope(normed, torch.arange(x.shape[1]), params["rope_freqs"]))
+
+
+def test_ratio_one_admits_the_official_bf16_roundings():
+    from types import SimpleNamespace
+
+    from dsv4spec.properties.suite import PASS, run_rule
+    from dsv4spec.properties.target import Target
+    official = SimpleNamespace(NAME="bf16-ratio-1", compress=compress_with_official_bf16_steps)
+    assert run_rule("CMP.RATIO1", Target(official, "bf16-ratio-1")).status == PASS
+
+
+def test_the_bf16_allowance_is_needed(monkeypatch):
+    """Without the BF16 terms of the bound, the official rounding steps would be out of tolerance."""
+    from dsv4spec.properties.compressor import run_compress
+    from types import SimpleNamespace
+    official = SimpleNamespace(compress=compress_with_official_bf16_steps)
+    worst = 0.0
+    for seed in range(20):
+        case = make_case("v4.1-flash", 1, 8, seed)
+        error = np.abs(run_compress(official, case) - spec.compress(case.x, case.params, case.model, 1))
+        with monkeypatch.context() as m:
+            m.setattr(spec, "U16", 0.0)
+            fp32_only = spec.entry_tolerance(case.x, case.params, case.model, 1)
+        worst = max(worst, float((error / fp32_only).max()))
+    assert worst > 1.0
