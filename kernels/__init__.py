@@ -1,11 +1,21 @@
 """dsv4spec.kernels: Triton kernels for the same operations as impl, with thin launchers.
 
 Launchers take and return CPU tensors like every target; they run on CUDA when a GPU is present
-and under TRITON_INTERPRET=1 otherwise (set before this package is imported).
+and under the Triton interpreter otherwise.
 """
-from .quant import *  # noqa: F401,F403
-from .indexer import *  # noqa: F401,F403
-from .pool import *  # noqa: F401,F403
+import os
+
+import torch
+
+# Triton reads TRITON_INTERPRET when @triton.jit decorates: without a GPU (and without an explicit
+# setting) the kernels run in the interpreter.  Submodules read INTERPRET from here.
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+from .quant import *  # noqa: E402,F401,F403
+from .indexer import *  # noqa: E402,F401,F403
+from .pool import *  # noqa: E402,F401,F403
 
 NAME = "kernels"
 CLAIMS_CONFORMANCE = True

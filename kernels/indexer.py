@@ -44,7 +44,6 @@ kernels.pool's re-index scores only the pool.
 """
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import torch
@@ -52,6 +51,7 @@ import triton
 import triton.language as tl
 
 from ..impl.indexer import _bf16_values as _impl_bf16_values
+from . import INTERPRET
 from ..impl.indexer import _tensor as _impl_tensor
 from ..spec import indexer as spec
 from ..spec.models import profile
@@ -59,7 +59,6 @@ from ..spec.models import profile
 __all__ = ["hadamard", "index_rotate", "index_weights", "index_scores", "index_scores_fp4",
            "index_visible", "index_topk"]
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 SCORE_DTYPES = ("bf16", "fp32")
 ORDERS = ("score", "position")
 

@@ -143,7 +143,7 @@ def reindex_topk(q, k, w, visible, pool, topk: int) -> torch.Tensor:
     """
     op = "reindex_topk"
     q, k, w, vis = _score_inputs(op, q, k, w, visible, True)
-    (T, H, D), S = q.shape, k.shape[0]
+    T, S = q.shape[0], k.shape[0]
     pool = _need_tensor("pool", op, pool, 2, (torch.bool,))
     if tuple(pool.shape) != (T, S):
         raise ValueError(f"{op}: pool has shape {tuple(pool.shape)}, expected the scores' [T, S] = [{T}, {S}]")

@@ -31,19 +31,14 @@ Exactness.  The interpreter's float casts differ from the GPU's, so no rounding 
 """
 from __future__ import annotations
 
-import os
-
 import torch
+import triton
+import triton.language as tl
 
-if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"  # read when @triton.jit decorates, below
-
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-
-from ..impl.quant import _block_param as _impl_block_param  # noqa: E402
-from ..impl.quant import _bytes as _impl_bytes  # noqa: E402
-from ..impl.quant import _values as _impl_values  # noqa: E402
+from . import INTERPRET
+from ..impl.quant import _block_param as _impl_block_param
+from ..impl.quant import _bytes as _impl_bytes
+from ..impl.quant import _values as _impl_values
 
 __all__ = [
     "e2m1_encode",
@@ -63,7 +58,7 @@ __all__ = [
     "fp8_qdq",
 ]
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+INTERPRETED = INTERPRET
 E4M3_BLOCK = 16
 E8M0_BLOCK = 32
 

@@ -102,8 +102,6 @@ def _entry_points() -> dict[str, str]:
 
 def load_target(spec: str) -> Target:
     """A built-in name, an entry-point name, or `pkg.module[:attr]`."""
-    if spec == "kernels":
-        prepare_triton()
     known = {**_entry_points(), **BUILTIN}
     if spec in known:
         return Target(_import(known[spec]), spec, name=spec)
@@ -111,16 +109,3 @@ def load_target(spec: str) -> Target:
         raise ValueError(f"unknown target {spec!r}; built-in targets are {', '.join(BUILTIN)}, "
                          f"or give pkg.module:attr")
     return Target(_import(spec), spec)
-
-
-def prepare_triton() -> None:
-    """Run Triton kernels in the interpreter when no GPU is present (read at @triton.jit time)."""
-    if "TRITON_INTERPRET" in os.environ:
-        return
-    try:
-        import torch
-        gpu = torch.cuda.is_available()
-    except ImportError:
-        gpu = False
-    if not gpu:
-        os.environ["TRITON_INTERPRET"] = "1"
