@@ -26,6 +26,7 @@ from ..spec.rules import KNOBS, check_variants
 BUILTIN = {
     "impl": "dsv4spec.impl",
     "kernels": "dsv4spec.kernels",
+    "official": "dsv4spec.official",
     "ml_dtypes": "dsv4spec.properties.casts:MLDTYPES",
     "torch": "dsv4spec.properties.casts:TORCH",
 }

@@ -40,6 +40,11 @@ def render() -> str:
                     f"*{r.status}*; applies to {', '.join(r.applies_to)}; compared by **{r.policy}**"
                     + (f"; variant knob `{r.knob}`" if r.knob else "") + ".", "",
                     r.statement, ""]
+            if r.extension:
+                out += [f"> **Extension** `{r.extension}`: beyond the official domain; checked only for "
+                        "targets that declare it.", ""]
+            if r.tolerance:
+                out += [f"Tolerance: {r.tolerance}", ""]
             if r.differs:
                 out += [f"> **Differs from the source documents.** {r.differs}", ""]
             out += ["Sources: " + "; ".join(r.sources) + ".", ""]

@@ -57,6 +57,8 @@ class Rule:
     sources: tuple[str, ...]
     knob: str | None = None
     differs: str | None = None  # what a source document claims instead, and why the rule differs
+    tolerance: str | None = None  # for policy "tolerance": the bound and its derivation
+    extension: str | None = None  # beyond the official domain: the extension a target must declare
     family: str = field(default="", compare=False)
 
     def __post_init__(self):
@@ -80,12 +82,14 @@ KNOBS: dict[str, Knob] = {}
 
 
 def rule(id: str, title: str, statement: str, *, applies_to, policy: str, sources,
-         status: str = NORMATIVE, knob: str | None = None, differs: str | None = None) -> Rule:
+         status: str = NORMATIVE, knob: str | None = None, differs: str | None = None,
+         tolerance: str | None = None, extension: str | None = None) -> Rule:
     """Declare a rule; the family is the id's first component."""
     if id in RULES:
         raise ValueError(f"rule {id} declared twice")
     r = Rule(id, title, " ".join(statement.split()), status, tuple(applies_to), policy,
-             tuple(sources), knob, differs and " ".join(differs.split()), id.split(".")[0])
+             tuple(sources), knob, differs and " ".join(differs.split()),
+             tolerance and " ".join(tolerance.split()), extension, id.split(".")[0])
     if knob is not None and knob not in KNOBS:
         raise ValueError(f"rule {id}: knob {knob!r} is not declared (declare it before the rule)")
     RULES[id] = r

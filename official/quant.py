@@ -1,0 +1,3 @@
+"""official.quant: the quant operations as the official code computes them."""
+
+__all__: list = []
