@@ -28,7 +28,6 @@ from .pool import has_indexer, layer_role
 from .rules import INFORMATIVE, V4, V4_ALL, rule
 
 _SRC = "official-rules.md §7.3"
-_SEED_000 = "seed 000 'FP4 量化如何压缩 KV 存储' and Q&A '890 字节'"
 
 rule("BUDGET.KV_BYTES", "compressed-cache bytes per token",
      """Bytes per token of the compressed caches = sum over the backbone layers that own their
@@ -37,32 +36,48 @@ rule("BUDGET.KV_BYTES", "compressed-cache bytes per token",
      31·584/128 = 5031.4375, V4.1-Flash 3·(288+68)/2 + (288+68)/1 = 890 (only the KV source layers
      2, 8, 14, 20 store KV).  HCA layers store no index K; the window is not included.""",
      applies_to=V4_ALL, policy="exact",
-     sources=(_SRC, "official-rules.md §7.2", _SEED_000))
+     sources=(_SRC + ", §7.2", "doc-000 summary L3", "doc-000 FP4 storage L8", "doc-000 Q&A 4 L19"))
 
 rule("BUDGET.WINDOW", "sliding-window bytes, constant per layer",
      """Every backbone layer keeps a window of `window` = 128 tokens of uncompressed KV:
      128·584 = 74752 B per layer in V4 (the FP8 V4 main layout) and 128·528 = 67584 B in V4.1 (the
      SWA layout), independent of the context; it is reported apart from bytes per token.""",
-     applies_to=V4_ALL, policy="exact", sources=(_SRC, "official-rules.md §7.1", "official-rules.md §8"))
+     applies_to=V4_ALL, policy="exact",
+     sources=(_SRC + ", §7.1, §8", "V41-config (sliding_window)", "doc-003 §6.2 L199"))
 
 rule("BUDGET.INDEX_WORK", "indexer multiply-adds per generated token",
      """At context N a decode step's indexer costs, per indexing layer, (entries scored) ·
-     index_n_heads · index_head_dim multiply-adds: entries scored = N // ratio, except in V4.1
-     re-index layers (24, 28, 32, 36; never the candidate source 20) where the pool bounds it by
-     topk_blocks · block_size = 16384.  At N = 2^20 the four re-index layers go from 4·2^20·4096
-     ≈ 1.7e10 to 4·16384·4096 ≈ 2.7e8 (1/64) and the whole V4.1 indexer to 0.394 of the no-pool
-     cost.""",
+     index_n_heads · index_head_dim multiply-adds: entries scored = N // ratio, linear in N.  In
+     V4.1 re-index layers (24, 28, 32, 36; never the candidate source 20) a kernel that scores
+     only the pool is bounded by topk_blocks · block_size = 16384; that is the model here.  The
+     reference itself scores all N positions there and then masks those outside the pool, as
+     document 000 also notes, so it saves nothing.  In that model, at N = 2^20 the four re-index
+     layers go from 4·2^20·4096 ≈ 1.7e10 to 4·16384·4096 ≈ 2.7e8 (1/64) and the whole V4.1
+     indexer to 0.394 of the no-pool cost.""",
      applies_to=V4_ALL, policy="exact",
-     sources=("official-rules.md §5.1-§5.2", "seed 000 Q&A 'Hierarchical Sparse Indexer 是怎么降低'"))
+     sources=("V41-model L555-557, L575 (scores, then masked_fill(~candidates, −inf))",
+              "official-rules.md §5.1-§5.2, §11.7", "doc-000 Q&A 1 L13", "doc-000 pool work L6",
+              "doc-000 details L10", "doc-003 §1 L9", "doc-003 §8 L251"),
+     differs="""Document 003 (§1, §8) says the indexer brings attention from O(n²) down to
+     sub-linear cost.  Per generated token the indexer scores every visible compressed entry,
+     (N // ratio) · H · D multiply-adds, which is linear in N (quadratic over a sequence); only
+     the core attention after it is bounded (BUDGET.ATTN_WORK).""")
 
 rule("BUDGET.ATTN_WORK", "core attention multiply-adds per token per layer",
      """A layer's core attention costs 2 · n_heads · head_dim multiply-adds (q·k and p·v over the
      shared 512-dim K = V) per attended entry; it attends min(window, N) window entries plus
      min(index_topk, N // ratio) selected entries (layers with their own or a shared top-k) or all
-     N // ratio compressed entries (V4 HCA).  V4-Pro CSA: 2·128·512·(128 + 1024) = 150,994,944 ≈ 151 M, independent of
-     N once N ≥ 4096.""",
+     N // ratio compressed entries (V4 HCA).  V4-Pro CSA: 2·128·512·(128 + 1024) = 150,994,944
+     multiply-adds (302 MFLOP at two FLOPs each), independent of N once N ≥ 4096.""",
      applies_to=V4_ALL, policy="exact",
-     sources=("official-rules.md §4.1 (top-k, HCA), §8", "seed 002 Q&A 'CSA 的核心注意力计算量'"))
+     sources=("V4-model L427-432, L268-276 (top-k, HCA)", "official-rules.md §4.1, §8", "doc-002 Q&A 5 L23",
+              "doc-002 design trade-offs L8"),
+     differs="""Document 002 gives the core attention as about 151 MFLOP per token per layer (Q&A 5):
+     150,994,944 is the count of multiply-adds, 302 MFLOP.  It also puts the indexer's 64 heads of
+     128 dims at 1/8 of the compute of the 128-head, 512-dim attention (design trade-offs): that is
+     the ratio of the q·k widths alone; counting p·v as well, per entry the indexer's 64·128
+     multiply-adds are 1/16 of the attention's 2·128·512 (and it scores every entry, where the
+     attention reads window + top-k).""")
 
 rule("BUDGET.CLAIMS", "the claims ledger holds",
      """Every numeric claim of the seed documents is recorded in spec.claims with its source, the
@@ -70,7 +85,7 @@ rule("BUDGET.CLAIMS", "the claims ledger holds",
      (within the rounding the claim states), a corrected one differs from it and names an existing
      rule that says why, and a claim no numerics can check says so.""",
      applies_to=V4_ALL, policy="exact", status=INFORMATIVE,
-     sources=("seed 000", "seed 002", "seed 003", "official-rules.md §9"))
+     sources=("doc-000 whole L1-23", "doc-002 whole L1-29", "doc-003 whole L1-451", "official-rules.md §9"))
 
 
 def _model(model) -> Model:
@@ -199,12 +214,6 @@ def indexer_pool_saving(model, context: int) -> Fraction:
     """Whole-indexer work with the pool over without it (1 for models without a pool)."""
     without = indexer_macs_per_token(model, context, pool=False)
     return Fraction(indexer_macs_per_token(model, context, pool=True), without) if without else Fraction(1)
-
-
-def indexer_to_attention_width(model) -> Fraction:
-    """Indexer q·k width over the main attention's per entry: (H_I·d_I) / (H·d)."""
-    m = _model(model)
-    return Fraction(m.index_n_heads * m.index_head_dim, m.n_heads * m.head_dim)
 
 
 def summary(model, context: int) -> dict:

@@ -37,67 +37,75 @@ import numpy as np
 from .models import profile
 from .rules import V4, V41, V4_ALL, rule
 
-SOURCES_V4 = "official-rules.md §6.1; V4-model L279-377 (prefill L325-342, decode L343-359)"
-SOURCES_V41 = "official-rules.md §6.2; V4.1-model upstream L429-485"
-SEED_V4 = "seed 002 (V4 Lightning Indexer), 'training and inference details'; seed 003 §4 stage 1"
+V4_CODE = "V4-model L279-377 (Compressor; prefill L325-342, decode L343-359)"
+V41_CODE = "V41-model L429-485 (Compressor)"
+SOURCES_V4 = (V4_CODE, "official-rules.md §6.1, §11.2")
+SOURCES_V41 = (V41_CODE, "official-rules.md §6.2, §11.2")
 
 rule("CMP.GROUPS", "one entry per complete group of m tokens",
      """A ratio-m compressor fed n tokens from position 0 has emitted exactly n // m entries; entry
      j pools tokens j·m .. j·m+m-1 (plus, for V4 ratio 4, the m tokens before them).  An
      incomplete group emits nothing: its tokens wait in the compressor state.""",
-     applies_to=V4_ALL, policy="exact", sources=(SOURCES_V4, SOURCES_V41))
+     applies_to=V4_ALL, policy="exact", sources=SOURCES_V4 + SOURCES_V41 + ("doc-003 §2.1 L27",))
 
 rule("CMP.CAUSAL", "entries never depend on later tokens",
      """Entry j depends only on tokens at positions < (j+1)·m: changing or appending later tokens
      leaves every entry already emitted unchanged.""",
-     applies_to=V4_ALL, policy="tolerance", sources=(SOURCES_V4, SOURCES_V41))
+     applies_to=V4_ALL, policy="tolerance", sources=SOURCES_V4 + SOURCES_V41)
 
 rule("CMP.OVERLAP", "V4 ratio 4: overlapping 8-token windows",
      """With ratio 4 (V4 only) wkv and wgate project to 2·d channels.  Entry j pools an 8-slot
      window: slots 0-3 are group j-1's tokens through the FIRST d channels, slots 4-7 are group
      j's tokens through the SECOND d channels.  Group 0 has no previous group: its slots 0-3 hold
      kv = 0 and score = -inf, so they get weight 0.""",
-     applies_to=V4, policy="tolerance", sources=(SOURCES_V4, SEED_V4))
+     applies_to=V4, policy="tolerance",
+     sources=SOURCES_V4 + ("doc-003 §2.1 L27", "doc-003 §4 stage 1 L98-102"))
 
 rule("CMP.APE", "V4 additive positional bias on the gate scores",
      """In V4 the gate score of the token at position t is wgate·x_t + ape[t mod m] (ape is
      [m, coff·d], fp32), added before the window is formed, so a token keeps the bias row of its
-     own position in its group in both halves of an overlapping window.  V4.1 has no ape.""",
-     applies_to=V4_ALL, policy="tolerance", sources=(SOURCES_V4, SOURCES_V41),
-     differs="""The seeds describe 'softmax gating with a positional bias' for every compressor;
-     the V4.1 compressor has neither the bias nor the overlap (official-rules.md §9).""")
+     own position in its group in both halves of an overlapping window.  Both V4 compressors
+     (ratio 4 and ratio 128) carry an ape; V4.1's (ratios 1 and 2) has none.  Of the source
+     documents only document 003 describes the bias, for V4's ratio-4 compressor.""",
+     applies_to=V4_ALL, policy="tolerance",
+     sources=SOURCES_V4 + SOURCES_V41 + ("V4-model L294 (ape)", "doc-003 §4 stage 1 L100"))
 
 rule("CMP.GATE", "per-channel softmax over the window",
      """The pooled vector is sum over the window's slots of softmax(score)·kv, the softmax taken
      over the slots separately for every channel (4 or 8 slots for V4 ratio 4, 128 for V4 ratio
      128, 2 for V4.1 ratio 2), computed in fp32.""",
-     applies_to=V4_ALL, policy="tolerance", sources=(SOURCES_V4, SOURCES_V41))
+     applies_to=V4_ALL, policy="tolerance", sources=SOURCES_V4 + SOURCES_V41 + ("doc-003 §4 stage 1 L100",))
 
 rule("CMP.RATIO1", "V4.1 ratio 1: a normalized projection",
      """At ratio 1 (V4.1 decoder layers) there is no gate: entry_t = RoPE(RMSNorm(wkv·x_t),
      position t). Unlike ratio 2, the official ratio-1 wkv is a BF16 Linear, so the projection,
      the normed entry and the rotated entry may each be rounded to BF16; the tolerance admits
      those three roundings.""",
-     applies_to=V41, policy="tolerance", sources=(SOURCES_V41,))
+     applies_to=V41, policy="tolerance", sources=SOURCES_V41)
 
 rule("CMP.NORM", "RMSNorm of the pooled vector, eps from the profile",
      """The pooled vector is normalized as y = w · p / sqrt(mean(p^2) + eps) over its d channels,
      with the learned weight w and eps = norm_eps of the model (1e-6 for V4, 1e-20 for V4.1).""",
-     applies_to=V4_ALL, policy="tolerance", sources=(SOURCES_V4, SOURCES_V41,
-                                                     "official-rules.md §8 (norm_eps)"))
+     applies_to=V4_ALL, policy="tolerance",
+     sources=SOURCES_V4 + SOURCES_V41 + ("V41-config (norm_eps)", "official-rules.md §8 (norm_eps)"))
 
 rule("CMP.ROPE", "RoPE at the group's first position",
      """The last rope_dim channels of the normalized entry j are rotated as adjacent pairs
      (y[2i], y[2i+1]) by the angle (j·m)·f_i: the position of the FIRST token of the group
      (prefill freqs_cis[:cutoff:m]; decode start_pos + 1 - m).""",
-     applies_to=V4_ALL, policy="tolerance", sources=(SOURCES_V4, SOURCES_V41))
+     applies_to=V4_ALL, policy="tolerance",
+     sources=SOURCES_V4 + SOURCES_V41 + ("V41-model L758 (RoPE of the latent)", "official-rules.md §11.3, §11.5"))
 
 rule("CMP.STREAM", "prefill, decode and chunked prefill agree",
      """Feeding a sequence to the compressor in chunks of any sizes (one token at a time as in
      decode, or one prefill chunk) yields the same entries, within the fp32 tolerance: the
-     state carries the incomplete group and, for V4 ratio 4, the previous group's window half.""",
-     applies_to=V4_ALL, policy="tolerance", sources=(SOURCES_V4, SOURCES_V41,
-                                                     "official-rules.md §10 Q8 (chunked prefill)"))
+     state carries the incomplete group and, for V4 ratio 4, the previous group's window half.
+     The reference itself feeds one prefill chunk from position 0 and then one token per step;
+     chunks of other sizes after position 0 (chunked prefill, streaming) are an extension beyond
+     it.""",
+     applies_to=V4_ALL, policy="tolerance",
+     sources=SOURCES_V4 + SOURCES_V41 + ("V41-model L480-481 (decode squeezes one token)",
+                                         "official-rules.md §10 Q8, §11.1"))
 
 
 def overlaps(model: str, ratio: int) -> bool:

@@ -1,6 +1,7 @@
 """Render the rule registry as the Markdown specification kept in the repository (SPEC.md)."""
 from __future__ import annotations
 
+from . import sources
 from .models import PROFILES
 from .rules import KNOBS, POLICIES, RULES
 
@@ -24,8 +25,9 @@ def render() -> str:
         "",
         "Generated from the rule registry in `spec/` by `dsv4spec spec --write`; do not edit by hand "
         "(a test fails when this file is stale). Each rule: its id, status, the models it applies to, "
-        "how a result is compared, its statement, and its sources. Where a source document says "
-        "otherwise, the rule says what it claimed and why the rule differs.",
+        "how a result is compared, its statement, and its sources, cited by the keys of the Sources "
+        "section at the end (official code by line, source documents by section and line). Where a "
+        "source document says otherwise, the rule says what it claimed and why the rule differs.",
         "",
         "## Comparison policies",
         "",
@@ -57,7 +59,8 @@ def render() -> str:
     for m in PROFILES.values():
         out.append(f"| {m.name} | {m.n_layers} (+{m.n_draft}) | {m.index_n_heads} × {m.index_head_dim} | "
                    f"{m.index_topk} | {m.score_dtype} | {'yes' if m.hadamard else 'no'} | {m.norm_eps:g} |")
-    return "\n".join(out) + "\n"
+    out += ["", *sources.render()]
+    return "\n".join(out).rstrip("\n") + "\n"
 
 
 def _order(rule):

@@ -22,9 +22,6 @@ from .models import Model
 from .rules import IMPLEMENTATION_DEFINED, INFORMATIVE, V4, V41, V4_ALL, knob, rule
 
 V32 = ("v3.2",)
-SEED_V41 = "seed 000 (V4.1 hierarchical sparse indexer)"
-SEED_V4_BRIEF = "seed 002 (V4 lightning indexer Q&A)"
-SEED_V4_LONG = "seed 003 (V4 lightning indexer walk-through)"
 
 # ------------------------------------------------------------------------------------------------
 # BF16, written out (8 significant bits, exponent range of fp32, round to nearest, ties to even)
@@ -104,9 +101,8 @@ rule("HAD.MATRIX", "Sylvester Hadamard, orthonormal, no random signs",
      is no random sign vector and no permutation: basis vector e_j maps to column j of H times
      bf16(128^-0.5) = ±0.08837890625.""",
      applies_to=V32 + V4, policy="exact",
-     sources=("official-rules.md §3 (V4-model L247–251; V3.2-model L424–428)",
-              f"{SEED_V4_BRIEF}, Q 'which quantization techniques'", "official-rules.md §10 Q11"),
-     differs="""Seed 002 speaks of a *random* Hadamard rotation and the V4 docstring says
+     sources=("V4-model L247-251", "V32-model L424-428", "official-rules.md §3, §10 Q11", "doc-002 Q&A 7 L27"),
+     differs="""Document 002 (Q&A 7) speaks of a *random* Hadamard rotation and the V4 docstring says
      'randomized'; the code calls fast_hadamard_transform with scale d^-0.5 and applies no signs
      or permutation, so the rotation is deterministic.""")
 
@@ -115,7 +111,7 @@ rule("HAD.ROUNDING", "Hadamard output rounded to BF16",
      BF16 ulp of the exact value H·x/√128, plus 2^-20·‖x‖₁/√128 for the fp32 butterfly's
      accumulation order.""",
      applies_to=V32 + V4, policy="tolerance",
-     sources=("official-rules.md §3 (V4-model L247–251: BF16 asserted on input, output in x's dtype)",))
+     sources=("V4-model L247-251 (BF16 asserted on input, output in x's dtype)", "official-rules.md §3"))
 
 rule("HAD.PLACEMENT", "Hadamard on indexer q and k after RoPE, before quantization",
      """In V3.2 and V4 the rotation is applied to the indexer query (after RoPE on its last 64
@@ -123,17 +119,17 @@ rule("HAD.PLACEMENT", "Hadamard on indexer q and k after RoPE, before quantizati
      before their quantization (FP4 E8M0/32 in V4, FP8 per-128 in V3.2).  It is never applied to
      the main attention q or KV.""",
      applies_to=V32 + V4, policy="structural", status=INFORMATIVE,
-     sources=("official-rules.md §3 (V4-model L362–370, L413–416; V3.2-model L465–466)",))
+     sources=("V4-model L362-370, L413-416", "V32-model L465-466", "official-rules.md §3",
+              "doc-003 §11.1 L345-353 (rotate_activation(q) before fp4_act_quant)", "doc-002 design trade-offs L8"))
 
 rule("HAD.ABSENT_V41", "No Hadamard rotation in V4.1",
      """V4.1 applies no rotation to indexer q or k: index_rotate(x, 'v4.1-flash') returns x
-     unchanged.""",
+     unchanged.  Its model.py has no rotate_activation and no fast_hadamard_transform import: the
+     index K, RoPE(k_norm(wk(latent))), and the index Q, RoPE(wq_b(qr)), go straight to FP4.  The
+     source documents describe the rotation for V4 only (documents 002 and 003); document 000
+     (V4.1) does not mention it.""",
      applies_to=V41, policy="exact",
-     sources=("official-rules.md §3 (V4.1-model has no rotate_activation; upstream ~L541–552)",
-              "official-rules.md §9 'Hadamard on indexer q/k before fp4'"),
-     differs="""Source documents carry 'Hadamard rotation of indexer q and k before FP4' (seed 002,
-     written for V4) over to V4.1; the official V4.1 model.py has no rotate_activation and no
-     fast_hadamard_transform import, so V4.1 indexer q and k are quantized unrotated.""")
+     sources=("V41-model L541-552", "official-rules.md §3, §11.4"))
 
 
 def index_rotate(x, model: Model) -> np.ndarray:
@@ -158,19 +154,19 @@ rule("IDX.WEIGHT.SCALE", "Head weights carry index_head_dim^-0.5 · index_n_head
      (n = 64).  No other factor enters the score.  Compared within one BF16 ulp of the
      reference (a single rounding of the exact product is also accepted).""",
      applies_to=V4_ALL, policy="tolerance",
-     sources=("official-rules.md §4.1 (V4-model L395, L418)", "official-rules.md §4.2 (upstream L555–557)",
-              "official-rules.md §8 (index-score weight factor)",
-              f"{SEED_V4_LONG} §11.1 (weights_proj(x) · softmax_scale · n_heads^-0.5)"),
-     differs="""Seed 003 §4 stage 3 puts a 1/√c^I factor on each head's dot product and a
+     sources=("V4-model L395, L418", "V41-model L555-557", "official-rules.md §4.1, §4.2, §8",
+              "doc-003 §4 stage 3 L143, L155", "doc-003 §11.1 L359 (weights_proj(x) · softmax_scale · n_heads^-0.5)"),
+     differs="""Document 003 (§4 stage 3) puts a 1/√c^I factor on each head's dot product and a
      kv_scale after the head sum (the V3.2 arrangement); in V4 and V4.1 the whole factor
-     128^-0.5·n^-0.5 is folded into the head weights and nothing multiplies the summed score.""")
+     128^-0.5·n^-0.5 is folded into the head weights, as the code quoted in its own §11.1 does, and
+     nothing multiplies the summed score.""")
 
 SCORE_DTYPES = ("bf16", "fp32")
 
 knob("score_rounding", "bf16_steps",
      {"fp32": "the score kept in fp32 throughout (as V3.2, and ports that skip the BF16 tensors)",
       "fp32_then_bf16": "fp32 dot, ReLU, weighting and head sum, then one cast to BF16 "
-                        "(engine choice, e.g. logits_dtype=bf16; seed 003 §4 stage 4)"},
+                        "(engine choice, e.g. logits_dtype=bf16; document 003 §4 stage 4)"},
      """How the V4/V4.1 index score is rounded.  Canonical: each step is a BF16 tensor — the
      per-head dot accumulated in fp32 then rounded, ReLU, the weighted product rounded, the head
      sum accumulated in fp32 then rounded.""")
@@ -219,22 +215,23 @@ rule("IDX.SCORE.FORMULA", "Score = Σ_h w_h · ReLU(q_h · k)",
      before the (signed) head weight multiplies it; heads are then summed.  Compared with the
      tolerance of IDX.SCORE.ROUNDING (bf16) or the fp32 summation bound (fp32).""",
      applies_to=V32 + V4_ALL, policy="tolerance",
-     sources=("official-rules.md §4.1 (V4-model L420–421)", "official-rules.md §4.2 (upstream L555–557)",
-              "official-rules.md §4.3 (V3.2-kernel L240–247)", f"{SEED_V4_BRIEF}, Q 'scoring formula'"))
+     sources=("V4-model L420-421", "V41-model L555-557", "V32-kernel L240-247", "official-rules.md §4.1-§4.3",
+              "doc-002 Q&A 3 L19"))
 
 rule("IDX.SCORE.ROUNDING", "V4/V4.1 score is BF16 at every step",
      """With q, k, w BF16: s_h = bf16(Σ_d q·k accumulated in fp32); r_h = ReLU(s_h);
      p_h = bf16(r_h·w_h); I = bf16(Σ_h p_h accumulated in fp32).  A target's score must lie
-     within 2 BF16 ulps of M = max(|I|, max_h |p_h|) of this definition: the official expression
-     and the definition differ by one ulp in about 1 of 16384 scores (summation order), and the
-     bound admits one flipped per-head rounding besides the final one.  The TP all-reduce of the
-     head-sharded partial scores is also BF16.""",
+     within 2 BF16 ulps of M = max(|I|, max_h |p_h|) of this definition.  Measured on the CPU,
+     the official torch expression differed from the definition in 1 of 16384 scores by one ulp
+     (summation order), and once by 2 BF16 ulps of a head's partial (17.81250047: 17.75 in torch,
+     17.875 rounded exactly); the bound admits one such flipped per-head rounding besides the
+     final one.  The TP all-reduce of the head-sharded partial scores is also BF16.""",
      applies_to=V4_ALL, policy="tolerance", knob="score_rounding",
-     sources=("official-rules.md §4.1 'Score dtype' and 'The BF16 score, written out'",
-              "official-rules.md §4.2", "official-rules.md §9 'score cast FP32 → BF16 before topk'",
-              f"{SEED_V4_LONG} §4 stage 4 and §10.1"),
-     differs="""Seed 003 (quoting the paper) computes the score in fp32 and casts it to BF16 once
-     before top-k.  The reference has no fp32 buffer: q, k and the weights are BF16 tensors, so the
+     sources=("V4-model L420-423", "V41-model L555-557",
+              "official-rules.md §4.1 'Score dtype' and 'The BF16 score, written out', §4.2, §9, §11.7",
+              "doc-003 §4 stage 4 L163-165", "doc-003 §10.1 L292-294"),
+     differs="""Document 003 (§4 stage 4, §10.1, quoting the paper) computes the score in fp32 and
+     casts it to BF16 once before top-k.  The reference has no fp32 buffer: q, k and the weights are BF16 tensors, so the
      einsum output, the weighted product and the head sum are each rounded to BF16.  The two differ
      when signed head weights cancel: 32 heads alternating w = ±1 with dots 1+3·2^-9 and 1+2^-9
      give 0.125 in BF16 steps and 0.0625 in fp32-then-cast.  The one-cast form is an engine choice
@@ -245,13 +242,14 @@ rule("IDX.SCORE.V32_FP32", "V3.2 score is fp32 throughout",
      fp32 (score_dtype='fp32'): no step rounds to BF16.  Compared within (D + H)·2^-24 ·
      Σ_h |w_h|·Σ_d |q·k| of the exact value.""",
      applies_to=V32, policy="tolerance",
-     sources=("official-rules.md §4.3 (V3.2-kernel L240–247)",))
+     sources=("V32-kernel L240-247", "official-rules.md §4.3"))
 
 rule("IDX.SCORE.FP4", "FP4 scores equal the scores of the dequantized q and k",
      """index_scores_fp4 on packed E2M1 q and k with E8M0 scales per 32 is the BF16 score of the
      dequantized values (code value · 2^(byte − 127)), with the tolerance of IDX.SCORE.ROUNDING.""",
      applies_to=V4_ALL, policy="tolerance",
-     sources=("official-rules.md §2.3", "official-rules.md §4.1 (q, k FP4-simulated, then BF16 einsum)"))
+     sources=("V4-model L413-416, L420-421 (q, k FP4-simulated, then the BF16 einsum)", "V41-model L546-557",
+              "official-rules.md §2.3, §4.1"))
 
 rule("IDX.SCORE.TP", "Head-sharded partial scores sum to the full score",
      """Splitting the heads over n tensor-parallel shards (each with its slice of q and w, the
@@ -259,8 +257,7 @@ rule("IDX.SCORE.TP", "Head-sharded partial scores sum to the full score",
      gives the full score within (n + 2) BF16 ulps of M (one rounding per partial sum and per
      addition): the weight factor uses the global head count, never the local one.""",
      applies_to=V4_ALL, policy="tolerance",
-     sources=("official-rules.md §4.1 (V4-model L422–423 all-reduce; n_heads is global, L395)",
-              "official-rules.md §4.2"))
+     sources=("V4-model L395, L422-423 (n_heads is global; the all-reduce)", "official-rules.md §4.1, §4.2"))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -276,21 +273,31 @@ def visibility_mask(visible, width: int) -> np.ndarray:
 
 
 rule("IDX.VISIBLE", "A query at position p sees compressed entries j < (p+1)//ratio",
-     """Compressed entry j covers tokens [j·ratio, (j+1)·ratio) and exists once its group is
+     """The V4 and V4.1 indexers score compressed entries, not tokens (V3.2, at ratio 1, scores
+     tokens).  Entry j pools the group of tokens
+     [j·ratio, (j+1)·ratio) (at V4 ratio 4 also the group before it) and exists once its group is
      complete, so the query at absolute position p sees visible(p) = (p + 1) // ratio entries.
-     One-chunk prefill (query i = position i), a chunk starting anywhere and single-token decode
-     (end_pos // ratio entries, end_pos = p + 1) all give the same count.""",
+     One-chunk prefill from position 0 (query i = position i) and single-token decode
+     (end_pos // ratio entries, end_pos = p + 1) give the same count; a prefill chunk starting
+     after position 0 (chunked prefill, an extension beyond the reference) follows the same rule.""",
      applies_to=V32 + V4_ALL, policy="exact",
-     sources=("official-rules.md §4.1 'Causal / visible length' (V4-model L424–426)",
-              "official-rules.md §4.2 (upstream L563–567)", "official-rules.md §10 Q8"))
+     sources=("V4-model L424-426", "V41-model L563-567",
+              "official-rules.md §4.1 'Causal / visible length', §4.2, §10 Q8, §11.1, §11.7",
+              "doc-003 §9.2 L276-280", "doc-003 §10.4 L329"),
+     differs="""Document 003 (§9.2, §10.4) says the smallest scoring unit is a single token and
+     counts the top-1024 as 1024 tokens, 1024 ÷ 64 = 16 pages of 64 tokens.  V4 scores compressed
+     entries: at ratio 4 each pools 8 tokens (its own group of 4 and, through the overlap, the 4
+     before), so the top-1024 entries stand for the 4096 tokens of their groups, and a 64-token
+     page holds 16 entries.  The 1024 entries lie anywhere in the context: they span between 64
+     and min(1024, N/64) pages (up to 1024 at N = 2^20), not 16.""")
 
 rule("IDX.MASK", "Invisible entries score −inf, never 0",
      """Every score at s ≥ visible[t] is −inf and every score at s < visible[t] is finite.  A
      masked score of 0 would rank above every visible entry whose weighted ReLU sum is negative.""",
      applies_to=V32 + V4_ALL, policy="exact",
-     sources=("official-rules.md §4.1 (mask adds −inf, V4-model L424–426)", "official-rules.md §4.2",
-              f"{SEED_V4_LONG} §9.1"),
-     differs="""Seed 003 §9.1 says the scores of later positions are 'set to 0' (its own code adds
+     sources=("V4-model L424-426 (the mask adds −inf)", "V41-model L563-567", "official-rules.md §4.1, §4.2",
+              "doc-003 §9.1 L262-267"),
+     differs="""Document 003 (§9.1) says the scores of later positions are 'set to 0' (its own code adds
      −inf).  The reference adds −inf; with signed head weights a score can be negative, so a 0
      would let a future entry outrank visible ones.""")
 
@@ -298,10 +305,12 @@ rule("IDX.CHUNK", "Decode, chunked and one-chunk prefill scores agree",
      """The scores of a query depend only on its own q, w and visible count: the row of a query
      computed alone (decode: the first end_pos//ratio entries, none masked) or inside any chunk of
      queries equals that query's row of a one-chunk prefill, within the IDX.SCORE.ROUNDING
-     tolerance, with −inf at exactly the same positions.""",
+     tolerance, with −inf at exactly the same positions.  The reference runs one prefill chunk
+     from position 0 and one-token decode; a chunk starting after position 0 (chunked prefill) is
+     an extension beyond it.""",
      applies_to=V4_ALL, policy="tolerance",
-     sources=("official-rules.md §4.1 (decode scores end_pos//ratio entries unmasked)",
-              "official-rules.md §10 Q8"))
+     sources=("V4-model L420-432 (decode scores end_pos//ratio entries unmasked)", "V41-model L563-567",
+              "official-rules.md §4.1, §10 Q8, §11.1"))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -350,22 +359,25 @@ rule("IDX.TOPK.COUNT", "k = min(index_topk, end_pos//ratio); min(k, visible) val
      compressed yet: V4.1 returns an empty index tensor); row t holds min(k, visible[t]) valid
      indices, each in [0, visible[t]), distinct, and −1 in the remaining columns.""",
      applies_to=V4_ALL, policy="tie-aware",
-     sources=("official-rules.md §4.1 'Top-k' (V4-model L427–432)", "official-rules.md §4.2 'Top-k', 'Empty case'",
-              "conventions.md 'How good suites compare'"))
+     sources=("V4-model L427-432", "V41-model L488-580 (Indexer.forward)",
+              "official-rules.md §4.1 'Top-k', §4.2 'Top-k', 'Empty case'", "conventions.md 'How good suites compare'"))
 
 rule("IDX.TOPK.PAD", "−1 only as trailing padding",
      """−1 marks the slots left when visible[t] < k, and only those: it never appears before a
-     valid index.  V4 produces −1 only in prefill rows (decode sees end_pos//ratio ≥ k entries);
-     V4.1 produces it in prefill and decode alike, always at the tail.""",
+     valid index, in V4 as in V4.1.  Neither produces −1 in decode: there the scores span
+     end_pos // ratio = compress_lens entries, all visible, and k ≤ that width, so every slot is
+     valid.  −1 appears only in prefill rows with fewer than k visible entries.""",
      applies_to=V4_ALL, policy="tie-aware",
-     sources=("official-rules.md §4.1 (V4-model L428–432)", "official-rules.md §4.2 (where(idx < compress_lens, …, −1))"))
+     sources=("V4-model L428-432", "V41-model L488-580 (where(idx < compress_lens, idx + offset, −1))",
+              "official-rules.md §4.1, §4.2, §11.7"))
 
 rule("IDX.TOPK.ORDER", "V4: descending score; V4.1: ascending position",
      """V4 returns the valid indices in descending score order (torch.topk sorted=True; equal
      scores in any order); V4.1 returns them in strictly ascending position order (topk with
      sorted=False, then sorted by index).""",
      applies_to=V4_ALL, policy="tie-aware", knob="topk_order",
-     sources=("official-rules.md §4.1 (V4-model L427)", "official-rules.md §4.2 'Top-k'", "official-rules.md §10 Q6"))
+     sources=("V4-model L427 (sorted=True)", "V41-model L488-580 (topk sorted=False, then sorted by index)",
+              "official-rules.md §4.1, §4.2 'Top-k', §10 Q6"))
 
 rule("IDX.TOPK.SELECTION", "The chosen entries are a top-k of the visible scores",
      """The multiset of reference scores at the chosen indices equals the multiset of the
@@ -373,7 +385,7 @@ rule("IDX.TOPK.SELECTION", "The chosen entries are a top-k of the visible scores
      itself, an index whose reference score is within the score tolerance of the k-th score is
      also accepted.  Index lists are never compared.""",
      applies_to=V4_ALL, policy="tie-aware",
-     sources=("official-rules.md §4.1", "official-rules.md §4.2", "conventions.md 'How good suites compare'"))
+     sources=("V4-model L427", "official-rules.md §4.1, §4.2", "conventions.md 'How good suites compare'"))
 
 rule("IDX.TOPK.TIES", "Ties are implementation-defined",
      """Which of several equal scores fill the last top-k slots is implementation-defined (ReLU
@@ -387,10 +399,10 @@ rule("IDX.TOPK.OFFSET", "Indices are shifted past the window KV",
      block: the sequence length in prefill and window_size = 128 in decode (V4 and V4.1); −1
      stays −1 (kv_rows).""",
      applies_to=V4_ALL, policy="exact", status=INFORMATIVE,
-     sources=("official-rules.md §4.1 (V4-model L428–432, offset L509)", "official-rules.md §4.2"))
+     sources=("V4-model L428-432, L509 (offset)", "official-rules.md §4.1, §4.2"))
 
 rule("IDX.TOPK.V32", "V3.2 top-k: min(2048, end_pos), by score, no −1",
      """V3.2 indexes tokens (ratio 1) and takes topk(min(2048, end_pos)) sorted by score; masked
      future slots are not replaced by −1 but re-masked inside attention.""",
      applies_to=V32, policy="tie-aware", status=INFORMATIVE,
-     sources=("official-rules.md §4.3",))
+     sources=("V32-model L431-480", "V32-kernel L199-274", "official-rules.md §4.3"))

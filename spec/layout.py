@@ -142,54 +142,58 @@ knob("v41_main_rope", "fp4", {
 
 _SRC = "official-rules.md §7.1"
 
-rule("LAYOUT.V4.MAIN", "V4 main KV entry: 584 bytes",
+rule("LAYOUT.V4.MAIN", "V4 main KV entry: 583 bytes of content, stored as 584",
      """A V4 main (CSA, HCA and window) KV entry of 512 dims is 448 NoPE dims as FP8 E4M3 (448 B)
-     with one E8M0 scale per 64 (7 B) padded to 8 B, and the 64 RoPE dims as BF16 (128 B): 584
-     bytes; unpacking gives exactly act_quant's dequantization of the NoPE dims and the BF16
-     value of the RoPE dims.""",
-     applies_to=V4, policy="bytes", sources=(_SRC, "official-rules.md §2.4 (V4-model L372, L505-506)",
-                                             "seed 000 'FP4 量化如何压缩 KV 存储'"))
+     with one E8M0 scale per 64 (7 B), and the 64 RoPE dims as BF16 (128 B): 583 bytes of
+     content.  The 584th byte pads the scales to 8 B; it is an engine convention (SGLang asserts
+     448 + 64·2 + 8, FlashMLA's MODEL1 layout uses 584), not the reference's, which keeps its
+     caches in BF16 after an in-place QDQ.  This layout follows the engines: 584 bytes.
+     Unpacking gives exactly act_quant's dequantization of the NoPE dims and the BF16 value of
+     the RoPE dims.""",
+     applies_to=V4, policy="bytes", sources=("V4-model L372, L505-506", _SRC + ", §2.4, §11.7",
+                                             "doc-000 FP4 storage L8", "doc-000 summary L3"))
 
 rule("LAYOUT.INDEX_K", "indexer K entry: 68 bytes",
      """An indexer K entry (V4 and V4.1) of 128 dims is FP4 E2M1 (64 B, two per byte) with one E8M0
      scale per 32 (4 B): 68 bytes, 4.25 bits per dim; unpacking gives exactly the FP4 E8M0/32
      dequantization.""",
-     applies_to=V4_ALL, policy="bytes", sources=(_SRC, "official-rules.md §2.3",
-                                                 "seed 000 Q&A on FP4 main KV vs indexer K"),
-     differs="""Seed 003 §10.2 stores the indexer K's dequantization factor as one FP32 per token
-     (4 B); that is the V3.2 index K.  The V4/V4.1 index K carries four E8M0 bytes, one per 32 dims.""")
+     applies_to=V4_ALL, policy="bytes", sources=("V4-model L362-370", "V41-model L541-548",
+                                                 _SRC + ", §2.3", "doc-000 Q&A 6 L23", "doc-003 §10.2 L306"),
+     differs="""Document 003 (§5.2, §10.2) stores the indexer K's dequantization factor as one FP32
+     per token (4 B); that is the V3.2 index K.  The V4/V4.1 index K carries four E8M0 bytes, one
+     per 32 dims.""")
 
 rule("LAYOUT.V41.MAIN", "V4.1 main KV entry: 288 bytes, RoPE dims quantized",
      """A V4.1 main (compressed) KV entry of 512 dims, RoPE dims included, is FP4 E2M1 (256 B) with
      one E4M3 scale per 16 (32 B): 288 bytes, 4.5 bits per dim, no global scale; unpacking gives
      exactly the FP4 E4M3/16 dequantization.""",
      applies_to=V41, policy="bytes", status=IMPLEMENTATION_DEFINED, knob="v41_main_rope",
-     sources=(_SRC, "official-rules.md §2.2 (V4.1-model upstream L758-760)",
-              "seed 000 'FP4 量化如何压缩 KV 存储'"))
+     sources=("V41-model L758-760", _SRC + ", §2.2", "doc-000 FP4 storage L8", "doc-000 Q&A 6 L23"))
 
 rule("LAYOUT.V41.SWA", "V4.1 sliding-window KV entry: 528 bytes",
      """A V4.1 window KV entry of 512 dims (post-RoPE, RoPE dims included) is FP8 E4M3 (512 B) with
      one E8M0 scale per 32 (16 B): 528 bytes; unpacking gives exactly act_quant's dequantization.""",
-     applies_to=V41, policy="bytes", sources=(_SRC, "official-rules.md §2.4 (V4.1 Attention._window_kv)"))
+     applies_to=V41, policy="bytes", sources=("V41-model L706-707 (Attention._window_kv)", _SRC + ", §2.4",
+                                              "doc-000 details L10", "doc-000 Q&A 6 L23"))
 
 rule("LAYOUT.V32.INDEX_K", "V3.2 indexer K entry: 132 bytes",
      """A V3.2 indexer K entry of 128 dims is FP8 E4M3 (128 B) with its one power-of-two scale (per
      128) stored as an FP32 (4 B): 132 bytes; unpacking gives exactly the E4M3 value times the
      scale.""",
-     applies_to=("v3.2",), policy="bytes", sources=(_SRC, "official-rules.md §2.4 (V3.2-model L448-449, L467-468)"))
+     applies_to=("v3.2",), policy="bytes", sources=("V32-model L448-449, L467-468", _SRC + ", §2.4"))
 
 rule("LAYOUT.ORDER", "field order inside an entry",
      """The bytes of a packed entry are its fields in the order of entry_field_order (canonical:
      payload, scales, pad, tail), BF16 and FP32 elements little-endian, FP4 nibbles per
      FP4.PACK.NIBBLE, pad bytes 0.""",
      applies_to=("v3.2",) + V4_ALL, policy="bytes", status=IMPLEMENTATION_DEFINED,
-     knob="entry_field_order", sources=(_SRC, "official-rules.md §7.1 (vLLM-fork and DeepGEMM layouts are engine choices)"))
+     knob="entry_field_order", sources=(_SRC + " (vLLM-fork and DeepGEMM layouts are engine choices)",))
 
 rule("LAYOUT.UNPACK", "unpacking any valid entry dequantizes its fields",
      """For every byte buffer of the right length whose scales are not NaN, unpacking gives exactly
      the codec's dequantization of its payload and scales (E2M1 or E4M3 value times the scale,
      rounded once to fp32) and the BF16 tail's value; pad bytes are ignored.""",
-     applies_to=("v3.2",) + V4_ALL, policy="bytes", sources=(_SRC, "official-rules.md §1, §2"))
+     applies_to=("v3.2",) + V4_ALL, policy="bytes", sources=(_SRC + ", §1, §2",))
 
 rule("LAYOUT.REJECT", "malformed entries are rejected",
      """Unpacking a buffer that is not uint8, whose last dimension is not the entry size, or that

@@ -17,7 +17,7 @@ from .indexer import index_topk, visibility_mask
 from .models import Model
 from .rules import V4, V41, knob, rule
 
-SEED = "seed 000 (V4.1 hierarchical sparse indexer)"
+SELECT = "V41-model L583-610 (select_candidate_blocks)"
 TOPK_BLOCKS = 2048
 BLOCK_SIZE = 8
 POOL_CAPACITY = TOPK_BLOCKS * BLOCK_SIZE  # 16384 positions
@@ -99,62 +99,62 @@ rule("POOL.BLOCK_SCORE", "Block score = max of its 8 positions, padded with −i
      maximum of its 8 entries.  The multiset of block scores of the kept blocks (the newest block
      counted as +inf) equals the reference one.""",
      applies_to=V41, policy="structural",
-     sources=("official-rules.md §5.1 step 1 (upstream L583–610)", f"{SEED}, Q 'key details'"))
+     sources=(SELECT, "official-rules.md §5.1 step 1", "doc-000 Q&A 1 L13"))
 
 rule("POOL.PIN_NEWEST", "The newest reachable block is always in the pool",
      """When compress_lens > 0 the block (compress_lens − 1) // 8 of the newest reachable
      position gets score +inf, so it is in the pool even when older full blocks outscore it.""",
      applies_to=V41, policy="structural",
-     sources=("official-rules.md §5.1 step 2", "official-rules.md §9 'latest block forced'", f"{SEED}, Q 'key details'"))
+     sources=(SELECT, "official-rules.md §5.1 step 2, §9 'latest block forced'", "doc-000 Q&A 2 L15",
+              "doc-000 details L10"))
 
 rule("POOL.PIN_EMPTY", "Nothing is pinned when compress_lens = 0",
      """With compress_lens = 0, (0 − 1) // 8 = −1 under floor division: no block is pinned, and
      since no position is reachable (all −inf) the pool is empty.""",
      applies_to=V41, policy="structural", knob="pool_pin_empty",
-     sources=("official-rules.md §5.1 step 2", "conventions.md 'Knobs' (pinned newest block)"))
+     sources=(SELECT, "official-rules.md §5.1 step 2", "conventions.md 'Knobs' (pinned newest block)"))
 
 rule("POOL.PIN_COUNTS", "The pinned block is one of the 2048",
      """The pinned block takes one of the min(2048, n_blocks) top-k slots; it is not an extra
      block, so a pool never holds more than 2048 blocks.""",
      applies_to=V41, policy="structural",
-     sources=("official-rules.md §5.1 step 2", "official-rules.md §9 'latest block forced'"))
+     sources=(SELECT, "official-rules.md §5.1 step 2, §9 'latest block forced'"))
 
 rule("POOL.TOPK_BLOCKS", "The pool is the top min(2048, n_blocks) blocks by block score",
      """The kept blocks are the min(2048, n_blocks) blocks with the largest block scores (ties
      among equal maxima are implementation-defined, topk_ties), minus those scoring −inf.""",
      applies_to=V41, policy="structural", knob="topk_ties",
-     sources=("official-rules.md §5.1 step 3", "official-rules.md §10 Q6"))
+     sources=(SELECT, "official-rules.md §5.1 step 3, §10 Q6", "doc-000 Q&A 1 L13"))
 
 rule("POOL.DROP_INF", "Blocks without a reachable finite score are dropped",
      """A selected block whose score is −inf (no reachable position) is not in the pool: every
      pool block holds at least one reachable position, and positions at or past compress_lens
      appear only inside the newest block.""",
      applies_to=V41, policy="structural",
-     sources=("official-rules.md §5.1 steps 3–4 (keep = scatter(top.indices, top.values > −inf))",))
+     sources=(SELECT + " (keep = scatter(top.indices, top.values > −inf))", "official-rules.md §5.1 steps 3-4"))
 
 rule("POOL.MASK", "The pool is a per-query bool mask of whole blocks",
      """candidate_blocks returns a bool mask with the shape of the scores [T, W]: the union of the
      kept blocks' 8 positions, cut at W (repeat_interleave(8)[..., :W]).""",
      applies_to=V41, policy="structural",
-     sources=("official-rules.md §5.1 step 4", f"{SEED}, Q 'key details' (a bool table per query)"))
+     sources=(SELECT, "official-rules.md §5.1 step 4", "doc-000 Q&A 2 L15 (a bool table per query)"))
 
 rule("POOL.SIZE", "At most 16384 positions",
      """A pool holds at most 2048 · 8 = 16384 positions; with N > 16384 reachable positions it
      holds at least 2047 · 8 + 1 = 16377 reachable ones (≥ 512), so the re-index top-512 is never
      short of candidates.""",
      applies_to=V41, policy="structural",
-     sources=("official-rules.md §5.1 'Consequences'", f"{SEED}, summary (at most 16384 candidates)"))
+     sources=(SELECT, "official-rules.md §5.1 'Consequences'", "doc-000 summary L3 (at most 16384 candidates)",
+              "doc-000 Q&A 1 L13"))
 
 rule("POOL.ALL_REACHABLE", "All reachable positions are candidates iff N ≤ 16384",
      """With finite scores at the N = compress_lens reachable positions, every one of them is in
      the pool if and only if ceil(N/8) ≤ 2048, i.e. N ≤ 16384; at N = 16385 some reachable block
-     is pruned.""",
+     is pruned.  Document 000 states the same boundary: the pool prunes nothing below 16384
+     tokens, and pruning starts only once the context exceeds 16384 (Q&A 2).""",
      applies_to=V41, policy="structural",
-     sources=("official-rules.md §5.1 'Consequences'", "official-rules.md §9 'pool = all positions below 16384 tokens'",
-              f"{SEED}, 'implementation details and boundary conditions'"),
-     differs="""Seed 000 says the pool prunes nothing 'when the context is shorter than 16384
-     tokens' (and 'fewer than 2048 blocks').  The boundary is inclusive: at exactly 16384 reachable
-     positions there are 2048 blocks, all selected, so nothing is pruned; pruning starts at 16385.""")
+     sources=(SELECT, "official-rules.md §5.1 'Consequences', §9, §11.7", "doc-000 details L10",
+              "doc-000 Q&A 2 L15"))
 
 rule("POOL.REINDEX", "Re-index layers take top-k inside the pool",
      """A re-index layer sets its own scores outside the pool to −inf and takes top-512 with the
@@ -162,8 +162,8 @@ rule("POOL.REINDEX", "Re-index layers take top-k inside the pool",
      indices, every one a visible pool position, and their scores are a top-k of the
      pool-restricted scores (tie-aware).  No position outside the pool is ever selected.""",
      applies_to=V41, policy="tie-aware",
-     sources=("official-rules.md §4.2 'Candidate handling'", "official-rules.md §5.1 'Consequences'",
-              f"{SEED}, Q 'how does it reduce decode cost'"))
+     sources=("V41-model L555-557, L575 (masked_fill(~candidates, −inf))", "official-rules.md §4.2 'Candidate handling', "
+              "§5.1 'Consequences'", "doc-000 Q&A 1 L13", "doc-000 Q&A 2 L15"))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -226,7 +226,7 @@ rule("LAYER.V4", "V4 layer roles: indexer only in ratio-4 layers",
      and lightning indexer; a ratio-128 (HCA) layer has no indexer and attends to every visible
      compressed entry; a ratio-0 layer attends to its window only.""",
      applies_to=V4, policy="exact",
-     sources=("official-rules.md §4.1 (V4-model L466–471; HCA: L268–276)", "official-rules.md §7.2"))
+     sources=("V4-model L466-471, L268-276 (HCA)", "official-rules.md §4.1, §7.2", "doc-003 §2.1 L31"))
 
 rule("LAYER.V41", "V4.1 layer roles: sources, candidate source, re-index, reuse",
      """V4.1-Flash: layers 0, 1 and 40–42 are window-only; 2, 8, 14 (ratio 2) own their KV and
@@ -235,5 +235,6 @@ rule("LAYER.V41", "V4.1 layer roles: sources, candidate source, re-index, reuse"
      own scores to layer 20's pool and take top-512; every other layer reuses the KV of the
      preceding KV source and the top-k of the preceding index source.""",
      applies_to=V41, policy="exact",
-     sources=("official-rules.md §5.2", "official-rules.md §4.2 'Roles'", "official-rules.md §7.2",
-              f"{SEED}, Q 'which layers'"))
+     sources=("V41-model L488-580 (Indexer roles)", "V41-config (kv_source_layer_ids, index_source_layer_ids, "
+              "candidate_source_layer_id)", "official-rules.md §4.2 'Roles', §5.2, §7.2", "doc-000 Q&A 1 L13",
+              "doc-000 Q&A 5 L21"))

@@ -56,7 +56,7 @@ knob("fp8_amax_floor", "1e-4", {
 
 knob("v4_fp8_inplace", "fp8", {
     "bf16": "the initial V4-Flash kernel: the in-place QDQ casts clamp(x/s) to BF16, not FP8 "
-            "(V4-kernel L55, L86-90), so it is almost the identity",
+            "(V4-kernel L55, L86-90): for BF16 input and a power-of-two scale, exactly the identity",
 }, "What the in-place act_quant QDQ rounds x/s to (V4 main/window KV).")
 
 knob("nonfinite_input", "reject", {
@@ -68,123 +68,137 @@ knob("nonfinite_input", "reject", {
 # Rules
 # --------------------------------------------------------------------------------------------
 
-_SEED_V41_FP4 = "seed 000 'FP4 量化如何压缩 KV 存储' and Q&A on V4.1 main KV"
-_SEED_IDX_FP4 = "seed 003 §5.2, §10.3"
+_V41_KV_QUANT = "V41-model L758-760 (fp4_act_quant(latent, 16, True, scale_dtype=float8_e4m3fn))"
+_V41_KV_KERNEL = "V41-kernel L158-161"
 
 rule("FP4.PACK.NIBBLE", "FP4 packing: even element in the low nibble",
      "Codes c[..., n] pack into bytes p[..., n/2] with p[i] = c[2i] | c[2i+1] << 4 (the layout of "
      "torch.float4_e2m1fn_x2 and convert.py); unpacking is the inverse.",
      applies_to=V4_ALL, policy="bytes", knob="nibble_order",
-     sources=("official-rules.md §1 'Packing and storage dtype' (V4-kernel L193)",))
+     sources=("V4-kernel L193 (torch.float4_e2m1fn_x2 output)", "V41-kernel-port L82-84 (pack_fp4)",
+              "official-rules.md §1 'Packing and storage dtype'"))
 
 rule("FP4.E2M1.RNE", "FP4 codecs round x/s to E2M1 with ties to even",
      "Both FP4 codecs encode the scaled value r = clamp(x/s, −6, 6) with FMT.E2M1.RNE: nearest "
      "magnitude, exact ties to the even code.  With amax = 6 both scales are exactly 1, so the "
      "values 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5 are ties of the codec itself.",
      applies_to=V4_ALL, policy="bytes", knob="e2m1_ties",
-     sources=("official-rules.md §1 'Rounding behaviour' (V4-kernel L165-177)",))
+     sources=("V4-kernel L165-177", "V41-kernel L165-170", "official-rules.md §1 'Rounding behaviour'"))
 
 rule("FP4.E2M1.ZERO_SIGN", "FP4 codecs keep the sign of zero",
      "A negative value (or −0) whose scaled value rounds to zero is stored as code 0x8 (−0).",
      applies_to=V4_ALL, policy="bytes", knob="e2m1_zero_sign",
-     sources=("official-rules.md §1 ('−0 exists (nibble 8)')",))
+     sources=("V4-kernel L165-177", "official-rules.md §1 ('−0 exists (nibble 8)')"))
 
 rule("FP4.KV.SCALE", "V4.1 main KV scale: E4M3 nearest to amax/6, per 16",
      "Per block of 16: amax = max|x| in fp32; s = E4M3_RNE(fl32(amax / 6)) (an IEEE fp32 division "
      "then FMT.E4M3.RNE); the stored scale byte is the E4M3 code of s.  s is rounded to nearest, "
      "not up, and is not a power of two.",
      applies_to=V41, policy="bytes",
-     sources=("official-rules.md §2.2 (tt K41:158-161; V4.1-model upstream L758-760)", _SEED_V41_FP4),
-     differs="Seed 000 says the E4M3 scale is 'almost exactly max|x|/6'.  It is the E4M3 value "
-             "NEAREST to amax/6 (4 significant bits), so amax/s ranges over about [5.65, 6.375] "
-             "and the largest element clips to ±6 in about half of the blocks.")
+     sources=(_V41_KV_KERNEL, _V41_KV_QUANT, "official-rules.md §2.2, §11.7", "doc-000 FP4 storage L8",
+              "doc-000 Q&A 3 L17"),
+     differs="Document 000 (Q&A 3) says the E4M3 scale comes 'almost exactly' to max|x|/6.  It is the "
+             "E4M3 value NEAREST to amax/6, so the ratio amax/s is not 6: with a normal E4M3 scale "
+             "it lies in about [5.65, 6.375] (4 significant bits) and the largest element clips to ±6 "
+             "in about half of the blocks; with a subnormal scale (amax < 6·2^-6 = 0.09375) it can "
+             "reach nearly 9; once the scale saturates at 448 it is unbounded.")
 
 rule("FP4.KV.FLOOR", "V4.1 main KV scale floor: amax ≥ 6·2^-9",
      "amax is clamped below at 6·2^-9 before the division, so s ≥ 2^-9 (the smallest E4M3 "
      "subnormal) and an all-zero block stores scale byte 0x01 with all codes 0.",
      applies_to=V41, policy="bytes", knob="fp4_kv_scale_floor",
-     sources=("official-rules.md §2.2 step 1 ('keep even an all-zero group's scale nonzero')",))
+     sources=(_V41_KV_KERNEL + " ('keep even an all-zero group's scale nonzero')", "official-rules.md §2.2 step 1"))
 
 rule("FP4.KV.SATURATE", "V4.1 main KV scale saturates at 448",
      "When amax/6 > 464 the scale saturates to 448 (byte 0x7E), never NaN; amax 2785 gives "
      "s = 448 and its top values clip to ±6.",
      applies_to=V41, policy="bytes", knob="e4m3_overflow",
-     sources=("official-rules.md §2.2 step 2 (satfinite)",))
+     sources=(_V41_KV_KERNEL + " (satfinite cast)", "official-rules.md §2.2 step 2"))
 
 rule("FP4.KV.DIVIDE", "V4.1 main KV values are divided by the rounded scale",
      "The E2M1 input is fl32(x / s) with s the ROUNDED E4M3 scale and an IEEE fp32 division "
-     "(not x · fl32(1/s), not x / (amax/6)).",
+     "(not x · fl32(1/s), not x / (amax/6)).  The IEEE division is what the bit-exact ports "
+     "compute (the tt-metal CPU port, a vLLM Triton port with tl.div_rn); the official TileLang "
+     "kernel divides by the rounded scale but is compiled without disabling fast-math (unlike "
+     "V3.2's), so on a GPU its x/s may be an approximate division.",
      applies_to=V41, policy="bytes", knob="scale_apply",
-     sources=("official-rules.md §2.2 step 3, §10 Q4 (ports use tl.div_rn)",))
+     sources=("V41-kernel-port L134 (xg / s)", _V41_KV_KERNEL,
+              "official-rules.md §2.2 step 3, §10 Q4, §11.7"))
 
 rule("FP4.KV.CLAMP", "V4.1 main KV values are clamped to ±6 before the E2M1 cast",
-     "r = clamp(x/s, −6, 6) then E2M1: an element whose ratio exceeds 6 (up to ≈6.375 when the "
-     "scale rounds down, without bound when it saturates at 448) is stored as ±6.",
+     "r = clamp(x/s, −6, 6) then E2M1: an element whose ratio |x|/s exceeds 6 is stored as ±6.  "
+     "The ratio reaches up to 6.375 with a normal E4M3 scale that rounded down, nearly 9 with a "
+     "subnormal scale (amax < 6·2^-6 = 0.09375), and is unbounded once the scale saturates at 448.",
      applies_to=V41, policy="bytes", knob="e2m1_overflow",
-     sources=("official-rules.md §1 'Saturation', §2.2 'Consequence of rounding the scale'",))
+     sources=("V41-kernel L165-170", "V41-kernel-port L134 (clamp(-FP4_MAX, FP4_MAX))",
+              "official-rules.md §1 'Saturation', §2.2 'Consequence of rounding the scale', §11.7"))
 
 rule("FP4.IDX.SCALE", "Indexer FP4 scale: 2^ceil(log2(amax · fl32(1/6))), E8M0, per 32",
      "Per block of 32: v = fl32(amax · fl32(1/6)) (a multiplication by the fp32 reciprocal, not a "
      "division); s = 2^FMT.CEIL_LOG2(v), stored as the E8M0 byte 127 + ceil_log2(v).  Because s is "
      "rounded up, |x|/s ≤ 6 and nothing clips.",
      applies_to=V4_ALL, policy="bytes", knob="e8m0_rounding",
-     sources=("official-rules.md §2.1, §2.3 (V4-kernel L135, L161-164; tt K41:163-164; V4.1 "
-              "upstream L546, L552)", _SEED_IDX_FP4),
-     differs="Seed 003 §5.2 says the dequantization scale is stored as FP32 (V3.2's format); V4 and "
-             "V4.1 store one E8M0 byte per 32 values (4.25 bits per element).")
+     sources=("V4-kernel L135, L161-164", "V41-kernel L163-164", "V41-model L546, L552",
+              "official-rules.md §2.1, §2.3", "doc-003 §5.2 L183", "doc-003 §10.2 L306"),
+     differs="Document 003 (§5.2, §10.2) says the indexer's dequantization factor kv_scale is stored "
+             "as one FP32 (4 B per token), V3.2's format; V4 and V4.1 store one E8M0 byte per 32 "
+             "values (4.25 bits per element).")
 
 rule("FP4.IDX.FLOOR", "Indexer FP4 amax floor: 6·2^-126",
      "amax is clamped below at 6·2^-126, so the smallest scale is 2^-126 (byte 0x01) and an "
      "all-zero block stores byte 0x01 with all codes 0.",
      applies_to=V4_ALL, policy="bytes", knob="fp4_idx_amax_floor",
-     sources=("official-rules.md §2.1 step 2 (V4-kernel L161-164)",))
+     sources=("V4-kernel L161-164", "V41-kernel L163-164", "official-rules.md §2.1 step 2"))
 
 rule("FP4.DEQUANT", "FP4 dequantization is E2M1 value × scale, exactly",
      "x̂ = FP4_TABLE[code] · s in fp32 (exact: at most 6 significant bits), with s the decoded "
      "E4M3 or E8M0 scale of the element's block; −0 stays −0.",
      applies_to=V4_ALL, policy="exact",
-     sources=("official-rules.md §2.2 step 4, §1 'everything is QDQ'",))
+     sources=("V4-kernel L165-177", "V41-kernel-port L135-137 (e2m1 value × s)",
+              "official-rules.md §2.2 step 4, §1 'everything is QDQ'"))
 
 rule("FP8.SCALE", "act_quant scale: 2^ceil(log2(amax · fl32(1/448))), E8M0",
-     "Per block of b: v = fl32(amax · fl32(1/448)); s = 2^FMT.CEIL_LOG2(v), stored as E8M0 byte "
-     "127 + ceil_log2(v) (scale_fmt = 'ue8m0').  Because s is rounded up nothing clips.",
+     "Per block of b: v = fl32(amax · fl32(1/448)); s = 2^FMT.CEIL_LOG2(v) (scale_fmt = 'ue8m0'), "
+     "reported as its E8M0 byte 127 + ceil_log2(v).  V4 and V4.1 store that byte "
+     "(float8_e8m0fnu); V3.2 stores the same power of two as an fp32 (LAYOUT.V32.INDEX_K).  "
+     "Because s is rounded up nothing clips.",
      applies_to=("v3.2",) + V4_ALL, policy="bytes", knob="e8m0_rounding",
-     sources=("official-rules.md §2.1 (V4-kernel L77-83; V3.2-kernel L68-74; tt K41:76-80)",),
-     differs="Seed 003 §5.2/§10.2 describes an FP32 scale (the V3.2 storage of the same power of "
-             "two); V4/V4.1 store the byte E8M0.")
+     sources=("V4-kernel L77-83", "V32-kernel L68-74", "V41-kernel L76-80",
+              "V32-model L448-449 (k_scale_cache fp32)", "V32-config (scale_fmt: ue8m0)",
+              "official-rules.md §2.1, §2.4, §11.7"))
 
 rule("FP8.FLOOR", "act_quant amax floor: 1e-4",
      "amax is clamped below at fl32(1e-4), so the smallest scale is 2^ceil(log2(fl32(1e-4)·"
      "fl32(1/448))) = 2^-22 (byte 105), the scale of an all-zero block.",
      applies_to=("v3.2",) + V4_ALL, policy="bytes", knob="fp8_amax_floor",
-     sources=("official-rules.md §2.1 'Formula (FP8 act_quant)' step 1",))
+     sources=("V4-kernel L77-83", "V41-kernel L76-77", "official-rules.md §2.1 'Formula (FP8 act_quant)' step 1"))
 
 rule("FP8.E4M3", "act_quant values: E4M3_RNE(clamp(x/s, ±448)), satfinite",
      "q = FMT.E4M3.RNE(clamp(fl32(x / s), −448, 448)); with a power-of-two s the division is exact "
      "unless the quotient is an fp32 subnormal.",
      applies_to=("v3.2",) + V4_ALL, policy="bytes",
-     sources=("official-rules.md §2.1 'Values' (V4-kernel L84-91)",))
+     sources=("V4-kernel L84-91", "V41-kernel L81-89", "official-rules.md §2.1 'Values'"))
 
 rule("FP8.DEQUANT", "act_quant dequantization is E4M3 value × scale, exactly",
      "x̂ = E4M3 value · 2^(byte − 127) in fp32 (exact in the ranges the floor allows).",
      applies_to=("v3.2",) + V4_ALL, policy="exact",
-     sources=("official-rules.md §2.1, §2.4",))
+     sources=("V4-kernel L84-91", "official-rules.md §2.1, §2.4"))
 
 rule("FP8.BLOCKS", "act_quant block sizes",
      "One scale per block of the last dimension: V4 main/window KV quantizes the 448 NoPE dims in "
      "blocks of 64 (7 scales, RoPE dims stay BF16); V4.1 SWA KV the whole 512-dim vector in blocks "
      "of 32 (16 scales); V3.2 indexer Q/K 128 dims in one block of 128.",
      applies_to=("v3.2",) + V4_ALL, policy="bytes",
-     sources=("official-rules.md §2.4 (V4-model L372, L505-506; V4.1 Attention._window_kv; "
-              "V3.2-model L467-468), §7.1",))
+     sources=("V4-model L372, L505-506", "V41-model L706-707 (Attention._window_kv)", "V32-model L467-468",
+              "official-rules.md §2.4, §7.1, §11.3"))
 
 rule("FP8.V4_INPLACE", "V4 in-place act_quant QDQ rounds through FP8",
      "The in-place QDQ writes back E4M3_RNE(clamp(x/s, ±448)) · s.  The initial V4-Flash kernel "
-     "instead casts clamp(x/s) to BF16 (a near no-op); later copies and V4.1 cast through FP8.",
+     "instead casts clamp(x/s) to BF16: for BF16 input and a power-of-two scale that is exactly "
+     "the identity on the QDQ value, so its FP8 simulation of the V4 main and window KV does "
+     "nothing; later copies (DeepSeek-V4-Flash@60d8d707) and V4.1 cast through FP8.",
      applies_to=V4, policy="exact", status=IMPLEMENTATION_DEFINED, knob="v4_fp8_inplace",
-     sources=("official-rules.md §2.4 'Caveat', §10 Q3 (V4-kernel L55, L84-91)",),
-     differs="Seed 003 §10.2 says the V4 main KV is FP8; with the initial V4-Flash kernel the "
-             "in-place simulation is effectively BF16.")
+     sources=("V4-kernel L55, L84-91", "official-rules.md §2.4 'Caveat', §10 Q3, §11.7"))
 
 rule("FP4.NONFINITE", "FP4 codecs reject NaN and ±Inf",
      "The official code leaves non-finite input undefined (official-rules §10 Q5).  Canonical "

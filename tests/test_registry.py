@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv4spec.spec import KNOBS, RULES
+from dsv4spec.spec import KNOBS, RULES, claims, sources
 from dsv4spec.spec.document import render
 from dsv4spec.spec.rules import INFORMATIVE, MODELS
 from dsv4spec.properties.suite import checks_for, load_checks
@@ -25,8 +25,47 @@ def test_ids_are_dotted_family_first_and_stable_shape():
 
 def test_every_rule_cites_the_official_code_or_reference():
     for r in RULES.values():
-        assert any("official-rules.md" in s or "seed" in s or "conventions.md" in s for s in r.sources), r.id
+        assert sources.keys_cited(r.sources) & set(sources.CODE), r.id
         assert set(r.applies_to) <= set(MODELS) and r.applies_to, r.id
+
+
+def test_every_citation_is_keyed_in_sources():
+    """Each citation names a key of the Sources table; a document citation names one of its
+    sections and lines inside it; a code citation gives line numbers."""
+    bad = [p for r in RULES.values() for c in r.sources for p in sources.problems(c)]
+    assert bad == []
+
+
+@pytest.mark.parametrize("citation, complaint", [
+    ("seed 000 Q&A 1", "not in Sources"),
+    ("V5-model L12", "not in Sources"),
+    ("doc-000 Q&A 9 L13", "with a section of"),
+    ("doc-000 Q&A 1", "with a section of"),
+    ("doc-003 §9.2 L262", "outside §9.2"),
+    ("doc-002 Q&A 5 L22-24", "outside Q&A 5"),
+    ("V4-model (Indexer)", "expected 'V4-model L<a>"),
+    ("official-rules.md", "expected 'official-rules.md <section"),
+])
+def test_a_citation_that_cannot_be_followed_fails(citation, complaint):
+    assert any(complaint in p for p in sources.problems(citation)), sources.problems(citation)
+
+
+def test_every_differs_names_the_documents_it_disputes():
+    """'Differs from the source documents' says which one, and the rule cites it."""
+    for r in RULES.values():
+        if r.differs:
+            disputed = claims.documents_disputed(r.id)
+            assert disputed, f"{r.id}: differs names no document"
+            assert disputed <= sources.keys_cited(r.sources), f"{r.id}: cites none of {sorted(disputed)}"
+
+
+def test_every_source_is_cited_and_rendered():
+    cited = set().union(*(sources.keys_cited(r.sources) for r in RULES.values()),
+                        *(sources.keys_cited(c.sources) for c in claims.CLAIMS))
+    assert cited == set(sources.SOURCES), f"never cited: {sorted(set(sources.SOURCES) - cited)}"
+    text = render().split("## Sources", 1)[1]
+    for key in sources.SOURCES:
+        assert f"| `{key}` |" in text, key
 
 
 def test_every_knob_is_named_by_a_rule():

@@ -1,0 +1,188 @@
+"""The sources every rule and claim cites, each under a short key.
+
+A citation is "<key> <where>": for official code, the line numbers of the copy named below
+("V41-model L758-760", optionally followed by a note in parentheses); for a source document, a
+section and its lines ("doc-000 Q&A 1 L13"); for the project's readings, a section
+("official-rules.md §5.1").  `problems` checks a citation against this table, so a key, a section
+or a line that does not exist fails the tests (tests/test_registry.py, tests/test_claims.py).
+
+Revisions are those of official-rules.md §0: the HF model-card revision for the HF copies, and the
+commit of the public copy whose line numbers are cited.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Code:
+    """Official code (or a reading of it): where a reader finds the cited lines."""
+
+    what: str
+    repository: str
+    path: str
+    revision: str
+    note: str = ""
+    lines: bool = True          # citations give line numbers
+
+
+@dataclass(frozen=True)
+class Document:
+    """A source document (in Chinese): its title, file and sections with their line ranges."""
+
+    title: str
+    english: str
+    file: str
+    sections: dict[str, tuple[int, int]]
+
+
+_TT = "tenstorrent/tt-metal"
+_TT_V41 = "models/demos/deepseek_v3_d_p/reference/deepseek_v41/"
+_LAB = "foreverlasting1202/DeepSeek-V4-Deconstruction-Lab"
+_V41_REV = "HF deepseek-ai/DeepSeek-V4.1-Flash rev dba1be0a40aa45a94ad051997016db3960a90277"
+_V32 = "deepseek-ai/DeepSeek-V3.2-Exp"
+
+CODE: dict[str, Code] = {
+    "V4-model": Code(
+        "DeepSeek-V4-Flash inference/model.py (827 lines), initial release", _LAB,
+        "DeepSeek_official/model.py", "d2d12325ba8c9bbe3590446d1bed85158f0b44ab",
+        "a verbatim copy; a second copy vendored from HF deepseek-ai/DeepSeek-V4-Flash@60d8d707 agrees "
+        "line for line on Compressor, Indexer and Attention. V4-Pro is assumed to ship the same code "
+        "(official-rules.md §10 Q12)"),
+    "V4-kernel": Code(
+        "DeepSeek-V4-Flash inference/kernel.py (535 lines, TileLang), initial release", _LAB,
+        "DeepSeek_official/kernel.py", "d2d12325ba8c9bbe3590446d1bed85158f0b44ab",
+        "copies tied to DeepSeek-V4-Flash@60d8d707 differ in the in-place act_quant cast (L55)"),
+    "V41-model": Code(
+        "DeepSeek-V4.1-Flash inference/model.py", "HF deepseek-ai/DeepSeek-V4.1-Flash",
+        "inference/model.py", "dba1be0a40aa45a94ad051997016db3960a90277",
+        f"lines are upstream lines; the public copy {_TT} {_TT_V41}model.py (commit 702412b8) has "
+        "each line 9 lines further down"),
+    "V41-config": Code(
+        "DeepSeek-V4.1-Flash inference/config.json", "HF deepseek-ai/DeepSeek-V4.1-Flash",
+        "inference/config.json", "dba1be0a40aa45a94ad051997016db3960a90277",
+        f"public copy {_TT} {_TT_V41}config.json (commit b2ee7540)", lines=False),
+    "V41-kernel": Code(
+        "DeepSeek-V4.1-Flash inference/kernel.py (TileLang)", "HF deepseek-ai/DeepSeek-V4.1-Flash",
+        "inference/kernel.py", "dba1be0a40aa45a94ad051997016db3960a90277",
+        "no verbatim public copy: lines as cited (K41:n) by the bit-exact port V41-kernel-port, "
+        "approximate (official-rules.md §10 Q1)"),
+    "V41-kernel-port": Code(
+        "Bit-exact CPU (torch) port of the V4.1 kernels, citing upstream lines as K41:n", _TT,
+        _TT_V41 + "kernel_cpu.py", "b2ee7540c83c2957b3268b0d1095b39e2b75473b",
+        f"ported from {_V41_REV}"),
+    "V32-model": Code("DeepSeek-V3.2-Exp inference/model.py", _V32, "inference/model.py", "3b99a53"),
+    "V32-kernel": Code("DeepSeek-V3.2-Exp inference/kernel.py (TileLang)", _V32, "inference/kernel.py",
+                       "3b99a53"),
+    "V32-config": Code("DeepSeek-V3.2-Exp inference/config_671B_v3.2.json", _V32,
+                       "inference/config_671B_v3.2.json", "3b99a53", lines=False),
+    "official-rules.md": Code(
+        "The project's reading of the official code, rule by rule, with the copies, revisions and "
+        "line numbers above (§11: the second reading, 2026-11-30)", "dsv4spec shared reference",
+        "shared/reference/official-rules.md", "2026-11-30", lines=False),
+    "conventions.md": Code(
+        "Where implementations in the wild disagree: knobs, edge vectors, how good suites compare",
+        "dsv4spec shared reference", "shared/reference/conventions.md", "2026-11-30", lines=False),
+}
+
+DOCUMENTS: dict[str, Document] = {
+    "doc-000": Document(
+        "DeepSeek-V4.1 模型结构（3）：序列维度（下），Hierarchical Sparse Indexer 与 FP4 KV cache",
+        "DeepSeek-V4.1 structure (3): the sequence dimension (part 3), the hierarchical sparse indexer "
+        "and the FP4 KV cache", "shared/seeds/000_441c543b83921174.txt",
+        {"whole": (1, 23), "summary": (2, 3), "pool work": (5, 6), "FP4 storage": (7, 8),
+         "details": (9, 10), "Q&A 1": (12, 13), "Q&A 2": (14, 15), "Q&A 3": (16, 17),
+         "Q&A 4": (18, 19), "Q&A 5": (20, 21), "Q&A 6": (22, 23)}),
+    "doc-002": Document(
+        "DeepSeek-V4 模型结构（2）：序列维度（中），Lightning Indexer 与稀疏选择",
+        "DeepSeek-V4 structure (2): the sequence dimension (part 2), the lightning indexer and sparse "
+        "selection", "shared/seeds/002_e74b7ccc8c4303c7.txt",
+        {"whole": (1, 29), "summary": (2, 3), "why sparse": (5, 6), "design trade-offs": (7, 8),
+         "V4 vs V3.2": (9, 10), "training and inference": (11, 12), "Q&A 1": (14, 15),
+         "Q&A 2": (16, 17), "Q&A 3": (18, 19), "Q&A 4": (20, 21), "Q&A 5": (22, 23),
+         "Q&A 6": (24, 25), "Q&A 7": (26, 27), "Q&A 8": (28, 29)}),
+    "doc-003": Document(
+        "DeepSeek-V4 Lightning Indexer 全解析：原理、MQA 架构、计算逻辑与混合精度实践",
+        "DeepSeek-V4 Lightning Indexer, a full analysis: principles, MQA architecture, computation and "
+        "mixed precision", "shared/seeds/003_38a9efe628eb9795.txt",
+        {"whole": (1, 451), "§1": (3, 11), "§2.1": (17, 31), "§2.2": (33, 38), "§2.3": (40, 47),
+         "§3.1": (55, 64), "§3.2": (66, 72), "§4 stage 1": (88, 106), "§4 stage 2": (108, 135),
+         "§4 stage 3": (137, 159), "§4 stage 4": (161, 165), "§5.1": (171, 176), "§5.2": (178, 184),
+         "§6.1": (190, 194), "§6.2": (196, 200), "§7.1": (206, 212), "§7.2": (214, 219),
+         "§7.3": (221, 241), "§8": (245, 254), "§9.1": (260, 267), "§9.2": (269, 282),
+         "§10.1": (290, 294), "§10.2": (296, 307), "§10.3": (309, 323), "§10.4": (325, 329),
+         "§11.1": (337, 385), "§11.2": (387, 396), "§12": (400, 420), "§13": (424, 432),
+         "§14": (436, 448)}),
+}
+
+# Section headings of documents 000 and 002 (which number nothing), for the Sources table.
+HEADINGS = {
+    ("doc-000", "summary"): "内容提要", ("doc-000", "pool work"): "候选池如何降低解码计算量",
+    ("doc-000", "FP4 storage"): "FP4 量化如何压缩 KV 存储", ("doc-000", "details"): "实现细节与边界条件",
+    ("doc-002", "summary"): "内容提要", ("doc-002", "why sparse"): "为什么压缩后还要稀疏选择",
+    ("doc-002", "design trade-offs"): "indexer的设计权衡", ("doc-002", "V4 vs V3.2"): "V4与V3.2的差异",
+    ("doc-002", "training and inference"): "训练与推理细节",
+}
+
+SOURCES = {**CODE, **DOCUMENTS}
+
+_LINES = r"L\d+(?:-\d+)?(?:, L\d+(?:-\d+)?)*"
+_CODE = re.compile(rf"^(?P<lines>{_LINES})(?: \((?P<note>.+)\))?$")
+_DOC = re.compile(rf"^(?P<section>.+?) (?P<lines>{_LINES})(?: \((?P<note>.+)\))?$")
+
+
+def line_ranges(lines: str) -> list[tuple[int, int]]:
+    """'L13, L20-21' -> [(13, 13), (20, 21)]."""
+    out = []
+    for part in lines.split(", "):
+        a, _, b = part[1:].partition("-")
+        out.append((int(a), int(b or a)))
+    return out
+
+
+def problems(citation: str) -> list[str]:
+    """Why a citation cannot be followed (empty when it can)."""
+    key, _, where = citation.partition(" ")
+    if key not in SOURCES:
+        return [f"{citation!r}: key {key!r} is not in Sources ({', '.join(SOURCES)})"]
+    src = SOURCES[key]
+    if isinstance(src, Document):
+        m = _DOC.match(where)
+        if not m or m["section"] not in src.sections:
+            return [f"{citation!r}: expected '{key} <section> L<a>[-<b>]' with a section of "
+                    f"{', '.join(src.sections)}"]
+        first, last = src.sections[m["section"]]
+        return [f"{citation!r}: L{a}-{b} lies outside {m['section']} (L{first}-{last})"
+                for a, b in line_ranges(m["lines"]) if not first <= a <= b <= last]
+    if src.lines and not _CODE.match(where):
+        return [f"{citation!r}: expected '{key} L<a>[-<b>][, L<c>…] [(note)]'"]
+    if not src.lines and not where:
+        return [f"{citation!r}: expected '{key} <section or note>'"]
+    return []
+
+
+def keys_cited(citations) -> set[str]:
+    return {c.partition(" ")[0] for c in citations}
+
+
+def render() -> list[str]:
+    """The Sources section of SPEC.md."""
+    out = ["## Sources", "",
+           "Every citation is `<key> <where>`: line numbers of the copy named here for code, a section "
+           "and its lines for a source document, a section for the project's readings.", "",
+           "| key | what | repository | path | revision | note |", "|---|---|---|---|---|---|"]
+    for key, c in CODE.items():
+        out.append(f"| `{key}` | {c.what} | {c.repository} | `{c.path}` | `{c.revision}` | {c.note} |")
+    out += ["", "The source documents (in Chinese), cited by section and line:", "",
+            "| key | title | file | sections (lines) |", "|---|---|---|---|"]
+    for key, d in DOCUMENTS.items():
+        sections = "; ".join(f"{name}{_heading(key, name)} L{a}-{b}"
+                             for name, (a, b) in d.sections.items() if name != "whole")
+        out.append(f"| `{key}` | {d.title} ({d.english}) | `{d.file}` | {sections} |")
+    return out + [""]
+
+
+def _heading(key: str, section: str) -> str:
+    heading = HEADINGS.get((key, section))
+    return f" ({heading})" if heading else ""
