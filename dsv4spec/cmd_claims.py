@@ -1,4 +1,4 @@
-"""`dsv4spec claims`: the ledger of the seed documents' numeric claims and their verdicts."""
+"""`dsv4spec claims`: the ledger of the source documents' numeric claims and their verdicts."""
 from __future__ import annotations
 
 import json
@@ -7,8 +7,8 @@ import textwrap
 
 def register(subparsers):
     p = subparsers.add_parser(
-        "claims", help="the seed documents' numeric claims, recomputed, with verdicts",
-        description="Every numeric claim of the three seed documents with its source, the value the "
+        "claims", help="the source documents' numeric claims, recomputed, with verdicts",
+        description="Every numeric claim of the three source documents with its sections and lines, the value the "
                     "spec computes and a verdict: reproduced, corrected (with the rule that says why) "
                     "or not checkable from the numerics alone.  Exit status 1 if a verdict no longer "
                     "holds.")

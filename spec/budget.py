@@ -80,10 +80,11 @@ rule("BUDGET.ATTN_WORK", "core attention multiply-adds per token per layer",
      attention reads window + top-k).""")
 
 rule("BUDGET.CLAIMS", "the claims ledger holds",
-     """Every numeric claim of the seed documents is recorded in spec.claims with its source, the
-     value the spec computes and a verdict; a claim marked reproduced equals its computed value
-     (within the rounding the claim states), a corrected one differs from it and names an existing
-     rule that says why, and a claim no numerics can check says so.""",
+     """Every numeric claim of the source documents is recorded in spec.claims with the sections
+     and lines it comes from, the value the spec computes and a verdict; a claim marked reproduced
+     equals its computed value (within the rounding the claim states) and never rests on a rule
+     whose `differs` disputes its document; a corrected one differs from it and names the rule
+     whose `differs` says why; and a claim no numerics can check says so.""",
      applies_to=V4_ALL, policy="exact", status=INFORMATIVE,
      sources=("doc-000 whole L1-23", "doc-002 whole L1-29", "doc-003 whole L1-451", "official-rules.md §9"))
 

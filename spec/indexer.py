@@ -10,7 +10,7 @@ sums of BF16 values are formed in float64 (exact for any inputs whose products s
 round-to-nearest-even on the exact value.  A framework cast never defines a rounding here.
 
 Sources: official-rules.md §3 (Hadamard), §4 (indexer forward), §9 (verdicts), §10 Q6/Q8;
-seeds 002 (V4 lightning indexer) and 003 (V4 indexer walk-through).
+doc-002 (V4 lightning indexer) and doc-003 (V4 indexer walk-through).
 """
 from __future__ import annotations
 

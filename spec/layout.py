@@ -158,7 +158,8 @@ rule("LAYOUT.INDEX_K", "indexer K entry: 68 bytes",
      scale per 32 (4 B): 68 bytes, 4.25 bits per dim; unpacking gives exactly the FP4 E8M0/32
      dequantization.""",
      applies_to=V4_ALL, policy="bytes", sources=("V4-model L362-370", "V41-model L541-548",
-                                                 _SRC + ", §2.3", "doc-000 Q&A 6 L23", "doc-003 §10.2 L306"),
+                                                 _SRC + ", §2.3", "doc-000 Q&A 6 L23", "doc-003 §5.2 L183",
+                                                 "doc-003 §10.2 L306"),
      differs="""Document 003 (§5.2, §10.2) stores the indexer K's dequantization factor as one FP32
      per token (4 B); that is the V3.2 index K.  The V4/V4.1 index K carries four E8M0 bytes, one
      per 32 dims.""")

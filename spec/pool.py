@@ -5,7 +5,7 @@ The candidate-source layer (20) scores every reachable position, groups position
 always among them) and hands the resulting per-query bool mask to the re-index layers, which take
 their own top-512 inside it.
 
-Sources: official-rules.md §4.2, §5, §7.2, §9; seed 000 (V4.1 hierarchical sparse indexer).
+Sources: official-rules.md §4.2, §5, §7.2, §9; doc-000 (V4.1 hierarchical sparse indexer).
 """
 from __future__ import annotations
 
@@ -131,7 +131,8 @@ rule("POOL.DROP_INF", "Blocks without a reachable finite score are dropped",
      pool block holds at least one reachable position, and positions at or past compress_lens
      appear only inside the newest block.""",
      applies_to=V41, policy="structural",
-     sources=(SELECT + " (keep = scatter(top.indices, top.values > −inf))", "official-rules.md §5.1 steps 3-4"))
+     sources=("V41-model L583-610 (select_candidate_blocks: keep = scatter(top.indices, top.values > −inf))",
+              "official-rules.md §5.1 steps 3-4"))
 
 rule("POOL.MASK", "The pool is a per-query bool mask of whole blocks",
      """candidate_blocks returns a bool mask with the shape of the scores [T, W]: the union of the

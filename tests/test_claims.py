@@ -1,8 +1,10 @@
 """The claims ledger keeps every verdict true, and the `claims` command shows it."""
 import json
+import re
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -107,3 +109,15 @@ def test_the_score_rounding_claim_follows_the_score_dtype(monkeypatch):
     fp32 = replace(profile("v4-flash"), score_dtype="fp32")
     monkeypatch.setattr(claims, "profile", lambda name: fp32)
     assert next(c for c in claims.CLAIMS if c.id == "score-fp32-then-bf16").computed == "fp32 throughout"
+
+
+def test_the_readme_lists_every_correction_and_the_counts():
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## What the source documents get wrong", 1)[1].split("\n## ", 1)[0]
+    corrected = {c.id for c in claims.CLAIMS if c.verdict == claims.CORRECTED}
+    assert set(re.findall(r"`([a-z0-9.-]+)`", section)) & {c.id for c in claims.CLAIMS} == corrected
+    counts = {v: sum(c.verdict == v for c in claims.CLAIMS)
+              for v in (claims.REPRODUCED, claims.CORRECTED, claims.NOT_CHECKABLE)}
+    assert (f"{len(claims.CLAIMS)} claims, {counts[claims.REPRODUCED]} reproduced, "
+            f"{counts[claims.CORRECTED]} corrected, {counts[claims.NOT_CHECKABLE]} not checkable") in \
+        " ".join(section.split())
