@@ -77,10 +77,12 @@ def _pow2(n: int, lo: int = 1) -> int:
 
 @triton.jit
 def _bf16_rne(x):
-    """fp32 -> the nearest-even BF16 value, as fp32, by integer arithmetic on the bit pattern."""
+    """fp32 -> the nearest-even BF16 value, as fp32, by integer arithmetic on the bit pattern.
+    A NaN stays NaN: the GPU's NaN is 0x7FFFFFFF (PTX's canonical NaN, e.g. of inf - inf), whose
+    rounding carry would run into the sign bit and give -0 (the CPU's 0xFFC00000 does not carry)."""
     b = x.to(tl.uint32, bitcast=True)
-    b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
-    return b.to(tl.float32, bitcast=True)
+    r = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+    return tl.where(x == x, r.to(tl.float32, bitcast=True), x)
 
 
 @triton.jit
