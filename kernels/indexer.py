@@ -453,6 +453,16 @@ def _final_kernel(cand_key_ptr, cand_pos_ptr, state_ptr, remap_ptr, scratch_ptr,
     sel, tied, need_rem = _refine(key, sel, tied, need_rem, 0, 8, BINS)
     sel = sel | (tied & ((tl.cumsum(tied.to(tl.int64), axis=0) - 1) < need_rem))
     sel = sel & (need > 0)
+    _emit_selection(sel, key, pos, row, remap_ptr, scratch_ptr, out_ptr, out_stride, remap_stride, W,
+                    block, CAP, K_PAD, BY_SCORE, REMAP, MASK_BLOCK)
+
+
+@triton.jit
+def _emit_selection(sel, key, pos, row, remap_ptr, scratch_ptr, out_ptr, out_stride, remap_stride, W,
+                    block, CAP: tl.constexpr, K_PAD: tl.constexpr, BY_SCORE: tl.constexpr,
+                    REMAP: tl.constexpr, MASK_BLOCK: tl.constexpr):
+    """Write the selected candidates (sel over [CAP], in position order): positions ascending,
+    or by (score desc, position asc), optionally remapped; or the blocks' mask."""
     if MASK_BLOCK > 0:  # candidate_blocks: selected block p marks positions [p*B, p*B+B) of W
         jj = tl.arange(0, MASK_BLOCK)
         p = pos[:, None] * block + jj[None, :]
@@ -490,12 +500,13 @@ def _topk_config(R: int, N: int):
     return block, ch
 
 
-def _topk_engine(x: torch.Tensor, n_valid: torch.Tensor, k: int, *, by_score: bool = False,
-                 drop_neg_inf: bool = False, remap: torch.Tensor | None = None,
-                 mask_out: torch.Tensor | None = None, mask_block: int = 0,
-                 cap: int | None = None, blocks: tuple[int, int] | None = None
-                 ) -> torch.Tensor | None:
-    """Top-k of each row of x [R,N] (fp32, on the device) among positions < n_valid[r].
+def _topk_radix(x: torch.Tensor, n_valid: torch.Tensor, k: int, *, by_score: bool = False,
+                drop_neg_inf: bool = False, remap: torch.Tensor | None = None,
+                mask_out: torch.Tensor | None = None, mask_block: int = 0,
+                cap: int | None = None, blocks: tuple[int, int] | None = None
+                ) -> torch.Tensor | None:
+    """Top-k of each row of x [R,N] (fp32, on the device) among positions < n_valid[r], by radix
+    select over the whole row (any input; the fallback of _topk_engine).
 
     Returns int64 [R,k] (position order, or score order with ties by position; -1 tail), or,
     with mask_out ([R,W] int8, zeroed), marks the selected positions' blocks of mask_block.
@@ -546,6 +557,245 @@ def _topk_engine(x: torch.Tensor, n_valid: torch.Tensor, k: int, *, by_score: bo
                         FINAL=final, CAP=cap, K_PAD=k_pad, BINS=_BINS, BY_SCORE=by_score, REMAP=remap is not None,
                         MASK_BLOCK=0, num_warps=warps)
     return out
+
+
+# Threshold filter (the fast path of _topk_engine).  Cut each row into groups of G positions and
+# take each group's largest key; if k groups have a maximum >= t, at least k keys are >= t.  So a
+# radix select on the top 16 bits of the group maxima gives a threshold t (<= the k-th largest key)
+# that lets through about k keys plus a few for random data; one streaming pass writes the keys >= t
+# of each chunk into the chunk's own slots in position order, a second places them contiguously,
+# and one program per row finds the exact k-th among them (8-bit digits) and resolves its ties to
+# the lowest positions.  Rows whose candidates overflow the cap (heavy ties, adversarial order)
+# are redone by _topk_radix.  Every count and placement is an integer prefix sum: deterministic.
+
+_MAX_GROUPS = 16384        # group maxima one program selects on
+_DIGIT = 256               # 8-bit digits
+
+
+@triton.jit
+def _row_keys(x_ptr, pos, tile_end, stop, DROP_NEG_INF: tl.constexpr):
+    """Order keys of x at pos (a tile ending at tile_end), 0 where pos >= stop (or x = -inf when
+    dropped): every valid key is >= 1.  Full tiles load without a mask (16-byte loads)."""
+    if tile_end <= stop:
+        x = tl.load(x_ptr + pos)
+    else:
+        x = tl.load(x_ptr + pos, mask=pos < stop, other=0.0)
+    ok = pos < stop
+    if DROP_NEG_INF:
+        ok = ok & (x != float("-inf"))
+    return tl.where(ok, _order_key(x), 0)
+
+
+@triton.jit
+def _group_max_kernel(x_ptr, len_ptr, gmax_ptr, N, x_stride, M, CH, G: tl.constexpr,
+                      BLOCK: tl.constexpr, DROP_NEG_INF: tl.constexpr):
+    """gmax[r, g] = the largest valid key among positions [g*G, g*G + G) (0: none valid)."""
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    stop = tl.minimum(tl.load(len_ptr + row), N)
+    start = c * CH
+    end = tl.minimum(start + CH, stop)
+    xr = x_ptr + row.to(tl.int64) * x_stride
+    p = start
+    while p < end:
+        if G == 1:
+            pos = p + tl.arange(0, BLOCK)
+            best = _row_keys(xr, pos, p + BLOCK, stop, DROP_NEG_INF)
+        else:
+            pos = p + tl.arange(0, BLOCK // G)[:, None] * G + tl.arange(0, G)[None, :]
+            best = tl.max(_row_keys(xr, pos, p + BLOCK, stop, DROP_NEG_INF), axis=1)
+        g = p // G + tl.arange(0, BLOCK // G)
+        tl.store(gmax_ptr + row * M + g, best.to(tl.int32, bitcast=True), mask=g < M)
+        p += BLOCK
+
+
+@triton.jit
+def _threshold_kernel(gmax_ptr, len_ptr, thr_ptr, N, M, k, G, M_PAD: tl.constexpr,
+                      BINS: tl.constexpr):
+    """thr[r] = the k-th largest group maximum with its low 16 bits cleared; 1 (every valid key)
+    when fewer than k groups hold a valid key."""
+    row = tl.program_id(0)
+    g = tl.arange(0, M_PAD)
+    n_groups = tl.cdiv(tl.minimum(tl.load(len_ptr + row), N), G)
+    key = tl.load(gmax_ptr + row * M + g, mask=g < n_groups, other=0).to(tl.uint32, bitcast=True)
+    key = key.to(tl.int64)
+    valid = key != 0
+    sel = valid & (key < 0)  # nothing yet
+    need = tl.zeros((), tl.int64) + k
+    sel, tied, need = _refine(key, sel, valid, need, 24, 8, BINS)
+    sel, tied, need = _refine(key, sel, tied, need, 16, 8, BINS)
+    t = tl.max(tl.where(tied, key, 0), axis=0) & 0xFFFF0000
+    enough = tl.sum(valid.to(tl.int64), axis=0) >= k
+    tl.store(thr_ptr + row, tl.where(enough & (t > 0), t, 1))
+
+
+@triton.jit
+def _filter_kernel(x_ptr, len_ptr, thr_ptr, slot_key_ptr, slot_pos_ptr, count_ptr, N, x_stride, NC,
+                   CH, SPC, BLOCK: tl.constexpr, DROP_NEG_INF: tl.constexpr):
+    """The keys >= thr of chunk c, in position order, into the chunk's SPC slots; count[r, c] =
+    how many there are (also beyond SPC)."""
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    stop = tl.minimum(tl.load(len_ptr + row), N)
+    t = tl.load(thr_ptr + row)
+    start = c * CH
+    end = tl.minimum(start + CH, stop)
+    xr = x_ptr + row.to(tl.int64) * x_stride
+    base = (row * NC + c).to(tl.int64) * SPC
+    written = tl.zeros((), tl.int32)
+    p = start
+    while p < end:
+        pos = p + tl.arange(0, BLOCK)
+        key = _row_keys(xr, pos, p + BLOCK, stop, DROP_NEG_INF)
+        sel = key.to(tl.int64) >= t
+        n = tl.sum(sel.to(tl.int32), axis=0)
+        if n > 0:
+            slot = written + tl.cumsum(sel.to(tl.int32), axis=0) - 1
+            m = sel & (slot < SPC)
+            tl.store(slot_key_ptr + base + slot, key.to(tl.int32, bitcast=True), mask=m)
+            tl.store(slot_pos_ptr + base + slot, pos, mask=m)
+            written += n
+        p += BLOCK
+    tl.store(count_ptr + row * NC + c, written)
+
+
+@triton.jit
+def _place_kernel(slot_key_ptr, slot_pos_ptr, count_ptr, cand_key_ptr, cand_pos_ptr, NC, SPC, CAP,
+                  NC_PAD: tl.constexpr, BLOCK: tl.constexpr):
+    """Copy chunk c's candidates to cand[r, off_c : off_c + count_c], off_c = sum of the counts of
+    the chunks before c (rows or chunks over the cap are left to _select_kernel's overflow flag)."""
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    ci = tl.arange(0, NC_PAD)
+    counts = tl.load(count_ptr + row * NC + ci, mask=ci < NC, other=0)
+    off = tl.sum(tl.where(ci < c, counts, 0), axis=0)
+    n = tl.minimum(tl.sum(tl.where(ci == c, counts, 0), axis=0), SPC)
+    base = (row * NC + c).to(tl.int64) * SPC
+    j = 0
+    while j < n:
+        jj = j + tl.arange(0, BLOCK)
+        m = (jj < n) & (off + jj < CAP)
+        tl.store(cand_key_ptr + row * CAP + off + jj, tl.load(slot_key_ptr + base + jj, mask=m), mask=m)
+        tl.store(cand_pos_ptr + row * CAP + off + jj, tl.load(slot_pos_ptr + base + jj, mask=m), mask=m)
+        j += BLOCK
+
+
+@triton.jit
+def _select_kernel(cand_key_ptr, cand_pos_ptr, count_ptr, flag_ptr, remap_ptr, scratch_ptr, out_ptr,
+                   NC, SPC, k, out_stride, remap_stride, W, block, NC_PAD: tl.constexpr,
+                   CAP: tl.constexpr, K_PAD: tl.constexpr, BINS: tl.constexpr,
+                   BY_SCORE: tl.constexpr, REMAP: tl.constexpr, MASK_BLOCK: tl.constexpr):
+    """Exact top-k among a row's candidates (position order), ties to the lowest positions; or
+    flag[r] = 1 when they did not fit (then nothing is written)."""
+    row = tl.program_id(0)
+    ci = tl.arange(0, NC_PAD)
+    counts = tl.load(count_ptr + row * NC + ci, mask=ci < NC, other=0)
+    total = tl.sum(counts, axis=0)
+    if (tl.max(counts, axis=0) > SPC) | (total > CAP):
+        tl.store(flag_ptr + row, 1)
+    else:
+        i = tl.arange(0, CAP)
+        ok = i < total
+        key = tl.load(cand_key_ptr + row * CAP + i, mask=ok, other=0).to(tl.uint32, bitcast=True)
+        key = key.to(tl.int64)
+        pos = tl.load(cand_pos_ptr + row * CAP + i, mask=ok, other=0).to(tl.int64)
+        need = tl.minimum(total, k).to(tl.int64)
+        sel = ok & (key < 0)  # nothing yet
+        sel, tied, need_rem = _refine(key, sel, ok, need, 24, 8, BINS)
+        sel, tied, need_rem = _refine(key, sel, tied, need_rem, 16, 8, BINS)
+        sel, tied, need_rem = _refine(key, sel, tied, need_rem, 8, 8, BINS)
+        sel, tied, need_rem = _refine(key, sel, tied, need_rem, 0, 8, BINS)
+        sel = sel | (tied & ((tl.cumsum(tied.to(tl.int64), axis=0) - 1) < need_rem))
+        _emit_selection(sel, key, pos, row, remap_ptr, scratch_ptr, out_ptr, out_stride,
+                        remap_stride, W, block, CAP, K_PAD, BY_SCORE, REMAP, MASK_BLOCK)
+
+
+def _filter_plan(N: int, k: int, block: int, group: int | None, cap: int | None):
+    """(G, CAP) of the threshold filter, or None where it cannot serve (too many groups)."""
+    k_pad = _pow2(k)
+    if group is None:  # about 4k groups: the threshold lets through ~1.1 k random keys
+        group = 1 << max(0, (N // (4 * k_pad)).bit_length() - 1)
+    group = min(_pow2(group), block)
+    cap = max(_pow2(cap or 2 * k_pad), k_pad)
+    if _pow2(triton.cdiv(N, group)) > _MAX_GROUPS:
+        return None
+    return group, cap
+
+
+def _topk_engine(x: torch.Tensor, n_valid: torch.Tensor, k: int, *, by_score: bool = False,
+                 drop_neg_inf: bool = False, remap: torch.Tensor | None = None,
+                 mask_out: torch.Tensor | None = None, mask_block: int = 0,
+                 group: int | None = None, cap: int | None = None,
+                 blocks: tuple[int, int] | None = None) -> torch.Tensor | None:
+    """Top-k of each row of x [R,N] (fp32, on the device) among positions < n_valid[r] (int32).
+
+    Returns int64 [R,k] (position order, or score order with ties by position; -1 tail), or,
+    with mask_out ([R,W] int8, zeroed), marks the selected positions' blocks of mask_block.
+    The threshold filter serves every row it can; the rest go through _topk_radix.  group (G),
+    cap (candidates per row) and blocks ((BLOCK, CH)) override the defaults for tests.
+    """
+    R, N = x.shape
+    out = mask_out if mask_out is not None else torch.full((R, k), -1, dtype=torch.int64, device=x.device)
+    fallback = dict(by_score=by_score, drop_neg_inf=drop_neg_inf, mask_block=mask_block)
+    flag = _topk_filter(x, n_valid, k, out, remap=remap, mask=mask_out is not None, group=group,
+                        cap=cap, blocks=blocks, **fallback)
+    if flag is None:
+        return _topk_radix(x, n_valid, k, remap=remap, mask_out=mask_out, **fallback)
+    redo = torch.nonzero(flag).flatten()
+    if redo.numel():   # (the one read back: which rows the filter could not serve)
+        if mask_out is None:
+            out[redo] = _topk_radix(x[redo], n_valid[redo], k,
+                                    remap=None if remap is None else remap[redo], **fallback)
+        else:
+            sub = torch.zeros_like(mask_out[redo])
+            _topk_radix(x[redo], n_valid[redo], k, mask_out=sub, **fallback)
+            mask_out[redo] = sub
+    return None if mask_out is not None else out
+
+
+def _topk_filter(x, n_valid, k: int, out, *, by_score: bool, drop_neg_inf: bool, remap, mask: bool,
+                 mask_block: int, group, cap, blocks) -> torch.Tensor | None:
+    """The threshold filter's launches, writing the rows it serves into out; returns int32 [R]
+    flags of the rows it could not serve (None: it serves none of this shape)."""
+    R, N = x.shape
+    dev = x.device
+    block, ch = blocks or _topk_config(R, N)
+    plan = _filter_plan(N, k, block, group, cap)
+    if plan is None:
+        return None
+    G, cap = plan
+    k_pad = _pow2(k)
+    warps = 4 if INTERPRET else 8
+    M = triton.cdiv(N, G)
+    nc = triton.cdiv(N, ch)
+    spc = min(cap, ch)
+    gmax = torch.empty((R, M), dtype=torch.int32, device=dev)
+    _group_max_kernel[(R, nc)](x, n_valid, gmax, N, x.stride(0), M, ch, G=G, BLOCK=block,
+                               DROP_NEG_INF=drop_neg_inf, num_warps=warps)
+    thr = torch.empty((R,), dtype=torch.int64, device=dev)
+    m_pad = _pow2(M)
+    _threshold_kernel[(R,)](gmax, n_valid, thr, N, M, k, G, M_PAD=m_pad, BINS=_DIGIT,
+                            num_warps=warps if m_pad <= 4096 else 16)
+    slot_key = torch.empty((R, nc, spc), dtype=torch.int32, device=dev)
+    slot_pos = torch.empty((R, nc, spc), dtype=torch.int32, device=dev)
+    count = torch.empty((R, nc), dtype=torch.int32, device=dev)
+    _filter_kernel[(R, nc)](x, n_valid, thr, slot_key, slot_pos, count, N, x.stride(0), nc, ch, spc,
+                            BLOCK=block, DROP_NEG_INF=drop_neg_inf, num_warps=warps)
+    cand_key = torch.empty((R, cap), dtype=torch.int32, device=dev)
+    cand_pos = torch.empty((R, cap), dtype=torch.int32, device=dev)
+    nc_pad = _pow2(nc)
+    _place_kernel[(R, nc)](slot_key, slot_pos, count, cand_key, cand_pos, nc, spc, cap,
+                           NC_PAD=nc_pad, BLOCK=256, num_warps=4)
+    flag = torch.zeros((R,), dtype=torch.int32, device=dev)
+    scratch = torch.empty((R, k_pad) if by_score and not mask else (1,), dtype=torch.int64, device=dev)
+    _select_kernel[(R,)](cand_key, cand_pos, count, flag, cand_pos if remap is None else remap,
+                         scratch, out, nc, spc, k, out.stride(0),
+                         0 if remap is None else remap.stride(0), out.shape[1] if mask else 0,
+                         mask_block, NC_PAD=nc_pad, CAP=cap, K_PAD=k_pad, BINS=_DIGIT,
+                         BY_SCORE=by_score, REMAP=remap is not None,
+                         MASK_BLOCK=_pow2(mask_block) if mask else 0,
+                         num_warps=warps if cap <= 2048 else 16)
+    return flag
 
 
 # --------------------------------------------------------------------------------------------

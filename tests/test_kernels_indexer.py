@@ -110,7 +110,7 @@ def test_topk_matches_impl(kind, order):
 
 def engine(case, order, cap, blocks=(64, 128)):
     dev = K._device()
-    out = K._topk_engine(torch.from_numpy(case.scores).float().to(dev),
+    out = K._topk_radix(torch.from_numpy(case.scores).float().to(dev),
                          torch.from_numpy(case.visible).int().to(dev),
                          case.k, by_score=order == "score", cap=cap, blocks=blocks)
     return out.cpu()
@@ -136,6 +136,48 @@ def test_topk_refinement_and_chunking(rows, order):
         case = make_rows(rows, 2, 3, 500, 64)
     for cap in (None, 64):
         check_topk(engine(case, order, cap), case, order, f"engine cap={cap}")
+
+
+def filtered(case, order, group, cap=None, remap=None):
+    """The threshold filter alone (no fallback): (int64 [T,k] with -1 rows where flagged, flags)."""
+    dev = K._device()
+    T = case.scores.shape[0]
+    out = torch.full((T, case.k), -1, dtype=torch.int64, device=dev)
+    flag = K._topk_filter(torch.from_numpy(case.scores).float().to(dev),
+                          torch.from_numpy(case.visible).int().to(dev), case.k, out,
+                          by_score=order == "score", drop_neg_inf=False, remap=remap, mask=False,
+                          mask_block=0, group=group, cap=cap, blocks=(64, 128))
+    return out.cpu(), flag.cpu()
+
+
+@pytest.mark.parametrize("order", ["position", "score"])
+@pytest.mark.parametrize("group", [1, 4, 16])
+@pytest.mark.parametrize("rows", ["normal", "relu_zero", "minus_inf", "unmasked"])
+def test_topk_threshold_filter_serves_every_row(rows, group, order):
+    """Groups of 1, 4 and 16 positions, 4 chunks per row: every row is served by the filter (no
+    fallback) and equals impl, ties (relu_zero's zeros, −inf) to the lowest positions."""
+    case = make_rows(rows, 7, 4, 500, 24)
+    case.visible[:2] = 500
+    case.scores[:2] = S.round_bf16(np.random.default_rng(8).standard_normal((2, 500)))  # full rows
+    got, flag = filtered(case, order, group)
+    assert flag.tolist() == [0] * 4, f"rows redone by the radix engine: {flag.tolist()}"
+    check_topk(got, case, order, f"threshold filter G={group}")
+
+
+def test_topk_threshold_filter_flags_what_it_cannot_hold():
+    """All-equal rows put every visible key at the threshold: rows with more than the cap flag and
+    stay unwritten, the others are served; the engine redoes the flagged ones by radix select."""
+    case = make_rows("equal", 3, 4, 300, 20)
+    case.visible[:] = [300, 10, 0, 64]
+    case.scores = np.where(S.visibility_mask(case.visible, 300), case.scores[0, 0], -np.inf)
+    got, flag = filtered(case, "position", 4, cap=64)
+    assert flag.tolist() == [1, 0, 0, 0]
+    assert got[0].tolist() == [-1] * 20
+    check_topk(got[1:], type(case)("rows 1-3", case.scores[1:], case.visible[1:], 20), "position", "filter")
+    dev = K._device()
+    full = K._topk_engine(torch.from_numpy(case.scores).float().to(dev), torch.from_numpy(case.visible).int().to(dev),
+                          20, group=4, cap=64, blocks=(64, 128)).cpu()
+    check_topk(full, case, "position", "engine with fallback")
 
 
 def test_topk_sort_path_for_large_k():
@@ -464,6 +506,26 @@ COMPILE_SM90 = textwrap.dedent("""
                   REMAP=remap, MASK_BLOCK=0)
         build(K._final_kernel, dict(final, scratch_ptr="*i32", out_ptr="*i8"), CAP=1024, K_PAD=512,
               BINS=K._BINS, BY_SCORE=False, REMAP=False, MASK_BLOCK=8)
+    elif sys.argv[1] == "filter":   # the threshold filter at top-k 2048 of 1M (G = 128, cap 4096)
+        BLOCK, CH = K._topk_config(64, 1 << 20)
+        G, CAP = K._filter_plan(1 << 20, 2048, BLOCK, None, None)
+        rows = {"x_ptr": "*fp32", "len_ptr": "*i32"}
+        build(K._group_max_kernel, dict(rows, gmax_ptr="*i32", **ints("N", "x_stride", "M", "CH")),
+              G=G, BLOCK=BLOCK, DROP_NEG_INF=False)
+        build(K._threshold_kernel, {"gmax_ptr": "*i32", "len_ptr": "*i32", "thr_ptr": "*i64",
+                                    **ints("N", "M", "k", "G")}, num_warps=16, M_PAD=8192, BINS=K._DIGIT)
+        build(K._filter_kernel, dict(rows, thr_ptr="*i64", slot_key_ptr="*i32", slot_pos_ptr="*i32",
+                                     count_ptr="*i32", **ints("N", "x_stride", "NC", "CH", "SPC")),
+              BLOCK=BLOCK, DROP_NEG_INF=True)
+        build(K._place_kernel, {"slot_key_ptr": "*i32", "slot_pos_ptr": "*i32", "count_ptr": "*i32",
+                                "cand_key_ptr": "*i32", "cand_pos_ptr": "*i32", **ints("NC", "SPC", "CAP")},
+              num_warps=4, NC_PAD=16, BLOCK=256)
+        build(K._select_kernel, {"cand_key_ptr": "*i32", "cand_pos_ptr": "*i32", "count_ptr": "*i32",
+                                 "flag_ptr": "*i32", "remap_ptr": "*i32", "scratch_ptr": "*i64",
+                                 "out_ptr": "*i64", **ints("NC", "SPC", "k", "out_stride",
+                                                           "remap_stride", "W", "block")},
+              num_warps=16, NC_PAD=16, CAP=CAP, K_PAD=2048, BINS=K._DIGIT, BY_SCORE=False,
+              REMAP=False, MASK_BLOCK=0)
     else:
         # scores as the launchers pick them on a GPU: BF16 operands (MMA), fp32 (IEEE), FP4, gather
         for fp4, bf16, gather, dt in ((False, True, False, "bf16"), (False, False, False, "fp32"),
@@ -494,6 +556,8 @@ COMPILE_SM90 = textwrap.dedent("""
 
 COMPILE_GROUPS = {
     "topk": {"_hist_kernel", "_boundary_kernel", "_compact_kernel", "_final_kernel"},
+    "filter": {"_group_max_kernel", "_threshold_kernel", "_filter_kernel", "_place_kernel",
+               "_select_kernel"},
     "rest": {"_scores_kernel", "_hadamard_kernel", "_copy_kernel", "_weights_kernel",
              "_visible_kernel", "_block_max_kernel", "_finite_blocks_mask_kernel", "_gather_kernel"},
 }
