@@ -19,8 +19,11 @@ for group in FMT,FP4,FP8 HAD,IDX,POOL,LAYER; do
   echo "verify $group: exit $? in $((SECONDS - start)) s"; grep -E "^(impl|kernels):|conformance" "$out/$name.txt"
 done
 python -m dsv4spec golden check --target kernels > "$out/golden.txt" 2>&1; echo "golden exit $?"; grep -c PASS "$out/golden.txt"
-timeout "${PYTEST_S:-150}" python -m pytest -q -x -p no:cacheprovider tests/test_kernels_*.py > "$out/pytest_kernels.txt" 2>&1
-echo "pytest exit $?"; tail -3 "$out/pytest_kernels.txt"
+# every kernel test, 20-run determinism included (tests/test_kernels_determinism.py); no -x: one run shows
+# every failure
+timeout "${PYTEST_S:-300}" python -m pytest -q -n "${PYTEST_N:-8}" -p no:cacheprovider tests/test_kernels_*.py \
+  > "$out/pytest_kernels.txt" 2>&1
+echo "pytest exit $?"; grep -E "^(FAILED|ERROR)" "$out/pytest_kernels.txt"; tail -1 "$out/pytest_kernels.txt"
 if [ -n "${BENCH:-}" ]; then
   for b in bench/bench_*.py; do timeout 240 python "$b" --out "$out" > "$out/$(basename "$b" .py).txt" 2>&1; done
 fi

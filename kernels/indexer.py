@@ -20,7 +20,9 @@ the interpreter (whose fp32->bf16 cast truncates) and the GPU agree bit for bit.
 no query of the tile can see are not multiplied; they are written -inf directly.
 
 Top-k.  A row is an unordered multiset of fp32 scores mapped to order-preserving uint32 keys
-(-0 folded onto +0).  Radix select on the top 12 key bits (per-chunk histograms plus a row
+(-0 folded onto +0).  The fast path is a threshold filter (group maxima give a threshold that
+lets through about 1.1 k keys; see "Threshold filter" below); rows it cannot hold go through the
+radix engine: radix select on the top 12 key bits (per-chunk histograms plus a row
 histogram), refined on 12 and then 8 more bits only while the boundary bin is too full; then one
 ordered compaction writes, in position order, every key above the boundary and the boundary-bin
 keys (at most CAP per row); a last per-row program finds the exact k-th key among those
@@ -454,15 +456,15 @@ def _final_kernel(cand_key_ptr, cand_pos_ptr, state_ptr, remap_ptr, scratch_ptr,
     sel = sel | (tied & ((tl.cumsum(tied.to(tl.int64), axis=0) - 1) < need_rem))
     sel = sel & (need > 0)
     _emit_selection(sel, key, pos, row, remap_ptr, scratch_ptr, out_ptr, out_stride, remap_stride, W,
-                    block, CAP, K_PAD, BY_SCORE, REMAP, MASK_BLOCK)
+                    block, CAP, K_PAD, BY_SCORE, True, REMAP, MASK_BLOCK)
 
 
 @triton.jit
 def _emit_selection(sel, key, pos, row, remap_ptr, scratch_ptr, out_ptr, out_stride, remap_stride, W,
                     block, CAP: tl.constexpr, K_PAD: tl.constexpr, BY_SCORE: tl.constexpr,
-                    REMAP: tl.constexpr, MASK_BLOCK: tl.constexpr):
-    """Write the selected candidates (sel over [CAP], in position order): positions ascending,
-    or by (score desc, position asc), optionally remapped; or the blocks' mask."""
+                    ORDERED: tl.constexpr, REMAP: tl.constexpr, MASK_BLOCK: tl.constexpr):
+    """Write the selected candidates (sel over [CAP]; in position order if ORDERED): positions
+    ascending, or by (score desc, position asc), optionally remapped; or the blocks' mask."""
     if MASK_BLOCK > 0:  # candidate_blocks: selected block p marks positions [p*B, p*B+B) of W
         jj = tl.arange(0, MASK_BLOCK)
         p = pos[:, None] * block + jj[None, :]
@@ -470,9 +472,12 @@ def _emit_selection(sel, key, pos, row, remap_ptr, scratch_ptr, out_ptr, out_str
                  mask=sel[:, None] & (jj[None, :] < block) & (p < W))
     else:
         slot = tl.cumsum(sel.to(tl.int64), axis=0) - 1
-        if BY_SCORE:  # order the <= K_PAD chosen by (score desc, position asc) via a scratch row
-            n_sel = tl.sum(sel.to(tl.int64), axis=0)
-            comp = ((key - 0x80000000) << 32) | (0xFFFFFFFF - pos)
+        if BY_SCORE or not ORDERED:  # order the <= K_PAD chosen by (score desc, position asc),
+            n_sel = tl.sum(sel.to(tl.int64), axis=0)  # or by position, via a scratch row
+            if BY_SCORE:
+                comp = ((key - 0x80000000) << 32) | (0xFFFFFFFF - pos)
+            else:
+                comp = 0xFFFFFFFF - pos
             tl.store(scratch_ptr + row * K_PAD + slot, comp, mask=sel)
             tl.debug_barrier()
             kk = tl.arange(0, K_PAD)
@@ -562,11 +567,11 @@ def _topk_radix(x: torch.Tensor, n_valid: torch.Tensor, k: int, *, by_score: boo
 # Threshold filter (the fast path of _topk_engine).  Cut each row into groups of G positions and
 # take each group's largest key; if k groups have a maximum >= t, at least k keys are >= t.  So a
 # radix select on the top 16 bits of the group maxima gives a threshold t (<= the k-th largest key)
-# that lets through about k keys plus a few for random data; one streaming pass writes the keys >= t
-# of each chunk into the chunk's own slots in position order, a second places them contiguously,
-# and one program per row finds the exact k-th among them (8-bit digits) and resolves its ties to
-# the lowest positions.  Rows whose candidates overflow the cap (heavy ties, adversarial order)
-# are redone by _topk_radix.  Every count and placement is an integer prefix sum: deterministic.
+# that lets through about 1.1 k keys of random data.  One streaming pass appends the keys >= t to
+# the row's candidates (slots from an atomic counter: cheap where candidates are rare), and one
+# program per row finds the exact k-th among them by 8-bit digits and breaks its ties by position.
+# The result depends only on the candidate set, never on the slot order: deterministic.  Rows
+# whose candidates overflow the cap (heavy ties, adversarial order) are redone by _topk_radix.
 
 _MAX_GROUPS = 16384        # group maxima one program selects on
 _DIGIT = 256               # 8-bit digits
@@ -630,10 +635,11 @@ def _threshold_kernel(gmax_ptr, len_ptr, thr_ptr, N, M, k, G, M_PAD: tl.constexp
 
 
 @triton.jit
-def _filter_kernel(x_ptr, len_ptr, thr_ptr, slot_key_ptr, slot_pos_ptr, count_ptr, N, x_stride, NC,
-                   CH, SPC, BLOCK: tl.constexpr, DROP_NEG_INF: tl.constexpr):
-    """The keys >= thr of chunk c, in position order, into the chunk's SPC slots; count[r, c] =
-    how many there are (also beyond SPC)."""
+def _filter_kernel(x_ptr, len_ptr, thr_ptr, cand_key_ptr, cand_pos_ptr, count_ptr, N, x_stride, CH,
+                   CAP, BLOCK: tl.constexpr, DROP_NEG_INF: tl.constexpr):
+    """Every key >= thr of the row into cand[r, :CAP] at a slot taken by an atomic increment of
+    count[r] (counted beyond CAP too).  Slot order depends on timing, the set does not: the
+    select kernel only uses the set."""
     row = tl.program_id(0)
     c = tl.program_id(1)
     stop = tl.minimum(tl.load(len_ptr + row), N)
@@ -641,57 +647,30 @@ def _filter_kernel(x_ptr, len_ptr, thr_ptr, slot_key_ptr, slot_pos_ptr, count_pt
     start = c * CH
     end = tl.minimum(start + CH, stop)
     xr = x_ptr + row.to(tl.int64) * x_stride
-    base = (row * NC + c).to(tl.int64) * SPC
-    written = tl.zeros((), tl.int32)
+    counter = count_ptr + row + tl.zeros((BLOCK,), tl.int32)
     p = start
     while p < end:
         pos = p + tl.arange(0, BLOCK)
         key = _row_keys(xr, pos, p + BLOCK, stop, DROP_NEG_INF)
         sel = key.to(tl.int64) >= t
-        n = tl.sum(sel.to(tl.int32), axis=0)
-        if n > 0:
-            slot = written + tl.cumsum(sel.to(tl.int32), axis=0) - 1
-            m = sel & (slot < SPC)
-            tl.store(slot_key_ptr + base + slot, key.to(tl.int32, bitcast=True), mask=m)
-            tl.store(slot_pos_ptr + base + slot, pos, mask=m)
-            written += n
+        slot = tl.atomic_add(counter, 1, mask=sel, sem="relaxed")
+        m = sel & (slot < CAP)
+        tl.store(cand_key_ptr + row * CAP + slot, key.to(tl.int32, bitcast=True), mask=m)
+        tl.store(cand_pos_ptr + row * CAP + slot, pos, mask=m)
         p += BLOCK
-    tl.store(count_ptr + row * NC + c, written)
-
-
-@triton.jit
-def _place_kernel(slot_key_ptr, slot_pos_ptr, count_ptr, cand_key_ptr, cand_pos_ptr, NC, SPC, CAP,
-                  NC_PAD: tl.constexpr, BLOCK: tl.constexpr):
-    """Copy chunk c's candidates to cand[r, off_c : off_c + count_c], off_c = sum of the counts of
-    the chunks before c (rows or chunks over the cap are left to _select_kernel's overflow flag)."""
-    row = tl.program_id(0)
-    c = tl.program_id(1)
-    ci = tl.arange(0, NC_PAD)
-    counts = tl.load(count_ptr + row * NC + ci, mask=ci < NC, other=0)
-    off = tl.sum(tl.where(ci < c, counts, 0), axis=0)
-    n = tl.minimum(tl.sum(tl.where(ci == c, counts, 0), axis=0), SPC)
-    base = (row * NC + c).to(tl.int64) * SPC
-    j = 0
-    while j < n:
-        jj = j + tl.arange(0, BLOCK)
-        m = (jj < n) & (off + jj < CAP)
-        tl.store(cand_key_ptr + row * CAP + off + jj, tl.load(slot_key_ptr + base + jj, mask=m), mask=m)
-        tl.store(cand_pos_ptr + row * CAP + off + jj, tl.load(slot_pos_ptr + base + jj, mask=m), mask=m)
-        j += BLOCK
 
 
 @triton.jit
 def _select_kernel(cand_key_ptr, cand_pos_ptr, count_ptr, flag_ptr, remap_ptr, scratch_ptr, out_ptr,
-                   NC, SPC, k, out_stride, remap_stride, W, block, NC_PAD: tl.constexpr,
-                   CAP: tl.constexpr, K_PAD: tl.constexpr, BINS: tl.constexpr,
-                   BY_SCORE: tl.constexpr, REMAP: tl.constexpr, MASK_BLOCK: tl.constexpr):
-    """Exact top-k among a row's candidates (position order), ties to the lowest positions; or
-    flag[r] = 1 when they did not fit (then nothing is written)."""
+                   k, out_stride, remap_stride, W, block, CAP: tl.constexpr, K_PAD: tl.constexpr,
+                   BINS: tl.constexpr, BY_SCORE: tl.constexpr, REMAP: tl.constexpr,
+                   MASK_BLOCK: tl.constexpr):
+    """Exact top-k among a row's candidates (in any order): the k-th key by 8-bit digits, then its
+    ties by position (lowest first, digits of the reversed position); or flag[r] = 1 when the
+    candidates did not fit (then nothing is written)."""
     row = tl.program_id(0)
-    ci = tl.arange(0, NC_PAD)
-    counts = tl.load(count_ptr + row * NC + ci, mask=ci < NC, other=0)
-    total = tl.sum(counts, axis=0)
-    if (tl.max(counts, axis=0) > SPC) | (total > CAP):
+    total = tl.load(count_ptr + row)
+    if total > CAP:
         tl.store(flag_ptr + row, 1)
     else:
         i = tl.arange(0, CAP)
@@ -705,9 +684,15 @@ def _select_kernel(cand_key_ptr, cand_pos_ptr, count_ptr, flag_ptr, remap_ptr, s
         sel, tied, need_rem = _refine(key, sel, tied, need_rem, 16, 8, BINS)
         sel, tied, need_rem = _refine(key, sel, tied, need_rem, 8, 8, BINS)
         sel, tied, need_rem = _refine(key, sel, tied, need_rem, 0, 8, BINS)
-        sel = sel | (tied & ((tl.cumsum(tied.to(tl.int64), axis=0) - 1) < need_rem))
+        if tl.sum(tied.to(tl.int64), axis=0) > need_rem:  # ties straddle the k-th key
+            rpos = 0x7FFFFFFF - pos                          # unique: at most one stays tied
+            sel, tied, need_rem = _refine(rpos, sel, tied, need_rem, 24, 8, BINS)
+            sel, tied, need_rem = _refine(rpos, sel, tied, need_rem, 16, 8, BINS)
+            sel, tied, need_rem = _refine(rpos, sel, tied, need_rem, 8, 8, BINS)
+            sel, tied, need_rem = _refine(rpos, sel, tied, need_rem, 0, 8, BINS)
+        sel = sel | (tied & (need_rem > 0))
         _emit_selection(sel, key, pos, row, remap_ptr, scratch_ptr, out_ptr, out_stride,
-                        remap_stride, W, block, CAP, K_PAD, BY_SCORE, REMAP, MASK_BLOCK)
+                        remap_stride, W, block, CAP, K_PAD, BY_SCORE, False, REMAP, MASK_BLOCK)
 
 
 def _filter_plan(N: int, k: int, block: int, group: int | None, cap: int | None):
@@ -768,7 +753,6 @@ def _topk_filter(x, n_valid, k: int, out, *, by_score: bool, drop_neg_inf: bool,
     warps = 4 if INTERPRET else 8
     M = triton.cdiv(N, G)
     nc = triton.cdiv(N, ch)
-    spc = min(cap, ch)
     gmax = torch.empty((R, M), dtype=torch.int32, device=dev)
     _group_max_kernel[(R, nc)](x, n_valid, gmax, N, x.stride(0), M, ch, G=G, BLOCK=block,
                                DROP_NEG_INF=drop_neg_inf, num_warps=warps)
@@ -776,22 +760,16 @@ def _topk_filter(x, n_valid, k: int, out, *, by_score: bool, drop_neg_inf: bool,
     m_pad = _pow2(M)
     _threshold_kernel[(R,)](gmax, n_valid, thr, N, M, k, G, M_PAD=m_pad, BINS=_DIGIT,
                             num_warps=warps if m_pad <= 4096 else 16)
-    slot_key = torch.empty((R, nc, spc), dtype=torch.int32, device=dev)
-    slot_pos = torch.empty((R, nc, spc), dtype=torch.int32, device=dev)
-    count = torch.empty((R, nc), dtype=torch.int32, device=dev)
-    _filter_kernel[(R, nc)](x, n_valid, thr, slot_key, slot_pos, count, N, x.stride(0), nc, ch, spc,
-                            BLOCK=block, DROP_NEG_INF=drop_neg_inf, num_warps=warps)
     cand_key = torch.empty((R, cap), dtype=torch.int32, device=dev)
     cand_pos = torch.empty((R, cap), dtype=torch.int32, device=dev)
-    nc_pad = _pow2(nc)
-    _place_kernel[(R, nc)](slot_key, slot_pos, count, cand_key, cand_pos, nc, spc, cap,
-                           NC_PAD=nc_pad, BLOCK=256, num_warps=4)
+    count = torch.zeros((R,), dtype=torch.int32, device=dev)
+    _filter_kernel[(R, nc)](x, n_valid, thr, cand_key, cand_pos, count, N, x.stride(0), ch, cap,
+                            BLOCK=block, DROP_NEG_INF=drop_neg_inf, num_warps=warps)
     flag = torch.zeros((R,), dtype=torch.int32, device=dev)
-    scratch = torch.empty((R, k_pad) if by_score and not mask else (1,), dtype=torch.int64, device=dev)
+    scratch = torch.empty((R, k_pad) if not mask else (1,), dtype=torch.int64, device=dev)
     _select_kernel[(R,)](cand_key, cand_pos, count, flag, cand_pos if remap is None else remap,
-                         scratch, out, nc, spc, k, out.stride(0),
-                         0 if remap is None else remap.stride(0), out.shape[1] if mask else 0,
-                         mask_block, NC_PAD=nc_pad, CAP=cap, K_PAD=k_pad, BINS=_DIGIT,
+                         scratch, out, k, out.stride(0), 0 if remap is None else remap.stride(0),
+                         out.shape[1] if mask else 0, mask_block, CAP=cap, K_PAD=k_pad, BINS=_DIGIT,
                          BY_SCORE=by_score, REMAP=remap is not None,
                          MASK_BLOCK=_pow2(mask_block) if mask else 0,
                          num_warps=warps if cap <= 2048 else 16)

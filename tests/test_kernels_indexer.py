@@ -155,13 +155,44 @@ def filtered(case, order, group, cap=None, remap=None):
 @pytest.mark.parametrize("rows", ["normal", "relu_zero", "minus_inf", "unmasked"])
 def test_topk_threshold_filter_serves_every_row(rows, group, order):
     """Groups of 1, 4 and 16 positions, 4 chunks per row: every row is served by the filter (no
-    fallback) and equals impl, ties (relu_zero's zeros, −inf) to the lowest positions."""
+    fallback) and equals impl, ties (relu_zero's zeros, −inf) to the lowest positions whatever
+    order the candidates arrived in."""
     case = make_rows(rows, 7, 4, 500, 24)
     case.visible[:2] = 500
     case.scores[:2] = S.round_bf16(np.random.default_rng(8).standard_normal((2, 500)))  # full rows
     got, flag = filtered(case, order, group)
     assert flag.tolist() == [0] * 4, f"rows redone by the radix engine: {flag.tolist()}"
     check_topk(got, case, order, f"threshold filter G={group}")
+
+
+@pytest.mark.parametrize("order", ["position", "score"])
+@pytest.mark.parametrize("rows", ["few_values", "equal", "relu_zero"])
+def test_topk_select_ignores_candidate_order(rows, order):
+    """The select kernel gets its candidates in whatever order the atomics gave them: fed every
+    visible key in three shuffled orders, it returns impl's top-k (ties to the lowest positions)."""
+    case = make_rows(rows, 4, 3, 200, 30)
+    dev = K._device()
+    cap = 256
+    key = torch.from_numpy(case.scores).float()
+    key = key.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    key = torch.where(key == 0x80000000, 0, key)                             # −0 is +0
+    key = torch.where(key >= 0x80000000, key ^ 0xFFFFFFFF, key | 0x80000000)  # order keys
+    for seed in range(3):
+        cand_key = torch.zeros((3, cap), dtype=torch.int32)
+        cand_pos = torch.zeros((3, cap), dtype=torch.int32)
+        for r in range(3):
+            perm = torch.from_numpy(np.random.default_rng(seed).permutation(int(case.visible[r])))
+            cand_key[r, :len(perm)] = key[r, perm].to(torch.int32)   # wraps to the same bits
+            cand_pos[r, :len(perm)] = perm.to(torch.int32)
+        count = torch.from_numpy(case.visible).int()
+        out = torch.full((3, case.k), -1, dtype=torch.int64, device=dev)
+        flag = torch.zeros(3, dtype=torch.int32, device=dev)
+        scratch = torch.empty((3, 32), dtype=torch.int64, device=dev)
+        K._select_kernel[(3,)](cand_key.to(dev), cand_pos.to(dev), count.to(dev), flag, cand_pos.to(dev),
+                               scratch, out, case.k, out.stride(0), 0, 0, 0, CAP=cap, K_PAD=32,
+                               BINS=K._DIGIT, BY_SCORE=order == "score", REMAP=False, MASK_BLOCK=0)
+        assert flag.cpu().tolist() == [0, 0, 0]
+        check_topk(out.cpu(), case, order, f"select, shuffle {seed}")
 
 
 def test_topk_threshold_filter_flags_what_it_cannot_hold():
@@ -514,18 +545,13 @@ COMPILE_SM90 = textwrap.dedent("""
               G=G, BLOCK=BLOCK, DROP_NEG_INF=False)
         build(K._threshold_kernel, {"gmax_ptr": "*i32", "len_ptr": "*i32", "thr_ptr": "*i64",
                                     **ints("N", "M", "k", "G")}, num_warps=16, M_PAD=8192, BINS=K._DIGIT)
-        build(K._filter_kernel, dict(rows, thr_ptr="*i64", slot_key_ptr="*i32", slot_pos_ptr="*i32",
-                                     count_ptr="*i32", **ints("N", "x_stride", "NC", "CH", "SPC")),
+        build(K._filter_kernel, dict(rows, thr_ptr="*i64", cand_key_ptr="*i32", cand_pos_ptr="*i32",
+                                     count_ptr="*i32", **ints("N", "x_stride", "CH", "CAP")),
               BLOCK=BLOCK, DROP_NEG_INF=True)
-        build(K._place_kernel, {"slot_key_ptr": "*i32", "slot_pos_ptr": "*i32", "count_ptr": "*i32",
-                                "cand_key_ptr": "*i32", "cand_pos_ptr": "*i32", **ints("NC", "SPC", "CAP")},
-              num_warps=4, NC_PAD=16, BLOCK=256)
         build(K._select_kernel, {"cand_key_ptr": "*i32", "cand_pos_ptr": "*i32", "count_ptr": "*i32",
                                  "flag_ptr": "*i32", "remap_ptr": "*i32", "scratch_ptr": "*i64",
-                                 "out_ptr": "*i64", **ints("NC", "SPC", "k", "out_stride",
-                                                           "remap_stride", "W", "block")},
-              num_warps=16, NC_PAD=16, CAP=CAP, K_PAD=2048, BINS=K._DIGIT, BY_SCORE=False,
-              REMAP=False, MASK_BLOCK=0)
+                                 "out_ptr": "*i64", **ints("k", "out_stride", "remap_stride", "W", "block")},
+              num_warps=16, CAP=CAP, K_PAD=2048, BINS=K._DIGIT, BY_SCORE=False, REMAP=False, MASK_BLOCK=0)
     else:
         # scores as the launchers pick them on a GPU: BF16 operands (MMA), fp32 (IEEE), FP4, gather
         for fp4, bf16, gather, dt in ((False, True, False, "bf16"), (False, False, False, "fp32"),
@@ -556,8 +582,7 @@ COMPILE_SM90 = textwrap.dedent("""
 
 COMPILE_GROUPS = {
     "topk": {"_hist_kernel", "_boundary_kernel", "_compact_kernel", "_final_kernel"},
-    "filter": {"_group_max_kernel", "_threshold_kernel", "_filter_kernel", "_place_kernel",
-               "_select_kernel"},
+    "filter": {"_group_max_kernel", "_threshold_kernel", "_filter_kernel", "_select_kernel"},
     "rest": {"_scores_kernel", "_hadamard_kernel", "_copy_kernel", "_weights_kernel",
              "_visible_kernel", "_block_max_kernel", "_finite_blocks_mask_kernel", "_gather_kernel"},
 }
