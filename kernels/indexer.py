@@ -578,14 +578,22 @@ _DIGIT = 256               # 8-bit digits
 
 
 @triton.jit
-def _row_keys(x_ptr, pos, tile_end, stop, DROP_NEG_INF: tl.constexpr):
-    """Order keys of x at pos (a tile ending at tile_end), 0 where pos >= stop (or x = -inf when
-    dropped): every valid key is >= 1.  Full tiles load without a mask (16-byte loads)."""
-    if tile_end <= stop:
-        x = tl.load(x_ptr + pos)
+def _row_keys(x_ptr, pos, live, tile_end, stop, LIVE: tl.constexpr, DROP_NEG_INF: tl.constexpr):
+    """Order keys of x at pos (a tile ending at tile_end), 0 where pos >= stop, where not live
+    (with LIVE; a mask constant over whole groups, so it skips their bytes) or where x = -inf when
+    dropped: every valid key is >= 1.  Full tiles load with 16-byte loads."""
+    if LIVE:
+        if tile_end <= stop:
+            x = tl.load(x_ptr + pos, mask=live, other=0.0)
+        else:
+            x = tl.load(x_ptr + pos, mask=live & (pos < stop), other=0.0)
+        ok = live & (pos < stop)
     else:
-        x = tl.load(x_ptr + pos, mask=pos < stop, other=0.0)
-    ok = pos < stop
+        if tile_end <= stop:
+            x = tl.load(x_ptr + pos)
+        else:
+            x = tl.load(x_ptr + pos, mask=pos < stop, other=0.0)
+        ok = pos < stop
     if DROP_NEG_INF:
         ok = ok & (x != float("-inf"))
     return tl.where(ok, _order_key(x), 0)
@@ -605,21 +613,22 @@ def _group_max_kernel(x_ptr, len_ptr, gmax_ptr, N, x_stride, M, CH, G: tl.conste
     while p < end:
         if G == 1:
             pos = p + tl.arange(0, BLOCK)
-            best = _row_keys(xr, pos, p + BLOCK, stop, DROP_NEG_INF)
+            best = _row_keys(xr, pos, pos, p + BLOCK, stop, False, DROP_NEG_INF)
         else:
             pos = p + tl.arange(0, BLOCK // G)[:, None] * G + tl.arange(0, G)[None, :]
-            best = tl.max(_row_keys(xr, pos, p + BLOCK, stop, DROP_NEG_INF), axis=1)
+            best = tl.max(_row_keys(xr, pos, pos, p + BLOCK, stop, False, DROP_NEG_INF), axis=1)
         g = p // G + tl.arange(0, BLOCK // G)
         tl.store(gmax_ptr + row * M + g, best.to(tl.int32, bitcast=True), mask=g < M)
         p += BLOCK
 
 
 @triton.jit
-def _threshold_kernel(gmax_ptr, len_ptr, thr_ptr, N, M, k, G, M_PAD: tl.constexpr,
+def _threshold_kernel(gmax_ptr, len_ptr, thr_ptr, count_ptr, N, M, k, G, M_PAD: tl.constexpr,
                       BINS: tl.constexpr):
     """thr[r] = the k-th largest group maximum with its low 16 bits cleared; 1 (every valid key)
-    when fewer than k groups hold a valid key."""
+    when fewer than k groups hold a valid key.  Zeroes the row's candidate count and flag."""
     row = tl.program_id(0)
+    tl.store(count_ptr + 2 * row + tl.arange(0, 2), tl.zeros((2,), tl.int32))
     g = tl.arange(0, M_PAD)
     n_groups = tl.cdiv(tl.minimum(tl.load(len_ptr + row), N), G)
     key = tl.load(gmax_ptr + row * M + g, mask=g < n_groups, other=0).to(tl.uint32, bitcast=True)
@@ -635,11 +644,13 @@ def _threshold_kernel(gmax_ptr, len_ptr, thr_ptr, N, M, k, G, M_PAD: tl.constexp
 
 
 @triton.jit
-def _filter_kernel(x_ptr, len_ptr, thr_ptr, cand_key_ptr, cand_pos_ptr, count_ptr, N, x_stride, CH,
-                   CAP, BLOCK: tl.constexpr, DROP_NEG_INF: tl.constexpr):
+def _filter_kernel(x_ptr, len_ptr, thr_ptr, gmax_ptr, cand_key_ptr, cand_pos_ptr, count_ptr, N,
+                   x_stride, M, CH, CAP, G: tl.constexpr, BLOCK: tl.constexpr,
+                   DROP_NEG_INF: tl.constexpr):
     """Every key >= thr of the row into cand[r, :CAP] at a slot taken by an atomic increment of
-    count[r] (counted beyond CAP too).  Slot order depends on timing, the set does not: the
-    select kernel only uses the set."""
+    count[r] (counted beyond CAP too).  Only groups whose maximum reaches thr are read (about a
+    quarter).  Slot order depends on timing, the set does not: the select kernel only uses the
+    set."""
     row = tl.program_id(0)
     c = tl.program_id(1)
     stop = tl.minimum(tl.load(len_ptr + row), N)
@@ -647,13 +658,19 @@ def _filter_kernel(x_ptr, len_ptr, thr_ptr, cand_key_ptr, cand_pos_ptr, count_pt
     start = c * CH
     end = tl.minimum(start + CH, stop)
     xr = x_ptr + row.to(tl.int64) * x_stride
-    counter = count_ptr + row + tl.zeros((BLOCK,), tl.int32)
     p = start
     while p < end:
-        pos = p + tl.arange(0, BLOCK)
-        key = _row_keys(xr, pos, p + BLOCK, stop, DROP_NEG_INF)
+        g = p // G + tl.arange(0, BLOCK // G)
+        hot = tl.load(gmax_ptr + row * M + g, mask=g < M, other=0).to(tl.uint32, bitcast=True)
+        hot = hot.to(tl.int64) >= t
+        if G == 1:
+            pos = p + tl.arange(0, BLOCK)
+            key = _row_keys(xr, pos, hot, p + BLOCK, stop, True, DROP_NEG_INF)
+        else:
+            pos = p + tl.arange(0, BLOCK // G)[:, None] * G + tl.arange(0, G)[None, :]
+            key = _row_keys(xr, pos, hot[:, None], p + BLOCK, stop, True, DROP_NEG_INF)
         sel = key.to(tl.int64) >= t
-        slot = tl.atomic_add(counter, 1, mask=sel, sem="relaxed")
+        slot = tl.atomic_add(count_ptr + 2 * row + tl.zeros_like(pos), 1, mask=sel, sem="relaxed")
         m = sel & (slot < CAP)
         tl.store(cand_key_ptr + row * CAP + slot, key.to(tl.int32, bitcast=True), mask=m)
         tl.store(cand_pos_ptr + row * CAP + slot, pos, mask=m)
@@ -661,17 +678,17 @@ def _filter_kernel(x_ptr, len_ptr, thr_ptr, cand_key_ptr, cand_pos_ptr, count_pt
 
 
 @triton.jit
-def _select_kernel(cand_key_ptr, cand_pos_ptr, count_ptr, flag_ptr, remap_ptr, scratch_ptr, out_ptr,
+def _select_kernel(cand_key_ptr, cand_pos_ptr, count_ptr, remap_ptr, scratch_ptr, out_ptr,
                    k, out_stride, remap_stride, W, block, CAP: tl.constexpr, K_PAD: tl.constexpr,
                    BINS: tl.constexpr, BY_SCORE: tl.constexpr, REMAP: tl.constexpr,
                    MASK_BLOCK: tl.constexpr):
     """Exact top-k among a row's candidates (in any order): the k-th key by 8-bit digits, then its
     ties by position (lowest first, digits of the reversed position); or flag[r] = 1 when the
-    candidates did not fit (then nothing is written)."""
+    candidates did not fit (count[r, 1] = 1; then nothing is written)."""
     row = tl.program_id(0)
-    total = tl.load(count_ptr + row)
+    total = tl.load(count_ptr + 2 * row)
     if total > CAP:
-        tl.store(flag_ptr + row, 1)
+        tl.store(count_ptr + 2 * row + 1, 1)
     else:
         i = tl.arange(0, CAP)
         ok = i < total
@@ -682,8 +699,9 @@ def _select_kernel(cand_key_ptr, cand_pos_ptr, count_ptr, flag_ptr, remap_ptr, s
         sel = ok & (key < 0)  # nothing yet
         sel, tied, need_rem = _refine(key, sel, ok, need, 24, 8, BINS)
         sel, tied, need_rem = _refine(key, sel, tied, need_rem, 16, 8, BINS)
-        sel, tied, need_rem = _refine(key, sel, tied, need_rem, 8, 8, BINS)
-        sel, tied, need_rem = _refine(key, sel, tied, need_rem, 0, 8, BINS)
+        if tl.min(tl.where(tied, key, 0xFFFFFFFF), axis=0) < tl.max(tl.where(tied, key, 0), axis=0):
+            sel, tied, need_rem = _refine(key, sel, tied, need_rem, 8, 8, BINS)  # (BF16 scores
+            sel, tied, need_rem = _refine(key, sel, tied, need_rem, 0, 8, BINS)  # end here)
         if tl.sum(tied.to(tl.int64), axis=0) > need_rem:  # ties straddle the k-th key
             rpos = 0x7FFFFFFF - pos                          # unique: at most one stays tied
             sel, tied, need_rem = _refine(rpos, sel, tied, need_rem, 24, 8, BINS)
@@ -693,6 +711,10 @@ def _select_kernel(cand_key_ptr, cand_pos_ptr, count_ptr, flag_ptr, remap_ptr, s
         sel = sel | (tied & (need_rem > 0))
         _emit_selection(sel, key, pos, row, remap_ptr, scratch_ptr, out_ptr, out_stride,
                         remap_stride, W, block, CAP, K_PAD, BY_SCORE, False, REMAP, MASK_BLOCK)
+        if MASK_BLOCK == 0:  # the -1 tail after the selected positions
+            kk = tl.arange(0, K_PAD)
+            tl.store(out_ptr + row * out_stride + kk, tl.full((K_PAD,), -1, tl.int64),
+                     mask=(kk >= need) & (kk < k))
 
 
 def _filter_plan(N: int, k: int, block: int, group: int | None, cap: int | None):
@@ -720,14 +742,14 @@ def _topk_engine(x: torch.Tensor, n_valid: torch.Tensor, k: int, *, by_score: bo
     cap (candidates per row) and blocks ((BLOCK, CH)) override the defaults for tests.
     """
     R, N = x.shape
-    out = mask_out if mask_out is not None else torch.full((R, k), -1, dtype=torch.int64, device=x.device)
+    out = mask_out if mask_out is not None else torch.empty((R, k), dtype=torch.int64, device=x.device)
     fallback = dict(by_score=by_score, drop_neg_inf=drop_neg_inf, mask_block=mask_block)
     flag = _topk_filter(x, n_valid, k, out, remap=remap, mask=mask_out is not None, group=group,
                         cap=cap, blocks=blocks, **fallback)
     if flag is None:
         return _topk_radix(x, n_valid, k, remap=remap, mask_out=mask_out, **fallback)
-    redo = torch.nonzero(flag).flatten()
-    if redo.numel():   # (the one read back: which rows the filter could not serve)
+    if bool(flag.any()):   # (the one read back: did the filter leave rows?)
+        redo = torch.nonzero(flag).flatten()
         if mask_out is None:
             out[redo] = _topk_radix(x[redo], n_valid[redo], k,
                                     remap=None if remap is None else remap[redo], **fallback)
@@ -758,22 +780,21 @@ def _topk_filter(x, n_valid, k: int, out, *, by_score: bool, drop_neg_inf: bool,
                                DROP_NEG_INF=drop_neg_inf, num_warps=warps)
     thr = torch.empty((R,), dtype=torch.int64, device=dev)
     m_pad = _pow2(M)
-    _threshold_kernel[(R,)](gmax, n_valid, thr, N, M, k, G, M_PAD=m_pad, BINS=_DIGIT,
+    count = torch.empty((R, 2), dtype=torch.int32, device=dev)   # candidates, overflow flag
+    _threshold_kernel[(R,)](gmax, n_valid, thr, count, N, M, k, G, M_PAD=m_pad, BINS=_DIGIT,
                             num_warps=warps if m_pad <= 4096 else 16)
     cand_key = torch.empty((R, cap), dtype=torch.int32, device=dev)
     cand_pos = torch.empty((R, cap), dtype=torch.int32, device=dev)
-    count = torch.zeros((R,), dtype=torch.int32, device=dev)
-    _filter_kernel[(R, nc)](x, n_valid, thr, cand_key, cand_pos, count, N, x.stride(0), ch, cap,
-                            BLOCK=block, DROP_NEG_INF=drop_neg_inf, num_warps=warps)
-    flag = torch.zeros((R,), dtype=torch.int32, device=dev)
+    _filter_kernel[(R, nc)](x, n_valid, thr, gmax, cand_key, cand_pos, count, N, x.stride(0), M, ch,
+                            cap, G=G, BLOCK=block, DROP_NEG_INF=drop_neg_inf, num_warps=warps)
     scratch = torch.empty((R, k_pad) if not mask else (1,), dtype=torch.int64, device=dev)
-    _select_kernel[(R,)](cand_key, cand_pos, count, flag, cand_pos if remap is None else remap,
+    _select_kernel[(R,)](cand_key, cand_pos, count, cand_pos if remap is None else remap,
                          scratch, out, k, out.stride(0), 0 if remap is None else remap.stride(0),
                          out.shape[1] if mask else 0, mask_block, CAP=cap, K_PAD=k_pad, BINS=_DIGIT,
                          BY_SCORE=by_score, REMAP=remap is not None,
                          MASK_BLOCK=_pow2(mask_block) if mask else 0,
-                         num_warps=warps if cap <= 2048 else 16)
-    return flag
+                         num_warps=warps if cap <= 2048 or R > 132 else 16)
+    return count[:, 1]
 
 
 # --------------------------------------------------------------------------------------------

@@ -184,14 +184,13 @@ def test_topk_select_ignores_candidate_order(rows, order):
             perm = torch.from_numpy(np.random.default_rng(seed).permutation(int(case.visible[r])))
             cand_key[r, :len(perm)] = key[r, perm].to(torch.int32)   # wraps to the same bits
             cand_pos[r, :len(perm)] = perm.to(torch.int32)
-        count = torch.from_numpy(case.visible).int()
-        out = torch.full((3, case.k), -1, dtype=torch.int64, device=dev)
-        flag = torch.zeros(3, dtype=torch.int32, device=dev)
+        count = torch.stack([torch.from_numpy(case.visible).int(), torch.zeros(3, dtype=torch.int32)], 1).to(dev)
+        out = torch.empty((3, case.k), dtype=torch.int64, device=dev)
         scratch = torch.empty((3, 32), dtype=torch.int64, device=dev)
-        K._select_kernel[(3,)](cand_key.to(dev), cand_pos.to(dev), count.to(dev), flag, cand_pos.to(dev),
+        K._select_kernel[(3,)](cand_key.to(dev), cand_pos.to(dev), count, cand_pos.to(dev),
                                scratch, out, case.k, out.stride(0), 0, 0, 0, CAP=cap, K_PAD=32,
                                BINS=K._DIGIT, BY_SCORE=order == "score", REMAP=False, MASK_BLOCK=0)
-        assert flag.cpu().tolist() == [0, 0, 0]
+        assert count[:, 1].cpu().tolist() == [0, 0, 0]
         check_topk(out.cpu(), case, order, f"select, shuffle {seed}")
 
 
@@ -543,13 +542,14 @@ COMPILE_SM90 = textwrap.dedent("""
         rows = {"x_ptr": "*fp32", "len_ptr": "*i32"}
         build(K._group_max_kernel, dict(rows, gmax_ptr="*i32", **ints("N", "x_stride", "M", "CH")),
               G=G, BLOCK=BLOCK, DROP_NEG_INF=False)
-        build(K._threshold_kernel, {"gmax_ptr": "*i32", "len_ptr": "*i32", "thr_ptr": "*i64",
+        build(K._threshold_kernel, {"gmax_ptr": "*i32", "len_ptr": "*i32", "thr_ptr": "*i64", "count_ptr": "*i32",
                                     **ints("N", "M", "k", "G")}, num_warps=16, M_PAD=8192, BINS=K._DIGIT)
-        build(K._filter_kernel, dict(rows, thr_ptr="*i64", cand_key_ptr="*i32", cand_pos_ptr="*i32",
-                                     count_ptr="*i32", **ints("N", "x_stride", "CH", "CAP")),
-              BLOCK=BLOCK, DROP_NEG_INF=True)
+        build(K._filter_kernel, dict(rows, thr_ptr="*i64", gmax_ptr="*i32", cand_key_ptr="*i32",
+                                     cand_pos_ptr="*i32", count_ptr="*i32",
+                                     **ints("N", "x_stride", "M", "CH", "CAP")),
+              G=G, BLOCK=BLOCK, DROP_NEG_INF=True)
         build(K._select_kernel, {"cand_key_ptr": "*i32", "cand_pos_ptr": "*i32", "count_ptr": "*i32",
-                                 "flag_ptr": "*i32", "remap_ptr": "*i32", "scratch_ptr": "*i64",
+                                 "remap_ptr": "*i32", "scratch_ptr": "*i64",
                                  "out_ptr": "*i64", **ints("k", "out_stride", "remap_stride", "W", "block")},
               num_warps=16, CAP=CAP, K_PAD=2048, BINS=K._DIGIT, BY_SCORE=False, REMAP=False, MASK_BLOCK=0)
     else:
