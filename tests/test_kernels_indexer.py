@@ -544,10 +544,9 @@ COMPILE_SM90 = textwrap.dedent("""
               G=G, BLOCK=BLOCK, DROP_NEG_INF=False)
         build(K._threshold_kernel, {"gmax_ptr": "*i32", "len_ptr": "*i32", "thr_ptr": "*i64", "count_ptr": "*i32",
                                     **ints("N", "M", "k", "G")}, num_warps=16, M_PAD=8192, BINS=K._DIGIT)
-        build(K._filter_kernel, dict(rows, thr_ptr="*i64", gmax_ptr="*i32", cand_key_ptr="*i32",
-                                     cand_pos_ptr="*i32", count_ptr="*i32",
-                                     **ints("N", "x_stride", "M", "CH", "CAP")),
-              G=G, BLOCK=BLOCK, DROP_NEG_INF=True)
+        build(K._filter_kernel, dict(rows, thr_ptr="*i64", cand_key_ptr="*i32", cand_pos_ptr="*i32",
+                                     count_ptr="*i32", **ints("N", "x_stride", "CH", "CAP")),
+              BLOCK=BLOCK, DROP_NEG_INF=True)
         build(K._select_kernel, {"cand_key_ptr": "*i32", "cand_pos_ptr": "*i32", "count_ptr": "*i32",
                                  "remap_ptr": "*i32", "scratch_ptr": "*i64",
                                  "out_ptr": "*i64", **ints("k", "out_stride", "remap_stride", "W", "block")},
