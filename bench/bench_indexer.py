@@ -27,7 +27,7 @@ def parse_args(argv=None):
     ap.add_argument("--out", default=None, help="folder for bench_indexer.json and bench_indexer.md")
     ap.add_argument("--rep", type=int, default=100, help="do_bench rep (ms)")
     ap.add_argument("--quick", action="store_true", help="smaller shapes (a smoke run, not the goals)")
-    ap.add_argument("--only", default="", help="comma list among topk,blocks,logits,reindex")
+    ap.add_argument("--only", default="", help="comma list among topk,context,blocks,logits,decode,reindex")
     ap.add_argument("--skip-torch", action="store_true", help="skip the torch baselines")
     ap.add_argument("--profile", action="store_true", help="print per-kernel CUDA times (torch.profiler)")
     return ap.parse_args(argv)
@@ -170,6 +170,117 @@ def run_topk(torch, KI, rep, ceil, quick, skip_torch):
                              validity=validity if served else validity + "; rows redone by radix"))
         del x
     return rows
+
+
+def run_context(torch, KI, rep, ceil, quick, skip_torch):
+    """Top-k k = 2048 against context length: 1 and 64 rows of 64K, 256K, 1M positions."""
+    rows = []
+    g = torch.Generator(device="cuda").manual_seed(5)
+    for R in (1, 64):
+        for N in ((1 << 14, 1 << 16) if quick else (1 << 16, 1 << 18, 1 << 20)):
+            x = torch.randn(R, N, device="cuda", generator=g).bfloat16().float()
+            nv = torch.full((R,), N, dtype=torch.int32, device="cuda")
+            out = KI._topk_engine(x, nv, 2048)
+            validity = topk_validity(torch, x, nv, out, 2048, "position")
+            t = bench(lambda: KI._topk_engine(x, nv, 2048), rep)
+            tt = None if skip_torch else bench(lambda: torch.topk(x, 2048, dim=1, sorted=False), rep)
+            rows.append(dict(case=f"top-k {R}x{N} k=2048 (context {N})", context=N, kernel_us=t * 1e6,
+                             torch_us=tt and tt * 1e6, TBps=R * N * 4 / t / 1e12, vs_torch=tt and tt / t,
+                             vs_ceiling=R * N * 4 / t / 1e12 / ceil["copy_TBps"], validity=validity))
+            del x
+    return rows
+
+
+FP4_LUT = [0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6]
+
+
+def dequant_fp4(torch, p, s):
+    """E2M1 bytes (low nibble first) and E8M0/32 scales -> fp32, exactly (torch table lookup)."""
+    lut = torch.tensor(FP4_LUT, device=p.device)
+    v = torch.stack((lut[(p & 15).long()], lut[(p >> 4).long()]), -1).flatten(-2)
+    return (v.view(*v.shape[:-1], -1, 32) * torch.pow(2.0, s.float() - 127)[..., None]).flatten(-2)
+
+
+def run_decode(torch, KI, KP, rep, ceil, quick, skip_torch):
+    """Decode: logits of 1-4 queries over 64K-1M FP4 K positions (memory-bound: K bytes against
+    copy), and one V4.1 decode step of the indexer path at 1M tokens of context (262144 compressed
+    positions): layer 20's FP4 scores and candidate blocks, then four re-index layers' top-512."""
+    H, D = 64, 128
+    g = torch.Generator(device="cuda").manual_seed(6)
+    rows = []
+    for T in (1, 4):
+        for S in ((1 << 14,) if quick else (1 << 16, 1 << 18, 1 << 20)):
+            qp = torch.randint(0, 256, (T, H, D // 2), device="cuda", dtype=torch.uint8, generator=g)
+            qs = torch.randint(122, 130, (T, H, D // 32), device="cuda", dtype=torch.uint8, generator=g)
+            kp = torch.randint(0, 256, (S, D // 2), device="cuda", dtype=torch.uint8, generator=g)
+            ks = torch.randint(122, 130, (S, D // 32), device="cuda", dtype=torch.uint8, generator=g)
+            w = (torch.randn(T, H, device="cuda", generator=g) * 0.011).bfloat16()
+            vis = torch.full((T,), S, dtype=torch.int32, device="cuda")
+            out = torch.empty(T, S, device="cuda")
+
+            def kernel():
+                KI._launch_scores(qp, qs, kp, ks, w, vis, None, T, S, H, D, out, fp4=True, bf16=True)
+            kernel()
+            qd, kd = dequant_fp4(torch, qp, qs), dequant_fp4(torch, kp, ks)
+            validity = scores_validity(torch, out, torch_scores_bf16(torch, qd, kd, w, vis))
+            t = bench(kernel, rep)
+            tt = None
+            if not skip_torch:
+                def naive():
+                    k32 = dequant_fp4(torch, kp, ks).bfloat16()
+                    d = torch.einsum("thd,sd->ths", dequant_fp4(torch, qp, qs).bfloat16(), k32)
+                    return (torch.relu(d) * w[:, :, None]).sum(1)
+                tt = bench(naive, rep)
+            nbytes = S * (D // 2 + D // 32) + T * S * 4
+            rows.append(dict(case=f"logits decode fp4 T={T} S={S} H={H}", context=S, kernel_us=t * 1e6,
+                             torch_us=tt and tt * 1e6, TBps=nbytes / t / 1e12, vs_torch=tt and tt / t,
+                             vs_ceiling=nbytes / t / 1e12 / ceil["copy_TBps"], validity=validity))
+            del qp, qs, kp, ks, out, qd, kd
+    rows += decode_step(torch, KI, KP, rep, ceil, quick, skip_torch, g)
+    return rows
+
+
+def decode_step(torch, KI, KP, rep, ceil, quick, skip_torch, g):
+    """V4.1-flash (index heads 32, D 128, top-512, candidates 2048 blocks of 8) at 1M tokens."""
+    H, D, S = 32, 128, (1 << 16 if quick else 1 << 18)
+    qp = torch.randint(0, 256, (1, H, D // 2), device="cuda", dtype=torch.uint8, generator=g)
+    qs = torch.randint(122, 130, (1, H, D // 32), device="cuda", dtype=torch.uint8, generator=g)
+    kp = torch.randint(0, 256, (S, D // 2), device="cuda", dtype=torch.uint8, generator=g)
+    ks = torch.randint(122, 130, (S, D // 32), device="cuda", dtype=torch.uint8, generator=g)
+    w = (torch.randn(1, H, device="cuda", generator=g) * 0.02).bfloat16()
+    vis = torch.full((1,), S, dtype=torch.int32, device="cuda")
+    layers = [(torch.randn(1, H, D, device="cuda", generator=g).bfloat16(),
+               torch.randn(S, D, device="cuda", generator=g).bfloat16()) for _ in range(4)]
+    scores = torch.empty(1, S, device="cuda")
+
+    def kernels():
+        KI._launch_scores(qp, qs, kp, ks, w, vis, None, 1, S, H, D, scores, fp4=True, bf16=True)
+        pool = KP._candidate_blocks(scores, vis, 2048, 8)
+        return [KP._reindex_topk(q, k, w, vis, pool, 512, 16384) for q, k in layers], pool
+
+    tops, pool = kernels()
+    in_pool = all(bool(pool.gather(1, t).bool().all()) for t in tops)
+    count_ok = int(pool.sum()) == 16384 and all(bool((t >= 0).all()) for t in tops)
+    validity = "valid (16384-position pool, 512 picks per layer inside it)" if in_pool and count_ok else \
+        f"INVALID (in pool {in_pool}, counts {count_ok})"
+    t = bench(kernels, rep)
+    tt = None
+    if not skip_torch:
+        def naive():
+            k32 = dequant_fp4(torch, kp, ks).bfloat16()
+            d = torch.einsum("thd,sd->ths", dequant_fp4(torch, qp, qs).bfloat16(), k32)
+            sc = (torch.relu(d) * w[:, :, None]).sum(1)
+            blocks = torch.topk(sc.view(1, -1, 8).amax(-1), 2048, dim=1).indices
+            pos = (blocks[:, :, None] * 8 + torch.arange(8, device="cuda")).flatten(1).sort(1).values
+            for q, k in layers:
+                s2 = (torch.relu(torch.einsum("thd,tpd->thp", q, k[pos])) * w[:, :, None]).sum(1)
+                pos.gather(1, torch.topk(s2, 512, dim=1).indices).sort(1)
+        tt = bench(naive, rep)
+    nbytes = S * (D // 2 + D // 32) + 4 * 16384 * D * 2
+    return [dict(case=f"decode step V4.1 at 1M tokens ({S} compressed): scores, 2048 blocks, 4 re-index",
+                 kernel_us=t * 1e6, torch_us=tt and tt * 1e6, TBps=nbytes / t / 1e12,
+                 vs_torch=tt and tt / t, vs_ceiling=nbytes / t / 1e12 / ceil["copy_TBps"],
+                 validity=validity)]
 
 
 def run_blocks(torch, KP, rep, ceil, quick, skip_torch):
@@ -340,16 +451,19 @@ def main(argv=None):
         return 2
     from dsv4spec.kernels import indexer as KI
     from dsv4spec.kernels import pool as KP
-    only = set(filter(None, args.only.split(","))) or {"topk", "blocks", "logits", "reindex"}
+    only = set(filter(None, args.only.split(","))) or {"topk", "context", "blocks", "logits", "decode",
+                                                        "reindex"}
     t0 = time.time()
     ceil = ceilings(torch, args.rep)
     print(f"ceilings: {ceil}", flush=True)
     rows = []
-    for name, fn, mod in (("topk", run_topk, KI), ("blocks", run_blocks, KP),
-                          ("logits", run_logits, KI), ("reindex", run_reindex, KP)):
+    sections = (("topk", run_topk, (KI,)), ("context", run_context, (KI,)), ("blocks", run_blocks, (KP,)),
+                ("logits", run_logits, (KI,)), ("decode", run_decode, (KI, KP)),
+                ("reindex", run_reindex, (KP,)))
+    for name, fn, mods in sections:
         if name in only:
             try:
-                new = fn(torch, mod, args.rep, ceil, args.quick, args.skip_torch)
+                new = fn(torch, *mods, args.rep, ceil, args.quick, args.skip_torch)
             except Exception as e:  # noqa: BLE001 -- report and go on with the other cases
                 new = [dict(case=name, kernel_us=float("nan"), vs_ceiling=float("nan"),
                             TBps=float("nan"), validity=f"ERROR {type(e).__name__}: {e}"[:300])]

@@ -131,7 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
                "  dsv4spec verify --target impl --target kernels --rules FMT,FP4,FP8\n"
                "  dsv4spec verify --target mypkg.fp4:Codec --json out.json --junit out.xml\n"
                "  dsv4spec budget --model v4.1-flash --json\n"
-               "  dsv4spec claims",
+               "  dsv4spec claims\n"
+               "  dsv4spec bench --record          # on a CUDA GPU: kernels vs torch vs ceilings",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -170,8 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress line on standard error")
     p.set_defaults(func=cmd_verify)
 
-    from dsv4spec import cmd_budget, cmd_claims, cmd_golden
-    for module in (cmd_budget, cmd_claims, cmd_golden):
+    from dsv4spec import cmd_bench, cmd_budget, cmd_claims, cmd_golden
+    for module in (cmd_budget, cmd_claims, cmd_golden, cmd_bench):
         module.register(sub)
     return parser
 

@@ -1,0 +1,76 @@
+"""`dsv4spec bench` without a GPU: the clear refusal, and the parts that need no GPU (merging the two
+benchmarks' results, goals, Markdown, README's generated table).  No timing."""
+import json
+import subprocess
+import sys
+
+from dsv4spec import cmd_bench as B
+
+QUANT = {"device": "GPU X", "torch": "t", "triton": "tr", "copy_GBps": 4000.0, "rows": [
+    {"op": "fp4_e4m3_quantize", "shape": "1Mx128", "dtype": "bfloat16", "kernel_us": 100.0,
+     "kernel_GBps": 3400.0, "kernel_over_copy": 0.85, "torch_us": 4000.0, "kernel_over_torch": 40.0,
+     "mismatches": 0},
+    {"op": "fp4_e4m3_dequantize", "shape": "1Mx128", "dtype": "->float32", "kernel_us": 90.0,
+     "kernel_GBps": 3000.0, "kernel_over_copy": 0.75, "mismatches": 0}]}
+INDEXER = {"gpu": "GPU X", "ceilings": {"copy_TBps": 4.1, "bf16_gemm_TFLOPs": 700.0}, "rows": [
+    {"case": "top-k 64x1048576 k=2048 (position)", "kernel_us": 100.0, "graph_us": 90.0,
+     "torch_us": 900.0, "TBps": 2.6, "vs_torch": 9.0, "vs_ceiling": 0.6, "validity": "valid"},
+    {"case": "top-k 1x1048576 k=512 (position)", "kernel_us": 30.0, "torch_us": 120.0, "TBps": 0.1,
+     "vs_torch": 4.0, "vs_ceiling": 0.03, "validity": "valid"},
+    {"case": "top-k 1x65536 k=2048 (context 65536)", "context": 65536, "kernel_us": 20.0,
+     "torch_us": 60.0, "TBps": 0.01, "vs_torch": 3.0, "vs_ceiling": 0.01, "validity": "valid"},
+    {"case": "logits bf16 T=4096 S=65536 H=64 D=128 (prefill, causal)", "kernel_us": 9000.0,
+     "torch_us": 80000.0, "TFLOPs": 300.0, "vs_torch": 8.9, "vs_ceiling": 0.43, "validity": "valid"}]}
+
+
+def test_bench_refuses_without_a_gpu():
+    done = subprocess.run([sys.executable, "-m", "dsv4spec", "bench"], capture_output=True, text=True,
+                          env={"TRITON_INTERPRET": "1", "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 2
+    assert "needs a CUDA GPU" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_rows_carry_their_goal_and_verdict():
+    result = B.combine({"quant": QUANT, "indexer": INDEXER})
+    got = {r["case"]: (r["goal"], r["meets_goal"]) for r in result["rows"]}
+    assert got["fp4_e4m3_quantize 1Mx128 bfloat16"] == ("≥ 80 % of copy", True)
+    assert got["fp4_e4m3_dequantize 1Mx128 ->float32"] == ("≥ 85 % of copy", False)
+    assert got["top-k 64x1048576 k=2048 (position)"] == ("≥ 8× torch", True)
+    assert got["top-k 1x1048576 k=512 (position)"] == ("≤ 25 µs", False)
+    assert got["top-k 1x65536 k=2048 (context 65536)"] == ("–", None)
+    assert got["logits bf16 T=4096 S=65536 H=64 D=128 (prefill, causal)"] == ("≥ 45 % of bf16 GEMM", False)
+    assert result["ceilings"] == {"copy_TBps": 4.0, "bf16_gemm_TFLOPs": 700.0}
+    md = B.markdown(result)
+    assert md.count("\n| ") == 1 + len(result["rows"]) and "| 90.0 |" in md
+
+
+def test_readme_table_is_replaced_between_the_markers(tmp_path):
+    records = tmp_path / "h200"
+    records.mkdir()
+    for date, speed in (("2026-11-29", 2.0), ("2026-11-30", 9.0)):
+        result = B.combine({"indexer": {**INDEXER, "rows": [dict(INDEXER["rows"][0], vs_torch=speed)]}})
+        result["date"] = date
+        (records / f"{date}.json").write_text(json.dumps(result))
+    (records / "notes.json").write_text("{}")              # not a dated run: ignored
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# title\n\nbefore\n\n{B.README_BEGIN}\nold table\n{B.README_END}\n\nafter\n")
+    B.write_readme(readme, B.latest_record(records))
+    text = readme.read_text()
+    assert text.startswith("# title\n\nbefore\n\n") and text.endswith(f"{B.README_END}\n\nafter\n")
+    assert "old table" not in text and "2026-11-30" in text and "9.00×" in text and "2.00×" not in text
+    B.write_readme(readme, B.latest_record(records))    # idempotent
+    assert readme.read_text() == text
+
+
+def test_readme_without_markers_is_an_error(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("# no table here\n")
+    records = tmp_path / "h200"
+    records.mkdir()
+    (records / "2026-11-30.json").write_text(json.dumps(B.combine({"indexer": INDEXER})))
+    try:
+        B.write_readme(readme, B.latest_record(records))
+    except ValueError as e:
+        assert "markers" in str(e)
+    else:
+        raise AssertionError("expected a ValueError")
