@@ -201,6 +201,12 @@ def dequant_fp4(torch, p, s):
     return (v.view(*v.shape[:-1], -1, 32) * torch.pow(2.0, s.float() - 127)[..., None]).flatten(-2)
 
 
+def torch_fp4_scores(torch, qp, qs, kp, ks, w):
+    """The plain torch indexer score from FP4 q and K: dequantize, bf16 matmul, ReLU, weighted sum."""
+    d = torch.einsum("thd,sd->ths", dequant_fp4(torch, qp, qs).bfloat16(), dequant_fp4(torch, kp, ks).bfloat16())
+    return (torch.relu(d) * w[:, :, None]).sum(1)
+
+
 def run_decode(torch, KI, KP, rep, ceil, quick, skip_torch):
     """Decode: logits of 1-4 queries over 64K-1M FP4 K positions (memory-bound: K bytes against
     copy), and one V4.1 decode step of the indexer path at 1M tokens of context (262144 compressed
@@ -226,11 +232,7 @@ def run_decode(torch, KI, KP, rep, ceil, quick, skip_torch):
             t = bench(kernel, rep)
             tt = None
             if not skip_torch:
-                def naive():
-                    k32 = dequant_fp4(torch, kp, ks).bfloat16()
-                    d = torch.einsum("thd,sd->ths", dequant_fp4(torch, qp, qs).bfloat16(), k32)
-                    return (torch.relu(d) * w[:, :, None]).sum(1)
-                tt = bench(naive, rep)
+                tt = bench(lambda: torch_fp4_scores(torch, qp, qs, kp, ks, w), rep)
             nbytes = S * (D // 2 + D // 32) + T * S * 4
             rows.append(dict(case=f"logits decode fp4 T={T} S={S} H={H}", context=S, kernel_us=t * 1e6,
                              torch_us=tt and tt * 1e6, TBps=nbytes / t / 1e12, vs_torch=tt and tt / t,
@@ -267,9 +269,7 @@ def decode_step(torch, KI, KP, rep, ceil, quick, skip_torch, g):
     tt = None
     if not skip_torch:
         def naive():
-            k32 = dequant_fp4(torch, kp, ks).bfloat16()
-            d = torch.einsum("thd,sd->ths", dequant_fp4(torch, qp, qs).bfloat16(), k32)
-            sc = (torch.relu(d) * w[:, :, None]).sum(1)
+            sc = torch_fp4_scores(torch, qp, qs, kp, ks, w)
             blocks = torch.topk(sc.view(1, -1, 8).amax(-1), 2048, dim=1).indices
             pos = (blocks[:, :, None] * 8 + torch.arange(8, device="cuda")).flatten(1).sort(1).values
             for q, k in layers:
