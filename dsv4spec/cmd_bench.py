@@ -49,6 +49,8 @@ def register(subparsers):
                    help=f"also write DIR/<date>.json and .md (default DIR: {RECORD_DIR.relative_to(REPO)})")
     p.add_argument("--readme", metavar="README", nargs="?", const=str(REPO / "README.md"),
                    help="only regenerate README's performance table from the latest recorded run")
+    p.add_argument("--render", metavar="BENCH.json", help="no measuring: write the Markdown, plots (and "
+                   "--record) again from a run's bench.json")
     p.add_argument("--quick", action="store_true", help="smaller shapes (a smoke run, not the goals)")
     p.add_argument("--rep", type=int, default=100, help="do_bench repetition time per case (ms)")
     p.add_argument("--only", default="", help="comma list among quant,topk,blocks,logits,decode,reindex")
@@ -60,6 +62,8 @@ def run(args) -> int:
         path = write_readme(Path(args.readme), latest_record(RECORD_DIR))
         print(f"updated the performance table of {path}")
         return 0
+    if args.render:
+        return publish(json.loads(Path(args.render).read_text()), Path(args.out), args.record)
     import torch
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") or not torch.cuda.is_available():
         print("dsv4spec bench: needs a CUDA GPU (and TRITON_INTERPRET unset or 0): the Triton "
@@ -81,17 +85,23 @@ def run(args) -> int:
         parts["indexer"] = json.loads((out / "parts" / "bench_indexer.json").read_text())
     result = combine(parts, torch)
     (out / "bench.json").write_text(json.dumps(result, indent=1) + "\n")
+    return publish(result, out, args.record) or (1 if status else 0)
+
+
+def publish(result: dict, out: Path, record: str | None) -> int:
+    """bench.md and the plots in out, the terminal table, and the dated record if asked."""
+    out.mkdir(parents=True, exist_ok=True)
     md = markdown(result)
     (out / "bench.md").write_text(md)
     plots(result, out)
     print(terminal_table(result))
-    if args.record is not None:
-        stem = Path(args.record) / result["date"]
+    if record is not None:
+        stem = Path(record) / result["date"]
         stem.parent.mkdir(parents=True, exist_ok=True)
         stem.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
         stem.with_suffix(".md").write_text(md)
         print(f"recorded {stem}.json and .md")
-    return 1 if status else 0
+    return 0
 
 
 def _script(name: str):
@@ -220,14 +230,13 @@ def plots(result: dict, out: Path) -> None:
     sweep = [r for r in rows if r.get("context")]
     if sweep:
         fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
-        for series in sorted({re.sub(r"\d+x\d+", "RxN", r["case"].split(" (context")[0]) for r in sweep}):
-            pts = sorted((r["context"], r) for r in sweep
-                         if re.sub(r"\d+x\d+", "RxN", r["case"].split(" (context")[0]) == series)
-            xs = [p for p, _ in pts]
-            a.plot(xs, [r["kernel_us"] for _, r in pts], "o-", label=f"{series}: kernel")
-            if all(r.get("torch_us") for _, r in pts):
-                a.plot(xs, [r["torch_us"] for _, r in pts], "x--", label=f"{series}: torch")
-                b.plot(xs, [r["vs_torch"] for _, r in pts], "o-", label=series)
+        for series in sorted({_series(r) for r in sweep}):
+            pts = sorted((r for r in sweep if _series(r) == series), key=lambda r: r["context"])
+            xs = [r["context"] for r in pts]
+            a.plot(xs, [r["kernel_us"] for r in pts], "o-", label=f"{series}: kernel")
+            if all(r.get("torch_us") for r in pts):
+                a.plot(xs, [r["torch_us"] for r in pts], "x--", label=f"{series}: torch")
+                b.plot(xs, [r["vs_torch"] for r in pts], "o-", label=series)
         for ax in (a, b):
             ax.set_xscale("log", base=2)
             ax.set_xlabel("context length (positions per row)")
@@ -238,6 +247,11 @@ def plots(result: dict, out: Path) -> None:
         fig.tight_layout()
         fig.savefig(out / "bench_context.png", dpi=110)
         plt.close(fig)
+
+
+def _series(row: dict) -> str:
+    """A sweep row's series: its case with the context length taken out (RxN, S=N)."""
+    return re.sub(r"(x|S=)\d+", r"\1N", row["case"].split(" (context")[0])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -259,7 +273,8 @@ def readme_table(result: dict, source: str) -> str:
              "| case | kernel µs | torch µs | vs torch | vs ceiling | goal | met |",
              "|---|---:|---:|---:|---:|---|---|"]
     for cells in table_rows(result):
-        lines.append("| " + " | ".join(cells[i] for i in (0, 1, 3, 5, 6, 7, 8)) + " |")
+        if "(context " not in cells[0]:   # the context sweeps are plotted, not tabled here
+            lines.append("| " + " | ".join(cells[i] for i in (0, 1, 3, 5, 6, 7, 8)) + " |")
     return "\n".join(lines)
 
 

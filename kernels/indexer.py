@@ -82,9 +82,16 @@ def _bf16_rne(x):
     """fp32 -> the nearest-even BF16 value, as fp32, by integer arithmetic on the bit pattern.
     A NaN stays NaN: the GPU's NaN is 0x7FFFFFFF (PTX's canonical NaN, e.g. of inf - inf), whose
     rounding carry would run into the sign bit and give -0 (the CPU's 0xFFC00000 does not carry)."""
+    return tl.where(x == x, _bf16_rne_no_nan(x), x)
+
+
+@triton.jit
+def _bf16_rne_no_nan(x):
+    """_bf16_rne for the score epilogue, two instructions shorter: a NaN there (only from ±inf
+    inputs) is already outside agreement with the reference, whose ReLU keeps it where the kernel's
+    maps it to 0."""
     b = x.to(tl.uint32, bitcast=True)
-    r = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
-    return tl.where(x == x, r.to(tl.float32, bitcast=True), x)
+    return ((b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -229,13 +236,13 @@ def _scores_kernel(q_ptr, qs_ptr, k_ptr, ks_ptr, w_ptr, vis_ptr, idx_ptr, out_pt
             else:
                 acc = tl.dot(kt, tl.trans(q))  # [BLOCK_S, TQ*H_PAD], fp32 accumulation
             if BF16_SCORE:
-                s_h = _bf16_rne(acc)
-                p_h = _bf16_rne(tl.where(s_h > 0.0, s_h, 0.0) * w[None, :])
+                s_h = _bf16_rne_no_nan(acc)
+                p_h = _bf16_rne_no_nan(tl.where(s_h > 0.0, s_h, 0.0) * w[None, :])
             else:
                 p_h = tl.where(acc > 0.0, acc, 0.0) * w[None, :]
             score = tl.sum(tl.reshape(p_h, (BLOCK_S, TQ, H_PAD)), axis=2)
             if BF16_SCORE:
-                score = _bf16_rne(score)
+                score = _bf16_rne_no_nan(score)
             score = tl.where(j[:, None] < vis[None, :], score, float("-inf"))
             tl.store(optr, score, mask=omask)
         else:

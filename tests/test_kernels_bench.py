@@ -74,3 +74,13 @@ def test_readme_without_markers_is_an_error(tmp_path):
         assert "markers" in str(e)
     else:
         raise AssertionError("expected a ValueError")
+
+
+def test_plots_of_ratios_and_context_sweeps(tmp_path):
+    """Two sweep series with the same context lengths (1 and 64 rows), as a real run has."""
+    rows = [dict(INDEXER["rows"][2], case=f"top-k {r}x{n} k=2048 (context {n})", context=n)
+            for r in (1, 64) for n in (65536, 262144)]
+    result = B.combine({"quant": QUANT, "indexer": {**INDEXER, "rows": INDEXER["rows"] + rows}})
+    B.plots(result, tmp_path)
+    assert {p.name for p in tmp_path.glob("*.png")} == {"bench_ratios.png", "bench_context.png"}
+    assert {B._series(r) for r in rows} == {"top-k 1xN k=2048", "top-k 64xN k=2048"}
