@@ -28,7 +28,8 @@ ordered compaction writes, in position order, every key above the boundary and t
 keys (at most CAP per row); a last per-row program finds the exact k-th key among those
 candidates, breaks ties toward the lowest position, and emits positions (V4.1 order) or sorts
 the <= CAP candidates by (score desc, position asc) (V4 order).  Deterministic: every count is an
-integer and every placement comes from prefix sums, never from atomics' arrival order.
+integer; the radix engine places by prefix sums, and the filter's atomic slots only decide where a
+candidate waits, never whether it is chosen or where it lands in the output.
 
 Hadamard.  Each program holds ROWS rows of 128 in registers and runs the Sylvester butterfly
 (x[i], x[i+h]) -> (x[i] + x[i+h], x[i] - x[i+h]) for h = 1, 2, ..., 64 in fp32, each stage a
