@@ -64,6 +64,8 @@ def run(args) -> int:
         return 0
     if args.render:
         return publish(json.loads(Path(args.render).read_text()), Path(args.out), args.record)
+    if args.record is not None and (args.only or args.quick):
+        raise ValueError("--record keeps complete runs only (every row, full shapes): drop --only/--quick")
     import torch
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") or not torch.cuda.is_available():
         print("dsv4spec bench: needs a CUDA GPU (and TRITON_INTERPRET unset or 0): the Triton "

@@ -30,6 +30,12 @@ def test_bench_refuses_without_a_gpu():
     assert "needs a CUDA GPU" in done.stderr and "Traceback" not in done.stderr
 
 
+def test_a_record_holds_complete_runs_only():
+    done = subprocess.run([sys.executable, "-m", "dsv4spec", "bench", "--record", "--only", "topk"],
+                          capture_output=True, text=True, env={"TRITON_INTERPRET": "1", "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 2 and "complete runs only" in done.stderr
+
+
 def test_rows_carry_their_goal_and_verdict():
     result = B.combine({"quant": QUANT, "indexer": INDEXER})
     got = {r["case"]: (r["goal"], r["meets_goal"]) for r in result["rows"]}
