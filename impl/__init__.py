@@ -9,6 +9,8 @@ from .pool import *  # noqa: F401,F403
 from .compressor import *  # noqa: F401,F403
 from .layout import *  # noqa: F401,F403
 from .budget import *  # noqa: F401,F403
+from .rope import *  # noqa: F401,F403
+from .path import *  # noqa: F401,F403
 
 NAME = "impl"
 DEVICE = "cpu"

@@ -16,6 +16,8 @@ FAMILY_TITLES = {
     "CMP": "Compressor",
     "LAYOUT": "KV entry layouts",
     "BUDGET": "Bytes and work per token",
+    "ROPE": "RoPE per layer",
+    "PATH": "The indexer path, stage by stage",
 }
 
 

@@ -10,6 +10,23 @@ from fractions import Fraction
 
 
 @dataclass(frozen=True)
+class Rope:
+    """RoPE constants (V4 L475-481 / V4.1 L680-694 with the released config, official-rules.md §6.2,
+    §11.5): window-only layers use `theta` without YaRN; layers with a compress ratio use
+    `compress_theta` with YaRN (original_seq_len, factor, beta_fast, beta_slow)."""
+    theta: float
+    compress_theta: float
+    original_seq_len: int
+    factor: float
+    beta_fast: int
+    beta_slow: int
+
+
+V4_ROPE = Rope(theta=10000.0, compress_theta=160000.0, original_seq_len=65536, factor=16.0,
+               beta_fast=32, beta_slow=1)
+
+
+@dataclass(frozen=True)
 class Model:
     name: str
     dim: int
@@ -26,6 +43,8 @@ class Model:
     norm_eps: float
     hadamard: bool                     # indexer q/k rotated before quantization
     score_dtype: str                   # dtype of every step of the indexer score
+    q_lora_rank: int = 0               # width of the q latent qr = q_norm(wq_a(x))
+    rope: Rope | None = None           # None: this model's RoPE is outside the rules (V3.2)
     kv_source_layers: tuple[int, ...] = ()
     index_source_layers: tuple[int, ...] = ()
     candidate_source_layer: int = -1
@@ -55,28 +74,28 @@ class Model:
 V3_2 = Model(
     name="v3.2", dim=7168, n_layers=61, n_draft=0, n_heads=128, head_dim=512, rope_dim=64,
     window=0, index_n_heads=64, index_head_dim=128, index_topk=2048,
-    compress_ratios=(1,) * 61, norm_eps=1e-6, hadamard=True, score_dtype="fp32",
+    compress_ratios=(1,) * 61, norm_eps=1e-6, hadamard=True, score_dtype="fp32", q_lora_rank=1536,
 )
 
 V4_FLASH = Model(
     name="v4-flash", dim=4096, n_layers=43, n_draft=1, n_heads=64, head_dim=512, rope_dim=64,
     window=128, index_n_heads=64, index_head_dim=128, index_topk=512,
     compress_ratios=(0, 0) + (4, 128) * 20 + (4,) + (0,),
-    norm_eps=1e-6, hadamard=True, score_dtype="bf16",
+    norm_eps=1e-6, hadamard=True, score_dtype="bf16", q_lora_rank=1024, rope=V4_ROPE,
 )
 
 V4_PRO = Model(
     name="v4-pro", dim=7168, n_layers=61, n_draft=1, n_heads=128, head_dim=512, rope_dim=64,
     window=128, index_n_heads=64, index_head_dim=128, index_topk=1024,
     compress_ratios=(128, 128) + (4, 128) * 29 + (4,) + (0,),
-    norm_eps=1e-6, hadamard=True, score_dtype="bf16",
+    norm_eps=1e-6, hadamard=True, score_dtype="bf16", q_lora_rank=1536, rope=V4_ROPE,
 )
 
 V4_1_FLASH = Model(
     name="v4.1-flash", dim=5120, n_layers=40, n_draft=3, n_heads=64, head_dim=512, rope_dim=64,
     window=128, index_n_heads=32, index_head_dim=128, index_topk=512,
     compress_ratios=(0, 0) + (2,) * 18 + (1,) * 20 + (0, 0, 0),
-    norm_eps=1e-20, hadamard=False, score_dtype="bf16",
+    norm_eps=1e-20, hadamard=False, score_dtype="bf16", q_lora_rank=1280, rope=V4_ROPE,
     kv_source_layers=(2, 8, 14, 20), index_source_layers=(2, 8, 14, 20, 24, 28, 32, 36),
     candidate_source_layer=20, candidate_topk_blocks=2048, candidate_block_size=8,
 )

@@ -1,0 +1,274 @@
+"""The indexer path put together (PATH.*): the index Q/K pipeline stage by stage, the order of
+RoPE and quantization, what main attention reads, and the index lists attention is given.
+
+One layer's path (official-rules.md §3, §4, §11.3-11.6; V4-model L380-433, L475-509; V4.1
+upstream L488-580, L680-760):
+
+    qr       = q_norm(wq_a(x))                               BF16, [T, q_lora_rank] (the main attention's)
+    q        = bf16(wq_b · qr)                               [T, H, 128]
+    q_rot    = RoPE(q[..., -64:]) at the token positions     ROPE.*
+    q_had    = Hadamard(q_rot)                               V4 only (HAD.*); V4.1 skips it
+    q_fp4    = FP4 E2M1, E8M0 per 32, of q_had (V4) or q_rot (V4.1)
+    V4.1 K   k = bf16(wk · latent); k_normed = k_norm(k); k_rot = RoPE at j·ratio; FP4 E8M0/32
+    V4 K     the indexer's own compressor entry (CMP.*), RoPE at j·ratio, Hadamard, FP4 E8M0/32
+    w_raw    = bf16(weights_proj · x); weights = IDX.WEIGHT.SCALE of w_raw
+    scores   = IDX.SCORE.FP4 of (q_fp4, k_fp4, weights); top-k (IDX.TOPK.*); V4.1 pool (POOL.*)
+    indices  = [window list | compressed list + offset]      what sparse attention gathers
+
+The projection weights (wq_b, wk, weights_proj) and the norm weight enter as given BF16 tensors;
+their checkpoint formats (FP8 with 128×128 or 32×32 E8M0 block scales, dequantized by the
+official linear) are outside these rules.  A BF16 matmul accumulates in fp32 in any order and
+rounds once: `matmul_tolerance` bounds it.  The index lists are exact integers.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .indexer import bf16_quantum, round_bf16
+from .pool import reindex_topk
+from .quant import F32, fp4_e4m3_dequantize, fp4_e4m3_quantize
+from .formats import e2m1_decode, e2m1_encode, e4m3_decode, e4m3_encode
+from .rules import INFORMATIVE, V4, V41, V4_ALL, knob, rule
+
+V32 = ("v3.2",)
+WINDOW = 128
+U32 = 2.0 ** -24
+SRC_V4_IDX = "official-rules.md §4.1 (V4-model L380-433)"
+SRC_V41_IDX = "official-rules.md §4.2 and §11.4 (V4.1 upstream L488-580, L541-552)"
+SRC_ORDER = "official-rules.md §11.3 (V4.1 L758→L760, L706→L707; V4 L504→L506, L367→L372)"
+SRC_LISTS = "official-rules.md §11.6 (V4 L254-276, V4.1 ~L409-426)"
+
+
+# ------------------------------------------------------------------------------------------------
+# the BF16 stages
+# ------------------------------------------------------------------------------------------------
+def matmul(x, w) -> np.ndarray:
+    """bf16(x · wᵀ) of BF16 x [..., K] and w [N, K], exact before the one rounding."""
+    return round_bf16(np.asarray(x, np.float64) @ np.asarray(w, np.float64).T)
+
+
+def matmul_tolerance(x, w) -> np.ndarray:
+    """fp32 accumulation in any order (K·2^-24·Σ|x||w|), then one BF16 ulp of the rounded value."""
+    x, w = np.asarray(x, np.float64), np.asarray(w, np.float64)
+    acc = x.shape[-1] * U32 * (np.abs(x) @ np.abs(w).T)
+    return bf16_quantum(np.abs(x @ w.T) + acc) + acc
+
+
+def rms_norm(x, weight, eps: float) -> np.ndarray:
+    """The official RMSNorm of BF16 x: bf16(w · x / sqrt(mean(x²) + eps)), exact before rounding."""
+    x = np.asarray(x, np.float64)
+    return round_bf16(_rms_exact(x, weight, eps))
+
+
+def _rms_exact(x, weight, eps):
+    return np.asarray(weight, np.float64) * x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+
+
+def rms_norm_tolerance(x, weight, eps: float) -> np.ndarray:
+    """fp32 mean of squares, rsqrt and two products: (D + 8)·2^-24 relative, then one BF16 ulp."""
+    x = np.asarray(x, np.float64)
+    exact = np.abs(_rms_exact(x, weight, eps))
+    err = exact * (x.shape[-1] + 8) * U32
+    return bf16_quantum(exact + err) + err
+
+
+# ------------------------------------------------------------------------------------------------
+# index lists
+# ------------------------------------------------------------------------------------------------
+def token_positions(seqlen: int, start_pos: int) -> np.ndarray:
+    return start_pos + np.arange(seqlen, dtype=np.int64)
+
+
+def window_index(seqlen: int, start_pos: int, window: int = WINDOW) -> np.ndarray:
+    """The window rows each query reads (decode slots listed in ascending order).
+
+    Prefill (start_pos 0): row i holds i−127 … i clipped at 0, −1 after them, width min(s, 128);
+    rows index the prefill's own KV.  Decode: one row of `window` ring slots; slots not filled yet
+    (positions > start_pos) are −1."""
+    if start_pos == 0:
+        i = np.arange(seqlen)[:, None]
+        rows = np.maximum(i - window + 1, 0) + np.arange(min(seqlen, window))[None, :]
+        return np.where(rows > i, -1, rows)
+    filled = min(start_pos + 1, window)
+    slots = np.full(window, -1, dtype=np.int64)
+    slots[:filled] = np.sort(np.arange(start_pos + 1 - filled, start_pos + 1) % window)
+    return slots[None, :]
+
+
+def kv_offset(seqlen: int, start_pos: int, window: int = WINDOW) -> int:
+    """Rows of window KV placed before the compressed block: the prefill's s, or the ring's 128."""
+    return seqlen if start_pos == 0 else window
+
+
+def compressed_index(seqlen: int, start_pos: int, ratio: int, window: int = WINDOW) -> np.ndarray:
+    """HCA (no indexer): every visible compressed entry, ascending, + the block's offset; −1 in
+    prefill for entries not yet visible.  Decode: one row of (start_pos + 1) // ratio entries."""
+    offset = kv_offset(seqlen, start_pos, window)
+    if start_pos > 0:
+        return (np.arange((start_pos + 1) // ratio) + offset)[None, :]
+    j = np.arange(seqlen // ratio)[None, :]
+    visible = (np.arange(1, seqlen + 1) // ratio)[:, None]
+    return np.where(j >= visible, -1, j + offset)
+
+
+def attention_index(window_rows, compressed_rows, seqlen: int, start_pos: int,
+                    window: int = WINDOW) -> np.ndarray:
+    """What sparse attention gathers: [window list | compressed list], the compressed entries
+    (indexer top-k, −1 kept) shifted by the offset of the compressed block."""
+    compressed_rows = np.asarray(compressed_rows, dtype=np.int64)
+    shifted = np.where(compressed_rows >= 0, compressed_rows + kv_offset(seqlen, start_pos, window), -1)
+    window_rows = np.broadcast_to(np.asarray(window_rows, dtype=np.int64), (shifted.shape[0], np.shape(window_rows)[-1]))
+    return np.concatenate([window_rows, shifted], axis=-1)
+
+
+# ------------------------------------------------------------------------------------------------
+# what main attention reads; the NVFP4-style variant
+# ------------------------------------------------------------------------------------------------
+def kv_qdq(x) -> np.ndarray:
+    """The V4.1 main KV as the in-place QDQ writes it back: E2M1 value × E4M3 scale, exact in BF16
+    (at most 2 + 4 significant bits, exponents inside BF16's range)."""
+    return fp4_e4m3_dequantize(*fp4_e4m3_quantize(x)).astype(np.float64)
+
+
+NVFP4_GLOBAL = F32(6.0 * 448.0)
+
+
+def kv_qdq_per_tensor(x) -> np.ndarray:
+    """The NVFP4 recipe this suite models for the `per_tensor` variant: g = fl32(amax(x) / 2688)
+    (1 when x is all zero), block scale E4M3(amax_b / 6 / g), x̂ = E2M1(x / (s_b·g)) · s_b · g."""
+    x = np.asarray(x, dtype=F32)
+    g = F32(np.abs(x).max(initial=0.0)) / NVFP4_GLOBAL
+    g = g if g > 0 else F32(1.0)
+    xb = x.reshape(*x.shape[:-1], -1, 16)
+    s = e4m3_decode(e4m3_encode(np.abs(xb).max(axis=-1) / F32(6.0) / g))
+    full = (s * g)[..., None].astype(F32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(full > 0, xb / np.where(full > 0, full, F32(1.0)), F32(0.0))
+    codes = e2m1_decode(e2m1_encode(np.clip(ratio, F32(-6.0), F32(6.0)).astype(F32)))
+    return (codes * full).reshape(x.shape).astype(np.float64)
+
+
+knob("kv_second_scale", "none",
+     {"per_tensor": "an NVFP4-style per-tensor fp32 scale g = amax/(6·448) over the E4M3 block "
+                    "scales, as quantizers built on NVFP4 keep it"},
+     """Whether the V4.1 main-KV codec has a second-level (per-tensor) scale.  Canonical: none —
+     the official codec keeps only the E4M3 scale per 16.""")
+
+
+# ------------------------------------------------------------------------------------------------
+# rules
+# ------------------------------------------------------------------------------------------------
+rule("PATH.Q.LATENT", "The index q reads the main attention's q latent, normed",
+     """The indexer's q starts from qr = q_norm(wq_a(x)), the main attention's BF16 q latent of
+     width q_lora_rank (1024 V4-Flash, 1536 V4-Pro, 1280 V4.1-Flash) after its RMSNorm; the layer
+     check takes qr as an input.""",
+     applies_to=V4_ALL, policy="exact", status=INFORMATIVE,
+     sources=(SRC_V4_IDX + " (Attention: qr = q = self.q_norm(self.wq_a(x)))", SRC_V41_IDX,
+              "official-rules.md §8 (q_lora_rank)"),
+     differs="""The source documents derive the index q from 'the query latent' without its
+     RMSNorm; the official q latent is normed before wq_b.""")
+
+rule("PATH.Q.PROJ", "Index q = bf16(wq_b · qr), one head of 128 per index head",
+     """q = bf16(wq_b · qr) with wq_b [index_n_heads·128, q_lora_rank] (64 heads in V4, 32 in V4.1)
+     unflattened to [T, H, 128]; the weights enter as given BF16 tensors.""",
+     applies_to=V4_ALL, policy="tolerance", sources=(SRC_V4_IDX + " L411-412", SRC_V41_IDX),
+     tolerance="""fp32 accumulation in any order: K·2^-24·Σ|qr||w|, plus one BF16 ulp of the
+     rounded value (matmul_tolerance).""")
+
+rule("PATH.K.PROJ", "V4.1 index K = bf16(wk · latent) from the compressor's normed latent",
+     """In V4.1 KV-source layers (2, 8, 14, 20) the index key of compressed entry j is
+     bf16(wk · latent_j): wk is a BF16 Linear 512 → 128 and latent_j the compressor's output — the
+     RoPE-free, RMS-normed BF16 latent, not the rotated or quantized cache entry, and not the
+     pooled vector before the compressor's norm.""",
+     applies_to=V41, policy="tolerance", sources=(SRC_V41_IDX, "official-rules.md §6.2 (pre-RoPE latent)"),
+     tolerance="matmul_tolerance, as PATH.Q.PROJ")
+
+rule("PATH.K.NORM", "V4.1 index K is RMS-normed (k_norm, eps 1e-20) before RoPE",
+     """k_normed = bf16(w · k / sqrt(mean(k²) + eps)) over the 128 dims of each entry, with the
+     k_norm weight w and eps = norm_eps = 1e-20, computed in fp32 and written back BF16.""",
+     applies_to=V41, policy="tolerance", sources=(SRC_V41_IDX,),
+     tolerance="""(D + 8)·2^-24 relative for the fp32 mean of squares, rsqrt and products, plus one
+     BF16 ulp (rms_norm_tolerance).""")
+
+rule("PATH.HADAMARD", "V4 rotates index q and k with the Hadamard after RoPE; V4.1 does not",
+     """In V4 the FP4 stage quantizes Hadamard(q_rot) and Hadamard(k_rot) (HAD.MATRIX,
+     HAD.ROUNDING); in V4.1 it quantizes q_rot and k_rot themselves.  V3.2 rotates with the
+     Hadamard too, then quantizes to FP8 per 128 (PATH.V32).""",
+     applies_to=V4_ALL, policy="tolerance", sources=("official-rules.md §3", SRC_V4_IDX + " L413-416", SRC_V41_IDX),
+     tolerance="that of HAD.ROUNDING on the target's own q_rot and k_rot")
+
+rule("PATH.ORDER", "Quantization comes after RoPE",
+     """Every cache entry and index operand is rotated first and quantized second: the V4.1 main KV
+     (RoPE on the last 64 dims, then FP4 E4M3/16 over all 512), the V4.1 window KV (RoPE, then FP8
+     E4M3 with E8M0 per 32 over all 512), and the index q and k (RoPE [, Hadamard], then FP4 E8M0/32).
+     The quantized bytes are those of the rotated BF16 values, bit for bit.""",
+     applies_to=V4_ALL, policy="bytes", sources=(SRC_ORDER, SRC_V41_IDX, SRC_V4_IDX))
+
+rule("PATH.W.PROJ", "Raw head weights = bf16(weights_proj · x)",
+     """The raw head weights are bf16(weights_proj · x) with weights_proj a BF16 [index_n_heads,
+     dim] Linear of the attention input x (after attn_norm); they are then scaled as
+     IDX.WEIGHT.SCALE states.""",
+     applies_to=V4_ALL, policy="tolerance", sources=(SRC_V4_IDX + " L394", SRC_V41_IDX),
+     tolerance="matmul_tolerance, as PATH.Q.PROJ")
+
+rule("PATH.QDQ", "Main attention reads x̂ = E2M1 · s, written back in BF16, exactly",
+     """The reference keeps the caches in BF16 and quantizes them in place: the V4.1 main KV entry
+     attention reads is x̂ = e2m1 · s (E4M3 scale per 16), the V4.1 window entry q · 2^e (FP8 E4M3,
+     E8M0 per 32).  Both products are exact in BF16 (at most 6 significant bits, in range), so
+     x̂ equals dequantize(quantize(x)) bit for bit; nothing multiplies 4-bit or 8-bit codes inside
+     attention.""",
+     applies_to=V41, policy="exact", knob="kv_second_scale",
+     sources=("official-rules.md §1 'In the reference forward everything is QDQ'", "official-rules.md §2.2 step 4",
+              "official-rules.md §2.4 'V4.1 SWA window KV'"))
+
+rule("PATH.WINDOW", "Window list: prefill i−127 … i; decode the ring of 128, −1 where unfilled",
+     """Prefill (start_pos 0, s tokens): row i lists the positions max(0, i−127) … i, each once, and
+     −1 in the remaining min(s, 128) − (that count) columns.  Decode at start_pos p: one row of 128
+     ring slots holding each slot q mod 128 for q in max(0, p−127) … p once and −1 for the
+     128 − min(p+1, 128) slots not yet filled.  The order inside a row is free (V4 pads −1 at the
+     end, V4.1 lists the ring oldest first); sparse attention treats every column independently.""",
+     applies_to=V4_ALL, policy="exact", sources=(SRC_LISTS, "official-rules.md §7.2 (window 128)"))
+
+rule("PATH.HCA", "Compressed-only list: ascending, −1 until visible, plus the block's offset",
+     """A layer with a compress ratio and no indexer (V4 HCA, ratio 128) attends to every visible
+     compressed entry: prefill row i lists j + offset for j < (i+1)//ratio in ascending j and −1 for
+     the other s//ratio − (i+1)//ratio columns; decode lists j + 128 for j < (p+1)//ratio.
+     offset = s in prefill, 128 in decode (the window rows before the compressed block).""",
+     applies_to=V4, policy="exact", sources=(SRC_LISTS, "official-rules.md §4.1 'HCA layers'"))
+
+rule("PATH.CONCAT", "Attention gathers [window list | compressed list + offset]",
+     """The index list attention receives is the window list followed by the compressed list (the
+     indexer's top-k, or the HCA list): valid compressed indices shifted by the offset of the
+     compressed block (s in prefill, 128 in decode), −1 kept as −1, as int32 of width
+     min(s, 128) + k in prefill and 128 + k in decode.""",
+     applies_to=V4_ALL, policy="exact", sources=(SRC_LISTS, SRC_V4_IDX + " L428-432, L509", SRC_V41_IDX))
+
+rule("PATH.POOL_SCAN", "A kernel that scores only the pool selects what scoring everything selects",
+     """A re-index kernel that computes scores only at pool positions (and treats the rest as −inf)
+     must return a valid top-k of the scores the reference computes everywhere and then masks
+     (masked_fill(~candidates, −inf)): same count, only visible pool positions, and a selection
+     that is a top-k of the pool-restricted scores (tie-aware), the pinned partial newest block
+     included.""",
+     applies_to=V41, policy="tie-aware",
+     sources=("official-rules.md §11.7 (the reference scores all N positions, L555-557, L575)",
+              "official-rules.md §5.1"))
+
+rule("PATH.LAYER", "Every stage of a layer's indexer path, each on the stage before it",
+     """A layer operation (V4 CSA, HCA and window layers; V4.1 candidate source 20 and re-index 24)
+     returns its intermediates by name.  Each is judged by its own rule on the target's own output
+     of the stage before (teacher forcing), so a rounding difference upstream is never blamed
+     downstream; the report names the first stage that breaks a rule.""",
+     applies_to=V4_ALL, policy="tolerance",
+     sources=(SRC_V4_IDX, SRC_V41_IDX, "official-rules.md §11.3-11.6"),
+     tolerance="each stage's own rule's tolerance")
+
+rule("PATH.V32", "V3.2's index pipeline differs",
+     """V3.2 (no compression): k = LayerNorm(wk(x)) on every token; RoPE on the FIRST 64 dims
+     (interleaved in the GitHub code, half-split in the later HF code); Hadamard on q and k; then FP8
+     E4M3 with one power-of-two scale per 128 stored as fp32; scores fp32.""",
+     applies_to=V32, policy="exact", status=INFORMATIVE, sources=("official-rules.md §4.3",))
+
+
+def pool_scan_reference(scores, visible, pool, k: int) -> np.ndarray:
+    """The reference re-index: score everything, mask outside the pool, top-k (spec.pool)."""
+    return reindex_topk(scores, visible, pool, k)

@@ -1,0 +1,260 @@
+"""RoPE per layer (ROPE.*): which frequencies a layer uses, which dimensions it rotates and how,
+and at which positions.
+
+The official code builds one table per attention layer (`precompute_freqs_cis`, V4-model
+L475-481 and its definition; V4.1 upstream L680-694) and uses it for everything that layer
+rotates: the main q, the window KV, the compressed KV and the indexer's q and k.
+
+    f_i = θ^(-2i/d),  i = 0 .. d/2 − 1,  d = rope_dim = 64
+    θ = compress_rope_theta = 160000 with YaRN  when the layer's compress ratio is > 0
+    θ = rope_theta = 10000, no YaRN             when the ratio is 0 (window-only layers)
+
+YaRN (original_seq_len L = 65536, factor 16, beta_fast 32, beta_slow 1) blends each frequency
+towards f_i / factor with a linear ramp over the dimension index:
+
+    c(r)  = d · ln(L / (2π r)) / (2 ln θ)                      the dim index completing r turns over L
+    low   = max(floor(c(beta_fast)), 0),  high = min(ceil(c(beta_slow)), d − 1)
+    ramp_i = clamp((i − low) / (high − low), 0, 1)             (high − low replaced by 0.001 if 0)
+    f_i ← f_i / factor · ramp_i + f_i · (1 − ramp_i)
+
+For θ = 160000 that is low = 15, high = 25: dims 0-15 keep f_i, dims 25-31 get f_i / 16.
+
+The rotation treats the LAST d channels of a head as d/2 complex numbers of CONSECUTIVE pairs
+(x[2i] real, x[2i+1] imaginary: `view_as_complex(x.unflatten(-1, (-1, 2)))`) and multiplies pair i
+by e^(i·p·f_i) in fp32 (complex64), writing the result back in the tensor's BF16.  The angle is
+fl32(p · f_i): the table is `outer(arange(seqlen), freqs)` in fp32.
+
+Positions: the query of token t at t (start_pos + t); compressed entry j at j·ratio, the first
+token of its group (prefill `freqs_cis[:cutoff:ratio]`, decode `freqs_cis[start_pos + 1 − ratio]`).
+
+Exactness: the frequency table is defined here in float64 (the math above); the official fp32
+computation differs from it by a few fp32 ulps, hence the stated tolerance of ROPE.YARN.  The
+rotation is defined on the fp32 table a target uses (its own, teacher-forced): the exact rotation
+of BF16 inputs by the fp32 angle, rounded once to BF16, within the fp32 error of cos, sin and the
+complex product (ROPE.ROUNDING).  The correction range uses math.log; its floor and ceiling are
+15.45 → 15 and 24.71 → 25, far from any integer, so no machine can disagree on them.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .indexer import bf16_quantum, round_bf16
+from .models import Model
+from .rules import INFORMATIVE, V4_ALL, rule
+
+SOURCE_V4 = "official-rules.md §11.5 (V4-model L475-481: Attention builds freqs_cis per layer)"
+SOURCE_V41 = "official-rules.md §11.5 (V4.1 upstream L680-694)"
+SOURCE_CODE = ("V4-model precompute_freqs_cis and apply_rotary_emb (read again 2026-11-30 in the "
+               "vendored DeepSeek_official/model.py; the V4.1 copy agrees)")
+SOURCE_CONFIG = "official-rules.md §6.2 and §8 (compress_rope_theta 160000, YaRN factor 16, orig 65536)"
+
+USES = ("q", "window_kv", "compressed_kv", "index_q", "index_k")
+FREQ_RTOL = 2.0 ** -20          # the fp32 table against the float64 math (16 fp32 ulps)
+YARN_RTOL = 2.0 ** -14          # the YaRN factor read from the target's own table (see yarn_factors)
+
+
+def layer_rope(model: Model, layer: int) -> tuple[float, bool]:
+    """(θ, YaRN on?) of one layer: compress_rope_theta with YaRN iff its compress ratio is > 0."""
+    if model.rope is None:
+        raise ValueError(f"{model.name}: its RoPE is outside these rules; expected a V4 or V4.1 model")
+    if not 0 <= layer < len(model.compress_ratios):
+        raise ValueError(f"{model.name} has layers 0..{len(model.compress_ratios) - 1}, got layer {layer}")
+    if model.ratio(layer) > 0:
+        return model.rope.compress_theta, True
+    return model.rope.theta, False
+
+
+def correction_range(model: Model, theta: float) -> tuple[int, int]:
+    """(low, high): the dims between which YaRN's ramp runs, for base θ."""
+    rope, d = model.rope, model.rope_dim
+
+    def turns_dim(rotations: float) -> float:
+        return d * math.log(rope.original_seq_len / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    return max(math.floor(turns_dim(rope.beta_fast)), 0), min(math.ceil(turns_dim(rope.beta_slow)), d - 1)
+
+
+def ramp(model: Model, theta: float) -> np.ndarray:
+    """YaRN's ramp over the d/2 frequency indices: 0 keeps f_i, 1 divides it by the factor."""
+    low, high = correction_range(model, theta)
+    width = high - low if high != low else 0.001
+    return np.clip((np.arange(model.rope_dim // 2) - low) / width, 0.0, 1.0)
+
+
+def yarn_factor(model: Model, theta: float) -> np.ndarray:
+    """The multiplier YaRN applies to each f_i: ramp/factor + (1 − ramp)."""
+    r = ramp(model, theta)
+    return r / model.rope.factor + (1.0 - r)
+
+
+def frequencies(model: Model, layer: int) -> np.ndarray:
+    """The exact frequencies f_i of a layer (float64)."""
+    theta, yarn = layer_rope(model, layer)
+    f = theta ** (-np.arange(0, model.rope_dim, 2, dtype=np.float64) / model.rope_dim)
+    return f * yarn_factor(model, theta) if yarn else f
+
+
+def frequencies_fp32(model: Model, layer: int) -> np.ndarray:
+    """The official fp32 computation, step by step (1/θ^(2i/d), then the blend), as float32.
+
+    numpy's float32 power is the platform's; it stays within FREQ_RTOL of `frequencies`."""
+    theta, yarn = layer_rope(model, layer)
+    f32 = np.float32
+    exponent = np.arange(0, model.rope_dim, 2, dtype=f32) / f32(model.rope_dim)
+    freqs = f32(1.0) / np.power(f32(theta), exponent)
+    if yarn:
+        smooth = f32(1.0) - ramp(model, theta).astype(f32)
+        freqs = freqs / f32(model.rope.factor) * (f32(1.0) - smooth) + freqs * smooth
+    return freqs.astype(f32)
+
+
+def yarn_factors_of(freqs) -> tuple[float, np.ndarray]:
+    """(θ, YaRN multipliers) read back from a frequency table: θ = f_1^(-d/2), g_i = f_i / f_1^i.
+
+    Dim 1 lies below every correction range, so f_1 = θ^(-2/d) whatever YaRN does; an error ε in
+    f_1 becomes i·ε ≤ 31 · 2^-20 < 2^-15 in f_1^i, inside YARN_RTOL."""
+    f = np.asarray(freqs, dtype=np.float64)
+    d = 2 * f.size
+    return float(f[1] ** (-d / 2)), f / f[1] ** np.arange(f.size)
+
+
+# ------------------------------------------------------------------------------------------------
+# the rotation
+# ------------------------------------------------------------------------------------------------
+def angles(positions, freqs) -> np.ndarray:
+    """fl32(fl32(p) · f_i) [T, d/2], as outer(arange, freqs) forms it."""
+    p = np.asarray(positions, dtype=np.float32)
+    return (p[:, None] * np.asarray(freqs, dtype=np.float32)[None, :]).astype(np.float64)
+
+
+def _broadcast(x: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """A per-(token, pair) array [T, d/2] broadcast over the head axes of x [T, ..., D]."""
+    return values.reshape(values.shape[0], *([1] * (x.ndim - 2)), values.shape[1])
+
+
+def rotate_exact(x, positions, freqs) -> np.ndarray:
+    """The exact rotation (float64, before any rounding) of the last 2·len(freqs) channels."""
+    x = np.asarray(x, dtype=np.float64)
+    rd = 2 * np.asarray(freqs).size
+    theta = _broadcast(x, angles(positions, freqs))
+    a, b = x[..., -rd::2], x[..., -rd + 1::2]
+    out = x.copy()
+    out[..., -rd::2] = a * np.cos(theta) - b * np.sin(theta)
+    out[..., -rd + 1::2] = a * np.sin(theta) + b * np.cos(theta)
+    return out
+
+
+def rotate(x, positions, freqs) -> np.ndarray:
+    """bf16 of the exact rotation: x [T, ..., D] BF16 values, positions [T], freqs [d/2] fp32."""
+    return round_bf16(rotate_exact(x, positions, freqs))
+
+
+def rotate_error(x, freqs) -> np.ndarray:
+    """δ: the fp32 error of the complex product before the BF16 rounding, per element.
+
+    cos and sin in fp32 within 2^-23 each, two products and a sum each rounded (2^-24 relative):
+    |error| ≤ (|a| + |b|) · 2^-21 generously.  Zero outside the rotated slice."""
+    x = np.asarray(x, dtype=np.float64)
+    rd = 2 * np.asarray(freqs).size
+    out = np.zeros_like(x)
+    pair = np.abs(x[..., -rd::2]) + np.abs(x[..., -rd + 1::2])
+    out[..., -rd::2] = out[..., -rd + 1::2] = pair * 2.0 ** -21
+    return out
+
+
+def rotate_tolerance(x, positions, freqs) -> np.ndarray:
+    """|target − exact rotation| allowed: one BF16 ulp of (|exact| + δ), plus δ."""
+    delta = rotate_error(x, freqs)
+    return bf16_quantum(np.abs(rotate_exact(x, positions, freqs)) + delta) + delta
+
+
+def determined(x, positions, freqs) -> np.ndarray:
+    """Elements whose BF16 rotation is the same for every fp32 error within δ (no midpoint within
+    δ of the exact value): on these every conforming target gives `rotate` bit for bit."""
+    exact = rotate_exact(x, positions, freqs)
+    delta = rotate_error(x, freqs)
+    return (round_bf16(exact - delta) == round_bf16(exact + delta))
+
+
+def compressed_positions(count: int, ratio: int, start_pos: int = 0) -> np.ndarray:
+    """The RoPE positions of compressed entries: j·ratio in prefill; start_pos + 1 − ratio for the
+    one entry a decode step at start_pos completes."""
+    if start_pos == 0:
+        return np.arange(count, dtype=np.int64) * ratio
+    return np.full(count, start_pos + 1 - ratio, dtype=np.int64)
+
+
+# ------------------------------------------------------------------------------------------------
+# rules
+# ------------------------------------------------------------------------------------------------
+rule("ROPE.THETA", "Base 160000 on layers with a compress ratio, 10000 on window-only layers",
+     """The frequencies of a layer are f_i = θ^(-2i/64) (i = 0..31) before YaRN, with θ =
+     compress_rope_theta = 160000 when the layer's compress ratio is > 0 (V4 CSA and HCA, V4.1
+     ratio-2 and ratio-1 layers, whether they own their KV or not) and θ = rope_theta = 10000 on
+     ratio-0 (window-only, MTP/DSpark) layers.  Checked on dims 0-14, which YaRN leaves alone,
+     within 2^-20 relative.""",
+     applies_to=V4_ALL, policy="tolerance", sources=(SOURCE_V4, SOURCE_V41, SOURCE_CONFIG, SOURCE_CODE),
+     tolerance="""2^-20 relative (16 fp32 ulps): the official table is 1/θ^(2i/d) in fp32 (a power
+     within 2 ulps, a reciprocal within 0.5) and the YaRN blend in fp32 (under 8 ulps more).""",
+     differs="""The ModelArgs defaults (compress_rope_theta 40000, original_seq_len 0, rope_factor
+     40) are overridden by the released configs; one audit note quoting original_seq_len = 0 (YaRN
+     off) reads the default (official-rules.md §10 Q10).""")
+
+rule("ROPE.YARN", "YaRN on compressed layers only: factor 16, ramp from beta_fast 32 to beta_slow 1",
+     """On a layer with a compress ratio, f_i is multiplied by ramp_i/16 + (1 − ramp_i) with ramp_i
+     = clamp((i − low)/(high − low), 0, 1), low = max(floor(c(32)), 0), high = min(ceil(c(1)), 63),
+     c(r) = 64·ln(65536/(2πr))/(2 ln θ): dims 0-15 unchanged, 25-31 divided by 16 for θ = 160000.
+     Window-only layers have no YaRN (every multiplier 1).  The multipliers are read from the
+     target's own table relative to its own θ (f_i / f_1^i), so a wrong base is reported by
+     ROPE.THETA alone.""",
+     applies_to=V4_ALL, policy="tolerance", sources=(SOURCE_V4, SOURCE_V41, SOURCE_CONFIG, SOURCE_CODE),
+     tolerance="""2^-14 relative on the multiplier: the table's own 2^-20, amplified at most 31 times
+     by f_1^i.""")
+
+rule("ROPE.SHARED", "One table per layer for the main q, the window KV, the compressed KV and the index q/k",
+     """Everything a layer rotates uses that layer's single table: the main q, the window KV, the
+     compressed KV entries and the indexer's q and k get bit-identical frequencies (and the same
+     pairing).  An indexer does not have a RoPE configuration of its own.""",
+     applies_to=V4_ALL, policy="exact", sources=(SOURCE_V4, SOURCE_V41, SOURCE_CODE,
+                                                 "official-rules.md §4.1, §4.2 (indexer freqs_cis = the attention's)"),
+     differs="""V3.2's HF indexer rotates with a non-interleaved (half-split) pairing unlike its main
+     attention (official-rules.md §4.3); V4 and V4.1 use one interleaved rotation everywhere.""")
+
+rule("ROPE.PAIRS", "Consecutive pairs (2i, 2i+1) rotate as complex numbers by +p·f_i",
+     """Channel 2i is the real and 2i+1 the imaginary part of complex number i of the rotated slice
+     (view_as_complex of unflatten(-1, (-1, 2)): interleaved, not the half-split 'NeoX' pairing
+     (i, i + 32)), multiplied by e^(+i·p·f_i): y[2i] = x[2i]cos − x[2i+1]sin, y[2i+1] = x[2i]sin +
+     x[2i+1]cos.""",
+     applies_to=V4_ALL, policy="tolerance", sources=(SOURCE_CODE, "official-rules.md §6.1, §6.2"),
+     tolerance="that of ROPE.ROUNDING")
+
+rule("ROPE.SLICE", "Only the last 64 channels rotate",
+     """RoPE rotates x[..., −64:] of every head (main q and KV: 448 NoPE + 64 RoPE; indexer q and k:
+     64 NoPE + 64 RoPE); every other channel passes bit for bit.  V3.2's indexer layout [rope |
+     nope] rotates the first 64 instead.""",
+     applies_to=V4_ALL, policy="exact", sources=(SOURCE_CODE, "official-rules.md §3, §4.2, §4.3"))
+
+rule("ROPE.ROUNDING", "The angle is fl32(p·f_i); the rotation is fp32, rounded once to BF16",
+     """With the fp32 table f the rotation of BF16 values by angle fl32(fl32(p)·f_i) is computed in
+     fp32 (complex64) and written back as BF16: the result is BF16-representable and lies within
+     one BF16 ulp of (|exact| + δ), plus δ = 2^-21·(|x[2i]| + |x[2i+1]|), of the exact rotation by
+     that fp32 angle.""",
+     applies_to=V4_ALL, policy="tolerance", sources=(SOURCE_CODE, "official-rules.md §11.2 (RoPE in place on BF16)"),
+     tolerance="""δ bounds the fp32 cos and sin (2^-23 each) and the rounded products and sum of
+     the complex multiply; the BF16 write-back adds one ulp of the rounded value.""")
+
+rule("ROPE.POSITIONS", "Tokens at their positions; compressed entry j at j·ratio",
+     """The query (main and index) of token t is rotated at its absolute position start_pos + t.
+     Compressed entry j (main KV, index K) is rotated at j·ratio, the position of the first token
+     of its group (prefill freqs_cis[:cutoff:ratio]; decode start_pos + 1 − ratio), not at j.""",
+     applies_to=V4_ALL, policy="tolerance",
+     sources=("official-rules.md §6.1, §6.2", "official-rules.md §11.4", SOURCE_CODE),
+     tolerance="that of ROPE.ROUNDING, on the target's own stage inputs")
+
+rule("ROPE.INVERSE", "The attention output is de-rotated with the conjugate",
+     """After sparse attention the output's last 64 channels are rotated back by e^(−i·p·f_i) at the
+     query's positions (apply_rotary_emb(..., inverse=True)), so the shared K = V latent can stay in
+     its rotated form.  Outside the indexer path; stated for completeness.""",
+     applies_to=V4_ALL, policy="tolerance", status=INFORMATIVE, sources=(SOURCE_CODE,))
