@@ -1,0 +1,591 @@
+"""Checks of the indexer path (PATH.*) and of RoPE positions (ROPE.POSITIONS) on a layer's stages.
+
+Operation contract (torch CPU tensors; a target provides any subset):
+
+    window_index(seqlen, start_pos) -> int [T, W]
+        prefill (start_pos 0): W = min(s, 128); decode (seqlen 1): W = 128 ring slots, −1 unfilled.
+    compressed_index(seqlen, start_pos, *, model, layer) -> int [T, C]
+        a V4 HCA layer's list: visible entries ascending + offset, −1 not yet visible (prefill).
+    attention_index(window_rows [T, W], compressed_rows [T, C], seqlen, start_pos) -> int [T, W + C]
+        [window | compressed + offset], −1 kept.
+    rope_quantize(x [T, D], positions int64 [T], freqs f32 [d/2], fmt) -> (payload u8, scales u8)
+        RoPE then the codec: fmt 'fp4_e8m0' (index K), 'fp4_e4m3' (V4.1 main KV), 'fp8_e8m0_32'
+        (V4.1 window: E4M3 bytes and E8M0 scale bytes per 32).
+    kv_qdq(x [..., D], fmt) -> f32 [..., D]                  fmt 'fp4_e4m3' or 'fp8_e8m0_32'
+        what main attention reads: the in-place QDQ's BF16 values.
+    pool_scan_topk(q [T,H,D], k [S,D], w [T,H], visible [T], pool bool [T,S], topk) -> int [T, topk]
+        a re-index that scores only pool positions; V4.1 order, −1 at the tail.
+    index_layer(inputs: dict, *, model, layer, start_pos=0) -> dict of stages
+        inputs (BF16 values as f32 tensors): x [T, dim] always; indexer layers qr [T, q_lora_rank],
+        wq_b [H·128, q_lora_rank], weights_proj [H, dim]; V4 CSA index_entry [E, 128] (the
+        indexer compressor's normed pre-RoPE entries); V4.1 KV sources latent [E, 512], wk [128, 512],
+        k_norm [128]; re-index layers k_packed [E, 64] u8, k_scales [E, 4] u8, candidates bool [T, E];
+        E = (start_pos + T) // ratio.  Stages returned: window_idx, indices; HCA compressed_idx;
+        indexer layers q, q_rot, q_had (V4), q_packed, q_scales, k, k_normed (V4.1 sources),
+        k_rot, k_had (V4), k_packed, k_scales, w_raw, weights, scores, topk (compressed indices
+        without offset), candidates (layer 20).
+
+Each stage is judged by its rule on the target's own output of the stage before (teacher forcing).
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from hypothesis import strategies as st
+
+from ..spec import indexer as spec_indexer
+from ..spec import path as spec
+from ..spec import pool as spec_pool
+from ..spec import quant as spec_quant
+from ..spec import rope as spec_rope
+from ..spec.models import profile
+from .compare import as_numpy, assert_bytes_equal, assert_equal
+from .indexer import expected_scores, make_score_case, ScoreCase
+from .pool import reindex_cases, wide_reindex_case
+from .ranking import assert_pool, assert_topk
+from .suite import check, forall
+
+OPS = {
+    "window_index": "window_index(seqlen, start_pos) -> int [T, W]: i−127..i in prefill, 128 ring slots in decode",
+    "compressed_index": "compressed_index(seqlen, start_pos, *, model, layer) -> int [T, C]: V4 HCA list",
+    "attention_index": "attention_index(window_rows, compressed_rows, seqlen, start_pos) -> int [T, W + C]",
+    "rope_quantize": "rope_quantize(x [T,D], positions [T], freqs [d/2], fmt) -> (payload u8, scales u8)",
+    "kv_qdq": "kv_qdq(x [...,D], fmt) -> f32: what main attention reads (BF16 values)",
+    "pool_scan_topk": "pool_scan_topk(q, k, w, visible, pool, topk) -> int [T, topk]: scores only the pool",
+    "index_layer": "index_layer(inputs, *, model, layer, start_pos=0) -> dict of named stages",
+}
+
+
+def _t(x, dtype=torch.float32) -> torch.Tensor:
+    return torch.tensor(np.asarray(x), dtype=dtype)
+
+
+def _ints(x) -> np.ndarray:
+    return as_numpy(x).astype(np.int64)
+
+
+def assert_same_rows_as_sets(got, want, what: str):
+    """Each row holds the same multiset of entries (−1 included): the order inside a row is free."""
+    got, want = _ints(got), np.asarray(want, dtype=np.int64)
+    if got.shape != want.shape:
+        raise AssertionError(f"{what}: shape {got.shape}, expected {want.shape}")
+    bad = np.flatnonzero((np.sort(got, axis=1) != np.sort(want, axis=1)).any(axis=1))
+    if bad.size:
+        t = int(bad[0])
+        raise AssertionError(f"{what}: {bad.size} row(s) differ; row {t}: got {np.sort(got[t]).tolist()[:12]}…, "
+                             f"expected {np.sort(want[t]).tolist()[:12]}… (sorted; "
+                             f"{int((want[t] >= 0).sum())} valid, {int((want[t] < 0).sum())} × −1)")
+
+
+# ------------------------------------------------------------------------------------------------
+# index lists
+# ------------------------------------------------------------------------------------------------
+LIST_EXAMPLES = (dict(seqlen=1, start_pos=0), dict(seqlen=130, start_pos=0), dict(seqlen=1, start_pos=5),
+                 dict(seqlen=1, start_pos=127), dict(seqlen=1, start_pos=128), dict(seqlen=1, start_pos=1000))
+
+
+@st.composite
+def list_shapes(draw):
+    if draw(st.booleans()):
+        return dict(seqlen=draw(st.integers(1, 300)), start_pos=0)
+    return dict(seqlen=1, start_pos=draw(st.integers(1, 600)))
+
+
+@check("PATH.WINDOW", ops=("window_index",))
+@forall(*(dict(shape=s) for s in LIST_EXAMPLES), shape=list_shapes())
+def window_rows_are_the_last_128_positions(target, shape):
+    s, p = shape["seqlen"], shape["start_pos"]
+    assert_same_rows_as_sets(target.window_index(s, p), spec.window_index(s, p),
+                             f"PATH.WINDOW (seqlen {s}, start_pos {p}): i−127…i clipped at 0 in prefill, "
+                             f"the filled ring slots and −1 for the rest in decode")
+
+
+HCA = (("v4-flash", 3), ("v4-pro", 0))
+
+
+@check("PATH.HCA", ops=("compressed_index",))
+@forall(dict(shape=dict(seqlen=300, start_pos=0), which=0), dict(shape=dict(seqlen=1, start_pos=383), which=1),
+        shape=list_shapes(), which=st.integers(0, 1))
+def hca_lists_every_visible_entry_after_the_window(target, shape, which):
+    model, layer = HCA[which]
+    s, p = shape["seqlen"], shape["start_pos"]
+    assert_equal(_ints(target.compressed_index(s, p, model=model, layer=layer)),
+                 spec.compressed_index(s, p, profile(model).ratio(layer)),
+                 what=f"PATH.HCA ({model} layer {layer}, seqlen {s}, start_pos {p}): ascending j + offset "
+                      f"{spec.kv_offset(s, p)}, −1 while not visible")
+
+
+@check("PATH.CONCAT", ops=("attention_index",))
+@forall(*(dict(shape=s, seed=0) for s in LIST_EXAMPLES[:3]), shape=list_shapes(), seed=st.integers(0, 2 ** 32 - 1))
+def window_then_compressed_plus_offset(target, shape, seed):
+    s, p = shape["seqlen"], shape["start_pos"]
+    rng = np.random.default_rng(seed)
+    window = spec.window_index(s, p)
+    topk = rng.integers(-1, 40, (window.shape[0], 6))
+    got = target.attention_index(_t(window, torch.int64), _t(topk, torch.int64), s, p)
+    assert_equal(_ints(got), spec.attention_index(window, topk, s, p),
+                 what=f"PATH.CONCAT (seqlen {s}, start_pos {p}): [window | top-k + {spec.kv_offset(s, p)}], −1 kept")
+
+
+# ------------------------------------------------------------------------------------------------
+# RoPE then quantize; what attention reads
+# ------------------------------------------------------------------------------------------------
+FORMATS = {"fp4_e8m0": (128, spec_quant.fp4_e8m0_quantize), "fp4_e4m3": (512, spec_quant.fp4_e4m3_quantize),
+           "fp8_e8m0_32": (512, lambda x: spec_quant.fp8_quantize(x, 32))}
+
+
+def determined_inputs(seed: int, tokens: int, dim: int, spread: int, freqs, far: bool):
+    """BF16 rows whose rotation every conforming target rounds alike (undetermined pairs zeroed)."""
+    rng = np.random.default_rng(seed)
+    x = spec_indexer.round_bf16(rng.standard_normal((tokens, dim)) * 2.0 ** rng.integers(-spread, spread + 1, (tokens, dim)))
+    positions = rng.integers(0, 2 ** 20 if far else 8192, tokens)
+    ok = spec_rope.determined(x, positions, freqs)
+    pair_ok = np.repeat(ok[:, -64::2] & ok[:, -63::2], 2, axis=-1)
+    x[:, -64:] = np.where(pair_ok, x[:, -64:], 0.0)
+    return x, positions
+
+
+@check("PATH.ORDER", ops=("rope_quantize",))
+@forall(dict(fmt="fp4_e4m3", seed=0, spread=0, far=False), dict(fmt="fp8_e8m0_32", seed=1, spread=4, far=True),
+        dict(fmt="fp4_e8m0", seed=2, spread=0, far=False),
+        fmt=st.sampled_from(tuple(FORMATS)), seed=st.integers(0, 2 ** 32 - 1), spread=st.sampled_from((0, 4, 12)),
+        far=st.booleans())
+def rotated_first_then_quantized(target, fmt, seed, spread, far):
+    dim, quantize = FORMATS[fmt]
+    freqs = spec_rope.frequencies_fp32(profile("v4.1-flash"), 20)
+    x, positions = determined_inputs(seed, 4, dim, spread, freqs, far)
+    payload, scales = target.rope_quantize(_t(x), _t(positions, torch.int64), _t(freqs), fmt)
+    want_payload, want_scales = quantize(spec_rope.rotate(x, positions, freqs))
+    what = f"PATH.ORDER ({fmt}): the bytes of the rotated values"
+    assert_bytes_equal(scales, want_scales, what=what + " (scales)")
+    assert_bytes_equal(payload, want_payload, what=what + " (payload)")
+
+
+QDQ_DIMS = {"fp4_e4m3": 512, "fp8_e8m0_32": 512}
+
+
+@check("PATH.QDQ", ops=("kv_qdq",))
+@forall(dict(fmt="fp4_e4m3", seed=0, spread=12), dict(fmt="fp8_e8m0_32", seed=1, spread=12),
+        fmt=st.sampled_from(tuple(QDQ_DIMS)), seed=st.integers(0, 2 ** 32 - 1), spread=st.sampled_from((0, 6, 12)))
+def attention_reads_the_exact_dequantized_values(target, fmt, seed, spread):
+    rng = np.random.default_rng(seed)
+    rows = spec_indexer.round_bf16(rng.standard_normal((4, 512)) * 2.0 ** rng.integers(-spread, spread + 1, (4, 32)).repeat(16, 1))
+    got = as_numpy(target.kv_qdq(_t(rows), fmt)).astype(np.float64)
+    if fmt == "fp4_e4m3":
+        second = target.variant("kv_second_scale")
+        want = spec.kv_qdq_per_tensor(rows) if second == "per_tensor" else spec.kv_qdq(rows)
+    else:
+        want = spec_quant.fp8_dequantize(*spec_quant.fp8_quantize(rows, 32), 32).astype(np.float64)
+    if not spec_indexer.is_bf16(got).all():
+        raise AssertionError(f"PATH.QDQ ({fmt}): the values attention reads must be BF16 (the in-place QDQ writes BF16)")
+    assert_equal(got, want, what=f"PATH.QDQ ({fmt}, kv_second_scale={target.variant('kv_second_scale')}): "
+                                  f"x̂ = code · scale, exactly")
+
+
+# ------------------------------------------------------------------------------------------------
+# a re-index kernel that scores only the pool
+# ------------------------------------------------------------------------------------------------
+def partial_newest_block_case() -> tuple[ScoreCase, np.ndarray, int]:
+    """21 reachable positions: the pinned newest block (16..20) is partial and holds the best scores."""
+    case = make_score_case("normal", 7, 1, 2, 16, 21)
+    case.visible[:] = 21
+    case.k[16:] = np.abs(case.k[16:]) * 4
+    case.q[:] = np.abs(case.q)
+    case.w[:] = np.abs(case.w)
+    return case, np.ones((1, 21), dtype=bool), 8
+
+
+@check("PATH.POOL_SCAN", ops=("pool_scan_topk",))
+@forall(dict(case=wide_reindex_case()), case=reindex_cases())
+def pool_only_scan_selects_a_masked_topk(target, case):
+    _judge_pool_scan(target, case.scores, case.pool, case.topk)
+
+
+@check("PATH.POOL_SCAN", ops=("pool_scan_topk",))
+def pinned_partial_block_is_scanned(target):
+    _judge_pool_scan(target, *partial_newest_block_case())
+
+
+def _judge_pool_scan(target, sc: ScoreCase, pool, topk: int):
+    got = target.pool_scan_topk(*sc.torch(), torch.from_numpy(pool), topk)
+    ref, tol = expected_scores(target, sc)
+    eligible = pool & spec_indexer.visibility_mask(sc.visible, sc.k.shape[0])
+    assert_topk(got, np.where(eligible, ref, -np.inf), eligible, topk, "position", tol=tol,
+                what=f"PATH.POOL_SCAN [{sc!r}, pool {int(pool.sum())} positions]")
+
+
+# ------------------------------------------------------------------------------------------------
+# one layer, stage by stage
+# ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LayerCase:
+    label: str
+    model: str
+    layer: int
+    start_pos: int
+    inputs: tuple          # (name, ndarray) pairs
+
+    def __repr__(self):
+        return f"LayerCase({self.label!r})"
+
+    def arrays(self) -> dict:
+        return dict(self.inputs)
+
+    def torch_inputs(self) -> dict:
+        out = {}
+        for name, a in self.inputs:
+            dtype = torch.bool if a.dtype == np.bool_ else torch.uint8 if a.dtype == np.uint8 else torch.float32
+            out[name] = torch.from_numpy(a.astype(a.dtype if dtype != torch.float32 else np.float32))
+        return out
+
+    @property
+    def seqlen(self) -> int:
+        return dict(self.inputs)["x"].shape[0]
+
+    @property
+    def positions(self) -> np.ndarray:
+        return spec.token_positions(self.seqlen, self.start_pos)
+
+
+def _normal_bf16(rng, shape, scale=1.0, shift=0.0):
+    return spec_indexer.round_bf16(rng.standard_normal(shape) * scale + shift)
+
+
+def make_layer_case(model: str, layer: int, seqlen: int, start_pos: int = 0, seed: int = 0) -> LayerCase:
+    """Random inputs at the profile's real shapes, weights scaled so activations have unit RMS."""
+    m = profile(model)
+    rng = np.random.default_rng(seed)
+    role = spec_pool.layer_role(m, layer)
+    ratio = m.ratio(layer)
+    H, D = m.index_n_heads, m.index_head_dim
+    inputs = {"x": _normal_bf16(rng, (seqlen, m.dim))}
+    if role.kind not in ("window", "hca"):
+        E = (start_pos + seqlen) // ratio
+        inputs.update(qr=_normal_bf16(rng, (seqlen, m.q_lora_rank)),
+                      wq_b=_normal_bf16(rng, (H * D, m.q_lora_rank), m.q_lora_rank ** -0.5),
+                      weights_proj=_normal_bf16(rng, (H, m.dim), m.dim ** -0.5))
+        if role.kind == "csa":
+            inputs["index_entry"] = _normal_bf16(rng, (E, D))
+        elif role.kind == "reindex":
+            k_packed, k_scales = spec_quant.fp4_e8m0_quantize(_normal_bf16(rng, (E, D)))
+            visible = spec_indexer.index_visible(spec.token_positions(seqlen, start_pos), ratio)
+            source = np.where(spec_indexer.visibility_mask(visible, E), rng.permutation(seqlen * E).reshape(seqlen, E) + 1.0, -np.inf)
+            inputs.update(k_packed=k_packed, k_scales=k_scales,
+                          candidates=spec_pool.candidate_blocks(source, visible, m.candidate_topk_blocks, m.candidate_block_size))
+        else:
+            inputs.update(latent=_normal_bf16(rng, (E, m.head_dim)), wk=_normal_bf16(rng, (D, m.head_dim), m.head_dim ** -0.5),
+                          k_norm=_normal_bf16(rng, (D,), 0.1, 1.0))
+    label = f"{model} layer {layer} ({role.kind}, ratio {ratio}), seqlen {seqlen}, start_pos {start_pos}, seed {seed}"
+    return LayerCase(label, model, layer, start_pos, tuple(inputs.items()))
+
+
+@functools.lru_cache(maxsize=1)
+def layer_cases() -> tuple[LayerCase, ...]:
+    """One case per layer kind at small realistic shapes, and V4.1 decode above 16384 entries."""
+    return (
+        make_layer_case("v4-flash", 2, 20, seed=1),             # CSA
+        make_layer_case("v4-flash", 3, 260, seed=2),            # HCA (2 entries of 128)
+        make_layer_case("v4-flash", 0, 130, seed=3),            # window only
+        make_layer_case("v4.1-flash", 20, 12, seed=4),          # candidate source, prefill
+        make_layer_case("v4.1-flash", 24, 12, seed=5),          # re-index, prefill
+        make_layer_case("v4.1-flash", 2, 10, seed=6),           # ratio-2 index source
+        make_layer_case("v4.1-flash", 20, 1, 16400, seed=7),    # candidate source, decode, N = 16401
+        make_layer_case("v4.1-flash", 24, 1, 16400, seed=8),    # re-index, decode, N = 16401
+    )
+
+
+_RUNS: dict = {}
+
+
+def run_layer(target, case: LayerCase) -> dict:
+    """The target's stages for a case (computed once per target and case)."""
+    key = (id(target.provider), case.label)
+    if key not in _RUNS or _RUNS[key][0] is not target.provider:
+        out = target.index_layer(case.torch_inputs(), model=case.model, layer=case.layer, start_pos=case.start_pos)
+        _RUNS[key] = (target.provider, {k: as_numpy(v) for k, v in out.items()})
+    return _RUNS[key][1]
+
+
+class Stage:
+    """One stage: its name, the rule judging it, and the judge (target, case, out) -> None."""
+
+    def __init__(self, name: str, rule_id: str, judge):
+        self.name, self.rule_id, self.judge = name, rule_id, judge
+
+
+def _need(out: dict, name: str, case: LayerCase) -> np.ndarray:
+    if name not in out:
+        raise AssertionError(f"stage {name!r} missing from the layer's outputs [{case!r}]")
+    return np.asarray(out[name], dtype=np.float64) if out[name].dtype.kind == "f" else out[name]
+
+
+def _close(got, ref, tol, what: str, case: LayerCase, bf16: bool = True):
+    got = np.asarray(got, np.float64)
+    if got.shape != np.shape(ref):
+        raise AssertionError(f"{what}: shape {got.shape}, expected {np.shape(ref)} [{case!r}]")
+    if bf16 and not spec_indexer.is_bf16(got).all():
+        raise AssertionError(f"{what}: not BF16-representable [{case!r}]")
+    bad = np.argwhere(~(np.abs(got - ref) <= tol))
+    if bad.size:
+        i = tuple(int(v) for v in bad[0])
+        raise AssertionError(f"{what}: {len(bad)} of {got.size} off; at {i}: got {got[i]!r}, expected {ref[i]!r} "
+                             f"± {tol[i]:.3g} [{case!r}]")
+
+
+def _has_indexer(case: LayerCase) -> bool:
+    return spec_pool.layer_role(profile(case.model), case.layer).kind not in ("window", "hca")
+
+
+def _judge_q(target, case, out):
+    if not _has_indexer(case):
+        return
+    a, m = case.arrays(), profile(case.model)
+    ref = spec.matmul(a["qr"], a["wq_b"]).reshape(case.seqlen, m.index_n_heads, m.index_head_dim)
+    tol = spec.matmul_tolerance(a["qr"], a["wq_b"]).reshape(ref.shape)
+    _close(_need(out, "q", case), ref, tol, "PATH.Q.PROJ: q = bf16(wq_b · qr)", case)
+
+
+def _table(target, case: LayerCase, use: str):
+    """The target's own table when it reports one; else the spec's fp32 table (and its slack)."""
+    if target.has("rope_freqs"):
+        return as_numpy(target.rope_freqs(case.model, case.layer, use)).astype(np.float64), False
+    return spec_rope.frequencies_fp32(profile(case.model), case.layer).astype(np.float64), True
+
+
+def _judge_rotation(target, case, x, got, positions, use: str, what: str):
+    freqs, slack = _table(target, case, use)
+    tol = spec_rope.rotate_tolerance(x, positions, freqs)
+    if slack:   # a table one fp32 rounding away turns pair i by up to p·f_i·2^-20 more
+        pair = np.abs(x[..., -64::2]) + np.abs(x[..., -63::2])
+        extra = pair * spec_rope._broadcast(x, spec_rope.angles(positions, freqs)) * 2 * spec_rope.FREQ_RTOL
+        tol[..., -64:] += np.repeat(extra, 2, axis=-1)
+    _close(got, spec_rope.rotate_exact(x, positions, freqs), tol, what, case)
+
+
+def _judge_q_rot(target, case, out):
+    if _has_indexer(case):
+        _judge_rotation(target, case, _need(out, "q", case), _need(out, "q_rot", case), case.positions, "index_q",
+                        "ROPE.POSITIONS: index q rotated at its token positions")
+
+
+def _k_input(case, out):
+    """The stage RoPE rotates for the index K: V4 the given entry, V4.1 sources k_normed."""
+    kind = spec_pool.layer_role(profile(case.model), case.layer).kind
+    if kind == "csa":
+        return case.arrays()["index_entry"]
+    if kind in ("index_source", "candidate_source"):
+        return _need(out, "k_normed", case)
+    return None
+
+
+def _entries(case) -> int:
+    return (case.start_pos + case.seqlen) // profile(case.model).ratio(case.layer)
+
+
+def _judge_k_rot(target, case, out):
+    x = _k_input(case, out) if _has_indexer(case) else None
+    if x is not None:
+        positions = spec_rope.compressed_positions(_entries(case), profile(case.model).ratio(case.layer))
+        _judge_rotation(target, case, x, _need(out, "k_rot", case), positions, "index_k",
+                        "ROPE.POSITIONS: index K entry j rotated at j·ratio")
+
+
+def _v41_source(case) -> bool:
+    return spec_pool.layer_role(profile(case.model), case.layer).kind in ("index_source", "candidate_source")
+
+
+def _judge_k(target, case, out):
+    if _v41_source(case):
+        a = case.arrays()
+        _close(_need(out, "k", case), spec.matmul(a["latent"], a["wk"]), spec.matmul_tolerance(a["latent"], a["wk"]),
+               "PATH.K.PROJ: k = bf16(wk · latent)", case)
+
+
+def _judge_k_normed(target, case, out):
+    if _v41_source(case):
+        k, w, eps = _need(out, "k", case), case.arrays()["k_norm"], profile(case.model).norm_eps
+        _close(_need(out, "k_normed", case), spec_indexer.round_bf16(spec._rms_exact(k, w, eps)),
+               spec.rms_norm_tolerance(k, w, eps), "PATH.K.NORM: k_norm(k), eps = norm_eps", case)
+
+
+def _judge_hadamard(which: str):
+    def judge(target, case, out):
+        if not _has_indexer(case) or (which == "k" and _k_input(case, out) is None):
+            return
+        rot = _need(out, f"{which}_rot", case)
+        if profile(case.model).hadamard:
+            _close(_need(out, f"{which}_had", case), spec_indexer.hadamard(rot), spec_indexer.hadamard_tolerance(rot),
+                   f"PATH.HADAMARD: {which}_had = Hadamard({which}_rot) (V4)", case)
+        elif f"{which}_had" in out:
+            assert_equal(out[f"{which}_had"], rot.astype(np.float32),
+                         what=f"PATH.HADAMARD: V4.1 has no Hadamard ({which}_had must be {which}_rot) [{case!r}]")
+    return judge
+
+
+def _judge_fp4(which: str):
+    def judge(target, case, out):
+        if not _has_indexer(case) or (which == "k" and _k_input(case, out) is None):
+            return
+        source = out.get(f"{which}_had", out.get(f"{which}_rot"))
+        if source is None:
+            raise AssertionError(f"stage {which}_rot missing [{case!r}]")
+        packed, scales = spec_quant.fp4_e8m0_quantize(np.asarray(source, np.float32))
+        what = f"PATH.ORDER: {which} FP4 bytes are those of the rotated {which} [{case!r}]"
+        assert_bytes_equal(_need(out, f"{which}_scales", case), scales, what=what + " (E8M0 scales)")
+        assert_bytes_equal(_need(out, f"{which}_packed", case), packed, what=what + " (payload)")
+    return judge
+
+
+def _judge_w_raw(target, case, out):
+    if _has_indexer(case):
+        a = case.arrays()
+        _close(_need(out, "w_raw", case), spec.matmul(a["x"], a["weights_proj"]),
+               spec.matmul_tolerance(a["x"], a["weights_proj"]), "PATH.W.PROJ: w_raw = bf16(weights_proj · x)", case)
+
+
+def _judge_weights(target, case, out):
+    if _has_indexer(case):
+        ref = spec_indexer.index_weights(_need(out, "w_raw", case), profile(case.model))
+        _close(_need(out, "weights", case), ref, spec_indexer.bf16_quantum(ref),
+               "IDX.WEIGHT.SCALE: weights = w_raw · 128^-0.5 · H^-0.5", case)
+
+
+def _visible(case) -> np.ndarray:
+    return spec_indexer.index_visible(case.positions, profile(case.model).ratio(case.layer))
+
+
+def _judge_scores(target, case, out):
+    if not _has_indexer(case):
+        return
+    q = spec_quant.fp4_e8m0_dequantize(_need(out, "q_packed", case), _need(out, "q_scales", case)).astype(np.float64)
+    k = spec_quant.fp4_e8m0_dequantize(_need(out, "k_packed", case), _need(out, "k_scales", case)).astype(np.float64)
+    w = _need(out, "weights", case)
+    ref = spec_indexer.index_scores(q, k, w, _visible(case))
+    tol = spec_indexer.index_score_tolerance(q, k, w)
+    got = _need(out, "scores", case)
+    if got.shape != ref.shape:
+        raise AssertionError(f"IDX.SCORE.FP4: scores shape {got.shape}, expected {ref.shape} [{case!r}]")
+    bad = np.argwhere(np.where(np.isfinite(ref), ~(np.abs(got - ref) <= tol), got != ref))
+    if bad.size:
+        t, s = bad[0]
+        raise AssertionError(f"IDX.SCORE.FP4: {len(bad)} scores off; at (t={t}, s={s}) got {got[t, s]!r}, "
+                             f"expected {ref[t, s]!r} ± {tol[t, s]:.3g} [{case!r}]")
+
+
+def _kind(case) -> str:
+    return spec_pool.layer_role(profile(case.model), case.layer).kind
+
+
+def _judge_candidates(target, case, out):
+    if _kind(case) == "candidate_source":
+        m = profile(case.model)
+        assert_pool(_need(out, "candidates", case), _need(out, "scores", case), _visible(case),
+                    m.candidate_topk_blocks, m.candidate_block_size,
+                    clauses=("shape", "whole_blocks", "size", "newest", "reachable", "selection"),
+                    what=f"POOL.TOPK_BLOCKS: layer 20's pool of its own scores [{case!r}]")
+
+
+def _judge_topk(target, case, out):
+    if not _has_indexer(case):
+        return
+    m = profile(case.model)
+    scores = _need(out, "scores", case)
+    eligible = spec_indexer.visibility_mask(_visible(case), scores.shape[1])
+    rule = "IDX.TOPK.SELECTION"
+    if _kind(case) == "reindex":
+        eligible = eligible & case.arrays()["candidates"]
+        rule = "POOL.REINDEX"
+    k = min(m.index_topk, _entries(case))
+    order = "score" if case.model in spec.V4 else "position"
+    assert_topk(_need(out, "topk", case), np.where(eligible, scores, -np.inf), eligible, k, order,
+                clauses=("shape", "range", "padding", "count", "unique", "order", "selection"),
+                what=f"{rule}: the layer's top-k of its own scores [{case!r}]")
+
+
+def _judge_window(target, case, out):
+    assert_same_rows_as_sets(_need(out, "window_idx", case), spec.window_index(case.seqlen, case.start_pos),
+                             f"PATH.WINDOW [{case!r}]")
+
+
+def _judge_compressed(target, case, out):
+    if _kind(case) == "hca":
+        want = spec.compressed_index(case.seqlen, case.start_pos, profile(case.model).ratio(case.layer))
+        assert_equal(_ints(_need(out, "compressed_idx", case)), want, what=f"PATH.HCA [{case!r}]")
+
+
+def _judge_indices(target, case, out):
+    window = _ints(_need(out, "window_idx", case))
+    kind = _kind(case)
+    if kind == "window":
+        assert_equal(_ints(_need(out, "indices", case)), window, what=f"PATH.CONCAT: window only [{case!r}]")
+        return
+    if kind == "hca":
+        want = np.concatenate([window, _ints(_need(out, "compressed_idx", case))], axis=-1)
+    else:
+        want = spec.attention_index(window, _ints(_need(out, "topk", case)), case.seqlen, case.start_pos)
+    assert_equal(_ints(_need(out, "indices", case)), want,
+                 what=f"PATH.CONCAT: [window | compressed + {spec.kv_offset(case.seqlen, case.start_pos)}] [{case!r}]")
+
+
+STAGES = (
+    Stage("window_idx", "PATH.WINDOW", _judge_window),
+    Stage("compressed_idx", "PATH.HCA", _judge_compressed),
+    Stage("q", "PATH.Q.PROJ", _judge_q),
+    Stage("q_rot", "ROPE.POSITIONS", _judge_q_rot),
+    Stage("q_had", "PATH.HADAMARD", _judge_hadamard("q")),
+    Stage("q_fp4", "PATH.ORDER", _judge_fp4("q")),
+    Stage("k", "PATH.K.PROJ", _judge_k),
+    Stage("k_normed", "PATH.K.NORM", _judge_k_normed),
+    Stage("k_rot", "ROPE.POSITIONS", _judge_k_rot),
+    Stage("k_had", "PATH.HADAMARD", _judge_hadamard("k")),
+    Stage("k_fp4", "PATH.ORDER", _judge_fp4("k")),
+    Stage("w_raw", "PATH.W.PROJ", _judge_w_raw),
+    Stage("weights", "IDX.WEIGHT.SCALE", _judge_weights),
+    Stage("scores", "IDX.SCORE.FP4", _judge_scores),
+    Stage("candidates", "POOL.TOPK_BLOCKS", _judge_candidates),
+    Stage("topk", "IDX.TOPK.SELECTION", _judge_topk),
+    Stage("indices", "PATH.CONCAT", _judge_indices),
+)
+
+
+def first_broken_stage(target, case: LayerCase):
+    """(stage, rule, message) of the first stage that breaks its rule, or None."""
+    out = run_layer(target, case)
+    for stage in STAGES:
+        try:
+            stage.judge(target, case, out)
+        except AssertionError as e:
+            return stage.name, stage.rule_id, str(e)
+    return None
+
+
+def _stage_check(rule_id: str):
+    def run(target):
+        for case in layer_cases():
+            out = run_layer(target, case)
+            for stage in STAGES:
+                if stage.rule_id == rule_id:
+                    stage.judge(target, case, out)
+    run.__name__ = "layer_stages_" + rule_id.lower().replace(".", "_")
+    return run
+
+
+for _rule in ("PATH.Q.PROJ", "PATH.K.PROJ", "PATH.K.NORM", "PATH.HADAMARD", "PATH.W.PROJ", "ROPE.POSITIONS"):
+    check(_rule, ops=("index_layer",))(_stage_check(_rule))
+
+
+@check("PATH.ORDER", ops=("index_layer",))
+def layer_quantizes_after_rope(target):
+    _stage_check("PATH.ORDER")(target)
+
+
+@check("PATH.LAYER", ops=("index_layer",))
+def every_stage_on_the_stage_before(target):
+    for case in layer_cases():
+        broken = first_broken_stage(target, case)
+        if broken:
+            stage, rule_id, message = broken
+            raise AssertionError(f"PATH.LAYER: first broken stage {stage!r} ({rule_id}) [{case!r}]\n{message}")
