@@ -199,14 +199,14 @@ def index_layer(inputs: dict, *, model: str, layer: int, start_pos: int = 0) -> 
     freqs = rope_freqs(model, layer, "index_q")
     qr = _bf16_values(op, "qr", _input(op, inputs, "qr", (T, m.q_lora_rank)))
     wq_b = _bf16_values(op, "wq_b", _input(op, inputs, "wq_b", (H * D, m.q_lora_rank)))
-    q = _bf16(qr @ wq_b.T).view(T, H, D)
+    q = _project(qr, wq_b).view(T, H, D)
     q_rot = rope_rotate(q, positions, freqs)
     out.update(q=q, q_rot=q_rot)
     if m.hadamard:
         out["q_had"] = hadamard(q_rot)
     out["q_packed"], out["q_scales"] = fp4_e8m0_quantize(out.get("q_had", q_rot))
 
-    k_positions = torch.from_numpy(compressed_positions(E, ratio))
+    k_positions = _k_positions(E, ratio)
     if role.kind == "csa":
         entry = _bf16_values(op, "index_entry", _input(op, inputs, "index_entry", (E, D)))
         out["k_rot"] = rope_rotate(entry, k_positions, rope_freqs(model, layer, "index_k"))
@@ -219,13 +219,13 @@ def index_layer(inputs: dict, *, model: str, layer: int, start_pos: int = 0) -> 
         latent = _bf16_values(op, "latent", _input(op, inputs, "latent", (E, m.head_dim)))
         wk = _bf16_values(op, "wk", _input(op, inputs, "wk", (D, m.head_dim)))
         k_norm = _bf16_values(op, "k_norm", _input(op, inputs, "k_norm", (D,)))
-        k = _bf16(latent @ wk.T)
-        normed = _bf16(k_norm * (k * torch.rsqrt(k.square().mean(-1, keepdim=True) + m.norm_eps)))
+        k = _project(latent, wk)
+        normed = _rms_norm(k, k_norm, m.norm_eps)
         out.update(k=k, k_normed=normed, k_rot=rope_rotate(normed, k_positions, rope_freqs(model, layer, "index_k")))
         out["k_packed"], out["k_scales"] = fp4_e8m0_quantize(out["k_rot"])
 
     weights_proj = _bf16_values(op, "weights_proj", _input(op, inputs, "weights_proj", (H, m.dim)))
-    out["w_raw"] = _bf16(_bf16_values(op, "x", x) @ weights_proj.T)
+    out["w_raw"] = _project(_bf16_values(op, "x", x), weights_proj)
     out["weights"] = index_weights(out["w_raw"], model)
     visible = torch.div(positions + 1, ratio, rounding_mode="floor")
     scores = index_scores(fp4_e8m0_dequantize(out["q_packed"], out["q_scales"]),
@@ -242,6 +242,20 @@ def index_layer(inputs: dict, *, model: str, layer: int, start_pos: int = 0) -> 
     out["topk"] = _topk_from(scores, eligible, k_top, "score" if model in spec.V4 else "position")
     out["indices"] = attention_index(out["window_idx"], out["topk"], T, start_pos)
     return out
+
+
+def _project(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """A BF16 Linear: fp32 accumulation, one rounding."""
+    return _bf16(x @ w.T)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return _bf16(weight * (x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)))
+
+
+def _k_positions(entries: int, ratio: int) -> torch.Tensor:
+    """Compressed entry j sits at the position of its group's first token, j·ratio."""
+    return torch.from_numpy(compressed_positions(entries, ratio))
 
 
 def _unshift(rows: torch.Tensor, seqlen: int, start_pos: int) -> torch.Tensor:

@@ -135,7 +135,7 @@ NVFP4_GLOBAL = F32(6.0 * 448.0)
 
 def kv_qdq_per_tensor(x) -> np.ndarray:
     """The NVFP4 recipe this suite models for the `per_tensor` variant: g = fl32(amax(x) / 2688)
-    (1 when x is all zero), block scale E4M3(amax_b / 6 / g), x̂ = E2M1(x / (s_b·g)) · s_b · g."""
+    (1 when x is all zero), block scale E4M3(amax_b / 6 / g), x̂ = bf16(E2M1(x / (s_b·g)) · s_b · g)."""
     x = np.asarray(x, dtype=F32)
     g = F32(np.abs(x).max(initial=0.0)) / NVFP4_GLOBAL
     g = g if g > 0 else F32(1.0)
@@ -145,7 +145,7 @@ def kv_qdq_per_tensor(x) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(full > 0, xb / np.where(full > 0, full, F32(1.0)), F32(0.0))
     codes = e2m1_decode(e2m1_encode(np.clip(ratio, F32(-6.0), F32(6.0)).astype(F32)))
-    return (codes * full).reshape(x.shape).astype(np.float64)
+    return round_bf16((codes * full).reshape(x.shape).astype(np.float64))     # written back as BF16
 
 
 knob("kv_second_scale", "none",

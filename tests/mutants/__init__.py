@@ -13,7 +13,7 @@ def mutant(name: str, base=impl, variants=None, **overrides) -> SimpleNamespace:
     return SimpleNamespace(NAME=f"mutant:{name}", CLAIMS_CONFORMANCE=True, VARIANTS=variants or {}, **ops)
 
 
-FAMILIES = ("quant", "indexer", "pool", "compressor", "layout", "budget")
+FAMILIES = ("quant", "indexer", "pool", "compressor", "layout", "budget", "rope", "path")
 
 
 def catalogue() -> list[tuple]:
