@@ -10,6 +10,8 @@ from .quant import *  # noqa: F401,F403
 from .indexer import *  # noqa: F401,F403
 from .pool import *  # noqa: F401,F403
 from .compressor import *  # noqa: F401,F403
+from .rope import *  # noqa: F401,F403
+from .path import *  # noqa: F401,F403
 
 NAME = "official"
 DEVICE = "cpu"
