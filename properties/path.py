@@ -468,7 +468,8 @@ def _judge_scores(target, case, out):
     got = _need(out, "scores", case)
     if got.shape != ref.shape:
         raise AssertionError(f"IDX.SCORE.FP4: scores shape {got.shape}, expected {ref.shape} [{case!r}]")
-    bad = np.argwhere(np.where(np.isfinite(ref), ~(np.abs(got - ref) <= tol), got != ref))
+    with np.errstate(invalid="ignore"):
+        bad = np.argwhere(np.where(np.isfinite(ref), ~(np.abs(got - ref) <= tol), got != ref))
     if bad.size:
         t, s = bad[0]
         raise AssertionError(f"IDX.SCORE.FP4: {len(bad)} scores off; at (t={t}, s={s}) got {got[t, s]!r}, "

@@ -1,0 +1,88 @@
+"""The indexer path: the layer check names the first broken stage of a mutant planted in a middle
+stage, the index lists against hand-written rows, the official target on every new rule, and clear
+errors for bad input."""
+import numpy as np
+import pytest
+import torch
+
+import dsv4spec.impl as impl
+from dsv4spec.properties import path as checks
+from dsv4spec.properties.suite import NOT_IMPLEMENTED, PASS, checks_for, load_checks, run_rule
+from dsv4spec.properties.target import Target, load_target
+from dsv4spec.spec import RULES
+from dsv4spec.spec import path as spec
+from mutants.path import MUTANTS
+
+load_checks()
+NEW_RULES = sorted(r for r in RULES if r.split(".")[0] in ("ROPE", "PATH") and checks_for(r))
+
+
+def test_window_rows_by_hand():
+    assert spec.window_index(3, 0).tolist() == [[0, -1, -1], [0, 1, -1], [0, 1, 2]]
+    row = spec.window_index(200, 0)[199]
+    assert row.tolist() == list(range(72, 200))
+    assert spec.window_index(1, 2)[0, :4].tolist() == [0, 1, 2, -1] and (spec.window_index(1, 2) == -1).sum() == 125
+    assert sorted(spec.window_index(1, 130)[0].tolist()) == list(range(128))
+
+
+def test_hca_rows_by_hand():
+    # prefill of 260 tokens at ratio 128: entry 0 visible from token 127, entry 1 from 255; offset 260
+    rows = spec.compressed_index(260, 0, 128)
+    assert rows[126].tolist() == [-1, -1] and rows[127].tolist() == [260, -1] and rows[255].tolist() == [260, 261]
+    assert spec.compressed_index(1, 383, 128).tolist() == [[128, 129, 130]]
+
+
+def test_layer_check_names_the_first_broken_stage_of_a_middle_stage_mutant():
+    target = Target(MUTANTS["k_before_its_norm"][0], "k_before_its_norm")
+    case = checks.layer_cases()[3]                        # V4.1 layer 20, prefill
+    stage, rule_id, _ = checks.first_broken_stage(target, case)
+    assert (stage, rule_id) == ("k_normed", "PATH.K.NORM")
+    assert checks.first_broken_stage(load_target("impl"), case) is None
+
+
+def test_layer_check_blames_the_rotation_not_the_quantizer_for_rope_at_j():
+    target = Target(MUTANTS["k_rope_at_j"][0], "k_rope_at_j")
+    stage, rule_id, _ = checks.first_broken_stage(target, checks.layer_cases()[0])   # V4 CSA, ratio 4
+    assert (stage, rule_id) == ("k_rot", "ROPE.POSITIONS")
+
+
+@pytest.mark.parametrize("rule_id", NEW_RULES)
+def test_official_passes_the_new_rules(rule_id):
+    official = load_target("official")
+    if not official.has("fp4_e8m0_quantize"):
+        pytest.skip("official.quant (the official codecs) is not in this checkout yet")
+    row = run_rule(rule_id, official)
+    assert row.status in (PASS, NOT_IMPLEMENTED), f"{rule_id} on official: {row.status} {row.detail}"
+    assert row.status == PASS or rule_id == "PATH.POOL_SCAN"
+
+
+def _layer_inputs(model="v4.1-flash", layer=20):
+    return checks.make_layer_case(model, layer, 4).torch_inputs()
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: impl.window_index(0, 0), "seqlen must be an int ≥ 1"),
+    (lambda: impl.window_index(2, 5), "one token at a time"),
+    (lambda: impl.compressed_index(4, 0, model="v4-flash", layer=2), "expected a layer without an indexer"),
+    (lambda: impl.compressed_index(4, 0, model="v4-flash", layer=99), "has layers 0..43"),
+    (lambda: impl.rope_quantize(torch.zeros(1, 128), torch.zeros(1, dtype=torch.int64), torch.zeros(32), "fp4"),
+     "fmt must be one of"),
+    (lambda: impl.index_layer({**_layer_inputs(), "wq_b": torch.zeros(64 * 128, 1280)}, model="v4.1-flash", layer=20),
+     r"wq_b has shape \(8192, 1280\), expected \[4096, 1280\]"),
+    (lambda: impl.index_layer({**_layer_inputs(), "latent": torch.zeros(3, 512)}, model="v4.1-flash", layer=20),
+     r"latent has shape \(3, 512\), expected \[4, 512\]"),
+    (lambda: impl.index_layer(_layer_inputs(), model="v4.1-flash", layer=20, start_pos=10),
+     "one token at a time"),
+    (lambda: impl.index_layer({"x": torch.zeros(1, 5120)}, model="v4.1-flash", layer=21),
+     "reuses layer 20's top-k"),
+])
+def test_bad_input_names_what_was_expected(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_positions_beyond_the_cache_are_rejected():
+    inputs = _layer_inputs()
+    inputs["x"], inputs["qr"] = inputs["x"][:1], inputs["qr"][:1]
+    with pytest.raises(ValueError, match=r"latent has shape \(4, 512\), expected \[9, 512\]"):
+        impl.index_layer(inputs, model="v4.1-flash", layer=20, start_pos=8)
