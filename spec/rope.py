@@ -257,4 +257,5 @@ rule("ROPE.INVERSE", "The attention output is de-rotated with the conjugate",
      """After sparse attention the output's last 64 channels are rotated back by e^(−i·p·f_i) at the
      query's positions (apply_rotary_emb(..., inverse=True)), so the shared K = V latent can stay in
      its rotated form.  Outside the indexer path; stated for completeness.""",
-     applies_to=V4_ALL, policy="tolerance", status=INFORMATIVE, sources=(SOURCE_CODE,))
+     applies_to=V4_ALL, policy="tolerance", status=INFORMATIVE,
+     sources=(SOURCE_CODE, "official-rules.md §11.5 (the layer's table serves the de-rotation too)"))
