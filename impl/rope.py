@@ -33,7 +33,7 @@ def rope_freqs(model: str, layer: int, use: str = "q") -> torch.Tensor:
 
 
 def rope_rotate(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (2i, 2i+1) of the last 2·len(freqs) channels by e^(i·fl32(p·f_i)), in complex64."""
+    """Rotate pairs (2i, 2i+1) of the last 2·len(freqs) channels by e^(i·fl32(p·f_i)) in fp32."""
     op = "rope_rotate"
     x = _bf16_values(op, "x", _tensor(op, "x", x, floating=True))
     positions = _tensor(op, "positions", positions, 1, integer=True)
@@ -46,10 +46,17 @@ def rope_rotate(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor) -
         raise ValueError(f"{op}: {len(freqs)} frequencies rotate {rd} channels, but x has only {x.shape[-1]}")
     if (positions < 0).any():
         raise ValueError(f"{op}: positions must be ≥ 0")
-    angle = torch.outer(positions.to(torch.float32), freqs)
-    table = torch.polar(torch.ones_like(angle), angle)
-    table = table.view(x.shape[0], *([1] * (x.dim() - 2)), rd // 2)
-    pairs = torch.view_as_complex(x[..., -rd:].contiguous().unflatten(-1, (-1, 2)))
+    cos, sin = (t.view(x.shape[0], *([1] * (x.dim() - 2)), rd // 2) for t in rope_table(positions, freqs))
+    a, b = x[..., -rd::2], x[..., -rd + 1::2]
     out = x.clone()
-    out[..., -rd:] = _bf16(torch.view_as_real(pairs * table).flatten(-2))
+    # each product and sum one fp32 rounding (no fused multiply-add), as kernels/path.py does
+    out[..., -rd::2] = _bf16(a * cos - b * sin)
+    out[..., -rd + 1::2] = _bf16(a * sin + b * cos)
     return out
+
+
+def rope_table(positions: torch.Tensor, freqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) [T, d/2] of the fp32 angles fl32(p·f), from torch.polar as the official table."""
+    angle = torch.outer(positions.to(torch.float32), freqs.float())
+    table = torch.polar(torch.ones_like(angle), angle)
+    return table.real.contiguous(), table.imag.contiguous()

@@ -16,6 +16,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 from .quant import *  # noqa: E402,F401,F403
 from .indexer import *  # noqa: E402,F401,F403
 from .pool import *  # noqa: E402,F401,F403
+from .path import *  # noqa: E402,F401,F403
 
 NAME = "kernels"
 CLAIMS_CONFORMANCE = True
