@@ -172,13 +172,24 @@ def _input(op: str, inputs: dict, name: str, shape: tuple) -> torch.Tensor:
     return x
 
 
+def _bf16_input(op: str, inputs: dict, name: str, shape: tuple) -> torch.Tensor:
+    """A finite BF16-valued input (activations and weights), as float32."""
+    x = _input(op, inputs, name, shape)
+    if not x.is_floating_point():
+        raise TypeError(f"{op}: {name} must be float32 or bfloat16, got {x.dtype}")
+    x = x.float()
+    if not torch.equal(x, _bf16(x)):
+        raise ValueError(f"{op}: {name} must hold finite BF16-representable values (round them first)")
+    return x
+
+
 def index_layer(inputs: dict, *, model: str, layer: int, start_pos: int = 0) -> dict:
     """Every stage of one layer's indexer path, by name (see spec/path.py for the stage list)."""
     op = "index_layer"
     m = profile(model)
     ratio = _ratio(op, model, layer)
     role = spec_pool.layer_role(m, layer)
-    x = _input(op, inputs, "x", (None, m.dim))
+    x = _bf16_input(op, inputs, "x", (None, m.dim))
     T = x.shape[0]
     _counts(op, T, start_pos)
     end_pos = start_pos + T
@@ -197,8 +208,8 @@ def index_layer(inputs: dict, *, model: str, layer: int, start_pos: int = 0) -> 
                          f"expected a layer that runs its own indexer")
     H, D, E = m.index_n_heads, m.index_head_dim, end_pos // ratio
     freqs = rope_freqs(model, layer, "index_q")
-    qr = _bf16_values(op, "qr", _input(op, inputs, "qr", (T, m.q_lora_rank)))
-    wq_b = _bf16_values(op, "wq_b", _input(op, inputs, "wq_b", (H * D, m.q_lora_rank)))
+    qr = _bf16_input(op, inputs, "qr", (T, m.q_lora_rank))
+    wq_b = _bf16_input(op, inputs, "wq_b", (H * D, m.q_lora_rank))
     q = _project(qr, wq_b).view(T, H, D)
     q_rot = rope_rotate(q, positions, freqs)
     out.update(q=q, q_rot=q_rot)
@@ -208,7 +219,7 @@ def index_layer(inputs: dict, *, model: str, layer: int, start_pos: int = 0) -> 
 
     k_positions = _k_positions(E, ratio)
     if role.kind == "csa":
-        entry = _bf16_values(op, "index_entry", _input(op, inputs, "index_entry", (E, D)))
+        entry = _bf16_input(op, inputs, "index_entry", (E, D))
         out["k_rot"] = rope_rotate(entry, k_positions, rope_freqs(model, layer, "index_k"))
         out["k_had"] = hadamard(out["k_rot"])
         out["k_packed"], out["k_scales"] = fp4_e8m0_quantize(out["k_had"])
@@ -216,16 +227,16 @@ def index_layer(inputs: dict, *, model: str, layer: int, start_pos: int = 0) -> 
         out["k_packed"] = _input(op, inputs, "k_packed", (E, D // 2))
         out["k_scales"] = _input(op, inputs, "k_scales", (E, D // 32))
     else:
-        latent = _bf16_values(op, "latent", _input(op, inputs, "latent", (E, m.head_dim)))
-        wk = _bf16_values(op, "wk", _input(op, inputs, "wk", (D, m.head_dim)))
-        k_norm = _bf16_values(op, "k_norm", _input(op, inputs, "k_norm", (D,)))
+        latent = _bf16_input(op, inputs, "latent", (E, m.head_dim))
+        wk = _bf16_input(op, inputs, "wk", (D, m.head_dim))
+        k_norm = _bf16_input(op, inputs, "k_norm", (D,))
         k = _project(latent, wk)
         normed = _rms_norm(k, k_norm, m.norm_eps)
         out.update(k=k, k_normed=normed, k_rot=rope_rotate(normed, k_positions, rope_freqs(model, layer, "index_k")))
         out["k_packed"], out["k_scales"] = fp4_e8m0_quantize(out["k_rot"])
 
-    weights_proj = _bf16_values(op, "weights_proj", _input(op, inputs, "weights_proj", (H, m.dim)))
-    out["w_raw"] = _project(_bf16_values(op, "x", x), weights_proj)
+    weights_proj = _bf16_input(op, inputs, "weights_proj", (H, m.dim))
+    out["w_raw"] = _project(x, weights_proj)
     out["weights"] = index_weights(out["w_raw"], model)
     visible = torch.div(positions + 1, ratio, rounding_mode="floor")
     scores = index_scores(fp4_e8m0_dequantize(out["q_packed"], out["q_scales"]),

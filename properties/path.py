@@ -251,7 +251,10 @@ class LayerCase:
 
 
 def _normal_bf16(rng, shape, scale=1.0, shift=0.0):
-    return spec_indexer.round_bf16(rng.standard_normal(shape) * scale + shift)
+    """Normal inputs made BF16 by rounding their fp32 bits (inputs only: no rule reads this rounding)."""
+    bits = (rng.standard_normal(shape) * scale + shift).astype(np.float32).view(np.uint32)
+    bits = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    return bits.view(np.float32)
 
 
 def make_layer_case(model: str, layer: int, seqlen: int, start_pos: int = 0, seed: int = 0) -> LayerCase:
@@ -309,11 +312,18 @@ def run_layer(target, case: LayerCase) -> dict:
     return _RUNS[key][1]
 
 
-class Stage:
-    """One stage: its name, the rule judging it, and the judge (target, case, out) -> None."""
+INDEXER = ("csa", "index_source", "candidate_source", "reindex")
+OWN_K = ("csa", "index_source", "candidate_source")
+V41_K = ("index_source", "candidate_source")
+ALL_KINDS = ("window", "hca") + INDEXER
 
-    def __init__(self, name: str, rule_id: str, judge):
-        self.name, self.rule_id, self.judge = name, rule_id, judge
+
+class Stage:
+    """One stage: its name, the rule judging it, the layer kinds that have it, and the judge
+    (target, case, out) -> None."""
+
+    def __init__(self, name: str, rule_id: str, kinds: tuple, judge):
+        self.name, self.rule_id, self.kinds, self.judge = name, rule_id, kinds, judge
 
 
 def _need(out: dict, name: str, case: LayerCase) -> np.ndarray:
@@ -335,13 +345,11 @@ def _close(got, ref, tol, what: str, case: LayerCase, bf16: bool = True):
                              f"± {tol[i]:.3g} [{case!r}]")
 
 
-def _has_indexer(case: LayerCase) -> bool:
-    return spec_pool.layer_role(profile(case.model), case.layer).kind not in ("window", "hca")
+def _kind(case) -> str:
+    return spec_pool.layer_role(profile(case.model), case.layer).kind
 
 
 def _judge_q(target, case, out):
-    if not _has_indexer(case):
-        return
     a, m = case.arrays(), profile(case.model)
     ref = spec.matmul(a["qr"], a["wq_b"]).reshape(case.seqlen, m.index_n_heads, m.index_head_dim)
     tol = spec.matmul_tolerance(a["qr"], a["wq_b"]).reshape(ref.shape)
@@ -366,19 +374,13 @@ def _judge_rotation(target, case, x, got, positions, use: str, what: str):
 
 
 def _judge_q_rot(target, case, out):
-    if _has_indexer(case):
-        _judge_rotation(target, case, _need(out, "q", case), _need(out, "q_rot", case), case.positions, "index_q",
-                        "ROPE.POSITIONS: index q rotated at its token positions")
+    _judge_rotation(target, case, _need(out, "q", case), _need(out, "q_rot", case), case.positions, "index_q",
+                    "ROPE.POSITIONS: index q rotated at its token positions")
 
 
 def _k_input(case, out):
     """The stage RoPE rotates for the index K: V4 the given entry, V4.1 sources k_normed."""
-    kind = spec_pool.layer_role(profile(case.model), case.layer).kind
-    if kind == "csa":
-        return case.arrays()["index_entry"]
-    if kind in ("index_source", "candidate_source"):
-        return _need(out, "k_normed", case)
-    return None
+    return case.arrays()["index_entry"] if _kind(case) == "csa" else _need(out, "k_normed", case)
 
 
 def _entries(case) -> int:
@@ -386,35 +388,25 @@ def _entries(case) -> int:
 
 
 def _judge_k_rot(target, case, out):
-    x = _k_input(case, out) if _has_indexer(case) else None
-    if x is not None:
-        positions = spec_rope.compressed_positions(_entries(case), profile(case.model).ratio(case.layer))
-        _judge_rotation(target, case, x, _need(out, "k_rot", case), positions, "index_k",
-                        "ROPE.POSITIONS: index K entry j rotated at j·ratio")
-
-
-def _v41_source(case) -> bool:
-    return spec_pool.layer_role(profile(case.model), case.layer).kind in ("index_source", "candidate_source")
+    positions = spec_rope.compressed_positions(_entries(case), profile(case.model).ratio(case.layer))
+    _judge_rotation(target, case, _k_input(case, out), _need(out, "k_rot", case), positions, "index_k",
+                    "ROPE.POSITIONS: index K entry j rotated at j·ratio")
 
 
 def _judge_k(target, case, out):
-    if _v41_source(case):
-        a = case.arrays()
-        _close(_need(out, "k", case), spec.matmul(a["latent"], a["wk"]), spec.matmul_tolerance(a["latent"], a["wk"]),
-               "PATH.K.PROJ: k = bf16(wk · latent)", case)
+    a = case.arrays()
+    _close(_need(out, "k", case), spec.matmul(a["latent"], a["wk"]), spec.matmul_tolerance(a["latent"], a["wk"]),
+           "PATH.K.PROJ: k = bf16(wk · latent)", case)
 
 
 def _judge_k_normed(target, case, out):
-    if _v41_source(case):
-        k, w, eps = _need(out, "k", case), case.arrays()["k_norm"], profile(case.model).norm_eps
-        _close(_need(out, "k_normed", case), spec_indexer.round_bf16(spec._rms_exact(k, w, eps)),
-               spec.rms_norm_tolerance(k, w, eps), "PATH.K.NORM: k_norm(k), eps = norm_eps", case)
+    k, w, eps = _need(out, "k", case), case.arrays()["k_norm"], profile(case.model).norm_eps
+    _close(_need(out, "k_normed", case), spec.rms_norm(k, w, eps), spec.rms_norm_tolerance(k, w, eps),
+           "PATH.K.NORM: k_norm(k), eps = norm_eps", case)
 
 
 def _judge_hadamard(which: str):
     def judge(target, case, out):
-        if not _has_indexer(case) or (which == "k" and _k_input(case, out) is None):
-            return
         rot = _need(out, f"{which}_rot", case)
         if profile(case.model).hadamard:
             _close(_need(out, f"{which}_had", case), spec_indexer.hadamard(rot), spec_indexer.hadamard_tolerance(rot),
@@ -427,8 +419,6 @@ def _judge_hadamard(which: str):
 
 def _judge_fp4(which: str):
     def judge(target, case, out):
-        if not _has_indexer(case) or (which == "k" and _k_input(case, out) is None):
-            return
         source = out.get(f"{which}_had", out.get(f"{which}_rot"))
         if source is None:
             raise AssertionError(f"stage {which}_rot missing [{case!r}]")
@@ -440,17 +430,15 @@ def _judge_fp4(which: str):
 
 
 def _judge_w_raw(target, case, out):
-    if _has_indexer(case):
-        a = case.arrays()
-        _close(_need(out, "w_raw", case), spec.matmul(a["x"], a["weights_proj"]),
-               spec.matmul_tolerance(a["x"], a["weights_proj"]), "PATH.W.PROJ: w_raw = bf16(weights_proj · x)", case)
+    a = case.arrays()
+    _close(_need(out, "w_raw", case), spec.matmul(a["x"], a["weights_proj"]),
+           spec.matmul_tolerance(a["x"], a["weights_proj"]), "PATH.W.PROJ: w_raw = bf16(weights_proj · x)", case)
 
 
 def _judge_weights(target, case, out):
-    if _has_indexer(case):
-        ref = spec_indexer.index_weights(_need(out, "w_raw", case), profile(case.model))
-        _close(_need(out, "weights", case), ref, spec_indexer.bf16_quantum(ref),
-               "IDX.WEIGHT.SCALE: weights = w_raw · 128^-0.5 · H^-0.5", case)
+    ref = spec_indexer.index_weights(_need(out, "w_raw", case), profile(case.model))
+    _close(_need(out, "weights", case), ref, spec_indexer.bf16_quantum(ref),
+           "IDX.WEIGHT.SCALE: weights = w_raw · 128^-0.5 · H^-0.5", case)
 
 
 def _visible(case) -> np.ndarray:
@@ -458,8 +446,6 @@ def _visible(case) -> np.ndarray:
 
 
 def _judge_scores(target, case, out):
-    if not _has_indexer(case):
-        return
     q = spec_quant.fp4_e8m0_dequantize(_need(out, "q_packed", case), _need(out, "q_scales", case)).astype(np.float64)
     k = spec_quant.fp4_e8m0_dequantize(_need(out, "k_packed", case), _need(out, "k_scales", case)).astype(np.float64)
     w = _need(out, "weights", case)
@@ -476,22 +462,15 @@ def _judge_scores(target, case, out):
                              f"expected {ref[t, s]!r} ± {tol[t, s]:.3g} [{case!r}]")
 
 
-def _kind(case) -> str:
-    return spec_pool.layer_role(profile(case.model), case.layer).kind
-
-
 def _judge_candidates(target, case, out):
-    if _kind(case) == "candidate_source":
-        m = profile(case.model)
-        assert_pool(_need(out, "candidates", case), _need(out, "scores", case), _visible(case),
-                    m.candidate_topk_blocks, m.candidate_block_size,
-                    clauses=("shape", "whole_blocks", "size", "newest", "reachable", "selection"),
-                    what=f"POOL.TOPK_BLOCKS: layer 20's pool of its own scores [{case!r}]")
+    m = profile(case.model)
+    assert_pool(_need(out, "candidates", case), _need(out, "scores", case), _visible(case),
+                m.candidate_topk_blocks, m.candidate_block_size,
+                clauses=("shape", "whole_blocks", "size", "newest", "reachable", "selection"),
+                what=f"POOL.TOPK_BLOCKS: layer 20's pool of its own scores [{case!r}]")
 
 
 def _judge_topk(target, case, out):
-    if not _has_indexer(case):
-        return
     m = profile(case.model)
     scores = _need(out, "scores", case)
     eligible = spec_indexer.visibility_mask(_visible(case), scores.shape[1])
@@ -512,9 +491,8 @@ def _judge_window(target, case, out):
 
 
 def _judge_compressed(target, case, out):
-    if _kind(case) == "hca":
-        want = spec.compressed_index(case.seqlen, case.start_pos, profile(case.model).ratio(case.layer))
-        assert_equal(_ints(_need(out, "compressed_idx", case)), want, what=f"PATH.HCA [{case!r}]")
+    want = spec.compressed_index(case.seqlen, case.start_pos, profile(case.model).ratio(case.layer))
+    assert_equal(_ints(_need(out, "compressed_idx", case)), want, what=f"PATH.HCA [{case!r}]")
 
 
 def _judge_indices(target, case, out):
@@ -532,23 +510,23 @@ def _judge_indices(target, case, out):
 
 
 STAGES = (
-    Stage("window_idx", "PATH.WINDOW", _judge_window),
-    Stage("compressed_idx", "PATH.HCA", _judge_compressed),
-    Stage("q", "PATH.Q.PROJ", _judge_q),
-    Stage("q_rot", "ROPE.POSITIONS", _judge_q_rot),
-    Stage("q_had", "PATH.HADAMARD", _judge_hadamard("q")),
-    Stage("q_fp4", "PATH.ORDER", _judge_fp4("q")),
-    Stage("k", "PATH.K.PROJ", _judge_k),
-    Stage("k_normed", "PATH.K.NORM", _judge_k_normed),
-    Stage("k_rot", "ROPE.POSITIONS", _judge_k_rot),
-    Stage("k_had", "PATH.HADAMARD", _judge_hadamard("k")),
-    Stage("k_fp4", "PATH.ORDER", _judge_fp4("k")),
-    Stage("w_raw", "PATH.W.PROJ", _judge_w_raw),
-    Stage("weights", "IDX.WEIGHT.SCALE", _judge_weights),
-    Stage("scores", "IDX.SCORE.FP4", _judge_scores),
-    Stage("candidates", "POOL.TOPK_BLOCKS", _judge_candidates),
-    Stage("topk", "IDX.TOPK.SELECTION", _judge_topk),
-    Stage("indices", "PATH.CONCAT", _judge_indices),
+    Stage("window_idx", "PATH.WINDOW", ALL_KINDS, _judge_window),
+    Stage("compressed_idx", "PATH.HCA", ("hca",), _judge_compressed),
+    Stage("q", "PATH.Q.PROJ", INDEXER, _judge_q),
+    Stage("q_rot", "ROPE.POSITIONS", INDEXER, _judge_q_rot),
+    Stage("q_had", "PATH.HADAMARD", INDEXER, _judge_hadamard("q")),
+    Stage("q_fp4", "PATH.ORDER", INDEXER, _judge_fp4("q")),
+    Stage("k", "PATH.K.PROJ", V41_K, _judge_k),
+    Stage("k_normed", "PATH.K.NORM", V41_K, _judge_k_normed),
+    Stage("k_rot", "ROPE.POSITIONS", OWN_K, _judge_k_rot),
+    Stage("k_had", "PATH.HADAMARD", OWN_K, _judge_hadamard("k")),
+    Stage("k_fp4", "PATH.ORDER", OWN_K, _judge_fp4("k")),
+    Stage("w_raw", "PATH.W.PROJ", INDEXER, _judge_w_raw),
+    Stage("weights", "IDX.WEIGHT.SCALE", INDEXER, _judge_weights),
+    Stage("scores", "IDX.SCORE.FP4", INDEXER, _judge_scores),
+    Stage("candidates", "POOL.TOPK_BLOCKS", ("candidate_source",), _judge_candidates),
+    Stage("topk", "IDX.TOPK.SELECTION", INDEXER, _judge_topk),
+    Stage("indices", "PATH.CONCAT", ALL_KINDS, _judge_indices),
 )
 
 
@@ -556,6 +534,8 @@ def first_broken_stage(target, case: LayerCase):
     """(stage, rule, message) of the first stage that breaks its rule, or None."""
     out = run_layer(target, case)
     for stage in STAGES:
+        if _kind(case) not in stage.kinds:
+            continue
         try:
             stage.judge(target, case, out)
         except AssertionError as e:
@@ -564,11 +544,14 @@ def first_broken_stage(target, case: LayerCase):
 
 
 def _stage_check(rule_id: str):
+    stages = [stage for stage in STAGES if stage.rule_id == rule_id]
+
     def run(target):
         for case in layer_cases():
-            out = run_layer(target, case)
-            for stage in STAGES:
-                if stage.rule_id == rule_id:
+            mine = [stage for stage in stages if _kind(case) in stage.kinds]
+            if mine:                      # a case without such a stage never runs the layer
+                out = run_layer(target, case)
+                for stage in mine:
                     stage.judge(target, case, out)
     run.__name__ = "layer_stages_" + rule_id.lower().replace(".", "_")
     return run
