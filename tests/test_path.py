@@ -7,11 +7,12 @@ import torch
 
 import dsv4spec.impl as impl
 from dsv4spec.properties import path as checks
-from dsv4spec.properties.suite import NOT_IMPLEMENTED, PASS, checks_for, load_checks, run_rule
+from dsv4spec.properties.suite import FAIL, NOT_IMPLEMENTED, PASS, VARIANT, checks_for, load_checks, run_rule
 from dsv4spec.properties.target import Target, load_target
 from dsv4spec.spec import RULES
 from dsv4spec.spec import path as spec
-from mutants.path import MUTANTS
+from mutants import mutant
+from mutants.path import MUTANTS, _nvfp4_qdq
 
 load_checks()
 NEW_RULES = sorted(r for r in RULES if r.split(".")[0] in ("ROPE", "PATH") and checks_for(r))
@@ -56,6 +57,13 @@ def test_official_passes_the_new_rules(rule_id):
     assert row.status == PASS or rule_id == "PATH.POOL_SCAN"
 
 
+def test_an_nvfp4_second_scale_is_a_named_variant():
+    declared = mutant("nvfp4", variants={"kv_second_scale": "per_tensor"}, kv_qdq=_nvfp4_qdq)
+    assert run_rule("PATH.QDQ", Target(declared, "nvfp4")).status == VARIANT
+    row = run_rule("PATH.QDQ", Target(MUTANTS["nvfp4_second_scale"][0], "nvfp4"))
+    assert row.status == FAIL and "matches kv_second_scale=per_tensor" in row.detail, row.detail
+
+
 def _layer_inputs(model="v4.1-flash", layer=20):
     return checks.make_layer_case(model, layer, 4).torch_inputs()
 
@@ -65,6 +73,8 @@ def _layer_inputs(model="v4.1-flash", layer=20):
     (lambda: impl.window_index(2, 5), "one token at a time"),
     (lambda: impl.compressed_index(4, 0, model="v4-flash", layer=2), "expected a layer without an indexer"),
     (lambda: impl.compressed_index(4, 0, model="v4-flash", layer=99), "has layers 0..43"),
+    (lambda: impl.compressed_index(4, 0, model="v4.1-flash", layer=2), r"ratio 2\); expected a layer without an indexer \(V4 HCA, ratio 128\)"),
+    (lambda: impl.compressed_index(4, 0, model="v4-flash", layer=0), r"'window' layer \(ratio 0\)"),
     (lambda: impl.rope_quantize(torch.zeros(1, 128), torch.zeros(1, dtype=torch.int64), torch.zeros(32), "fp4"),
      "fmt must be one of"),
     (lambda: impl.index_layer({**_layer_inputs(), "wq_b": torch.zeros(64 * 128, 1280)}, model="v4.1-flash", layer=20),
