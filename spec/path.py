@@ -25,7 +25,6 @@ from __future__ import annotations
 import numpy as np
 
 from .indexer import bf16_quantum, round_bf16
-from .pool import reindex_topk
 from .quant import F32, fp4_e4m3_dequantize, fp4_e4m3_quantize
 from .formats import e2m1_decode, e2m1_encode, e4m3_decode, e4m3_encode
 from .rules import INFORMATIVE, V4, V41, V4_ALL, knob, rule
@@ -268,7 +267,3 @@ rule("PATH.V32", "V3.2's index pipeline differs",
      E4M3 with one power-of-two scale per 128 stored as fp32; scores fp32.""",
      applies_to=V32, policy="exact", status=INFORMATIVE, sources=("official-rules.md §4.3",))
 
-
-def pool_scan_reference(scores, visible, pool, k: int) -> np.ndarray:
-    """The reference re-index: score everything, mask outside the pool, top-k (spec.pool)."""
-    return reindex_topk(scores, visible, pool, k)

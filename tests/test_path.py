@@ -1,7 +1,6 @@
 """The indexer path: the layer check names the first broken stage of a mutant planted in a middle
 stage, the index lists against hand-written rows, the official target on every new rule, and clear
 errors for bad input."""
-import numpy as np
 import pytest
 import torch
 
