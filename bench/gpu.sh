@@ -11,7 +11,7 @@ python -m pip install --quiet --no-build-isolation --no-deps -e . > "$out/instal
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } | tee "$out/gpu.txt"
 targets=(); for t in ${TARGETS:-kernels}; do targets+=(--target "$t"); done
-for group in FMT,FP4,FP8 HAD,IDX,POOL,LAYER; do
+for group in FMT,FP4,FP8 HAD,IDX,POOL,LAYER,PATH.ORDER; do
   name=verify_${group//,/_}
   start=$SECONDS
   timeout "${VERIFY_S:-300}" python -m dsv4spec verify "${targets[@]}" --rules "$group" \
