@@ -49,8 +49,8 @@ rule("BUDGET.INDEX_WORK", "indexer multiply-adds per generated token",
      """At context N a decode step's indexer costs, per indexing layer, (entries scored) ·
      index_n_heads · index_head_dim multiply-adds: entries scored = N // ratio, linear in N.  In
      V4.1 re-index layers (24, 28, 32, 36; never the candidate source 20) a kernel that scores
-     only the pool (PATH.POOL_SCAN) is bounded by topk_blocks · block_size = 16384; that is the model here.  The
-     reference itself scores all N positions there and then masks those outside the pool, as
+     only the pool (PATH.POOL_SCAN) is bounded by topk_blocks · block_size = 16384; that is the
+     model here.  The reference itself scores all N positions there and then masks those outside the pool, as
      document 000 also notes, so it saves nothing.  In that model, at N = 2^20 the four re-index
      layers go from 4·2^20·4096 ≈ 1.7e10 to 4·16384·4096 ≈ 2.7e8 (1/64) and the whole V4.1
      indexer to 0.394 of the no-pool cost.""",

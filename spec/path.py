@@ -32,10 +32,12 @@ from .rules import INFORMATIVE, V4, V41, V4_ALL, knob, rule
 V32 = ("v3.2",)
 WINDOW = 128
 U32 = 2.0 ** -24
-SRC_V4_IDX = "official-rules.md §4.1 (V4-model L380-433)"
-SRC_V41_IDX = "official-rules.md §4.2 and §11.4 (V4.1 upstream L488-580, L541-552)"
-SRC_ORDER = "official-rules.md §11.3 (V4.1 L758→L760, L706→L707; V4 L504→L506, L367→L372)"
-SRC_LISTS = "official-rules.md §11.6 (V4 L254-276, V4.1 ~L409-426)"
+SRC_V4_IDX = "V4-model L380-433 (Indexer)"
+SRC_V41_IDX = "V41-model L488-580 (Indexer; K and q L541-552)"
+SRC_ORDER = ("V41-model L758-760 (main KV: RoPE, then FP4 E4M3/16)", "V41-model L706-707 (window: RoPE, then FP8/32)",
+             "V4-model L504-506", "V4-model L367-372", "official-rules.md §11.3")
+SRC_LISTS = ("V4-model L254-265 (get_window_topk_idxs)", "V4-model L268-276 (get_compress_topk_idxs)",
+             "V41-model L409-426 (get_window_topk_idxs, line numbers approximate)", "official-rules.md §11.6")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -162,15 +164,16 @@ rule("PATH.Q.LATENT", "The index q reads the main attention's q latent, normed",
      width q_lora_rank (1024 V4-Flash, 1536 V4-Pro, 1280 V4.1-Flash) after its RMSNorm; the layer
      check takes qr as an input.""",
      applies_to=V4_ALL, policy="exact", status=INFORMATIVE,
-     sources=(SRC_V4_IDX + " (Attention: qr = q = self.q_norm(self.wq_a(x)))", SRC_V41_IDX,
-              "official-rules.md §8 (q_lora_rank)"),
-     differs="""The source documents derive the index q from 'the query latent' without its
-     RMSNorm; the official q latent is normed before wq_b.""")
+     sources=("V4-model L496 (qr = q = self.q_norm(self.wq_a(x)))", "V4-model L411", SRC_V41_IDX,
+              "official-rules.md §4.1, §8 (q_lora_rank)", "doc-003 §4 stage 2 L112-126"),
+     differs="""Document 003 (§4 stage 2) forms the index query from c_t^Q = h_t·W^DQ with no
+     RMSNorm and quantizes it with no RoPE and no Hadamard; the official q latent is normed
+     (q_norm) and the index q is rotated, and in V4 Hadamard-transformed, before FP4.""")
 
 rule("PATH.Q.PROJ", "Index q = bf16(wq_b · qr), one head of 128 per index head",
      """q = bf16(wq_b · qr) with wq_b [index_n_heads·128, q_lora_rank] (64 heads in V4, 32 in V4.1)
      unflattened to [T, H, 128]; the weights enter as given BF16 tensors.""",
-     applies_to=V4_ALL, policy="tolerance", sources=(SRC_V4_IDX + " L411-412", SRC_V41_IDX),
+     applies_to=V4_ALL, policy="tolerance", sources=("V4-model L411-412", SRC_V41_IDX, "official-rules.md §4.1, §4.2"),
      tolerance="""fp32 accumulation in any order: K·2^-24·Σ|qr||w|, plus one BF16 ulp of the
      rounded value (matmul_tolerance).""")
 
@@ -179,13 +182,13 @@ rule("PATH.K.PROJ", "V4.1 index K = bf16(wk · latent) from the compressor's nor
      bf16(wk · latent_j): wk is a BF16 Linear 512 → 128 and latent_j the compressor's output — the
      RoPE-free, RMS-normed BF16 latent, not the rotated or quantized cache entry, and not the
      pooled vector before the compressor's norm.""",
-     applies_to=V41, policy="tolerance", sources=(SRC_V41_IDX, "official-rules.md §6.2 (pre-RoPE latent)"),
+     applies_to=V41, policy="tolerance", sources=(SRC_V41_IDX, "official-rules.md §4.2, §6.2, §11.4"),
      tolerance="matmul_tolerance, as PATH.Q.PROJ")
 
 rule("PATH.K.NORM", "V4.1 index K is RMS-normed (k_norm, eps 1e-20) before RoPE",
      """k_normed = bf16(w · k / sqrt(mean(k²) + eps)) over the 128 dims of each entry, with the
      k_norm weight w and eps = norm_eps = 1e-20, computed in fp32 and written back BF16.""",
-     applies_to=V41, policy="tolerance", sources=(SRC_V41_IDX,),
+     applies_to=V41, policy="tolerance", sources=(SRC_V41_IDX, "official-rules.md §4.2, §11.4"),
      tolerance="""(D + 8)·2^-24 relative for the fp32 mean of squares, rsqrt and products, plus one
      BF16 ulp (rms_norm_tolerance).""")
 
@@ -193,7 +196,7 @@ rule("PATH.HADAMARD", "V4 rotates index q and k with the Hadamard after RoPE; V4
      """In V4 the FP4 stage quantizes Hadamard(q_rot) and Hadamard(k_rot) (HAD.MATRIX,
      HAD.ROUNDING); in V4.1 it quantizes q_rot and k_rot themselves.  V3.2 rotates with the
      Hadamard too, then quantizes to FP8 per 128 (PATH.V32).""",
-     applies_to=V4_ALL, policy="tolerance", sources=("official-rules.md §3", SRC_V4_IDX + " L413-416", SRC_V41_IDX),
+     applies_to=V4_ALL, policy="tolerance", sources=("V4-model L413-416", "V4-model L367-370", SRC_V41_IDX, "official-rules.md §3"),
      tolerance="that of HAD.ROUNDING on the target's own q_rot and k_rot")
 
 rule("PATH.ORDER", "Quantization comes after RoPE",
@@ -201,13 +204,13 @@ rule("PATH.ORDER", "Quantization comes after RoPE",
      (RoPE on the last 64 dims, then FP4 E4M3/16 over all 512), the V4.1 window KV (RoPE, then FP8
      E4M3 with E8M0 per 32 over all 512), and the index q and k (RoPE [, Hadamard], then FP4 E8M0/32).
      The quantized bytes are those of the rotated BF16 values, bit for bit.""",
-     applies_to=V4_ALL, policy="bytes", sources=(SRC_ORDER, SRC_V41_IDX, SRC_V4_IDX))
+     applies_to=V4_ALL, policy="bytes", sources=SRC_ORDER + (SRC_V41_IDX, SRC_V4_IDX))
 
 rule("PATH.W.PROJ", "Raw head weights = bf16(weights_proj · x)",
      """The raw head weights are bf16(weights_proj · x) with weights_proj a BF16 [index_n_heads,
      dim] Linear of the attention input x (after attn_norm); they are then scaled as
      IDX.WEIGHT.SCALE states.""",
-     applies_to=V4_ALL, policy="tolerance", sources=(SRC_V4_IDX + " L394", SRC_V41_IDX),
+     applies_to=V4_ALL, policy="tolerance", sources=("V4-model L394", "V4-model L418", SRC_V41_IDX, "official-rules.md §4.1, §4.2"),
      tolerance="matmul_tolerance, as PATH.Q.PROJ")
 
 rule("PATH.QDQ", "Main attention reads x̂ = E2M1 · s, written back in BF16, exactly",
@@ -217,8 +220,8 @@ rule("PATH.QDQ", "Main attention reads x̂ = E2M1 · s, written back in BF16, ex
      x̂ equals dequantize(quantize(x)) bit for bit; nothing multiplies 4-bit or 8-bit codes inside
      attention.""",
      applies_to=V41, policy="exact", knob="kv_second_scale",
-     sources=("official-rules.md §1 'In the reference forward everything is QDQ'", "official-rules.md §2.2 step 4",
-              "official-rules.md §2.4 'V4.1 SWA window KV'"))
+     sources=("V41-model L758-760 (fp4_act_quant in place)", "V41-model L706-707 (act_quant in place)",
+              "official-rules.md §1, §2.2, §2.4"))
 
 rule("PATH.WINDOW", "Window list: prefill i−127 … i; decode the ring of 128, −1 where unfilled",
      """Prefill (start_pos 0, s tokens): row i lists the positions max(0, i−127) … i, each once, and
@@ -226,21 +229,22 @@ rule("PATH.WINDOW", "Window list: prefill i−127 … i; decode the ring of 128,
      ring slots holding each slot q mod 128 for q in max(0, p−127) … p once and −1 for the
      128 − min(p+1, 128) slots not yet filled.  The order inside a row is free (V4 pads −1 at the
      end, V4.1 lists the ring oldest first); sparse attention treats every column independently.""",
-     applies_to=V4_ALL, policy="exact", sources=(SRC_LISTS, "official-rules.md §7.2 (window 128)"))
+     applies_to=V4_ALL, policy="exact", sources=SRC_LISTS + ("official-rules.md §7.2 (window 128)",))
 
 rule("PATH.HCA", "Compressed-only list: ascending, −1 until visible, plus the block's offset",
      """A layer with a compress ratio and no indexer (V4 HCA, ratio 128) attends to every visible
      compressed entry: prefill row i lists j + offset for j < (i+1)//ratio in ascending j and −1 for
      the other s//ratio − (i+1)//ratio columns; decode lists j + 128 for j < (p+1)//ratio.
      offset = s in prefill, 128 in decode (the window rows before the compressed block).""",
-     applies_to=V4, policy="exact", sources=(SRC_LISTS, "official-rules.md §4.1 'HCA layers'"))
+     applies_to=V4, policy="exact", sources=SRC_LISTS + ("V4-model L509 (offset)", "official-rules.md §4.1"))
 
 rule("PATH.CONCAT", "Attention gathers [window list | compressed list + offset]",
      """The index list attention receives is the window list followed by the compressed list (the
      indexer's top-k, or the HCA list): valid compressed indices shifted by the offset of the
      compressed block (s in prefill, 128 in decode), −1 kept as −1, as int32 of width
      min(s, 128) + k in prefill and 128 + k in decode.""",
-     applies_to=V4_ALL, policy="exact", sources=(SRC_LISTS, SRC_V4_IDX + " L428-432, L509", SRC_V41_IDX))
+     applies_to=V4_ALL, policy="exact",
+     sources=SRC_LISTS + ("V4-model L428-432, L509", SRC_V41_IDX))
 
 rule("PATH.POOL_SCAN", "A kernel that scores only the pool selects what scoring everything selects",
      """A re-index kernel that computes scores only at pool positions (and treats the rest as −inf)
@@ -249,8 +253,8 @@ rule("PATH.POOL_SCAN", "A kernel that scores only the pool selects what scoring 
      that is a top-k of the pool-restricted scores (tie-aware), the pinned partial newest block
      included.""",
      applies_to=V41, policy="tie-aware",
-     sources=("official-rules.md §11.7 (the reference scores all N positions, L555-557, L575)",
-              "official-rules.md §5.1"))
+     sources=("V41-model L555-557, L575 (scores all N, then masked_fill(~candidates, −inf))",
+              "official-rules.md §5.1, §11.7"))
 
 rule("PATH.LAYER", "Every stage of a layer's indexer path, each on the stage before it",
      """A layer operation (V4 CSA, HCA and window layers; V4.1 candidate source 20 and re-index 24)
@@ -265,5 +269,6 @@ rule("PATH.V32", "V3.2's index pipeline differs",
      """V3.2 (no compression): k = LayerNorm(wk(x)) on every token; RoPE on the FIRST 64 dims
      (interleaved in the GitHub code, half-split in the later HF code); Hadamard on q and k; then FP8
      E4M3 with one power-of-two scale per 128 stored as fp32; scores fp32.""",
-     applies_to=V32, policy="exact", status=INFORMATIVE, sources=("official-rules.md §4.3",))
+     applies_to=V32, policy="exact", status=INFORMATIVE,
+     sources=("V32-model L431-480 (Indexer)", "official-rules.md §4.3"))
 

@@ -44,11 +44,13 @@ from .indexer import bf16_quantum, round_bf16
 from .models import Model
 from .rules import INFORMATIVE, V4_ALL, rule
 
-SOURCE_V4 = "official-rules.md §11.5 (V4-model L475-481: Attention builds freqs_cis per layer)"
-SOURCE_V41 = "official-rules.md §11.5 (V4.1 upstream L680-694)"
-SOURCE_CODE = ("V4-model precompute_freqs_cis and apply_rotary_emb (read again 2026-11-30 in the "
-               "vendored DeepSeek_official/model.py; the V4.1 copy agrees)")
-SOURCE_CONFIG = "official-rules.md §6.2 and §8 (compress_rope_theta 160000, YaRN factor 16, orig 65536)"
+SOURCE_V4 = "V4-model L475-481 (Attention: compress_rope_theta with YaRN iff the layer compresses)"
+SOURCE_V41 = "V41-model L680-694 (the same, per layer)"
+SOURCE_TABLE = "V4-model L199-229 (precompute_freqs_cis; YaRN L205-224, fp32 table L220-228)"
+SOURCE_APPLY = "V4-model L232-244 (apply_rotary_emb: consecutive pairs as complex64, copied back)"
+SOURCE_CONFIG = "V41-config (compress_rope_theta 160000, rope_theta 10000, original_seq_len 65536, rope_factor 16)"
+SOURCE_BETA = "V4-model L66-72 (ModelArgs: beta_fast 32, beta_slow 1, not overridden)"
+READING = "official-rules.md §6.2, §8, §11.5"
 
 USES = ("q", "window_kv", "compressed_kv", "index_q", "index_k")
 FREQ_RTOL = 2.0 ** -20          # the fp32 table against the float64 math (16 fp32 ulps)
@@ -195,12 +197,10 @@ rule("ROPE.THETA", "Base 160000 on layers with a compress ratio, 10000 on window
      ratio-2 and ratio-1 layers, whether they own their KV or not) and θ = rope_theta = 10000 on
      ratio-0 (window-only, MTP/DSpark) layers.  Checked on dims 0-14, which YaRN leaves alone,
      within 2^-20 relative.""",
-     applies_to=V4_ALL, policy="tolerance", sources=(SOURCE_V4, SOURCE_V41, SOURCE_CONFIG, SOURCE_CODE),
+     applies_to=V4_ALL, policy="tolerance",
+     sources=(SOURCE_V4, SOURCE_V41, SOURCE_TABLE, SOURCE_CONFIG, READING, "official-rules.md §10 Q10"),
      tolerance="""2^-20 relative (16 fp32 ulps): the official table is 1/θ^(2i/d) in fp32 (a power
-     within 2 ulps, a reciprocal within 0.5) and the YaRN blend in fp32 (under 8 ulps more).""",
-     differs="""The ModelArgs defaults (compress_rope_theta 40000, original_seq_len 0, rope_factor
-     40) are overridden by the released configs; one audit note quoting original_seq_len = 0 (YaRN
-     off) reads the default (official-rules.md §10 Q10).""")
+     within 2 ulps, a reciprocal within 0.5) and the YaRN blend in fp32 (under 8 ulps more).""")
 
 rule("ROPE.YARN", "YaRN on compressed layers only: factor 16, ramp from beta_fast 32 to beta_slow 1",
      """On a layer with a compress ratio, f_i is multiplied by ramp_i/16 + (1 − ramp_i) with ramp_i
@@ -209,39 +209,42 @@ rule("ROPE.YARN", "YaRN on compressed layers only: factor 16, ramp from beta_fas
      Window-only layers have no YaRN (every multiplier 1).  The multipliers are read from the
      target's own table relative to its own θ (f_i / f_1^i), so a wrong base is reported by
      ROPE.THETA alone.""",
-     applies_to=V4_ALL, policy="tolerance", sources=(SOURCE_V4, SOURCE_V41, SOURCE_CONFIG, SOURCE_CODE),
+     applies_to=V4_ALL, policy="tolerance",
+     sources=(SOURCE_V4, SOURCE_V41, SOURCE_TABLE, SOURCE_CONFIG, SOURCE_BETA, READING),
      tolerance="""2^-14 relative on the multiplier: the table's own 2^-20, amplified at most 31 times
      by f_1^i.""")
 
 rule("ROPE.SHARED", "One table per layer for the main q, the window KV, the compressed KV and the index q/k",
      """Everything a layer rotates uses that layer's single table: the main q, the window KV, the
      compressed KV entries and the indexer's q and k get bit-identical frequencies (and the same
-     pairing).  An indexer does not have a RoPE configuration of its own.""",
-     applies_to=V4_ALL, policy="exact", sources=(SOURCE_V4, SOURCE_V41, SOURCE_CODE,
-                                                 "official-rules.md §4.1, §4.2 (indexer freqs_cis = the attention's)"),
-     differs="""V3.2's HF indexer rotates with a non-interleaved (half-split) pairing unlike its main
-     attention (official-rules.md §4.3); V4 and V4.1 use one interleaved rotation everywhere.""")
+     pairing).  An indexer does not have a RoPE configuration of its own (unlike V3.2's HF indexer,
+     whose half-split pairing differs from its main attention's).""",
+     applies_to=V4_ALL, policy="exact",
+     sources=(SOURCE_V4, SOURCE_V41, "V4-model L380-433 (Indexer: freqs_cis is the attention's)",
+              "official-rules.md §4.1, §4.2, §4.3, §11.5"))
 
 rule("ROPE.PAIRS", "Consecutive pairs (2i, 2i+1) rotate as complex numbers by +p·f_i",
      """Channel 2i is the real and 2i+1 the imaginary part of complex number i of the rotated slice
      (view_as_complex of unflatten(-1, (-1, 2)): interleaved, not the half-split 'NeoX' pairing
      (i, i + 32)), multiplied by e^(+i·p·f_i): y[2i] = x[2i]cos − x[2i+1]sin, y[2i+1] = x[2i]sin +
      x[2i+1]cos.""",
-     applies_to=V4_ALL, policy="tolerance", sources=(SOURCE_CODE, "official-rules.md §6.1, §6.2"),
+     applies_to=V4_ALL, policy="tolerance", sources=(SOURCE_APPLY, "official-rules.md §6.1, §6.2"),
      tolerance="that of ROPE.ROUNDING")
 
 rule("ROPE.SLICE", "Only the last 64 channels rotate",
      """RoPE rotates x[..., −64:] of every head (main q and KV: 448 NoPE + 64 RoPE; indexer q and k:
      64 NoPE + 64 RoPE); every other channel passes bit for bit.  V3.2's indexer layout [rope |
      nope] rotates the first 64 instead.""",
-     applies_to=V4_ALL, policy="exact", sources=(SOURCE_CODE, "official-rules.md §3, §4.2, §4.3"))
+     applies_to=V4_ALL, policy="exact",
+     sources=(SOURCE_APPLY, "V4-model L413 (apply_rotary_emb(q[..., -rd:]))", "official-rules.md §3, §4.2, §4.3"))
 
 rule("ROPE.ROUNDING", "The angle is fl32(p·f_i); the rotation is fp32, rounded once to BF16",
      """With the fp32 table f the rotation of BF16 values by angle fl32(fl32(p)·f_i) is computed in
      fp32 (complex64) and written back as BF16: the result is BF16-representable and lies within
      one BF16 ulp of (|exact| + δ), plus δ = 2^-21·(|x[2i]| + |x[2i+1]|), of the exact rotation by
      that fp32 angle.""",
-     applies_to=V4_ALL, policy="tolerance", sources=(SOURCE_CODE, "official-rules.md §11.2 (RoPE in place on BF16)"),
+     applies_to=V4_ALL, policy="tolerance",
+     sources=(SOURCE_TABLE, SOURCE_APPLY, "official-rules.md §11.2 (RoPE in place on BF16)"),
      tolerance="""δ bounds the fp32 cos and sin (2^-23 each) and the rounded products and sum of
      the complex multiply; the BF16 write-back adds one ulp of the rounded value.""")
 
@@ -250,7 +253,8 @@ rule("ROPE.POSITIONS", "Tokens at their positions; compressed entry j at j·rati
      Compressed entry j (main KV, index K) is rotated at j·ratio, the position of the first token
      of its group (prefill freqs_cis[:cutoff:ratio]; decode start_pos + 1 − ratio), not at j.""",
      applies_to=V4_ALL, policy="tolerance",
-     sources=("official-rules.md §6.1, §6.2", "official-rules.md §11.4", SOURCE_CODE),
+     sources=("V4-model L413 (q at freqs_cis[start_pos:end_pos])", "V41-model L541-552",
+              "official-rules.md §6.1, §6.2, §11.4"),
      tolerance="that of ROPE.ROUNDING, on the target's own stage inputs")
 
 rule("ROPE.INVERSE", "The attention output is de-rotated with the conjugate",
@@ -258,4 +262,4 @@ rule("ROPE.INVERSE", "The attention output is de-rotated with the conjugate",
      query's positions (apply_rotary_emb(..., inverse=True)), so the shared K = V latent can stay in
      its rotated form.  Outside the indexer path; stated for completeness.""",
      applies_to=V4_ALL, policy="tolerance", status=INFORMATIVE,
-     sources=(SOURCE_CODE, "official-rules.md §11.5 (the layer's table serves the de-rotation too)"))
+     sources=(SOURCE_APPLY, "official-rules.md §11.5 (the layer's table serves the de-rotation too)"))
