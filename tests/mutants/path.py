@@ -71,7 +71,9 @@ MUTANTS = {
                            "PATH.WINDOW"),
     "hca_without_offset": (mutant("hca_without_offset", compressed_index=_hca_no_offset), "PATH.HCA"),
     "concat_without_offset": (mutant("concat_without_offset", attention_index=_concat_no_offset), "PATH.CONCAT"),
-    "quantize_before_rope": (mutant("quantize_before_rope", rope_quantize=_quantize_before_rope), "PATH.ORDER"),
+    # no layer operation: PATH.ORDER is then judged on rope_quantize alone (and the layer check not paid for)
+    "quantize_before_rope": (mutant("quantize_before_rope", rope_quantize=_quantize_before_rope, index_layer=None),
+                             "PATH.ORDER"),
     "qdq_skipped": (mutant("qdq_skipped", kv_qdq=lambda x, fmt: x.float().clone()), "PATH.QDQ"),
     "nvfp4_second_scale": (mutant("nvfp4_second_scale", kv_qdq=_nvfp4_qdq), "PATH.QDQ"),
     "pool_scan_skips_partial_block": (mutant("pool_scan_skips_partial_block", pool_scan_topk=_full_blocks_only),
