@@ -11,6 +11,7 @@ import torch
 
 import dsv4spec.kernels as kernels
 from dsv4spec.kernels import indexer as KI
+from dsv4spec.kernels import path as KPATH
 from dsv4spec.kernels import pool as KP
 from dsv4spec.kernels import quant as KQ
 from dsv4spec.spec import indexer as S
@@ -96,9 +97,18 @@ def pool_cases(rng):
     }
 
 
+def path_cases(rng):
+    T = 1 << 14 if GPU else 24
+    x = bf16_values(rng, (T, 512), 3.0)
+    positions = torch.from_numpy(rng.integers(0, 1 << 20, T))
+    freqs = torch.from_numpy(rng.random(32).astype(np.float32))
+    return {"rope_quantize": (lambda *a: tuple(t for fmt in ("fp4_e8m0", "fp4_e4m3", "fp8_e8m0_32")
+                                                for t in KPATH.rope_quantize(*a, fmt)), (x, positions, freqs))}
+
+
 def all_cases():
     rng = np.random.default_rng(2026)
-    return {**quant_cases(rng), **indexer_cases(rng), **pool_cases(rng)}
+    return {**quant_cases(rng), **indexer_cases(rng), **pool_cases(rng), **path_cases(rng)}
 
 
 def exported_ops() -> set:
