@@ -14,10 +14,15 @@ Operations (CPU tensors in and out; CUDA when present, the Triton interpreter ot
 
 Scores.  One program holds TQ queries x H heads of q (TQ*H columns of the MMA, heads on the N
 side so the head sum is an in-register reduction) and streams key blocks: acc = k_blk @ q_tile^T
-in fp32, then s_h = bf16(acc), p_h = bf16(ReLU(s_h) * w_h), I = bf16(sum_h p_h).  Every BF16
-rounding is written with integer arithmetic on the fp32 bit pattern (round to nearest even), so
-the interpreter (whose fp32->bf16 cast truncates) and the GPU agree bit for bit.  Key blocks that
-no query of the tile can see are not multiplied; they are written -inf directly.
+in fp32, then s_h = bf16(acc), p_h = bf16(ReLU(s_h) * w_h), I = bf16(sum_h p_h).  BF16 roundings
+are integer arithmetic on the fp32 bit pattern (round to nearest even; the interpreter's fp32->bf16
+cast truncates and Hopper's conversion instructions are slow); on the GPU p_h is the BF16 multiply
+(one RNE of the exact product).  Key blocks that no query of the tile can see are not multiplied;
+they are written -inf directly.  On the GPU the key loop is software-pipelined (the next key block
+loads while this one multiplies), and 4 warps per program with 64 keys a block let 3 programs
+share an SM, so one's epilogue (the integer pipe) overlaps another's MMA.  FP4 operands are
+decoded once per block in registers: 16 bytes per 32-element scale group, the scale decoded once
+per group, each code by three integer operations and two exact fp32 multiplies (_fp4_rows).
 
 Top-k.  A row is an unordered multiset of fp32 scores mapped to order-preserving uint32 keys
 (-0 folded onto +0).  The fast path is a threshold filter (group maxima give a threshold that
@@ -103,26 +108,6 @@ def _order_key(x):
     return tl.where((b >> 31) != 0, b ^ 0xFFFFFFFF, b | 0x80000000)
 
 
-@triton.jit
-def _fp4_e8m0_to_bf16(byte, nibble_shift, sbyte, AS_FP32: tl.constexpr):
-    """One E2M1 nibble of `byte` times its E8M0 scale 2^(sbyte-127), as an exact BF16 tensor
-    (fp32 for the interpreter, whose bf16 -> fp32 conversion mishandles subnormals)."""
-    nib = (byte.to(tl.uint32) >> nibble_shift.to(tl.uint32)) & 0xF
-    e = (nib >> 1) & 3
-    m = nib & 1
-    # magnitude bits in fp32: e = 0 -> m * 0.5; e > 0 -> (1 + m/2) * 2^(e-1)
-    mag = tl.where(e == 0, m * (126 << 23), ((e + 126) << 23) | (m << 22))
-    val = (mag | ((nib >> 3) << 31)).to(tl.float32, bitcast=True)
-    s = sbyte.to(tl.uint32)
-    sbits = tl.where(s == 0, 0x00400000, s << 23)  # byte 0 is 2^-127, an fp32 subnormal
-    scale = tl.where(s == 255, float("nan"), sbits.to(tl.float32, bitcast=True))
-    # E2M1 x E8M0 has <= 2 significant bits: exact in fp32 and in BF16 (top 16 bits)
-    if AS_FP32:
-        return val * scale
-    prod = (val * scale).to(tl.uint32, bitcast=True)
-    return (prod >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
-
-
 # --------------------------------------------------------------------------------------------
 # Hadamard rotation, head weights, visible counts
 
@@ -185,11 +170,83 @@ def _visible_kernel(p_ptr, out_ptr, n, ratio, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _fp4_group_factors(sbyte):
+    """E8M0 byte b -> (f1, f2), normal fp32 powers of two with f1 * f2 = 2^(b-127) for b < 255:
+    f1 = 2^(min(b,128) - 1), f2 = 2^(max(b,128) - 128); byte 255 (NaN) gives f2 = NaN."""
+    s = sbyte.to(tl.int32)
+    f1 = ((tl.minimum(s, 128) + 126) << 23).to(tl.float32, bitcast=True)
+    f2 = ((tl.maximum(s, 128) - 1) << 23).to(tl.float32, bitcast=True)
+    return f1, tl.where(s == 255, float("nan"), f2)
+
+
+@triton.jit
+def _e2m1_bias1(n):
+    """E2M1 code n (uint32, 0..15) as the fp32 with the code's sign, exponent and mantissa bits in
+    fp32's places: its value times 2^-126, exactly (exponent 0, m * 2^-1, lands in fp32's
+    subnormals, m * 2^-127).  The sign bit moves from bit 25 to bit 31: + (n & 8)(2^28 - 2^22)."""
+    return ((n << 22) + (n & 8) * ((1 << 28) - (1 << 22))).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _fp4_rows(b_ptr, s_ptr, rows, row_ok, R: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
+              AS_FP32: tl.constexpr):
+    """[R, D_PAD] E2M1 x E8M0/32 values of `rows` (packed two codes a byte, element 2i low), exact
+    in BF16: ((code * 2^-126) * f1) * f2 is the exact product (or its IEEE overflow).  The bytes
+    are read 16 to a scale group and each group's scale is decoded once; bf16 (fp32 for the
+    interpreter, whose bf16 -> fp32 conversion mishandles subnormals)."""
+    G_PAD: tl.constexpr = D_PAD // 32
+    g = tl.arange(0, G_PAD)
+    c = tl.arange(0, 16)
+    gm = row_ok[:, None] & (g < D // 32)[None, :]
+    b = tl.load(b_ptr + rows[:, None, None] * (D // 2) + g[None, :, None] * 16 + c[None, None, :],
+                mask=gm[:, :, None], other=0).to(tl.uint32)
+    f1, f2 = _fp4_group_factors(tl.load(s_ptr + rows[:, None] * (D // 32) + g[None, :], mask=gm,
+                                        other=127))
+    f1 = f1[:, :, None]
+    f2 = f2[:, :, None]
+    v = tl.reshape(tl.join(_e2m1_bias1(b & 15) * f1 * f2, _e2m1_bias1(b >> 4) * f1 * f2),
+                   (R, D_PAD))
+    if AS_FP32:
+        return v
+    # exact in BF16 (<= 2 significant bits): its top 16 bits, no conversion instruction (slow on Hopper)
+    return (v.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _score_epilogue(acc, w, BLOCK_S: tl.constexpr, TQ: tl.constexpr, H_PAD: tl.constexpr,
+                    BF16_SCORE: tl.constexpr, GPU_OPS: tl.constexpr):
+    """[BLOCK_S, TQ*H_PAD] head dots -> [BLOCK_S, TQ] scores: s_h = bf16(acc), p_h = bf16(ReLU(s_h)
+    w_h), I = bf16(sum_h p_h) (fp32 accumulation); or all in fp32.  ReLU(bf16(a)) = bf16(ReLU(a)):
+    the rounding is monotone and keeps 0.  GPU_OPS: max.f32 (a NaN gives 0, as the where does) and
+    the BF16 multiply (mul.rn.bf16: one RNE of the exact product), which take the integer
+    rounding of p_h off Hopper's integer pipe, the epilogue's bottleneck."""
+    if GPU_OPS:
+        relu = tl.maximum(acc, 0.0)
+    else:
+        relu = tl.where(acc > 0.0, acc, 0.0)
+    if BF16_SCORE and GPU_OPS:
+        s_h = (_bf16_rne_no_nan(relu).to(tl.uint32, bitcast=True) >> 16).to(tl.uint16)
+        p = (s_h.to(tl.bfloat16, bitcast=True) * w.to(tl.bfloat16)[None, :]).to(tl.float32)
+    elif BF16_SCORE:
+        p = _bf16_rne_no_nan(_bf16_rne_no_nan(relu) * w[None, :])
+    else:
+        p = relu * w[None, :]
+    score = tl.sum(tl.reshape(p, (BLOCK_S, TQ, H_PAD)), axis=2)
+    if BF16_SCORE:
+        score = _bf16_rne_no_nan(score)
+    return score
+
+
+@triton.jit
 def _scores_kernel(q_ptr, qs_ptr, k_ptr, ks_ptr, w_ptr, vis_ptr, idx_ptr, out_ptr,
                    T, S, H, out_stride, idx_stride, n_s_progs,
                    D: tl.constexpr, D_PAD: tl.constexpr, H_PAD: tl.constexpr, TQ: tl.constexpr,
                    BLOCK_S: tl.constexpr, FP4: tl.constexpr, BF16_SCORE: tl.constexpr,
-                   GATHER: tl.constexpr, IEEE: tl.constexpr):
+                   GATHER: tl.constexpr, IEEE: tl.constexpr, GPU_OPS: tl.constexpr,
+                   STAGES: tl.constexpr):
+    """Program (t, s) holds TQ queries x H_PAD heads of q (the MMA's N side) and takes key blocks
+    s, s + n_s_progs, ... below the tile's largest visible count (a pipelined loop of STAGES on
+    the GPU), then writes -inf into its key blocks past that count."""
     pid_t = tl.program_id(0)
     pid_s = tl.program_id(1)
     NQ: tl.constexpr = TQ * H_PAD
@@ -200,74 +257,99 @@ def _scores_kernel(q_ptr, qs_ptr, k_ptr, ks_ptr, w_ptr, vis_ptr, idx_ptr, out_pt
     q_row = t_r * H + h_r
     d = tl.arange(0, D_PAD)
     d_ok = d < D
-    qmask = row_ok[:, None] & d_ok[None, :]
     if FP4:
-        qb = tl.load(q_ptr + q_row[:, None] * (D // 2) + d[None, :] // 2, mask=qmask, other=0)
-        qsb = tl.load(qs_ptr + q_row[:, None] * (D // 32) + d[None, :] // 32, mask=qmask, other=127)
-        q = _fp4_e8m0_to_bf16(qb, (d[None, :] & 1) * 4, qsb, IEEE)
+        q = _fp4_rows(q_ptr, qs_ptr, q_row, row_ok, NQ, D, D_PAD, IEEE)
     else:
-        q = tl.load(q_ptr + q_row[:, None] * D + d[None, :], mask=qmask, other=0.0)
+        q = tl.load(q_ptr + q_row[:, None] * D + d[None, :], mask=row_ok[:, None] & d_ok[None, :],
+                    other=0.0)
     w = tl.load(w_ptr + q_row, mask=row_ok, other=0.0).to(tl.float32)
-
     tq = tl.arange(0, TQ)
     t_q = pid_t * TQ + tq
     vis = tl.load(vis_ptr + t_q, mask=t_q < T, other=0)
     vmax = tl.max(vis, axis=0)
-    n_blk = tl.cdiv(S, BLOCK_S)
-    sb = pid_s
-    while sb < n_blk:  # (while, not range: the 3.6 interpreter cannot range over runtime scalars)
+    n_vis = tl.cdiv(vmax, BLOCK_S)  # key blocks some query of the tile sees
+    if STAGES > 0:
+        for sb in tl.range(pid_s, n_vis, n_s_progs, num_stages=STAGES):
+            _score_block(q, w, vis, t_q, sb, k_ptr, ks_ptr, idx_ptr, out_ptr, T, S, out_stride,
+                         idx_stride, pid_t, vmax, D, D_PAD, H_PAD, TQ, BLOCK_S, FP4, BF16_SCORE,
+                         GATHER, IEEE, GPU_OPS)
+    else:  # the interpreter (3.6) cannot range over run-time scalars
+        sb = pid_s
+        while sb < n_vis:
+            _score_block(q, w, vis, t_q, sb, k_ptr, ks_ptr, idx_ptr, out_ptr, T, S, out_stride,
+                         idx_stride, pid_t, vmax, D, D_PAD, H_PAD, TQ, BLOCK_S, FP4, BF16_SCORE,
+                         GATHER, IEEE, GPU_OPS)
+            sb += n_s_progs
+    # the causal tail: this program's blocks from n_vis on are -inf without a multiply
+    sb = pid_s + tl.cdiv(tl.maximum(n_vis - pid_s, 0), n_s_progs) * n_s_progs
+    while sb < tl.cdiv(S, BLOCK_S):
         j = sb * BLOCK_S + tl.arange(0, BLOCK_S)
-        omask = (j[:, None] < S) & (t_q[None, :] < T)
-        optr = out_ptr + t_q[None, :] * out_stride + j[:, None]
-        if sb * BLOCK_S < vmax:
-            if GATHER:  # TQ == 1: key rows come from this query's gathered position list
-                pos = tl.load(idx_ptr + pid_t * idx_stride + j, mask=j < vmax, other=0)
-            else:
-                pos = j
-            kmask = (j < vmax)[:, None] & d_ok[None, :]
-            if FP4:
-                kb = tl.load(k_ptr + pos[:, None] * (D // 2) + d[None, :] // 2, mask=kmask, other=0)
-                ksb = tl.load(ks_ptr + pos[:, None] * (D // 32) + d[None, :] // 32, mask=kmask,
-                              other=127)
-                kt = _fp4_e8m0_to_bf16(kb, (d[None, :] & 1) * 4, ksb, IEEE)
-            else:
-                kt = tl.load(k_ptr + pos[:, None] * D + d[None, :], mask=kmask, other=0.0)
-            if IEEE:  # fp32 operands; also the interpreter, whose bf16 dot multiplies raw bits
-                acc = tl.dot(kt.to(tl.float32), tl.trans(q.to(tl.float32)), input_precision="ieee")
-            else:
-                acc = tl.dot(kt, tl.trans(q))  # [BLOCK_S, TQ*H_PAD], fp32 accumulation
-            if BF16_SCORE:
-                s_h = _bf16_rne_no_nan(acc)
-                p_h = _bf16_rne_no_nan(tl.where(s_h > 0.0, s_h, 0.0) * w[None, :])
-            else:
-                p_h = tl.where(acc > 0.0, acc, 0.0) * w[None, :]
-            score = tl.sum(tl.reshape(p_h, (BLOCK_S, TQ, H_PAD)), axis=2)
-            if BF16_SCORE:
-                score = _bf16_rne_no_nan(score)
-            score = tl.where(j[:, None] < vis[None, :], score, float("-inf"))
-            tl.store(optr, score, mask=omask)
-        else:
-            tl.store(optr, tl.full((BLOCK_S, TQ), float("-inf"), tl.float32), mask=omask)
+        tl.store(out_ptr + t_q[None, :] * out_stride + j[:, None],
+                 tl.full((BLOCK_S, TQ), float("-inf"), tl.float32),
+                 mask=(j[:, None] < S) & (t_q[None, :] < T))
         sb += n_s_progs
 
 
+@triton.jit
+def _score_block(q, w, vis, t_q, sb, k_ptr, ks_ptr, idx_ptr, out_ptr, T, S, out_stride,
+                 idx_stride, pid_t, vmax, D: tl.constexpr, D_PAD: tl.constexpr,
+                 H_PAD: tl.constexpr, TQ: tl.constexpr, BLOCK_S: tl.constexpr, FP4: tl.constexpr,
+                 BF16_SCORE: tl.constexpr, GATHER: tl.constexpr, IEEE: tl.constexpr,
+                 GPU_OPS: tl.constexpr):
+    """Scores of key block sb for the tile's queries: acc = k_blk @ q^T, epilogue, -inf where
+    the query does not see the key."""
+    j = sb * BLOCK_S + tl.arange(0, BLOCK_S)
+    k_ok = j < vmax
+    if GATHER:  # TQ == 1: key rows come from this query's gathered position list
+        pos = tl.load(idx_ptr + pid_t * idx_stride + j, mask=k_ok, other=0)
+    else:
+        pos = j
+    if FP4:
+        kt = _fp4_rows(k_ptr, ks_ptr, pos, k_ok, BLOCK_S, D, D_PAD, IEEE)
+    else:
+        d = tl.arange(0, D_PAD)
+        kt = tl.load(k_ptr + pos[:, None] * D + d[None, :], mask=k_ok[:, None] & (d < D)[None, :],
+                     other=0.0)
+    if IEEE:  # fp32 operands; also the interpreter, whose bf16 dot multiplies raw bits
+        acc = tl.dot(kt.to(tl.float32), tl.trans(q.to(tl.float32)), input_precision="ieee")
+    else:
+        acc = tl.dot(kt, tl.trans(q))  # [BLOCK_S, TQ*H_PAD], fp32 accumulation
+    score = _score_epilogue(acc, w, BLOCK_S, TQ, H_PAD, BF16_SCORE, GPU_OPS)
+    score = tl.where(j[:, None] < vis[None, :], score, float("-inf"))
+    tl.store(out_ptr + t_q[None, :] * out_stride + j[:, None], score,
+             mask=(j[:, None] < S) & (t_q[None, :] < T))
+
+
+_SCORE_N = 128  # GPU: MMA columns (queries x padded heads) per program
+_SCORE_M = 64  # GPU: keys per block (the MMA's M side)
+_SCORE_WARPS = 4
+# The score epilogue's max.f32 and BF16 multiply on the GPU (_score_epilogue); False falls back to
+# the interpreter's integer rounding, for a GPU whose BF16 multiply would not be IEEE (subnormals:
+# test_bf16_scores_match_impl[wide_exponents] run on the GPU is the check).
+_SCORE_GPU_OPS = True
+
+
 def _score_config(T: int, S: int, H_PAD: int, D_PAD: int, gather: bool):
-    """(TQ, BLOCK_S, n_s_progs, num_warps): fixed configs, small ones in the interpreter."""
+    """(TQ, BLOCK_S, n_s_progs, num_warps, stages): fixed configs, small ones in the interpreter.
+    GPU: TQ queries x H_PAD heads are the MMA's N side (_SCORE_N columns, fewer for fewer
+    queries), BLOCK_S keys its M side, so each of 8 warps holds BLOCK_S * N / 256 <= 64 fp32
+    accumulators; the key blocks are split over enough programs for 4 per SM (132 SMs); STAGES
+    key blocks in flight (the software pipeline of the key loop)."""
     if INTERPRET:  # the interpreter pays per operation, not per element: few, wide blocks
         tq = 1 if gather else max(1, 16 // H_PAD)
-        return tq, 512 if gather else 64, 1, 4
-    tq = 1 if gather else max(1, 128 // H_PAD)
-    block_s = 128 if D_PAD <= 128 else 64
+        return tq, 512 if gather else 64, 1, 4, 0
+    tq = 1 if gather else max(1, min(_pow2(T), _SCORE_N // H_PAD))
+    block_s = _SCORE_M if D_PAD <= 128 else _SCORE_M // 2
     n_t = triton.cdiv(T, tq)
     n_s = max(1, min(triton.cdiv(S, block_s), triton.cdiv(4 * 132, n_t)))
-    return tq, block_s, n_s, 8
+    return tq, block_s, n_s, _SCORE_WARPS, 2
 
 
 def _launch_scores(q, qs, k, ks, w, vis32, idx, T, S, H, D, out, fp4: bool, bf16: bool):
     H_PAD = _pow2(H, 16)
-    D_PAD = _pow2(D, 16)
+    D_PAD = _pow2(D, 32)
     gather = idx is not None
-    tq, block_s, n_s, warps = _score_config(T, S, H_PAD, D_PAD, gather)
+    tq, block_s, n_s, warps, stages = _score_config(T, S, H_PAD, D_PAD, gather)
     ieee = INTERPRET or ((not fp4) and q.dtype == torch.float32)
     if INTERPRET and not fp4:  # exact widening on the host: the interpreter's bf16 -> fp32
         q, k, w = q.float(), k.float(), w.float()  # conversion mishandles subnormals
@@ -276,7 +358,8 @@ def _launch_scores(q, qs, k, ks, w, vis32, idx, T, S, H, D, out, fp4: bool, bf16
                          idx if gather else vis32, out, T, S, H, out.stride(0),
                          idx.stride(0) if gather else 0, n_s,
                          D=D, D_PAD=D_PAD, H_PAD=H_PAD, TQ=tq, BLOCK_S=block_s, FP4=fp4,
-                         BF16_SCORE=bf16, GATHER=gather, IEEE=ieee, num_warps=warps)
+                         BF16_SCORE=bf16, GATHER=gather, IEEE=ieee, GPU_OPS=_SCORE_GPU_OPS and not INTERPRET,
+                         STAGES=stages, num_warps=warps)
 
 
 # --------------------------------------------------------------------------------------------

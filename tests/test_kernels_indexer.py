@@ -555,13 +555,13 @@ COMPILE_SM90 = textwrap.dedent("""
         # scores as the launchers pick them on a GPU: BF16 operands (MMA), fp32 (IEEE), FP4, gather
         for fp4, bf16, gather, dt in ((False, True, False, "bf16"), (False, False, False, "fp32"),
                                       (True, True, False, "u8"), (False, True, True, "bf16")):
-            tq, block_s, _, warps = K._score_config(4096, 65536, 64, 128, gather)
+            tq, block_s, _, warps, stages = K._score_config(4096, 65536, 64, 128, gather)
             build(K._scores_kernel, {"q_ptr": "*" + dt, "qs_ptr": "*" + dt, "k_ptr": "*" + dt,
                                      "ks_ptr": "*" + dt, "w_ptr": "*bf16" if bf16 else "*fp32",
                                      "vis_ptr": "*i32", "idx_ptr": "*i32", "out_ptr": "*fp32",
                                      **ints("T", "S", "H", "out_stride", "idx_stride", "n_s_progs")},
                   num_warps=warps, D=128, D_PAD=128, H_PAD=64, TQ=tq, BLOCK_S=block_s, FP4=fp4,
-                  BF16_SCORE=bf16, GATHER=gather, IEEE=not bf16)
+                  BF16_SCORE=bf16, GATHER=gather, IEEE=not bf16, GPU_OPS=K._SCORE_GPU_OPS, STAGES=stages)
         build(K._hadamard_kernel, {"x_ptr": "*fp32", "out_ptr": "*fp32", **ints("n_rows", "scale_bits")},
               num_warps=4, ROWS=K._HADAMARD_ROWS, D=128)
         E = K._ELEMENTWISE_BLOCK
