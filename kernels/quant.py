@@ -24,6 +24,10 @@ Exactness.  The interpreter's float casts differ from the GPU's, so no rounding 
     So the E4M3 path is bit-identical to dividing by the rounded scale with IEEE division
     (tl.math.div_rn), without paying for a division per element.  The one division, amax/6, is
     per block and uses tl.math.div_rn.
+  * BF16 input to the FP4 quantizers is read as 32-bit words of two elements
+    (_fp4_quantize_bf16_kernel): each boundary product t*s is an exact BF16 number, so both
+    elements' comparisons are one integer add on the word (_e2m1_pair_bytes), and no float
+    operation runs per element.  fp32 input goes through _fp4_quantize_kernel.
   * BF16 rounding adds 0x7FFF + (bit 16) to the fp32 bits of the magnitude and clears the low
     half, the sign goes back in as a bit; a NaN keeps its upper half with the quiet bit set.
   * Block maxima ignore NaN, as the CUDA max reduction of the official kernel does (the launchers
@@ -228,14 +232,10 @@ def _fp4_quantize_kernel(x_ptr, q_ptr, s_ptr, nblocks,
     x = tl.reshape(x.to(tl.float32), (ROWS, HALF, 2))
     amax = tl.max(_abs_max_rows(x, CLEAN_NAN), axis=1)
     if E4M3_SCALE:
-        # s = E4M3_RNE(max(amax, 6*2^-9) / 6), saturating at 448; the byte is its E4M3 code
-        t = tl.math.div_rn(tl.maximum(amax, 0.01171875), 6.0)
-        s_code = _e4m3_encode_magnitude(t)
+        s_code = _fp4_e4m3_scale_code(amax)
         codes = _e2m1_code_from_scaled_thresholds(x, _e4m3_decode(s_code)[:, None, None])
     else:
-        # s = 2^ceil(log2(max(amax, 6*2^-126) * fl32(1/6))); byte = exponent + 127
-        p = tl.maximum(amax, 7.052316384526264e-38) * 0.1666666716337204
-        e = _pow2_ceil_exponent(p)
+        e = _fp4_e8m0_scale_exponent(amax)
         s_code = e + 127
         inv_s = tl.where(e >= 128, 0.0, _pow2(-tl.minimum(e, 127)))   # 1/Inf = 0
         codes = _e2m1_code_of_exact(x, inv_s[:, None, None])
@@ -243,6 +243,90 @@ def _fp4_quantize_kernel(x_ptr, q_ptr, s_ptr, nblocks,
     packed = (lo | (hi << 4)).to(tl.uint8)
     half = tl.arange(0, HALF)
     tl.store(q_ptr + rows[:, None] * HALF + half[None, :], packed, mask=row_ok[:, None])
+    tl.store(s_ptr + rows, s_code.to(tl.uint8), mask=row_ok)
+
+
+@triton.jit
+def _fp4_e4m3_scale_code(amax):
+    """s = E4M3_RNE(max(amax, 6*2^-9) / 6), saturating at 448: its E4M3 code."""
+    return _e4m3_encode_magnitude(tl.math.div_rn(tl.maximum(amax, 0.01171875), 6.0))
+
+
+@triton.jit
+def _fp4_e8m0_scale_exponent(amax):
+    """e of s = 2^e = 2^ceil(log2(max(amax, 6*2^-126) * fl32(1/6))); the byte is e + 127."""
+    return _pow2_ceil_exponent(tl.maximum(amax, 7.052316384526264e-38) * 0.1666666716337204)
+
+
+@triton.jit
+def _pair_bias(t, INCLUSIVE: tl.constexpr):
+    """Per 16-bit lane: 0x7FFF - B (0x8000 - B if INCLUSIVE) for B the BF16 bits of t > 0, an
+    exact BF16 number held in fp32 (its low half is zero)."""
+    b = t.to(tl.uint32, bitcast=True) >> 16
+    return (0x7FFF + INCLUSIVE - b) * 0x10001
+
+
+@triton.jit
+def _not(x):
+    """~x of a uint32 (the interpreter's ~ forms -1, which uint32 cannot hold)."""
+    return x ^ 0xFFFFFFFF
+
+
+@triton.jit
+def _select(mask, x, y):
+    """x where mask has a 1 bit, y elsewhere."""
+    return (x & mask) | (y & (mask ^ 0xFFFFFFFF))
+
+
+@triton.jit
+def _e2m1_pair_bytes(w, a, s):
+    """Packed E2M1 byte of the two BF16 values in each 32-bit word w (element 2i in the low half,
+    as in memory), a = w & 0x7FFF7FFF their magnitudes, for scale s > 0 broadcast per row.
+
+    The code's magnitude is the number of boundaries t*s that |x| passes (module docstring), and
+    every product t*s of the boundaries (<= 3 significant bits) and s (E4M3: <= 4; E8M0: a power
+    of two) is an exact BF16 number B (or +Inf, passed by nothing).  Non-negative BF16 numbers
+    order as their 15-bit patterns, so in each 16-bit lane a + (0x7FFF - B) carries into the lane's
+    top bit exactly when |x| > B (a + 0x8000 - B when |x| >= B), and never into the next lane.  The
+    seven flags are a thermometer code (the boundaries increase), read into binary by bitwise
+    logic on the whole word: both elements at once, no float operation."""
+    f1 = a + _pair_bias(0.25 * s, 0)
+    f2 = a + _pair_bias(0.75 * s, 1)
+    f3 = a + _pair_bias(1.25 * s, 0)
+    f4 = a + _pair_bias(1.75 * s, 1)
+    f5 = a + _pair_bias(2.5 * s, 0)
+    f6 = a + _pair_bias(3.5 * s, 1)
+    f7 = a + _pair_bias(5.0 * s, 0)
+    b1 = f6 | (f2 & _not(f4))
+    b0 = f7 | (f5 & _not(f6)) | (f3 & _not(f4)) | (f1 & _not(f2))
+    # sign, b2 = f4, b1, b0 into bits 15..12 of each lane (bit selects), then one nibble a lane
+    m = _select(0x80008000, w, f4 >> 1)
+    m = _select(0xC000C000, m, b1 >> 2)
+    m = _select(0xE000E000, m, b0 >> 3) & 0xF000F000
+    return (m >> 12) | (m >> 24)
+
+
+@triton.jit
+def _fp4_quantize_bf16_kernel(w_ptr, q_ptr, s_ptr, nblocks, E4M3_SCALE: tl.constexpr,
+                              BLOCK: tl.constexpr, ROWS: tl.constexpr):
+    """_fp4_quantize_kernel for BF16 input read as 32-bit words of two elements: integer
+    arithmetic on the words throughout (the block maximum too), one byte out per word."""
+    WORDS: tl.constexpr = BLOCK // 2
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < nblocks
+    offs = rows[:, None] * WORDS + tl.arange(0, WORDS)[None, :]
+    w = tl.load(w_ptr + offs, mask=row_ok[:, None], other=0).to(tl.uint32, bitcast=True)
+    a = w & 0x7FFF7FFF
+    amax = (tl.maximum(tl.max(a & 0xFFFF, axis=1), tl.max(a >> 16, axis=1)) << 16)
+    amax = amax.to(tl.float32, bitcast=True)
+    if E4M3_SCALE:
+        s_code = _fp4_e4m3_scale_code(amax)
+        s = _e4m3_decode(s_code)
+    else:
+        e = _fp4_e8m0_scale_exponent(amax)
+        s_code = e + 127
+        s = _pow2(e)
+    tl.store(q_ptr + offs, _e2m1_pair_bytes(w, a, s[:, None]).to(tl.uint8), mask=row_ok[:, None])
     tl.store(s_ptr + rows, s_code.to(tl.uint8), mask=row_ok)
 
 
@@ -454,7 +538,12 @@ def fp4_quantize_device(x: torch.Tensor, e4m3_scale: bool):
     nblocks = n // block
     q = torch.empty(x.shape[:-1] + (x.shape[-1] // 2,), dtype=torch.uint8, device=x.device)
     s = torch.empty(x.shape[:-1] + (x.shape[-1] // block,), dtype=torch.uint8, device=x.device)
-    if nblocks:
+    if nblocks and x.dtype == torch.bfloat16:  # two elements a 32-bit word
+        rows = _rows_per_program(block)
+        _fp4_quantize_bf16_kernel[_grid(nblocks, rows)](
+            x.view(torch.int32), q, s, nblocks, E4M3_SCALE=e4m3_scale, BLOCK=block, ROWS=rows,
+            num_warps=_num_warps())
+    elif nblocks:
         rows = _rows_per_program(block)
         _fp4_quantize_kernel[_grid(nblocks, rows)](
             x, q, s, nblocks, E4M3_SCALE=e4m3_scale, BLOCK=block, ROWS=rows,

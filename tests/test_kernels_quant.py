@@ -96,6 +96,54 @@ def test_fp4_codec_matches_spec_and_impl(name, dtype):
     assert_same_bits(y, getattr(S, name + "_dequantize")(want_packed, want_scales), f"{name} dequantize")
 
 
+def bf16_neighbours(v: np.ndarray) -> np.ndarray:
+    """v (exact BF16 values, > 0) with the BF16 numbers just below and just above each."""
+    bits = v.astype(np.float32).view(np.uint32) >> 16
+    near = np.stack([bits - 1, bits, bits + 1], -1).reshape(-1).astype(np.uint32) << 16
+    return near.view(np.float32)
+
+
+def boundary_blocks(block: int, e4m3: bool) -> np.ndarray:
+    """Blocks whose maximum fixes the scale s (every positive E4M3 scale; E8M0 scales 2^-130 ..
+    2^125) and whose other values are the E2M1 decision boundaries t*s and their BF16 neighbours,
+    signs alternating: the pair kernel's carry comparisons at every boundary, from both sides."""
+    t = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+    if e4m3:
+        scales = F.e4m3_decode(np.arange(1, 0x7F, dtype=np.uint8)).astype(np.float64)
+        top = 6.0     # amax = 6s: E4M3_RNE(6s / 6) = s
+    else:
+        scales = 2.0 ** np.arange(-130, 126)
+        top = 5.0     # amax = 5 * 2^e: ceil(log2(5 * 2^e * fl32(1/6))) = e
+    rows = []
+    for s in scales:
+        vals = bf16_neighbours((t * s).astype(np.float32))
+        vals = vals[(vals > 0) & (vals <= top * s)]
+        for i in range(0, len(vals), block - 1):
+            row = np.zeros(block, np.float32)
+            chunk = vals[i:i + block - 1]
+            row[1:1 + len(chunk)] = chunk * np.where(np.arange(len(chunk)) % 2, -1, 1)
+            row[0] = top * s
+            rows.append(row)
+    return np.stack(rows)
+
+
+@pytest.mark.parametrize("name", ["fp4_e4m3", "fp4_e8m0"])
+def test_fp4_quantize_bf16_boundaries_and_every_pattern(name):
+    block = 16 if name == "fp4_e4m3" else 32
+    edges = boundary_blocks(block, name == "fp4_e4m3").reshape(-1)
+    finite = np.arange(1 << 16, dtype=np.uint32)
+    finite = (finite << 16).view(np.float32)
+    finite = finite[np.isfinite(finite)]
+    pad = (-len(finite)) % block
+    x = np.concatenate([edges, finite, np.zeros(pad, np.float32)]).reshape(-1, block)
+    xt = torch.from_numpy(x).to(torch.bfloat16)   # exact: every value is a BF16 number
+    assert np.array_equal(xt.float().numpy(), x)
+    packed, scales = getattr(K, name + "_quantize")(xt)
+    want_packed, want_scales = getattr(S, name + "_quantize")(x)
+    assert_same_bits(scales, want_scales, f"{name} scales (bf16 pairs) vs spec")
+    assert_same_bits(packed, want_packed, f"{name} packed (bf16 pairs) vs spec")
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "bf16"])
 @pytest.mark.parametrize("block", [32, 64, 128, 48])
 def test_fp8_codec_matches_spec_and_impl(block, dtype):
@@ -468,9 +516,12 @@ COMPILE_SM90 = textwrap.dedent("""
         build(K._fp8_dequantize_kernel, {"q_ptr": "*u8", "s_ptr": "*u8", "y_ptr": "*fp32",
                                          "nblocks": "i32"}, **rows)
     for e4m3, block in ((True, 16), (False, 32)):
-        build(K._fp4_quantize_kernel, {"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*u8",
+        build(K._fp4_quantize_kernel, {"x_ptr": "*fp32", "q_ptr": "*u8", "s_ptr": "*u8",
                                        "nblocks": "i32"},
               E4M3_SCALE=e4m3, BLOCK=block, ROWS=E // block, CLEAN_NAN=False)
+        build(K._fp4_quantize_bf16_kernel, {"w_ptr": "*i32", "q_ptr": "*u8", "s_ptr": "*u8",
+                                            "nblocks": "i32"}, E4M3_SCALE=e4m3, BLOCK=block,
+              ROWS=E // block)
         build(K._fp4_dequantize_kernel, {"q_ptr": "*u8", "s_ptr": "*u8", "y_ptr": "*fp32",
                                          "nblocks": "i32"}, E4M3_SCALE=e4m3, BLOCK=block, ROWS=E // block)
     build(K._pack_kernel, {"c_ptr": "*u8", "p_ptr": "*u8", "npairs": "i32"}, N=4096)
@@ -484,4 +535,4 @@ def test_every_kernel_compiles_for_sm90():
     done = subprocess.run([sys.executable, "-c", COMPILE_SM90], env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    assert done.stdout.count("compiled") == 6 + 3 * 2 + 2 * 2 + 2
+    assert done.stdout.count("compiled") == 6 + 3 * 2 + 3 * 2 + 2
