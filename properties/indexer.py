@@ -130,6 +130,20 @@ def cancellation_case() -> ScoreCase:
     return ScoreCase("cancellation (IDX.SCORE.ROUNDING differs)", q, k, w, np.array([2]))
 
 
+def tp_cancellation_case() -> ScoreCase:
+    """32 heads in 2 shards of 16; p_h = 0.5 or 0.50390625 (7 of them) in shard 0, −0.5 in shard 1.
+
+    Shard 0 sums to 8 + 7·2^-8, which BF16 rounds to 8 (ulp 2^-4); shard 1 to −8: the all-reduce
+    gives 0.0 where the full score is 7·2^-8 — far more than 2 ulps of any head term."""
+    q = np.zeros((1, 32, 16))
+    q[0, :, 0] = 0.5
+    q[0, :7, 0] = 0.50390625
+    k = np.zeros((1, 16))
+    k[0, 0] = 1.0
+    w = np.where(np.arange(32) < 16, 1.0, -1.0)[None, :]
+    return ScoreCase("BF16 shard partials that cancel", q, k, w, np.array([1]))
+
+
 def all_negative_case() -> ScoreCase:
     """Every visible score negative: a masked 0 would outrank them all."""
     q = np.ones((2, 1, 16))
@@ -282,7 +296,8 @@ def fp4_scores_are_scores_of_dequantized_values(target, seed, T, H, S, D):
 
 
 @check("IDX.SCORE.TP", ops=("index_scores",))
-@forall(case=score_cases(kinds=("normal", "relu_zero")), shards=st.sampled_from((2, 4)))
+@forall(dict(case=tp_cancellation_case(), shards=2), case=score_cases(kinds=("normal", "relu_zero")),
+        shards=st.sampled_from((2, 4)))
 def head_shards_sum_to_the_full_score(target, case, shards):
     H = case.q.shape[1]
     if H % shards:
