@@ -143,8 +143,9 @@ rule("POOL.MASK", "The pool is a per-query bool mask of whole blocks",
 rule("POOL.SIZE", "At most 16384 positions",
      """A pool holds at most 2048 · 8 = 16384 positions; with N > 16384 reachable positions it
      holds at least 2047 · 8 + 1 = 16377 reachable ones (≥ 512), so the re-index top-512 is never
-     short of candidates — less 8 for every older block whose scores are all −inf, which
-     POOL.DROP_INF drops (never at the candidate source, whose reachable scores are finite).""",
+     short of candidates.  It holds fewer only when fewer than 2047 older blocks hold a finite
+     score, since blocks whose scores are all −inf are dropped (POOL.DROP_INF) — never at the
+     candidate source, whose reachable scores are finite.""",
      applies_to=V41, policy="structural",
      sources=(SELECT, "official-rules.md §5.1 'Consequences'", "doc-000 summary L3 (at most 16384 candidates)",
               "doc-000 Q&A 1 L13"))
