@@ -301,12 +301,14 @@ rule("IDX.SCORE.TP", "Head-sharded partial scores sum to the full score",
      gives the full score within the tolerance below: the weight factor uses the global head count,
      never the local one.""",
      applies_to=V4_ALL, policy="tolerance",
-     tolerance="""3·Σ_i ulp(M_i) + n·ulp(A), BF16 ulps, with M_i the IDX.SCORE.ROUNDING magnitude of
-     shard i and A = Σ_h |p_h|: each shard's score is within 2 ulp(M_i) of its definition, which is
-     within ulp(M_i)/2 of the exact partial sum; each of the n − 1 BF16 additions of the all-reduce
-     rounds by at most ulp(A) (every running sum is below 2A), and the full score is within ulp(A)
-     of Σ_h p_h.  The bound is not relative to the full score: shard partials can cancel (two shards
-     of ±0.0098 summing to 0.0 where the full score is 0.0096, measured).""",
+     tolerance="""3·Σ_i ulp(M_i) + n·ulp(A) (ulp: the BF16 spacing), with M_i the IDX.SCORE.ROUNDING
+     magnitude of shard i and A = Σ_h |p_h|: each shard's score is within 2 ulp(M_i) of its
+     definition, which is within ulp(M_i)/2 of the exact partial sum; each of the n − 1 BF16
+     additions of the all-reduce rounds by at most ulp(A) (every running sum is below 2A), and the
+     full score is within ulp(A) of Σ_h p_h.  The bound is not relative to the full score, because
+     shard partials can cancel: 16 head terms of 0.5 and 0.50390625 sum to 8 + 7·2^-8, which BF16
+     rounds to 8, and 16 of −0.5 to −8, so the all-reduce gives 0.0 where the full score is 7·2^-8
+     (a permanent example; a thorough run had found 0.0 against 0.00958).""",
      sources=("V4-model L395, L422-423 (n_heads is global; the all-reduce)", "official-rules.md §4.1, §4.2"))
 
 
