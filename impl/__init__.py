@@ -16,3 +16,4 @@ NAME = "impl"
 DEVICE = "cpu"
 CLAIMS_CONFORMANCE = True
 VARIANTS: dict = {}
+EXTENSIONS = {"chunked_prefill", "streaming"}   # beyond the official domain (spec.rules.EXTENSIONS)

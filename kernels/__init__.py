@@ -21,3 +21,4 @@ from .path import *  # noqa: E402,F401,F403
 NAME = "kernels"
 CLAIMS_CONFORMANCE = True
 VARIANTS: dict = {}
+EXTENSIONS = {"chunked_prefill"}   # beyond the official domain (spec.rules.EXTENSIONS)

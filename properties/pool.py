@@ -31,7 +31,7 @@ from ..spec.models import PROFILES, profile
 from ..spec.rules import V4
 from .compare import as_numpy
 from .indexer import ScoreCase, _t, expected_scores, make_score_case
-from .ranking import assert_pool, assert_topk
+from .ranking import TOPK_CLAUSES, assert_pool, assert_topk
 from .suite import check, forall
 
 __all__ = ["OPS", "PoolCase", "pool_cases"]
@@ -172,9 +172,23 @@ def pool_holds_at_most_16384_positions(target, case):
     capacity = case.topk_blocks * case.block_size
     for t, n in enumerate(case.compress_lens):
         reachable = int(got[t, :n].sum())
-        if n > capacity and reachable < capacity - case.block_size + 1:
+        least = _least_reachable(case.scores[t], int(n), case.topk_blocks, case.block_size)
+        if n > capacity and reachable < least:
             raise AssertionError(f"POOL.SIZE: row {t} of {case!r}: {reachable} reachable candidates of {n}, "
-                                 f"expected ≥ {capacity - case.block_size + 1}")
+                                 f"expected ≥ {least} (capacity − {case.block_size} + 1 = "
+                                 f"{capacity - case.block_size + 1} less the blocks scoring −inf)")
+
+
+def _least_reachable(row: np.ndarray, n: int, topk_blocks: int, block_size: int) -> int:
+    """The reachable positions a pool must hold: those of the newest block, plus a whole block for
+    each of the topk_blocks − 1 best older blocks — only those with a finite maximum, since
+    POOL.DROP_INF drops the rest."""
+    newest = spec.newest_block(n, block_size)
+    if newest < 0:
+        return 0
+    older = row[: newest * block_size].reshape(newest, block_size)
+    finite = int(np.isfinite(older.max(axis=1, initial=-np.inf)).sum())
+    return n - newest * block_size + block_size * min(topk_blocks - 1, finite)
 
 
 @check("POOL.ALL_REACHABLE", ops=("candidate_blocks",))
@@ -204,17 +218,21 @@ class ReindexCase:
 
 @st.composite
 def reindex_cases(draw):
-    case = make_score_case(draw(st.sampled_from(("normal", "relu_zero", "ties"))), draw(st.integers(0, 2 ** 32 - 1)),
-                           draw(st.integers(1, 4)), draw(st.sampled_from((1, 4, 32))), 16, draw(st.integers(1, 48)))
-    rng = np.random.default_rng(draw(st.integers(0, 2 ** 32 - 1)))
-    S = case.k.shape[0]
-    density = draw(st.sampled_from((0.0, 0.3, 0.7, 1.0)))
-    blocky = draw(st.booleans())
-    if blocky:
-        pool = np.repeat(rng.random((case.q.shape[0], -(-S // 8))) < density, 8, axis=1)[:, :S]
-    else:
-        pool = rng.random((case.q.shape[0], S)) < density
-    return ReindexCase(case, pool, draw(st.integers(0, S)))
+    """A re-index layer's own q and w over the candidate source's K and pool.
+
+    Only pools made by candidate selection are in the official domain: the source's reachable
+    scores are finite, so a pool keeps ≥ min(visible, 8·(topk_blocks − 1) + 1) visible positions
+    and k stays within that (as 512 ≤ 16377 in the model)."""
+    kinds = st.sampled_from(("normal", "relu_zero", "ties"))
+    T, H, S = draw(st.integers(1, 4)), draw(st.sampled_from((1, 4, 32))), draw(st.integers(1, 48))
+    source = make_score_case(draw(kinds), draw(st.integers(0, 2 ** 32 - 1)), T, H, 16, S)
+    own = make_score_case(draw(kinds), draw(st.integers(0, 2 ** 32 - 1)), T, H, 16, S)
+    topk_blocks = draw(st.sampled_from((1, 2, 3, 5, spec.TOPK_BLOCKS)))
+    layer20 = spec_indexer.index_scores(source.q, source.k, source.w, source.visible)
+    pool = spec.candidate_blocks(layer20, source.visible, topk_blocks)
+    k = draw(st.integers(0, min(S, spec.BLOCK_SIZE * (topk_blocks - 1) + 1)))
+    return ReindexCase(ScoreCase(f"{own.label} over the pool of {source.label}, topk_blocks={topk_blocks}",
+                                 own.q, source.k, own.w, source.visible), pool, k)
 
 
 def wide_reindex_case(n: int = 16400) -> ReindexCase:
@@ -235,8 +253,10 @@ def reindex_topk_stays_inside_the_pool(target, case):
     got = target.reindex_topk(*sc.torch(), torch.from_numpy(case.pool), case.topk)
     ref, tol = expected_scores(target, sc)
     eligible = case.pool & spec_indexer.visibility_mask(sc.visible, sc.k.shape[0])
-    assert_topk(got, np.where(eligible, ref, -np.inf), eligible, case.topk, "position", tol=tol,
-                what=f"POOL.REINDEX [{case!r}]")
+    ties = target.variant("topk_ties")
+    clauses = tuple(c for c in TOPK_CLAUSES if c != "lowest_index" or ties == "lowest_index")
+    assert_topk(got, np.where(eligible, ref, -np.inf), eligible, case.topk, "position", tol=tol, clauses=clauses,
+                what=f"POOL.REINDEX (topk_ties={ties}) [{case!r}]")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ import numpy as np
 from hypothesis import HealthCheck, Phase, example, given, settings
 
 from ..spec import RULES
-from ..spec.rules import INFORMATIVE, KNOBS, select
+from ..spec.rules import EXTENSIONS, INFORMATIVE, KNOBS, select
 from .target import NotImplementedOp, Target
 
 PASS, FAIL, ERROR, TIMEOUT = "PASS", "FAIL", "ERROR", "TIMEOUT"
@@ -66,6 +66,7 @@ class Check:
     name: str
     fn: object
     ops: tuple[str, ...]
+    extension: str | None = None   # beyond the official domain: runs only for targets declaring it
 
     @property
     def id(self) -> str:
@@ -98,13 +99,17 @@ def forall(*examples: dict, **strategies):
 
 
 
-def check(rule_id: str, *, ops: tuple[str, ...] = ()):
-    """Register the decorated function as a check of `rule_id` needing the operations `ops`."""
+def check(rule_id: str, *, ops: tuple[str, ...] = (), extension: str | None = None):
+    """Register the decorated function as a check of `rule_id` needing the operations `ops`; a check
+    of a clause beyond the official domain names its extension (a rule's extension covers all its checks)."""
     if rule_id not in RULES:
         raise KeyError(f"check for undeclared rule {rule_id!r}")
+    extension = extension or RULES[rule_id].extension
+    if extension is not None and extension not in EXTENSIONS:
+        raise KeyError(f"check of {rule_id}: unknown extension {extension!r}")
 
     def register(fn):
-        CHECKS.append(Check(rule_id, fn.__name__, fn, tuple(ops)))
+        CHECKS.append(Check(rule_id, fn.__name__, fn, tuple(ops), extension))
         return fn
 
     return register
@@ -144,6 +149,8 @@ def run_check(chk: Check, target: Target, profile: str = "ci") -> Outcome:
     if chk.ops and not target.has(*chk.ops):
         missing = [op for op in chk.ops if not target.has(op)]
         return Outcome(NOT_IMPLEMENTED, "missing " + ", ".join(missing))
+    if chk.extension and chk.extension not in target.extensions:
+        return Outcome(SKIP, f"extension {chk.extension} not declared")
     start = time.perf_counter()
     try:
         # A target's numeric warnings (NaN casts and the like) are not results; the checks judge values.
@@ -180,7 +187,8 @@ def run_rule(rule_id: str, target: Target, profile: str = "ci") -> Row:
     detail = failing[0] if failing else ""
     missing = len(outcomes) - len(ran)
     if ran and missing and status == PASS:
-        detail = f"{len(ran)} of {len(outcomes)} checks ran; the others need operations the target lacks"
+        why = sorted({o.detail for o in outcomes.values() if o.status in (NOT_IMPLEMENTED, SKIP)})
+        detail = f"{len(ran)} of {len(outcomes)} checks ran; the others: " + "; ".join(why)
     if r.knob and status == PASS and target.variant(r.knob) != KNOBS[r.knob].canonical:
         status, detail = VARIANT, f"passes under declared {r.knob}={target.variant(r.knob)}"
     elif r.knob and status == FAIL:

@@ -7,6 +7,7 @@ returning whole batched torch tensors on the CPU) and optional metadata:
     DEVICE = "cuda"                     # informative
     VARIANTS = {"e2m1_ties": "even"}    # the implementation-defined choices it declares
     CLAIMS_CONFORMANCE = True           # its failures make `dsv4spec verify` exit non-zero
+    EXTENSIONS = {"chunked_prefill"}    # the extensions beyond the official domain it implements
 
 `--target pkg.module:attr` names a module, an object, or a zero-argument callable returning one;
 `--target pkg.module` names a module.  Installed packages may also register targets in the
@@ -21,7 +22,7 @@ import sys
 import types
 from importlib import metadata
 
-from ..spec.rules import KNOBS, check_variants
+from ..spec.rules import EXTENSIONS, KNOBS, check_variants
 
 BUILTIN = {
     "impl": "dsv4spec.impl",
@@ -47,6 +48,10 @@ class Target:
         self.claims_conformance = bool(getattr(provider, "CLAIMS_CONFORMANCE", False))
         self.declared = dict(getattr(provider, "VARIANTS", {}) or {})
         self.variants = check_variants(self.declared)
+        self.extensions = frozenset(getattr(provider, "EXTENSIONS", ()) or ())
+        unknown = self.extensions - set(EXTENSIONS)
+        if unknown:
+            raise ValueError(f"target {self.name}: unknown extensions {sorted(unknown)}; known: {sorted(EXTENSIONS)}")
 
     def has(self, *ops: str) -> bool:
         return all(callable(getattr(self.provider, op, None)) for op in ops)

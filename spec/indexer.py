@@ -111,7 +111,11 @@ rule("HAD.ROUNDING", "Hadamard output rounded to BF16",
      BF16 ulp of the exact value H·x/√128, plus 2^-20·‖x‖₁/√128 for the fp32 butterfly's
      accumulation order.""",
      applies_to=V32 + V4, policy="tolerance",
-     sources=("V4-model L247-251 (BF16 asserted on input, output in x's dtype)", "official-rules.md §3"))
+     sources=("V4-model L247-251 (BF16 asserted on input, output in x's dtype)", "official-rules.md §3"),
+     tolerance="""|y − H·x/√128| ≤ ulp_bf16(H·x/√128) + 2^-20·‖x‖₁/√128 per element (hadamard_tolerance):
+     the final rounding to BF16 is at most half an ulp, doubled to admit a flipped rounding when the
+     fp32 value lies near a BF16 midpoint; each of the 7 fp32 butterfly stages and the scaling
+     rounds by at most 2^-24 of a partial sum bounded by ‖x‖₁, 8·2^-24 < 2^-20.""")
 
 rule("HAD.PLACEMENT", "Hadamard on indexer q and k after RoPE, before quantization",
      """In V3.2 and V4 the rotation is applied to the indexer query (after RoPE on its last 64
@@ -156,6 +160,8 @@ rule("IDX.WEIGHT.SCALE", "Head weights carry index_head_dim^-0.5 · index_n_head
      applies_to=V4_ALL, policy="tolerance",
      sources=("V4-model L395, L418", "V41-model L555-557", "official-rules.md §4.1, §4.2, §8",
               "doc-003 §4 stage 3 L143, L155", "doc-003 §11.1 L359 (weights_proj(x) · softmax_scale · n_heads^-0.5)"),
+     tolerance="""One BF16 ulp of the reference: the official product rounds twice (fp32, then BF16),
+     a port may round the exact product once; the two differ by at most one BF16 ulp.""",
      differs="""Document 003 (§4 stage 3) puts a 1/√c^I factor on each head's dot product and a
      kv_scale after the head sum (the V3.2 arrangement); in V4 and V4.1 the whole factor
      128^-0.5·n^-0.5 is folded into the head weights, as the code quoted in its own §11.1 does, and
@@ -198,16 +204,52 @@ def index_scores(q, k, w, visible, score_dtype: str = "bf16") -> np.ndarray:
 def index_score_tolerance(q, k, w, score_dtype: str = "bf16") -> np.ndarray:
     """The allowed |target − reference| per score [T, S] (applies to finite references).
 
-    bf16: two BF16 ulps of M = max(|I|, max_h |p_h|): one for the final rounding and one for a
-          single per-head rounding flipped by a different fp32 accumulation order.
+    bf16: F + 2 BF16 ulps of M + F, M = max(|I|, max_h |p_h|), plus H·2^-24·Σ_h |p_h| for the fp32
+          head sum.  F sums, over the heads whose dot the fp32 accumulation may round either way
+          (some value within D·2^-24·Σ_d |q·k| of the exact dot rounds to another BF16 value),
+          |w_h| times the spread of those roundings plus one ulp of the head's product: each such
+          head may flip.  Two ulps cover the roundings of the two sums (the target's possibly one
+          binade up).  With no such head this is 2 ulps of M.
     fp32: (D + H)·2^-24 · Σ_h |w_h| · Σ_d |q_hd·k_d|, the recursive-summation bound."""
-    dots, l1, w = _score_terms(q, k, w)
     if score_dtype == "bf16":
-        p = round_bf16(np.maximum(round_bf16(dots), 0.0) * w)
-        magnitude = np.maximum(np.abs(round_bf16(p.sum(axis=1))), np.abs(p).max(axis=1, initial=0.0))
-        return 2.0 * bf16_quantum(magnitude)
+        dots, l1, w3 = _score_terms(q, k, w)
+        reach = np.asarray(q).shape[-1] * 2.0 ** -24 * l1          # fp32, any order: products are exact
+        spread = np.abs(round_bf16(dots + reach) - round_bf16(dots - reach))
+        p = _head_terms(q, k, w)
+        moved = np.abs(w3) * spread
+        flips = np.where(spread > 0, moved + bf16_quantum(np.abs(p) + moved), 0.0).sum(axis=1)
+        head_sum = p.shape[1] * 2.0 ** -24 * np.abs(p).sum(axis=1)
+        return flips + 2.0 * bf16_quantum(index_score_magnitude(q, k, w) + flips) + head_sum
+    dots, l1, w = _score_terms(q, k, w)
     depth = dots.shape[1] + np.asarray(q).shape[-1]
     return depth * 2.0 ** -24 * (np.abs(w) * l1).sum(axis=1)
+
+
+def _head_terms(q, k, w) -> np.ndarray:
+    """p_h = bf16(ReLU(bf16(q_h·k))·w_h) [T, H, S]."""
+    dots, _, w = _score_terms(q, k, w)
+    return round_bf16(np.maximum(round_bf16(dots), 0.0) * w)
+
+
+def index_score_magnitude(q, k, w) -> np.ndarray:
+    """M = max(|I|, max_h |p_h|) [T, S]."""
+    p = _head_terms(q, k, w)
+    return np.maximum(np.abs(round_bf16(p.sum(axis=1))), np.abs(p).max(axis=1, initial=0.0))
+
+
+def index_score_allreduce_tolerance(q, k, w, shards) -> np.ndarray:
+    """What the BF16 all-reduce of head-sharded scores adds to the shards' own bounds [T, S].
+
+    A shard's definition bf16(Σ_{h∈i} p_h) is within ulp(M_i)/2 ≤ ulp(M_i) of its exact sum; each of
+    the n − 1 BF16 additions rounds by at most half an ulp of a running sum, and every running sum
+    is below 2A with A = Σ_h |p_h| (the shards' errors are a few ulps of M_i ≤ A), so by at most
+    ulp(A); the full score I is within ulp(A)/2 ≤ ulp(A) of Σ_h p_h.  Total Σ_i ulp(M_i) + n·ulp(A).
+    The bound is in ulps of the shards and of Σ|p_h|, not of I: shard partials may cancel."""
+    q, w = np.asarray(q, dtype=np.float64), np.asarray(w, dtype=np.float64)
+    total = len(shards) * bf16_quantum(np.abs(_head_terms(q, k, w)).sum(axis=1))
+    for heads in shards:
+        total = total + bf16_quantum(index_score_magnitude(q[:, heads], k, w[:, heads]))
+    return total
 
 
 rule("IDX.SCORE.FORMULA", "Score = Σ_h w_h · ReLU(q_h · k)",
@@ -216,17 +258,33 @@ rule("IDX.SCORE.FORMULA", "Score = Σ_h w_h · ReLU(q_h · k)",
      tolerance of IDX.SCORE.ROUNDING (bf16) or the fp32 summation bound (fp32).""",
      applies_to=V32 + V4_ALL, policy="tolerance",
      sources=("V4-model L420-421", "V41-model L555-557", "V32-kernel L240-247", "official-rules.md §4.1-§4.3",
-              "doc-002 Q&A 3 L19"))
+              "doc-002 Q&A 3 L19"),
+     tolerance="""2^-5 · Σ_h |w_h|·|q_h·k| of the exact fp32 formula, whatever the rounding scheme:
+     BF16 steps move each head term by less than 3·2^-8 of its size and the sum by 2^-8 of Σ|terms|,
+     well inside 2^-5; a ReLU applied after the weight or a missing head moves a score by a whole
+     term.""")
 
 rule("IDX.SCORE.ROUNDING", "V4/V4.1 score is BF16 at every step",
      """With q, k, w BF16: s_h = bf16(Σ_d q·k accumulated in fp32); r_h = ReLU(s_h);
      p_h = bf16(r_h·w_h); I = bf16(Σ_h p_h accumulated in fp32).  A target's score must lie
-     within 2 BF16 ulps of M = max(|I|, max_h |p_h|) of this definition.  Measured on the CPU,
-     the official torch expression differed from the definition in 1 of 16384 scores by one ulp
-     (summation order), and once by 2 BF16 ulps of a head's partial (17.81250047: 17.75 in torch,
-     17.875 rounded exactly); the bound admits one such flipped per-head rounding besides the
-     final one.  The TP all-reduce of the head-sharded partial scores is also BF16.""",
+     within the tolerance below of this definition: 2 BF16 ulps of M = max(|I|, max_h |p_h|),
+     widened only by the heads whose fp32 dot may round to another BF16 value.  Measured on the
+     CPU, the official torch expression differed from the definition in 1 of 16384 scores by one
+     ulp (summation order), and once by 2 BF16 ulps of a head's partial (17.81250047: 17.75 in
+     torch, 17.875 rounded exactly).  The TP all-reduce of the head-sharded partial scores is also
+     BF16.""",
      applies_to=V4_ALL, policy="tolerance", knob="score_rounding",
+     tolerance="""F + 2·ulp(M + F) + H·2^-24·Σ_h |p_h| (index_score_tolerance; ulp: the BF16
+     spacing).  A head's dot accumulated in fp32 in any order is within D·2^-24·Σ_d |q_d·k_d| of the
+     exact dot (the products of BF16 values are exact in fp32); where that interval holds values
+     rounding to different BF16 numbers, the head's rounding may flip, moving p_h by |w_h| times the
+     spread of those roundings plus one ulp of p_h's own rounding; F sums that over the heads that
+     may flip (none in most scores).  Two ulps of M + F cover the final roundings of the target's and
+     the definition's head sums (the target's possibly one binade up), and H·2^-24·Σ|p_h| the fp32
+     head sum.  Measured: the official BF16 einsum expression stays within 1 ulp of M on 1500
+     random cases, 300 of each score kind (tests/test_indexer.py keeps 150 of them), and a thorough
+     run found it 3 ulps of M away where one head's dot lay 2·10^8 below a midpoint and its fp32
+     sum above it (a permanent example; 2 ulps of M was too tight).""",
      sources=("V4-model L420-423", "V41-model L555-557",
               "official-rules.md §4.1 'Score dtype' and 'The BF16 score, written out', §4.2, §9, §11.7",
               "doc-003 §4 stage 4 L163-165", "doc-003 §10.1 L292-294"),
@@ -242,21 +300,34 @@ rule("IDX.SCORE.V32_FP32", "V3.2 score is fp32 throughout",
      fp32 (score_dtype='fp32'): no step rounds to BF16.  Compared within (D + H)·2^-24 ·
      Σ_h |w_h|·Σ_d |q·k| of the exact value.""",
      applies_to=V32, policy="tolerance",
-     sources=("V32-kernel L240-247", "official-rules.md §4.3"))
+     sources=("V32-kernel L240-247", "official-rules.md §4.3"),
+     tolerance="""(D + H)·2^-24 · Σ_h |w_h|·Σ_d |q·k|: the recursive-summation bound of fp32 for the D-term
+     dot and the H-term head sum in any order (each addition rounds by 2^-24 of a partial sum bounded
+     by the sum of magnitudes).""")
 
 rule("IDX.SCORE.FP4", "FP4 scores equal the scores of the dequantized q and k",
      """index_scores_fp4 on packed E2M1 q and k with E8M0 scales per 32 is the BF16 score of the
      dequantized values (code value · 2^(byte − 127)), with the tolerance of IDX.SCORE.ROUNDING.""",
      applies_to=V4_ALL, policy="tolerance",
      sources=("V4-model L413-416, L420-421 (q, k FP4-simulated, then the BF16 einsum)", "V41-model L546-557",
-              "official-rules.md §2.3, §4.1"))
+              "official-rules.md §2.3, §4.1"),
+     tolerance="""That of IDX.SCORE.ROUNDING on the dequantized values, which are exact in BF16 (a 2-bit
+     E2M1 significand times a power of two).""")
 
 rule("IDX.SCORE.TP", "Head-sharded partial scores sum to the full score",
      """Splitting the heads over n tensor-parallel shards (each with its slice of q and w, the
      weights keeping the global factor), scoring each shard and adding the partial BF16 scores
-     gives the full score within (n + 2) BF16 ulps of M (one rounding per partial sum and per
-     addition): the weight factor uses the global head count, never the local one.""",
+     gives the full score within the tolerance below: the weight factor uses the global head count,
+     never the local one.""",
      applies_to=V4_ALL, policy="tolerance",
+     tolerance="""Σ_i (τ_i + ulp(M_i)) + n·ulp(A) (ulp: the BF16 spacing), with M_i the IDX.SCORE.ROUNDING
+     magnitude of shard i and A = Σ_h |p_h|: each shard's score is within its IDX.SCORE.ROUNDING
+     tolerance τ_i of its definition, which is within ulp(M_i)/2 of the exact partial sum; each of the n − 1 BF16
+     additions of the all-reduce rounds by at most ulp(A) (every running sum is below 2A), and the
+     full score is within ulp(A) of Σ_h p_h.  The bound is not relative to the full score, because
+     shard partials can cancel: 16 head terms of 0.5 and 0.50390625 sum to 8 + 7·2^-8, which BF16
+     rounds to 8, and 16 of −0.5 to −8, so the all-reduce gives 0.0 where the full score is 7·2^-8
+     (a permanent example; a thorough run had found 0.0 against 0.00958).""",
      sources=("V4-model L395, L422-423 (n_heads is global; the all-reduce)", "official-rules.md §4.1, §4.2"))
 
 
@@ -278,8 +349,9 @@ rule("IDX.VISIBLE", "A query at position p sees compressed entries j < (p+1)//ra
      [j·ratio, (j+1)·ratio) (at V4 ratio 4 also the group before it) and exists once its group is
      complete, so the query at absolute position p sees visible(p) = (p + 1) // ratio entries.
      One-chunk prefill from position 0 (query i = position i) and single-token decode
-     (end_pos // ratio entries, end_pos = p + 1) give the same count; a prefill chunk starting
-     after position 0 (chunked prefill, an extension beyond the reference) follows the same rule.""",
+     (end_pos // ratio entries, end_pos = p + 1) give the same count.  Extension `chunked_prefill`
+     (beyond the reference, checked only for targets that declare it): a prefill chunk starting at
+     any position gives the same count too.""",
      applies_to=V32 + V4_ALL, policy="exact",
      sources=("V4-model L424-426", "V41-model L563-567",
               "official-rules.md §4.1 'Causal / visible length', §4.2, §10 Q8, §11.1, §11.7",
@@ -303,12 +375,13 @@ rule("IDX.MASK", "Invisible entries score −inf, never 0",
 
 rule("IDX.CHUNK", "Decode, chunked and one-chunk prefill scores agree",
      """The scores of a query depend only on its own q, w and visible count: the row of a query
-     computed alone (decode: the first end_pos//ratio entries, none masked) or inside any chunk of
-     queries equals that query's row of a one-chunk prefill, within the IDX.SCORE.ROUNDING
-     tolerance, with −inf at exactly the same positions.  The reference runs one prefill chunk
-     from position 0 and one-token decode; a chunk starting after position 0 (chunked prefill) is
-     an extension beyond it.""",
+     computed alone (decode: the first end_pos//ratio entries, none masked) equals that query's row
+     of a one-chunk prefill, with −inf at exactly the same positions.  Extension `chunked_prefill`
+     (beyond the reference, checked only for targets that declare it): so does its row inside any
+     chunk of queries.""",
      applies_to=V4_ALL, policy="tolerance",
+     tolerance="""Twice the IDX.SCORE.ROUNDING bound: both rows are a target's own scores, each within it of
+     the definition.""",
      sources=("V4-model L420-432 (decode scores end_pos//ratio entries unmasked)", "V41-model L563-567",
               "official-rules.md §4.1, §10 Q8, §11.1"))
 

@@ -143,7 +143,9 @@ rule("POOL.MASK", "The pool is a per-query bool mask of whole blocks",
 rule("POOL.SIZE", "At most 16384 positions",
      """A pool holds at most 2048 · 8 = 16384 positions; with N > 16384 reachable positions it
      holds at least 2047 · 8 + 1 = 16377 reachable ones (≥ 512), so the re-index top-512 is never
-     short of candidates.""",
+     short of candidates.  It holds fewer only when fewer than 2047 older blocks hold a finite
+     score, since blocks whose scores are all −inf are dropped (POOL.DROP_INF) — never at the
+     candidate source, whose reachable scores are finite.""",
      applies_to=V41, policy="structural",
      sources=(SELECT, "official-rules.md §5.1 'Consequences'", "doc-000 summary L3 (at most 16384 candidates)",
               "doc-000 Q&A 1 L13"))
@@ -161,7 +163,9 @@ rule("POOL.REINDEX", "Re-index layers take top-k inside the pool",
      """A re-index layer sets its own scores outside the pool to −inf and takes top-512 with the
      V4.1 order (ascending positions, −1 at the tail): row t holds min(k, |pool ∩ visible|) valid
      indices, every one a visible pool position, and their scores are a top-k of the
-     pool-restricted scores (tie-aware).  No position outside the pool is ever selected.""",
+     pool-restricted scores (tie-aware; which of equal scores are taken is implementation-defined,
+     topk_ties).  No position outside the pool is ever selected.  The pool is one made by candidate
+     selection, so it never holds fewer than min(k, visible) visible positions.""",
      applies_to=V41, policy="tie-aware",
      sources=("V41-model L555-557, L575 (masked_fill(~candidates, −inf))", "official-rules.md §4.2 'Candidate handling', "
               "§5.1 'Consequences'", "doc-000 Q&A 1 L13", "doc-000 Q&A 2 L15"))

@@ -17,6 +17,14 @@ V4 = ("v4-flash", "v4-pro")
 V41 = ("v4.1-flash",)
 V4_ALL = V4 + V41
 
+# Extensions beyond the official domain (design.md "Results, and when a target conforms"): checks
+# labelled with one run only for targets that declare it (EXTENSIONS = {"chunked_prefill"}).
+EXTENSIONS = {
+    "chunked_prefill": "prefill in chunks starting at any position (the reference prefills once, from position 0)",
+    "streaming": "the compressor fed chunks of any size after the first (the reference: one prefill from "
+                 "position 0, then one token per decode step)",
+}
+
 # How a target's result is compared with the reference.
 POLICIES = {
     "bytes": "byte equality; the first mismatch is decoded field by field",
@@ -75,6 +83,8 @@ class Rule:
             raise ValueError(f"rule {self.id}: unknown model profiles {sorted(unknown)}")
         if not self.sources:
             raise ValueError(f"rule {self.id}: a rule cites at least one source")
+        if self.extension is not None and self.extension not in EXTENSIONS:
+            raise ValueError(f"rule {self.id}: unknown extension {self.extension!r}; known: {sorted(EXTENSIONS)}")
 
 
 RULES: dict[str, Rule] = {}

@@ -122,3 +122,64 @@ def test_bad_input_is_refused_with_a_clear_message(call, message):
     with pytest.raises((ValueError, TypeError)) as e:
         call()
     assert message in str(e.value)
+
+
+# ------------------------------------------------------------------------------------------------
+# No false alarms (issue 7): the official transcription passes; the boundaries that made it fail
+# ------------------------------------------------------------------------------------------------
+from hypothesis import given, settings  # noqa: E402
+
+from dsv4spec import official  # noqa: E402
+from dsv4spec.properties.indexer import expected_scores  # noqa: E402
+from dsv4spec.properties.pool import PoolCase, _least_reachable, reindex_cases, wide_reindex_case  # noqa: E402
+from dsv4spec.properties.ranking import TOPK_CLAUSES, assert_topk  # noqa: E402
+from dsv4spec.properties.suite import PASS, run_rule  # noqa: E402
+from dsv4spec.properties.target import load_target  # noqa: E402
+from dsv4spec.spec import indexer as spec_indexer  # noqa: E402
+
+
+def test_reindex_accepts_any_tie_breaking_on_the_wide_pool():
+    """The issue's wide example: 4282 pool positions tie at score 0 for the last of 512 slots;
+    torch.topk takes some of them, not the lowest-indexed ones, and that conforms (topk_ties any)."""
+    case = wide_reindex_case()
+    sc = case.scores
+    ref, tol = expected_scores(load_target("official"), sc)
+    eligible = case.pool & spec_indexer.visibility_mask(sc.visible, sc.k.shape[0])
+    pooled = np.where(eligible, ref, -np.inf)[0]
+    kth = np.sort(pooled)[::-1][case.topk - 1]
+    assert kth == 0.0 and int(np.sum(pooled == 0.0)) == 4282
+    got = official.reindex_topk(*sc.torch(), torch.from_numpy(case.pool), case.topk)
+    args = (got, pooled[None], eligible, case.topk, "position")
+    assert_topk(*args, tol=tol, clauses=tuple(c for c in TOPK_CLAUSES if c != "lowest_index"))
+    with pytest.raises(AssertionError, match="lowest_index"):         # what the old check demanded
+        assert_topk(*args, tol=tol, clauses=("lowest_index",))
+    assert run_rule("POOL.REINDEX", load_target("official")).status == PASS
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(case=reindex_cases())
+def test_reindex_pools_come_from_candidate_selection(case):
+    """Only pools made by candidate selection are in the domain: never fewer than min(k, visible)
+    visible pool positions (a random sparse pool was, and the official code fails it)."""
+    eligible = case.pool & spec_indexer.visibility_mask(case.scores.visible, case.scores.k.shape[0])
+    assert (eligible.sum(axis=1) >= np.minimum(case.topk, case.scores.visible)).all()
+
+
+def test_pool_size_floor_discounts_blocks_that_score_minus_inf():
+    """topk_blocks 3, 40 reachable positions, blocks 0–2 all −inf: the pool is the newest block and
+    block 3 — 16 reachable positions, below capacity − 7 = 17 and right (POOL.DROP_INF)."""
+    scores = np.zeros((1, 40))
+    scores[0, :24] = -np.inf
+    case = PoolCase("−inf older blocks", scores, np.array([40]), 3)
+    for target in (official, impl):
+        got = target.candidate_blocks(torch.tensor(scores, dtype=torch.float32), torch.tensor([40]), 3).numpy()
+        assert got[0].tolist() == [False] * 24 + [True] * 16
+    assert _least_reachable(scores[0], 40, 3, 8) == 16 < 3 * 8 - 8 + 1
+    assert _least_reachable(np.zeros(40), 40, 3, 8) == 24 and _least_reachable(scores[0], 0, 3, 8) == 0
+    assert case.topk_blocks * case.block_size == 24
+    assert run_rule("POOL.SIZE", load_target("official")).status == PASS
+
+
+def test_official_passes_the_pool_and_role_rules():
+    for rule_id in ("POOL.TOPK_BLOCKS", "POOL.PIN_EMPTY", "POOL.DROP_INF", "LAYER.V4", "LAYER.V41"):
+        assert run_rule(rule_id, load_target("official")).status == PASS, rule_id

@@ -10,7 +10,8 @@ def mutant(name: str, base=impl, variants=None, **overrides) -> SimpleNamespace:
     """A target provider equal to `base` except for the operations in `overrides`."""
     ops = {k: getattr(base, k) for k in dir(base) if not k.startswith("_") and callable(getattr(base, k))}
     ops.update(overrides)
-    return SimpleNamespace(NAME=f"mutant:{name}", CLAIMS_CONFORMANCE=True, VARIANTS=variants or {}, **ops)
+    return SimpleNamespace(NAME=f"mutant:{name}", CLAIMS_CONFORMANCE=True, VARIANTS=variants or {},
+                           EXTENSIONS=getattr(base, "EXTENSIONS", ()), **ops)
 
 
 FAMILIES = ("quant", "indexer", "pool", "compressor", "layout", "budget", "rope", "path")

@@ -15,7 +15,7 @@ from . import mutant
 
 def _compress(x, params, *, model, ratio, eps=None, score_fill=float("-inf"), rope_offset=0,
               look_ahead=False, normalize=True, mean_pool=False, drop_ape=False, swap_halves=False,
-              emit_partial=False):
+              emit_partial=False, skip_norm=False):
     """impl.compress with switches, each one mistake."""
     seqlen = x.shape[1]
     if emit_partial and seqlen % ratio:
@@ -47,7 +47,7 @@ def _compress(x, params, *, model, ratio, eps=None, score_fill=float("-inf"), ro
             if look_ahead:
                 kv, score = kv.flip(1), score.flip(1)
         pooled = (kv * score.softmax(dim=2)).sum(dim=2)
-    if normalize or ratio > 1:
+    if not skip_norm and (normalize or ratio > 1):
         eps = profile(model).norm_eps if eps is None else eps
         pooled = ic._rms_norm(pooled, params["norm"], eps)
     return ic._rope(pooled, torch.arange(groups) * ratio + rope_offset * (ratio - 1), params["rope_freqs"])
@@ -71,6 +71,7 @@ MUTANTS = {
     "cmp-mean-pool": ("CMP.GATE", dict(compress=partial(_compress, mean_pool=True))),
     "cmp-ratio1-unnormalized": ("CMP.RATIO1", dict(compress=partial(_compress, normalize=False))),
     "cmp-eps-1e-6-everywhere": ("CMP.NORM", dict(compress=partial(_compress, eps=1e-6))),
+    "cmp-norm-skipped": ("CMP.NORM", dict(compress=partial(_compress, skip_norm=True))),
     "cmp-rope-at-last-token": ("CMP.ROPE", dict(compress=partial(_compress, rope_offset=1))),
     "cmp-feed-forgets-previous-window": ("CMP.STREAM", dict(compressor_feed=_feed_forgetting_previous)),
 }
