@@ -102,7 +102,7 @@ def cmd_verify(args) -> int:
         if workers:
             from dsv4spec.properties import workers as pool
             rows, infos = pool.run(specs, rule_ids, args.profile, jobs=args.jobs, seed=RUN.seed,
-                                   timeout=args.timeout, progress=progress)
+                                   timeout=args.timeout, isolate=args.isolate, progress=progress)
             targets = [infos[s] for s in specs]
         else:
             load_checks()

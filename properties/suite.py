@@ -236,7 +236,7 @@ def _matching_variant(knob: str, chks: list[Check], target: Target, profile: str
 
 
 def reproduce_command(target_spec: str, rule_id: str, profile: str, seed: int | None = None,
-                      timeout: float | None = None) -> str:
+                      timeout: float | None = None, isolate: bool | None = None) -> str:
     """A shell command that reruns one rule on one target, as printed, from any directory."""
     seed = RUN.seed if seed is None else seed
     parts = [RUN.program or program(), "verify", "--target", target_spec, "--rules", rule_id,
@@ -245,7 +245,7 @@ def reproduce_command(target_spec: str, rule_id: str, profile: str, seed: int | 
         parts += ["--seed", str(seed)]
     if timeout is not None and timeout != DEFAULT_TIMEOUT:
         parts += ["--timeout", f"{timeout:g}"]
-    if RUN.isolate:
+    if RUN.isolate if isolate is None else isolate:
         parts.append("--isolate")
     return " ".join([parts[0]] + [shlex.quote(p) for p in parts[1:]])
 
@@ -308,7 +308,9 @@ def _describe(e: BaseException, limit: int = 2500, max_lines: int = 40) -> str:
     notes = [n for n in getattr(e, "__notes__", []) if n.strip() and not any(k in n for k in _INTERNAL)]
     if notes:
         text += "\n" + "\n".join(notes)
-    text = text.replace("Failing test case:", "counterexample:").replace("Falsifying example:", "counterexample:")
+    for words in ("Failing explicit example:", "Falsifying explicit example:", "Failing test case:",
+                  "Falsifying example:"):
+        text = text.replace(words, "counterexample:")
     lines = text.splitlines()
     if len(lines) > max_lines:
         lines = lines[:max_lines] + [f"… ({len(lines) - max_lines} more lines)"]

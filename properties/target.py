@@ -26,8 +26,8 @@ Any other function is refused with a message: it is never guessed to be a factor
 target lacks are NOT_IMPLEMENTED, never FAIL.
 
 Results are checked strictly where they come back from the target (`Target.op`): a torch tensor
-of the contract's dtype (RESULTS), on the device the inputs were given on, of the expected shape
-where the contract fixes it.  A deviation is a ContractError naming what was expected and the
+of the contract's dtype (RESULTS), on the device the inputs were given on, and laid out in the
+contract's shape where it fixes one (a wrong element count is left to the rule it breaks).  A deviation is a ContractError naming what was expected and the
 converter of dsv4spec.adapters that fits; it is reported ERROR, never passed.
 """
 from __future__ import annotations
@@ -154,10 +154,19 @@ def check_result(op: str, result, args: tuple, kwargs: dict):
                                 + (f" (converters: {hint})" if hint else ""))
         if devices and out.device.type not in devices:
             raise ContractError(f"{what} is on {out.device}; expected the inputs' device ({', '.join(devices)})")
-        if shapes is not None and tuple(out.shape) != tuple(shapes[i]):
+        # Only a layout difference (size-1 or flattened dimensions) is the contract's business; a
+        # wrong number of elements (a wrong block count) is left to the rule that fixes it.
+        if shapes is not None and tuple(out.shape) != tuple(shapes[i]) and out.numel() == _numel(shapes[i]):
             raise ContractError(f"{what} has shape {tuple(out.shape)}; expected {tuple(shapes[i])} for input "
                                 f"shape {tuple(args[0].shape)} (dsv4spec.adapters.reshape_like fixes "
                                 "extra size-1 or flattened dimensions)")
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
 
 
 def _kind(x) -> str:

@@ -67,9 +67,9 @@ def devices_for(jobs: int) -> list[str | None]:
 # The worker
 # ------------------------------------------------------------------------------------------------
 
-def _worker(conn, seed, program, timeout):
+def _worker(conn, seed, program, timeout, isolate):
     signal.signal(signal.SIGINT, signal.SIG_IGN)       # the supervisor handles Ctrl-C
-    suite.RUN.seed, suite.RUN.program, suite.RUN.isolate = seed, program, True
+    suite.RUN.seed, suite.RUN.program, suite.RUN.isolate = seed, program, isolate
     WATCH.report = lambda op: conn.send(("op", op))
     suite.load_checks()
     targets = {}
@@ -98,9 +98,9 @@ def _worker(conn, seed, program, timeout):
 # ------------------------------------------------------------------------------------------------
 
 class _Slot:
-    def __init__(self, ctx, device, seed, program, timeout):
+    def __init__(self, ctx, device, *args):
         self.ctx, self.device = ctx, device
-        self.args = (seed, program, timeout)
+        self.args = args
         self.process = self.conn = self.task = None
         self.op, self.since = None, 0.0
 
@@ -144,12 +144,13 @@ class _Slot:
 
 
 def run(specs: list[str], rule_ids: list[str], profile: str, *, jobs: int = 1, seed: int | None = None,
-        timeout: float = 60.0, progress=None) -> tuple[list[Row], dict[str, TargetInfo]]:
-    """Every rule on every target in `jobs` worker processes; rows in the single-process order."""
+        timeout: float = 60.0, isolate: bool = False, progress=None) -> tuple[list[Row], dict[str, TargetInfo]]:
+    """Every rule on every target in `jobs` worker processes; rows in the single-process order.
+    `isolate` (asked for by the user) adds --isolate to every reproduce line; a crash or hang row
+    has it anyway."""
     program = suite.RUN.program or suite.program()
-    suite.RUN.isolate = True
     ctx = multiprocessing.get_context("spawn")
-    slots = [_Slot(ctx, d, seed, program, timeout) for d in devices_for(jobs)]
+    slots = [_Slot(ctx, d, seed, program, timeout, isolate) for d in devices_for(jobs)]
     tasks = deque((i, spec, rule_id, profile) for i, (spec, rule_id) in
                   enumerate((s, r) for s in specs for r in rule_ids))
     rows: dict[int, Row] = {}
@@ -165,7 +166,7 @@ def run(specs: list[str], rule_ids: list[str], profile: str, *, jobs: int = 1, s
         if slot.op == LOADING:          # it would die the same way for every rule
             infos[spec].load_error = f"target {spec!r} could not be loaded: {why}"
         slot.kill()
-        repro = suite.reproduce_command(spec, rule_id, profile, seed, timeout)
+        repro = suite.reproduce_command(spec, rule_id, profile, seed, timeout, isolate=True)
         record(index, Row(rule_id, infos[spec].name, status, why, repro))
         slot.task = None
 
