@@ -90,7 +90,7 @@ def cmd_verify(args) -> int:
     for spec in specs:
         locate(spec)                                        # unknown targets: usage error, before any run
     RUN.seed = None if args.profile in DERANDOMIZED else (args.seed if args.seed is not None else new_seed())
-    RUN.program = program()
+    RUN.program = program(specs)
     workers = args.jobs > 1 or args.isolate
     if not workers:
         targets = [load_target(spec) for spec in specs]

@@ -250,23 +250,37 @@ def reproduce_command(target_spec: str, rule_id: str, profile: str, seed: int | 
     return " ".join([parts[0]] + [shlex.quote(p) for p in parts[1:]])
 
 
-def program() -> str:
+def program(target_specs=()) -> str:
     """How to call dsv4spec from any directory: `dsv4spec` when that is this installation's
-    command on PATH, else this interpreter with -m; PYTHONPATH carries the directories this run
-    imports from that a fresh interpreter elsewhere would not search (the working directory and
-    PYTHONPATH)."""
-    import dsv4spec
+    command on PATH, else this interpreter with -m; prefixed with PYTHONPATH when dsv4spec or a
+    target's module would not be found by a fresh interpreter elsewhere (a module beside the user,
+    a checkout on PYTHONPATH)."""
+    from .target import BUILTIN, _entry_points
     script = shutil.which("dsv4spec")
     ours = script and os.path.realpath(os.path.dirname(script)) == os.path.realpath(os.path.dirname(sys.executable))
     command = "dsv4spec" if ours else f"{shlex.quote(sys.executable)} -m dsv4spec"
-    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if os.getcwd() in sys.path or "" in sys.path:
-        extra.append(os.getcwd())
-    package_home = os.path.dirname(os.path.dirname(os.path.abspath(dsv4spec.__file__)))
-    if package_home == os.getcwd() and package_home not in extra:
-        extra.append(package_home)
-    paths = list(dict.fromkeys(os.path.abspath(p) for p in extra))
+    named = {**_entry_points(), **BUILTIN}
+    modules = ["dsv4spec"] + [s.partition(":")[0].split(".")[0] for s in target_specs if s not in named]
+    paths = list(dict.fromkeys(p for m in dict.fromkeys(modules) for p in [_home_if_local(m)] if p))
     return (f"PYTHONPATH={shlex.quote(os.pathsep.join(paths))} " if paths else "") + command
+
+
+@functools.lru_cache(maxsize=None)
+def _home_if_local(module: str) -> str | None:
+    """The folder `module` is imported from, when a fresh interpreter started in / without
+    PYTHONPATH would not find this same module; else None."""
+    import importlib.util
+    import subprocess
+    found = importlib.util.find_spec(module)
+    if found is None or not found.origin:
+        return None
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    probe = f"import importlib.util; s = importlib.util.find_spec({module!r}); print(s and s.origin)"
+    elsewhere = subprocess.run([sys.executable, "-c", probe], cwd="/", env=env, capture_output=True, text=True)
+    if elsewhere.stdout.strip() == found.origin:
+        return None
+    origin = os.path.dirname(found.origin)
+    return os.path.dirname(origin) if found.submodule_search_locations else origin
 
 
 def verify(targets: list[Target], prefixes: list[str] | None = None, profile: str = "ci",
@@ -298,7 +312,8 @@ def _is_assertion(e: BaseException) -> bool:
 
 
 # Hypothesis's own advice is about editing a test file, which a target's author does not have.
-_INTERNAL = ("@reproduce_failure", "reproduce this test case", "Hypothesis", "settings(", "--hypothesis")
+_INTERNAL = ("@reproduce_failure", "reproduce this test case", "Hypothesis", "settings(", "--hypothesis",
+             "Verbosity")
 
 
 def _describe(e: BaseException, limit: int = 2500, max_lines: int = 40) -> str:
