@@ -73,48 +73,14 @@ def cmd_spec(args) -> int:
 
 def cmd_verify(args) -> int:
     from dsv4spec.properties import report
-    from dsv4spec.properties.suite import DERANDOMIZED, PROFILES, RUN, load_checks, new_seed, program, verify
-    from dsv4spec.properties.target import load_target, locate
-    from dsv4spec.spec import select
-    if args.profile not in PROFILES:
-        raise UsageError(f"unknown profile {args.profile!r}; expected one of {', '.join(PROFILES)}")
-    if args.timeout <= 0:
-        raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
-    if args.jobs < 1:
-        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
-    prefixes = _prefixes(args.rules)
-    rule_ids = [r.id for r in select(prefixes)]
-    for path in filter(None, (args.json, args.junit, args.markdown)):
-        report.check_writable(path)
-    specs = list(dict.fromkeys(args.target or DEFAULT_TARGETS))
-    for spec in specs:
-        locate(spec)                                        # unknown targets: usage error, before any run
+    from dsv4spec.properties.suite import DERANDOMIZED, RUN, exit_status, new_seed, program
+    rule_ids, specs = _checked_verify_args(args)
     RUN.seed = None if args.profile in DERANDOMIZED else (args.seed if args.seed is not None else new_seed())
     RUN.program = program(specs)
-    workers = args.jobs > 1 or args.isolate
-    if not workers:
-        targets = [load_target(spec) for spec in specs]
-        for t in targets:
-            t.timeout = args.timeout
     progress = Progress(len(rule_ids) * len(specs), quiet=args.quiet, tty=sys.stderr.isatty())
-    interrupted = False
-    try:
-        if workers:
-            from dsv4spec.properties import workers as pool
-            rows, infos = pool.run(specs, rule_ids, args.profile, jobs=args.jobs, seed=RUN.seed,
-                                   timeout=args.timeout, isolate=args.isolate, progress=progress)
-            targets = [infos[s] for s in specs]
-        else:
-            load_checks()
-            rows = verify(targets, prefixes, args.profile, progress)
-    except KeyboardInterrupt:
-        interrupted = True
-        names = list(dict.fromkeys(r.target for r in progress.rows))
-        rows = sorted(progress.rows, key=lambda r: (names.index(r.target), rule_ids.index(r.rule_id)))
-        if workers:
-            targets = [_Unloaded(s) for s in specs]
+    rows, targets, interrupted = _run_verify(args, specs, rule_ids, progress)
     progress.end()
-    header = _header(args, targets, prefixes)
+    header = _header(args, targets, _prefixes(args.rules))
     print(report.header_line(header))
     print(report.terminal(rows, color=sys.stdout.isatty()))
     for path, text in ((args.json, lambda: report.to_json(rows, header, interrupted)),
@@ -128,7 +94,6 @@ def cmd_verify(args) -> int:
     unloadable = [t for t in targets if getattr(t, "load_error", "")]
     for t in unloadable:
         print(f"dsv4spec verify: error: {t.load_error}", file=sys.stderr)
-    from dsv4spec.properties.suite import exit_status
     status = 3 if unloadable else exit_status(rows, targets)
     claiming = [t.name for t in targets if t.claims_conformance]
     print(f"\nconformance claimed by {', '.join(claiming) or 'no target'}: "
@@ -136,12 +101,55 @@ def cmd_verify(args) -> int:
     return status
 
 
+def _checked_verify_args(args) -> tuple[list[str], list[str]]:
+    """The rule ids and target specs of a verify run; a usage error for anything wrong, before any run."""
+    from dsv4spec.properties import report
+    from dsv4spec.properties.suite import PROFILES
+    from dsv4spec.properties.target import locate
+    from dsv4spec.spec import select
+    if args.profile not in PROFILES:
+        raise UsageError(f"unknown profile {args.profile!r}; expected one of {', '.join(PROFILES)}")
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
+    if args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
+    rule_ids = [r.id for r in select(_prefixes(args.rules))]
+    for path in filter(None, (args.json, args.junit, args.markdown)):
+        report.check_writable(path)
+    specs = list(dict.fromkeys(args.target or DEFAULT_TARGETS))
+    for spec in specs:
+        locate(spec)
+    return rule_ids, specs
+
+
+def _run_verify(args, specs, rule_ids, progress):
+    """(rows, targets, interrupted): in this process, or in worker processes for --isolate/--jobs."""
+    from dsv4spec.properties.suite import RUN, load_checks, verify
+    from dsv4spec.properties.target import load_target
+    workers = args.jobs > 1 or args.isolate
+    targets = [] if workers else [load_target(spec) for spec in specs]
+    for t in targets:
+        t.timeout = args.timeout
+    try:
+        if not workers:
+            load_checks()
+            return verify(targets, _prefixes(args.rules), args.profile, progress), targets, False
+        from dsv4spec.properties import workers as pool
+        rows, infos = pool.run(specs, rule_ids, args.profile, jobs=args.jobs, seed=RUN.seed,
+                               timeout=args.timeout, isolate=args.isolate, progress=progress)
+        return rows, [infos[s] for s in specs], False
+    except KeyboardInterrupt:
+        names = list(dict.fromkeys(r.target for r in progress.rows))
+        rows = sorted(progress.rows, key=lambda r: (names.index(r.target), rule_ids.index(r.rule_id)))
+        return rows, targets or [_Unloaded(s) for s in specs], True
+
+
 class _Unloaded:
     """A target whose worker was stopped before it reported (Ctrl-C)."""
 
     def __init__(self, spec):
         self.spec = self.name = spec
-        self.claims_conformance, self.version, self.device = False, "", ""
+        self.claims_conformance, self.module, self.version, self.device = False, "", "", ""
 
 
 def _header(args, targets, prefixes) -> dict:
@@ -155,7 +163,8 @@ def _header(args, targets, prefixes) -> dict:
         if args.jobs > 1 or args.isolate else []
     return {"tool": {"name": "dsv4spec", "version": dsv4spec.__version__},
             "spec": {"rules": len(RULES), "digest": report.spec_digest()},
-            "targets": [{"spec": t.spec, "name": t.name, "version": t.version, "device": str(t.device),
+            "targets": [{"spec": t.spec, "name": t.name, "module": t.module, "version": t.version,
+                         "device": str(t.device),
                          "claims_conformance": t.claims_conformance} for t in targets],
             "profile": args.profile, "seed": RUN.seed, "timeout_s": args.timeout,
             "rules": prefixes or "all", "workers": args.jobs, "worker_devices": devices,

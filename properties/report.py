@@ -5,7 +5,7 @@ JSON (schema_version 2), one object:
     schema_version   2
     header           the run: tool {name, version}, spec {rules, digest} (the digest is a sha256
                      prefix of every rule's id, status, statement and knob: equal digests, equal
-                     rules), targets [{spec, name, version, device, claims_conformance}], profile,
+                     rules), targets [{spec, name, module, version, device, claims_conformance}], profile,
                      seed (null when derandomized), timeout_s, rules (the prefixes, or "all"),
                      workers, worker_devices, isolate, python, torch, device ("cpu" or "cuda"),
                      gpus [names], date (UTC, ISO 8601), command

@@ -230,6 +230,7 @@ class Target:
         self.declared = dict(getattr(provider, "VARIANTS", {}) or {})
         self.variants = check_variants(self.declared)
         self.timeout = DEFAULT_TIMEOUT_S
+        self.module = _module(provider)
         self.version = _version(provider)
         self.hung: dict[str, str] = {}      # operations that timed out once are not called again
 
@@ -280,10 +281,14 @@ class Target:
         return f"Target({self.name!r})"
 
 
+def _module(provider) -> str:
+    """The name of the module that defines the provider."""
+    return provider.__name__ if isinstance(provider, types.ModuleType) else getattr(type(provider), "__module__", "")
+
+
 def _version(provider) -> str:
     """The provider's __version__, else its distribution's version, else ''."""
-    module = provider if isinstance(provider, types.ModuleType) else sys.modules.get(
-        getattr(type(provider), "__module__", ""), None)
+    module = provider if isinstance(provider, types.ModuleType) else sys.modules.get(_module(provider))
     version = getattr(provider, "__version__", None) or getattr(module, "__version__", None)
     if version:
         return str(version)

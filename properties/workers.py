@@ -13,7 +13,8 @@ call it says which operation it enters.  So:
 - rows come back in any order and are put back in the single-process order, so a report is the
   same (apart from timings) for any N and for the in-process run with the same seed.
 
-With several GPUs visible, worker i sees only GPU i mod n (CUDA_VISIBLE_DEVICES).
+With several GPUs visible, worker i sees only GPU i mod n (CUDA_VISIBLE_DEVICES); otherwise the
+CPU cores are dealt out among the workers (affinity and torch threads).
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ class TargetInfo:
     """What a report needs of a target that was loaded in a worker."""
     spec: str
     name: str
+    module: str = ""
     claims_conformance: bool = False
     version: str = ""
     device: str = ""
@@ -63,12 +65,29 @@ def devices_for(jobs: int) -> list[str | None]:
     return [gpus[i % len(gpus)] for i in range(jobs)] if len(gpus) > 1 else [None] * jobs
 
 
+def cores_for(jobs: int) -> list[list[int]]:
+    """The CPU cores of each worker: this process's cores dealt out, so that N workers do not
+    each start one torch thread per core of the machine."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(cores) < jobs:
+        return [cores] * jobs
+    return [cores[i::jobs] for i in range(jobs)]
+
+
+def _pin(cores: list[int]):
+    if cores and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cores)
+        import torch
+        torch.set_num_threads(len(cores))
+
+
 # ------------------------------------------------------------------------------------------------
 # The worker
 # ------------------------------------------------------------------------------------------------
 
-def _worker(conn, seed, program, timeout, isolate):
+def _worker(conn, cores, seed, program, timeout, isolate):
     signal.signal(signal.SIGINT, signal.SIG_IGN)       # the supervisor handles Ctrl-C
+    _pin(cores)
     suite.RUN.seed, suite.RUN.program, suite.RUN.isolate = seed, program, isolate
     WATCH.report = lambda op: conn.send(("op", op))
     suite.load_checks()
@@ -88,7 +107,7 @@ def _worker(conn, seed, program, timeout, isolate):
                 conn.send(("load_error", index, str(e)))
                 continue
             conn.send(("op", None))
-            conn.send(("loaded", asdict(TargetInfo(spec, t.name, t.claims_conformance, t.version, str(t.device)))))
+            conn.send(("loaded", asdict(TargetInfo(spec, t.name, t.module, t.claims_conformance, t.version, str(t.device)))))
         row = suite.run_rule(rule_id, targets[spec], profile)
         conn.send(("row", index, asdict(row)))
 
@@ -98,9 +117,9 @@ def _worker(conn, seed, program, timeout, isolate):
 # ------------------------------------------------------------------------------------------------
 
 class _Slot:
-    def __init__(self, ctx, device, *args):
+    def __init__(self, ctx, device, cores, *args):
         self.ctx, self.device = ctx, device
-        self.args = args
+        self.args = (cores, *args)
         self.process = self.conn = self.task = None
         self.op, self.since = None, 0.0
 
@@ -150,7 +169,9 @@ def run(specs: list[str], rule_ids: list[str], profile: str, *, jobs: int = 1, s
     has it anyway."""
     program = suite.RUN.program or suite.program()
     ctx = multiprocessing.get_context("spawn")
-    slots = [_Slot(ctx, d, seed, program, timeout, isolate) for d in devices_for(jobs)]
+    pinned = jobs > 1 and devices_for(jobs)[0] is None          # CPU workers share the cores out
+    cores = cores_for(jobs) if pinned else [[]] * jobs
+    slots = [_Slot(ctx, d, c, seed, program, timeout, isolate) for d, c in zip(devices_for(jobs), cores)]
     tasks = deque((i, spec, rule_id, profile) for i, (spec, rule_id) in
                   enumerate((s, r) for s in specs for r in rule_ids))
     rows: dict[int, Row] = {}
