@@ -13,13 +13,18 @@ files hold one entry a line, a rule id or prefix, then the reason:
     FP4.KV.SCALE      our E4M3 scale uses the reciprocal (ticket 123)
     IDX.TOPK          ties broken by position
 
-An entry that matches no selected rule is reported as a warning, so a stale list shows up.
+An entry that matches no selected rule is reported as a warning, so a stale list shows up.  The
+seed of a dev or thorough run is --dsv4spec-seed, else $DSV4SPEC_SEED, else a fresh one; it is
+printed in the header and every reproduce line, and shared by pytest-xdist workers.
 """
 from __future__ import annotations
 
+import os
 import warnings
 
 import pytest
+
+SEED_VARIABLE = "DSV4SPEC_SEED"
 
 
 def pytest_addoption(parser):
@@ -54,7 +59,10 @@ class Settings:
             raise pytest.UsageError(f"dsv4spec: {e}") from None
         for t in self.targets:
             t.timeout = get("dsv4spec_timeout") or t.timeout
-        RUN.seed = None if self.profile in DERANDOMIZED else (get("dsv4spec_seed") or new_seed())
+        seed = get("dsv4spec_seed")
+        seed = seed if seed is not None else int(os.environ.get(SEED_VARIABLE) or new_seed())
+        os.environ[SEED_VARIABLE] = str(seed)       # pytest-xdist workers, started later, share it
+        RUN.seed = None if self.profile in DERANDOMIZED else seed
         RUN.program = program(get("dsv4spec_target"))
         self.seed = RUN.seed
         self.skip = read_entries(get("dsv4spec_skip"), "--dsv4spec-skip")

@@ -216,9 +216,12 @@ def run(specs: list[str], rule_ids: list[str], profile: str, *, jobs: int = 1, s
                 if slot.op and time.monotonic() - slot.since > limit:
                     lost(slot, TIMEOUT, f"{slot.op} did not return within {limit - GRACE_S:g} s "
                                         f"(the target's process was ended)")
-    finally:
+    except BaseException:              # Ctrl-C: end the workers now, whatever they are running
         for slot in slots:
-            slot.stop()
+            slot.kill()
+        raise
+    for slot in slots:
+        slot.stop()
     return [rows[i] for i in sorted(rows)], infos
 
 

@@ -57,15 +57,26 @@ TARGETS = {
     (["verify", "--target", "raising", "--rules", "FMT.E2M1.RNE", "--isolate"], "no GPU here", 3),
     (["verify", "--target", "badknob", "--rules", "FMT.E2M1.RNE"], "has no value 'sideways'", 3),
 ])
-def test_bad_input_is_one_line_with_its_exit_status(tmp_path, args, needle, status):
+def test_bad_input_is_one_line_with_its_exit_status(tmp_path, monkeypatch, capsys, args, needle, status):
     for name, text in TARGETS.items():
         (tmp_path / name).write_text(text)
-    result = run(*args, cwd=tmp_path)
-    assert result.returncode == status, result.stdout + result.stderr
-    assert needle in result.stderr and "Traceback" not in result.stderr
-    if "--isolate" not in args:
-        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
-        assert not result.stdout                        # refused before any run
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    for name in ("mytarget", "raising", "badknob"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    if "--isolate" in args:                     # the target is loaded in a worker process
+        result = run(*args, cwd=tmp_path)
+        out, err, code = result.stdout, result.stderr, result.returncode
+    else:
+        try:
+            code = main(args)
+        except SystemExit as e:                 # argparse's own errors
+            code = e.code
+        out, err = capsys.readouterr()
+        assert len(err.strip().splitlines()) == 1, err
+        assert not out                          # refused before any run
+    assert code == status, out + err
+    assert needle in err and "Traceback" not in err
 
 
 def test_debug_shows_the_traceback(tmp_path):

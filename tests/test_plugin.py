@@ -46,3 +46,12 @@ def test_without_a_target_the_plugin_adds_nothing_and_a_bad_target_is_a_usage_er
     assert "1 passed" in pytest_run(tmp_path).stdout
     bad = pytest_run(tmp_path, "--dsv4spec-target", "nosuchtarget")
     assert bad.returncode == 4 and "dsv4spec: unknown target 'nosuchtarget'" in bad.stderr
+
+
+def test_xdist_workers_share_one_printed_seed(tmp_path):
+    import re
+    (tmp_path / "lossy.py").write_text(LOSSY)
+    result = pytest_run(tmp_path, "-n", "2", "--dsv4spec-target", "lossy", "--dsv4spec-rules", "FP4.E2M1",
+                        "--dsv4spec-profile", "dev")
+    header = re.search(r"profile dev \(seed (\d+)\)", result.stdout).group(1)
+    assert set(re.findall(r"--seed (\d+)", result.stdout)) == {header}, result.stdout
