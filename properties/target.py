@@ -39,6 +39,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import types
 from importlib import metadata
 
@@ -203,7 +204,8 @@ class _deadline:
         WATCH.report(self.op)
         if self.armed:
             self.previous = signal.signal(signal.SIGALRM, self._fire)
-            self.left = signal.setitimer(signal.ITIMER_REAL, self.seconds)[0]
+            self.left = signal.setitimer(signal.ITIMER_REAL, self.seconds)[0]     # another timer's (pytest-timeout's)
+            self.start = time.monotonic()
 
     def _fire(self, *_):
         raise OperationTimeout(f"{self.op} did not return within {self.seconds:g} s")
@@ -212,6 +214,8 @@ class _deadline:
         if self.armed:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, self.previous)
+            if self.left:                   # give the other timer back what it had left
+                signal.setitimer(signal.ITIMER_REAL, max(self.left - (time.monotonic() - self.start), 1e-3))
         WATCH.report(None)
         return False
 
