@@ -30,7 +30,7 @@ from . import suite
 from .suite import ERROR, TIMEOUT, Row
 from .target import TargetLoadError, TargetNotFound, WATCH, load_target
 
-GRACE_S = 5.0               # beyond the per-operation limit, before a silent worker is killed
+GRACE_S = 1.0               # beyond the per-operation limit, before a silent worker is killed
 LOAD_LIMIT_S = 300.0        # importing a target (torch, CUDA context) may be slow on a busy machine
 LOADING = "<loading the target>"
 
@@ -96,7 +96,7 @@ def _worker(conn, cores, seed, program, timeout, isolate):
         task = conn.recv()
         if task is None:
             return
-        index, spec, rule_id, profile = task
+        index, spec, rule_id, profile, hung = task
         if spec not in targets:
             conn.send(("op", LOADING))
             try:
@@ -108,6 +108,7 @@ def _worker(conn, cores, seed, program, timeout, isolate):
                 continue
             conn.send(("op", None))
             conn.send(("loaded", asdict(TargetInfo(spec, t.name, t.module, t.claims_conformance, t.version, str(t.device)))))
+        targets[spec].hung.update(hung)         # operations that hung a worker before are not called again
         row = suite.run_rule(rule_id, targets[spec], profile)
         conn.send(("row", index, asdict(row)))
 
@@ -140,11 +141,11 @@ class _Slot:
         child.close()
         self.conn = parent
 
-    def give(self, task):
+    def give(self, task, hung):
         if self.process is None or not self.process.is_alive():
             self.start()
         self.task, self.op, self.since = task, None, time.monotonic()
-        self.conn.send(task)
+        self.conn.send((*task, hung))
 
     def kill(self):
         if self.process is not None:
@@ -176,6 +177,7 @@ def run(specs: list[str], rule_ids: list[str], profile: str, *, jobs: int = 1, s
                   enumerate((s, r) for s in specs for r in rule_ids))
     rows: dict[int, Row] = {}
     infos = {spec: TargetInfo(spec, spec) for spec in specs}
+    hung: dict[str, dict[str, str]] = {spec: {} for spec in specs}
 
     def record(index, row):
         rows[index] = row
@@ -186,6 +188,8 @@ def run(specs: list[str], rule_ids: list[str], profile: str, *, jobs: int = 1, s
         index, spec, rule_id, _ = slot.task
         if slot.op == LOADING:          # it would die the same way for every rule
             infos[spec].load_error = f"target {spec!r} could not be loaded: {why}"
+        elif status == TIMEOUT:
+            hung[spec][slot.op] = why
         slot.kill()
         repro = suite.reproduce_command(spec, rule_id, profile, seed, timeout, isolate=True)
         record(index, Row(rule_id, infos[spec].name, status, why, repro))
@@ -200,7 +204,7 @@ def run(specs: list[str], rule_ids: list[str], profile: str, *, jobs: int = 1, s
                     if infos[spec].load_error:
                         record(index, Row(rule_id, infos[spec].name, ERROR, infos[spec].load_error))
                         continue
-                    slot.give(task)
+                    slot.give(task, hung[spec])
             busy = [s for s in slots if s.task]
             ready = wait([s.conn for s in busy] + [s.process.sentinel for s in busy], timeout=0.5)
             for slot in busy:
