@@ -151,3 +151,26 @@ def test_a_wrong_target_is_refused_with_its_reason(in_module_dir, spec, error, m
         return
     with pytest.raises(error, match=message):
         load_target(spec)
+
+
+def test_one_seed_draws_the_same_examples_whatever_modules_are_loaded(tmp_path, monkeypatch):
+    """Hypothesis would mix the literals of newly imported local modules into its examples (so the
+    CLI, a worker and pytest drew differently from one seed); the suite draws from the seed alone."""
+    drawn = []
+    target = Target(mutant("spy", e2m1_encode=lambda x: drawn.append(x.numpy().copy()) or
+                           impl_quant.e2m1_encode(x)), "spy")
+
+    def examples():
+        drawn.clear()
+        RUN.seed = 99
+        try:
+            run_rule("FMT.E2M1.RNE", target, "dev")
+        finally:
+            RUN.seed = None
+        return [d.tobytes() for d in drawn]
+
+    before = examples()
+    (tmp_path / "constants_galore.py").write_text("K = [0.7071067, 3.999999, 12345.678, 2 ** 17 + 3, -1e-38]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    __import__("constants_galore")
+    assert examples() == before and len(before) > 10
