@@ -97,7 +97,13 @@ RESULTS = {
     "index_topk": (INDEX,), "candidate_blocks": (BOOL,), "reindex_topk": (INDEX,),
     "compress": (VALUES,), "compressor_feed": (None, VALUES),
     "entry_pack": (U8,), "entry_unpack": (VALUES,),
+    "rope_freqs": (VALUES,), "rope_rotate": (VALUES,), "rope_quantize": (U8, U8), "kv_qdq": (VALUES,),
+    "window_index": (INDEX,), "compressed_index": (INDEX,), "attention_index": (INDEX,),
+    "pool_scan_topk": (INDEX,),
 }
+# Operations whose result is not a tensor (a record, an opaque state, a number, a dict of stages).
+NO_TENSOR_RESULT = {"layer_role", "compressor_state", "kv_bytes_per_token", "window_bytes_per_layer",
+                    "indexer_macs_per_token", "core_attention_macs", "index_layer"}
 # Converters to name when a result misses its contract (dsv4spec.adapters).
 HINTS = {
     "uint8": "dsv4spec.adapters.as_bytes (float8/float4/e8m0/int8 views), e8m0_from_pow2 (fp32 scales)",

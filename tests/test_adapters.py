@@ -87,3 +87,8 @@ def test_fp32_scale_bytes_and_column_scales_are_refused():
     with pytest.raises(ContractError, match=r"shape \(4, 1\); expected \(2, 2\)"):
         check_result("fp4_e8m0_quantize", (packed, scales.reshape(4, 1)), (x,), {})
     check_result("fp4_e8m0_quantize", (packed, scales), (x,), {})
+
+
+def test_every_operation_has_a_result_contract():
+    from dsv4spec.properties.target import NO_TENSOR_RESULT, RESULTS, known_ops
+    assert known_ops() == set(RESULTS) | NO_TENSOR_RESULT
