@@ -6,8 +6,9 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 DEPS := $(TORCH) triton==3.6.0 numpy ml_dtypes hypothesis pytest pytest-xdist safetensors matplotlib
 JOBS ?= auto
+VERIFY_JOBS ?= $(shell nproc)
 
-.PHONY: verify test spec clean
+.PHONY: verify thorough test spec clean
 
 $(BIN)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +19,10 @@ $(BIN)/.installed: pyproject.toml Makefile
 
 verify: $(BIN)/.installed
 	$(BIN)/dsv4spec verify
+
+# The long run: thousands of examples per check, rules spread over one worker per core (or GPU).
+thorough: $(BIN)/.installed
+	$(BIN)/dsv4spec verify --profile thorough --jobs $(VERIFY_JOBS) --json thorough.json --markdown thorough.md
 
 test: $(BIN)/.installed
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -n $(JOBS) -q tests

@@ -73,45 +73,143 @@ def cmd_spec(args) -> int:
 
 def cmd_verify(args) -> int:
     from dsv4spec.properties import report
-    from dsv4spec.properties.suite import PROFILES, exit_status, verify
-    from dsv4spec.properties.target import load_target
-    if args.profile not in PROFILES:
-        raise UsageError(f"unknown profile {args.profile!r}; expected one of {', '.join(PROFILES)}")
-    prefixes = _prefixes(args.rules)
-    from dsv4spec.spec import select
-    select(prefixes)  # validate before loading targets
-    targets = []
-    for spec in args.target or DEFAULT_TARGETS:
-        try:
-            targets.append(load_target(spec))
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-    total = len(select(prefixes)) * len(targets)
-    done = [0]
-    tty = sys.stderr.isatty()
-
-    def progress(row):
-        done[0] += 1
-        if not args.quiet:
-            line = f"[{done[0]}/{total}] {row.target:<10} {row.rule_id:<28} {row.status:<16}"
-            print("\r" + line if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
-
-    rows = verify(targets, prefixes, args.profile, progress)
-    if not args.quiet and tty:
-        print(file=sys.stderr)
+    from dsv4spec.properties.suite import DERANDOMIZED, RUN, exit_status, new_seed, program
+    rule_ids, specs = _checked_verify_args(args)
+    RUN.seed = None if args.profile in DERANDOMIZED else (args.seed if args.seed is not None else new_seed())
+    RUN.program = program(specs)
+    progress = Progress(len(rule_ids) * len(specs), quiet=args.quiet, tty=sys.stderr.isatty())
+    rows, targets, interrupted = _run_verify(args, specs, rule_ids, progress)
+    progress.end()
+    header = _header(args, targets, _prefixes(args.rules))
+    print(report.header_line(header))
     print(report.terminal(rows, color=sys.stdout.isatty()))
-    meta = {"profile": args.profile, "targets": [t.spec for t in targets],
-            "rules": prefixes or "all"}
-    for path, text in ((args.json, lambda: report.to_json(rows, meta)),
-                       (args.junit, lambda: report.to_junit(rows)),
-                       (args.markdown, lambda: report.to_markdown(rows))):
+    for path, text in ((args.json, lambda: report.to_json(rows, header, interrupted)),
+                       (args.junit, lambda: report.to_junit(rows, header)),
+                       (args.markdown, lambda: report.to_markdown(rows, header))):
         if path:
-            Path(path).write_text(text())
-    status = exit_status(rows, targets)
+            report.write_atomically(path, text())
+    if interrupted:
+        print(f"\ninterrupted: {len(rows)} of {progress.total} results finished", file=sys.stderr)
+        return 130
+    unloadable = [t for t in targets if getattr(t, "load_error", "")]
+    for t in unloadable:
+        print(f"dsv4spec verify: error: {t.load_error}", file=sys.stderr)
+    status = 3 if unloadable else exit_status(rows, targets)
     claiming = [t.name for t in targets if t.claims_conformance]
     print(f"\nconformance claimed by {', '.join(claiming) or 'no target'}: "
-          + ("no FAIL, ERROR or TIMEOUT" if status == 0 else "FAILURES (exit 1)"))
+          + ("no FAIL, ERROR or TIMEOUT" if status == 0 else f"FAILURES (exit {status})"))
     return status
+
+
+def _checked_verify_args(args) -> tuple[list[str], list[str]]:
+    """The rule ids and target specs of a verify run; a usage error for anything wrong, before any run."""
+    from dsv4spec.properties import report
+    from dsv4spec.properties.suite import PROFILES
+    from dsv4spec.properties.target import locate
+    from dsv4spec.spec import select
+    if args.profile not in PROFILES:
+        raise UsageError(f"unknown profile {args.profile!r}; expected one of {', '.join(PROFILES)}")
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
+    if args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
+    rule_ids = [r.id for r in select(_prefixes(args.rules))]
+    for path in filter(None, (args.json, args.junit, args.markdown)):
+        report.check_writable(path)
+    specs = list(dict.fromkeys(args.target or DEFAULT_TARGETS))
+    for spec in specs:
+        locate(spec)
+    return rule_ids, specs
+
+
+def _run_verify(args, specs, rule_ids, progress):
+    """(rows, targets, interrupted): in this process, or in worker processes for --isolate/--jobs."""
+    from dsv4spec.properties.suite import RUN, load_checks, verify
+    from dsv4spec.properties.target import load_target
+    workers = args.jobs > 1 or args.isolate
+    targets = [] if workers else [load_target(spec) for spec in specs]
+    for t in targets:
+        t.timeout = args.timeout
+    try:
+        if not workers:
+            load_checks()
+            return verify(targets, _prefixes(args.rules), args.profile, progress), targets, False
+        from dsv4spec.properties import workers as pool
+        rows, infos = pool.run(specs, rule_ids, args.profile, jobs=args.jobs, seed=RUN.seed,
+                               timeout=args.timeout, isolate=args.isolate, progress=progress)
+        return rows, [infos[s] for s in specs], False
+    except KeyboardInterrupt:
+        names = list(dict.fromkeys(r.target for r in progress.rows))
+        rows = sorted(progress.rows, key=lambda r: (names.index(r.target), rule_ids.index(r.rule_id)))
+        return rows, targets or [_Unloaded(s) for s in specs], True
+
+
+class _Unloaded:
+    """A target whose worker was stopped before it reported (Ctrl-C)."""
+
+    def __init__(self, spec):
+        self.spec = self.name = spec
+        self.claims_conformance, self.module, self.version, self.device = False, "", "", ""
+
+
+def _header(args, targets, prefixes) -> dict:
+    import shlex
+    import dsv4spec
+    from dsv4spec.properties import report
+    from dsv4spec.properties.suite import RUN
+    from dsv4spec.properties.workers import devices_for
+    from dsv4spec.spec import RULES
+    devices = [f"cuda:{d}" if d is not None else report.environment()["device"] for d in devices_for(args.jobs)] \
+        if args.jobs > 1 or args.isolate else []
+    return {"tool": {"name": "dsv4spec", "version": dsv4spec.__version__},
+            "spec": {"rules": len(RULES), "digest": report.spec_digest()},
+            "targets": [{"spec": t.spec, "name": t.name, "module": t.module, "version": t.version,
+                         "device": str(t.device),
+                         "claims_conformance": t.claims_conformance} for t in targets],
+            "profile": args.profile, "seed": RUN.seed, "timeout_s": args.timeout,
+            "rules": prefixes or "all", "workers": args.jobs, "worker_devices": devices,
+            "isolate": bool(args.isolate), **report.environment(),
+            "command": " ".join(shlex.quote(a) for a in ["dsv4spec", *sys.argv[1:]])}
+
+
+class Progress:
+    """Progress on standard error: one rewritten line on a terminal; when piped, a line every few
+    seconds and one per FAIL/ERROR/TIMEOUT as it happens."""
+
+    EVERY_S = 10.0
+
+    def __init__(self, total: int, quiet: bool, tty: bool):
+        import time
+        self.total, self.quiet, self.tty = total, quiet, tty
+        self.rows, self.clock = [], time.monotonic
+        self.last = self.clock()
+
+    def __call__(self, row):
+        self.rows.append(row)
+        if self.quiet:
+            return
+        done = len(self.rows)
+        if self.tty:
+            line = f"[{done}/{self.total}] {row.target:<10} {row.rule_id:<28} {row.status:<16}"
+            print("\r" + line, end="", file=sys.stderr, flush=True)
+            return
+        if row.status in ("FAIL", "ERROR", "TIMEOUT"):
+            print(f"[{done}/{self.total}] {row.status} {row.rule_id} on {row.target}", file=sys.stderr, flush=True)
+        elif self.clock() - self.last >= self.EVERY_S or done == self.total:
+            print(f"[{done}/{self.total}] {self._counts()}", file=sys.stderr, flush=True)
+        else:
+            return
+        self.last = self.clock()
+
+    def _counts(self) -> str:
+        counts = {}
+        for r in self.rows:
+            counts[r.status] = counts.get(r.status, 0) + 1
+        return ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+
+    def end(self):
+        if self.tty and not self.quiet and self.rows:
+            print(file=sys.stderr)
 
 
 def _prefixes(text: str | None) -> list[str] | None:
@@ -120,8 +218,15 @@ def _prefixes(text: str | None) -> list[str] | None:
     return [p.strip() for p in text.split(",") if p.strip()]
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with a usage error in one line (exit status 2)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="dsv4spec",
         description="Executable specification of DeepSeek-V3.2/V4/V4.1 sparse-attention indexing and "
                     "KV-cache quantization numerics: list the rules, verify implementations against them.",
@@ -134,6 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
                "  dsv4spec claims\n"
                "  dsv4spec bench --record          # on a CUDA GPU: kernels vs torch vs ceilings",
         formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("rules", help="list the rules (id, status, policy, title)")
@@ -155,20 +261,36 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run every check of the selected rules against each target and print one result "
                     "per (rule, target): PASS, FAIL, ERROR, TIMEOUT, VARIANT (passes only under a "
                     "declared non-canonical knob), n/i (operation not implemented) or skip. Exit "
-                    "status 0 when every target that claims conformance (impl, kernels, and any "
-                    "third-party target with CLAIMS_CONFORMANCE = True) has no FAIL/ERROR/TIMEOUT; "
-                    "1 otherwise; 2 on a usage error. The ml_dtypes and torch targets are element "
-                    "casts whose deviations are findings, not failures.")
-    p.add_argument("--target", action="append", metavar="T",
-                   help="impl, kernels, ml_dtypes, torch, an entry point of group dsv4spec.targets, "
-                        "or pkg.module[:attr] (repeatable; default: all four built-ins)")
+                    "status: 0 when every target that claims conformance (impl, kernels, official, and "
+                    "any third-party target with CLAIMS_CONFORMANCE = True) has no FAIL/ERROR/TIMEOUT; "
+                    "1 otherwise; 2 on a usage error; 3 when a target could not be loaded; 130 when "
+                    "interrupted (what finished is printed). The ml_dtypes and torch targets are element "
+                    "casts whose deviations are findings, not failures.",
+        epilog="A target: impl, kernels, official, ml_dtypes, torch; an entry point of group "
+               "dsv4spec.targets; a module (pkg.module, or mytarget for mytarget.py in the working "
+               "directory); pkg.module:attr (a module, an object, a class to instantiate, or one "
+               "operation function named like it); pkg.module:attr() (a factory to call).")
+    p.add_argument("--target", action="append", metavar="T", help="a target (repeatable; default: impl, "
+                   "kernels, ml_dtypes, torch)")
     p.add_argument("--rules", metavar="PREFIX,...", help="rule id prefixes, e.g. FMT,FP4,FP8 or POOL.PIN")
     p.add_argument("--profile", default="ci", help="Hypothesis profile: ci (default, derandomized), "
                                                    "dev, thorough")
-    p.add_argument("--json", metavar="F", help="write a JSON report (schema_version 1)")
+    p.add_argument("--seed", type=int, metavar="N", help="seed of the dev and thorough profiles "
+                   "(default: a fresh one, printed; ci is derandomized)")
+    from dsv4spec.properties.target import DEFAULT_TIMEOUT_S
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
+                   help=f"seconds one operation call may take (default {DEFAULT_TIMEOUT_S:g}); beyond it: TIMEOUT")
+    p.add_argument("--isolate", action="store_true", help="run targets in worker processes: a crash or a "
+                   "hang (even in C code) costs only the rule that was running")
+    p.add_argument("--jobs", type=int, default=1, metavar="N", help="spread the rules over N worker "
+                   "processes (each pinned to its own GPU when several are visible); implies --isolate")
+    p.add_argument("--json", metavar="F", help="write a JSON report (schema_version 2, see "
+                                                "dsv4spec/properties/report.py)")
     p.add_argument("--junit", metavar="F", help="write a JUnit XML report")
-    p.add_argument("--markdown", metavar="F", help="write a Markdown matrix")
-    p.add_argument("--quiet", action="store_true", help="no progress line on standard error")
+    p.add_argument("--markdown", metavar="F", help="write a Markdown report (matrix, counts, failures)")
+    p.add_argument("--quiet", action="store_true", help="no progress on standard error")
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                   help="show the traceback of an error")
     p.set_defaults(func=cmd_verify)
 
     from dsv4spec import cmd_bench, cmd_budget, cmd_claims, cmd_golden
@@ -183,11 +305,14 @@ def main(argv=None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from dsv4spec.properties.target import TargetLoadError
     try:
         return args.func(args) or 0
-    except (UsageError, ValueError, FileNotFoundError) as e:
+    except (UsageError, ValueError, FileNotFoundError, TargetLoadError) as e:
+        if args.debug:
+            raise
         print(f"dsv4spec {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        return 3 if isinstance(e, TargetLoadError) else 2
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

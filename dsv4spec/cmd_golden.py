@@ -10,16 +10,23 @@ def register(subparsers):
         "golden", help="generate or check the golden tensors (regression gate for ports and kernels)",
         description="Golden files live in the installed package (dsv4spec/golden/data) with a manifest "
                     "of sha256 hashes. `generate` rewrites them with impl; `manifest` checks the hashes; "
-                    "`check --target T` runs a target on the stored inputs; `check-outputs DIR` compares "
-                    "the output files a non-Python port wrote (same file names, out.* tensors).")
+                    "`check --target T` runs a target on the stored inputs; `export DIR` writes the "
+                    "inputs, their layout (LAYOUT.md) and text vectors for a port in another language; "
+                    "`check-outputs DIR` compares the output files that port wrote (same file names, "
+                    "out.* tensors): exit 1 when one differs or is missing.")
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     g = sub.add_parser("generate", help="regenerate every golden file and the manifest with impl")
     g.add_argument("--out", type=Path, help="directory (default: the package's golden/data)")
     sub.add_parser("manifest", help="check the stored files against the manifest hashes")
     c = sub.add_parser("check", help="run a target on the golden inputs and compare bit for bit")
     c.add_argument("--target", action="append", default=None, metavar="T")
+    e = sub.add_parser("export", help="write the golden inputs, LAYOUT.md and text vectors for a port")
+    e.add_argument("dir", type=Path)
+    e.add_argument("--rules", metavar="PREFIX,...", help="only the cases gating these rules")
     o = sub.add_parser("check-outputs", help="compare a port's output directory with the goldens")
     o.add_argument("dir", type=Path)
+    o.add_argument("--rules", metavar="PREFIX,...", help="only the cases gating these rules (the others "
+                                                         "are not expected)")
     p.set_defaults(func=run)
 
 
@@ -35,10 +42,19 @@ def run(args) -> int:
             print(line, file=sys.stderr)
         print("manifest: " + ("OK" if not problems else f"{len(problems)} problems"))
         return 1 if problems else 0
+    rules = [p.strip() for p in (getattr(args, "rules", None) or "").split(",") if p.strip()] or None
+    if args.action == "export":
+        files = store.export(args.dir, rules=rules)
+        print(f"wrote {len(files)} files to {args.dir} (read {args.dir / store.LAYOUT})")
+        return 0
     if args.action == "check-outputs":
-        if not args.dir.is_dir():
-            raise FileNotFoundError(f"{args.dir} is not a directory of port outputs")
-        return _print(store.check_outputs(args.dir))
+        results = store.check_outputs(args.dir, rules=rules)
+        for rule, status, detail in results:
+            print(f"{status:<8} {rule:<20} {detail}")
+        bad = [s for _, s, _ in results if s != "PASS"]
+        print(f"\n{len(results) - len(bad)} of {len(results)} golden outputs PASS"
+              + (f"; {len(bad)} FAIL or MISSING (exit 1)" if bad else ""))
+        return 1 if bad else 0
     from dsv4spec.properties.target import load_target
     status = 0
     for spec in args.target or ["impl"]:
@@ -50,4 +66,4 @@ def run(args) -> int:
 def _print(results) -> int:
     for name, status, detail in results:
         print(f"{status:<16} {name}" + (f"  {detail}" if detail else ""))
-    return 1 if any(s == "FAIL" for _, s, _ in results) else 0
+    return 1 if any(s in ("FAIL", "ERROR") for _, s, _ in results) else 0

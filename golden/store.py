@@ -102,7 +102,7 @@ def compare(case: Case, got: dict[str, np.ndarray], want: dict[str, np.ndarray])
 
 
 def check_target(target, data: Path = DATA) -> list[tuple[str, str, str]]:
-    """(case, status, detail) for each golden case against a target: PASS, FAIL or NOT_IMPLEMENTED."""
+    """(case, status, detail) for each golden case against a target: PASS, FAIL, ERROR or NOT_IMPLEMENTED."""
     results = []
     for case in cases():
         if not target.has(case.op):
@@ -111,21 +111,162 @@ def check_target(target, data: Path = DATA) -> list[tuple[str, str, str]]:
         inputs, want = load_case(case.name, data)
         ordered = {name: inputs[name] for name in case.inputs}     # operations take them positionally
         stored = Case(case.name, case.rule, case.op, ordered, case.args, case.outputs)
-        problem = compare(case, run_case(stored, target.op(case.op)), want)
+        try:
+            problem = compare(case, run_case(stored, target.op(case.op)), want)
+        except Exception as e:      # noqa: BLE001 -- a target may raise anything (a contract error included)
+            results.append((case.name, "ERROR", f"{type(e).__name__}: {e}"))
+            continue
         results.append((case.name, "FAIL" if problem else "PASS", problem or ""))
     return results
 
 
-def check_outputs(port_dir: Path, data: Path = DATA) -> list[tuple[str, str, str]]:
-    """Compare a port's output files (same names and `out.*` tensors) with the goldens."""
+# ------------------------------------------------------------------------------------------------
+# Ports in other languages: export the inputs, check the outputs they wrote
+# ------------------------------------------------------------------------------------------------
+
+LAYOUT = "LAYOUT.md"
+VECTORS = "vectors"
+
+
+def selected(rules: list[str] | None = None) -> list[Case]:
+    """The cases whose rule starts with one of the prefixes (all when None)."""
+    from ..spec.rules import _matches
+    chosen = [c for c in cases() if not rules or any(_matches(c.rule, p) for p in rules)]
+    if rules and not chosen:
+        raise ValueError(f"no golden case gates a rule matching {', '.join(rules)}; "
+                         f"cases gate {', '.join(sorted({c.rule for c in cases()}))}")
+    return chosen
+
+
+def check_outputs(port_dir: Path, data: Path = DATA, rules: list[str] | None = None) -> list[tuple[str, str, str]]:
+    """(rule, status, detail) per golden case, comparing the files a port wrote in `port_dir` (same
+    names, `out.*` tensors) with the goldens: PASS, FAIL, or MISSING (no file, or an output absent)."""
+    port_dir = Path(port_dir)
+    if not port_dir.is_dir():
+        raise FileNotFoundError(f"{port_dir} is not a directory of port outputs")
     results = []
-    for case in cases():
-        f = Path(port_dir) / f"{case.name}.safetensors"
+    for case in selected(rules):
+        f = port_dir / f"{case.name}.safetensors"
         if not f.exists():
-            results.append((case.name, "NOT_IMPLEMENTED", f"no {f.name} in {port_dir}"))
+            results.append((case.rule, "MISSING", f"{case.name}: no {f.name} in {port_dir}"))
             continue
         got = {k[4:]: v for k, v in load_file(str(f)).items() if k.startswith("out.")}
+        absent = [name for name in case.outputs if name not in got]
+        if absent:
+            results.append((case.rule, "MISSING", f"{case.name}: no tensor {', '.join('out.' + n for n in absent)} "
+                                                  f"in {f.name}"))
+            continue
         _, want = load_case(case.name, data)
         problem = compare(case, got, want)
-        results.append((case.name, "FAIL" if problem else "PASS", problem or ""))
+        results.append((case.rule, "FAIL" if problem else "PASS", problem or case.name))
     return results
+
+
+def export(out: Path, data: Path = DATA, rules: list[str] | None = None) -> list[Path]:
+    """Write the golden inputs (tensors `in.*` only), LAYOUT.md describing every file, and one-line
+    text vectors of the element and block codecs; returns the files written."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    written, sections = [], []
+    for case in selected(rules):
+        inputs, want = load_case(case.name, data)
+        path = out / f"{case.name}.safetensors"
+        about = json.dumps({"op": case.op, "rule": case.rule, "args": case.args, "inputs": list(case.inputs),
+                            "outputs": list(case.outputs)}, sort_keys=True)
+        save_file({f"in.{k}": np.ascontiguousarray(inputs[k]) for k in case.inputs}, str(path),
+                  metadata={"case": about})
+        written.append(path)
+        sections.append(_layout(case, inputs, want))
+    (out / LAYOUT).write_text(_LAYOUT_HEAD + "\n".join(sections))
+    written.append(out / LAYOUT)
+    (out / VECTORS).mkdir(exist_ok=True)
+    for name, lines in text_vectors(data).items():
+        path = out / VECTORS / f"{name}.txt"
+        path.write_text("\n".join(lines) + "\n")
+        written.append(path)
+    return written
+
+
+_LAYOUT_HEAD = """# Golden inputs for a port
+
+Each `<case>.safetensors` holds the inputs of one operation as tensors `in.<name>` (little-endian,
+C order) and, in its metadata key `case` (JSON), the operation, the rule it gates, the extra
+arguments and the order of the inputs and outputs.  Run your operation on the inputs in that order, write `<case>.safetensors` into an output
+folder with one tensor `out.<name>` per output listed (dtype and shape as listed), then run
+
+    dsv4spec golden check-outputs OUTPUT_FOLDER [--rules PREFIX,...]
+
+Every listed output must be there: a missing file or tensor fails the check (select the rules your
+port implements with --rules).  `vectors/*.txt` hold one-line test vectors of the element and block
+codecs: `RULE op hex(input) -> hex(outputs)`, fp32 inputs as 8-hex-digit bit patterns, bytes as
+2-hex-digit values, one block per line.
+
+"""
+
+
+def _describe_array(name, a) -> str:
+    return f"| `{name}` | {a.dtype} | {list(a.shape)} |"
+
+
+def _layout(case: Case, inputs: dict, want: dict) -> str:
+    from ..spec import RULES
+    ops = _op_contract()
+    lines = [f"## {case.name}.safetensors", "", f"- operation: `{ops.get(case.op, case.op)}`",
+             f"- rule: `{case.rule}`: {RULES[case.rule].statement}",
+             f"- extra arguments: {json.dumps(case.args) if case.args else 'none'}", "",
+             "| tensor | dtype | shape |", "|---|---|---|"]
+    lines += [_describe_array(f"in.{k}", inputs[k]) for k in case.inputs]
+    lines += [_describe_array(f"out.{k}", want[k]) + " (you write it)" for k in case.outputs]
+    return "\n".join(lines) + "\n"
+
+
+def _op_contract() -> dict[str, str]:
+    import importlib
+    from ..properties.suite import FAMILY_MODULES
+    contract = {}
+    for family in FAMILY_MODULES:
+        contract.update(getattr(importlib.import_module(f"dsv4spec.properties.{family}"), "OPS", {}))
+    return contract
+
+
+def _hex(a: np.ndarray) -> str:
+    a = np.ascontiguousarray(a)
+    if a.dtype == np.float32:
+        return " ".join(f"{w:08x}" for w in a.view(np.uint32).reshape(-1))
+    return " ".join(f"{int(b):02x}" for b in a.reshape(-1))
+
+
+def text_vectors(data: Path = DATA, blocks: int = 64) -> dict[str, list[str]]:
+    """One-line vectors: the element codecs from the exact definitions in spec/formats on every
+    boundary, its neighbours and the E2M1/E4M3 grids; the block codecs from the goldens' first
+    `blocks` blocks and their stored outputs."""
+    from ..spec import formats as F
+    out = {}
+    grid = np.concatenate([F.E2M1_VALUES, np.array(F.E2M1_BOUNDARIES, np.float32), [7.0, 1e4, -0.0]]).astype(np.float32)
+    e2m1_in = np.unique(np.concatenate([grid, np.nextafter(grid, np.float32(np.inf)),
+                                        np.nextafter(grid, np.float32(-np.inf))]).astype(np.float32))
+    e2m1_in = np.concatenate([e2m1_in, -e2m1_in])
+    rule = lambda v: ("FMT.E2M1.SATURATE" if abs(v) > 6 else "FMT.E2M1.ZERO_SIGN"  # noqa: E731
+                      if np.signbit(v) and abs(v) <= 0.25 else "FMT.E2M1.RNE")
+    out["e2m1_encode"] = [f"{rule(v)} e2m1_encode {_hex(np.float32([v]))} -> {_hex(F.e2m1_encode(np.float32([v])))}"
+                          for v in e2m1_in]
+    e4m3 = F.e4m3_decode(np.arange(0x7F, dtype=np.uint8)).astype(np.float32)
+    mids = ((e4m3[1:].astype(np.float64) + e4m3[:-1]) / 2).astype(np.float32)
+    e4m3_in = np.concatenate([e4m3, mids, np.float32([464.0, 463.9, 1e6])])
+    e4m3_in = np.concatenate([e4m3_in, -e4m3_in]).astype(np.float32)
+    out["e4m3_encode"] = [f"{'FMT.E4M3.SATFINITE' if abs(v) > 448 else 'FMT.E4M3.RNE'} e4m3_encode "
+                          f"{_hex(np.float32([v]))} -> {_hex(F.e4m3_encode(np.float32([v])))}" for v in e4m3_in]
+    for case in cases():
+        if case.op not in ("fp4_e4m3_quantize", "fp4_e8m0_quantize", "fp8_quantize"):
+            continue
+        inputs, want = load_case(case.name, data)
+        x = inputs["x"]
+        n_blocks = want[case.outputs[1]].shape[-1]
+        block = x.shape[-1] // n_blocks
+        xb = x.reshape(-1, block)
+        payload = want[case.outputs[0]].reshape(xb.shape[0], -1)
+        scales = want[case.outputs[1]].reshape(-1)
+        extra = f" block={case.args['block']}" if "block" in case.args else ""
+        out[case.name] = [f"{case.rule} {case.op}{extra} {_hex(xb[i])} -> {_hex(payload[i])} | {_hex(scales[i:i + 1])}"
+                          for i in range(min(blocks, xb.shape[0]))]
+    return out

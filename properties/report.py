@@ -1,15 +1,37 @@
-"""Reports of a verify run: terminal matrix, JSON, JUnit XML, Markdown."""
+"""Reports of a verify run: terminal matrix, JSON, JUnit XML, Markdown.
+
+JSON (schema_version 2), one object:
+
+    schema_version   2
+    header           the run: tool {name, version}, spec {rules, digest} (the digest is a sha256
+                     prefix of every rule's id, status, statement and knob: equal digests, equal
+                     rules), targets [{spec, name, module, version, device, claims_conformance}], profile,
+                     seed (null when derandomized), timeout_s, rules (the prefixes, or "all"),
+                     workers, worker_devices, isolate, python, torch, device ("cpu" or "cuda"),
+                     gpus [names], date (UTC, ISO 8601), command
+    interrupted      true when the run was stopped (Ctrl-C) before every result was in
+    counts           {target: {status: n}}
+    results          [{rule, target, status, detail, reproduce, seconds, checks {check: status}}]
+                     in the order rule × target of a single-process run
+
+status is one of PASS, FAIL, ERROR, TIMEOUT, VARIANT, NOT_IMPLEMENTED, SKIP.  Version 1 had no
+header, counts or interrupted, and held profile/targets/rules at the top level.
+"""
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import tempfile
 import xml.etree.ElementTree as ET
 
 from ..spec import RULES
 from .suite import ERROR, FAIL, NOT_IMPLEMENTED, PASS, SKIP, TIMEOUT, VARIANT, Row
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SHORT = {PASS: "PASS", FAIL: "FAIL", ERROR: "ERROR", TIMEOUT: "TIMEOUT", VARIANT: "VARIANT",
          NOT_IMPLEMENTED: "n/i", SKIP: "skip"}
+PROBLEMS = (FAIL, ERROR, TIMEOUT)
 
 
 def _matrix(rows: list[Row]):
@@ -17,6 +39,33 @@ def _matrix(rows: list[Row]):
     rules = list(dict.fromkeys(r.rule_id for r in rows))
     cell = {(r.rule_id, r.target): r for r in rows}
     return targets, rules, cell
+
+
+def spec_digest() -> str:
+    text = "\n".join(f"{r.id}|{r.status}|{r.statement}|{r.knob}" for r in sorted(RULES.values(), key=lambda r: r.id))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def environment() -> dict:
+    """The machine part of a report's header."""
+    import datetime
+    import platform
+    import torch
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] \
+        if torch.cuda.is_available() else []
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "device": "cuda" if gpus else "cpu", "gpus": gpus,
+            "date": datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()}
+
+
+def header_line(header: dict) -> str:
+    """One line for the terminal: what ran, where."""
+    seed = "derandomized" if header.get("seed") is None else f"seed {header['seed']}"
+    where = ", ".join(header.get("gpus") or []) or header.get("device", "")
+    workers = header.get("workers", 1)
+    return (f"dsv4spec {header['tool']['version']} · rules {header['spec']['digest']} · profile "
+            f"{header['profile']} · {seed} · torch {header.get('torch', '?')} · {where}"
+            + (f" · {workers} workers on {', '.join(header['worker_devices'])}" if workers > 1 else ""))
 
 
 def terminal(rows: list[Row], color: bool = False) -> str:
@@ -28,47 +77,49 @@ def terminal(rows: list[Row], color: bool = False) -> str:
     for rule_id in rules:
         parts = []
         for t, c in zip(targets, cols):
-            status = cell[(rule_id, t)].status
-            text = SHORT[status].ljust(c)
+            status = cell[(rule_id, t)].status if (rule_id, t) in cell else ""
+            text = SHORT.get(status, "-").ljust(c)
             parts.append(f"\033[{paint[status]}m{text}\033[0m" if color and status in paint else text)
         lines.append(rule_id.ljust(width) + "  " + "  ".join(parts))
     lines.append("")
     lines.append(summary(rows))
-    problems = [r for r in rows if r.status in (FAIL, ERROR, TIMEOUT)]
-    for r in problems:
+    for r in (r for r in rows if r.status in PROBLEMS):
         lines.append(f"\n{r.status} {r.rule_id} on {r.target}: {RULES[r.rule_id].title}")
         lines.extend("    " + line for line in r.detail.splitlines())
         if r.reproduce:
             lines.append(f"    reproduce: {r.reproduce}")
-    notes = [r for r in rows if r.status == VARIANT]
-    for r in notes:
+    for r in (r for r in rows if r.status == VARIANT):
         lines.append(f"VARIANT {r.rule_id} on {r.target}: {r.detail}")
     return "\n".join(lines)
 
 
+def counts(rows: list[Row]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for r in rows:
+        out.setdefault(r.target, {}).setdefault(r.status, 0)
+        out[r.target][r.status] += 1
+    return out
+
+
 def summary(rows: list[Row]) -> str:
-    targets, _, _ = _matrix(rows)
-    out = []
-    for t in targets:
-        counts = {}
-        for r in rows:
-            if r.target == t:
-                counts[r.status] = counts.get(r.status, 0) + 1
-        out.append(f"{t}: " + ", ".join(f"{n} {SHORT[s]}" for s, n in sorted(counts.items())))
-    return "\n".join(out)
+    return "\n".join(f"{t}: " + ", ".join(f"{n} {SHORT[s]}" for s, n in sorted(c.items()))
+                     for t, c in counts(rows).items())
 
 
-def to_json(rows: list[Row], meta: dict) -> str:
+def to_json(rows: list[Row], header: dict, interrupted: bool = False) -> str:
     return json.dumps({
         "schema_version": SCHEMA_VERSION,
-        **meta,
+        "header": header,
+        "interrupted": interrupted,
+        "counts": counts(rows),
         "results": [{"rule": r.rule_id, "target": r.target, "status": r.status, "detail": r.detail,
                      "reproduce": r.reproduce, "seconds": round(r.seconds, 3), "checks": r.checks}
                     for r in rows],
     }, indent=2)
 
 
-def to_junit(rows: list[Row]) -> str:
+def to_junit(rows: list[Row], header: dict | None = None) -> str:
+    """One testsuite per target, one testcase per rule; a failure's text ends with its reproduce command."""
     suites = ET.Element("testsuites", name="dsv4spec")
     targets, _, _ = _matrix(rows)
     for t in targets:
@@ -77,13 +128,19 @@ def to_junit(rows: list[Row]) -> str:
                               failures=str(sum(r.status == FAIL for r in mine)),
                               errors=str(sum(r.status in (ERROR, TIMEOUT) for r in mine)),
                               skipped=str(sum(r.status in (SKIP, NOT_IMPLEMENTED) for r in mine)))
+        if header:
+            props = ET.SubElement(suite, "properties")
+            for key in ("profile", "seed", "torch", "device", "date"):
+                ET.SubElement(props, "property", name=key, value=str(header.get(key)))
         for r in mine:
             case = ET.SubElement(suite, "testcase", classname=f"{t}.{RULES[r.rule_id].family}",
                                  name=r.rule_id, time=f"{r.seconds:.3f}")
+            text = r.detail + (f"\n\nreproduce: {r.reproduce}" if r.reproduce else "")
+            first = r.detail.splitlines()[0] if r.detail else r.status
             if r.status == FAIL:
-                ET.SubElement(case, "failure", message=r.detail.splitlines()[0] if r.detail else "").text = r.detail
+                ET.SubElement(case, "failure", message=first).text = text
             elif r.status in (ERROR, TIMEOUT):
-                ET.SubElement(case, "error", message=r.status).text = r.detail
+                ET.SubElement(case, "error", message=f"{r.status}: {first}", type=r.status).text = text
             elif r.status in (SKIP, NOT_IMPLEMENTED):
                 ET.SubElement(case, "skipped", message=f"{r.status}: {r.detail}")
             elif r.status == VARIANT:
@@ -91,10 +148,59 @@ def to_junit(rows: list[Row]) -> str:
     return ET.tostring(suites, encoding="unicode")
 
 
-def to_markdown(rows: list[Row]) -> str:
+def to_markdown(rows: list[Row], header: dict | None = None) -> str:
+    """The header, the rules × targets matrix, counts per target, and every failure in full."""
     targets, rules, cell = _matrix(rows)
-    lines = ["| rule | title | " + " | ".join(targets) + " |", "|---|---|" + "---|" * len(targets)]
+    lines = ["# dsv4spec conformance report", ""]
+    if header:
+        lines += [f"`{header_line(header)}`", "",
+                  "| target | version | device | claims conformance |", "|---|---|---|---|"]
+        lines += [f"| {t['name']} (`{t['spec']}`) | {t.get('version') or '-'} | {t.get('device') or '-'} | "
+                  f"{'yes' if t.get('claims_conformance') else 'no'} |" for t in header.get("targets", [])]
+        lines.append("")
+    lines += ["## Counts", "", "| target | " + " | ".join(SHORT.values()) + " |",
+              "|---|" + "---|" * len(SHORT)]
+    for t, c in counts(rows).items():
+        lines.append(f"| {t} | " + " | ".join(str(c.get(s, 0)) for s in SHORT) + " |")
+    lines += ["", "## Matrix", "", "| rule | title | " + " | ".join(targets) + " |",
+              "|---|---|" + "---|" * len(targets)]
     for rule_id in rules:
         lines.append(f"| `{rule_id}` | {RULES[rule_id].title} | "
-                     + " | ".join(cell[(rule_id, t)].status for t in targets) + " |")
+                     + " | ".join(SHORT.get(cell[(rule_id, t)].status, "-") if (rule_id, t) in cell else "-"
+                                  for t in targets) + " |")
+    problems = [r for r in rows if r.status in PROBLEMS + (VARIANT,)]
+    if problems:
+        lines += ["", "## Details"]
+    for r in problems:
+        lines += ["", f"### {r.status} `{r.rule_id}` on {r.target}", "", RULES[r.rule_id].statement, "",
+                  "```", r.detail, "```"]
+        if r.reproduce:
+            lines += ["", "Reproduce:", "", "```sh", r.reproduce, "```"]
     return "\n".join(lines) + "\n"
+
+
+def check_writable(path: str) -> None:
+    """Raise ValueError unless a report can be written at `path` (checked before a run starts)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ValueError(f"report path {path} is a directory; expected a file name")
+    if not os.path.isdir(folder):
+        raise ValueError(f"report path {path}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"report path {path}: folder {folder} is not writable")
+
+
+def write_atomically(path: str, text: str) -> None:
+    """Write to a temporary file beside `path`, then rename: a reader never sees half a report."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".dsv4spec-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise

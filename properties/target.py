@@ -1,24 +1,46 @@
-"""The target contract: what the suite checks.
+"""The target contract: what the suite checks, how a target is found, and what it must return.
 
-A target provides some operations by canonical name (plain attributes: functions taking and
-returning whole batched torch tensors on the CPU) and optional metadata:
+A target provides some operations by canonical name (`dsv4spec ops` lists them) and optional
+metadata:
 
     NAME = "mylib"                      # shown in reports
     DEVICE = "cuda"                     # informative
     VARIANTS = {"e2m1_ties": "even"}    # the implementation-defined choices it declares
-    CLAIMS_CONFORMANCE = True           # its failures make `dsv4spec verify` exit non-zero
+    CLAIMS_CONFORMANCE = True           # its failures make `dsv4spec verify` exit 1
     EXTENSIONS = {"chunked_prefill"}    # the extensions beyond the official domain it implements
 
-`--target pkg.module:attr` names a module, an object, or a zero-argument callable returning one;
-`--target pkg.module` names a module.  Installed packages may also register targets in the
-`dsv4spec.targets` entry-point group.  Operations a target lacks are NOT_IMPLEMENTED, never FAIL.
+How `--target T` is resolved (the same rule for the CLI, the pytest plugin and `load_target`):
+
+    impl, kernels, official, ml_dtypes, torch   the built-in targets
+    NAME                                        an entry point NAME of group `dsv4spec.targets`
+    pkg.module                                  a module (a file mytarget.py in the working
+                                                directory is found as `mytarget`)
+    pkg.module:attr                             attr as it is: a module or an object providing
+                                                operations; a class is instantiated with no
+                                                arguments; a function named like an operation
+                                                (`mymod:e2m1_encode`) is a target of that one
+                                                operation
+    pkg.module:attr()                           a factory: attr is called with no arguments and
+                                                returns the target
+
+Any other function is refused with a message: it is never guessed to be a factory.  Operations a
+target lacks are NOT_IMPLEMENTED, never FAIL.
+
+Results are checked strictly where they come back from the target (`Target.op`): a torch tensor
+of the contract's dtype (RESULTS), on the device the inputs were given on, and laid out in the
+contract's shape where it fixes one (a wrong element count is left to the rule it breaks).  A deviation is a ContractError naming what was expected and the
+converter of dsv4spec.adapters that fits; it is reported ERROR, never passed.
 """
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import os
+import signal
 import sys
+import threading
+import time
 import types
 from importlib import metadata
 
@@ -32,12 +54,182 @@ BUILTIN = {
     "torch": "dsv4spec.properties.casts:TORCH",
 }
 ENTRY_POINT_GROUP = "dsv4spec.targets"
+DEFAULT_TIMEOUT_S = 60.0       # one operation call; `verify --timeout` changes it
 
 
 class NotImplementedOp(AttributeError):
     """The target does not provide an operation a check needs (an AttributeError, so that tools
     probing attributes, such as Hypothesis on a @given argument, see a plain missing attribute)."""
 
+
+class TargetNotFound(ValueError):
+    """The target spec names nothing that exists (a usage error: exit status 2)."""
+
+
+class TargetLoadError(Exception):
+    """The target exists but could not be loaded: its import or constructor raised (exit status 3)."""
+
+
+class ContractError(TypeError):
+    """An operation returned something the contract does not allow (reported ERROR)."""
+
+
+class OperationTimeout(BaseException):
+    """An operation did not return within the per-operation time limit (reported TIMEOUT).  Not an
+    Exception, so that Hypothesis stops at once instead of shrinking by calling it again."""
+
+
+# ------------------------------------------------------------------------------------------------
+# What each operation returns: dtypes per output (None: not checked); shapes where fixed
+# ------------------------------------------------------------------------------------------------
+
+U8, BOOL = ("uint8",), ("bool",)
+VALUES = ("float32", "bfloat16")        # bf16 widens exactly; no other float is accepted
+INDEX = ("int64", "int32")              # the official top-k returns int32
+
+RESULTS = {
+    "e2m1_encode": (U8,), "e2m1_decode": (VALUES,), "e4m3_encode": (U8,), "e4m3_decode": (VALUES,),
+    "e8m0_decode": (VALUES,), "bf16_round": (VALUES,), "fp4_pack": (U8,), "fp4_unpack": (U8,),
+    "fp4_e4m3_quantize": (U8, U8), "fp4_e4m3_dequantize": (VALUES,),
+    "fp4_e8m0_quantize": (U8, U8), "fp4_e8m0_dequantize": (VALUES,),
+    "fp8_quantize": (U8, U8), "fp8_dequantize": (VALUES,), "fp8_qdq": (VALUES,),
+    "hadamard": (VALUES,), "index_rotate": (VALUES,), "index_weights": (VALUES,),
+    "index_scores": (VALUES,), "index_scores_fp4": (VALUES,), "index_visible": (INDEX,),
+    "index_topk": (INDEX,), "candidate_blocks": (BOOL,), "reindex_topk": (INDEX,),
+    "compress": (VALUES,), "compressor_feed": (None, VALUES),
+    "entry_pack": (U8,), "entry_unpack": (VALUES,),
+    "rope_freqs": (VALUES,), "rope_rotate": (VALUES,), "rope_quantize": (U8, U8), "kv_qdq": (VALUES,),
+    "window_index": (INDEX,), "compressed_index": (INDEX,), "attention_index": (INDEX,),
+    "pool_scan_topk": (INDEX,),
+}
+# Operations whose result is not a tensor (a record, an opaque state, a number, a dict of stages).
+NO_TENSOR_RESULT = {"layer_role", "compressor_state", "kv_bytes_per_token", "window_bytes_per_layer",
+                    "indexer_macs_per_token", "core_attention_macs", "index_layer"}
+# Converters to name when a result misses its contract (dsv4spec.adapters).
+HINTS = {
+    "uint8": "dsv4spec.adapters.as_bytes (float8/float4/e8m0/int8 views), e8m0_from_pow2 (fp32 scales)",
+    "int64": "dsv4spec.adapters.as_index",
+}
+_SAME = lambda a, *_: tuple(a[0].shape)                                      # noqa: E731
+
+
+def _lead(x, last):
+    return tuple(x.shape[:-1]) + (last,)
+
+
+def _blocks(block):
+    return lambda a, *_: (_lead(a[0], a[0].shape[-1] // 2), _lead(a[0], a[0].shape[-1] // block))
+
+
+SHAPES = {
+    "e2m1_encode": _SAME, "e2m1_decode": _SAME, "e4m3_encode": _SAME, "e4m3_decode": _SAME,
+    "e8m0_decode": _SAME, "bf16_round": _SAME, "hadamard": _SAME, "index_rotate": _SAME,
+    "fp8_qdq": _SAME, "index_visible": _SAME,
+    "fp4_pack": lambda a, *_: _lead(a[0], a[0].shape[-1] // 2),
+    "fp4_unpack": lambda a, *_: _lead(a[0], a[0].shape[-1] * 2),
+    "fp4_e4m3_quantize": _blocks(16), "fp4_e8m0_quantize": _blocks(32),
+    "fp8_quantize": lambda a, kw: (tuple(a[0].shape),
+                                   _lead(a[0], a[0].shape[-1] // (a[1] if len(a) > 1 else kw["block"]))),
+}
+
+
+def check_result(op: str, result, args: tuple, kwargs: dict):
+    """Raise ContractError unless `result` is what `op` must return for these inputs."""
+    contract = RESULTS.get(op)
+    if contract is None:
+        return
+    import torch
+    outputs = result if isinstance(result, tuple) else (result,)
+    if len(contract) > 1 and (not isinstance(result, tuple) or len(result) != len(contract)):
+        raise ContractError(f"{op} returned {_kind(result)}; the contract is a tuple of {len(contract)} tensors")
+    devices = {a.device.type for a in args if isinstance(a, torch.Tensor)}
+    try:
+        shapes = SHAPES[op](args, kwargs) if op in SHAPES else None
+    except Exception:       # noqa: BLE001 -- inputs the check chose to be malformed
+        shapes = None
+    shapes = (shapes,) if shapes is not None and len(contract) == 1 else shapes
+    for i, (out, dtypes) in enumerate(zip(outputs, contract)):
+        if dtypes is None:
+            continue
+        what = f"{op} output {i}" if len(contract) > 1 else f"{op} result"
+        if not isinstance(out, torch.Tensor):
+            raise ContractError(f"{what} is {_kind(out)}; expected a torch tensor of {' or '.join(dtypes)} "
+                                "(torch.from_numpy converts an array)")
+        dtype = str(out.dtype).removeprefix("torch.")
+        if dtype not in dtypes:
+            hint = HINTS.get(dtypes[0])
+            raise ContractError(f"{what} has dtype {dtype}; expected {' or '.join(dtypes)}"
+                                + (f" (converters: {hint})" if hint else ""))
+        if devices and out.device.type not in devices:
+            raise ContractError(f"{what} is on {out.device}; expected the inputs' device ({', '.join(devices)})")
+        # Only a layout difference (size-1 or flattened dimensions) is the contract's business; a
+        # wrong number of elements (a wrong block count) is left to the rule that fixes it.
+        if shapes is not None and tuple(out.shape) != tuple(shapes[i]) and out.numel() == _numel(shapes[i]):
+            raise ContractError(f"{what} has shape {tuple(out.shape)}; expected {tuple(shapes[i])} for input "
+                                f"shape {tuple(args[0].shape)} (dsv4spec.adapters.reshape_like fixes "
+                                "extra size-1 or flattened dimensions)")
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def _kind(x) -> str:
+    if isinstance(x, tuple):
+        return f"a tuple of {len(x)}"
+    return f"a {type(x).__module__}.{type(x).__name__}"
+
+
+# ------------------------------------------------------------------------------------------------
+# The per-operation time limit and the watch a supervising process reads
+# ------------------------------------------------------------------------------------------------
+
+class Watch:
+    """Where a target process is: the operation now running (None between calls).  A supervisor
+    (suite.run_isolated) replaces `report` to see a call that never returns, even in C code."""
+
+    def __init__(self):
+        self.report = lambda op: None
+
+
+WATCH = Watch()
+
+
+class _deadline:
+    """SIGALRM after `seconds` in the main thread (Python code only; C code that never returns is
+    caught by --isolate's supervisor)."""
+
+    def __init__(self, seconds: float, op: str):
+        self.seconds, self.op = seconds, op
+        self.armed = bool(seconds) and threading.current_thread() is threading.main_thread() \
+            and hasattr(signal, "setitimer")
+
+    def __enter__(self):
+        WATCH.report(self.op)
+        if self.armed:
+            self.previous = signal.signal(signal.SIGALRM, self._fire)
+            self.left = signal.setitimer(signal.ITIMER_REAL, self.seconds)[0]     # another timer's (pytest-timeout's)
+            self.start = time.monotonic()
+
+    def _fire(self, *_):
+        raise OperationTimeout(f"{self.op} did not return within {self.seconds:g} s")
+
+    def __exit__(self, *exc):
+        if self.armed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self.previous)
+            if self.left:                   # give the other timer back what it had left
+                signal.setitimer(signal.ITIMER_REAL, max(self.left - (time.monotonic() - self.start), 1e-3))
+        WATCH.report(None)
+        return False
+
+
+# ------------------------------------------------------------------------------------------------
+# Targets
+# ------------------------------------------------------------------------------------------------
 
 class Target:
     def __init__(self, provider, spec: str, name: str | None = None):
@@ -52,15 +244,35 @@ class Target:
         unknown = self.extensions - set(EXTENSIONS)
         if unknown:
             raise ValueError(f"target {self.name}: unknown extensions {sorted(unknown)}; known: {sorted(EXTENSIONS)}")
+        self.timeout = DEFAULT_TIMEOUT_S
+        self.module = _module(provider)
+        self.version = _version(provider)
+        self.hung: dict[str, str] = {}      # operations that timed out once are not called again
 
     def has(self, *ops: str) -> bool:
         return all(callable(getattr(self.provider, op, None)) for op in ops)
 
     def op(self, name: str):
+        """The operation `name`, with its results checked against the contract and its time limited."""
         fn = getattr(self.provider, name, None)
         if not callable(fn):
             raise NotImplementedOp(name)
-        return fn
+        if name not in RESULTS and not self.timeout:
+            return fn
+
+        def call(*args, **kwargs):
+            if name in self.hung:
+                raise OperationTimeout(self.hung[name])
+            try:
+                with _deadline(self.timeout, name):
+                    result = fn(*args, **kwargs)
+            except OperationTimeout as e:
+                self.hung[name] = str(e)
+                raise
+            check_result(name, result, args, kwargs)
+            return result
+        call.__name__ = name
+        return call
 
     def __getattr__(self, name):  # target.fp4_e8m0_quantize(x) reads like a call on the library
         if name.startswith("_") or name in ("provider",):
@@ -84,34 +296,109 @@ class Target:
         return f"Target({self.name!r})"
 
 
+def _module(provider) -> str:
+    """The name of the module that defines the provider."""
+    return provider.__name__ if isinstance(provider, types.ModuleType) else getattr(type(provider), "__module__", "")
+
+
+def _version(provider) -> str:
+    """The provider's __version__, else its distribution's version, else ''."""
+    module = provider if isinstance(provider, types.ModuleType) else sys.modules.get(_module(provider))
+    version = getattr(provider, "__version__", None) or getattr(module, "__version__", None)
+    if version:
+        return str(version)
+    top = (getattr(module, "__name__", "") or "").split(".")[0]
+    try:
+        dists = metadata.packages_distributions().get(top, [])
+        return metadata.version(dists[0]) if dists else ""
+    except Exception:       # noqa: BLE001 -- metadata of a broken install is not worth a failure
+        return ""
+
+
+def known_ops() -> set[str]:
+    """Every canonical operation name (the OPS of each family module)."""
+    from .suite import FAMILY_MODULES
+    return {op for family in FAMILY_MODULES
+            for op in getattr(importlib.import_module(f"{__package__}.{family}"), "OPS", {})}
+
+
 def _import(ref: str):
     module_name, _, attr = ref.partition(":")
+    factory = attr.endswith("()")
+    attr = attr.removesuffix("()")
     if os.getcwd() not in sys.path:      # a user's own module beside them, as `python -m` would find it
         sys.path.append(os.getcwd())
+    if _find(module_name) is None:
+        raise TargetNotFound(f"cannot import target module {module_name!r}: no module of that name "
+                             f"(searched the working directory and sys.path)")
     try:
         obj = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"cannot import target module {module_name!r}: {e}") from None
+    except BaseException as e:  # noqa: BLE001 -- whatever a target's import raises, report it in one line
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        raise TargetLoadError(f"target module {module_name!r} raised on import: {type(e).__name__}: {e}") from e
     for part in filter(None, attr.split(".")):
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise ValueError(f"target {ref!r}: {module_name} has no attribute {attr!r}") from None
-    if attr and callable(obj) and not isinstance(obj, types.ModuleType):
-        obj = obj()
+            raise TargetNotFound(f"target {ref!r}: {module_name} has no attribute {attr!r}") from None
+    if factory or inspect.isclass(obj):
+        if not callable(obj):
+            raise TargetNotFound(f"target {ref!r}: {attr} is not callable, so it cannot be a factory")
+        try:
+            return obj()
+        except BaseException as e:  # noqa: BLE001
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            raise TargetLoadError(f"target {ref!r}: calling {attr}() raised {type(e).__name__}: {e}") from e
+    if inspect.isroutine(obj):
+        if attr.split(".")[-1] in known_ops():
+            return types.SimpleNamespace(**{attr.split(".")[-1]: obj}, NAME=ref)
+        raise TargetNotFound(f"target {ref!r}: {attr} is a function but not an operation of the contract; "
+                             f"write {module_name}:{attr}() if it returns the target, or name the module "
+                             f"({module_name}) or an object providing the operations")
     return obj
+
+
+def _find(module_name: str):
+    try:
+        return importlib.util.find_spec(module_name)
+    except (ImportError, ValueError):
+        return None
+    except Exception:   # noqa: BLE001 -- a parent package raised: it exists; the import reports it
+        return True
 
 
 def _entry_points() -> dict[str, str]:
     return {ep.name: ep.value for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
 
 
-def load_target(spec: str) -> Target:
-    """A built-in name, an entry-point name, or `pkg.module[:attr]`."""
+def locate(spec: str) -> str:
+    """The `pkg.module[:attr]` reference a target spec stands for, without importing the target;
+    TargetNotFound when there is nothing of that name."""
     known = {**_entry_points(), **BUILTIN}
     if spec in known:
-        return Target(_import(known[spec]), spec, name=spec)
-    if "." not in spec and ":" not in spec and importlib.util.find_spec(spec) is None:
-        raise ValueError(f"unknown target {spec!r}; built-in targets are {', '.join(BUILTIN)}, "
-                         f"or give pkg.module:attr")
-    return Target(_import(spec), spec)
+        return known[spec]
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    module = spec.partition(":")[0]
+    if ":" not in spec and _find(module) is None:
+        hint = (f"; for the file {spec}, write --target {spec[:-3]}" if spec.endswith(".py") else "")
+        raise TargetNotFound(f"unknown target {spec!r}{hint}; built-in targets are {', '.join(BUILTIN)}; "
+                             f"otherwise give an entry point of group {ENTRY_POINT_GROUP}, a module "
+                             f"(pkg.module, or a file in the working directory without .py) or pkg.module:attr")
+    return spec
+
+
+def load_target(spec: str) -> Target:
+    """A built-in name, an entry-point name, `pkg.module`, `pkg.module:attr` or `pkg.module:attr()`.
+
+    Raises TargetNotFound (nothing of that name) or TargetLoadError (it raised while loading)."""
+    ref = locate(spec)
+    if ref != spec:
+        return Target(_import(ref), spec, name=spec)
+    provider = _import(spec)
+    try:
+        return Target(provider, spec)
+    except ValueError as e:     # VARIANTS naming an unknown knob or value
+        raise TargetLoadError(f"target {spec!r}: {e}") from None

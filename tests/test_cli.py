@@ -1,16 +1,22 @@
 """The command line: help, errors without tracebacks, the exit status contract."""
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+import dsv4spec
 from dsv4spec.cli import main
 
+HOME = str(Path(dsv4spec.__file__).resolve().parent.parent)     # where dsv4spec is importable from
+ENV = {"TRITON_INTERPRET": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": HOME}
 
-def run(*args):
+
+def run(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "dsv4spec", *args], capture_output=True, text=True,
-                          env={"TRITON_INTERPRET": "1", "PATH": "/usr/bin:/bin"})
+                          env=ENV, cwd=cwd)
 
 
 def test_help_lists_every_command():
@@ -26,18 +32,98 @@ def test_rules_json_is_the_registry(capsys):
     assert {r["id"] for r in records} == set(RULES)
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["verify", "--target", "nosuchtarget"], "unknown target"),
-    (["verify", "--target", "impl", "--rules", "NOPE"], "no rule matches prefix"),
-    (["verify", "--target", "nosuch.module:x"], "cannot import target module"),
-    (["verify", "--target", "impl", "--profile", "fast"], "unknown profile"),
-    (["rules", "--rules", "XYZ"], "no rule matches prefix"),
+TARGETS = {
+    "mytarget.py": "from dsv4spec.impl import e2m1_encode\nNAME = 'mine'\ndef helper():\n    return 1\n",
+    "raising.py": "raise RuntimeError('no GPU here')\n",
+    "badknob.py": "VARIANTS = {'e2m1_ties': 'sideways'}\n",
+}
+
+
+@pytest.mark.parametrize("args, needle, status", [
+    (["verify", "--target", "nosuchtarget"], "unknown target", 2),
+    (["verify", "--target", "impl", "--rules", "NOPE"], "no rule matches prefix", 2),
+    (["verify", "--target", "nosuch.module:x"], "cannot import target module", 2),
+    (["verify", "--target", "impl", "--profile", "fast"], "unknown profile", 2),
+    (["verify", "--target", "mytarget:helper", "--rules", "FMT.E2M1.RNE"], "write mytarget:helper()", 2),
+    (["verify", "--target", "mytarget.py"], "write --target mytarget", 2),
+    (["verify", "--target", "impl", "--timeout", "0"], "--timeout must be a positive", 2),
+    (["verify", "--target", "impl", "--jobs", "0"], "--jobs must be at least 1", 2),
+    (["verify", "--target", "impl", "--seed", "abc"], "invalid int value: 'abc'", 2),
+    (["verify", "--target", "impl", "--json", "no/such/dir/r.json"], "does not exist", 2),
+    (["verify", "--target", "impl", "--junit", "."], "is a directory", 2),
+    (["verify", "--nosuchflag"], "unrecognized arguments", 2),
+    (["rules", "--rules", "XYZ"], "no rule matches prefix", 2),
+    (["verify", "--target", "raising", "--rules", "FMT.E2M1.RNE"], "raised on import: RuntimeError: no GPU here", 3),
+    (["verify", "--target", "raising", "--rules", "FMT.E2M1.RNE", "--isolate"], "no GPU here", 3),
+    (["verify", "--target", "badknob", "--rules", "FMT.E2M1.RNE"], "has no value 'sideways'", 3),
 ])
-def test_usage_errors_exit_2_without_traceback(args, needle):
-    result = run(*args)
-    assert result.returncode == 2, result.stderr
-    assert needle in result.stderr
-    assert "Traceback" not in result.stderr
+def test_bad_input_is_one_line_with_its_exit_status(tmp_path, monkeypatch, capsys, args, needle, status):
+    for name, text in TARGETS.items():
+        (tmp_path / name).write_text(text)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    for name in ("mytarget", "raising", "badknob"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    if "--isolate" in args:                     # the target is loaded in a worker process
+        result = run(*args, cwd=tmp_path)
+        out, err, code = result.stdout, result.stderr, result.returncode
+    else:
+        try:
+            code = main(args)
+        except SystemExit as e:                 # argparse's own errors
+            code = e.code
+        out, err = capsys.readouterr()
+        assert len(err.strip().splitlines()) == 1, err
+        assert not out                          # refused before any run
+    assert code == status, out + err
+    assert needle in err and "Traceback" not in err
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    (tmp_path / "raising.py").write_text(TARGETS["raising.py"])
+    result = run("--debug", "verify", "--target", "raising", cwd=tmp_path)
+    assert "Traceback" in result.stderr and "no GPU here" in result.stderr
+
+
+def test_a_target_in_the_working_directory_and_its_reproduce_line_from_elsewhere(tmp_path):
+    """`--target mytarget` finds mytarget.py beside the user; the printed reproduce line reruns the
+    failure as printed, from another directory, with the same verdict."""
+    (tmp_path / "mytarget.py").write_text(
+        "import torch\nfrom dsv4spec.impl import e2m1_encode as _e\nNAME = 'mine'\nCLAIMS_CONFORMANCE = True\n"
+        "def e2m1_encode(x):\n    return _e(x) & 0x7                     # loses the sign\n")
+    result = run("verify", "--target", "mytarget", "--rules", "FMT.E2M1", "--profile", "dev", "--seed", "7",
+                 cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "FAIL FMT.E2M1.RNE on mine" in result.stdout
+    line = next(l for l in result.stdout.splitlines() if "reproduce:" in l).split("reproduce: ", 1)[1]
+    assert "--seed 7" in line
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    again = subprocess.run(line, shell=True, capture_output=True, text=True, cwd=elsewhere,
+                           env={"TRITON_INTERPRET": "1", "PATH": "/usr/bin:/bin"})
+    assert again.returncode == 1, again.stdout + again.stderr
+    first = result.stdout.split("FAIL FMT.E2M1.RNE on mine")[1].split("reproduce:")[0]
+    assert first in again.stdout
+
+
+def test_reports_are_atomic_and_carry_the_header(tmp_path):
+    out = tmp_path / "r.json"
+    result = run("verify", "--target", "impl", "--rules", "FMT.E8M0", "--profile", "dev", "--seed", "3",
+                 "--json", str(out), "--markdown", str(tmp_path / "r.md"), "--quiet")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    header = report["header"]
+    assert report["schema_version"] == 2 and header["seed"] == 3 and header["profile"] == "dev"
+    assert header["tool"]["version"] == dsv4spec.__version__ and header["spec"]["rules"] > 0
+    assert header["targets"][0]["spec"] == "impl" and header["torch"] and header["date"]
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".dsv4spec-")]   # no temporary left
+    assert "## Counts" in (tmp_path / "r.md").read_text()
+
+
+def test_progress_when_piped_is_compact():
+    result = run("verify", "--target", "impl", "--rules", "FMT")
+    assert result.returncode == 0
+    assert len(result.stderr.strip().splitlines()) <= 2, result.stderr
 
 
 def test_verify_exit_status_follows_claimed_conformance(tmp_path):
@@ -49,17 +135,20 @@ def test_verify_exit_status_follows_claimed_conformance(tmp_path):
         "CLAIMS_CONFORMANCE = True\n"
         "def e2m1_encode(x):\n"
         "    return torch.zeros(x.shape, dtype=torch.uint8)\n")
-    env = {"TRITON_INTERPRET": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)}
+    env = {**ENV, "PYTHONPATH": f"{HOME}{os.pathsep}{tmp_path}"}
     cmd = [sys.executable, "-m", "dsv4spec", "verify", "--quiet", "--target", "badtarget",
            "--rules", "FMT.E2M1", "--json", str(tmp_path / "r.json"), "--junit", str(tmp_path / "r.xml"),
            "--markdown", str(tmp_path / "r.md")]
     bad = subprocess.run(cmd, capture_output=True, text=True, env=env)
     assert bad.returncode == 1, bad.stdout + bad.stderr
     report = json.loads((tmp_path / "r.json").read_text())
-    assert report["schema_version"] == 1
-    assert any(r["status"] == "FAIL" for r in report["results"])
-    assert "<testsuites" in (tmp_path / "r.xml").read_text()
-    assert "| rule |" in (tmp_path / "r.md").read_text()
+    assert report["schema_version"] == 2
+    failed = [r for r in report["results"] if r["status"] == "FAIL"]
+    assert failed and all("--target badtarget --rules" in r["reproduce"] for r in failed)
+    junit = (tmp_path / "r.xml").read_text()
+    assert "<testsuites" in junit and "reproduce: " in junit
+    markdown = (tmp_path / "r.md").read_text()
+    assert "| rule |" in markdown and "### FAIL `FMT.E2M1" in markdown and "Reproduce:" in markdown
     module.write_text(module.read_text().replace("CLAIMS_CONFORMANCE = True", "CLAIMS_CONFORMANCE = False"))
     relaxed = subprocess.run(cmd, capture_output=True, text=True, env=env)
     assert relaxed.returncode == 0, relaxed.stdout + relaxed.stderr
@@ -71,3 +160,22 @@ def test_ops_lists_each_operation_with_the_rules_that_check_it(capsys):
     pool = {entry["op"]: entry["rules"] for entry in table["pool"]}
     assert "POOL.PIN_NEWEST" in pool["candidate_blocks"] and pool["reindex_topk"] == ["POOL.REINDEX"]
     assert main(["ops", "--family", "nope"]) == 2
+
+
+def test_ctrl_c_prints_and_writes_what_finished(tmp_path):
+    """The first rule fails at once, the second hangs; Ctrl-C then ends the run with the first row."""
+    import signal
+    (tmp_path / "slow.py").write_text(
+        "import time, torch\nNAME = 'slow'\nCLAIMS_CONFORMANCE = True\n"
+        "def e2m1_encode(x):\n    return torch.zeros(x.shape, dtype=torch.uint8)\n"
+        "def e4m3_encode(x):\n    time.sleep(300)\n")
+    process = subprocess.Popen([sys.executable, "-m", "dsv4spec", "verify", "--target", "slow", "--rules",
+                                "FMT.E2M1.RNE,FMT.E4M3.RNE", "--json", "r.json"], cwd=tmp_path, env=ENV,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert "FAIL FMT.E2M1.RNE on slow" in process.stderr.readline()
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 130 and "interrupted: 1 of 2 results finished" in err
+    assert "FMT.E2M1.RNE  FAIL" in out and "FMT.E4M3.RNE" not in out.split("\n\n")[0]
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["interrupted"] and [r["rule"] for r in report["results"]] == ["FMT.E2M1.RNE"]

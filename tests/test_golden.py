@@ -50,7 +50,7 @@ def test_a_wrong_codec_is_caught_by_the_goldens():
 
     def lossy(x):
         packed, scales = impl.fp4_e4m3_quantize(x)
-        return packed ^ 0x11 * (packed == 0x22), scales  # one code pair remapped
+        return packed ^ (0x11 * (packed == 0x22)).to(packed.dtype), scales  # one code pair remapped
 
     results = dict((n, s) for n, s, _ in store.check_target(Target(mutant("golden", fp4_e4m3_quantize=lossy), "m")))
     assert results["fp4_e4m3_kv"] == "FAIL"
@@ -61,10 +61,10 @@ def test_port_outputs_are_compared(tmp_path):
     case = cases()[0]
     _, want = store.load_case(case.name)
     save_file({f"out.{k}": v for k, v in want.items()}, str(tmp_path / f"{case.name}.safetensors"))
-    results = {n: s for n, s, _ in store.check_outputs(tmp_path)}
-    assert results[case.name] == "PASS"
+    results = {rule: s for rule, s, _ in store.check_outputs(tmp_path)}
+    assert results[case.rule] == "PASS"
     broken = {k: v.copy() for k, v in want.items()}
     first = next(iter(broken))
     broken[first].reshape(-1)[0] ^= np.array(1, dtype=broken[first].dtype)
     save_file({f"out.{k}": v for k, v in broken.items()}, str(tmp_path / f"{case.name}.safetensors"))
-    assert {n: s for n, s, _ in store.check_outputs(tmp_path)}[case.name] == "FAIL"
+    assert {rule: s for rule, s, _ in store.check_outputs(tmp_path)}[case.rule] == "FAIL"

@@ -1,11 +1,14 @@
 """The runner's contract: how outcomes map to statuses, and the exit status of a verify run."""
+import time
 from types import SimpleNamespace
 
 import pytest
+import torch
 
-from dsv4spec.properties.suite import (ERROR, FAIL, NOT_IMPLEMENTED, PASS, exit_status, run_rule,
-                                       verify)
-from dsv4spec.properties.target import Target, load_target
+from dsv4spec.impl import quant as impl_quant
+from dsv4spec.properties.suite import (ERROR, FAIL, NOT_IMPLEMENTED, PASS, RUN, TIMEOUT, exit_status,
+                                       run_rule, verify)
+from dsv4spec.properties.target import Target, TargetLoadError, TargetNotFound, load_target
 from mutants import mutant
 
 
@@ -20,7 +23,7 @@ def test_an_exception_other_than_an_assertion_is_an_error_with_its_message():
 
     row = run_rule("FP4.KV.SCALE", Target(mutant("raises", fp4_e4m3_quantize=broken), "m"))
     assert row.status == ERROR and "device lost" in row.detail
-    assert row.reproduce.startswith("dsv4spec verify --target m --rules FP4.KV.SCALE")
+    assert "dsv4spec verify --target m --rules FP4.KV.SCALE --profile ci" in row.reproduce
 
 
 def test_exit_status_counts_only_targets_that_claim_conformance():
@@ -45,3 +48,129 @@ def test_declaring_an_unknown_knob_or_value_is_an_error():
         Target(SimpleNamespace(VARIANTS={"no_such_knob": "x"}), "t")
     with pytest.raises(ValueError, match="has no value"):
         Target(SimpleNamespace(VARIANTS={"e2m1_ties": "sideways"}), "t")
+
+
+def _ties_away(x):
+    """E2M1 quantizers that round every tie away from zero: both checks of FP4.E2M1.RNE fail."""
+    return x + torch.sign(x) * 1e-3 * x.abs().amax(-1, keepdim=True) / 6
+
+
+def test_every_failing_check_of_a_rule_is_listed_the_first_in_full():
+    bad = mutant("ties-away", fp4_e4m3_quantize=lambda x: impl_quant.fp4_e4m3_quantize(_ties_away(x)),
+                 fp4_e8m0_quantize=lambda x: impl_quant.fp4_e8m0_quantize(_ties_away(x)))
+    row = run_rule("FP4.E2M1.RNE", Target(bad, "m"))
+    assert row.status == FAIL and list(row.checks.values()) == [FAIL, FAIL]
+    first, second = row.checks
+    assert row.detail.startswith(f"{first}: FP4.E2M1.RNE") and "counterexample:" in row.detail
+    assert f"also failing (1 more check):\n  FAIL {second}: FP4.E2M1.RNE" in row.detail
+
+
+def test_a_failure_reads_without_hypothesis_internals_and_is_capped():
+    bad = mutant("zero-codes", fp4_e8m0_quantize=lambda x: (torch.zeros_like(impl_quant.fp4_e8m0_quantize(x)[0]),
+                                                            impl_quant.fp4_e8m0_quantize(x)[1]))
+    RUN.seed = 1234
+    try:
+        rows = [run_rule("FP4.E2M1.RNE", Target(bad, "m"), "dev") for _ in range(2)]
+    finally:
+        RUN.seed = None
+    assert rows[0].detail == rows[1].detail                     # one seed, one verdict
+    assert "--profile dev --seed 1234" in rows[0].reproduce
+    text = rows[0].detail
+    assert not any(word in text for word in ("reproduce_failure", "Hypothesis", "inner("))
+    assert len(text.splitlines()) <= 41 and "fp4_e8m0_rounds_ties_to_even(" in text
+
+
+def test_an_operation_over_its_time_limit_is_a_timeout_that_costs_one_limit():
+    def hangs(x):
+        time.sleep(30)
+
+    target = Target(mutant("hangs", fp4_e4m3_quantize=hangs), "m")
+    target.timeout = 0.5
+    start = time.monotonic()
+    row = run_rule("FP4.KV.SCALE", target)
+    assert row.status == TIMEOUT and "fp4_e4m3_quantize did not return within 0.5 s" in row.detail
+    assert "--timeout 0.5" in row.reproduce
+    assert run_rule("FP4.KV.FLOOR", target).status == TIMEOUT       # not called again
+    assert time.monotonic() - start < 5
+
+
+# ------------------------------------------------------------------------------------------------
+# Finding a target
+# ------------------------------------------------------------------------------------------------
+
+MODULE = """
+import torch
+from dsv4spec.impl import e2m1_encode as _encode
+NAME = "mine"
+def e2m1_encode(x):
+    return _encode(x)
+def helper():
+    return 1
+def make():
+    return Port()
+class Port:
+    NAME = "port"
+    def e2m1_encode(self, x):
+        return _encode(x)
+"""
+
+
+@pytest.fixture
+def in_module_dir(tmp_path, monkeypatch):
+    (tmp_path / "mytarget.py").write_text(MODULE)
+    (tmp_path / "raising.py").write_text("raise RuntimeError('no GPU here')\n")
+    monkeypatch.chdir(tmp_path)
+    yield tmp_path
+    for name in ("mytarget", "raising"):
+        __import__("sys").modules.pop(name, None)
+
+
+@pytest.mark.parametrize("spec, name", [
+    ("mytarget", "mine"),                     # a module file in the working directory
+    ("mytarget:Port", "port"),                # a class is instantiated
+    ("mytarget:make()", "port"),              # a factory is called only when written with ()
+    ("mytarget:e2m1_encode", "mytarget:e2m1_encode"),   # a function named like an operation: one operation
+])
+def test_a_target_is_found_as_documented(in_module_dir, spec, name):
+    target = load_target(spec)
+    assert target.name == name and target.has("e2m1_encode")
+    assert run_rule("FMT.E2M1.RNE", target).status == PASS
+
+
+@pytest.mark.parametrize("spec, error, message", [
+    ("mytarget:helper", TargetNotFound, "not an operation of the contract; write mytarget:helper()"),
+    ("mytarget:nothing", TargetNotFound, "has no attribute"),
+    ("mytarget.py", TargetNotFound, "write --target mytarget"),
+    ("nosuchmodule", TargetNotFound, "unknown target"),
+    ("raising", TargetLoadError, "raised on import: RuntimeError: no GPU here"),
+    ("mytarget:helper()", TargetLoadError, None),            # a factory that returns no target is refused below
+])
+def test_a_wrong_target_is_refused_with_its_reason(in_module_dir, spec, error, message):
+    if message is None:
+        assert not load_target(spec).has("e2m1_encode")       # helper() returned 1: a target of nothing
+        return
+    with pytest.raises(error, match=message):
+        load_target(spec)
+
+
+def test_one_seed_draws_the_same_examples_whatever_modules_are_loaded(tmp_path, monkeypatch):
+    """Hypothesis would mix the literals of newly imported local modules into its examples (so the
+    CLI, a worker and pytest drew differently from one seed); the suite draws from the seed alone."""
+    drawn = []
+    target = Target(mutant("spy", e2m1_encode=lambda x: drawn.append(x.numpy().copy()) or
+                           impl_quant.e2m1_encode(x)), "spy")
+
+    def examples():
+        drawn.clear()
+        RUN.seed = 99
+        try:
+            run_rule("FMT.E2M1.RNE", target, "dev")
+        finally:
+            RUN.seed = None
+        return [d.tobytes() for d in drawn]
+
+    before = examples()
+    (tmp_path / "constants_galore.py").write_text("K = [0.7071067, 3.999999, 12345.678, 2 ** 17 + 3, -1e-38]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    __import__("constants_galore")
+    assert examples() == before and len(before) > 10

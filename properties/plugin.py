@@ -1,0 +1,160 @@
+"""The pytest route: `pytest --dsv4spec-target T [...]` runs the suite as one pytest item per
+(rule, target), beside a project's own tests.  Registered through the `pytest11` entry point, so it
+is active wherever dsv4spec is installed, and does nothing without --dsv4spec-target.
+
+    pytest --dsv4spec-target mypkg.fp4:Codec --dsv4spec-profile dev --dsv4spec-rules FP4,FMT \\
+           --dsv4spec-xfail known.txt --dsv4spec-skip skip.txt
+
+PASS and VARIANT pass; NOT_IMPLEMENTED and SKIP are skipped with their reason; FAIL, ERROR and
+TIMEOUT fail with the decoded counterexample and the command that reproduces them.  Skip and xfail
+files hold one entry a line, a rule id or prefix, then the reason:
+
+    # known.txt
+    FP4.KV.SCALE      our E4M3 scale uses the reciprocal (ticket 123)
+    IDX.TOPK          ties broken by position
+
+An entry that matches no selected rule is reported as a warning, so a stale list shows up.  The
+seed of a dev or thorough run is --dsv4spec-seed, else $DSV4SPEC_SEED, else a fresh one; it is
+printed in the header and every reproduce line, and shared by pytest-xdist workers.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+
+SEED_VARIABLE = "DSV4SPEC_SEED"
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("dsv4spec", "dsv4spec conformance suite")
+    group.addoption("--dsv4spec-target", action="append", default=[], metavar="T",
+                    help="a target, as for `dsv4spec verify --target` (repeatable); enables the suite")
+    group.addoption("--dsv4spec-profile", default="ci", metavar="P", help="ci (default), dev or thorough")
+    group.addoption("--dsv4spec-rules", metavar="PREFIX,...", help="only rules whose id starts with a prefix")
+    group.addoption("--dsv4spec-seed", type=int, metavar="N", help="seed of the dev and thorough profiles")
+    group.addoption("--dsv4spec-timeout", type=float, metavar="S", help="seconds one operation call may take")
+    group.addoption("--dsv4spec-skip", metavar="FILE", help="rules to skip: `RULE-or-prefix reason` per line")
+    group.addoption("--dsv4spec-xfail", metavar="FILE", help="rules expected to fail: `RULE-or-prefix reason` per line")
+
+
+class Settings:
+    """What the options select, resolved once per session."""
+
+    def __init__(self, config):
+        from .suite import DERANDOMIZED, PROFILES, RUN, new_seed, program
+        from .target import TargetLoadError, TargetNotFound, load_target
+        from ..spec.rules import select
+        get = config.getoption
+        self.profile = get("dsv4spec_profile")
+        if self.profile not in PROFILES:
+            raise pytest.UsageError(f"--dsv4spec-profile: unknown profile {self.profile!r}; expected one of "
+                                    f"{', '.join(PROFILES)}")
+        prefixes = [p.strip() for p in (get("dsv4spec_rules") or "").split(",") if p.strip()] or None
+        try:
+            self.rules = [r.id for r in select(prefixes)]
+            self.targets = [load_target(spec) for spec in get("dsv4spec_target")]
+        except (ValueError, TargetNotFound, TargetLoadError) as e:
+            raise pytest.UsageError(f"dsv4spec: {e}") from None
+        for t in self.targets:
+            t.timeout = get("dsv4spec_timeout") or t.timeout
+        seed = get("dsv4spec_seed")
+        seed = seed if seed is not None else int(os.environ.get(SEED_VARIABLE) or new_seed())
+        os.environ[SEED_VARIABLE] = str(seed)       # pytest-xdist workers, started later, share it
+        RUN.seed = None if self.profile in DERANDOMIZED else seed
+        RUN.program = program(get("dsv4spec_target"))
+        self.seed = RUN.seed
+        self.skip = read_entries(get("dsv4spec_skip"), "--dsv4spec-skip")
+        self.xfail = read_entries(get("dsv4spec_xfail"), "--dsv4spec-xfail")
+
+
+def read_entries(path: str | None, option: str) -> list[tuple[str, str, int]]:
+    """(rule prefix, reason, line number) of each entry of a skip or xfail file."""
+    if not path:
+        return []
+    try:
+        text = open(path).read()
+    except OSError as e:
+        raise pytest.UsageError(f"{option}: cannot read {path}: {e.strerror}") from None
+    entries = []
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if line:
+            prefix, _, reason = line.partition(" ")
+            entries.append((prefix, reason.strip() or "listed in " + path, number))
+    return entries
+
+
+def _matching(entries, rule_id):
+    from ..spec.rules import _matches
+    return next((e for e in entries if _matches(rule_id, e[0])), None)
+
+
+def pytest_configure(config):
+    if config.getoption("dsv4spec_target"):
+        config.pluginmanager.register(Session(Settings(config)), "dsv4spec-session")
+
+
+class Session:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+
+    def pytest_report_header(self, config):
+        s = self.settings
+        seed = "derandomized" if s.seed is None else f"seed {s.seed}"
+        return [f"dsv4spec: profile {s.profile} ({seed}); targets {', '.join(t.spec for t in s.targets)}; "
+                f"{len(s.rules)} rules"]
+
+    def pytest_collection_modifyitems(self, session, config, items):
+        s = self.settings
+        for kind, entries in (("--dsv4spec-skip", s.skip), ("--dsv4spec-xfail", s.xfail)):
+            for prefix, _, number in entries:
+                if not any(_matching([(prefix, "", 0)], r) for r in s.rules):
+                    warnings.warn(pytest.PytestConfigWarning(
+                        f"{kind} line {number}: {prefix!r} matches none of the selected rules"))
+        for target in s.targets:
+            for rule_id in s.rules:
+                name = f"{rule_id}[{target.name}]"
+                item = RuleItem.from_parent(session, name=name, nodeid=f"dsv4spec::{name}", rule_id=rule_id,
+                                            target=target, profile=s.profile)
+                skip, xfail = _matching(s.skip, rule_id), _matching(s.xfail, rule_id)
+                if skip:
+                    item.add_marker(pytest.mark.skip(reason=skip[1]))
+                elif xfail:
+                    item.add_marker(pytest.mark.xfail(reason=xfail[1], raises=RuleFailed, strict=False))
+                items.append(item)
+
+
+class RuleFailed(Exception):
+    """A FAIL, ERROR or TIMEOUT row."""
+
+
+class RuleItem(pytest.Item):
+    def __init__(self, *, rule_id, target, profile, **kwargs):
+        super().__init__(**kwargs)
+        self.rule_id, self.target, self.profile = rule_id, target, profile
+        self.row = None
+
+    def runtest(self):
+        from .suite import ERROR, FAIL, NOT_IMPLEMENTED, SKIP, TIMEOUT, VARIANT, load_checks, run_rule
+        load_checks()
+        self.row = run_rule(self.rule_id, self.target, self.profile)
+        self.user_properties.append(("dsv4spec_status", self.row.status))
+        if self.row.status in (NOT_IMPLEMENTED, SKIP):
+            pytest.skip(f"{self.row.status}: {self.row.detail}")
+        if self.row.status in (FAIL, ERROR, TIMEOUT):
+            raise RuleFailed(self.row.status)
+        if self.row.status == VARIANT:
+            self.user_properties.append(("dsv4spec_variant", self.row.detail))
+
+    def repr_failure(self, excinfo):
+        if isinstance(excinfo.value, RuleFailed) and self.row is not None:
+            from ..spec import RULES
+            r = self.row
+            return "\n".join([f"{r.status} {r.rule_id} on {r.target}: {RULES[r.rule_id].title}", "", r.detail, "",
+                              f"reproduce: {r.reproduce}"])
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self):
+        return "dsv4spec", 0, f"{self.rule_id}[{self.target.name}]"

@@ -1,0 +1,255 @@
+"""Running rules in worker processes: `verify --isolate` and `verify --jobs N`.
+
+The supervisor (this process) hands one (target, rule) at a time to each of N workers, started
+with the standard library's `spawn` context.  A worker loads targets by their spec, runs the rule
+exactly as `suite.run_rule` does in one process, and sends the row back; before every operation
+call it says which operation it enters.  So:
+
+- a worker that dies (segfault, illegal memory access, abort) costs the rule it was running: ERROR
+  with the signal and the operation, and a fresh worker takes the next rule (one that dies while
+  loading the target costs all of that target's rules);
+- an operation that does not return within the time limit, even inside C code where no signal
+  reaches it, is ended by killing the worker: TIMEOUT with the operation;
+- rows come back in any order and are put back in the single-process order, so a report is the
+  same (apart from timings) for any N and for the in-process run with the same seed.
+
+With several GPUs visible, worker i sees only GPU i mod n (CUDA_VISIBLE_DEVICES); otherwise the
+CPU cores are dealt out among the workers (affinity and torch threads).
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+from multiprocessing.connection import wait
+
+from . import suite
+from .suite import ERROR, TIMEOUT, Row
+from .target import TargetLoadError, TargetNotFound, WATCH, load_target
+
+GRACE_S = 1.0               # beyond the per-operation limit, before a silent worker is killed
+LOAD_LIMIT_S = 300.0        # importing a target (torch, CUDA context) may be slow on a busy machine
+LOADING = "<loading the target>"
+
+
+@dataclass
+class TargetInfo:
+    """What a report needs of a target that was loaded in a worker."""
+    spec: str
+    name: str
+    module: str = ""
+    claims_conformance: bool = False
+    version: str = ""
+    device: str = ""
+    load_error: str = ""
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs a worker may be pinned to: CUDA_VISIBLE_DEVICES's entries, else every device torch sees."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [d for d in listed.split(",") if d.strip()]
+    try:
+        import torch
+        return [str(i) for i in range(torch.cuda.device_count())]
+    except Exception:       # noqa: BLE001 -- no usable CUDA: workers run on the CPU
+        return []
+
+
+def devices_for(jobs: int) -> list[str | None]:
+    """CUDA_VISIBLE_DEVICES of each worker (None: inherit) -- pinned only when there are several GPUs."""
+    gpus = visible_gpus()
+    return [gpus[i % len(gpus)] for i in range(jobs)] if len(gpus) > 1 else [None] * jobs
+
+
+def cores_for(jobs: int) -> list[list[int]]:
+    """The CPU cores of each worker: this process's cores dealt out, so that N workers do not
+    each start one torch thread per core of the machine."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(cores) < jobs:
+        return [cores] * jobs
+    return [cores[i::jobs] for i in range(jobs)]
+
+
+def _pin(cores: list[int]):
+    if cores and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cores)
+        import torch
+        torch.set_num_threads(len(cores))
+
+
+# ------------------------------------------------------------------------------------------------
+# The worker
+# ------------------------------------------------------------------------------------------------
+
+def _worker(conn, cores, seed, program, timeout, isolate):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)       # the supervisor handles Ctrl-C
+    _pin(cores)
+    suite.RUN.seed, suite.RUN.program, suite.RUN.isolate = seed, program, isolate
+    WATCH.report = lambda op: conn.send(("op", op))
+    suite.load_checks()
+    targets = {}
+    while True:
+        task = conn.recv()
+        if task is None:
+            return
+        index, spec, rule_id, profile, hung = task
+        if spec not in targets:
+            conn.send(("op", LOADING))
+            try:
+                t = load_target(spec)
+                t.timeout = timeout
+                targets[spec] = t
+            except (TargetNotFound, TargetLoadError) as e:
+                conn.send(("load_error", index, str(e)))
+                continue
+            conn.send(("op", None))
+            conn.send(("loaded", asdict(TargetInfo(spec, t.name, t.module, t.claims_conformance, t.version, str(t.device)))))
+        targets[spec].hung.update(hung)         # operations that hung a worker before are not called again
+        row = suite.run_rule(rule_id, targets[spec], profile)
+        conn.send(("row", index, asdict(row)))
+
+
+# ------------------------------------------------------------------------------------------------
+# The supervisor
+# ------------------------------------------------------------------------------------------------
+
+class _Slot:
+    def __init__(self, ctx, device, cores, *args):
+        self.ctx, self.device = ctx, device
+        self.args = (cores, *args)
+        self.process = self.conn = self.task = None
+        self.op, self.since = None, 0.0
+
+    def start(self):
+        parent, child = self.ctx.Pipe()
+        saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if self.device is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = self.device
+        try:
+            self.process = self.ctx.Process(target=_worker, args=(child, *self.args), daemon=True)
+            self.process.start()
+        finally:
+            if self.device is not None:
+                if saved is None:
+                    os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+                else:
+                    os.environ["CUDA_VISIBLE_DEVICES"] = saved
+        child.close()
+        self.conn = parent
+
+    def give(self, task, hung):
+        if self.process is None or not self.process.is_alive():
+            self.start()
+        self.task, self.op, self.since = task, None, time.monotonic()
+        self.conn.send((*task, hung))
+
+    def kill(self):
+        if self.process is not None:
+            self.process.kill()
+            self.process.join()
+        self.process = self.conn = None
+
+    def stop(self):
+        if self.process is not None and self.process.is_alive():
+            try:
+                self.conn.send(None)
+            except OSError:
+                pass
+            self.process.join(5)
+        self.kill()
+
+
+def run(specs: list[str], rule_ids: list[str], profile: str, *, jobs: int = 1, seed: int | None = None,
+        timeout: float = 60.0, isolate: bool = False, progress=None) -> tuple[list[Row], dict[str, TargetInfo]]:
+    """Every rule on every target in `jobs` worker processes; rows in the single-process order.
+    `isolate` (asked for by the user) adds --isolate to every reproduce line; a crash or hang row
+    has it anyway."""
+    program = suite.RUN.program or suite.program()
+    ctx = multiprocessing.get_context("spawn")
+    pinned = jobs > 1 and devices_for(jobs)[0] is None          # CPU workers share the cores out
+    cores = cores_for(jobs) if pinned else [[]] * jobs
+    slots = [_Slot(ctx, d, c, seed, program, timeout, isolate) for d, c in zip(devices_for(jobs), cores)]
+    tasks = deque((i, spec, rule_id, profile) for i, (spec, rule_id) in
+                  enumerate((s, r) for s in specs for r in rule_ids))
+    rows: dict[int, Row] = {}
+    infos = {spec: TargetInfo(spec, spec) for spec in specs}
+    hung: dict[str, dict[str, str]] = {spec: {} for spec in specs}
+
+    def record(index, row):
+        rows[index] = row
+        if progress:
+            progress(row)
+
+    def lost(slot, status, why):
+        index, spec, rule_id, _ = slot.task
+        if slot.op == LOADING:          # it would die the same way for every rule
+            infos[spec].load_error = f"target {spec!r} could not be loaded: {why}"
+        elif status == TIMEOUT:
+            hung[spec][slot.op] = why
+        slot.kill()
+        repro = suite.reproduce_command(spec, rule_id, profile, seed, timeout, isolate=True)
+        record(index, Row(rule_id, infos[spec].name, status, why, repro))
+        slot.task = None
+
+    try:
+        while tasks or any(s.task for s in slots):
+            for slot in slots:
+                while slot.task is None and tasks:
+                    task = tasks.popleft()
+                    index, spec, rule_id, _ = task
+                    if infos[spec].load_error:
+                        record(index, Row(rule_id, infos[spec].name, ERROR, infos[spec].load_error))
+                        continue
+                    slot.give(task, hung[spec])
+            busy = [s for s in slots if s.task]
+            ready = wait([s.conn for s in busy] + [s.process.sentinel for s in busy], timeout=0.5)
+            for slot in busy:
+                _drain(slot, record, infos, ready)
+                if slot.task is None:
+                    continue
+                if not slot.process.is_alive():
+                    code = slot.process.exitcode
+                    cause = f"signal {signal.Signals(-code).name}" if code and code < 0 else f"exit status {code}"
+                    lost(slot, ERROR, f"the target's process died ({cause}) in {slot.op or 'the check code'}")
+                    continue
+                limit = LOAD_LIMIT_S if slot.op == LOADING else timeout + GRACE_S
+                if slot.op and time.monotonic() - slot.since > limit:
+                    lost(slot, TIMEOUT, f"{slot.op} did not return within {limit - GRACE_S:g} s "
+                                        f"(the target's process was ended)")
+    except BaseException:              # Ctrl-C: end the workers now, whatever they are running
+        for slot in slots:
+            slot.kill()
+        raise
+    for slot in slots:
+        slot.stop()
+    return [rows[i] for i in sorted(rows)], infos
+
+
+def _drain(slot, record, infos, ready):
+    """Read every message a worker has sent so far."""
+    while slot.conn in ready or slot.conn.poll():
+        try:
+            message = slot.conn.recv()
+        except (EOFError, OSError):
+            return
+        ready = ()
+        kind = message[0]
+        if kind == "op":
+            slot.op, slot.since = message[1], time.monotonic()
+        elif kind == "loaded":
+            infos[message[1]["spec"]] = TargetInfo(**message[1])
+        elif kind == "row":
+            record(message[1], Row(**message[2]))
+            slot.task = None
+            return
+        elif kind == "load_error":
+            _, index, why = message
+            spec = slot.task[1]
+            infos[spec].load_error = why
+            record(index, Row(slot.task[2], infos[spec].name, ERROR, why))
+            slot.task = None
+            return
