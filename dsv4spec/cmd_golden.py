@@ -15,8 +15,10 @@ def register(subparsers):
                     "`check-outputs DIR` compares the output files that port wrote (same file names, "
                     "out.* tensors): exit 1 when one differs or is missing.")
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    g = sub.add_parser("generate", help="regenerate every golden file and the manifest with impl")
-    g.add_argument("--out", type=Path, help="directory (default: the package's golden/data)")
+    g = sub.add_parser("generate", help="write every golden file and the manifest (impl's outputs, checked "
+                                        "against spec/) to a directory")
+    g.add_argument("--out", type=Path, help="directory (default: the package's golden/data, which needs --force)")
+    g.add_argument("--force", action="store_true", help="overwrite the stored goldens in golden/data")
     sub.add_parser("manifest", help="check the stored files against the manifest hashes")
     c = sub.add_parser("check", help="run a target on the golden inputs and compare bit for bit")
     c.add_argument("--target", action="append", default=None, metavar="T")
@@ -33,7 +35,11 @@ def register(subparsers):
 def run(args) -> int:
     from dsv4spec.golden import store
     if args.action == "generate":
-        manifest = store.generate(args.out or store.DATA)
+        try:
+            manifest = store.generate(args.out or store.DATA, force=args.force)
+        except FileExistsError as e:
+            print(f"dsv4spec golden generate: refused: {e}", file=sys.stderr)
+            return 2
         print(f"wrote {len(manifest['files'])} golden files and {store.MANIFEST} to {args.out or store.DATA}")
         return 0
     problems = store.verify_manifest()

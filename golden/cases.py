@@ -1,15 +1,23 @@
 """The golden cases: deterministic inputs, the operation that maps them, and how outputs compare.
 
-Inputs come from a splitmix64 stream written out here (not numpy's generators, whose streams may
-change between releases), so regenerating on any machine gives the same bits.  Only outputs that
-are exactly defined are stored: codes, scale bytes, masks, entry bytes, and scores of inputs whose
-sums are exact in fp32.
+Inputs are built from a splitmix64 stream written out here (not numpy's generators, whose streams
+may change between releases) with integer arithmetic only: every value is assembled from its sign,
+exponent and mantissa bits, or is a power of two times a small integer.  No transcendental
+function and no platform math library is involved (numpy's SIMD pow differs by an ulp between CPU
+dispatch levels), so any machine regenerates the same bits.  Only outputs that are exactly defined
+are stored: codes, scale bytes, masks, and scores of inputs whose sums are exact in fp32; each is
+checked against spec/'s exact definition when it is generated (store.generate).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from ..spec import formats as F
+from ..spec import indexer as spec_indexer
+from ..spec import pool as spec_pool
+from ..spec import quant as Q
 
 _MASK = np.uint64(0xFFFFFFFFFFFFFFFF)
 
@@ -23,28 +31,87 @@ def splitmix64(seed: int, n: int) -> np.ndarray:
         return z ^ (z >> np.uint64(31))
 
 
-def uniform(seed: int, shape) -> np.ndarray:
-    """float32 in [0, 1) with 24 random bits each."""
+def random_bits(seed: int, shape, bits: int) -> np.ndarray:
+    """The top `bits` bits of each word as int64 in [0, 2^bits)."""
     words = splitmix64(seed, int(np.prod(shape)))
-    return ((words >> np.uint64(40)).astype(np.float32) * np.float32(2.0 ** -24)).reshape(shape)
+    return (words >> np.uint64(64 - bits)).astype(np.int64).reshape(shape)
 
 
-def mixed_magnitudes(seed: int, shape, lo: float = -6.0, hi: float = 3.5) -> np.ndarray:
-    """BF16-representable values sign·2^e·(1+m) with log10-uniform-ish magnitudes in [10^lo, 10^hi],
-    zero blocks and exact E2M1 ties sprinkled in."""
-    u, v, w = uniform(seed, shape), uniform(seed + 1, shape), uniform(seed + 2, shape)
-    x = np.where(v < 0.5, -1.0, 1.0) * 10.0 ** (lo + (hi - lo) * u)
-    x = _to_bf16(x.astype(np.float32))
-    ties = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0], dtype=np.float32)
-    x = np.where(w < 0.05, ties[(w * 160).astype(int) % 8], x)
-    x[..., :32] = np.where(uniform(seed + 3, shape[:-1])[..., None] < 0.1, 0.0, x[..., :32])
+def uniform(seed: int, shape) -> np.ndarray:
+    """float32 in [0, 1) with 24 random bits each (exact: an integer < 2^24 times 2^-24)."""
+    return (random_bits(seed, shape, 24).astype(np.float32) * np.float32(2.0 ** -24))
+
+
+def bf16_from_fields(sign, exponent, mantissa) -> np.ndarray:
+    """float32 values (-1)^sign · 2^exponent · (1 + mantissa/128), assembled from their bits."""
+    bits = (np.asarray(sign) << 31) | ((np.asarray(exponent) + 127) << 23) | (np.asarray(mantissa) << 16)
+    return F.f32_from_bits(bits)
+
+
+def bf16_step(values, ulps: int) -> np.ndarray:
+    """Each BF16 value moved by `ulps` BF16 ulps away from zero (negative: toward zero)."""
+    return F.f32_from_bits(F.f32_bits(values) + (ulps << 16))
+
+
+E2M1_TIES = np.array(F.E2M1_BOUNDARIES + (F.E2M1_MAX,), dtype=np.float32)
+
+
+def mixed_magnitudes(seed: int, shape, e_lo: int = -20, e_hi: int = 11) -> np.ndarray:
+    """BF16 values ±2^e·(1 + m/128) with e uniform in [e_lo, e_hi] (about 10^-6 … 10^3.5), 5% of
+    them exact E2M1 ties at scale 1, and the first 32 values of 10% of the rows zero."""
+    sign = random_bits(seed, shape, 1)
+    exponent = e_lo + random_bits(seed + 1, shape, 32) % (e_hi - e_lo + 1)
+    x = bf16_from_fields(sign, exponent, random_bits(seed + 2, shape, 7))
+    pick = random_bits(seed + 3, shape, 16)
+    x = np.where(pick % 20 == 0, E2M1_TIES[(pick // 20) % 8], x)
+    zero_rows = random_bits(seed + 4, shape[:-1], 16) % 10 == 0
+    x[..., :32] = np.where(zero_rows[..., None], np.float32(0), x[..., :32])
     return x.astype(np.float32)
 
 
-def _to_bf16(x: np.ndarray) -> np.ndarray:
-    bits = x.view(np.uint32)
-    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
-    return rounded.view(np.float32)
+# ---------------------------------------------------------------------------------------------
+# Edge rows: blocks built on each codec's decision boundaries (conventions.md, edge vectors)
+# ---------------------------------------------------------------------------------------------
+
+def _pow2(k: int) -> float:
+    return 2.0 ** k                                    # exact in Python floats for |k| ≤ 1000
+
+
+def edge_blocks(top: float, ties) -> list[list[float]]:
+    """Short blocks (padded with zeros by edge_rows) on the boundaries of a codec whose element
+    maximum is `top`: ties at scales 2^k, amax at top·2^k and 7·2^k, 8·2^k one BF16 ulp either side,
+    negative values rounding to −0, BF16 subnormals and zeros."""
+    out = []
+    for k in (-12, -3, 0, 1, 5, 9):
+        out.append([top * _pow2(k)] + [t * _pow2(k) * s for t in ties for s in (1.0, -1.0)])
+    for k in (-20, -9, -1, 0, 4, 11):
+        for base in (top, 7.0, 8.0):
+            amax = np.array([base * _pow2(k)], dtype=np.float32)
+            for ulps in (-1, 0, 1):
+                out.append([float(bf16_step(amax, ulps)[0]), -0.5 * base * _pow2(k)])
+    out.append([-0.0, -top * _pow2(-4) / 16, top * _pow2(-4)])
+    out.append([float(bf16_from_fields(0, -127, 1)[()]) * m for m in (1, -3, 64, 127)])  # BF16 subnormals
+    out.append([0.0])
+    return out
+
+
+def edge_rows(width: int, block: int, top: float, ties) -> np.ndarray:
+    """The edge blocks laid out block after block in rows of `width`, odd and even block positions,
+    the last row zero-padded."""
+    blocks = edge_blocks(top, ties)
+    per_row = width // block
+    rows = -(-len(blocks) // per_row)
+    x = np.zeros((rows * per_row, block), dtype=np.float32)
+    for i, values in enumerate(blocks):
+        x[i, :len(values)] = np.array(values[:block], dtype=np.float64).astype(np.float32)
+    return x.reshape(rows, width)
+
+
+def codec_input(seed: int, width: int, block: int, top: float, ties) -> np.ndarray:
+    return np.concatenate([mixed_magnitudes(seed, (64, width)), edge_rows(width, block, top, ties)])
+
+
+E4M3_MIDPOINT_TIES = (1.0625, 1.1875, 17.0, 240.0, 232.0, 3 * 2.0 ** -10)   # E4M3 ties at scale 1
 
 
 @dataclass(frozen=True)
@@ -59,7 +126,8 @@ class Case:
 
 def permutation_rows(seed: int, rows: int, n: int) -> np.ndarray:
     """Each row a permutation of 1..n (as float32): distinct scores, so top-k and pools are unique."""
-    return (np.argsort(uniform(seed, (rows, n)), axis=1, kind="stable") + 1).astype(np.float32)
+    keys = random_bits(seed, (rows, n), 40) * n + np.arange(n)        # distinct integer keys
+    return (np.argsort(keys, axis=1, kind="stable") + 1).astype(np.float32)
 
 
 def fp4_operands(seed: int, rows: int, heads: int, keys: int, dim: int = 128):
@@ -68,36 +136,38 @@ def fp4_operands(seed: int, rows: int, heads: int, keys: int, dim: int = 128):
     Every product is a multiple of 2^-4 below 36, so each per-head dot (< 2^13) and each head sum
     (< 2^16 in steps of 2^-7) is exact in fp32: any summation order gives the same bits, and the
     BF16 roundings of the rule are then the only roundings."""
-    words = lambda s, shape: (splitmix64(s, int(np.prod(shape))) >> np.uint64(56)).astype(np.uint8).reshape(shape)
+    def words(s, shape):
+        return random_bits(s, shape, 8).astype(np.uint8)
     q_packed, k_packed = words(seed, (rows, heads, dim // 2)), words(seed + 1, (keys, dim // 2))
     q_scales = 126 + (words(seed + 2, (rows, heads, dim // 32)) & 1)
     k_scales = 126 + (words(seed + 3, (keys, dim // 32)) & 1)
-    w_bits = words(seed + 4, (rows, heads))
-    w = np.where(w_bits & 8, -1.0, 1.0) * 2.0 ** -(w_bits & 3).astype(np.float32)
+    w_bits = words(seed + 4, (rows, heads)).astype(np.int64)
+    w = bf16_from_fields(w_bits >> 3 & 1, -(w_bits & 3), 0)
     return q_packed, q_scales.astype(np.uint8), k_packed, k_scales.astype(np.uint8), w.astype(np.float32)
 
 
 def cases() -> list[Case]:
-    x512 = mixed_magnitudes(11, (64, 512))
-    x128 = mixed_magnitudes(12, (64, 128))
-    x448 = mixed_magnitudes(13, (64, 448))
+    ties_fp4, ties_fp8 = E2M1_TIES[:-1].tolist(), list(E4M3_MIDPOINT_TIES)
+    x512 = codec_input(11, 512, 16, 6.0, ties_fp4)
+    x128 = codec_input(12, 128, 32, 6.0, ties_fp4)
+    x448 = codec_input(13, 448, 64, 448.0, ties_fp8)
+    swa = codec_input(14, 512, 32, 448.0, ties_fp8)
+    v32 = codec_input(15, 128, 128, 448.0, ties_fp8)
     return [
         Case("fp4_e4m3_kv", "FP4.KV.SCALE", "fp4_e4m3_quantize", {"x": x512}, outputs=("packed", "scales")),
         Case("fp4_e8m0_index", "FP4.IDX.SCALE", "fp4_e8m0_quantize", {"x": x128}, outputs=("packed", "scales")),
         Case("fp8_v4_main_kv", "FP8.SCALE", "fp8_quantize", {"x": x448}, {"block": 64}, ("q", "scales")),
-        Case("fp8_v41_swa", "FP8.SCALE", "fp8_quantize", {"x": x512}, {"block": 32}, ("q", "scales")),
-        Case("fp8_v32_index", "FP8.SCALE", "fp8_quantize", {"x": x128}, {"block": 128}, ("q", "scales")),
+        Case("fp8_v41_swa", "FP8.SCALE", "fp8_quantize", {"x": swa}, {"block": 32}, ("q", "scales")),
+        Case("fp8_v32_index", "FP8.SCALE", "fp8_quantize", {"x": v32}, {"block": 128}, ("q", "scales")),
         *indexer_cases(),
     ]
 
 
 def indexer_cases() -> list[Case]:
-    from ..impl.quant import fp4_e8m0_dequantize    # the inputs of the value-level score cases
-    import torch
     q_packed, q_scales, k_packed, k_scales, w = fp4_operands(21, 12, 8, 40)
     visible = np.array([0, 1, 2, 5, 8, 13, 20, 27, 33, 38, 40, 40], dtype=np.int64)
-    q = fp4_e8m0_dequantize(torch.from_numpy(q_packed), torch.from_numpy(q_scales)).numpy()
-    k = fp4_e8m0_dequantize(torch.from_numpy(k_packed), torch.from_numpy(k_scales)).numpy()
+    q = Q.fp4_e8m0_dequantize(q_packed, q_scales)
+    k = Q.fp4_e8m0_dequantize(k_packed, k_scales)
     scores = permutation_rows(22, 12, 200)
     seen = np.array([0, 1, 7, 8, 9, 31, 32, 33, 64, 150, 199, 200], dtype=np.int64)
     scores[np.arange(200)[None, :] >= seen[:, None]] = -np.inf
@@ -115,3 +185,29 @@ def indexer_cases() -> list[Case]:
         Case("candidate_blocks", "POOL.TOPK_BLOCKS", "candidate_blocks",
              {"scores": scores, "compress_lens": seen}, {"topk_blocks": 5, "block_size": 8}),
     ]
+
+
+# ---------------------------------------------------------------------------------------------
+# spec/'s exact definition of each golden operation (the generator checks impl against it)
+# ---------------------------------------------------------------------------------------------
+
+def _index_scores_fp4(q_packed, q_scales, k_packed, k_scales, w, visible):
+    q, k = Q.fp4_e8m0_dequantize(q_packed, q_scales), Q.fp4_e8m0_dequantize(k_packed, k_scales)
+    return spec_indexer.index_scores(q, k, w, visible, "bf16")
+
+
+SPEC = {
+    "fp4_e4m3_quantize": Q.fp4_e4m3_quantize,
+    "fp4_e8m0_quantize": Q.fp4_e8m0_quantize,
+    "fp8_quantize": Q.fp8_quantize,
+    "index_scores_fp4": _index_scores_fp4,
+    "index_scores": spec_indexer.index_scores,
+    "index_topk": spec_indexer.index_topk,       # scores of a row are distinct: one valid top-k
+    "candidate_blocks": spec_pool.candidate_blocks,
+}
+
+
+def spec_outputs(case: Case) -> dict[str, np.ndarray]:
+    result = SPEC[case.op](*case.inputs.values(), **case.args)
+    result = result if isinstance(result, tuple) else (result,)
+    return dict(zip(case.outputs, result))

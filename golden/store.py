@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from .cases import Case, cases
+from .cases import Case, cases, spec_outputs
 
 DATA = Path(__file__).resolve().parent / "data"
 MANIFEST = "manifest.json"
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 
 
 def _numpy(t) -> np.ndarray:
@@ -38,14 +38,25 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def generate(out: Path = DATA) -> dict:
-    """Write every case with impl's outputs and the manifest; returns the manifest."""
+def generate(out: Path, *, force: bool = False) -> dict:
+    """Write every case with impl's outputs, each checked against spec/, and the manifest.
+
+    Refuses to overwrite the stored goldens (golden/data) unless `force`: they change only when a
+    case or the generator changes, on purpose."""
     import dsv4spec.impl as impl
+    out = Path(out)
+    if out.resolve() == DATA.resolve() and (DATA / MANIFEST).exists() and not force:
+        raise FileExistsError(f"{DATA} holds the stored goldens; give another directory, or --force (force=True) to "
+                              f"regenerate them (then commit the files and the manifest together)")
     out.mkdir(parents=True, exist_ok=True)
     files = {}
     for case in cases():
+        outputs = run_case(case, getattr(impl, case.op))
+        problem = compare(case, outputs, spec_outputs(case), against="spec/")
+        if problem:
+            raise RuntimeError(f"impl disagrees with spec/ on a golden case, nothing written for it: {problem}")
         tensors = {f"in.{k}": np.ascontiguousarray(v) for k, v in case.inputs.items()}
-        tensors.update({f"out.{k}": v for k, v in run_case(case, getattr(impl, case.op)).items()})
+        tensors.update({f"out.{k}": v for k, v in outputs.items()})
         path = out / f"{case.name}.safetensors"
         # One metadata key: safetensors writes several in a random order, which would break
         # bit-for-bit regeneration.
@@ -82,21 +93,28 @@ def load_case(name: str, data: Path = DATA) -> tuple[dict, dict]:
     return inputs, outputs
 
 
-def compare(case: Case, got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> str | None:
-    """None when equal bit for bit; otherwise the first difference, decoded."""
+def compare(case: Case, got: dict[str, np.ndarray], want: dict[str, np.ndarray],
+            against: str = "the golden") -> str | None:
+    """None when equal bit for bit; otherwise the first difference, decoded.
+
+    Against spec/, `want` holds spec's own arrays (int64, float64): they are compared in the
+    golden's dtype, which must hold every value exactly."""
     for name in case.outputs:
         if name not in got:
             return f"{case.name}: output {name!r} missing"
-        a, b = np.asarray(got[name]), want[name]
+        a, b = np.asarray(got[name]), np.asarray(want[name])
         if a.shape != b.shape:
-            return f"{case.name}.{name}: shape {a.shape}, expected {b.shape}"
+            return f"{case.name}.{name}: shape {a.shape}, expected {b.shape} ({against})"
         if a.dtype != b.dtype:
-            return f"{case.name}.{name}: dtype {a.dtype}, expected {b.dtype}"
+            exact = np.array_equal(b.astype(a.dtype).astype(b.dtype), b, equal_nan=b.dtype.kind == "f")
+            if against == "the golden" or not exact:
+                return f"{case.name}.{name}: dtype {a.dtype}, expected {b.dtype} ({against})"
+            b = b.astype(a.dtype)
         diff = np.flatnonzero(a.reshape(-1).view(np.uint8) != b.reshape(-1).view(np.uint8))
         if diff.size:
             i = int(diff[0]) // a.itemsize
             idx = tuple(int(j) for j in np.unravel_index(i, a.shape))
-            return (f"{case.name}.{name}: {diff.size} bytes differ; first at {idx}: "
+            return (f"{case.name}.{name}: {diff.size} bytes differ from {against}; first at {idx}: "
                     f"got {a.reshape(-1)[i]!r}, expected {b.reshape(-1)[i]!r} (rule {case.rule})")
     return None
 

@@ -1,12 +1,17 @@
-"""Goldens: the stored files match their manifest, the generator reproduces them bit for bit, and
-targets are gated on them."""
+"""Goldens: the stored files match their manifest, the generator reproduces them bit for bit on
+every numpy CPU dispatch level, checks impl against spec/ as it writes, never overwrites the stored
+files by accident, and targets are gated on them."""
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from dsv4spec.golden import store
 from dsv4spec.golden.cases import cases, splitmix64
+from dsv4spec.spec import formats as F
 from dsv4spec.properties.target import Target, load_target
 from mutants import mutant
 
@@ -19,6 +24,83 @@ def test_generator_reproduces_every_file_bit_for_bit(tmp_path):
     manifest = store.generate(tmp_path)
     stored = json.loads((store.DATA / store.MANIFEST).read_text())
     assert manifest == stored
+
+
+def dispatch_levels() -> list[str]:
+    """NPY_DISABLE_CPU_FEATURES values from everything on down to numpy's baseline: each level
+    switches off one more of the dispatch targets this CPU supports (highest first)."""
+    try:
+        from numpy._core import _multiarray_umath as umath
+    except ImportError:                                  # numpy 1.x
+        from numpy.core import _multiarray_umath as umath
+    available = [f for f in umath.__cpu_dispatch__ if umath.__cpu_features__.get(f)]
+    return [" ".join(available[i:]) for i in range(len(available), -1, -1)]
+
+
+GENERATE = """
+import json, sys
+from pathlib import Path
+try:
+    from numpy._core._multiarray_umath import __cpu_features__
+except ImportError:
+    from numpy.core._multiarray_umath import __cpu_features__
+from dsv4spec.golden import store
+off = sys.argv[2].split()
+assert not any(__cpu_features__[f] for f in off), f"numpy did not switch off {off}"
+print(json.dumps(store.generate(Path(sys.argv[1]))))
+"""
+
+
+@pytest.mark.parametrize("disabled", dispatch_levels(), ids=lambda d: "off:" + (d.replace(" ", "+") or "none"))
+def test_generator_gives_the_same_bits_on_every_numpy_dispatch_level(tmp_path, disabled):
+    """The inputs use integer and exactly rounded arithmetic only, so numpy's SIMD paths (AVX-512,
+    AVX2/FMA3, baseline) cannot change a bit; torch's kernels at their lowest level check impl's
+    side (ATEN_CPU_CAPABILITY=default) when numpy is at its baseline too."""
+    env = {**os.environ, "NPY_DISABLE_CPU_FEATURES": disabled}
+    if disabled and disabled == dispatch_levels()[-1]:
+        env["ATEN_CPU_CAPABILITY"] = "default"
+    run = subprocess.run([sys.executable, "-c", GENERATE, str(tmp_path), disabled], env=env,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    stored = json.loads((store.DATA / store.MANIFEST).read_text())
+    assert json.loads(run.stdout.splitlines()[-1]) == stored
+
+
+def test_generate_refuses_to_overwrite_the_stored_goldens():
+    before = store.sha256(store.DATA / store.MANIFEST)
+    with pytest.raises(FileExistsError, match="--force"):
+        store.generate(store.DATA)
+    from dsv4spec.cli import main
+    assert main(["golden", "generate"]) == 2
+    assert store.sha256(store.DATA / store.MANIFEST) == before and store.verify_manifest() == []
+
+
+def test_generator_checks_impl_against_spec(tmp_path, monkeypatch):
+    import dsv4spec.impl as impl
+    right = impl.fp8_quantize
+
+    def one_code_off(x, block):
+        q, scales = right(x, block)
+        q = q.clone()
+        q.view(-1)[7] ^= 1
+        return q, scales
+
+    monkeypatch.setattr(impl, "fp8_quantize", one_code_off)
+    with pytest.raises(RuntimeError, match=r"fp8_v4_main_kv.q: 1 bytes differ from spec/; first at \(0, 7\)"):
+        store.generate(tmp_path)
+
+
+def test_codec_inputs_are_bf16_and_sit_on_the_boundaries():
+    """Every codec input is a BF16 value (the official domain), and each holds the E2M1 or E4M3
+    ties at scale 1 and amaxes one BF16 ulp either side of 6·2^k or 448·2^k."""
+    for case in cases()[:5]:
+        x = case.inputs["x"]
+        assert np.array_equal(F.bf16_round(x), x, equal_nan=False), case.name
+        top = 448.0 if case.op == "fp8_quantize" else 6.0
+        ties = (1.0625, 17.0, 240.0) if top == 448.0 else (0.25, 0.75, 5.0)
+        assert all(np.any(x == t) for t in ties), case.name
+        edge = F.f32_from_bits(F.f32_bits(np.float32(top)) + np.array([-0x10000, 0x10000]))
+        assert all(np.any(np.abs(x) == e) for e in edge), case.name
 
 
 def test_splitmix64_matches_a_scalar_reference():
