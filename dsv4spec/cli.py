@@ -235,6 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
                "  dsv4spec ops --family quant          # what a target implements\n"
                "  dsv4spec verify --target impl --target kernels --rules FMT,FP4,FP8\n"
                "  dsv4spec verify --target mypkg.fp4:Codec --json out.json --junit out.xml\n"
+               "  dsv4spec coverage --profile ci --rules FP4,POOL\n"
                "  dsv4spec budget --model v4.1-flash --json\n"
                "  dsv4spec claims\n"
                "  dsv4spec bench --record          # on a CUDA GPU: kernels vs torch vs ceilings",
@@ -293,8 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="show the traceback of an error")
     p.set_defaults(func=cmd_verify)
 
-    from dsv4spec import cmd_bench, cmd_budget, cmd_claims, cmd_golden
-    for module in (cmd_budget, cmd_claims, cmd_golden, cmd_bench):
+    from dsv4spec import cmd_bench, cmd_budget, cmd_claims, cmd_coverage, cmd_golden
+    for module in (cmd_budget, cmd_claims, cmd_golden, cmd_coverage, cmd_bench):
         module.register(sub)
     return parser
 

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from ..spec import formats as F
 from ..spec import quant as Q
+from . import boundaries as B
 from .compare import as_numpy, assert_bytes_equal, assert_equal
 from .suite import check, forall
 
@@ -148,7 +149,7 @@ def e2m1_encode_rounds_to_nearest_even(target, x):
 
 
 @check("FMT.E2M1.SATURATE", ops=("e2m1_encode",))
-@forall(dict(x=np.array([6.25, 7.0, -7.0, 8.0, 12.0, 1e30, -3.4e38], dtype=np.float32)),
+@forall(dict(x=np.array([6.25, 7.0, -7.0, 8.0, 12.0, 1e30, -3.4e38], dtype=np.float32)), dict(x=B.E2M1_SATURATE),
         x=f32_arrays(st.one_of(edge_f32(E2M1_EDGES[E2M1_EDGES > 6]),
                                st.floats(min_value=6.0, width=32, exclude_min=True, allow_infinity=False))
                      .flatmap(lambda v: st.sampled_from([v, -v]))))
@@ -157,7 +158,7 @@ def e2m1_encode_saturates(target, x):
 
 
 @check("FMT.E2M1.ZERO_SIGN", ops=("e2m1_encode",))
-@forall(dict(x=np.array([-0.0, -0.25, -0.1, -2.0 ** -149, 0.0], dtype=np.float32)),
+@forall(dict(x=np.array([-0.0, -0.25, -0.1, -2.0 ** -149, 0.0], dtype=np.float32)), dict(x=B.E2M1_ZERO_SIGN),
         x=f32_arrays(edge_f32(np.array([-0.0, -0.25, -2.0 ** -149, -1e-30]), lo=-0.25, hi=0.0)))
 def e2m1_encode_keeps_negative_zero(target, x):
     _check_e2m1_encode(target, x, "FMT.E2M1.ZERO_SIGN: e2m1_encode of −0.25 ≤ x ≤ 0")
@@ -200,6 +201,7 @@ def e4m3_encode_rounds_to_nearest_even(target, x):
 
 @check("FMT.E4M3.SATFINITE", ops=("e4m3_encode",))
 @forall(dict(x=np.array([464.00003, 480.0, -480.0, 1e6, np.inf, -np.inf, 3.4e38], dtype=np.float32)),
+        dict(x=B.E4M3_SATFINITE),
         x=f32_arrays(st.one_of(st.floats(min_value=464.0, exclude_min=True, width=32),
                                st.floats(max_value=-464.0, exclude_max=True, width=32),
                                st.sampled_from([464.00003, 479.99997, 480.0, 2785.0 / 6]))))

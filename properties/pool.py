@@ -108,7 +108,8 @@ def wide_case(n: int, kind: str = "normal", extra: int = 9) -> PoolCase:
 WIDE = tuple(dict(case=wide_case(n)) for n in (16383, 16384, 16385, 16392, 16393)) + (
     dict(case=wide_case(16390, "weak_newest")),)
 EDGE = (dict(case=make_pool("prefill", 0, 20, 20, 2048)), dict(case=make_pool("weak_newest", 1, 3, 61, 3)),
-        dict(case=PoolCase("compress_lens 0", np.full((2, 17), -np.inf), np.array([0, 0]), 2048)))
+        dict(case=PoolCase("compress_lens 0", np.full((2, 17), -np.inf), np.array([0, 0]), 2048)),
+        dict(case=make_pool("minus_inf_blocks", 1, 3, 45, 3)))
 
 
 def _pool(target, case: PoolCase) -> np.ndarray:

@@ -34,6 +34,7 @@ from hypothesis import strategies as st
 from ..spec import formats as F
 from ..spec import quant as Q
 from .compare import as_numpy, assert_bytes_equal, assert_equal, assert_same_shape
+from . import boundaries as B
 from .formats import (e2m1_text, e4m3_text, e8m0_text, packed_text, spec_knobs, tensor)
 from .suite import check, forall
 
@@ -305,26 +306,26 @@ _TIES_IDX = dict(x=np.concatenate([padded(TIES_AT_SCALE_1, IDX)[None], padded(TI
 
 
 @check("FP4.E2M1.RNE", ops=("fp4_e4m3_quantize",))
-@forall(_TIES_KV, x=codec_input(KV, kinds=("ties",), k_range=(-9, 8)))
+@forall(_TIES_KV, dict(x=B.E2M1_KV), x=codec_input(KV, kinds=("ties",), k_range=(-9, 8)))
 def fp4_e4m3_rounds_ties_to_even(target, x):
     _kv_payload(target, no_negative_zeros(x, KV), "FP4.E2M1.RNE: fp4_e4m3_quantize codes")
 
 
 @check("FP4.E2M1.RNE", ops=("fp4_e8m0_quantize",))
-@forall(_TIES_IDX, x=codec_input(IDX, kinds=("ties", "grid", "normal"), k_range=(-100, 100)))
+@forall(_TIES_IDX, dict(x=B.E2M1_IDX), x=codec_input(IDX, kinds=("ties", "grid", "normal"), k_range=(-100, 100)))
 def fp4_e8m0_rounds_ties_to_even(target, x):
     _idx_payload(target, no_negative_zeros(x, IDX), "FP4.E2M1.RNE: fp4_e8m0_quantize codes")
 
 
 @check("FP4.E2M1.ZERO_SIGN", ops=("fp4_e4m3_quantize",))
-@forall(dict(x=padded([6.0, -0.0, -0.1, -0.25, -1e-30], KV)[None]),
+@forall(dict(x=padded([6.0, -0.0, -0.1, -0.25, -1e-30], KV)[None]), dict(x=B.NEGATIVE_ZERO_KV),
         x=codec_input(KV, kinds=("negzero",), k_range=(-9, 8)))
 def fp4_e4m3_keeps_negative_zero(target, x):
     _kv_payload(target, x, "FP4.E2M1.ZERO_SIGN: fp4_e4m3_quantize codes")
 
 
 @check("FP4.E2M1.ZERO_SIGN", ops=("fp4_e8m0_quantize",))
-@forall(dict(x=padded([6.0, -0.0, -0.1, -0.25, -1e-30], IDX)[None]),
+@forall(dict(x=padded([6.0, -0.0, -0.1, -0.25, -1e-30], IDX)[None]), dict(x=B.NEGATIVE_ZERO_IDX),
         x=codec_input(IDX, kinds=("negzero", "zero"), k_range=(-100, 100)))
 def fp4_e8m0_keeps_negative_zero(target, x):
     _idx_payload(target, x, "FP4.E2M1.ZERO_SIGN: fp4_e8m0_quantize codes")
@@ -339,7 +340,7 @@ _KV_SCALE_EXAMPLES = [dict(x=padded(SMALL_KV_BLOCK, KV)[None]),
 
 
 @check("FP4.KV.SCALE", ops=("fp4_e4m3_quantize",))
-@forall(*_KV_SCALE_EXAMPLES, x=codec_input(KV, kinds=("normal", "amax_edge", "grid", "single", "ties",
+@forall(*_KV_SCALE_EXAMPLES, dict(x=B.KV_SCALE), x=codec_input(KV, kinds=("normal", "amax_edge", "grid", "single", "ties",
                                                         "div_recip", "log2_edge"), k_range=(-6, 8)))
 def fp4_e4m3_scale_is_nearest_e4m3_of_amax_over_6(target, x):
     x = into_range(x, KV, 6 * 2.0 ** -6, 2688.0)       # above both floors, below saturation
@@ -348,6 +349,7 @@ def fp4_e4m3_scale_is_nearest_e4m3_of_amax_over_6(target, x):
 
 @check("FP4.KV.FLOOR", ops=("fp4_e4m3_quantize",))
 @forall(dict(x=np.zeros((2, 2 * KV), F32)), dict(x=padded([6 * 2.0 ** -9, -0.0, 2.0 ** -149], KV)[None]),
+        dict(x=B.KV_FLOOR),
         x=codec_input(KV, kinds=("zero", "tiny", "subnormal", "single"), k_range=(-40, -8)))
 def fp4_e4m3_scale_floor(target, x):
     _kv_scales(target, x, "FP4.KV.FLOOR: fp4_e4m3_quantize scale bytes of tiny blocks")
@@ -355,7 +357,7 @@ def fp4_e4m3_scale_floor(target, x):
 
 @check("FP4.KV.SATURATE", ops=("fp4_e4m3_quantize",))
 @forall(dict(x=padded(KV_SCALE_OVERFLOW, KV)[None]),
-        dict(x=padded([464 * 6.0, 464 * 6.0 + 0.01, 3e38], KV)[None]),
+        dict(x=padded([464 * 6.0, 464 * 6.0 + 0.01, 3e38], KV)[None]), dict(x=B.KV_SATURATE),
         x=codec_input(KV, kinds=("huge", "amax_edge"), k_range=(9, 120)))
 def fp4_e4m3_scale_saturates(target, x):
     _kv_scales(target, x, "FP4.KV.SATURATE: fp4_e4m3_quantize scale bytes of large blocks")
@@ -370,7 +372,7 @@ def fp4_e4m3_divides_by_the_rounded_scale(target, x):
 
 @check("FP4.KV.CLAMP", ops=("fp4_e4m3_quantize",))
 @forall(dict(x=padded(KV_SCALE_OVERFLOW, KV)[None]), dict(x=padded([5.0, -5.0, 4.9], KV)[None]),
-        dict(x=padded([1e4, -3500.0, 3136.0, 100.0], KV)[None]),
+        dict(x=padded([1e4, -3500.0, 3136.0, 100.0], KV)[None]), dict(x=B.E2M1_KV),
         x=codec_input(KV, kinds=("amax_edge", "huge", "normal"), k_range=(-6, 14)))
 def fp4_e4m3_clamps_before_the_cast(target, x):
     _kv_payload(target, no_negative_zeros(x, KV), "FP4.KV.CLAMP: fp4_e4m3_quantize codes")
@@ -382,7 +384,7 @@ def fp4_e4m3_clamps_before_the_cast(target, x):
 
 
 @check("FP4.IDX.SCALE", ops=("fp4_e8m0_quantize",))
-@forall(dict(x=padded(FLOAT_LOG2_EDGE, IDX)[None]),
+@forall(dict(x=padded(FLOAT_LOG2_EDGE, IDX)[None]), dict(x=B.IDX_SCALE),
         dict(x=np.array(amax_edges(6.0), F32).reshape(-1, 1) * np.eye(IDX, dtype=F32)[0]),
         x=codec_input(IDX, kinds=("normal", "amax_edge", "single", "log2_edge", "grid", "huge"),
                       k_range=(-120, 120)))
@@ -393,6 +395,7 @@ def fp4_e8m0_scale_is_pow2_ceil(target, x):
 
 @check("FP4.IDX.FLOOR", ops=("fp4_e8m0_quantize",))
 @forall(dict(x=np.zeros((2, 2 * IDX), F32)), dict(x=padded([-0.0, 2.0 ** -149, 6 * 2.0 ** -127], IDX)[None]),
+        dict(x=B.IDX_FLOOR),
         x=codec_input(IDX, kinds=("zero", "subnormal", "tiny"), k_range=(-140, -120)))
 def fp4_e8m0_amax_floor(target, x):
     x = np.where(np.abs(x).max(-1, keepdims=True) < 6 * 2.0 ** -126, x, F32(0.0))
@@ -423,6 +426,7 @@ def fp4_e4m3_dequantize_is_exact(target, rng):
 def fp4_e8m0_dequantize_is_exact(target, rng):
     packed = rng.integers(0, 256, (3, 2 * IDX), dtype=np.uint8)
     scales = rng.integers(0, 255, (3, 4), dtype=np.uint8)
+    scales[0, :2] = 0, 254                                       # both ends of E8M0, every time
     expected = Q.fp4_e8m0_dequantize(packed, scales, nibble_order=target.variant("nibble_order"))
     assert_equal(target.fp4_e8m0_dequantize(tensor(packed), tensor(scales)), expected,
                  what="FP4.DEQUANT: fp4_e8m0_dequantize",
@@ -480,17 +484,18 @@ _FP8_TIES = [240.0, 1.0625, 1.1875, 17.0, -17.0, 2.0 ** -10, 3 * 2.0 ** -10, 232
 
 @check("FP8.SCALE", ops=("fp8_quantize",))
 @forall(dict(case=(32, np.array(amax_edges(448.0), F32).reshape(-1, 1) * np.eye(32, dtype=F32)[0])),
-        dict(case=(64, padded(FLOAT_LOG2_EDGE, 64)[None] * 2 ** 5)),
+        dict(case=(64, padded(FLOAT_LOG2_EDGE, 64)[None] * 2 ** 5)), dict(case=(32, B.FP8_SCALE)),
         case=with_block(_FP8_BLOCKS, kinds=("normal", "amax_edge", "single", "log2_edge", "grid", "huge"),
                         k_range=(-10, 120), top=448.0, max_blocks=2))
 def fp8_scale_is_pow2_ceil(target, case):
     block, x = case
-    x = into_range(x, block, 1e-4)                       # above the amax floor
+    x = into_range(x, block, F32(1e-4))                  # at or above the amax floor
     _fp8_scales(target, x, block, "FP8.SCALE: fp8_quantize scale bytes")
 
 
 @check("FP8.FLOOR", ops=("fp8_quantize",))
 @forall(dict(case=(32, np.zeros((2, 64), F32))), dict(case=(128, padded([-0.0, 2.0 ** -149, 9.9e-5], 128)[None])),
+        dict(case=(64, B.FP8_FLOOR)),
         case=with_block(_FP8_BLOCKS, kinds=("zero", "subnormal", "tiny", "single"), k_range=(-60, -14),
                         max_blocks=2))
 def fp8_amax_floor(target, case):
@@ -500,7 +505,7 @@ def fp8_amax_floor(target, case):
 
 
 @check("FP8.E4M3", ops=("fp8_quantize",))
-@forall(dict(case=(32, padded(_FP8_TIES, 32)[None])),
+@forall(dict(case=(32, padded(_FP8_TIES, 32)[None])), dict(case=(32, B.FP8_MIDPOINTS[32])),
         case=with_block(_FP8_BLOCKS, kinds=("grid", "normal", "amax_edge", "subnormal", "negzero"),
                         k_range=(-30, 30), top=448.0, max_blocks=2))
 def fp8_values_are_e4m3_of_x_over_s(target, case):
@@ -519,6 +524,7 @@ def fp8_dequantize_is_exact(target, rng, block):
     q = rng.integers(0, 256, (2, 2 * block), dtype=np.uint8)
     q[(q & 0x7F) == 0x7F] = 0x7E                                  # NaN codes are not produced
     scales = rng.integers(0, 255, (2, 2), dtype=np.uint8)
+    scales[0] = 0, 254                                           # both ends of E8M0, every time
     assert_equal(target.fp8_dequantize(tensor(q), tensor(scales), block), Q.fp8_dequantize(q, scales, block),
                  what="FP8.DEQUANT: fp8_dequantize",
                  context=lambda idx: f"byte {e4m3_text(q[idx])}, scale {e8m0_text(scales[idx[0], idx[-1] // block])}")
@@ -540,7 +546,7 @@ def fp8_blocks_of_each_model(target, shape, bf16, rng):
 
 
 @check("FP8.V4_INPLACE", ops=("fp8_qdq",))
-@forall(case=with_block([64, 32], kinds=("normal", "grid", "amax_edge"), k_range=(-10, 10), top=448.0,
+@forall(dict(case=(64, B.FP8_MIDPOINTS[64])), case=with_block([64, 32], kinds=("normal", "grid", "amax_edge"), k_range=(-10, 10), top=448.0,
                         max_blocks=2))
 def fp8_qdq_rounds_through_e4m3(target, case):
     block, x = case

@@ -1,0 +1,36 @@
+"""`dsv4spec coverage`: which decision boundaries of each rule a profile's examples reach."""
+from __future__ import annotations
+
+import sys
+
+
+def register(subparsers):
+    p = subparsers.add_parser(
+        "coverage", help="per rule, the decision boundaries a profile's examples reach and miss",
+        description="Runs each rule's checks against a target (impl by default) through a recording proxy "
+                    "and lists, per rule, its decision boundaries by level (element, scale, range, layout): "
+                    "an E2M1 tie exactly, one ulp below and one above, amax on each power-of-two edge, "
+                    "compress_lens a multiple of 8 … reached or MISSED.  Exit status 1 when a boundary "
+                    "is missed.")
+    p.add_argument("--profile", default="ci", help="Hypothesis profile: ci (default), dev, thorough")
+    p.add_argument("--rules", metavar="PREFIX,...", help="rule id prefixes (default: every rule with boundaries)")
+    p.add_argument("--target", default="impl", metavar="T", help="the target whose checks are recorded")
+    p.add_argument("--reached", action="store_true", help="list the boundaries reached too")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from dsv4spec.cli import UsageError, _prefixes
+    from dsv4spec.properties.coverage import coverage, render
+    from dsv4spec.properties.suite import PROFILES
+    from dsv4spec.properties.target import load_target
+    if args.profile not in PROFILES:
+        raise UsageError(f"unknown profile {args.profile!r}; expected one of {', '.join(PROFILES)}")
+
+    def progress(rc):
+        print(f"{rc.rule_id} …", file=sys.stderr, flush=True)
+
+    results = coverage(_prefixes(args.rules), load_target(args.target), args.profile,
+                       progress=None if not sys.stderr.isatty() else progress)
+    print(render(results, show_reached=args.reached))
+    return 1 if any(rc.missed for rc in results) else 0

@@ -1,0 +1,812 @@
+"""Decision coverage: which of a rule's decision boundaries a profile's examples reach.
+
+Every rounding or selection decision a rule makes has boundaries (an E2M1 tie, an E8M0 power of
+two, an E4M3 midpoint of amax/6, compress_lens a multiple of 8, the 16384-position capacity …).
+A check that never puts an input on a boundary, one ulp below it and one above, cannot tell the
+official decision from its neighbour.  Coverage runs a rule's checks against a target through a
+recording proxy that keeps every input the checks pass to an operation, then evaluates, per
+boundary, a predicate over the recorded inputs in spec terms ("some element's |x|/s is exactly
+0.75", "one fp32 ulp below", "in a row ≥ 1 at an odd block index").  Levels, as in TestFloat:
+element, scale, range, layout.
+
+    dsv4spec coverage --profile ci --rules FP4,POOL
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..spec import formats as F
+from ..spec import indexer as spec_indexer
+from ..spec import pool as spec_pool
+from ..spec import quant as Q
+from ..spec.rules import V4_ALL, select
+from .compare import as_numpy
+from .suite import checks_for, run_check
+from .target import Target, load_target
+
+LEVELS = ("element", "scale", "range", "layout")
+F32 = np.float32
+
+
+# ---------------------------------------------------------------------------------------------
+# The recording proxy
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Call:
+    op: str
+    args: tuple          # numpy arrays (tensors converted) and plain Python values
+    kwargs: dict
+
+
+class Recorder(Target):
+    """A view of a target that records the inputs of every operation call, then makes it."""
+
+    def __init__(self, target: Target):
+        self.__dict__.update(target.__dict__)
+        self.calls: list[Call] = []
+
+    def op(self, name: str):
+        fn = Target.op(self, name)
+
+        def recorded(*args, **kwargs):
+            self.calls.append(Call(name, tuple(_plain(a) for a in args),
+                                   {k: _plain(v) for k, v in kwargs.items()}))
+            return fn(*args, **kwargs)
+        return recorded
+
+
+def _plain(a):
+    return as_numpy(a).copy() if hasattr(a, "detach") else a
+
+
+def of(calls, *ops):
+    return [c for c in calls if c.op in ops]
+
+
+# ---------------------------------------------------------------------------------------------
+# Boundaries
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Boundary:
+    name: str
+    level: str
+    reached: object      # calls -> bool
+
+
+def f32_step(v, ulps: int) -> F32:
+    """The fp32 `ulps` steps above (below, when negative) the positive fp32 v."""
+    return F.f32_from_bits(F.f32_bits(F32(v)) + ulps)[()]
+
+
+def around(name: str, level: str, point, hit) -> list[Boundary]:
+    """The boundary at `point` and one fp32 ulp either side: hit(calls, value) says whether some
+    recorded input puts the decision's quantity exactly on value."""
+    return [Boundary(f"{name}: {where}", level, lambda calls, v=f32_step(point, d): hit(calls, v))
+            for where, d in (("exactly", 0), ("1 ulp below", -1), ("1 ulp above", 1))]
+
+
+# ---------------------------------------------------------------------------------------------
+# Codec views: blocks, the spec's scale, and the ratio x/s each element is rounded from
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Blocks:
+    x: np.ndarray        # [R, nb, block] float32
+    s: np.ndarray        # [R, nb] the spec's scale value
+    ratio: np.ndarray    # [R, nb, block] fl32(x / s), what the element rounding sees
+    amax: np.ndarray     # [R, nb]
+
+
+def _spec_scale(op, amax, block):
+    if op == "fp4_e4m3_quantize":
+        return F.e4m3_decode(Q.fp4_e4m3_scale(amax))
+    if op == "fp4_e8m0_quantize":
+        return F.e8m0_decode(Q.fp4_e8m0_scale(amax))
+    return F.e8m0_decode(Q.fp8_scale(amax))
+
+
+def _block_of(call) -> int:
+    if call.op == "fp4_e4m3_quantize":
+        return Q.FP4_KV_BLOCK
+    if call.op == "fp4_e8m0_quantize":
+        return Q.FP4_IDX_BLOCK
+    return int(call.args[1] if len(call.args) > 1 else call.kwargs["block"])
+
+
+def codec_blocks(calls, ops) -> list[Blocks]:
+    out = []
+    for c in of(calls, *ops):
+        x = np.asarray(c.args[0], dtype=F32)
+        if not np.isfinite(x).all():
+            continue
+        block = _block_of(c)
+        xb = x.reshape(-1, x.shape[-1] // block, block)
+        amax = np.abs(xb).max(-1)
+        s = _spec_scale(c.op, amax, block)
+        with np.errstate(all="ignore"):
+            ratio = xb / s[..., None]
+        out.append(Blocks(xb, s, ratio, amax))
+    return out
+
+
+def element_blocks(calls, ops) -> list[Blocks]:
+    """Element casts (e2m1_encode, e4m3_encode) seen as one row of one block, scale 1."""
+    out = []
+    for c in of(calls, *ops):
+        x = np.asarray(c.args[0], dtype=F32).reshape(1, 1, -1)
+        out.append(Blocks(x, np.ones((1, 1), F32), x, np.abs(x).max(-1)))
+    return out
+
+
+QUANT_FP4 = ("fp4_e4m3_quantize", "fp4_e8m0_quantize")
+QUANT_ALL = QUANT_FP4 + ("fp8_quantize",)
+
+
+def ratio_hit(view, signed: str = "any"):
+    """hit(calls, v): some element's ratio has magnitude v (and the given sign)."""
+    def hit(calls, v):
+        for b in view(calls):
+            r = b.ratio
+            mask = np.abs(r) == v
+            if signed == "negative":
+                mask &= np.signbit(r)
+            if mask.any():
+                return True
+        return False
+    return hit
+
+
+def amax_hit(view):
+    return lambda calls, v: any(np.any(b.amax == v) for b in view(calls))
+
+
+def layout(name_of_decision: str, view, decision) -> list[Boundary]:
+    """Where the decision elements sit: rows ≥ 1, odd blocks, odd and even element positions.
+
+    decision(blocks) -> bool mask [R, nb, block] of the elements on one of the rule's boundaries."""
+    def where(pick):
+        def reached(calls):
+            for b in view(calls):
+                mask = decision(b)
+                R, nb, block = mask.shape
+                r, j, e = np.nonzero(mask)
+                if np.any(pick(r, j, e, nb)):
+                    return True
+            return False
+        return reached
+    return [
+        Boundary(f"{name_of_decision} in a row ≥ 1", "layout", where(lambda r, j, e, nb: r >= 1)),
+        Boundary(f"{name_of_decision} at an odd block index of a multi-block row", "layout",
+                 where(lambda r, j, e, nb: (j % 2 == 1) & (nb >= 2))),
+        Boundary(f"{name_of_decision} at an odd element position", "layout", where(lambda r, j, e, nb: e % 2 == 1)),
+        Boundary(f"{name_of_decision} at an even element position", "layout", where(lambda r, j, e, nb: e % 2 == 0)),
+    ]
+
+
+def on_points(points):
+    points = np.asarray(points, dtype=F32)
+    return lambda b: np.isin(np.abs(b.ratio), points)
+
+
+E2M1_POINTS = F.E2M1_BOUNDARIES
+
+
+def e2m1_rounding(view, where: str = "", with_layout: bool = True) -> list[Boundary]:
+    out = []
+    for p in E2M1_POINTS:
+        out += around(f"{where}|x|/s at the E2M1 tie {p}", "element", p, ratio_hit(view))
+    return out + (layout(f"{where}an E2M1 tie", view, on_points(E2M1_POINTS)) if with_layout else [])
+
+
+def e2m1_saturation(view) -> list[Boundary]:
+    return (around("|x|/s at 6 (the largest E2M1)", "element", 6.0, ratio_hit(view))
+            + [Boundary("|x|/s in (6, 7): rounds below the clamp would wrap", "range",
+                        lambda calls: any(np.any((np.abs(b.ratio) > 6) & (np.abs(b.ratio) < 7)) for b in view(calls))),
+               Boundary("|x|/s ≥ 7 (an unclamped encoder overflows its exponent)", "range",
+                        lambda calls: any(np.any(np.abs(b.ratio) >= 7) for b in view(calls)))])
+
+
+def zero_sign(view) -> list[Boundary]:
+    def neg_between(lo, hi):
+        return lambda calls: any(np.any(np.signbit(b.ratio) & (np.abs(b.ratio) > lo) & (np.abs(b.ratio) < hi))
+                                 for b in view(calls))
+    return [Boundary("x = −0", "element", lambda calls: any(np.any(np.signbit(b.x) & (b.x == 0)) for b in view(calls))),
+            Boundary("−0.25 < x/s < 0 (rounds to −0)", "element", neg_between(0, 0.25)),
+            *around("x/s at −0.25 (the tie between −0 and −0.5)", "element", 0.25, ratio_hit(view, "negative")),
+            Boundary("negative x/s below the smallest fp32 normal", "range", neg_between(0, 2.0 ** -126))]
+
+
+# E4M3: the midpoints between neighbouring values, by region and by the parity of the lower code.
+E4M3_GRID = np.abs(F.e4m3_decode(np.arange(0x7F, dtype=np.uint8)))           # codes 0 … 0x7E
+E4M3_MIDPOINTS = ((E4M3_GRID[1:] + E4M3_GRID[:-1]) / 2).astype(F32)          # between code c and c+1
+_LOWER_CODE = np.arange(0x7E)
+E4M3_MIDPOINT_CLASSES = {
+    f"{region} E4M3 midpoint, lower code {parity}": E4M3_MIDPOINTS[
+        ((_LOWER_CODE < 8) if region == "subnormal" else (_LOWER_CODE >= 8))
+        & ((_LOWER_CODE % 2 == 0) if parity == "even" else (_LOWER_CODE % 2 == 1))]
+    for region in ("subnormal", "normal") for parity in ("even", "odd")}
+
+
+def on_set(quantity, name: str, level: str, points) -> list[Boundary]:
+    """The points of a set, and one fp32 ulp either side of each: some input hits one of them."""
+    points = np.asarray(points, dtype=F32)
+    sets = {"exactly": points, "1 ulp below": F.f32_from_bits(F.f32_bits(points) - 1),
+            "1 ulp above": F.f32_from_bits(F.f32_bits(points) + 1)}
+    return [Boundary(f"{name}: {where}", level, lambda calls, s=s: quantity(calls, s)) for where, s in sets.items()]
+
+
+def ratio_in(view):
+    return lambda calls, s: any(np.isin(np.abs(b.ratio), s).any() for b in view(calls))
+
+
+def amax_in(view):
+    return lambda calls, s: any(np.isin(b.amax, s).any() for b in view(calls))
+
+
+def e4m3_rounding(view) -> list[Boundary]:
+    out = []
+    for name, points in E4M3_MIDPOINT_CLASSES.items():
+        out += on_set(ratio_in(view), f"|x|/s on a {name}", "element", points)
+    return out + layout("an E4M3 midpoint", view, on_points(E4M3_MIDPOINTS))
+
+
+def pow2_edges(view, top: float, ks, level="scale") -> list[Boundary]:
+    """amax at top·2^k (where the E8M0 ceil steps) and one ulp either side, for k in each range."""
+    out = []
+    for label, k in ks:
+        out += around(f"amax at {top:g}·2^{k} ({label})", level, top * 2.0 ** k, amax_hit(view))
+    return out
+
+
+def _kv(calls):
+    return codec_blocks(calls, ("fp4_e4m3_quantize",))
+
+
+def _idx(calls):
+    return codec_blocks(calls, ("fp4_e8m0_quantize",))
+
+
+def _fp4(calls):
+    return codec_blocks(calls, QUANT_FP4)
+
+
+def _fp8(calls):
+    return codec_blocks(calls, ("fp8_quantize",))
+
+
+def _e2m1(calls):
+    return element_blocks(calls, ("e2m1_encode",))
+
+
+def _e4m3(calls):
+    return element_blocks(calls, ("e4m3_encode",))
+
+
+def _any_block(view, pred):
+    return lambda calls: any(np.any(pred(b)) for b in view(calls))
+
+
+def kv_midpoints(region: str) -> list[Boundary]:
+    out = []
+    for name, points in E4M3_MIDPOINT_CLASSES.items():
+        if name.startswith(region):
+            out += on_set(amax_in(_kv), f"amax/6 on a {name} (amax = 6·midpoint)", "scale", points * F32(6))
+    return out
+
+
+def kv_scale() -> list[Boundary]:
+    out = kv_midpoints("normal")
+    return out + [Boundary("amax/6 rounds down: |x|/s > 6 for the block's largest element", "scale",
+                           _any_block(_kv, lambda b: (b.amax / b.s > 6) & (b.amax >= 6 * 2.0 ** -6)))]
+
+
+def kv_floor() -> list[Boundary]:
+    floor = 6 * 2.0 ** -9
+    return [*around("amax at the floor 6·2^-9", "range", floor, amax_hit(_kv)),
+            Boundary("an all-zero block", "range", _any_block(_kv, lambda b: b.amax == 0)),
+            Boundary("amax an fp32 subnormal", "range", _any_block(_kv, lambda b: (b.amax > 0) & (b.amax < 2.0 ** -126))),
+            Boundary("a subnormal E4M3 scale above the floor (6·2^-9 < amax < 6·2^-6)", "range",
+                     _any_block(_kv, lambda b: (b.amax > floor) & (b.amax < 6 * 2.0 ** -6))),
+            *kv_midpoints("subnormal")]
+
+
+def kv_saturate() -> list[Boundary]:
+    return [*around("amax at 6·448 (the largest E4M3 scale)", "range", 6 * 448.0, amax_hit(_kv)),
+            *around("amax at 6·464 (amax/6 at the saturation midpoint)", "range", 6 * 464.0, amax_hit(_kv)),
+            Boundary("amax ≥ 2^100 (far above saturation)", "range", _any_block(_kv, lambda b: b.amax >= 2.0 ** 100))]
+
+
+def kv_clamp() -> list[Boundary]:
+    def ratio_between(lo, hi):
+        return _any_block(_kv, lambda b: (np.abs(b.ratio) > lo) & (np.abs(b.ratio) <= hi))
+    return [Boundary("6 < |x|/s ≤ 6.375 (a normal scale rounded down)", "element", ratio_between(6, 6.375)),
+            Boundary("6.375 < |x|/s < 9 (a subnormal scale)", "range", ratio_between(6.375, 9)),
+            Boundary("|x|/s ≥ 9 (a saturated scale)", "range", ratio_between(9, np.inf)),
+            *around("|x|/s at 6", "element", 6.0, ratio_hit(_kv))]
+
+
+def kv_divide() -> list[Boundary]:
+    def disagree(subnormal_scale):
+        def pred(b):
+            with np.errstate(all="ignore"):
+                recip = b.x * (F32(1) / b.s)[..., None]
+            codes = F.e2m1_encode(np.clip(b.ratio, -6, 6)) != F.e2m1_encode(np.clip(recip, -6, 6))
+            return codes & ((b.s < 2.0 ** -6) == subnormal_scale)[..., None]
+        return pred
+    return [Boundary("x/s and x·fl32(1/s) round to different codes (normal scale)", "element", _any_block(_kv, disagree(False))),
+            Boundary("x/s and x·fl32(1/s) round to different codes (subnormal scale)", "element", _any_block(_kv, disagree(True)))]
+
+
+def pow2_scale(view, top, bottom_k, top_k) -> list[Boundary]:
+    """The E8M0 ceil: amax at top·2^k ± 1 ulp across the range, and amax·fl32(1/top) one ulp above
+    a power of two, where a floating-point log2 rounds to the power itself."""
+    ks = [("bottom of the range", bottom_k), ("negative k", -9), ("k = 0", 0), ("k = 1", 1), ("positive k", 8),
+          ("top of the range", top_k)]
+    return pow2_edges(view, top, ks) + [
+        Boundary(f"amax·fl32(1/{top:g}) one ulp above a power of two", "scale",
+                 _any_block(view, lambda b: _just_above_pow2(b.amax * F32(1.0 / top))))]
+
+
+def _just_above_pow2(v):
+    v = np.asarray(v, dtype=F32)
+    bits = F.f32_bits(v)
+    return (v > 2.0 ** -126) & ((bits & 0x7FFFFF) == 1)
+
+
+def above_floor(view, floor, text) -> list[Boundary]:
+    """The floor itself and one ulp above belong to the scale rule (its checks keep amax ≥ floor)."""
+    return around(f"amax at the floor {text}", "range", floor, amax_hit(view))[::2]
+
+
+def idx_floor() -> list[Boundary]:
+    floor = 6 * 2.0 ** -126
+    return [around("amax at the floor 6·2^-126", "range", floor, amax_hit(_idx))[1],
+            Boundary("an all-zero block", "range", _any_block(_idx, lambda b: b.amax == 0)),
+            Boundary("amax an fp32 subnormal", "range", _any_block(_idx, lambda b: (b.amax > 0) & (b.amax < 2.0 ** -126)))]
+
+
+def fp8_floor() -> list[Boundary]:
+    return [around("amax at the floor fl32(1e-4)", "range", F32(1e-4), amax_hit(_fp8))[1],
+            Boundary("an all-zero block", "range", _any_block(_fp8, lambda b: b.amax == 0)),
+            Boundary("amax an fp32 subnormal", "range", _any_block(_fp8, lambda b: (b.amax > 0) & (b.amax < 2.0 ** -126)))]
+
+
+def nonfinite(ops) -> list[Boundary]:
+    def has(pred, later_block=False):
+        def reached(calls):
+            for c in of(calls, *ops):
+                x = np.asarray(c.args[0], dtype=F32)
+                rows, cols = np.nonzero(pred(x.reshape(-1, x.shape[-1])))
+                if rows.size and (not later_block or np.any((rows >= 1) & (cols >= _block_of(c)))):
+                    return True
+            return False
+        return reached
+    return [Boundary("NaN in a block", "range", has(np.isnan)),
+            Boundary("+Inf in a block", "range", has(lambda x: x == np.inf)),
+            Boundary("−Inf in a block", "range", has(lambda x: x == -np.inf)),
+            Boundary("a non-finite value in a row ≥ 1, block ≥ 1", "layout", has(lambda x: ~np.isfinite(x), True))]
+
+
+def blocks_of(op, shapes) -> list[Boundary]:
+    def reached(n, block, dtype_bf16):
+        def pred(calls):
+            for c in of(calls, op):
+                x = np.asarray(c.args[0])
+                if x.shape[-1] == n and _block_of(c) == block and x.reshape(-1, n).shape[0] >= 2:
+                    if bool(np.array_equal(F.bf16_round(x), x)) == dtype_bf16:
+                        return True
+            return False
+        return pred
+    return [Boundary(f"{n} dims in blocks of {block}, rows ≥ 2, {'BF16' if bf16 else 'fp32'} values", "layout",
+                     reached(n, block, bf16)) for n, block in shapes for bf16 in (True, False)]
+
+
+def dequant(op, scale_classes) -> list[Boundary]:
+    def codes(calls, pred):
+        return any(pred(np.asarray(c.args[0])) for c in of(calls, op))
+
+    def scales(calls, pred):
+        return any(pred(np.asarray(c.args[1])) for c in of(calls, op))
+    nibbles = [Boundary(f"every code in the {half} nibble", "element",
+                        lambda calls, sh=sh: codes(calls, lambda p: np.unique((p >> sh) & 0xF).size == 16))
+               for half, sh in (("low", 0), ("high", 4))] if op.startswith("fp4") else [
+        Boundary(f"E4M3 bytes {name}", "element", lambda calls, p=p: codes(calls, p))
+        for name, p in (("subnormal, both signs", lambda q: np.any((q & 0x78) == 0) and np.any((q & 0xF8) == 0x80)),
+                        ("±448 (0x7E, 0xFE)", lambda q: np.isin([0x7E, 0xFE], q).all()),
+                        ("−0 (0x80)", lambda q: np.any(q == 0x80)))]
+    return [Boundary(f"{op}: {b.name}", b.level, b.reached) for b in nibbles] + [
+        Boundary(f"{op}: scale bytes {name}", "scale", lambda calls, p=p: scales(calls, p)) for name, p in scale_classes]
+
+
+# ---------------------------------------------------------------------------------------------
+# Indexer and pool
+# ---------------------------------------------------------------------------------------------
+
+def visible_boundaries() -> list[Boundary]:
+    def hit(ratio, offset, decode=False):
+        def pred(calls):
+            for c in of(calls, "index_visible"):
+                p, r = np.asarray(c.args[0]), int(c.args[1])
+                if r == ratio and (not decode or p.size == 1) and np.any((p + 1) % r == offset % r):
+                    return True
+            return False
+        return pred
+    out = []
+    for r in (2, 4, 128):
+        out += [Boundary(f"ratio {r}: p + 1 a multiple of {r} (a new entry becomes visible)", "element", hit(r, 0)),
+                Boundary(f"ratio {r}: one position before", "element", hit(r, -1)),
+                Boundary(f"ratio {r}: one position after", "element", hit(r, 1)),
+                Boundary(f"ratio {r}: decode (one position) on the multiple", "layout", hit(r, 0, True))]
+    return out + [Boundary("ratio 1", "element", lambda calls: any(int(c.args[1]) == 1 for c in of(calls, "index_visible"))),
+                  Boundary("position 0", "range", lambda calls: any(np.any(np.asarray(c.args[0]) == 0)
+                                                                   for c in of(calls, "index_visible")))]
+
+
+def _score_calls(calls, dtype=None):
+    out = []
+    for c in of(calls, "index_scores"):
+        d = c.args[4] if len(c.args) > 4 else c.kwargs.get("score_dtype", "bf16")
+        if dtype is None or d == dtype:
+            out.append((c, d))
+    return out
+
+
+def _visible_rows(pred):
+    def reached(calls):
+        for c, _ in _score_calls(calls):
+            visible, S = np.asarray(c.args[3]), np.asarray(c.args[1]).shape[0]
+            if np.any(pred(visible, S, np.arange(visible.size))):
+                return True
+        return False
+    return reached
+
+
+def mask_boundaries() -> list[Boundary]:
+    def all_negative(calls):
+        for c, _ in _score_calls(calls):
+            q, k, w, visible = (np.asarray(a, dtype=np.float64) for a in c.args[:4])
+            s = spec_indexer.index_scores(q, k, w, visible.astype(np.int64), "fp32")
+            rows = visible > 0
+            if np.any(rows & np.all(np.where(np.isfinite(s), s < 0, True), axis=1)):
+                return True
+        return False
+    return [Boundary("a row with visible = 0", "range", _visible_rows(lambda v, S, t: v == 0)),
+            Boundary("a row with visible = S", "range", _visible_rows(lambda v, S, t: v == S)),
+            Boundary("a row ≥ 1 with 0 < visible < S", "layout", _visible_rows(lambda v, S, t: (v > 0) & (v < S) & (t >= 1))),
+            Boundary("a row whose visible scores are all negative (a masked 0 would win)", "element", all_negative)]
+
+
+def _scores_differ(a_dtype, b_kind):
+    """Some score where two roundings differ: the BF16 steps vs fp32 then one cast, or vs fp32."""
+    def reached(calls):
+        for c, d in _score_calls(calls, a_dtype):
+            q, k, w, visible = (np.asarray(a, dtype=np.float64) for a in c.args[:4])
+            steps = spec_indexer.index_scores(q, k, w, visible.astype(np.int64), "bf16")
+            exact = spec_indexer.index_scores(q, k, w, visible.astype(np.int64), "fp32")
+            other = spec_indexer.round_bf16(exact) if b_kind == "one_cast" else exact
+            if np.any(np.isfinite(steps) & (steps != other)):
+                return True
+        return False
+    return reached
+
+
+def score_formula() -> list[Boundary]:
+    def dots(pred):
+        def reached(calls):
+            for c, _ in _score_calls(calls):
+                q, k, w = (np.asarray(a, dtype=np.float64) for a in c.args[:3])
+                d = np.einsum("thd,sd->ths", q, k)
+                if np.any(pred(d, w[:, :, None])):
+                    return True
+            return False
+        return reached
+    return [Boundary("a negative dot with a positive weight (ReLU zeroes it)", "element", dots(lambda d, w: (d < 0) & (w > 0))),
+            Boundary("a negative dot with a negative weight (ReLU after the weight would keep it)", "element",
+                     dots(lambda d, w: (d < 0) & (w < 0))),
+            Boundary("a positive dot with a negative weight", "element", dots(lambda d, w: (d > 0) & (w < 0))),
+            Boundary("both score dtypes", "layout", lambda calls: {d for _, d in _score_calls(calls)} >= {"bf16", "fp32"})]
+
+
+def score_rounding() -> list[Boundary]:
+    def dot_on_bf16_tie(calls):
+        for c, _ in _score_calls(calls, "bf16"):
+            q, k = (np.asarray(a, dtype=np.float64) for a in c.args[:2])
+            d = np.einsum("thd,sd->ths", q, k).astype(F32)
+            if np.any((F.f32_bits(d) & 0xFFFF) == 0x8000):
+                return True
+        return False
+    return [Boundary("BF16 steps and fp32-then-one-cast differ", "element", _scores_differ("bf16", "one_cast")),
+            Boundary("a head's dot exactly on a BF16 tie", "element", dot_on_bf16_tie),
+            Boundary("32 heads, several rows", "layout", lambda calls: any(
+                np.asarray(c.args[0]).shape[1] >= 32 and np.asarray(c.args[0]).shape[0] >= 2 for c, _ in _score_calls(calls, "bf16")))]
+
+
+def v32_scores() -> list[Boundary]:
+    def not_bf16(calls):
+        for c, _ in _score_calls(calls, "fp32"):
+            q, k, w, visible = (np.asarray(a, dtype=np.float64) for a in c.args[:4])
+            s = spec_indexer.index_scores(q, k, w, visible.astype(np.int64), "fp32").astype(F32)
+            if np.any(np.isfinite(s) & (F.bf16_round(s) != s)):
+                return True
+        return False
+    return [Boundary("fp32 scores differ from the BF16-step scores", "element", _scores_differ("fp32", "steps")),
+            Boundary("an fp32 score BF16 cannot hold", "element", not_bf16)]
+
+
+def fp4_scores() -> list[Boundary]:
+    def packed(index, pred):
+        return lambda calls: any(pred(np.asarray(c.args[index])) for c in of(calls, "index_scores_fp4"))
+    every = lambda p: np.unique(p & 0xF).size == 16 and np.unique(p >> 4).size == 16  # noqa: E731
+    return [Boundary("every E2M1 code in both nibbles of q", "element", packed(0, every)),
+            Boundary("every E2M1 code in both nibbles of k", "element", packed(2, every)),
+            Boundary("k scales differing inside a row", "scale", packed(3, lambda s: np.any(s.min(-1) != s.max(-1)))),
+            Boundary("32 heads, several rows and keys", "layout", packed(0, lambda p: p.shape[0] >= 2 and p.shape[1] >= 32))]
+
+
+def tp_boundaries() -> list[Boundary]:
+    def shards(calls):
+        heads = {np.asarray(c.args[0]).shape[1] for c, _ in _score_calls(calls, "bf16")}
+        return any(h * n in heads for h in heads for n in (2, 4) if h >= 2)
+    return [Boundary("heads split into shards of ≥ 2 heads", "layout", shards),
+            Boundary("a negative weight inside a shard", "element", lambda calls: any(
+                np.any(np.asarray(c.args[2]) < 0) for c, _ in _score_calls(calls, "bf16")))]
+
+
+def chunk_boundaries() -> list[Boundary]:
+    def slices(pred):
+        def reached(calls):
+            cs = [c for c, _ in _score_calls(calls, "bf16")]
+            for small in cs:
+                qs = np.asarray(small.args[0])
+                for big in cs:
+                    qb = np.asarray(big.args[0])
+                    if qb.shape[0] <= qs.shape[0] or qb.shape[1:] != qs.shape[1:]:
+                        continue
+                    for a in range(qb.shape[0] - qs.shape[0] + 1):
+                        if np.array_equal(qb[a:a + qs.shape[0]], qs) and pred(a, small, big):
+                            return True
+            return False
+        return reached
+    decode = lambda a, s, b: np.asarray(s.args[0]).shape[0] == 1 and np.asarray(s.args[1]).shape[0] < np.asarray(b.args[1]).shape[0]  # noqa: E731
+    return [Boundary("a chunk starting at row ≥ 1", "layout", slices(lambda a, s, b: a >= 1 and np.asarray(s.args[0]).shape[0] >= 2)),
+            Boundary("decode of a row with fewer entries than the prefill", "layout", slices(decode))]
+
+
+def weight_boundaries() -> list[Boundary]:
+    return [Boundary(f"model {m}", "layout", lambda calls, m=m: any(c.args[1] == m for c in of(calls, "index_weights")))
+            for m in V4_ALL]
+
+
+def _topk_rows(calls):
+    for c in of(calls, "index_topk"):
+        scores, visible = np.asarray(c.args[0], dtype=np.float64), np.asarray(c.args[1])
+        k, order = int(c.args[2]), c.args[3]
+        for t in range(scores.shape[0]):
+            yield t, scores[t], int(visible[t]), k, order
+
+
+def _kth_tie(row, n, k):
+    vis = np.sort(row[:n])[::-1]
+    return 0 < k < n and vis[k - 1] == vis[k]
+
+
+def topk_boundaries() -> list[Boundary]:
+    def rows(pred):
+        return lambda calls: any(pred(t, row, n, k, o) for t, row, n, k, o in _topk_rows(calls))
+    return [Boundary("k = 0", "range", rows(lambda t, r, n, k, o: k == 0)),
+            Boundary("k = S (every column)", "range", rows(lambda t, r, n, k, o: k == r.size and k > 0)),
+            Boundary("a row ≥ 1 with fewer visible entries than k (padding)", "layout", rows(lambda t, r, n, k, o: t >= 1 and 0 < n < k)),
+            Boundary("visible = 0 with k > 0", "range", rows(lambda t, r, n, k, o: n == 0 and k > 0)),
+            Boundary("a tie at the k-th score", "element", rows(lambda t, r, n, k, o: _kth_tie(r, n, k))),
+            Boundary("−inf inside the visible range", "range", rows(lambda t, r, n, k, o: np.any(r[:n] == -np.inf))),
+            Boundary("finite scores past the visible range", "range", rows(lambda t, r, n, k, o: np.any(np.isfinite(r[n:])))),
+            Boundary("order 'score'", "layout", rows(lambda t, r, n, k, o: o == "score" and 1 < k < n)),
+            Boundary("order 'position'", "layout", rows(lambda t, r, n, k, o: o == "position" and 1 < k < n))]
+
+
+def _pool_rows(calls):
+    for c in of(calls, "candidate_blocks"):
+        scores, lens = np.asarray(c.args[0], dtype=np.float64), np.asarray(c.args[1])
+        topk_blocks = int(c.args[2]) if len(c.args) > 2 else spec_pool.TOPK_BLOCKS
+        for t in range(scores.shape[0]):
+            yield t, scores[t], int(lens[t]), topk_blocks
+
+
+def _block_kth_tie(row, n, topk_blocks):
+    scores = spec_pool.block_scores(row, n)
+    finite = np.sort(scores[np.isfinite(scores)])[::-1]
+    m = topk_blocks - (1 if n > 0 else 0)                 # the pinned block takes one place
+    return 0 < m < finite.size and finite[m - 1] == finite[m]
+
+
+def pool_boundaries() -> list[Boundary]:
+    cap = spec_pool.POOL_CAPACITY
+
+    def rows(pred):
+        return lambda calls: any(pred(t, row, n, kb) for t, row, n, kb in _pool_rows(calls))
+    weak = lambda r, n: n > 8 and np.max(r[spec_pool.newest_block(n) * 8:n]) < np.min(  # noqa: E731
+        spec_pool.block_scores(r, n)[:spec_pool.newest_block(n)])
+    return [Boundary("compress_lens = 0", "range", rows(lambda t, r, n, kb: n == 0)),
+            Boundary("compress_lens a multiple of 8", "element", rows(lambda t, r, n, kb: n > 0 and n % 8 == 0)),
+            Boundary("compress_lens ≡ 1 (mod 8)", "element", rows(lambda t, r, n, kb: n % 8 == 1)),
+            Boundary("compress_lens ≡ 7 (mod 8)", "element", rows(lambda t, r, n, kb: n % 8 == 7)),
+            Boundary("a row ≥ 1 with compress_lens not a multiple of 8", "layout", rows(lambda t, r, n, kb: t >= 1 and n % 8)),
+            Boundary("compress_lens = W, W not a multiple of 8", "layout", rows(lambda t, r, n, kb: n == r.size and r.size % 8)),
+            Boundary(f"{cap - 1} reachable positions", "range", rows(lambda t, r, n, kb: n == cap - 1)),
+            Boundary(f"{cap} reachable positions (the capacity, all kept)", "range", rows(lambda t, r, n, kb: n == cap)),
+            Boundary(f"{cap + 1} reachable positions (one block pruned)", "range", rows(lambda t, r, n, kb: n == cap + 1)),
+            Boundary("more blocks than topk_blocks (small topk_blocks)", "range",
+                     rows(lambda t, r, n, kb: kb < spec_pool.TOPK_BLOCKS and -(-n // 8) > kb)),
+            Boundary("a tie at the k-th block score", "element", rows(lambda t, r, n, kb: _block_kth_tie(r, n, kb))),
+            Boundary("the newest block weaker than every other", "element", rows(lambda t, r, n, kb: weak(r, n))),
+            Boundary("a reachable block entirely −inf", "range", rows(
+                lambda t, r, n, kb: n > 8 and np.any(np.all(np.isneginf(r[:n - n % 8].reshape(-1, 8)), axis=1))))]
+
+
+def reindex_boundaries() -> list[Boundary]:
+    def rows(pred):
+        def reached(calls):
+            for c in of(calls, "reindex_topk"):
+                visible, pool, k = np.asarray(c.args[3]), np.asarray(c.args[4], dtype=bool), int(c.args[5])
+                eligible = pool & spec_indexer.visibility_mask(visible, pool.shape[1])
+                if any(pred(eligible[t], pool[t], k) for t in range(pool.shape[0])):
+                    return True
+            return False
+        return reached
+    return [Boundary("an empty pool row", "range", rows(lambda e, p, k: not p.any())),
+            Boundary("a full pool row", "range", rows(lambda e, p, k: p.all())),
+            Boundary("fewer eligible positions than topk (padding)", "range", rows(lambda e, p, k: 0 < e.sum() < k)),
+            Boundary("more eligible positions than topk", "range", rows(lambda e, p, k: 0 < k < e.sum())),
+            Boundary(f"a pool of a pruned row (> {spec_pool.POOL_CAPACITY} positions)", "range",
+                     rows(lambda e, p, k: p.size > spec_pool.POOL_CAPACITY and 0 < p.sum() < p.size))]
+
+
+# ---------------------------------------------------------------------------------------------
+# The boundaries of each rule
+# ---------------------------------------------------------------------------------------------
+
+def _boundaries() -> dict[str, list[Boundary]]:
+    e4m3_dequant_scales = [("with a subnormal E4M3 (< 0x08)", lambda s: np.any((s > 0) & (s < 8))),
+                           ("with the largest E4M3 (0x7E)", lambda s: np.any(s == 0x7E))]
+    e8m0_scales = [("0x00 (2^-127)", lambda s: np.any(s == 0)), ("0xFE (2^127)", lambda s: np.any(s == 0xFE))]
+    topk = topk_boundaries()
+    pool = pool_boundaries()
+    return {
+        "FMT.E2M1.VALUES": [Boundary("all 16 codes", "element", lambda calls: any(
+            np.unique(c.args[0]).size == 16 for c in of(calls, "e2m1_decode")))],
+        "FMT.E2M1.RNE": e2m1_rounding(_e2m1, with_layout=False),
+        "FMT.E2M1.SATURATE": e2m1_saturation(_e2m1),
+        "FMT.E2M1.ZERO_SIGN": zero_sign(_e2m1),
+        "FMT.E4M3.VALUES": [Boundary("all 256 bytes", "element", lambda calls: any(
+            np.unique(c.args[0]).size == 256 for c in of(calls, "e4m3_decode")))],
+        "FMT.E4M3.RNE": [b for b in e4m3_rounding(_e4m3) if b.level != "layout"],
+        "FMT.E4M3.SATFINITE": [*around("|x| at 448", "element", 448.0, ratio_hit(_e4m3)),
+                               *around("|x| at 464 (the saturation midpoint)", "element", 464.0, ratio_hit(_e4m3)),
+                               Boundary("±Inf", "range", lambda calls: any(np.isinf(b.x).any() for b in _e4m3(calls))),
+                               Boundary("NaN", "range", lambda calls: any(np.isnan(b.x).any() for b in _e4m3(calls)))],
+        "FMT.E8M0.VALUES": [Boundary("all 256 bytes", "element", lambda calls: any(
+            np.unique(c.args[0]).size == 256 for c in of(calls, "e8m0_decode")))],
+        "FMT.BF16.RNE": bf16_boundaries(),
+        "FMT.CEIL_LOG2": pow2_scale(_idx, 6.0, -125, 125) + pow2_scale(_fp8, 448.0, -22, 118),
+        "FP4.PACK.NIBBLE": [Boundary("distinct codes in the low and high nibble", "layout", lambda calls: any(
+                                np.any(c.args[0][..., 0::2] != c.args[0][..., 1::2]) for c in of(calls, "fp4_pack"))),
+                            Boundary("a quantizer's first byte holding two different codes", "layout", _any_block(
+                                _idx, lambda b: F.e2m1_encode(b.ratio[:, :, 0]) != F.e2m1_encode(b.ratio[:, :, 1])))],
+        "FP4.E2M1.RNE": e2m1_rounding(_kv, "KV: ") + e2m1_rounding(_idx, "indexer: "),
+        "FP4.E2M1.ZERO_SIGN": zero_sign(_fp4),
+        "FP4.KV.SCALE": kv_scale(),
+        "FP4.KV.FLOOR": kv_floor(),
+        "FP4.KV.SATURATE": kv_saturate(),
+        "FP4.KV.DIVIDE": kv_divide(),
+        "FP4.KV.CLAMP": kv_clamp(),
+        "FP4.IDX.SCALE": pow2_scale(_idx, 6.0, -120, 120) + above_floor(_idx, 6 * 2.0 ** -126, "6·2^-126"),
+        "FP4.IDX.FLOOR": idx_floor(),
+        "FP4.DEQUANT": dequant("fp4_e4m3_dequantize", e4m3_dequant_scales) + dequant("fp4_e8m0_dequantize", e8m0_scales),
+        "FP4.NONFINITE": nonfinite(QUANT_FP4),
+        "FP8.SCALE": pow2_scale(_fp8, 448.0, -22, 118) + above_floor(_fp8, F32(1e-4), "fl32(1e-4)"),
+        "FP8.FLOOR": fp8_floor(),
+        # |x|/s never exceeds 448 under a power-of-two ceil scale: no "1 ulp above" there.
+        "FP8.E4M3": e4m3_rounding(_fp8) + around("|x|/s at 448", "element", 448.0, ratio_hit(_fp8))[:2],
+        "FP8.DEQUANT": dequant("fp8_dequantize", e8m0_scales),
+        "FP8.BLOCKS": blocks_of("fp8_quantize", ((448, 64), (512, 32), (128, 128))),
+        "FP8.V4_INPLACE": [b for b in e4m3_rounding(lambda calls: codec_blocks(calls, ("fp8_qdq",)))
+                           if "subnormal" not in b.name],
+        "FP8.NONFINITE": nonfinite(("fp8_quantize",)),
+        "IDX.VISIBLE": visible_boundaries(),
+        "IDX.MASK": mask_boundaries(),
+        "IDX.SCORE.FORMULA": score_formula(),
+        "IDX.SCORE.ROUNDING": score_rounding(),
+        "IDX.SCORE.V32_FP32": v32_scores(),
+        "IDX.SCORE.FP4": fp4_scores(),
+        "IDX.SCORE.TP": tp_boundaries(),
+        "IDX.CHUNK": chunk_boundaries(),
+        "IDX.WEIGHT.SCALE": weight_boundaries(),
+        "IDX.TOPK.COUNT": topk, "IDX.TOPK.PAD": topk, "IDX.TOPK.ORDER": [b for b in topk if b.level == "layout"],
+        "IDX.TOPK.SELECTION": topk, "IDX.TOPK.TIES": [b for b in topk if "tie" in b.name or b.level == "layout"],
+        "POOL.BLOCK_SCORE": [b for b in pool if "reachable positions" not in b.name],
+        "POOL.PIN_NEWEST": [b for b in pool if "newest" in b.name or "mod 8" in b.name or "multiple" in b.name],
+        "POOL.PIN_EMPTY": [b for b in pool if "= 0" in b.name],
+        "POOL.PIN_COUNTS": [b for b in pool if "newest" in b.name or "topk_blocks" in b.name],
+        "POOL.TOPK_BLOCKS": pool,
+        "POOL.DROP_INF": [b for b in pool if "−inf" in b.name or "= 0" in b.name],
+        "POOL.MASK": [b for b in pool if b.level == "layout" or "mod 8" in b.name],
+        "POOL.SIZE": [b for b in pool if "reachable positions" in b.name or "topk_blocks" in b.name],
+        "POOL.ALL_REACHABLE": [b for b in pool if "reachable positions" in b.name],
+        "POOL.REINDEX": reindex_boundaries(),
+    }
+
+
+def bf16_boundaries() -> list[Boundary]:
+    def low(pred, name, level="element"):
+        return Boundary(name, level, lambda calls: any(
+            pred(F.f32_bits(np.asarray(c.args[0], dtype=F32))) for c in of(calls, "bf16_round")))
+    return [low(lambda b: np.any(((b & 0xFFFF) == 0x8000) & ((b >> 16) & 1 == 0) & ((b & 0x7F800000) != 0x7F800000)),
+                "a tie with an even upper half (stays)"),
+            low(lambda b: np.any(((b & 0xFFFF) == 0x8000) & ((b >> 16) & 1 == 1) & ((b & 0x7F800000) != 0x7F800000)),
+                "a tie with an odd upper half (rounds up)"),
+            low(lambda b: np.any((b & 0xFFFF) == 0x7FFF), "one ulp below a tie"),
+            low(lambda b: np.any((b & 0xFFFF) == 0x8001), "one ulp above a tie"),
+            low(lambda b: np.any(((b & 0x7FFFFFFF) > 0x7F7F7FFF) & ((b & 0x7FFFFFFF) < 0x7F800000)),
+                "rounds past the largest BF16 to Inf", "range"),
+            low(lambda b: np.any(((b & 0x7F800000) == 0) & ((b & 0x7FFFFF) != 0)), "an fp32 subnormal", "range"),
+            low(lambda b: np.any((b & 0x7FFFFFFF) > 0x7F800000), "NaN", "range")]
+
+
+def boundaries(rule_id: str) -> list[Boundary]:
+    return BOUNDARIES.get(rule_id, [])
+
+
+BOUNDARIES = _boundaries()
+REQUIRED = ("FMT", "FP4", "FP8", "IDX", "POOL")      # families whose ci coverage must be complete
+
+
+# ---------------------------------------------------------------------------------------------
+# Running
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class RuleCoverage:
+    rule_id: str
+    reached: list[Boundary]
+    missed: list[Boundary]
+    calls: int
+
+
+def rule_coverage(rule_id: str, target: Target | None = None, profile: str = "ci") -> RuleCoverage:
+    """Run every check of the rule against the target (impl by default) and evaluate its boundaries."""
+    recorder = Recorder(target or load_target("impl"))
+    for chk in checks_for(rule_id):
+        run_check(chk, recorder, profile)
+    listed = boundaries(rule_id)
+    hit = [b.reached(recorder.calls) for b in listed]
+    return RuleCoverage(rule_id, [b for b, h in zip(listed, hit) if h],
+                        [b for b, h in zip(listed, hit) if not h], len(recorder.calls))
+
+
+def coverage(prefixes=None, target: Target | None = None, profile: str = "ci", progress=None) -> list[RuleCoverage]:
+    out = []
+    for r in select(prefixes):
+        if r.id in BOUNDARIES:
+            out.append(rule_coverage(r.id, target, profile))
+            if progress:
+                progress(out[-1])
+    return out
+
+
+def render(results: list[RuleCoverage], show_reached: bool = False) -> str:
+    lines = []
+    for rc in results:
+        total = len(rc.reached) + len(rc.missed)
+        lines.append(f"{rc.rule_id:<22} {len(rc.reached):>3}/{total:<3} boundaries reached ({rc.calls} calls)")
+        for b in sorted(rc.missed, key=lambda b: LEVELS.index(b.level)):
+            lines.append(f"    MISSED  [{b.level}] {b.name}")
+        if show_reached:
+            for b in rc.reached:
+                lines.append(f"    reached [{b.level}] {b.name}")
+    missed = sum(len(rc.missed) for rc in results)
+    lines.append(f"\n{len(results)} rules, {sum(len(rc.reached) for rc in results)} boundaries reached, {missed} missed")
+    return "\n".join(lines)

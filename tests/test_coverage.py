@@ -1,0 +1,65 @@
+"""Decision coverage: the ci profile reaches every listed boundary of the codec, indexer and pool
+rules, and a boundary that no input reaches is reported missed."""
+import numpy as np
+import pytest
+
+from dsv4spec.cli import main
+from dsv4spec.properties import coverage as C
+from dsv4spec.properties.suite import load_checks
+from dsv4spec.properties.target import load_target
+from dsv4spec.spec import select
+
+REQUIRED_RULES = sorted({c.rule_id for c in load_checks() if c.rule_id.split(".")[0] in C.REQUIRED})
+
+
+def test_every_checked_rule_of_the_required_families_lists_its_boundaries():
+    assert [r for r in REQUIRED_RULES if not C.boundaries(r)] == []
+    for rule_id, listed in C.BOUNDARIES.items():
+        names = [b.name for b in listed]
+        assert len(names) == len(set(names)), rule_id
+        assert {b.level for b in listed} <= set(C.LEVELS), rule_id
+
+
+def test_ci_reaches_every_boundary_of_fmt_fp4_fp8_idx_pool():
+    results = C.coverage(list(C.REQUIRED), profile="ci")
+    assert {rc.rule_id for rc in results} == set(REQUIRED_RULES)
+    assert {rc.rule_id: [b.name for b in rc.missed] for rc in results if rc.missed} == {}
+
+
+def test_the_recorder_sees_what_the_checks_pass():
+    recorder = C.Recorder(load_target("impl"))
+    recorder.e2m1_encode(__import__("torch").tensor([0.75, 1.0]))
+    assert [c.op for c in recorder.calls] == ["e2m1_encode"]
+    np.testing.assert_array_equal(recorder.calls[0].args[0], np.array([0.75, 1.0], np.float32))
+
+
+def test_a_boundary_no_input_reaches_is_missed():
+    """Inputs exactly on the 0.75 tie reach it, not its neighbours one ulp away."""
+    calls = [C.Call("e2m1_encode", (np.array([0.75, -3.5], np.float32),), {})]
+    reached = {b.name: b.reached(calls) for b in C.boundaries("FMT.E2M1.RNE")}
+    assert reached["|x|/s at the E2M1 tie 0.75: exactly"] and reached["|x|/s at the E2M1 tie 3.5: exactly"]
+    assert not reached["|x|/s at the E2M1 tie 0.75: 1 ulp below"]
+    assert not reached["|x|/s at the E2M1 tie 0.75: 1 ulp above"]
+    assert not any(b.reached([]) for rule in C.BOUNDARIES for b in C.boundaries(rule))
+
+
+def test_codec_ties_are_seen_after_scaling_and_by_position():
+    """A tie reaches the boundary only as x/s: 0.75·2^3 in a block whose amax is 6·2^3, in row 1,
+    block 1, at an odd position."""
+    x = np.zeros((2, 64), np.float32)
+    x[1, 32], x[1, 33] = 48.0, 6.0
+    calls = [C.Call("fp4_e8m0_quantize", (x,), {})]
+    reached = {b.name for b in C.boundaries("FP4.E2M1.RNE") if b.reached(calls)}
+    assert reached == {"indexer: |x|/s at the E2M1 tie 0.75: exactly", "indexer: an E2M1 tie in a row ≥ 1",
+                       "indexer: an E2M1 tie at an odd block index of a multi-block row",
+                       "indexer: an E2M1 tie at an odd element position"}
+
+
+def test_the_coverage_command(capsys):
+    assert main(["coverage", "--rules", "FMT.E2M1.RNE", "--reached"]) == 0
+    out = capsys.readouterr().out
+    assert "FMT.E2M1.RNE" in out and "0 missed" in out and "reached [element]" in out
+
+
+def test_the_coverage_command_rejects_an_unknown_profile(capsys):
+    assert main(["coverage", "--profile", "fast"]) == 2
