@@ -519,7 +519,19 @@ def score_rounding() -> list[Boundary]:
             if np.any((F.f32_bits(d) & 0xFFFF) == 0x8000):
                 return True
         return False
+    def absorbed(calls):
+        for c, _ in _score_calls(calls, "bf16"):
+            q, k, w = (np.asarray(a, dtype=np.float64) for a in c.args[:3])
+            p = spec_indexer.round_bf16(np.maximum(spec_indexer.round_bf16(np.einsum("thd,sd->ths", q, k)), 0) * w[:, :, None])
+            running = np.zeros_like(p[:, 0])
+            for h in range(p.shape[1]):
+                running = spec_indexer.round_bf16(running + p[:, h])
+            if np.any(np.abs(running - spec_indexer.round_bf16(p.sum(1))) > 2 * spec_indexer.bf16_quantum(
+                    np.maximum(np.abs(running), np.abs(p).max(1)))):
+                return True
+        return False
     return [Boundary("BF16 steps and fp32-then-one-cast differ", "element", _scores_differ("bf16", "one_cast")),
+            Boundary("a BF16 running head sum drifts beyond the tolerance (small heads absorbed)", "element", absorbed),
             Boundary("a head's dot exactly on a BF16 tie", "element", dot_on_bf16_tie),
             Boundary("32 heads, several rows", "layout", lambda calls: any(
                 np.asarray(c.args[0]).shape[1] >= 32 and np.asarray(c.args[0]).shape[0] >= 2 for c, _ in _score_calls(calls, "bf16")))]

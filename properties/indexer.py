@@ -144,6 +144,20 @@ def tp_cancellation_case() -> ScoreCase:
     return ScoreCase("BF16 shard partials that cancel", q, k, w, np.array([1]))
 
 
+def absorption_case() -> ScoreCase:
+    """32 heads, w = 1: one head's dot 256 (in row 1: 2^-4·256), 31 heads' dots 1 (2^-4).
+
+    The head sum is accumulated in fp32 then rounded once: 256 + 31 = 287 → 288.  A BF16
+    accumulator absorbs every 1 (256 + 1 is a tie, back to 256): 256, 8 BF16 ulps away."""
+    q = np.zeros((2, 32, 128))
+    q[:, 0, 0], q[:, 1:, 0] = 256.0, 1.0
+    q[1] *= 2.0 ** -4
+    k = np.zeros((3, 128))
+    k[:, 0] = (1.0, 0.5, -1.0)
+    return ScoreCase("one large head absorbs 31 small ones in a BF16 accumulator", q, k, np.ones((2, 32)),
+                     np.array([3, 2]))
+
+
 def all_negative_case() -> ScoreCase:
     """Every visible score negative: a masked 0 would outrank them all."""
     q = np.ones((2, 1, 16))
@@ -266,7 +280,7 @@ def score_is_weighted_sum_of_relu_dots(target, case, score_dtype):
 @check("IDX.SCORE.ROUNDING", ops=("index_scores",))
 # a head's fp32 dot on the other side of a BF16 midpoint (found by a thorough run of the official code)
 @forall(dict(case=cancellation_case()), dict(case=make_score_case("wide_exponents", 35, 5, 32, 16, 35)),
-        case=score_cases())
+        dict(case=absorption_case()), case=score_cases())
 def bf16_score_rounds_every_step(target, case):
     ref, tol = expected_scores(target, case)
     _assert_scores(_scores(target, case), ref, tol, "IDX.SCORE.ROUNDING (index_score_tolerance)", case)

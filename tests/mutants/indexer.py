@@ -119,3 +119,47 @@ MUTANTS = {
 def catalogue() -> list[tuple]:
     """(name, the rule it must fail, the target provider)."""
     return [(name, rule_id, provider) for name, (provider, rule_id) in MUTANTS.items()]
+
+
+# Boundary mutants (issue 8; tests/mutants/BOUNDARIES.md).
+def _head_sum_in_bf16(q, k, w, visible, score_dtype="bf16"):
+    """Heads accumulated one by one in BF16 (each partial sum rounded) instead of fp32 then one rounding."""
+    if score_dtype != "bf16":
+        return ref.index_scores(q, k, w, visible, score_dtype)
+    p = _bf16(torch.relu(_bf16(torch.einsum("thd,sd->ths", q.float(), k.float()))) * w.float()[:, :, None])
+    s = torch.zeros_like(p[:, 0])
+    for h in range(p.shape[1]):
+        s = _bf16(s + p[:, h])
+    invisible = torch.arange(k.shape[0])[None, :] >= visible[:, None]
+    return s.masked_fill(invisible, float("-inf"))
+
+
+MUTANTS.update({
+    "head_sum_in_bf16": (mutant("head_sum_in_bf16", index_scores=_head_sum_in_bf16), "IDX.SCORE.ROUNDING"),
+    "masked_scores_finfo_min": (mutant("masked_scores_finfo_min", index_scores=lambda *a: _scores(
+        *a, masked_value=torch.finfo(torch.float32).min)), "IDX.MASK"),
+    "topk_ties_keep_fewer": (mutant("topk_ties_keep_fewer", index_topk=lambda s, v, k, o: _topk_ties_dropped(
+        s, v, k, o)), "IDX.TOPK.COUNT"),
+})
+
+
+def _topk_ties_dropped(scores, visible, k, order):
+    """A threshold top-k: where a tie straddles the k-th place, the tied entries are dropped (−1)."""
+    idx = ref.index_topk(scores, visible, k, order)
+    out = idx.clone()
+    for t in range(idx.shape[0]):
+        n, row, chosen = int(visible[t]), scores[t].float(), idx[t]
+        if 0 < k < n:
+            kth = torch.sort(row[:n], descending=True).values[k - 1]
+            picked = chosen >= 0
+            if (row[:n] == kth).sum() > (row[chosen[picked]] == kth).sum():
+                out[t] = torch.where(picked & (row[chosen.clamp(min=0)] == kth), -1, chosen)
+    return _pad_tail(out)
+
+
+def _pad_tail(idx):
+    out = torch.full_like(idx, -1)
+    for t, row in enumerate(idx):
+        valid = row[row >= 0]
+        out[t, :valid.numel()] = valid
+    return out

@@ -83,3 +83,39 @@ MUTANTS = {
 def catalogue() -> list[tuple]:
     """(name, the rule it must fail, the target provider)."""
     return [(name, rule_id, provider) for name, (provider, rule_id) in MUTANTS.items()]
+
+
+# Boundary mutants (issue 8; tests/mutants/BOUNDARIES.md).
+def _pin(scores, lens, topk_blocks, block_size, newest_of, pad_value=float("-inf")):
+    """select_candidate_blocks with the pinned block `newest_of(compress_lens)` (none at 0) and the
+    row padded to whole blocks with `pad_value`."""
+    scores = scores.float()
+    T, W = scores.shape
+    nb = -(-W // block_size)
+    padded = torch.full((T, nb * block_size), pad_value)
+    padded[:, :W] = scores
+    bmax = padded.view(T, nb, block_size).amax(2)
+    pinned = torch.arange(nb)[None, :] == torch.where(lens > 0, newest_of(lens), -1)[:, None]
+    bmax = bmax.masked_fill(pinned, float("inf"))
+    top = torch.sort(bmax, dim=1, descending=True, stable=True)
+    n = min(topk_blocks, nb)
+    keep = torch.zeros((T, nb), dtype=torch.bool)
+    keep.scatter_(1, top.indices[:, :n], top.values[:, :n] > float("-inf"))
+    return keep.repeat_interleave(block_size, 1)[:, :W]
+
+
+def _newest_is_n_div_8(scores, lens, topk_blocks=2048, block_size=8):
+    """The pinned block computed as compress_lens // 8: one block too far when compress_lens is a
+    multiple of 8 (past the row's end: nothing pinned)."""
+    return _pin(scores, lens, topk_blocks, block_size, lambda n: n // block_size)
+
+
+def _pads_with_zero(scores, lens, topk_blocks=2048, block_size=8):
+    """The row padded to whole blocks with F.pad's default 0 instead of −inf."""
+    return _pin(scores, lens, topk_blocks, block_size, lambda n: (n - 1) // block_size, pad_value=0.0)
+
+
+MUTANTS.update({
+    "newest_block_n_div_8": (mutant("newest_block_n_div_8", candidate_blocks=_newest_is_n_div_8), "POOL.PIN_NEWEST"),
+    "pads_with_zero": (mutant("pads_with_zero", candidate_blocks=_pads_with_zero), "POOL.DROP_INF"),
+})

@@ -269,3 +269,95 @@ CAUGHT = [
 def catalogue() -> list[tuple]:
     """(name, the rule it must fail, the target provider)."""
     return [(name, rule_id, MUTANTS[name]) for name, rule_id in CAUGHT]
+
+
+# ---------------------------------------------------------------------------------------------
+# Boundary mutants (issue 8): mistakes that show only exactly on a decision boundary or one ulp
+# beside it.  tests/mutants/BOUNDARIES.md tables them with what the suite caught before.
+# ---------------------------------------------------------------------------------------------
+
+def _e4m3_ties_away(v, below=float("inf")):
+    """E4M3 of v ≥ 0 with exact ties (where v < below) going to the larger value, not the even one."""
+    code = impl.e4m3_encode(v)
+    up = impl.e4m3_decode((code.to(torch.int64) + 1).clamp(max=0x7E).to(torch.uint8))
+    tie = (impl.e4m3_decode(code) + up) / 2 == v          # RNE took the lower, even, code
+    return torch.where(tie & (v < below) & (code < 0x7E), code + 1, code)
+
+
+def _kv_scaled(scale_bytes_of):
+    """V4.1 main KV with the scale bytes computed from the floored amax by `scale_bytes_of`."""
+    def run(x):
+        xb = _checked("fp4_e4m3_quantize", x, 16).reshape(*x.shape[:-1], -1, 16)
+        amax = xb.abs().amax(-1).clamp(min=6 * 2.0 ** -9)
+        scale_bytes = scale_bytes_of(amax)
+        s = impl.e4m3_decode(scale_bytes).unsqueeze(-1)
+        codes = impl.e2m1_encode((xb / s.expand_as(xb).contiguous()).clamp(-6.0, 6.0).contiguous())
+        return impl.fp4_pack(codes.flatten(-2)), scale_bytes
+    return run
+
+
+def e4m3_464_tie_to_nan(x):
+    """The saturation tie at |x| = 464 (between 448 and the NaN code) rounded away from zero."""
+    x = x.float()
+    code = impl.e4m3_encode(x)
+    return torch.where(x.abs() == 464, code | 0x7F, code)
+
+
+def _through_bf16(encode):
+    return lambda r: encode(r.to(torch.bfloat16).float())
+
+
+def fp8_qdq_ratio_through_bf16(x, block):
+    q, scales = fp8(x, block, encode=_through_bf16(impl.e4m3_encode))
+    return impl.fp8_dequantize(q, scales, block)
+
+
+def _pow2_by_bits(op, block):
+    """Dequantization building 2^(b − 127) from the bits b << 23: byte 0 gives +0, not 2^-127."""
+    def run(payload, scales, *args):
+        out = op(payload, scales, *args)
+        zero = (scales == 0).repeat_interleave(block, -1)
+        return torch.where(zero, torch.zeros_like(out), out)
+    return run
+
+
+def exponent_of_bf16_amax(amax, reciprocal, emax):
+    """The scale taken from a BF16 max reduction: amax rounded to BF16 first."""
+    return exponent_ceil(impl.bf16_round(amax.contiguous()), reciprocal, emax)
+
+
+MUTANTS.update({
+    "kv_scale_reciprocal_6": mutant("kv_scale_reciprocal_6", fp4_e4m3_quantize=_kv_scaled(
+        lambda amax: impl.e4m3_encode(amax * F32_RECIPROCAL_6))),
+    "kv_scale_ties_away": mutant("kv_scale_ties_away", fp4_e4m3_quantize=_kv_scaled(
+        lambda amax: _e4m3_ties_away(amax / torch.full_like(amax, 6.0)))),
+    "kv_subnormal_scale_ties_away": mutant("kv_subnormal_scale_ties_away", fp4_e4m3_quantize=_kv_scaled(
+        lambda amax: _e4m3_ties_away(amax / torch.full_like(amax, 6.0), below=2.0 ** -6))),
+    "e4m3_464_tie_to_nan": mutant("e4m3_464_tie_to_nan", e4m3_encode=e4m3_464_tie_to_nan),
+    "fp4_ratio_through_bf16": mutant("fp4_ratio_through_bf16", **_both_fp4(encode=_through_bf16(impl.e2m1_encode))),
+    "fp8_ratio_through_bf16": mutant("fp8_ratio_through_bf16",
+                                     fp8_quantize=lambda x, b: fp8(x, b, encode=_through_bf16(impl.e4m3_encode))),
+    "fp8_qdq_ratio_through_bf16": mutant("fp8_qdq_ratio_through_bf16", fp8_qdq=fp8_qdq_ratio_through_bf16),
+    "fp4_dequant_pow2_by_bits": mutant("fp4_dequant_pow2_by_bits",
+                                       fp4_e8m0_dequantize=_pow2_by_bits(impl.fp4_e8m0_dequantize, 32)),
+    "fp8_dequant_pow2_by_bits": mutant("fp8_dequant_pow2_by_bits", fp8_dequantize=lambda q, s, b: _pow2_by_bits(
+        impl.fp8_dequantize, b)(q, s, b)),
+    "idx_amax_in_bf16": mutant("idx_amax_in_bf16", fp4_e8m0_quantize=lambda x: fp4_idx(x, exponent=exponent_of_bf16_amax)),
+    "fp8_amax_in_bf16": mutant("fp8_amax_in_bf16", fp8_quantize=lambda x, b: fp8(x, b, exponent=exponent_of_bf16_amax)),
+    "idx_floor_min_normal": mutant("idx_floor_min_normal", fp4_e8m0_quantize=lambda x: fp4_idx(x, floor=2.0 ** -126)),
+})
+
+CAUGHT += [
+    ("kv_scale_reciprocal_6", "FP4.KV.SCALE"),
+    ("kv_scale_ties_away", "FP4.KV.SCALE"),
+    ("kv_subnormal_scale_ties_away", "FP4.KV.FLOOR"),
+    ("e4m3_464_tie_to_nan", "FMT.E4M3.SATFINITE"),
+    ("fp4_ratio_through_bf16", "FP4.E2M1.RNE"),
+    ("fp8_ratio_through_bf16", "FP8.E4M3"),
+    ("fp8_qdq_ratio_through_bf16", "FP8.V4_INPLACE"),
+    ("fp4_dequant_pow2_by_bits", "FP4.DEQUANT"),
+    ("fp8_dequant_pow2_by_bits", "FP8.DEQUANT"),
+    ("idx_amax_in_bf16", "FP4.IDX.SCALE"),
+    ("fp8_amax_in_bf16", "FP8.SCALE"),
+    ("idx_floor_min_normal", "FP4.IDX.FLOOR"),
+]
