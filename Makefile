@@ -23,6 +23,7 @@ verify: $(BIN)/.installed
 # The long run: thousands of examples per check, rules spread over one worker per core (or GPU).
 thorough: $(BIN)/.installed
 	$(BIN)/dsv4spec verify --profile thorough --jobs $(VERIFY_JOBS) --json thorough.json --markdown thorough.md
+	$(BIN)/dsv4spec coverage --profile thorough
 
 test: $(BIN)/.installed
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -n $(JOBS) -q tests

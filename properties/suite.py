@@ -76,6 +76,24 @@ def _examples_from_the_seed_alone():
 
 _examples_from_the_seed_alone()
 
+# Examples per check in the ci profile, by rule-id prefix (the longest matching prefix wins; 25
+# otherwise), sized by measurement.  CPU ms per generated example, impl / kernels in the Triton
+# interpreter: FMT 1–3 / 5–9; FP4 2–5 / 12–26; FP8 1–3 / 9–13; IDX.VISIBLE, IDX.WEIGHT 1 / 6;
+# the other IDX 1–20 / 16–75; POOL 1–8 / 55–68 (POOL.SIZE 480); HAD.MATRIX 54 / 110.  About 3 s of
+# interpreted kernel time per rule, so that `make test` stays well under 10 minutes on 2 cores.
+CI_EXAMPLES = {"FMT": 400, "FP4": 200, "FP8": 200, "IDX": 50, "IDX.VISIBLE": 400, "IDX.WEIGHT": 400,
+               "POOL": 50, "POOL.SIZE": 25}
+for _n in set(CI_EXAMPLES.values()):
+    settings.register_profile(f"ci/{_n}", parent=settings.get_profile("ci"), max_examples=_n)
+
+
+def profile_for(rule_id: str, profile: str) -> str:
+    """The Hypothesis profile a rule's checks run under: ci is sized per rule (CI_EXAMPLES)."""
+    if profile != "ci":
+        return profile
+    prefixes = [p for p in CI_EXAMPLES if rule_id == p or rule_id.startswith(p + ".")]
+    return f"ci/{CI_EXAMPLES[max(prefixes, key=len)]}" if prefixes else "ci"
+
 
 class Skip(Exception):
     """The check does not apply to this target (a reason is given)."""
@@ -189,7 +207,7 @@ def new_seed() -> int:
 
 def run_check(chk: Check, target: Target, profile: str = "ci") -> Outcome:
     """One check against one target: PASS/FAIL/ERROR/TIMEOUT/NOT_IMPLEMENTED/SKIP."""
-    settings.load_profile(profile)
+    settings.load_profile(profile_for(chk.rule_id, profile))
     if chk.ops and not target.has(*chk.ops):
         missing = [op for op in chk.ops if not target.has(op)]
         return Outcome(NOT_IMPLEMENTED, "missing " + ", ".join(missing))
