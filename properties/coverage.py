@@ -616,6 +616,10 @@ def topk_boundaries() -> list[Boundary]:
             Boundary("a tie at the k-th score", "element", rows(lambda t, r, n, k, o: _kth_tie(r, n, k))),
             Boundary("−inf inside the visible range", "range", rows(lambda t, r, n, k, o: np.any(r[:n] == -np.inf))),
             Boundary("finite scores past the visible range", "range", rows(lambda t, r, n, k, o: np.any(np.isfinite(r[n:])))),
+            Boundary("visible scores beyond fp16's range (|s| > 65504)", "range",
+                     rows(lambda t, r, n, k, o: 0 < k < n and np.any(np.isfinite(r[:n]) & (np.abs(r[:n]) > 65504)))),
+            Boundary("visible nonzero scores below half fp16's smallest subnormal", "range",
+                     rows(lambda t, r, n, k, o: 0 < k < n and np.any((r[:n] != 0) & (np.abs(r[:n]) <= 2.0 ** -25)))),
             Boundary("order 'score'", "layout", rows(lambda t, r, n, k, o: o == "score" and 1 < k < n)),
             Boundary("order 'position'", "layout", rows(lambda t, r, n, k, o: o == "position" and 1 < k < n))]
 

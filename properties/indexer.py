@@ -440,12 +440,21 @@ def score_rows(draw, kinds=ROW_KINDS):
                      draw(st.integers(1, 6)), S, draw(st.integers(0, S)))
 
 
+def wide_range_rows() -> RowsCase:
+    """BF16 scores beyond fp16's range (|s| > 65504) and below half its smallest subnormal (2^-25):
+    distinct in BF16, but ±inf or 0 once cast to fp16, where the lowest indices would win the ties."""
+    scores = spec.round_bf16(np.array([[7e4, 1e5, 2e5, 1.0, -3e5, -np.inf],
+                                       [2.0 ** -30, 0.0, 2.0 ** -27, 2.0 ** -26, -2.0 ** -27, 2.0 ** -25]]))
+    return RowsCase("scores beyond fp16's range", scores, np.array([5, 6]), 2)
+
+
 EDGE_ROWS = (
     make_rows("normal", 4, 3, 20, 6),
     make_rows("relu_zero", 1, 3, 40, 16),
     make_rows("equal", 2, 3, 33, 8),
     make_rows("equal", 3, 3, 24, 24),
     RowsCase("k = 0 (nothing compressed yet)", np.full((2, 1), -np.inf), np.array([0, 0]), 0),
+    wide_range_rows(),
 )
 
 

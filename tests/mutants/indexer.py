@@ -163,3 +163,14 @@ def _pad_tail(idx):
         valid = row[row >= 0]
         out[t, :valid.numel()] = valid
     return out
+
+
+def _topk_of_fp16(scores, visible, k, order):
+    """Top-k ranked on the scores cast to fp16 (an engine's half-precision logits): BF16 scores
+    beyond ±65504 become ±inf and below 2^-24 become 0, so distinct scores tie."""
+    return _topk(scores.to(torch.float16).float(), visible, k, order)
+
+
+MUTANTS.update({
+    "topk_of_fp16_scores": (mutant("topk_of_fp16_scores", index_topk=_topk_of_fp16), "IDX.TOPK.SELECTION"),
+})

@@ -119,3 +119,18 @@ MUTANTS.update({
     "newest_block_n_div_8": (mutant("newest_block_n_div_8", candidate_blocks=_newest_is_n_div_8), "POOL.PIN_NEWEST"),
     "pads_with_zero": (mutant("pads_with_zero", candidate_blocks=_pads_with_zero), "POOL.DROP_INF"),
 })
+
+
+def _capacity_in_whole_blocks(scores, lens, topk_blocks=2048, block_size=8):
+    """'Everything fits' decided on compress_lens // 8 ≤ topk_blocks (floor, not ceil): at 16385
+    reachable positions all 2049 blocks are kept."""
+    keep = ref.candidate_blocks(scores, lens, topk_blocks, block_size)
+    fits = (lens // block_size <= topk_blocks)[:, None]
+    reachable = torch.arange(scores.shape[1])[None, :] < (-(-lens // block_size) * block_size)[:, None]
+    return torch.where(fits, keep | reachable, keep)
+
+
+MUTANTS.update({
+    "capacity_in_whole_blocks": (mutant("capacity_in_whole_blocks", candidate_blocks=_capacity_in_whole_blocks),
+                                 "POOL.ALL_REACHABLE"),
+})

@@ -361,3 +361,53 @@ CAUGHT += [
     ("fp8_amax_in_bf16", "FP8.SCALE"),
     ("idx_floor_min_normal", "FP4.IDX.FLOOR"),
 ]
+
+
+def _flush_subnormal_e4m3(encode):
+    """An E4M3 cast with flush-to-zero: results below 2^-6 (the subnormals) become ±0."""
+    def run(x):
+        code = encode(x)
+        subnormal = (code & 0x78) == 0
+        return torch.where(subnormal, code & 0x80, code)
+    return run
+
+
+def bf16_ties_away(x):
+    """BF16 by adding half an ulp and truncating: ties go away from zero, not to even."""
+    bits = x.float().contiguous().view(torch.int32)
+    finite = torch.isfinite(x.float())
+    rounded = ((bits + 0x8000) & ~0xFFFF).view(torch.float32)
+    return torch.where(finite, rounded, impl.bf16_round(x))
+
+
+def _kv_divide_in_bf16(x):
+    """V4.1 main KV with x/s computed in BF16 (the activation dtype) before the E2M1 cast."""
+    return fp4_kv(x, encode=lambda r: impl.e2m1_encode(r.to(torch.bfloat16).float()))
+
+
+def _rejecting_nan_only(op):
+    """A quantizer that checks isnan() but lets ±Inf through (an Inf amax: an Inf scale)."""
+    def run(x, *block):
+        if torch.isnan(x.float()).any():
+            raise ValueError("NaN input")
+        return op(torch.nan_to_num(x.float(), posinf=0.0, neginf=0.0), *block)
+    return run
+
+
+MUTANTS.update({
+    "e4m3_flushes_subnormals": mutant("e4m3_flushes_subnormals", e4m3_encode=_flush_subnormal_e4m3(impl.e4m3_encode)),
+    "fp8_flushes_subnormals": mutant("fp8_flushes_subnormals", fp8_quantize=lambda x, b: fp8(
+        x, b, encode=_flush_subnormal_e4m3(impl.e4m3_encode))),
+    "bf16_ties_away": mutant("bf16_ties_away", bf16_round=bf16_ties_away),
+    "kv_divide_in_bf16": mutant("kv_divide_in_bf16", fp4_e4m3_quantize=_kv_divide_in_bf16),
+    "fp4_rejects_nan_only": mutant("fp4_rejects_nan_only", fp4_e4m3_quantize=_rejecting_nan_only(impl.fp4_e4m3_quantize),
+                                   fp4_e8m0_quantize=_rejecting_nan_only(impl.fp4_e8m0_quantize)),
+})
+
+CAUGHT += [
+    ("e4m3_flushes_subnormals", "FMT.E4M3.RNE"),
+    ("fp8_flushes_subnormals", "FP8.E4M3"),
+    ("bf16_ties_away", "FMT.BF16.RNE"),
+    ("kv_divide_in_bf16", "FP4.KV.DIVIDE"),
+    ("fp4_rejects_nan_only", "FP4.NONFINITE"),
+]
