@@ -9,7 +9,8 @@ def register(subparsers):
     p = subparsers.add_parser(
         "golden", help="generate or check the golden tensors (regression gate for ports and kernels)",
         description="Golden files live in the installed package (dsv4spec/golden/data) with a manifest "
-                    "of sha256 hashes. `generate` rewrites them with impl; `manifest` checks the hashes; "
+                    "of sha256 hashes. `generate --out DIR` writes them (impl's outputs, checked against spec/; "
+                    "rewriting the stored ones needs --force); `manifest` checks the hashes; "
                     "`check --target T` runs a target on the stored inputs; `export DIR` writes the "
                     "inputs, their layout (LAYOUT.md) and text vectors for a port in another language; "
                     "`check-outputs DIR` compares the output files that port wrote (same file names, "

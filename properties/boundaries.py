@@ -51,9 +51,10 @@ def e2m1_ties(block: int, ks, signs=(1.0, -1.0)) -> np.ndarray:
 
 
 def negative_zero(block: int) -> np.ndarray:
-    """Negative ratios around −0.25 (the tie between −0 and −0.5), −0 and an fp32 subnormal, scale 1."""
-    values = [-0.0, -2.0 ** -149, -2.0 ** -130, *(-ulps([0.25]))]
-    return lay_out(around_top(values, 6.0, 0, block, signs=(1.0,)) * 2, block)
+    """Negative ratios around −0.25 (the tie between −0 and −0.5), −0 and fp32 subnormals, at
+    scales 1 and 2^-3."""
+    values = [-0.0, -2.0 ** -146, -2.0 ** -130, *(-ulps([0.25]))]
+    return lay_out([b for k in (0, -3) for b in around_top(values, 6.0, k, block, signs=(1.0,))], block, per_row=2)
 
 
 def amax_blocks(amaxes, block: int, filler: float = 0.5) -> np.ndarray:

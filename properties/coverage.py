@@ -337,8 +337,8 @@ def kv_divide() -> list[Boundary]:
             codes = F.e2m1_encode(np.clip(b.ratio, -6, 6)) != F.e2m1_encode(np.clip(recip, -6, 6))
             return codes & ((b.s < 2.0 ** -6) == subnormal_scale)[..., None]
         return pred
-    return [Boundary("x/s and x·fl32(1/s) round to different codes (normal scale)", "element", _any_block(_kv, disagree(False))),
-            Boundary("x/s and x·fl32(1/s) round to different codes (subnormal scale)", "element", _any_block(_kv, disagree(True)))]
+    return [Boundary(f"x/s and x·fl32(1/s) round to different codes ({kind} scale)", "element",
+                     _any_block(_kv, disagree(kind == "subnormal"))) for kind in ("normal", "subnormal")]
 
 
 def pow2_scale(view, top, bottom_k, top_k) -> list[Boundary]:
@@ -522,7 +522,8 @@ def score_rounding() -> list[Boundary]:
     def absorbed(calls):
         for c, _ in _score_calls(calls, "bf16"):
             q, k, w = (np.asarray(a, dtype=np.float64) for a in c.args[:3])
-            p = spec_indexer.round_bf16(np.maximum(spec_indexer.round_bf16(np.einsum("thd,sd->ths", q, k)), 0) * w[:, :, None])
+            dots = spec_indexer.round_bf16(np.einsum("thd,sd->ths", q, k))
+            p = spec_indexer.round_bf16(np.maximum(dots, 0) * w[:, :, None])
             running = np.zeros_like(p[:, 0])
             for h in range(p.shape[1]):
                 running = spec_indexer.round_bf16(running + p[:, h])
@@ -530,11 +531,13 @@ def score_rounding() -> list[Boundary]:
                     np.maximum(np.abs(running), np.abs(p).max(1)))):
                 return True
         return False
+    def many_heads(calls):
+        return any(np.asarray(c.args[0]).shape[0] >= 2 and np.asarray(c.args[0]).shape[1] >= 32
+                   for c, _ in _score_calls(calls, "bf16"))
     return [Boundary("BF16 steps and fp32-then-one-cast differ", "element", _scores_differ("bf16", "one_cast")),
             Boundary("a BF16 running head sum drifts beyond the tolerance (small heads absorbed)", "element", absorbed),
             Boundary("a head's dot exactly on a BF16 tie", "element", dot_on_bf16_tie),
-            Boundary("32 heads, several rows", "layout", lambda calls: any(
-                np.asarray(c.args[0]).shape[1] >= 32 and np.asarray(c.args[0]).shape[0] >= 2 for c, _ in _score_calls(calls, "bf16")))]
+            Boundary("32 heads, several rows", "layout", many_heads)]
 
 
 def v32_scores() -> list[Boundary]:
@@ -583,8 +586,13 @@ def chunk_boundaries() -> list[Boundary]:
                             return True
             return False
         return reached
-    decode = lambda a, s, b: np.asarray(s.args[0]).shape[0] == 1 and np.asarray(s.args[1]).shape[0] < np.asarray(b.args[1]).shape[0]  # noqa: E731
-    return [Boundary("a chunk starting at row ≥ 1", "layout", slices(lambda a, s, b: a >= 1 and np.asarray(s.args[0]).shape[0] >= 2)),
+    def rows(call):
+        return np.asarray(call.args[0]).shape[0]
+
+    def keys(call):
+        return np.asarray(call.args[1]).shape[0]
+    decode = lambda a, s, b: rows(s) == 1 and keys(s) < keys(b)  # noqa: E731
+    return [Boundary("a chunk starting at row ≥ 1", "layout", slices(lambda a, s, b: a >= 1 and rows(s) >= 2)),
             Boundary("decode of a row with fewer entries than the prefill", "layout", slices(decode))]
 
 
