@@ -60,6 +60,8 @@ def assert_topk(chosen, ref_scores, eligible, k: int, order: str, *, clauses=TOP
         head = f"row {t}: got {_show(row)} (eligible {int(elig.sum())}, k {k}){ctx(t)}"
         if pad.any() and not pad[int(np.argmax(pad)):].all():
             bad["padding"].append(head + " — −1 before a valid index")
+        elif not pad[n_want:].all():
+            bad["padding"].append(head + f" — the slots after the {n_want} valid entries must hold −1")
         inside = (valid >= 0) & (valid < S)
         ok = valid[inside]
         ok = ok[elig[ok]]

@@ -174,3 +174,18 @@ def _topk_of_fp16(scores, visible, k, order):
 MUTANTS.update({
     "topk_of_fp16_scores": (mutant("topk_of_fp16_scores", index_topk=_topk_of_fp16), "IDX.TOPK.SELECTION"),
 })
+
+
+def _relu_of_head_sum(q, k, w, visible, score_dtype="bf16"):
+    """ReLU applied once to the weighted head sum instead of to each head's dot."""
+    dots = _bf16(torch.einsum("thd,sd->ths", q.float(), k.float()))
+    s = _bf16(torch.relu(_bf16(_bf16(dots * w.float()[:, :, None]).sum(1))))
+    invisible = torch.arange(k.shape[0])[None, :] >= visible[:, None]
+    return s.masked_fill(invisible, float("-inf"))
+
+
+MUTANTS.update({
+    "relu_of_head_sum": (mutant("relu_of_head_sum", index_scores=_relu_of_head_sum), "IDX.SCORE.FORMULA"),
+    "pads_with_index_zero": (mutant("pads_with_index_zero", index_topk=lambda s, v, k, o: ref.index_topk(
+        s, v, k, o).clamp(min=0)), "IDX.TOPK.PAD"),
+})

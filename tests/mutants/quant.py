@@ -411,3 +411,27 @@ CAUGHT += [
     ("kv_divide_in_bf16", "FP4.KV.DIVIDE"),
     ("fp4_rejects_nan_only", "FP4.NONFINITE"),
 ]
+
+
+def e2m1_sign_from_less_than_zero(x):
+    """The sign bit taken from x < 0 (not the sign bit): −0 encodes as +0."""
+    x = x.float()
+    return (impl.e2m1_encode(x) & 0x7) | ((x < 0).to(torch.uint8) << 3)
+
+
+def fp8_one_scale_per_row(x, block):
+    """act_quant with one scale for the whole row (per-token), every block stored with it."""
+    n = x.shape[-1]
+    q, scales = fp8(x, n)
+    return q, scales.repeat_interleave(n // block, -1)
+
+
+MUTANTS.update({
+    "e2m1_sign_from_less_than_zero": mutant("e2m1_sign_from_less_than_zero", e2m1_encode=e2m1_sign_from_less_than_zero),
+    "fp8_one_scale_per_row": mutant("fp8_one_scale_per_row", fp8_quantize=fp8_one_scale_per_row),
+})
+
+CAUGHT += [
+    ("e2m1_sign_from_less_than_zero", "FMT.E2M1.ZERO_SIGN"),
+    ("fp8_one_scale_per_row", "FP8.BLOCKS"),
+]
