@@ -622,7 +622,6 @@ def topk_boundaries() -> list[Boundary]:
             Boundary("a row ≥ 1 with fewer visible entries than k (padding)", "layout", rows(lambda t, r, n, k, o: t >= 1 and 0 < n < k)),
             Boundary("visible = 0 with k > 0", "range", rows(lambda t, r, n, k, o: n == 0 and k > 0)),
             Boundary("a tie at the k-th score", "element", rows(lambda t, r, n, k, o: _kth_tie(r, n, k))),
-            Boundary("−inf inside the visible range", "range", rows(lambda t, r, n, k, o: np.any(r[:n] == -np.inf))),
             Boundary("finite scores past the visible range", "range", rows(lambda t, r, n, k, o: np.any(np.isfinite(r[n:])))),
             Boundary("visible scores beyond fp16's range (|s| > 65504)", "range",
                      rows(lambda t, r, n, k, o: 0 < k < n and np.any(np.isfinite(r[:n]) & (np.abs(r[:n]) > 65504)))),
