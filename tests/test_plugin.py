@@ -19,7 +19,8 @@ def fp4_e8m0_quantize(x):
 
 def pytest_run(tmp_path, *args):
     # The plugin loads through its pytest11 entry point (the project is installed), as for a user.
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", *args], capture_output=True, text=True, cwd=tmp_path,
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", *args],
+                          capture_output=True, text=True, cwd=tmp_path,
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": HOME, "TRITON_INTERPRET": "1"})
 
 
