@@ -47,7 +47,8 @@ knob("fp4_kv_scale_floor", "6x2^-9", {
 
 knob("scale_apply", "divide", {
     "reciprocal": "x · fl32(1/s) instead of x / s: differs near ties, e.g. block "
-                  "[0.17578125, 0.03662109375, 0, …] gives code 1.0 by division, 1.5 by reciprocal",
+                  "[0.17578125, 0.03662109375, 0, …] gives code 1.0 by division, 1.5 by reciprocal; "
+                  "with BF16 input only there: s = 15·2^k and x/s exactly 1.25, 2.5 or 5",
 }, "How the rounded E4M3 scale is applied to the values before the E2M1 cast.")
 
 knob("fp8_amax_floor", "1e-4", {
