@@ -407,7 +407,13 @@ def fp4_e8m0_keeps_negative_zero(target, x):
 # FP4: V4.1 main KV (E4M3 scale per 16)
 # ---------------------------------------------------------------------------------------------
 
+# amax = 6 × each midpoint between neighbouring normal E4M3 values: amax/6 is an exact tie of the
+# scale's rounding (to the even mantissa), and every such amax is a BF16 value.
+_E4M3_NORMAL = np.abs(F.e4m3_decode(np.arange(0x08, 0x7F, dtype=np.uint8)))
+KV_SCALE_TIES = (6 * (_E4M3_NORMAL[1:] + _E4M3_NORMAL[:-1]) / 2).astype(F32)
+
 _KV_SCALE_EXAMPLES = [dict(x=padded(SMALL_KV_BLOCK, KV)[None]),
+                      dict(x=KV_SCALE_TIES[:, None] * np.eye(KV, dtype=F32)[0]),
                       dict(x=np.array(amax_edges(6.0)[:-2], F32).reshape(-1, 1) * np.eye(KV, dtype=F32)[0])]
 
 

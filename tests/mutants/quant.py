@@ -79,6 +79,13 @@ def e4m3_encode_truncating(x):
     return torch.where(too_big, code - 1, code)
 
 
+def e4m3_encode_ties_up(x):
+    """E4M3 rounding a tie up (half away from zero for positives) instead of to the even mantissa."""
+    code = impl.e4m3_encode(x)
+    low, high = impl.e4m3_decode(code), impl.e4m3_decode((code + 1).clamp(max=0x7E))
+    return torch.where((x.float() - low) * 2 == high - low, code + 1, code)
+
+
 def e4m3_decode_no_subnormals(codes):
     """Exponent field 0 read with an implicit leading 1, as if it were normal."""
     value = impl.e4m3_decode(codes)
@@ -221,6 +228,8 @@ MUTANTS = {
     "e8m0_decode_zero_is_zero": mutant("e8m0_decode_zero_is_zero", e8m0_decode=e8m0_decode_zero_is_zero),
     "bf16_truncating": mutant("bf16_truncating", bf16_round=bf16_truncating),
     "kv_scale_rounded_up": mutant("kv_scale_rounded_up", fp4_e4m3_quantize=lambda x: fp4_kv(x, round_up_scale=True)),
+    "kv_scale_ties_up": mutant("kv_scale_ties_up",
+                               fp4_e4m3_quantize=lambda x: fp4_kv(x, encode_scale=e4m3_encode_ties_up)),
     "kv_scale_floor_2^-6": mutant("kv_scale_floor_2^-6", fp4_e4m3_quantize=lambda x: fp4_kv(x, floor=6 * 2.0 ** -6)),
     "kv_reciprocal": mutant("kv_reciprocal", fp4_e4m3_quantize=lambda x: fp4_kv(x, reciprocal=True)),
     "e8m0_ocp_floor": mutant("e8m0_ocp_floor",
@@ -274,6 +283,7 @@ CAUGHT = [
     ("e8m0_decode_zero_is_zero", "FMT.E8M0.VALUES"),
     ("bf16_truncating", "FMT.BF16.RNE"),
     ("kv_scale_rounded_up", "FP4.KV.SCALE"),
+    ("kv_scale_ties_up", "FP4.KV.SCALE"),
     ("kv_scale_floor_2^-6", "FP4.KV.FLOOR"),
     ("kv_reciprocal", "FP4.KV.DIVIDE"),
     ("e8m0_ocp_floor", "FP4.IDX.SCALE"),
