@@ -6,7 +6,7 @@ from dsv4spec.properties.suite import FAIL, PASS, VARIANT, run_rule
 from dsv4spec.spec.rules import select
 from dsv4spec.properties.target import Target
 from mutants import mutant
-from mutants.quant import CAUGHT, MUTANTS, e2m1_ties_toward_zero, fp4_idx, fp4_kv
+from mutants.quant import CAUGHT, MUTANTS, e2m1_ties_toward_zero, fp4_idx, fp4_kv, fp8_qdq_through_bf16
 
 
 # The variant an undeclared mutant must be named as (the knob value the spec can reproduce).
@@ -24,7 +24,6 @@ NAMED = {
     ("e8m0_float_log2_ceil", "FP4.IDX.SCALE"): "e8m0_rounding=float_log2_ceil",
     ("idx_amax_floor_1e-4", "FP4.IDX.FLOOR"): "fp4_idx_amax_floor=1e-4",
     ("fp8_amax_floor_1e-8", "FP8.FLOOR"): "fp8_amax_floor=1e-8",
-    ("fp8_qdq_through_bf16", "FP8.V4_INPLACE"): "v4_fp8_inplace=bf16",
     ("kv_scale_rounded_up", "FP4.KV.SCALE"): None,
     ("e8m0_scale_one_too_low", "FP4.IDX.FLOOR"): None,       # not "fp4_idx_amax_floor=none"
     ("e8m0_scale_one_too_low", "FP4.IDX.SCALE"): None,
@@ -50,6 +49,17 @@ def test_undeclared_known_variant_is_named(name, rule_id):
 
 def test_every_mutant_is_used():
     assert {n for n, _ in CAUGHT} == set(MUTANTS)
+
+
+def test_either_official_v4_inplace_revision_conforms_and_is_reported():
+    """The initial V4 kernel's BF16 write-back is an allowed choice: VARIANT, detected; declared,
+    VARIANT under the declaration."""
+    provider = mutant("initial_v4_kernel", fp8_qdq=fp8_qdq_through_bf16)
+    row = run_rule("FP8.V4_INPLACE", Target(provider, provider.NAME))
+    assert (row.status, row.detail) == (VARIANT, "detected: v4_fp8_inplace=bf16")
+    declared = mutant("declares_bf16", variants={"v4_fp8_inplace": "bf16"}, fp8_qdq=provider.fp8_qdq)
+    row = run_rule("FP8.V4_INPLACE", Target(declared, declared.NAME))
+    assert (row.status, row.detail) == (VARIANT, "passes under declared v4_fp8_inplace=bf16")
 
 
 @pytest.mark.parametrize("rule_id", ["FMT.E2M1.RNE", "FP4.E2M1.RNE"])

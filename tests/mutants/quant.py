@@ -186,11 +186,20 @@ def _poisoning_rows(op):
 
 
 def fp8_qdq_through_bf16(x, block):
-    """The initial V4-Flash kernel: clamp(x/s) is cast to BF16, not FP8, before × s."""
+    """The initial V4-Flash kernel: clamp(x/s) is cast to BF16, not FP8, before × s (an allowed
+    choice: a mistake only against a declaration of v4_fp8_inplace=fp8)."""
     q, scales = impl.fp8_quantize(x, block)
     s = impl.e8m0_decode(scales).unsqueeze(-1)
     xb = x.float().reshape(*x.shape[:-1], -1, block)
     return (impl.bf16_round((xb / s).clamp(-448, 448).contiguous()) * s).flatten(-2)
+
+
+def fp8_qdq_through_e5m2(x, block):
+    """The in-place QDQ rounded through the other FP8 format (E5M2), as neither kernel revision does."""
+    q, scales = impl.fp8_quantize(x, block)
+    s = impl.e8m0_decode(scales).unsqueeze(-1)
+    ratio = (x.float().reshape(*x.shape[:-1], -1, block) / s).clamp(-448, 448)
+    return (ratio.to(torch.float8_e5m2).float() * s).flatten(-2)
 
 
 def _dequant_bias_off_by_one(op):
@@ -241,7 +250,9 @@ MUTANTS = {
     "idx_amax_floor_1e-4": mutant("idx_amax_floor_1e-4", fp4_e8m0_quantize=lambda x: fp4_idx(x, floor=1e-4)),
     "fp8_amax_floor_1e-8": mutant("fp8_amax_floor_1e-8", fp8_quantize=lambda x, b: fp8(x, b, floor=1e-8)),
     "fp8_block_ignored": mutant("fp8_block_ignored", fp8_quantize=lambda x, b: fp8(x, b, block_override=32)),
-    "fp8_qdq_through_bf16": mutant("fp8_qdq_through_bf16", fp8_qdq=fp8_qdq_through_bf16),
+    "fp8_qdq_through_e5m2": mutant("fp8_qdq_through_e5m2", fp8_qdq=fp8_qdq_through_e5m2),
+    "fp8_qdq_bf16_against_declaration": mutant("fp8_qdq_bf16_against_declaration", fp8_qdq=fp8_qdq_through_bf16,
+                                               variants={"v4_fp8_inplace": "fp8"}),
     "fp4_dequant_scale_halved": mutant("fp4_dequant_scale_halved",
                                        fp4_e8m0_dequantize=_dequant_bias_off_by_one(impl.fp4_e8m0_dequantize),
                                        fp4_e4m3_dequantize=_dequant_bias_off_by_one(impl.fp4_e4m3_dequantize)),
@@ -294,7 +305,8 @@ CAUGHT = [
     ("idx_amax_floor_1e-4", "FP4.IDX.FLOOR"),
     ("fp8_amax_floor_1e-8", "FP8.FLOOR"),
     ("fp8_block_ignored", "FP8.BLOCKS"),
-    ("fp8_qdq_through_bf16", "FP8.V4_INPLACE"),
+    ("fp8_qdq_through_e5m2", "FP8.V4_INPLACE"),
+    ("fp8_qdq_bf16_against_declaration", "FP8.V4_INPLACE"),
     ("fp4_dequant_scale_halved", "FP4.DEQUANT"),
     ("fp8_dequant_scale_halved", "FP8.DEQUANT"),
     ("fp4_nonfinite_poisons_row", "FP4.NONFINITE"),
