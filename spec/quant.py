@@ -208,15 +208,16 @@ rule("FP4.NONFINITE", "FP4 codecs: NaN and ±Inf stay inside their block",
      "+Inf, byte 0xFF, and saturates the E4M3 scale at 448).  Raising ValueError on such input "
      "instead is an allowed choice (nonfinite_input=reject), detected and reported.",
      applies_to=V4_ALL, policy="bytes", status=IMPLEMENTATION_DEFINED, knob="nonfinite_input",
-     sources=("official-rules.md §11.1 (nothing rejects NaN/Inf; the effect stays in its block), §1 "
-              "'NaN / Inf', §10 Q5",))
+     sources=("V4-kernel L22-27, L161-164 (reduce_absmax; fast_log2_ceil of Inf is 128)", _V41_KV_KERNEL,
+              "official-rules.md §11.1, §1 'NaN / Inf', §10 Q5"))
 
 rule("FP8.NONFINITE", "act_quant: NaN and ±Inf stay inside their block",
      "As FP4.NONFINITE for act_quant: every block without NaN or ±Inf is quantized exactly as without "
      "them; the block holding one is unspecified; raising ValueError instead is allowed "
      "(nonfinite_input=reject).",
      applies_to=("v3.2",) + V4_ALL, policy="bytes", status=IMPLEMENTATION_DEFINED,
-     knob="nonfinite_input", sources=("official-rules.md §11.1, §2.1, §10 Q5",))
+     knob="nonfinite_input", sources=("V4-kernel L77-91 (act_quant: reduce_absmax, no check)",
+                                      "official-rules.md §11.1, §2.1, §10 Q5"))
 
 
 # --------------------------------------------------------------------------------------------
