@@ -445,7 +445,9 @@ def fp4_e4m3_scale_floor(target, x):
         dict(x=padded([464 * 6.0, 464 * 6.0 + 0.01, 3e38], KV)[None]),
         x=codec_input(KV, kinds=("huge", "amax_edge"), k_range=(9, 120)))
 def fp4_e4m3_scale_saturates(target, x):
-    _kv_scales(target, x, "FP4.KV.SATURATE: fp4_e4m3_quantize scale bytes of large blocks")
+    """Blocks with amax/6 above 448 only: below, the scale's rounding is FP4.KV.SCALE's."""
+    x = into_range(fit(target, "fp4_e4m3_quantize", x), KV, 2689.0)
+    _kv_scales(target, x, "FP4.KV.SATURATE: fp4_e4m3_quantize scale bytes of blocks with amax/6 > 448")
 
 
 @check("FP4.KV.DIVIDE", ops=("fp4_e4m3_quantize",))
