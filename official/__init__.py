@@ -12,8 +12,10 @@ from .pool import *  # noqa: F401,F403
 from .compressor import *  # noqa: F401,F403
 from .rope import *  # noqa: F401,F403
 from .path import *  # noqa: F401,F403
+from . import quant as _quant
 
 NAME = "official"
 DEVICE = "cpu"
 CLAIMS_CONFORMANCE = True
 VARIANTS: dict = {}
+INPUT_DTYPES = {**_quant.INPUT_DTYPES}      # the operations the official code feeds BF16

@@ -75,7 +75,6 @@ def _examples_from_the_seed_alone():
 
 
 _examples_from_the_seed_alone()
-
 # Examples per check in the ci profile, by rule-id prefix (the longest matching prefix wins; 25
 # otherwise), sized by measurement.  CPU ms per generated example, impl / kernels in the Triton
 # interpreter: FMT 1–3 / 5–9; FP4 2–5 / 12–26; FP8 1–3 / 9–13; IDX.VISIBLE, IDX.WEIGHT 1 / 6;
@@ -85,6 +84,10 @@ CI_EXAMPLES = {"FMT": 400, "FP4": 200, "FP8": 200, "IDX": 50, "IDX.VISIBLE": 400
                "POOL": 50, "POOL.SIZE": 25}
 for _n in set(CI_EXAMPLES.values()):
     settings.register_profile(f"ci/{_n}", parent=settings.get_profile("ci"), max_examples=_n)
+for _p in (*PROFILES, *(f"ci/{_n}" for _n in set(CI_EXAMPLES.values()))):
+    # naming a variant only asks whether a check passes: no shrinking
+    settings.register_profile(f"{_p}-noshrink", parent=settings.get_profile(_p),
+                              phases=(Phase.explicit, Phase.reuse, Phase.generate))
 
 
 def profile_for(rule_id: str, profile: str) -> str:
@@ -101,6 +104,19 @@ class Skip(Exception):
 
 def skip(reason: str):
     raise Skip(reason)
+
+
+_DETECTED: set = set()
+
+
+def detected(knob: str, value: str):
+    """Record which allowed choice of an implementation-defined knob the target made (undeclared).
+
+    A check of an implementation-defined rule accepts every allowed behaviour of a target that
+    declares none, and reports here the one it saw; the rule is then PASS for the canonical choice
+    and VARIANT ("detected: knob=value") for another.
+    """
+    _DETECTED.add((knob, value))
 
 
 @dataclass(frozen=True)
@@ -175,6 +191,7 @@ class Outcome:
     status: str
     detail: str = ""
     seconds: float = 0.0
+    detected: frozenset = frozenset()
 
 
 @dataclass
@@ -205,14 +222,16 @@ def new_seed() -> int:
     return random.SystemRandom().randrange(1, 2 ** 31)
 
 
-def run_check(chk: Check, target: Target, profile: str = "ci") -> Outcome:
+def run_check(chk: Check, target: Target, profile: str = "ci", shrink: bool = True) -> Outcome:
     """One check against one target: PASS/FAIL/ERROR/TIMEOUT/NOT_IMPLEMENTED/SKIP."""
-    settings.load_profile(profile_for(chk.rule_id, profile))
+    sized = profile_for(chk.rule_id, profile)
+    settings.load_profile(sized if shrink else f"{sized}-noshrink")
     if chk.ops and not target.has(*chk.ops):
         missing = [op for op in chk.ops if not target.has(op)]
         return Outcome(NOT_IMPLEMENTED, "missing " + ", ".join(missing))
     if chk.extension and chk.extension not in target.extensions:
         return Outcome(SKIP, f"extension {chk.extension} not declared")
+    _DETECTED.clear()
     start = time.perf_counter()
     try:
         # A target's numeric warnings (NaN casts and the like) are not results; the checks judge values.
@@ -232,7 +251,7 @@ def run_check(chk: Check, target: Target, profile: str = "ci") -> Outcome:
         if isinstance(e, KeyboardInterrupt):
             raise
         status, detail = (FAIL if _is_assertion(e) else ERROR), _describe(e)
-    return Outcome(status, detail, time.perf_counter() - start)
+    return Outcome(status, detail, time.perf_counter() - start, frozenset(_DETECTED))
 
 
 def run_rule(rule_id: str, target: Target, profile: str = "ci") -> Row:
@@ -244,7 +263,9 @@ def run_rule(rule_id: str, target: Target, profile: str = "ci") -> Row:
     if not chks:
         why = "informative: no check" if r.status == INFORMATIVE else "no check written for this rule"
         return Row(rule_id, target.name, SKIP if r.status == INFORMATIVE else ERROR, why)
-    outcomes = {c.name: run_check(c, target, profile) for c in chks}
+    read: set = set()
+    probe = _reading(target, read)
+    outcomes = {c.name: run_check(c, probe, profile) for c in chks}
     # A rule is judged on the checks the target could run; n/i only when it could run none.
     ran = [o.status for o in outcomes.values() if o.status not in (NOT_IMPLEMENTED, SKIP)]
     status = max(ran or [o.status for o in outcomes.values()], key=SEVERITY.index)
@@ -260,25 +281,49 @@ def run_rule(rule_id: str, target: Target, profile: str = "ci") -> Row:
     if ran and missing and status == PASS:
         why = sorted({o.detail for o in outcomes.values() if o.status in (NOT_IMPLEMENTED, SKIP)})
         detail = f"{len(ran)} of {len(outcomes)} checks ran; the others: " + "; ".join(why)
+    choices = sorted({f"{k}={v}" for o in outcomes.values() for k, v in o.detected if v != KNOBS[k].canonical})
     if r.knob and status == PASS and target.variant(r.knob) != KNOBS[r.knob].canonical:
         status, detail = VARIANT, f"passes under declared {r.knob}={target.variant(r.knob)}"
+    elif status == PASS and choices:
+        status, detail = VARIANT, "detected: " + ", ".join(choices)
     elif r.knob and status == FAIL:
-        match = _matching_variant(r.knob, chks, target, profile)
+        match = _matching_variant(r.knob, read, chks, target, profile)
         if match:
-            detail = f"matches {r.knob}={match} (undeclared); " + detail
+            detail = f"matches {match} (undeclared); " + detail
     seconds = sum(o.seconds for o in outcomes.values())
     repro = reproduce_command(target.spec, rule_id, profile, timeout=target.timeout) \
         if status in (FAIL, ERROR, TIMEOUT) else ""
     return Row(rule_id, target.name, status, detail, repro, seconds, {n: o.status for n, o in outcomes.items()})
 
 
-def _matching_variant(knob: str, chks: list[Check], target: Target, profile: str) -> str | None:
-    for value in KNOBS[knob].values:
-        if value == target.variant(knob):
-            continue
-        view = target.expecting(knob, value)
-        if all(run_check(c, view, profile).status in (PASS, NOT_IMPLEMENTED, SKIP) for c in chks):
-            return value
+def _reading(target: Target, read: set) -> Target:
+    """A view of `target` that records in `read` every knob its checks ask for."""
+    view = Target.__new__(Target)
+    view.__dict__.update(target.__dict__)
+    view.variant = lambda knob: (read.add(knob), Target.variant(target, knob))[1]
+    return view
+
+
+def _matching_variant(knob: str, read: set, chks: list[Check], target: Target, profile: str) -> str | None:
+    """The undeclared knob values under which every check of a failing rule passes, as 'k=v + k2=v2'.
+
+    Tried: each other value of the rule's own knob, then each such value together with one other
+    value of one other knob the rule's checks read.  Pairs are enough: a check judges one clause, so
+    the knobs it reads are that clause's and the few its oracle shares; a third deviation in the same
+    check breaks another clause, whose own rule names it.  Bounded by (values of the rule's knob) ×
+    (other values of the knobs read), about ten runs without shrinking.
+    """
+    def others(k):
+        return [(k, v) for v in KNOBS[k].values if v != target.variant(k)]
+
+    own = others(knob)
+    pairs = [p for k in sorted(read - {knob}) for p in others(k)]
+    for combo in [[o] for o in own] + [[o, p] for o in own for p in pairs]:
+        view = target
+        for k, v in combo:
+            view = view.expecting(k, v)
+        if all(run_check(c, view, profile, shrink=False).status in (PASS, NOT_IMPLEMENTED, SKIP) for c in chks):
+            return " + ".join(f"{k}={v}" for k, v in combo)
     return None
 
 

@@ -8,6 +8,15 @@ metadata:
     VARIANTS = {"e2m1_ties": "even"}    # the implementation-defined choices it declares
     CLAIMS_CONFORMANCE = True           # its failures make `dsv4spec verify` exit 1
     EXTENSIONS = {"chunked_prefill"}    # the extensions beyond the official domain it implements
+    INPUT_DTYPE = "bfloat16"            # the dtype of the values every operation receives
+    INPUT_DTYPES = {"fp8_quantize": "float32"}   # per operation, overriding INPUT_DTYPE
+
+Input dtypes are "float32" (the default) or "bfloat16".  The suite generates values representable
+in the dtype an operation declares and passes it tensors of that dtype, so a BF16-only kernel is
+checked as it is.  BF16 is the official domain of the quantizers (they receive BF16 activations);
+fp32 inputs that BF16 cannot hold lie beyond it and reach only operations declared float32 (the
+input dtype decides; no EXTENSIONS entry is needed).
+Codes, bytes and scales are uint8 whatever the declaration.
 
 How `--target T` is resolved (the same rule for the CLI, the pytest plugin and `load_target`):
 
@@ -248,6 +257,7 @@ class Target:
         self.module = _module(provider)
         self.version = _version(provider)
         self.hung: dict[str, str] = {}      # operations that timed out once are not called again
+        self.input_dtypes = _input_dtypes(provider)
 
     def has(self, *ops: str) -> bool:
         return all(callable(getattr(self.provider, op, None)) for op in ops)
@@ -278,6 +288,10 @@ class Target:
         if name.startswith("_") or name in ("provider",):
             raise AttributeError(name)
         return self.op(name)
+
+    def input_dtype(self, op: str) -> str:
+        """The dtype of the values operation `op` receives: "float32" or "bfloat16"."""
+        return self.input_dtypes.get(op, self.input_dtypes[None])
 
     def variant(self, knob: str) -> str:
         """The value of a knob the checks must expect from this target."""
@@ -320,6 +334,20 @@ def known_ops() -> set[str]:
     from .suite import FAMILY_MODULES
     return {op for family in FAMILY_MODULES
             for op in getattr(importlib.import_module(f"{__package__}.{family}"), "OPS", {})}
+
+
+INPUT_DTYPES = ("float32", "bfloat16")
+
+
+def _input_dtypes(provider) -> dict:
+    """{op: dtype, None: the default} from a provider's INPUT_DTYPE / INPUT_DTYPES, validated."""
+    declared = {None: getattr(provider, "INPUT_DTYPE", "float32"),
+                **dict(getattr(provider, "INPUT_DTYPES", {}) or {})}
+    for op, dtype in declared.items():
+        if dtype not in INPUT_DTYPES:
+            where = f"INPUT_DTYPES[{op!r}]" if op else "INPUT_DTYPE"
+            raise ValueError(f"{where} must be one of {INPUT_DTYPES} (a string), got {dtype!r}")
+    return declared
 
 
 def _import(ref: str):

@@ -257,7 +257,8 @@ E8M0_ROUNDING = knob("e8m0_rounding", "ceil_exact", {
     "ocp_floor": "OCP MX rule: 2^(floor(log2 amax) − emax_elem) with emax_elem 2 (E2M1) or 8 (E4M3); "
                  "the scale can be too small and values clip",
     "float_log2_ceil": "2^ceil(log2f(v)) through a floating log2: wrong just above a power of two "
-                       "(amax 96.00000762939453 gives 16 instead of 32)",
+                       "(amax 96.00000762939453 gives 16 instead of 32); no BF16 amax reaches such a "
+                       "v, so only fp32 inputs tell it apart",
     "round_half_up": "a round-half-up cast of v to E8M0: 2^k for v in [2^k, 1.5·2^k), else 2^(k+1)",
 }, "How a power-of-two (E8M0) scale is derived from v = fl32(amax · fl32(1/max_elem)).")
 

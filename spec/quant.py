@@ -47,7 +47,8 @@ knob("fp4_kv_scale_floor", "6x2^-9", {
 
 knob("scale_apply", "divide", {
     "reciprocal": "x · fl32(1/s) instead of x / s: differs near ties, e.g. block "
-                  "[0.17578125, 0.03662109375, 0, …] gives code 1.0 by division, 1.5 by reciprocal",
+                  "[0.17578125, 0.03662109375, 0, …] gives code 1.0 by division, 1.5 by reciprocal; "
+                  "with BF16 input only there: s = 15·2^k and x/s exactly 1.25, 2.5 or 5",
 }, "How the rounded E4M3 scale is applied to the values before the E2M1 cast.")
 
 knob("fp8_amax_floor", "1e-4", {
@@ -59,10 +60,10 @@ knob("v4_fp8_inplace", "fp8", {
             "(V4-kernel L55, L86-90): for BF16 input and a power-of-two scale, exactly the identity",
 }, "What the in-place act_quant QDQ rounds x/s to (V4 main/window KV).")
 
-knob("nonfinite_input", "reject", {
-    "block_local": "NaN/Inf are accepted; the bytes of a block holding one are unspecified, every "
-                   "other block is encoded exactly (no cross-block contamination)",
-}, "What a quantizer does with NaN or ±Inf in its input (the official code leaves it undefined).")
+knob("nonfinite_input", "block_local", {
+    "reject": "the quantizer raises ValueError on NaN or ±Inf input (impl and kernels do)",
+}, "What a quantizer does with NaN or ±Inf in its input: the official code rejects nothing, and what "
+   "they become stays inside their own block.")
 
 # --------------------------------------------------------------------------------------------
 # Rules
@@ -200,17 +201,23 @@ rule("FP8.V4_INPLACE", "V4 in-place act_quant QDQ rounds through FP8",
      applies_to=V4, policy="exact", status=IMPLEMENTATION_DEFINED, knob="v4_fp8_inplace",
      sources=("V4-kernel L55, L84-91", "official-rules.md §2.4 'Caveat', §10 Q3, §11.7"))
 
-rule("FP4.NONFINITE", "FP4 codecs reject NaN and ±Inf",
-     "The official code leaves non-finite input undefined (official-rules §10 Q5).  Canonical "
-     "here: a quantizer raises ValueError naming the first non-finite element.",
-     applies_to=V4_ALL, policy="exact", status=IMPLEMENTATION_DEFINED, knob="nonfinite_input",
-     sources=("official-rules.md §1 'NaN / Inf', §10 Q5",))
+rule("FP4.NONFINITE", "FP4 codecs: NaN and ±Inf stay inside their block",
+     "A NaN or ±Inf in a quantizer's input changes nothing outside its own block: every other block "
+     "of the row gets exactly the codes and scale it gets without them.  What the block holding one "
+     "becomes is unspecified (officially: the max reduction skips NaN; an Inf makes the E8M0 scale "
+     "+Inf, byte 0xFF, and saturates the E4M3 scale at 448).  Raising ValueError on such input "
+     "instead is an allowed choice (nonfinite_input=reject), detected and reported.",
+     applies_to=V4_ALL, policy="bytes", status=IMPLEMENTATION_DEFINED, knob="nonfinite_input",
+     sources=("V4-kernel L22-27, L161-164 (reduce_absmax; fast_log2_ceil of Inf is 128)", _V41_KV_KERNEL,
+              "official-rules.md §11.1, §1 'NaN / Inf', §10 Q5"))
 
-rule("FP8.NONFINITE", "act_quant rejects NaN and ±Inf",
-     "As FP4.NONFINITE: a quantizer raises ValueError on NaN or ±Inf input; under the declared "
-     "variant block_local the other blocks must still be exact.",
-     applies_to=("v3.2",) + V4_ALL, policy="exact", status=IMPLEMENTATION_DEFINED,
-     knob="nonfinite_input", sources=("official-rules.md §2.1, §10 Q5",))
+rule("FP8.NONFINITE", "act_quant: NaN and ±Inf stay inside their block",
+     "As FP4.NONFINITE for act_quant: every block without NaN or ±Inf is quantized exactly as without "
+     "them; the block holding one is unspecified; raising ValueError instead is allowed "
+     "(nonfinite_input=reject).",
+     applies_to=("v3.2",) + V4_ALL, policy="bytes", status=IMPLEMENTATION_DEFINED,
+     knob="nonfinite_input", sources=("V4-kernel L77-91 (act_quant: reduce_absmax, no check)",
+                                      "official-rules.md §11.1, §2.1, §10 Q5"))
 
 
 # --------------------------------------------------------------------------------------------

@@ -104,6 +104,56 @@ def test_division_versus_reciprocal(block, code_by_division, code_by_reciprocal)
     assert Q.fp4_unpack(Q.fp4_e4m3_quantize(x, scale_apply="reciprocal")[0])[0, 1] == code_by_reciprocal
 
 
+# ---------------------------------------------------------------------------------------------
+# BF16 forms of the edge vectors: found by exhaustive search over every BF16 value
+# ---------------------------------------------------------------------------------------------
+
+BF16_POSITIVE = F.f32_from_bits(np.arange(1, 0x7F80, dtype=np.int64) << 16)     # every finite one
+
+
+def _kv_separations(code_of):
+    """{(amax, x)}: BF16 blocks [amax, x] whose E2M1 code of x differs between division by the E4M3
+    scale and code_of(x, s).  amax = 6s reaches every E4M3 scale s exactly; x / s alone decides the
+    code, so this covers every (s, x) a BF16 block can present."""
+    found = set()
+    for s in F.e4m3_decode(np.arange(1, 0x7F, dtype=np.uint8)):
+        x = BF16_POSITIVE[BF16_POSITIVE < F32(6) * s]
+        divided = Q.e2m1_codes(x[:, None], np.full(x.size, s, F32))[:, 0]
+        found |= {(float(F32(6) * s), float(v)) for v in x[divided != code_of(x, s)]}
+    return found
+
+
+def test_bf16_blocks_that_tell_division_from_reciprocal():
+    from dsv4spec.properties.quant import DIV_VS_RECIPROCAL_BF16
+    found = _kv_separations(lambda x, s: Q.e2m1_codes(x[:, None], np.full(x.size, s, F32),
+                                                      scale_apply="reciprocal")[:, 0])
+    assert len(found) == 42                     # s = 15·2^k for 14 k, x/s on the ties 1.25, 2.5, 5
+    assert all(x / (a / 6) in (1.25, 2.5, 5.0) for a, x in found)
+    kept = {(block[0], v) for block in DIV_VS_RECIPROCAL_BF16 for v in block[1:]}
+    assert kept <= found
+
+
+def test_no_bf16_block_tells_a_bf16_rounded_quotient():
+    """x / s rounded to BF16 before the E2M1 cast (a division done in BF16 tensors): it changes no
+    code of any BF16 block, so only fp32 inputs expose it (the kv_bf16_quotient mutant)."""
+    assert not _kv_separations(lambda x, s: F.e2m1_encode(np.clip(F.bf16_round(x / s), -6, 6)))
+    x = pad([6.0, 1.25048828125], 16)            # fp32: 1.25 + 2^-11 rounds onto the tie in BF16
+    assert Q.fp4_unpack(Q.fp4_e4m3_quantize(x)[0])[0, 1] == 3
+    assert F.e2m1_encode(F.bf16_round(np.float32(1.25048828125))) == 2
+
+
+def test_no_bf16_amax_tells_a_floating_log2_from_the_exact_ceiling():
+    """Neither E8M0 scale (amax·fl32(1/6), amax·fl32(1/448)) of any BF16 amax above its floor differs
+    between the exact ceil-log2 and a floating one: amax·fl32(1/m) is either exactly a power of two
+    or at least 2^-8 of it away, where log2 is far from an integer.  The fp32 edge
+    [96.00000762939453, 10] is kept for fp32 targets; a BF16 target cannot be told apart."""
+    for inverse, floor in ((Q.FP4_MAX_INV, 6 * 2.0 ** -126), (Q.FP8_MAX_INV, 1e-4)):
+        amax = BF16_POSITIVE[BF16_POSITIVE >= F32(floor)]
+        exact = Q.pow2_scale_exponent(amax, inverse, 2)
+        assert np.array_equal(exact, Q.pow2_scale_exponent(amax, inverse, 2, e8m0_rounding="float_log2_ceil"))
+        assert np.any(exact != Q.pow2_scale_exponent(amax, inverse, 2, e8m0_rounding="round_half_up"))
+
+
 def test_e4m3_scale_overflow():
     # 2785/6 = 464.17 > 464 -> saturates at 448 (0x7E); 2785/448 = 6.22 -> clamped to 6 -> 2688.
     packed, scales = impl.fp4_e4m3_quantize(t(pad([2785.0, -2785.0], 16)))

@@ -40,6 +40,12 @@ def e2m1_positive_zero(x):
     return torch.where((code & 0x7) == 0, torch.zeros_like(code), code)
 
 
+def e2m1_ties_toward_zero_positive_zero(x):
+    """Two mistakes in one encoder: ties toward zero, and every zero written +0."""
+    code = e2m1_ties_toward_zero(x)
+    return torch.where((code & 0x7) == 0, torch.zeros_like(code), code)
+
+
 def e2m1_wrapping(x):
     """An unclamped bit-building encoder: magnitudes ≥ 7 carry out of the 3 magnitude bits."""
     x = x.float()
@@ -71,6 +77,13 @@ def e4m3_encode_truncating(x):
     value = impl.e4m3_decode(code)
     too_big = (value.abs() > x.abs()) & torch.isfinite(x) & (code & 0x7F != 0)
     return torch.where(too_big, code - 1, code)
+
+
+def e4m3_encode_ties_up(x):
+    """E4M3 rounding a tie up (half away from zero for positives) instead of to the even mantissa."""
+    code = impl.e4m3_encode(x)
+    low, high = impl.e4m3_decode(code), impl.e4m3_decode((code + 1).clamp(max=0x7E))
+    return torch.where((x.float() - low) * 2 == high - low, code + 1, code)
 
 
 def e4m3_decode_no_subnormals(codes):
@@ -113,6 +126,11 @@ def exponent_float_log2(amax, reciprocal, emax):
     return torch.ceil(torch.log2(amax * reciprocal)).to(torch.int64)
 
 
+def exponent_one_too_low(amax, reciprocal, emax):
+    """An off-by-one bias: every E8M0 scale (and the division by it) one power of two too small."""
+    return exponent_ceil(amax, reciprocal, emax) - 1
+
+
 # ---------------------------------------------------------------------------------------------
 # The codecs with swappable steps
 # ---------------------------------------------------------------------------------------------
@@ -123,15 +141,18 @@ def _checked(op, x, block):
 
 
 def fp4_kv(x, *, floor=6 * 2.0 ** -9, encode_scale=impl.e4m3_encode, reciprocal=False, clamp=True,
-           round_up_scale=False, encode=impl.e2m1_encode, pack=impl.fp4_pack):
+           round_up_scale=False, bf16_quotient=False, encode=impl.e2m1_encode, pack=impl.fp4_pack):
     xb = _checked("fp4_e4m3_quantize", x, 16).reshape(*x.shape[:-1], -1, 16)
     amax = xb.abs().amax(-1).clamp(min=floor)
     ideal = amax / torch.full_like(amax, 6.0)
     scale_bytes = encode_scale(ideal)
-    if round_up_scale:
-        scale_bytes = torch.where(impl.e4m3_decode(scale_bytes) < ideal, scale_bytes + 1, scale_bytes)
+    if round_up_scale:            # the next E4M3 value up, saturating at 448 like the cast
+        up = (impl.e4m3_decode(scale_bytes) < ideal) & (scale_bytes < 0x7E)
+        scale_bytes = torch.where(up, scale_bytes + 1, scale_bytes)
     s = impl.e4m3_decode(scale_bytes).unsqueeze(-1)
     ratio = xb * (1.0 / s) if reciprocal else xb / s.expand_as(xb).contiguous()
+    if bf16_quotient:             # the division done in BF16 tensors: the quotient rounded to BF16
+        ratio = (xb.bfloat16() / s.expand_as(xb).bfloat16()).float()
     if clamp:
         ratio = ratio.clamp(-6.0, 6.0)
     ratio = torch.nan_to_num(ratio, nan=0.0)
@@ -155,19 +176,30 @@ def fp8(x, block, *, floor=1e-4, exponent=exponent_ceil, encode=impl.e4m3_encode
     return encode(ratio.contiguous()).flatten(-2), (e + 127).to(torch.uint8)
 
 
-def _accepting_nonfinite(op):
-    """The quantizer without its NaN/Inf check: non-finite values quietly become 0."""
+def _poisoning_rows(op):
+    """NaN/Inf accepted, but a row holding one is zeroed whole (a per-token guard): blocks without
+    any non-finite value change."""
     def run(x, *block):
-        return op(torch.nan_to_num(x.float(), nan=0.0, posinf=0.0, neginf=0.0), *block)
+        x = x.float()
+        return op(torch.where(torch.isfinite(x).all(-1, keepdim=True), x, torch.zeros_like(x)), *block)
     return run
 
 
 def fp8_qdq_through_bf16(x, block):
-    """The initial V4-Flash kernel: clamp(x/s) is cast to BF16, not FP8, before × s."""
+    """The initial V4-Flash kernel: clamp(x/s) is cast to BF16, not FP8, before × s (an allowed
+    choice: a mistake only against a declaration of v4_fp8_inplace=fp8)."""
     q, scales = impl.fp8_quantize(x, block)
     s = impl.e8m0_decode(scales).unsqueeze(-1)
     xb = x.float().reshape(*x.shape[:-1], -1, block)
     return (impl.bf16_round((xb / s).clamp(-448, 448).contiguous()) * s).flatten(-2)
+
+
+def fp8_qdq_through_e5m2(x, block):
+    """The in-place QDQ rounded through the other FP8 format (E5M2), as neither kernel revision does."""
+    q, scales = impl.fp8_quantize(x, block)
+    s = impl.e8m0_decode(scales).unsqueeze(-1)
+    ratio = (x.float().reshape(*x.shape[:-1], -1, block) / s).clamp(-448, 448)
+    return (ratio.to(torch.float8_e5m2).float() * s).flatten(-2)
 
 
 def _dequant_bias_off_by_one(op):
@@ -205,6 +237,8 @@ MUTANTS = {
     "e8m0_decode_zero_is_zero": mutant("e8m0_decode_zero_is_zero", e8m0_decode=e8m0_decode_zero_is_zero),
     "bf16_truncating": mutant("bf16_truncating", bf16_round=bf16_truncating),
     "kv_scale_rounded_up": mutant("kv_scale_rounded_up", fp4_e4m3_quantize=lambda x: fp4_kv(x, round_up_scale=True)),
+    "kv_scale_ties_up": mutant("kv_scale_ties_up",
+                               fp4_e4m3_quantize=lambda x: fp4_kv(x, encode_scale=e4m3_encode_ties_up)),
     "kv_scale_floor_2^-6": mutant("kv_scale_floor_2^-6", fp4_e4m3_quantize=lambda x: fp4_kv(x, floor=6 * 2.0 ** -6)),
     "kv_reciprocal": mutant("kv_reciprocal", fp4_e4m3_quantize=lambda x: fp4_kv(x, reciprocal=True)),
     "e8m0_ocp_floor": mutant("e8m0_ocp_floor",
@@ -216,16 +250,28 @@ MUTANTS = {
     "idx_amax_floor_1e-4": mutant("idx_amax_floor_1e-4", fp4_e8m0_quantize=lambda x: fp4_idx(x, floor=1e-4)),
     "fp8_amax_floor_1e-8": mutant("fp8_amax_floor_1e-8", fp8_quantize=lambda x, b: fp8(x, b, floor=1e-8)),
     "fp8_block_ignored": mutant("fp8_block_ignored", fp8_quantize=lambda x, b: fp8(x, b, block_override=32)),
-    "fp8_qdq_through_bf16": mutant("fp8_qdq_through_bf16", fp8_qdq=fp8_qdq_through_bf16),
+    "fp8_qdq_through_e5m2": mutant("fp8_qdq_through_e5m2", fp8_qdq=fp8_qdq_through_e5m2),
+    "fp8_qdq_bf16_against_declaration": mutant("fp8_qdq_bf16_against_declaration", fp8_qdq=fp8_qdq_through_bf16,
+                                               variants={"v4_fp8_inplace": "fp8"}),
     "fp4_dequant_scale_halved": mutant("fp4_dequant_scale_halved",
                                        fp4_e8m0_dequantize=_dequant_bias_off_by_one(impl.fp4_e8m0_dequantize),
                                        fp4_e4m3_dequantize=_dequant_bias_off_by_one(impl.fp4_e4m3_dequantize)),
     "fp8_dequant_scale_halved": mutant("fp8_dequant_scale_halved",
                                        fp8_dequantize=_dequant_bias_off_by_one(impl.fp8_dequantize)),
-    "fp4_accepts_nonfinite": mutant("fp4_accepts_nonfinite",
-                                    fp4_e4m3_quantize=_accepting_nonfinite(impl.fp4_e4m3_quantize),
-                                    fp4_e8m0_quantize=_accepting_nonfinite(impl.fp4_e8m0_quantize)),
-    "fp8_accepts_nonfinite": mutant("fp8_accepts_nonfinite", fp8_quantize=_accepting_nonfinite(impl.fp8_quantize)),
+    "fp4_nonfinite_poisons_row": mutant("fp4_nonfinite_poisons_row",
+                                        fp4_e4m3_quantize=_poisoning_rows(impl.fp4_e4m3_quantize),
+                                        fp4_e8m0_quantize=_poisoning_rows(impl.fp4_e8m0_quantize)),
+    "fp8_nonfinite_poisons_row": mutant("fp8_nonfinite_poisons_row", fp8_quantize=_poisoning_rows(impl.fp8_quantize)),
+    "nonfinite_rejected_against_declaration": mutant("nonfinite_rejected_against_declaration",
+                                                     variants={"nonfinite_input": "block_local"}),
+    "e8m0_scale_one_too_low": mutant("e8m0_scale_one_too_low",
+                                     fp4_e8m0_quantize=lambda x: fp4_idx(x, exponent=exponent_one_too_low)),
+    "kv_bf16_quotient": mutant("kv_bf16_quotient", fp4_e4m3_quantize=lambda x: fp4_kv(x, bf16_quotient=True)),
+    "fp8_ocp_mx_port": mutant("fp8_ocp_mx_port",     # the OCP MX scale rule, with a tiny amax floor
+                              fp8_quantize=lambda x, b: fp8(x, b, floor=1e-8, exponent=exponent_ocp_floor)),
+    "e2m1_ties_toward_zero_and_positive_zero": mutant(
+        "e2m1_ties_toward_zero_and_positive_zero", e2m1_encode=e2m1_ties_toward_zero_positive_zero,
+        **_both_fp4(encode=e2m1_ties_toward_zero_positive_zero)),
 }
 
 # (name, rule it must fail): several mutants break two rules, one per layer of the format.
@@ -248,6 +294,7 @@ CAUGHT = [
     ("e8m0_decode_zero_is_zero", "FMT.E8M0.VALUES"),
     ("bf16_truncating", "FMT.BF16.RNE"),
     ("kv_scale_rounded_up", "FP4.KV.SCALE"),
+    ("kv_scale_ties_up", "FP4.KV.SCALE"),
     ("kv_scale_floor_2^-6", "FP4.KV.FLOOR"),
     ("kv_reciprocal", "FP4.KV.DIVIDE"),
     ("e8m0_ocp_floor", "FP4.IDX.SCALE"),
@@ -258,11 +305,21 @@ CAUGHT = [
     ("idx_amax_floor_1e-4", "FP4.IDX.FLOOR"),
     ("fp8_amax_floor_1e-8", "FP8.FLOOR"),
     ("fp8_block_ignored", "FP8.BLOCKS"),
-    ("fp8_qdq_through_bf16", "FP8.V4_INPLACE"),
+    ("fp8_qdq_through_e5m2", "FP8.V4_INPLACE"),
+    ("fp8_qdq_bf16_against_declaration", "FP8.V4_INPLACE"),
     ("fp4_dequant_scale_halved", "FP4.DEQUANT"),
     ("fp8_dequant_scale_halved", "FP8.DEQUANT"),
-    ("fp4_accepts_nonfinite", "FP4.NONFINITE"),
-    ("fp8_accepts_nonfinite", "FP8.NONFINITE"),
+    ("fp4_nonfinite_poisons_row", "FP4.NONFINITE"),
+    ("fp8_nonfinite_poisons_row", "FP8.NONFINITE"),
+    ("nonfinite_rejected_against_declaration", "FP4.NONFINITE"),
+    ("nonfinite_rejected_against_declaration", "FP8.NONFINITE"),
+    ("e8m0_scale_one_too_low", "FP4.IDX.SCALE"),
+    ("e8m0_scale_one_too_low", "FP4.IDX.FLOOR"),
+    ("kv_bf16_quotient", "FP4.KV.DIVIDE"),
+    ("fp8_ocp_mx_port", "FP8.FLOOR"),
+    ("fp8_ocp_mx_port", "FP8.SCALE"),
+    ("e2m1_ties_toward_zero_and_positive_zero", "FP4.E2M1.RNE"),
+    ("e2m1_ties_toward_zero_and_positive_zero", "FP4.E2M1.ZERO_SIGN"),
 ]
 
 

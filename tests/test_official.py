@@ -1,0 +1,117 @@
+"""The control target: `official` (the official code's computation, transcribed) passes every rule it
+implements, a BF16-only port passes every codec rule, and the torch casts `official` relies on are
+proven exact on everything it feeds them.
+
+Other profiles and seeds (not part of `make test`):
+    python tests/official_runs.py --profile dev --seeds 20 --rules FMT,FP4,FP8
+    python tests/official_runs.py --profile thorough --rules FMT,FP4,FP8
+"""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+import dsv4spec.impl as impl
+import dsv4spec.official as official
+from dsv4spec.properties.quant import OPS as QUANT_OPS
+from dsv4spec.properties.suite import NOT_IMPLEMENTED, PASS, VARIANT, checks_for, load_checks, run_rule
+from dsv4spec.properties.target import Target, load_target
+from dsv4spec.spec import RULES
+from dsv4spec.spec import formats as F
+from dsv4spec.spec.rules import select
+
+load_checks()
+CHECKED = sorted(r for r in RULES if checks_for(r))
+OFFICIAL = load_target("official")
+
+
+@pytest.mark.parametrize("rule_id", CHECKED)
+def test_official_passes_every_rule_it_implements(rule_id):
+    row = run_rule(rule_id, OFFICIAL)
+    runnable = any(OFFICIAL.has(*c.ops) for c in checks_for(rule_id))
+    expected = (PASS, VARIANT) if runnable else (NOT_IMPLEMENTED,)
+    assert row.status in expected, f"{rule_id} on official: {row.status} {row.detail}"
+
+
+def test_official_quantizers_take_bf16_only():
+    assert OFFICIAL.input_dtype("fp4_e8m0_quantize") == "bfloat16"
+    assert OFFICIAL.input_dtype("e4m3_encode") == "float32"
+    with pytest.raises(TypeError, match="compiled for bfloat16 input, got torch.float32"):
+        official.fp4_e4m3_quantize(torch.zeros(2, 16))
+
+
+def test_official_nonfinite_as_the_kernels_make_it():
+    # official-rules.md §1, §11.1: the max reduction skips NaN; an Inf makes the E8M0 scale +Inf
+    # (fast_log2_ceil(Inf) = 128, byte 0xFF) and saturates the E4M3 scale at 448 (0x7E).
+    x = torch.tensor([[1.0] * 15 + [float("nan")] + [float("inf")] + [0.5] * 15], dtype=torch.bfloat16)
+    _, idx_scales = official.fp4_e8m0_quantize(x)
+    _, kv_scales = official.fp4_e4m3_quantize(x)
+    assert idx_scales.tolist() == [[0xFF]]
+    assert kv_scales.tolist() == [[F.e4m3_encode(np.float32(1 / 6)).item(), 0x7E]]   # NaN skipped: amax 1
+
+
+# ---------------------------------------------------------------------------------------------
+# torch's float8_e4m3fn cast, proven exact where `official` uses it
+# ---------------------------------------------------------------------------------------------
+
+def _same_e4m3(x: np.ndarray):
+    got = torch.from_numpy(x).to(torch.float8_e4m3fn).view(torch.uint8).numpy().astype(np.int64)
+    want = F.e4m3_encode(x).astype(np.int64)
+    nan = (want & 0x7F) == 0x7F
+    assert np.array_equal(np.where(nan & ((got & 0x7F) == 0x7F), want, got), want)
+
+
+def test_torch_e4m3_cast_on_every_bf16_pattern():
+    """x / s of a BF16 x by a power of two s is a BF16 pattern unless it lands among the fp32
+    subnormals: act_quant's values, and the in-place QDQ."""
+    _same_e4m3(F.f32_from_bits(np.arange(1 << 16, dtype=np.int64) << 16))
+
+
+def test_torch_e4m3_cast_on_every_fp32_subnormal():
+    """Every fp32 subnormal (|x| < 2^-126, far below half the smallest E4M3 2^-9) casts to ±0."""
+    bits = np.arange(1 << 23, dtype=np.int64)
+    x = F.f32_from_bits(np.concatenate([bits, bits | (1 << 31)]))
+    got = torch.from_numpy(x).to(torch.float8_e4m3fn).view(torch.uint8).numpy()
+    assert np.array_equal(got, np.where(np.signbit(x), 0x80, 0x00).astype(np.uint8))
+    _same_e4m3(x[::4097])                                       # and the spec says the same
+
+
+def test_torch_e4m3_cast_on_every_kv_scale():
+    """The V4.1 scale cast sees fl32(amax / 6) for a BF16 amax (every positive pattern, Inf included)."""
+    amax = F.f32_from_bits(np.arange(1, 0x7F81, dtype=np.int64) << 16)
+    _same_e4m3(amax / np.float32(6))
+
+
+# ---------------------------------------------------------------------------------------------
+# A BF16-only port: impl behind an assertion that every value it receives is BF16
+# ---------------------------------------------------------------------------------------------
+
+def _bf16_only(name, fn):
+    def run(*args):
+        for a in args:
+            if isinstance(a, torch.Tensor) and a.dtype.is_floating_point:
+                assert a.dtype == torch.bfloat16, f"{name} received {a.dtype}"
+        return fn(*args)
+    return run
+
+
+BF16_ONLY = SimpleNamespace(NAME="bf16-only impl", CLAIMS_CONFORMANCE=True, INPUT_DTYPE="bfloat16",
+                            **{op: _bf16_only(op, getattr(impl, op)) for op in QUANT_OPS})
+
+
+@pytest.mark.parametrize("rule_id", [r.id for r in select(["FMT", "FP4", "FP8"]) if checks_for(r.id)])
+def test_a_bf16_only_port_passes_every_codec_rule(rule_id):
+    row = run_rule(rule_id, Target(BF16_ONLY, "bf16-only"))
+    assert row.status in (PASS, VARIANT), f"{rule_id}: {row.status} {row.detail}"
+    if row.status == VARIANT:                       # impl rejects NaN/Inf, an allowed choice
+        assert row.detail == "detected: nonfinite_input=reject", row.detail
+
+
+def test_input_dtype_declarations_are_validated():
+    with pytest.raises(ValueError, match="INPUT_DTYPE must be one of"):
+        Target(SimpleNamespace(INPUT_DTYPE="fp16"), "t")
+    with pytest.raises(ValueError, match="INPUT_DTYPES\\['fp8_quantize'\\] must be one of"):
+        Target(SimpleNamespace(INPUT_DTYPES={"fp8_quantize": torch.bfloat16}), "t")
+    t = Target(SimpleNamespace(INPUT_DTYPE="bfloat16", INPUT_DTYPES={"e4m3_encode": "float32"}), "t")
+    assert (t.input_dtype("fp8_quantize"), t.input_dtype("e4m3_encode")) == ("bfloat16", "float32")
