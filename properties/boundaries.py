@@ -42,9 +42,9 @@ def around_top(values, top: float, k: int, block: int, signs=(1.0, -1.0)) -> lis
     return out
 
 
-def e2m1_ties(block: int, ks, signs=(1.0, -1.0)) -> np.ndarray:
-    """|x|/s on every E2M1 tie, one ulp below and above, and on 6 and just below, at scales 2^k."""
-    ratios = ulps(F.E2M1_BOUNDARIES + (6.0,))
+def e2m1_ties(block: int, ks, signs=(1.0, -1.0), steps=(-1, 0, 1)) -> np.ndarray:
+    """|x|/s on every E2M1 tie (and `steps` ulps beside it), and on 6 and just below, at scales 2^k."""
+    ratios = ulps(F.E2M1_BOUNDARIES + (6.0,), steps)
     ratios = ratios[ratios <= 6.0]                   # 6 + 1 ulp would double a power-of-two scale
     blocks = [b for k in ks for b in around_top(ratios, 6.0, k, block, signs)]
     return lay_out(blocks, block)
@@ -97,6 +97,9 @@ IDX_SCALE_KS = (-120, -9, 0, 1, 8, 120)
 FP8_SCALE_KS = (-22, -9, 0, 1, 8, 118)
 
 E2M1_KV = e2m1_ties(KV, KV_SCALE_KS, signs=(1.0,))   # positive: the KV checks clear small negatives
+# Exactly on the ties: one ulp beside a tie, a quotient rounded coarser than fp32 (FP4.KV.DIVIDE's
+# clause) lands on the tie, so the E2M1 rule of the KV codec is judged on the ties themselves.
+E2M1_KV_TIES = e2m1_ties(KV, KV_SCALE_KS, signs=(1.0,), steps=(0,))
 E2M1_IDX = e2m1_ties(IDX, IDX_SCALE_KS)
 NEGATIVE_ZERO_KV, NEGATIVE_ZERO_IDX = negative_zero(KV), negative_zero(IDX)
 
@@ -118,4 +121,4 @@ FP8_MIDPOINTS = {block: e4m3_midpoints(block, (-3, 0, 5)) for block in (32, 64)}
 
 E2M1_SATURATE = ulps([6.0], (-1, 0, 1))
 E2M1_ZERO_SIGN = -ulps([0.25])
-E4M3_SATFINITE = ulps([448.0, 464.0])
+E4M3_SATFINITE = np.concatenate([ulps([448.0], (0, 1)), ulps([464.0])])   # below 448 is rounding (FMT.E4M3.RNE)

@@ -195,10 +195,11 @@ def on_points(points):
 E2M1_POINTS = F.E2M1_BOUNDARIES
 
 
-def e2m1_rounding(view, where: str = "", with_layout: bool = True) -> list[Boundary]:
+def e2m1_rounding(view, where: str = "", with_layout: bool = True, beside: bool = True) -> list[Boundary]:
+    """Each E2M1 tie of |x|/s exactly, and one ulp either side when `beside`."""
     out = []
     for p in E2M1_POINTS:
-        out += around(f"{where}|x|/s at the E2M1 tie {p}", "element", p, ratio_hit(view))
+        out += around(f"{where}|x|/s at the E2M1 tie {p}", "element", p, ratio_hit(view))[:3 if beside else 1]
     return out + (layout(f"{where}an E2M1 tie", view, on_points(E2M1_POINTS)) if with_layout else [])
 
 
@@ -299,23 +300,26 @@ def kv_midpoints(region: str) -> list[Boundary]:
 
 
 def kv_scale() -> list[Boundary]:
-    out = kv_midpoints("normal")
+    floor = 6 * 2.0 ** -9
+    out = kv_midpoints("normal") + kv_midpoints("subnormal")
+    out += [around("amax at the floor 6·2^-9", "range", floor, amax_hit(_kv))[2],
+            *around("amax at 6·448 (the largest E4M3 scale)", "range", 6 * 448.0, amax_hit(_kv))[:2],
+            Boundary("a subnormal E4M3 scale above the floor (6·2^-9 < amax < 6·2^-6)", "range",
+                     _any_block(_kv, lambda b: (b.amax > floor) & (b.amax < 6 * 2.0 ** -6)))]
     return out + [Boundary("amax/6 rounds down: |x|/s > 6 for the block's largest element", "scale",
                            _any_block(_kv, lambda b: (b.amax / b.s > 6) & (b.amax >= 6 * 2.0 ** -6)))]
 
 
 def kv_floor() -> list[Boundary]:
     floor = 6 * 2.0 ** -9
-    return [*around("amax at the floor 6·2^-9", "range", floor, amax_hit(_kv)),
+    exactly, below, _ = around("amax at the floor 6·2^-9", "range", floor, amax_hit(_kv))
+    return [exactly, below,
             Boundary("an all-zero block", "range", _any_block(_kv, lambda b: b.amax == 0)),
-            Boundary("amax an fp32 subnormal", "range", _any_block(_kv, lambda b: (b.amax > 0) & (b.amax < 2.0 ** -126))),
-            Boundary("a subnormal E4M3 scale above the floor (6·2^-9 < amax < 6·2^-6)", "range",
-                     _any_block(_kv, lambda b: (b.amax > floor) & (b.amax < 6 * 2.0 ** -6))),
-            *kv_midpoints("subnormal")]
+            Boundary("amax an fp32 subnormal", "range", _any_block(_kv, lambda b: (b.amax > 0) & (b.amax < 2.0 ** -126)))]
 
 
 def kv_saturate() -> list[Boundary]:
-    return [*around("amax at 6·448 (the largest E4M3 scale)", "range", 6 * 448.0, amax_hit(_kv)),
+    return [around("amax at 6·448 (the largest E4M3 scale)", "range", 6 * 448.0, amax_hit(_kv))[2],
             *around("amax at 6·464 (amax/6 at the saturation midpoint)", "range", 6 * 464.0, amax_hit(_kv)),
             Boundary("amax ≥ 2^100 (far above saturation)", "range", _any_block(_kv, lambda b: b.amax >= 2.0 ** 100))]
 
@@ -707,7 +711,8 @@ def _boundaries() -> dict[str, list[Boundary]]:
         "FMT.E4M3.VALUES": [Boundary("all 256 bytes", "element", lambda calls: any(
             np.unique(c.args[0]).size == 256 for c in of(calls, "e4m3_decode")))],
         "FMT.E4M3.RNE": [b for b in e4m3_rounding(_e4m3) if b.level != "layout"],
-        "FMT.E4M3.SATFINITE": [*around("|x| at 448", "element", 448.0, ratio_hit(_e4m3)),
+        "FMT.E4M3.SATFINITE": [*(b for i, b in enumerate(around("|x| at 448", "element", 448.0, ratio_hit(_e4m3)))
+                                 if i != 1),      # one ulp below 448 is FMT.E4M3.RNE's
                                *around("|x| at 464 (the saturation midpoint)", "element", 464.0, ratio_hit(_e4m3)),
                                Boundary("±Inf", "range", lambda calls: any(np.isinf(b.x).any() for b in _e4m3(calls))),
                                Boundary("NaN", "range", lambda calls: any(np.isnan(b.x).any() for b in _e4m3(calls)))],
@@ -719,12 +724,13 @@ def _boundaries() -> dict[str, list[Boundary]]:
                                 np.any(c.args[0][..., 0::2] != c.args[0][..., 1::2]) for c in of(calls, "fp4_pack"))),
                             Boundary("a quantizer's first byte holding two different codes", "layout", _any_block(
                                 _idx, lambda b: F.e2m1_encode(b.ratio[:, :, 0]) != F.e2m1_encode(b.ratio[:, :, 1])))],
-        "FP4.E2M1.RNE": e2m1_rounding(_kv, "KV: ") + e2m1_rounding(_idx, "indexer: "),
+        "FP4.E2M1.RNE": e2m1_rounding(_kv, "KV: ", beside=False) + e2m1_rounding(_idx, "indexer: "),
         "FP4.E2M1.ZERO_SIGN": zero_sign(_fp4),
         "FP4.KV.SCALE": kv_scale(),
         "FP4.KV.FLOOR": kv_floor(),
         "FP4.KV.SATURATE": kv_saturate(),
-        "FP4.KV.DIVIDE": kv_divide(),
+        "FP4.KV.DIVIDE": kv_divide() + [b for b in e2m1_rounding(_kv, "KV: ", with_layout=False)
+                                         if "exactly" not in b.name],
         "FP4.KV.CLAMP": kv_clamp(),
         "FP4.IDX.SCALE": pow2_scale(_idx, 6.0, -120, 120) + above_floor(_idx, 6 * 2.0 ** -126, "6·2^-126"),
         "FP4.IDX.FLOOR": idx_floor(),

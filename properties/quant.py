@@ -271,10 +271,12 @@ def _kv_payload(target, x, what, clause="codes", ties=None):
 
 def _own_ties(target) -> dict:
     """{tie: the target's magnitude code} for the E2M1 ties 0.25 … 5, read off its own quantization
-    of a block with amax 6 (scale exactly 1 under any E4M3 scale rule)."""
-    x, t = fed(target, "fp4_e4m3_quantize", padded([6.0, *F.E2M1_BOUNDARIES], KV)[None])
-    codes = Q.fp4_unpack(as_numpy(target.fp4_e4m3_quantize(t)[0]), nibble_order=target.variant("nibble_order"))
-    return {F32(b): int(c) & 7 for b, c in zip(F.E2M1_BOUNDARIES, codes[0, 1:8])}
+    of a block with amax 6 (scale exactly 1 under any E4M3 scale rule).  Each tie shares its byte
+    with a zero, so the reading does not depend on the nibble order (FP4.PACK.NIBBLE's clause)."""
+    pairs = np.stack([[6.0, *F.E2M1_BOUNDARIES], np.zeros(8)], -1).reshape(-1)
+    x, t = fed(target, "fp4_e4m3_quantize", pairs[None].astype(F32))
+    packed = as_numpy(target.fp4_e4m3_quantize(t)[0]).astype(np.int64)[0]
+    return {F32(b): int((byte | byte >> 4) & 7) for b, byte in zip(F.E2M1_BOUNDARIES, packed[1:8])}
 
 
 def _idx_payload(target, x, what, clause="codes"):
@@ -380,7 +382,7 @@ _TIES_IDX = dict(x=np.concatenate([padded(TIES_AT_SCALE_1, IDX)[None], padded(TI
 
 
 @check("FP4.E2M1.RNE", ops=("fp4_e4m3_quantize",))
-@forall(_TIES_KV, dict(x=B.E2M1_KV), x=codec_input(KV, kinds=("ties",), k_range=(-9, 8)))
+@forall(_TIES_KV, dict(x=B.E2M1_KV_TIES), x=codec_input(KV, kinds=("ties",), k_range=(-9, 8)))
 def fp4_e4m3_rounds_ties_to_even(target, x):
     _kv_payload(target, x, "FP4.E2M1.RNE: fp4_e4m3_quantize codes")
 
@@ -414,20 +416,21 @@ def fp4_e8m0_keeps_negative_zero(target, x):
 _E4M3_NORMAL = np.abs(F.e4m3_decode(np.arange(0x08, 0x7F, dtype=np.uint8)))
 KV_SCALE_TIES = (6 * (_E4M3_NORMAL[1:] + _E4M3_NORMAL[:-1]) / 2).astype(F32)
 
+KV_FLOOR = 6 * 2.0 ** -9
+# amax at 6·448 and one ulp below: the largest scale by rounding (FP4.KV.SCALE); one ulp above: FP4.KV.SATURATE
+_AT_448 = np.array([np.nextafter(F32(2688), F32(0)), F32(2688), np.nextafter(F32(2688), F32(np.inf))], F32)
+_AT_448_SCALE = _AT_448[:2, None] * np.eye(KV, dtype=F32)[0]
 _KV_SCALE_EXAMPLES = [dict(x=padded(SMALL_KV_BLOCK, KV)[None]),
                       dict(x=KV_SCALE_TIES[:, None] * np.eye(KV, dtype=F32)[0]),
                       dict(x=np.array(amax_edges(6.0)[:-2], F32).reshape(-1, 1) * np.eye(KV, dtype=F32)[0])]
 
 
 @check("FP4.KV.SCALE", ops=("fp4_e4m3_quantize",))
-@forall(*_KV_SCALE_EXAMPLES, dict(x=B.KV_SCALE), x=codec_input(KV, kinds=("normal", "amax_edge", "grid", "single", "ties",
+@forall(*_KV_SCALE_EXAMPLES, dict(x=B.KV_SCALE), dict(x=B.KV_FLOOR), dict(x=_AT_448_SCALE), x=codec_input(KV, kinds=("normal", "amax_edge", "grid", "single", "ties",
                                                         "div_recip", "log2_edge"), k_range=(-6, 8)))
 def fp4_e4m3_scale_is_nearest_e4m3_of_amax_over_6(target, x):
-    x = into_range(fit(target, "fp4_e4m3_quantize", x), KV, 6 * 2.0 ** -6, 2688.0)   # above both floors, below saturation
+    x = into_range(fit(target, "fp4_e4m3_quantize", x), KV, KV_FLOOR, 2688.0)   # from the floor (subnormal scales too) to 448
     _kv_scales(target, x, "FP4.KV.SCALE: fp4_e4m3_quantize scale bytes")
-
-
-KV_FLOOR = 6 * 2.0 ** -9
 
 
 @check("FP4.KV.FLOOR", ops=("fp4_e4m3_quantize",))
@@ -444,16 +447,17 @@ def fp4_e4m3_scale_floor(target, x):
 @forall(dict(x=padded(KV_SCALE_OVERFLOW, KV)[None]),
         dict(x=padded([2800.0, -2784.0, 3.3895313892515355e38, 2816.0], KV)[None]),  # BF16: amax/6 > 464
         dict(x=padded([464 * 6.0, 464 * 6.0 + 0.01, 3e38], KV)[None]), dict(x=B.KV_SATURATE),
+        dict(x=_AT_448[2:, None] * np.eye(KV, dtype=F32)[0]),
         x=codec_input(KV, kinds=("huge", "amax_edge"), k_range=(9, 120)))
 def fp4_e4m3_scale_saturates(target, x):
     """Blocks with amax/6 above 448 only: below, the scale's rounding is FP4.KV.SCALE's."""
-    x = into_range(fit(target, "fp4_e4m3_quantize", x), KV, 2689.0)
+    x = into_range(fit(target, "fp4_e4m3_quantize", x), KV, float(_AT_448[2]))
     _kv_scales(target, x, "FP4.KV.SATURATE: fp4_e4m3_quantize scale bytes of blocks with amax/6 > 448")
 
 
 @check("FP4.KV.DIVIDE", ops=("fp4_e4m3_quantize",))
 @forall(*[dict(x=padded(v, KV)[None]) for v in DIV_VS_RECIPROCAL + DIV_VS_RECIPROCAL_BF16],
-        dict(x=padded(SMALL_KV_BLOCK, KV)[None]),
+        dict(x=padded(SMALL_KV_BLOCK, KV)[None]), dict(x=B.E2M1_KV),
         x=codec_input(KV, kinds=("div_recip", "normal", "amax_edge"), k_range=(-12, 8)))
 def fp4_e4m3_divides_by_the_rounded_scale(target, x):
     _kv_payload(target, x, "FP4.KV.DIVIDE: fp4_e4m3_quantize codes", ties=_own_ties(target))
@@ -648,16 +652,17 @@ def fp8_blocks_of_each_model(target, shape, rng):
     scale byte following its block's power of two, every block's values the same.  Judged on the
     target's own scales and values, whatever its scale and rounding rules."""
     n, block = shape
-    pattern = fit(target, "fp8_quantize", rng.standard_normal(block) + 2 * np.sign(rng.standard_normal(block)))
-    k = rng.permutation(np.arange(-8, 9))[:n // block]
-    x, t = fed(target, "fp8_quantize", (pattern * np.exp2(k)[:, None]).reshape(1, n))
+    pattern = rng.standard_normal(block) + 2 * np.sign(rng.standard_normal(block))
+    pattern = fit(target, "fp8_quantize", F.bf16_round(pattern) if rng.random() < 0.5 else pattern)
+    k = rng.integers(-8, 9, 2 * n // block)                         # two rows of blocks
+    x, t = fed(target, "fp8_quantize", (pattern * np.exp2(k)[:, None]).reshape(2, n))
     q, scales = (as_numpy(a).astype(np.int64) for a in target.fp8_quantize(t, block))
-    what = f"FP8.BLOCKS: {n} dims in blocks of {block}"
-    assert_same_shape(scales, np.empty((1, n // block)), f"{what}: scales")
+    what = f"FP8.BLOCKS: {n} dims in blocks of {block}, two rows"
+    assert_same_shape(scales, np.empty((2, n // block)), f"{what}: scales")
     assert_same_shape(q, x, f"{what}: values")
-    assert_equal(scales[0] - scales[0, 0], k - k[0], what=f"{what}: scale byte of block j − of block 0 "
-                 f"(block j is block 0 times 2^(k_j − k_0), k = {k.tolist()})")
-    q = q.reshape(n // block, block)
+    assert_equal(scales.reshape(-1) - scales[0, 0], k - k[0], what=f"{what}: scale byte of block j − of "
+                 f"block 0 (block j is block 0 times 2^(k_j − k_0), k = {k.tolist()})")
+    q = q.reshape(2 * n // block, block)
     assert_bytes_equal(q, np.broadcast_to(q[0], q.shape), what=f"{what}: values of block j against block 0",
                        decode=e4m3_text)
 

@@ -407,7 +407,7 @@ MUTANTS.update({
 CAUGHT += [
     ("kv_scale_reciprocal_6", "FP4.KV.SCALE"),
     ("kv_scale_ties_away", "FP4.KV.SCALE"),
-    ("kv_subnormal_scale_ties_away", "FP4.KV.FLOOR"),
+    ("kv_subnormal_scale_ties_away", "FP4.KV.SCALE"),
     ("e4m3_464_tie_to_nan", "FMT.E4M3.SATFINITE"),
     ("fp4_ratio_through_bf16", "FP4.E2M1.RNE"),
     ("fp8_ratio_through_bf16", "FP8.E4M3"),
@@ -442,12 +442,12 @@ def _kv_divide_in_bf16(x):
     return fp4_kv(x, encode=lambda r: impl.e2m1_encode(r.to(torch.bfloat16).float()))
 
 
-def _rejecting_nan_only(op):
-    """A quantizer that checks isnan() but lets ±Inf through (an Inf amax: an Inf scale)."""
+def _nan_poisons_the_row(op):
+    """A quantizer that guards NaN per row, not per block: a row holding a NaN is quantized as zeros,
+    so its other blocks change (the official effect stays inside the NaN's own block)."""
     def run(x, *block):
-        if torch.isnan(x.float()).any():
-            raise ValueError("NaN input")
-        return op(torch.nan_to_num(x.float(), posinf=0.0, neginf=0.0), *block)
+        x = x.float()
+        return op(torch.where(torch.isnan(x).any(-1, keepdim=True), torch.zeros_like(x), x), *block)
     return run
 
 
@@ -457,8 +457,8 @@ MUTANTS.update({
         x, b, encode=_flush_subnormal_e4m3(impl.e4m3_encode))),
     "bf16_ties_away": mutant("bf16_ties_away", bf16_round=bf16_ties_away),
     "kv_divide_in_bf16": mutant("kv_divide_in_bf16", fp4_e4m3_quantize=_kv_divide_in_bf16),
-    "fp4_rejects_nan_only": mutant("fp4_rejects_nan_only", fp4_e4m3_quantize=_rejecting_nan_only(impl.fp4_e4m3_quantize),
-                                   fp4_e8m0_quantize=_rejecting_nan_only(impl.fp4_e8m0_quantize)),
+    "fp4_nan_poisons_row": mutant("fp4_nan_poisons_row", fp4_e4m3_quantize=_nan_poisons_the_row(impl.fp4_e4m3_quantize),
+                                  fp4_e8m0_quantize=_nan_poisons_the_row(impl.fp4_e8m0_quantize)),
 })
 
 CAUGHT += [
@@ -466,7 +466,7 @@ CAUGHT += [
     ("fp8_flushes_subnormals", "FP8.E4M3"),
     ("bf16_ties_away", "FMT.BF16.RNE"),
     ("kv_divide_in_bf16", "FP4.KV.DIVIDE"),
-    ("fp4_rejects_nan_only", "FP4.NONFINITE"),
+    ("fp4_nan_poisons_row", "FP4.NONFINITE"),
 ]
 
 
