@@ -83,6 +83,8 @@ def test_declared_variant_does_not_excuse_the_canonical_impl():
 def test_mutant_of_another_rule_passes(rule_id):
     """Checks are focused: a nibble-order or floor mistake does not fail the scale/ties rules."""
     for name in ("kv_scale_floor_2^-6", "idx_amax_floor_1e-4", "kv_reciprocal"):
+        if (name, rule_id) == ("kv_scale_floor_2^-6", "FP4.KV.SCALE"):
+            continue    # a 2^-6 floor also mis-scales amax in (6·2^-9, 6·2^-6): subnormal scales, FP4.KV.SCALE's
         provider = MUTANTS[name]
         assert run_rule(rule_id, Target(provider, provider.NAME)).status == PASS, (name, rule_id)
 
