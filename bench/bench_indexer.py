@@ -242,23 +242,41 @@ def run_decode(torch, KI, KP, rep, ceil, quick, skip_torch):
     return rows
 
 
-def decode_step(torch, KI, KP, rep, ceil, quick, skip_torch, g):
-    """V4.1-flash (index heads 32, D 128, top-512, candidates 2048 blocks of 8) at 1M tokens."""
-    H, D, S = 32, 128, (1 << 16 if quick else 1 << 18)
-    qp = torch.randint(0, 256, (1, H, D // 2), device="cuda", dtype=torch.uint8, generator=g)
-    qs = torch.randint(122, 130, (1, H, D // 32), device="cuda", dtype=torch.uint8, generator=g)
-    kp = torch.randint(0, 256, (S, D // 2), device="cuda", dtype=torch.uint8, generator=g)
-    ks = torch.randint(122, 130, (S, D // 32), device="cuda", dtype=torch.uint8, generator=g)
-    w = (torch.randn(1, H, device="cuda", generator=g) * 0.02).bfloat16()
-    vis = torch.full((1,), S, dtype=torch.int32, device="cuda")
-    layers = [(torch.randn(1, H, D, device="cuda", generator=g).bfloat16(),
-               torch.randn(S, D, device="cuda", generator=g).bfloat16()) for _ in range(4)]
+def decode_inputs(torch, S, g, H=32, D=128):
+    """One V4.1 decode query's indexer inputs: FP4 q and K cache of S compressed entries, head
+    weights, and four re-index layers' BF16 q and K."""
+    return dict(
+        S=S, H=H, D=D,
+        qp=torch.randint(0, 256, (1, H, D // 2), device="cuda", dtype=torch.uint8, generator=g),
+        qs=torch.randint(122, 130, (1, H, D // 32), device="cuda", dtype=torch.uint8, generator=g),
+        kp=torch.randint(0, 256, (S, D // 2), device="cuda", dtype=torch.uint8, generator=g),
+        ks=torch.randint(122, 130, (S, D // 32), device="cuda", dtype=torch.uint8, generator=g),
+        w=(torch.randn(1, H, device="cuda", generator=g) * 0.02).bfloat16(),
+        vis=torch.full((1,), S, dtype=torch.int32, device="cuda"),
+        layers=[(torch.randn(1, H, D, device="cuda", generator=g).bfloat16(),
+                 torch.randn(S, D, device="cuda", generator=g).bfloat16()) for _ in range(4)])
+
+
+def decode_step_fn(torch, KI, KP, S, g, inputs=None):
+    """The kernels' V4.1 decode step: layer 20's FP4 scores and 2048 candidate blocks, then the
+    re-index layers' top-512 inside that pool.  Returns a closure -> (tops, pool)."""
+    d = inputs or decode_inputs(torch, S, g)
     scores = torch.empty(1, S, device="cuda")
 
-    def kernels():
-        KI._launch_scores(qp, qs, kp, ks, w, vis, None, 1, S, H, D, scores, fp4=True, bf16=True)
-        pool = KP._candidate_blocks(scores, vis, 2048, 8)
-        return [KP._reindex_topk(q, k, w, vis, pool, 512, 16384) for q, k in layers], pool
+    def step():
+        KI._launch_scores(d["qp"], d["qs"], d["kp"], d["ks"], d["w"], d["vis"], None, 1, S, d["H"], d["D"],
+                          scores, fp4=True, bf16=True)
+        pool = KP._candidate_blocks(scores, d["vis"], 2048, 8)
+        return [KP._reindex_topk(q, k, d["w"], d["vis"], pool, 512, 16384) for q, k in d["layers"]], pool
+    return step
+
+
+def decode_step(torch, KI, KP, rep, ceil, quick, skip_torch, g):
+    """V4.1-flash (index heads 32, D 128, top-512, candidates 2048 blocks of 8) at 1M tokens."""
+    S = 1 << 16 if quick else 1 << 18
+    d = decode_inputs(torch, S, g)
+    qp, qs, kp, ks, w, layers, H, D = (d[n] for n in ("qp", "qs", "kp", "ks", "w", "layers", "H", "D"))
+    kernels = decode_step_fn(torch, KI, KP, S, g, d)
 
     tops, pool = kernels()
     in_pool = all(bool(pool.gather(1, t).bool().all()) for t in tops)
@@ -403,7 +421,9 @@ def run_reindex(torch, KP, rep, ceil, quick, skip_torch):
                  validity=validity)]
 
 
-def profile_kernels(torch, KI, KP):
+def profile_kernels(torch, KI, KP, rep=20):
+    """Per-kernel CUDA times of the top-k cases, and where the V4.1 decode step's time goes: host
+    (launches, allocations, read-backs) against device (each kernel), eager and from a CUDA graph."""
     from torch.profiler import ProfilerActivity, profile
     cases = [("top-k 1x1M k=2048", torch.randn(1, 1 << 20, device="cuda").bfloat16().float()),
              ("top-k 64x1M k=2048", torch.randn(64, 1 << 20, device="cuda").bfloat16().float())]
@@ -417,6 +437,18 @@ def profile_kernels(torch, KI, KP):
             torch.cuda.synchronize()
         print(f"== {name} (5 calls)")
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12))
+    g = torch.Generator(device="cuda").manual_seed(3)
+    step = decode_step_fn(torch, KI, KP, 1 << 18, g)
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            step()
+        torch.cuda.synchronize()
+    print("== decode step V4.1 at 1M (5 calls, eager)")
+    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=30))
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=20))
+    print(f"decode step: eager {bench(step, rep) * 1e6:.1f} us", flush=True)
 
 
 def markdown(result):
