@@ -19,6 +19,7 @@ from .pool import *  # noqa: E402,F401,F403
 from .path import *  # noqa: E402,F401,F403
 
 NAME = "kernels"
+DEVICE = "cpu (Triton interpreter)" if INTERPRET else "cuda"   # where the kernels run (informative)
 CLAIMS_CONFORMANCE = True
 VARIANTS: dict = {}
 EXTENSIONS = {"chunked_prefill"}   # beyond the official domain (spec.rules.EXTENSIONS)
