@@ -5,6 +5,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 DEFAULT_TARGETS = ["impl", "kernels", "ml_dtypes", "torch"]
@@ -78,9 +79,11 @@ def cmd_verify(args) -> int:
     RUN.seed = None if args.profile in DERANDOMIZED else (args.seed if args.seed is not None else new_seed())
     RUN.program = program(specs)
     progress = Progress(len(rule_ids) * len(specs), quiet=args.quiet, tty=sys.stderr.isatty())
+    started = time.monotonic()
     rows, targets, interrupted = _run_verify(args, specs, rule_ids, progress)
     progress.end()
     header = _header(args, targets, _prefixes(args.rules))
+    header["wall_s"] = round(time.monotonic() - started, 1)
     print(report.header_line(header))
     print(report.terminal(rows, color=sys.stdout.isatty()))
     for path, text in ((args.json, lambda: report.to_json(rows, header, interrupted)),

@@ -8,7 +8,8 @@ JSON (schema_version 2), one object:
                      rules), targets [{spec, name, module, version, device, claims_conformance}], profile,
                      seed (null when derandomized), timeout_s, rules (the prefixes, or "all"),
                      workers, worker_devices, isolate, python, torch, device ("cpu" or "cuda"),
-                     gpus [names], date (UTC, ISO 8601), command
+                     gpus [names], date (UTC, ISO 8601), command, wall_s (the run's wall time:
+                     loading the targets and running every rule, the report's writing excluded)
     interrupted      true when the run was stopped (Ctrl-C) before every result was in
     counts           {target: {status: n}}
     results          [{rule, target, status, detail, reproduce, seconds, checks {check: status}}]
@@ -65,7 +66,8 @@ def header_line(header: dict) -> str:
     workers = header.get("workers", 1)
     return (f"dsv4spec {header['tool']['version']} · rules {header['spec']['digest']} · profile "
             f"{header['profile']} · {seed} · torch {header.get('torch', '?')} · {where}"
-            + (f" · {workers} workers on {', '.join(header['worker_devices'])}" if workers > 1 else ""))
+            + (f" · {workers} workers on {', '.join(header['worker_devices'])}" if workers > 1 else "")
+            + (f" · {header['wall_s']:g} s" if "wall_s" in header else ""))
 
 
 def terminal(rows: list[Row], color: bool = False) -> str:
