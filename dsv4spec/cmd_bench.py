@@ -1,8 +1,9 @@
 """`dsv4spec bench`: the kernels' speed on a CUDA GPU, as ratios measured in one run.
 
 One run measures the ceilings (device-to-device copy, dense BF16 matmul), the plain torch version of
-each operation and our kernel, for every row of the performance table (bench/bench_quant.py and
-bench/bench_indexer.py do the measuring; each checks its results against the spec before timing).
+each operation and our kernel, for every row of the performance table (bench/bench_quant.py,
+bench/bench_indexer.py and bench/bench_path.py do the measuring; each checks its results against the
+spec before timing).
 It prints a table and writes bench.json, bench.md and PNG plots.  `--record DIR` also stores the run
 as DIR/<date>.json and .md; `--readme` regenerates README.md's performance table from the latest
 recorded run (no GPU needed).
@@ -26,6 +27,7 @@ README_END = "<!-- bench-table:end -->"
 # The goals of issue 11 / ../shared/reference/performance.md §0: (case pattern, metric, bound, text).
 GOALS = [
     (r"^top-k \d+x\d+ k=\d+ \(context", None, None, "–"),
+    (r"^RoPE then", None, None, "–"),
     (r"^top-k 1x", "kernel_us", ("<=", 25.0), "≤ 25 µs"),
     (r"^top-k (64|1024)x", "vs_torch", (">=", 8.0), "≥ 8× torch"),
     (r"^block select", "vs_torch", (">=", 6.0), "≥ 6× torch"),
@@ -53,7 +55,7 @@ def register(subparsers):
                    "--record) again from a run's bench.json")
     p.add_argument("--quick", action="store_true", help="smaller shapes (a smoke run, not the goals)")
     p.add_argument("--rep", type=int, default=100, help="do_bench repetition time per case (ms)")
-    p.add_argument("--only", default="", help="comma list among quant,topk,blocks,logits,decode,reindex")
+    p.add_argument("--only", default="", help="comma list among quant,path,topk,context,blocks,logits,decode,reindex")
     p.set_defaults(func=run)
 
 
@@ -81,7 +83,12 @@ def run(args) -> int:
         quant_args += ["--tokens", str(1 << 16)] if args.quick else []
         status |= _script("bench_quant").main(quant_args)
         parts["quant"] = json.loads((out / "parts" / "bench_quant.json").read_text())
-    indexer_only = ",".join(sorted(only - {"quant"}))
+    if not only or "path" in only:
+        path_args = ["--out", str(out / "parts"), "--rep", str(args.rep)]
+        path_args += ["--elements", str(1 << 24)] if args.quick else []
+        status |= _script("bench_path").main(path_args)
+        parts["path"] = json.loads((out / "parts" / "bench_path.json").read_text())
+    indexer_only = ",".join(sorted(only - {"quant", "path"}))
     if not only or indexer_only:
         status |= _script("bench_indexer").main(common + (["--only", indexer_only] if indexer_only else []))
         parts["indexer"] = json.loads((out / "parts" / "bench_indexer.json").read_text())
@@ -130,6 +137,14 @@ def combine(parts: dict, torch=None) -> dict:
                              rate=f"{r['kernel_GBps'] / 1e3:.2f} TB/s",
                              vs_torch=r.get("kernel_over_torch"), vs_ceiling=r["kernel_over_copy"],
                              ceiling="copy", validity=_quant_validity(r)))
+    for r in (parts.get("path") or {}).get("rows", []):
+        ceilings.setdefault("copy_TBps", parts["path"]["copy_GBps"] / 1e3)
+        rows.append(dict(family="path", case=f"RoPE then {r['fmt']} quantize, {r['what']} "
+                                             f"{_count(r['shape'][0])}x{r['shape'][1]} bfloat16",
+                         kernel_us=r["fused_us"], torch_us=r["unfused_us"],
+                         rate=f"{r['bytes'] / r['fused_us'] / 1e6:.2f} TB/s", vs_torch=r["fused_over_unfused"],
+                         vs_ceiling=r["fused_over_copy"], ceiling="copy",
+                         validity=_quant_validity(r)))
     ix = parts.get("indexer")
     if ix:
         ceilings.setdefault("copy_TBps", ix["ceilings"]["copy_TBps"])
@@ -148,6 +163,14 @@ def combine(parts: dict, torch=None) -> dict:
     return dict(date=datetime.date.today().isoformat(),
                 gpu=src.get("device") or src.get("gpu") or (torch.cuda.get_device_name() if torch else "?"),
                 torch=src.get("torch", "?"), triton=src.get("triton", "?"), ceilings=ceilings, rows=rows)
+
+
+def _count(n: int) -> str:
+    """1048576 -> 1M, 262144 -> 256K."""
+    for unit, size in (("M", 1 << 20), ("K", 1 << 10)):
+        if n >= size and n % size == 0:
+            return f"{n // size}{unit}"
+    return str(n)
 
 
 def _quant_validity(r: dict) -> str:
@@ -192,7 +215,9 @@ def markdown(result: dict) -> str:
              "", "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(result)]
     lines += ["", "kernel µs: one call as a user makes it (launches, the top-k's read-back of its overflow "
-              "flags); graph µs: the same launches replayed from a CUDA graph (device time only).  Every "
+              "flags); graph µs: the same launches replayed from a CUDA graph (device time only).  RoPE then "
+              "quantize rows: the fused kernel, and in the torch column the unfused path (torch's rotation, "
+              "then the quantize kernel).  Every "
               "result was checked against the spec before it was timed (bit-exact, or valid under the "
               "rule's comparison)."]
     return "\n".join(lines) + "\n"

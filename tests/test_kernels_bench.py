@@ -50,6 +50,20 @@ def test_rows_carry_their_goal_and_verdict():
     assert md.count("\n| ") == 1 + len(result["rows"]) and "| 90.0 |" in md
 
 
+PATH = {"device": "GPU X", "copy_GBps": 4000.0, "rows": [
+    {"fmt": "fp4_e8m0", "what": "index K", "shape": [1 << 20, 128], "bytes": 2e8, "fused_us": 80.0,
+     "fused_over_copy": 0.62, "unfused_us": 400.0, "fused_over_unfused": 5.0, "mismatches": 0},
+    {"fmt": "fp4_e4m3", "what": "V4.1 main KV", "shape": [1 << 18, 512], "bytes": 2e8, "fused_us": 90.0,
+     "fused_over_copy": 0.55, "unfused_us": 450.0, "fused_over_unfused": 5.0, "mismatches": 3}]}
+
+
+def test_rope_then_quantize_rows_join_the_table():
+    rows = {r["case"]: r for r in B.combine({"path": PATH})["rows"]}
+    fp4 = rows["RoPE then fp4_e8m0 quantize, index K 1Mx128 bfloat16"]
+    assert (fp4["vs_ceiling"], fp4["vs_torch"], fp4["validity"], fp4["goal"]) == (0.62, 5.0, "bit-exact", "–")
+    assert rows["RoPE then fp4_e4m3 quantize, V4.1 main KV 256Kx512 bfloat16"]["validity"] == "INVALID: 3 mismatches"
+
+
 def test_readme_table_is_replaced_between_the_markers(tmp_path):
     records = tmp_path / "h200"
     records.mkdir()
