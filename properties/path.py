@@ -43,7 +43,7 @@ from ..spec import quant as spec_quant
 from ..spec import rope as spec_rope
 from ..spec.models import profile
 from .compare import as_numpy, assert_bytes_equal, assert_equal
-from .indexer import expected_scores, make_score_case, ScoreCase
+from .indexer import assert_weights, expected_scores, make_score_case, ScoreCase
 from .pool import reindex_cases, wide_reindex_case
 from .ranking import assert_pool, assert_topk
 from .suite import check, forall
@@ -436,9 +436,9 @@ def _judge_w_raw(target, case, out):
 
 
 def _judge_weights(target, case, out):
-    ref = spec_indexer.index_weights(_need(out, "w_raw", case), profile(case.model))
-    _close(_need(out, "weights", case), ref, spec_indexer.bf16_quantum(ref),
-           "IDX.WEIGHT.SCALE: weights = w_raw · 128^-0.5 · H^-0.5", case)
+    raw = np.asarray(_need(out, "w_raw", case), dtype=np.float64)
+    got = np.asarray(_need(out, "weights", case), dtype=np.float64)
+    assert_weights(got, raw, profile(case.model), f"IDX.WEIGHT.SCALE: weights = w_raw · 128^-0.5 · H^-0.5 [{case!r}]")
 
 
 def _visible(case) -> np.ndarray:

@@ -86,6 +86,8 @@ MUTANTS = {
                           "IDX.SCORE.FORMULA"),
     "weight_factor_missing": (mutant("weight_factor_missing", index_weights=lambda raw, model: _bf16(raw.float())),
                               "IDX.WEIGHT.SCALE"),
+    "weight_factor_bf16": (mutant("weight_factor_bf16", index_weights=lambda raw, model: _bf16(
+        raw.float() * _bf16(torch.tensor(ref.profile(model).index_weight_scale)))), "IDX.WEIGHT.SCALE"),
     "weight_factor_local_heads": (mutant("weight_factor_local_heads", index_scores=_local_head_factor), "IDX.SCORE.TP"),
     "masked_scores_zero": (mutant("masked_scores_zero", index_scores=lambda *a: _scores(*a, masked_value=0.0)),
                            "IDX.MASK"),
