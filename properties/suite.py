@@ -31,7 +31,7 @@ import numpy as np
 from hypothesis import HealthCheck, Phase, example, given, seed as hypothesis_seed, settings
 
 from ..spec import RULES
-from ..spec.rules import EXTENSIONS, INFORMATIVE, KNOBS, select
+from ..spec.rules import EXTENSIONS, IMPLEMENTATION_DEFINED, INFORMATIVE, KNOBS, select
 from .target import DEFAULT_TIMEOUT_S as DEFAULT_TIMEOUT, NotImplementedOp, OperationTimeout, Target
 
 PASS, FAIL, ERROR, TIMEOUT = "PASS", "FAIL", "ERROR", "TIMEOUT"
@@ -107,6 +107,9 @@ def skip(reason: str):
 
 
 _DETECTED: set = set()
+# Knobs of implementation-defined rules: choices a target may make without declaring them.  A rule
+# that fails as expected but passes under another value of one of these is VARIANT ("detected").
+CHOICES = frozenset(r.knob for r in RULES.values() if r.status == IMPLEMENTATION_DEFINED and r.knob)
 
 
 def detected(knob: str, value: str):
@@ -286,10 +289,12 @@ def run_rule(rule_id: str, target: Target, profile: str = "ci") -> Row:
         status, detail = VARIANT, f"passes under declared {r.knob}={target.variant(r.knob)}"
     elif status == PASS and choices:
         status, detail = VARIANT, "detected: " + ", ".join(choices)
-    elif r.knob and status == FAIL:
+    elif status in (FAIL, ERROR):   # (an ERROR too: a target may reject what it reads in the wrong place)
         match = _matching_variant(r.knob, read, chks, target, profile)
-        if match:
-            detail = f"matches {match} (undeclared); " + detail
+        if match and all(k in CHOICES and k not in target.declared for k, _ in match):
+            status, detail = VARIANT, "detected: " + _named(match)
+        elif match:
+            detail = f"matches {_named(match)} (undeclared); " + detail
     seconds = sum(o.seconds for o in outcomes.values())
     repro = reproduce_command(target.spec, rule_id, profile, timeout=target.timeout) \
         if status in (FAIL, ERROR, TIMEOUT) else ""
@@ -304,27 +309,38 @@ def _reading(target: Target, read: set) -> Target:
     return view
 
 
-def _matching_variant(knob: str, read: set, chks: list[Check], target: Target, profile: str) -> str | None:
-    """The undeclared knob values under which every check of a failing rule passes, as 'k=v + k2=v2'.
+def _matching_variant(knob: str | None, read: set, chks: list[Check], target: Target,
+                      profile: str) -> list[tuple[str, str]] | None:
+    """The undeclared knob values under which every check of a failing rule passes.
 
     Tried: each other value of the rule's own knob, then each such value together with one other
-    value of one other knob the rule's checks read.  Pairs are enough: a check judges one clause, so
-    the knobs it reads are that clause's and the few its oracle shares; a third deviation in the same
-    check breaks another clause, whose own rule names it.  Bounded by (values of the rule's knob) ×
-    (other values of the knobs read), about ten runs without shrinking.
+    value of one other knob the rule's checks read; for a rule without a knob, each other value of
+    an implementation-defined knob its checks read (a choice the target may make without saying).
+    Pairs are enough: a check judges one clause, so the knobs it reads are that clause's and the
+    few its oracle shares; a third deviation in the same check breaks another clause, whose own
+    rule names it.  Bounded by (values of the rule's knob) x (other values of the knobs read),
+    about ten runs without shrinking.
     """
     def others(k):
         return [(k, v) for v in KNOBS[k].values if v != target.variant(k)]
 
-    own = others(knob)
-    pairs = [p for k in sorted(read - {knob}) for p in others(k)]
-    for combo in [[o] for o in own] + [[o, p] for o in own for p in pairs]:
+    if knob is None:
+        combos = [[o] for k in sorted(read & CHOICES) for o in others(k)]
+    else:
+        own = others(knob)
+        pairs = [p for k in sorted(read - {knob}) for p in others(k)]
+        combos = [[o] for o in own] + [[o, p] for o in own for p in pairs]
+    for combo in combos:
         view = target
         for k, v in combo:
             view = view.expecting(k, v)
         if all(run_check(c, view, profile, shrink=False).status in (PASS, NOT_IMPLEMENTED, SKIP) for c in chks):
-            return " + ".join(f"{k}={v}" for k, v in combo)
+            return combo
     return None
+
+
+def _named(combo: list[tuple[str, str]]) -> str:
+    return " + ".join(f"{k}={v}" for k, v in combo)
 
 
 def reproduce_command(target_spec: str, rule_id: str, profile: str, seed: int | None = None,

@@ -1,23 +1,39 @@
-"""Variant naming on the layout mutants (tests/test_mutants.py asserts that every mutant is caught)."""
+"""Implementation-defined layout choices: detected when undeclared, VARIANT when declared, never
+FAIL; a layout mistake next to such a choice still fails (tests/test_mutants.py: every mutant)."""
 import pytest
 
 from dsv4spec.properties.suite import run_rule
 from dsv4spec.properties.target import Target
 from mutants import layout
 
+CHOICES = sorted(layout.CHOICES)
 
-@pytest.mark.parametrize("name,knob_value", [("layout-scales-first-undeclared", "entry_field_order=scales_first"),
-                                             ("layout-v41-rope-bf16-undeclared", "v41_main_rope=bf16")])
-def test_undeclared_variant_is_named(name, knob_value):
-    rule_id, provider = layout.build(name)
+
+@pytest.mark.parametrize("name", CHOICES)
+def test_an_undeclared_choice_is_detected_not_failed(name):
+    rule_id, knob, value, provider = layout.build_choice(name)
     row = run_rule(rule_id, Target(provider, provider.NAME))
-    assert f"matches {knob_value}" in row.detail
+    assert (row.status, row.detail) == ("VARIANT", f"detected: {knob}={value}")
 
 
-@pytest.mark.parametrize("name,knob,value,rule_id", [
-    ("layout-scales-first-undeclared", "entry_field_order", "scales_first", "LAYOUT.ORDER"),
-    ("layout-v41-rope-bf16-undeclared", "v41_main_rope", "bf16", "LAYOUT.V41.MAIN")])
-def test_declared_variant_passes_as_variant(name, knob, value, rule_id):
-    _, provider = layout.build(name)
+@pytest.mark.parametrize("name", CHOICES)
+def test_a_declared_choice_passes_as_variant(name):
+    rule_id, knob, value, provider = layout.build_choice(name)
     provider.VARIANTS = {knob: value}
-    assert run_rule(rule_id, Target(provider, provider.NAME)).status == "VARIANT"
+    row = run_rule(rule_id, Target(provider, provider.NAME))
+    assert (row.status, row.detail) == ("VARIANT", f"passes under declared {knob}={value}")
+
+
+def test_a_choice_declared_otherwise_fails():
+    """Scales first while declaring payload_tail_scales: the target contradicts its declaration."""
+    rule_id, knob, _, provider = layout.build_choice("layout-scales-first-undeclared")
+    provider.VARIANTS = {knob: "payload_tail_scales"}
+    row = run_rule(rule_id, Target(provider, provider.NAME))
+    assert row.status == "FAIL" and row.detail.startswith("matches entry_field_order=scales_first (undeclared)")
+
+
+def test_the_unpack_rule_follows_an_undeclared_order():
+    """LAYOUT.UNPACK has no knob of its own; the scales-first target's unpacking is right for its order."""
+    _, _, _, provider = layout.build_choice("layout-scales-first-undeclared")
+    row = run_rule("LAYOUT.UNPACK", Target(provider, provider.NAME))
+    assert (row.status, row.detail) == ("VARIANT", "detected: entry_field_order=scales_first")

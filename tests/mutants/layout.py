@@ -48,16 +48,30 @@ def _packer(layouts=None, variants=None, tail_big_endian=False, check_nan=True, 
 
 
 MUTANTS = {
-    "layout-scales-first-undeclared": ("LAYOUT.ORDER", _packer(variants={"entry_field_order": "scales_first"})),
     "layout-bf16-tail-big-endian": ("LAYOUT.ORDER", _packer(tail_big_endian=True)),
     "layout-v4-pad-byte-missing": ("LAYOUT.V4.MAIN", _packer(layouts={"v4_main_kv": replace(spec.V4_MAIN_KV, scale_align=1)})),
-    "layout-v41-rope-bf16-undeclared": ("LAYOUT.V41.MAIN", _packer(layouts={"v41_main_kv": spec.V41_MAIN_KV_BF16_ROPE})),
     "layout-index-k-scales-padded-to-8": ("LAYOUT.INDEX_K", _packer(layouts={"fp4_index_k": replace(spec.FP4_INDEX_K, scale_align=8)})),
     "layout-swa-rope-kept-bf16": ("LAYOUT.V41.SWA", _packer(layouts={"v41_swa_kv": replace(spec.V41_SWA_KV, quantized_dims=448, tail_dims=64)})),
     "layout-v32-scale-as-e8m0-byte": ("LAYOUT.V32.INDEX_K", _packer(layouts={"v32_index_k": replace(spec.V32_INDEX_K, scale=spec.E8M0)})),
     "layout-unpack-accepts-nan-scales": ("LAYOUT.REJECT", dict(entry_pack=il.entry_pack, **{"entry_unpack": _packer(check_nan=False)["entry_unpack"]})),
     "layout-unpack-e8m0-bias-126": ("LAYOUT.UNPACK", dict(entry_pack=il.entry_pack, **{"entry_unpack": _packer(e8m0_bias=126)["entry_unpack"]})),
 }
+
+
+# Not mistakes: other allowed choices of implementation-defined layouts, made without declaring
+# them.  The suite names them VARIANT ("detected: knob=value"), never FAIL.
+CHOICES = {
+    "layout-scales-first-undeclared": ("LAYOUT.ORDER", "entry_field_order", "scales_first",
+                                       _packer(variants={"entry_field_order": "scales_first"})),
+    "layout-v41-rope-bf16-undeclared": ("LAYOUT.V41.MAIN", "v41_main_rope", "bf16",
+                                        _packer(layouts={"v41_main_kv": spec.V41_MAIN_KV_BF16_ROPE})),
+}
+
+
+def build_choice(name: str):
+    """(rule, knob, value, provider) of an undeclared implementation-defined choice."""
+    rule_id, knob, value, overrides = CHOICES[name]
+    return rule_id, knob, value, mutant(name, **overrides)
 
 
 def build(name: str):
