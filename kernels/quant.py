@@ -73,6 +73,12 @@ _E4M3_REBIAS = tl.constexpr((127 - 7) << 3)        # fp32 exponent + 3 mantissa 
 _E4M3_MAX_CODE = tl.constexpr(0x7E)                # 448
 _MAGIC_RNE = tl.constexpr(12582912.0)              # 1.5 * 2^23: x + M - M rounds x to an integer
 _MAGIC_RNE_BITS = tl.constexpr(0x4B400000)         # (ties to even) and bits(x + M) - bits(M) is it
+# On the GPU act_quant's E4M3 rounding is the conversion instruction (sm_89+: cvt.rn.satfinite.e4m3x2.f32,
+# two elements per instruction): RNE and saturating, the spec's rounding for every value it gets
+# there (the clamp before it has no NaN on the GPU, whose min/max drop NaN).  The interpreter's fp8
+# cast is not trusted with a normative rounding: it runs the integer encode.  The GPU run of
+# tests/test_kernels_quant.py checks the instruction bit for bit against impl.
+_HW_E4M3 = tl.constexpr(not INTERPRET)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -371,7 +377,11 @@ def _fp8_block_codes(x, CLEAN_NAN: tl.constexpr):
     e = _pow2_ceil_exponent(p)
     y = x * _pow2(-e)[:, None]
     y = tl.minimum(tl.maximum(y, -448.0), 448.0)
-    return _e4m3_encode(y), e
+    if _HW_E4M3:
+        code = y.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+    else:
+        code = _e4m3_encode(y).to(tl.uint8)
+    return code, e
 
 
 @triton.jit

@@ -144,6 +144,44 @@ def test_fp4_quantize_bf16_boundaries_and_every_pattern(name):
     assert_same_bits(packed, want_packed, f"{name} packed (bf16 pairs) vs spec")
 
 
+def e4m3_tie_blocks(block: int, ks) -> np.ndarray:
+    """Blocks whose maximum 448·2^k·(1 - 2^-10) fixes the scale 2^k, the others every E4M3 value,
+    every midpoint between neighbours and the fp32 numbers beside each midpoint, times 2^k, signs
+    alternating: the E4M3 rounding of act_quant at every tie, from both sides (on the GPU, the
+    conversion instruction's)."""
+    v = F.e4m3_decode(np.arange(0, 0x7F, dtype=np.uint8)).astype(np.float32)
+    mid = ((v[:-1].astype(np.float64) + v[1:]) / 2).astype(np.float32)
+    ratios = np.concatenate([v, mid, np.nextafter(mid, np.float32(0)), np.nextafter(mid, np.float32(np.inf))])
+    rows = []
+    for k in ks:
+        vals = (ratios.astype(np.float64) * 2.0 ** k).astype(np.float32)
+        for i in range(0, len(vals), block - 1):
+            row = np.zeros(block, np.float32)
+            chunk = vals[i:i + block - 1]
+            row[1:1 + len(chunk)] = chunk * np.where(np.arange(len(chunk)) % 2, -1, 1)
+            row[0] = 448.0 * 2.0 ** k * (1 - 2.0 ** -10)
+            rows.append(row)
+    return np.stack(rows)
+
+
+@pytest.mark.parametrize("block", [32, 64, 128])
+def test_fp8_quantize_every_e4m3_tie_and_every_bf16_pattern(block):
+    ks = (-22, -9, -3, 0, 5, 118)
+    ties = e4m3_tie_blocks(block, ks)
+    q, scales = K.fp8_quantize(torch.from_numpy(ties), block)
+    want_q, want_scales = S.fp8_quantize(ties, block)
+    assert set(want_scales.reshape(-1).tolist()) == {127 + k for k in ks}   # the ties sit where designed
+    assert_same_bits(scales, want_scales, f"fp8/{block} scales at the E4M3 ties")
+    assert_same_bits(q, want_q, f"fp8/{block} codes at the E4M3 ties (fp32 in)")
+    finite = (np.arange(1 << 16, dtype=np.uint32) << 16).view(np.float32)
+    finite = finite[np.isfinite(finite)]
+    x = np.concatenate([finite, np.zeros((-len(finite)) % block, np.float32)]).reshape(-1, block)
+    q, scales = K.fp8_quantize(torch.from_numpy(x).to(torch.bfloat16), block)
+    want_q, want_scales = S.fp8_quantize(x, block)
+    assert_same_bits(scales, want_scales, f"fp8/{block} scales of every BF16 pattern")
+    assert_same_bits(q, want_q, f"fp8/{block} codes of every BF16 pattern (bf16 in)")
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "bf16"])
 @pytest.mark.parametrize("block", [32, 64, 128, 48])
 def test_fp8_codec_matches_spec_and_impl(block, dtype):
