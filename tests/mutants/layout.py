@@ -50,6 +50,9 @@ def _packer(layouts=None, variants=None, tail_big_endian=False, check_nan=True, 
 MUTANTS = {
     "layout-bf16-tail-big-endian": ("LAYOUT.ORDER", _packer(tail_big_endian=True)),
     "layout-v4-pad-byte-missing": ("LAYOUT.V4.MAIN", _packer(layouts={"v4_main_kv": replace(spec.V4_MAIN_KV, scale_align=1)})),
+    # the V4 habit kept while declaring the official V4.1 layout
+    "layout-v41-rope-bf16-declared-fp4": ("LAYOUT.V41.MAIN", dict(variants={"v41_main_rope": "fp4"}, **_packer(
+        layouts={"v41_main_kv": spec.V41_MAIN_KV_BF16_ROPE}))),
     "layout-index-k-scales-padded-to-8": ("LAYOUT.INDEX_K", _packer(layouts={"fp4_index_k": replace(spec.FP4_INDEX_K, scale_align=8)})),
     "layout-swa-rope-kept-bf16": ("LAYOUT.V41.SWA", _packer(layouts={"v41_swa_kv": replace(spec.V41_SWA_KV, quantized_dims=448, tail_dims=64)})),
     "layout-v32-scale-as-e8m0-byte": ("LAYOUT.V32.INDEX_K", _packer(layouts={"v32_index_k": replace(spec.V32_INDEX_K, scale=spec.E8M0)})),
