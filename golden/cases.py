@@ -129,6 +129,13 @@ class Case:
     output_rules: dict = field(default_factory=dict)   # output name -> the rule it gates (default: rule)
     unordered: dict = field(default_factory=dict)      # output -> leading columns whose order in a row is
     #                                                    free (None: all), compared as a multiset per row
+    positional: tuple[str, ...] = ()    # args passed positionally after the inputs (the contract's order)
+    build: object = None                # () -> the case with its inputs, where they take a search to build
+
+    def call_args(self) -> tuple[tuple, dict]:
+        """(positional, keyword) arguments after the inputs."""
+        return (tuple(self.args[k] for k in self.positional),
+                {k: v for k, v in self.args.items() if k not in self.positional})
 
 
 def permutation_rows(seed: int, rows: int, n: int) -> np.ndarray:
@@ -157,6 +164,11 @@ def fp4_operands(seed: int, rows: int, heads: int, keys: int, dim: int = 128):
 def _cases() -> tuple[Case, ...]:
     from .layers import path_cases          # layers builds on the helpers of this module
     return (*codec_cases(), *indexer_cases(), *path_cases())
+
+
+def built(case: Case) -> Case:
+    """The case with its inputs (a layer case is described without them until it is generated)."""
+    return case.build() if case.build is not None else case
 
 
 def cases() -> list[Case]:
@@ -230,6 +242,7 @@ def spec_outputs(case: Case) -> dict[str, np.ndarray]:
     if case.call == "mapping":
         result = definition(dict(case.inputs), **case.args)
         return {name: result[name] for name in case.outputs}
-    result = definition(*case.inputs.values(), **case.args)
+    extra, keywords = case.call_args()
+    result = definition(*case.inputs.values(), *extra, **keywords)
     result = result if isinstance(result, tuple) else (result,)
     return dict(zip(case.outputs, result))

@@ -20,7 +20,10 @@ them; `golden export` writes them out in full for a port.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
+import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,11 +56,13 @@ class Weight:
     redraw: tuple = ()
 
     def _values(self, words) -> np.ndarray:
-        sign = np.zeros(words.shape, np.int64) if self.positive else (words >> np.uint64(63)).astype(np.int64)
-        mantissa = ((words >> np.uint64(63 - self.bits)) & np.uint64((1 << self.bits) - 1)).astype(np.int64)
-        span = np.uint64(self.e_hi - self.e_lo + 1)
-        exponent = self.e_lo + ((words & np.uint64(0xFFFFFFFF)) % span).astype(np.int64)
-        return bf16_from_fields(sign, exponent, mantissa << (7 - self.bits)).astype(np.float32)
+        high = (words >> np.uint64(32)).astype(np.uint32)
+        sign = np.uint32(0) if self.positive else high >> np.uint32(31)
+        mantissa = (high >> np.uint32(31 - self.bits)) & np.uint32((1 << self.bits) - 1)
+        span = np.uint32(self.e_hi - self.e_lo + 1)
+        biased = (words.astype(np.uint32) % span) + np.uint32(self.e_lo + 127)
+        bits = (sign << np.uint32(31)) | (biased << np.uint32(23)) | (mantissa << np.uint32(23 - self.bits))
+        return bits.view(np.float32)
 
     def _width(self) -> int:
         return int(np.prod(self.shape[1:], dtype=np.int64))
@@ -93,13 +98,20 @@ class Weight:
 
 
 def rebuild(about: dict) -> np.ndarray:
-    """The values of a stored recipe; refuses them when they are not the ones generated."""
+    """The values of a stored recipe (read-only); refuses them when they are not the ones generated."""
+    return _rebuilt(json.dumps(about, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=8)                 # a check reads the same few recipes again and again
+def _rebuilt(about_json: str) -> np.ndarray:
+    about = json.loads(about_json)
     w = Weight(about["seed"], tuple(about["shape"]), about["e_lo"], about["e_hi"], about["bits"],
                about["positive"], tuple(tuple(r) for r in about["redraw"]))
     values = w.array()
     if hashlib.sha256(values.tobytes()).hexdigest() != about["sha256"]:
         raise ValueError(f"the recipe {about} no longer gives the values it was generated with "
                          f"(Weight changed?); regenerate the goldens")
+    values.flags.writeable = False
     return values
 
 
@@ -113,18 +125,18 @@ def settled(exact, err) -> np.ndarray:
 
 def exact_matmul(x, w, what: str) -> np.ndarray:
     """bf16(x · wᵀ), asserting the fp32 sum is exact in any order: every product is a multiple of
-    the finest quantum q, and Σ|products| < 2^24·q."""
-    x, w = np.asarray(x, np.float64), np.asarray(w, np.float64)
+    the finest quantum q, and Σ|products| ≤ K·max|x|·max|w| < 2^24·q."""
+    x, w = np.asarray(x, np.float32), np.asarray(w, np.float32)
     quantum = _finest_quantum(x) * _finest_quantum(w)
-    if not (_product(np.abs(x), np.abs(w)) < 2.0 ** 24 * quantum).all():
+    if not x.shape[-1] * float(np.abs(x).max()) * float(np.abs(w).max()) < 2.0 ** 24 * quantum:
         raise AssertionError(f"{what}: the fp32 sum may round; coarser inputs are needed")
     return SI.round_bf16(_product(x, w))
 
 
 def _product(x, w) -> np.ndarray:
-    """x · wᵀ in float64 (exact for these inputs), with einsum's own loops: OpenBLAS threads make
-    small products slow on a busy machine."""
-    return np.einsum("...k,nk->...n", np.asarray(x, np.float64), np.asarray(w, np.float64))
+    """x · wᵀ of fp32 values whose sums are exact in fp32 (any order gives the exact value), with
+    einsum's own loops: OpenBLAS threads make small products slow on a busy machine."""
+    return np.einsum("...k,nk->...n", np.asarray(x, np.float32), np.asarray(w, np.float32)).astype(np.float64)
 
 
 def _finest_quantum(a) -> float:
@@ -366,8 +378,35 @@ def _layer_inputs(values: dict, m, kind: str, T: int, start_pos: int, ratio: int
     return a
 
 
+def layer_stages(model: str, layer: int) -> tuple[str, ...]:
+    """The stages a layer case stores, in path order (a re-index layer's K is its input)."""
+    m = profile(model)
+    kind = spec_pool.layer_role(m, layer).kind
+    if kind in ("window", "hca"):
+        present = {"window_idx", "indices"} | ({"compressed_idx"} if kind == "hca" else set())
+    else:
+        present = {"window_idx", "q", "q_rot", "q_packed", "q_scales", "w_raw", "weights", "scores", "topk", "indices"}
+        present |= {"q_had", "k_had"} if m.hadamard else set()
+        present |= {"k", "k_normed"} if kind in ("index_source", "candidate_source") else set()
+        present |= {"k_rot", "k_packed", "k_scales"} if kind != "reindex" else set()
+        present |= {"candidates"} if kind == "candidate_source" else set()
+    return tuple(s for s in STAGE_RULES if s in present)
+
+
 def layer_case(name: str, model: str, layer: int, seqlen: int, start_pos: int, seed: int) -> Case:
-    """One index_layer case whose every stage is determined."""
+    """One index_layer case, described; `build` searches its inputs (needed to generate only)."""
+    kind = spec_pool.layer_role(profile(model), layer).kind
+    outputs = layer_stages(model, layer)
+    rules = {s: ("POOL.REINDEX" if s == "topk" and kind == "reindex" else STAGE_RULES[s]) for s in outputs}
+    window = SP.window_index(seqlen, start_pos).shape[1]
+    return Case(name, "PATH.LAYER", "index_layer", {}, {"model": model, "layer": layer, "start_pos": start_pos},
+                outputs, call="mapping", output_rules=rules, unordered={"window_idx": window, "indices": window},
+                build=functools.partial(_searched, name, model, layer, seqlen, start_pos, seed))
+
+
+@functools.lru_cache(maxsize=None)
+def _searched(name: str, model: str, layer: int, seqlen: int, start_pos: int, seed: int) -> Case:
+    """The case with inputs redrawn row by row until every stage is determined."""
     m = profile(model)
     kind, ratio = spec_pool.layer_role(m, layer).kind, m.ratio(layer)
     E = (start_pos + seqlen) // ratio if ratio else 0
@@ -390,12 +429,11 @@ def layer_case(name: str, model: str, layer: int, seqlen: int, start_pos: int, s
             search.values[source][row] = search.recipes[source].row(row)
     else:
         raise RuntimeError(f"{name}: scores still not determined after 20 rounds")
-    outputs = tuple(s for s in STAGE_RULES if s in stages and not (kind == "reindex" and s in ("k_packed", "k_scales")))
-    rules = {s: ("POOL.REINDEX" if s == "topk" and kind == "reindex" else STAGE_RULES[s]) for s in outputs}
-    window = stages["window_idx"].shape[1]
-    return Case(name, "PATH.LAYER", "index_layer", inputs, {"model": model, "layer": layer, "start_pos": start_pos},
-                outputs, call="mapping", generated={k: search.recipes[k] for k in GENERATED if k in search.recipes},
-                output_rules=rules, unordered={"window_idx": window, "indices": window})
+    described = layer_case(name, model, layer, seqlen, start_pos, seed)
+    if not set(described.outputs) <= set(stages):
+        raise AssertionError(f"{name}: layer_stages lists {set(described.outputs) - set(stages)}, not computed")
+    return dataclasses.replace(described, inputs=inputs, build=None,
+                               generated={k: search.recipes[k] for k in GENERATED if k in search.recipes})
 
 
 LAYER_CASES = (
@@ -417,29 +455,32 @@ def list_cases() -> list[Case]:
     topk_prefill = np.where(np.arange(8)[None, :] < (np.arange(1, 21) // 4)[:, None],
                             (np.arange(20)[:, None] * 3 + np.arange(8)[None, :]) % 5, -1)
     topk_decode = np.array([[4, 0, 73, 2, -1, -1, 1, 74]], dtype=np.int64)
-    every = {"out": None}
+    every, counts = {"out": None}, ("seqlen", "start_pos")        # the contract's positional ints
     return [
-        Case("window_index_prefill", "PATH.WINDOW", "window_index", {}, {"seqlen": 130, "start_pos": 0}, unordered=every),
+        Case("window_index_prefill", "PATH.WINDOW", "window_index", {}, {"seqlen": 130, "start_pos": 0},
+             unordered=every, positional=counts),
         Case("window_index_decode_unfilled", "PATH.WINDOW", "window_index", {}, {"seqlen": 1, "start_pos": 100},
-             unordered=every),
+             unordered=every, positional=counts),
         Case("window_index_decode_wrapped", "PATH.WINDOW", "window_index", {}, {"seqlen": 1, "start_pos": 1000},
-             unordered=every),
+             unordered=every, positional=counts),
         Case("compressed_index_prefill", "PATH.HCA", "compressed_index", {},
-             {"seqlen": 300, "start_pos": 0, "model": "v4-flash", "layer": 3}),
+             {"seqlen": 300, "start_pos": 0, "model": "v4-flash", "layer": 3}, positional=counts),
         Case("compressed_index_decode", "PATH.HCA", "compressed_index", {},
-             {"seqlen": 1, "start_pos": 383, "model": "v4-pro", "layer": 0}),
+             {"seqlen": 1, "start_pos": 383, "model": "v4-pro", "layer": 0}, positional=counts),
         Case("attention_index_prefill", "PATH.CONCAT", "attention_index",
-             {"window_rows": window_prefill, "compressed_rows": topk_prefill}, {"seqlen": 20, "start_pos": 0}),
+             {"window_rows": window_prefill, "compressed_rows": topk_prefill}, {"seqlen": 20, "start_pos": 0},
+             positional=counts),
         Case("attention_index_decode", "PATH.CONCAT", "attention_index",
-             {"window_rows": window_decode, "compressed_rows": topk_decode}, {"seqlen": 1, "start_pos": 300}),
+             {"window_rows": window_decode, "compressed_rows": topk_decode}, {"seqlen": 1, "start_pos": 300},
+             positional=counts),
     ]
 
 
 def qdq_cases() -> list[Case]:
     fp4 = np.concatenate([mixed_magnitudes(161, (8, 512)), edge_rows(512, 16, 6.0, E2M1_TIES[:-1].tolist())])
     fp8 = np.concatenate([mixed_magnitudes(162, (8, 512)), edge_rows(512, 32, 448.0, list(E4M3_MIDPOINT_TIES))])
-    return [Case("kv_qdq_fp4_e4m3", "PATH.QDQ", "kv_qdq", {"x": fp4}, {"fmt": "fp4_e4m3"}),
-            Case("kv_qdq_fp8_e8m0_32", "PATH.QDQ", "kv_qdq", {"x": fp8}, {"fmt": "fp8_e8m0_32"})]
+    return [Case("kv_qdq_fp4_e4m3", "PATH.QDQ", "kv_qdq", {"x": fp4}, {"fmt": "fp4_e4m3"}, positional=("fmt",)),
+            Case("kv_qdq_fp8_e8m0_32", "PATH.QDQ", "kv_qdq", {"x": fp8}, {"fmt": "fp8_e8m0_32"}, positional=("fmt",))]
 
 
 def path_cases() -> list[Case]:

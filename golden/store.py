@@ -16,7 +16,7 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
-from .cases import Case, cases, spec_outputs
+from .cases import Case, built, cases, spec_outputs
 from .layers import rebuild
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -35,7 +35,8 @@ def run_case(case: Case, op) -> dict[str, np.ndarray]:
         if not isinstance(result, dict):
             raise ValueError(f"{case.op} returned {type(result).__name__}, expected a dict of named outputs")
         return {name: np.ascontiguousarray(_numpy(result[name])) for name in case.outputs if name in result}
-    result = op(*(torch.from_numpy(v.copy()) for v in case.inputs.values()), **case.args)
+    extra, keywords = case.call_args()
+    result = op(*(torch.from_numpy(v.copy()) for v in case.inputs.values()), *extra, **keywords)
     result = result if isinstance(result, tuple) else (result,)
     if len(result) != len(case.outputs):
         raise ValueError(f"{case.op} returned {len(result)} outputs, expected {case.outputs}")
@@ -58,7 +59,7 @@ def generate(out: Path, *, force: bool = False) -> dict:
                               f"regenerate them (then commit the files and the manifest together)")
     out.mkdir(parents=True, exist_ok=True)
     files = {}
-    for case in cases():
+    for case in map(built, cases()):
         outputs = run_case(case, getattr(impl, case.op))
         problem = compare(case, outputs, spec_outputs(case), against="spec/")
         if problem:
@@ -157,7 +158,7 @@ def check_target(target, data: Path = DATA, names=None) -> list[tuple[str, str, 
             results.append((case.name, "NOT_IMPLEMENTED", f"missing {case.op}"))
             continue
         inputs, want = load_case(case.name, data)
-        ordered = {name: inputs[name] for name in case.inputs}     # operations take them positionally
+        ordered = {name: inputs[name] for name in _input_names(case, inputs)}   # in the operation's order
         stored = dataclasses.replace(case, inputs=ordered)
         try:
             problem = compare(case, run_case(stored, target.op(case.op)), want)
@@ -184,6 +185,11 @@ def selected(rules: list[str] | None = None) -> list[Case]:
         raise ValueError(f"no golden case gates a rule matching {', '.join(rules)}; "
                          f"cases gate {', '.join(sorted({c.rule for c in cases()}))}")
     return chosen
+
+
+def _input_names(case: Case, stored: dict) -> list[str]:
+    """The order of a case's inputs (a mapping case's, as stored: it takes them by name)."""
+    return sorted(stored) if case.call == "mapping" else list(case.inputs)
 
 
 def check_outputs(port_dir: Path, data: Path = DATA, rules: list[str] | None = None) -> list[tuple[str, str, str]]:
@@ -218,13 +224,15 @@ def export(out: Path, data: Path = DATA, rules: list[str] | None = None) -> list
     written, sections = [], []
     for case in selected(rules):
         inputs, want = load_case(case.name, data)
+        names = _input_names(case, inputs)
         path = out / f"{case.name}.safetensors"
-        about = json.dumps({"op": case.op, "rule": case.rule, "args": case.args, "inputs": list(case.inputs),
-                            "outputs": list(case.outputs), "call": case.call}, sort_keys=True)
-        save_file({f"in.{k}": np.ascontiguousarray(inputs[k]) for k in case.inputs}, str(path),
+        about = json.dumps({"op": case.op, "rule": case.rule, "args": case.args, "inputs": names,
+                            "outputs": list(case.outputs), "call": case.call,
+                            "positional": list(case.positional)}, sort_keys=True)
+        save_file({f"in.{k}": np.ascontiguousarray(inputs[k]) for k in names}, str(path),
                   metadata={"case": about})
         written.append(path)
-        sections.append(_layout(case, inputs, want))
+        sections.append(_layout(case, {k: inputs[k] for k in names}, want))
     (out / LAYOUT).write_text(_LAYOUT_HEAD + "\n".join(sections))
     written.append(out / LAYOUT)
     (out / VECTORS).mkdir(exist_ok=True)
@@ -239,7 +247,8 @@ _LAYOUT_HEAD = """# Golden inputs for a port
 
 Each `<case>.safetensors` holds the inputs of one operation as tensors `in.<name>` (little-endian,
 C order) and, in its metadata key `case` (JSON), the operation, the rule it gates, the extra
-arguments and the order of the inputs and outputs.  Run your operation on the inputs in that order (`"call": "mapping"`: pass them as one mapping
+arguments and the order of the inputs and outputs.  Run your operation on the inputs in that order, then the arguments named in `positional`, in
+that order, then the other arguments by keyword (`"call": "mapping"`: pass them as one mapping
 from name to tensor, as `index_layer(inputs, **args)` takes them, and read the outputs from the
 mapping it returns), write `<case>.safetensors` into an output
 folder with one tensor `out.<name>` per output listed (dtype and shape as listed), then run
@@ -263,7 +272,8 @@ def _layout(case: Case, inputs: dict, want: dict) -> str:
     ops = _op_contract()
     lines = [f"## {case.name}.safetensors", "", f"- operation: `{ops.get(case.op, case.op)}`",
              f"- rule: `{case.rule}`: {RULES[case.rule].statement}",
-             f"- extra arguments: {json.dumps(case.args) if case.args else 'none'}"]
+             f"- extra arguments: {json.dumps(case.args) if case.args else 'none'}"
+             + (f" ({', '.join(case.positional)} positional, after the inputs)" if case.positional else "")]
     if case.call == "mapping":
         lines.append("- call: the inputs as one mapping; the outputs are its stages in path order, each gating "
                      "its own rule: " + ", ".join(f"`{k}` {r}" for k, r in case.output_rules.items()))
@@ -271,7 +281,7 @@ def _layout(case: Case, inputs: dict, want: dict) -> str:
         lines.append(f"- `out.{name}`: the order of the {'entries' if columns is None else f'first {columns} entries'} "
                      f"of a row is free (compared as a set)")
     lines += ["", "| tensor | dtype | shape |", "|---|---|---|"]
-    lines += [_describe_array(f"in.{k}", inputs[k]) for k in case.inputs]
+    lines += [_describe_array(f"in.{k}", v) for k, v in inputs.items()]
     lines += [_describe_array(f"out.{k}", want[k]) + " (you write it)" for k in case.outputs]
     return "\n".join(lines) + "\n"
 

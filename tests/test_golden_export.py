@@ -34,7 +34,9 @@ def port(inputs: Path, outputs: Path):
             named = getattr(impl, case["op"])(inputs, **case["args"])
             result = [named[n] for n in case["outputs"]]
         else:
-            result = getattr(impl, case["op"])(*inputs.values(), **case["args"])
+            extra = [case["args"][k] for k in case["positional"]]
+            keywords = {k: v for k, v in case["args"].items() if k not in case["positional"]}
+            result = getattr(impl, case["op"])(*inputs.values(), *extra, **keywords)
             result = result if isinstance(result, tuple) else (result,)
         save_file({f"out.{n}": np.ascontiguousarray(t.numpy()) for n, t in zip(case["outputs"], result)},
                   str(outputs / f.name))
