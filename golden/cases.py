@@ -6,7 +6,9 @@ exponent and mantissa bits, or is a power of two times a small integer.  No tran
 function and no platform math library is involved (numpy's SIMD pow differs by an ulp between CPU
 dispatch levels), so any machine regenerates the same bits.  Only outputs that are exactly defined
 are stored: codes, scale bytes, masks, and scores of inputs whose sums are exact in fp32; each is
-checked against spec/'s exact definition when it is generated (store.generate).
+checked against spec/'s exact definition when it is generated (store.generate).  The indexer
+path's cases (golden/layers.py) store layer stages that every conforming target rounds alike;
+their search decides which rows to redraw with float64 math (see there why that cannot move a bit).
 """
 from __future__ import annotations
 

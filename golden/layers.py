@@ -14,7 +14,13 @@ compares bytes and names the first stage that differs.  That takes two kinds of 
   that interval is not one value (or, in V4's score order, two visible scores tie), the generator
   redraws the input row that feeds the element (its own splitmix64 stream) until none is left.
 
-The projection weights (up to 8192 × 1536) are too large to store: a case file keeps their recipe
+The values are integer-built like every golden input; only the search's decisions use float64
+math (cos, sin, powers, platform functions within an ulp of float64).  A decision is an interval's
+BF16 rounding, so it could differ between machines only if an interval end lay within ~2^-50 of a
+BF16 midpoint, and the intervals are wide (2^-24 and more); tests/test_golden.py regenerates every
+file on every numpy dispatch level.
+
+The projection weights (up to 8192 × 1024) are too large to store: a case file keeps their recipe
 (`Weight`: seed, shape, exponent range, redrawn rows, sha256 of the values) and load_case rebuilds
 them; `golden export` writes them out in full for a port.
 """

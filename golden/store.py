@@ -25,18 +25,28 @@ GENERATOR_VERSION = 2
 
 
 def _numpy(t) -> np.ndarray:
-    return t.detach().cpu().numpy() if hasattr(t, "detach") else np.asarray(t)
-
-
-def run_case(case: Case, op) -> dict[str, np.ndarray]:
+    """A result as numpy; BF16 widens exactly to float32 (numpy has no BF16)."""
+    if not hasattr(t, "detach"):
+        return np.asarray(t)
     import torch
+    return (t.float() if t.dtype == torch.bfloat16 else t).detach().cpu().numpy()
+
+
+def run_case(case: Case, op, input_dtype: str = "float32") -> dict[str, np.ndarray]:
+    """The operation's outputs on the case's inputs, float inputs in `input_dtype` (the golden
+    inputs are BF16 values: "bfloat16" holds them exactly)."""
+    import torch
+
+    def tensor(v):
+        t = torch.from_numpy(v.copy())
+        return t.to(torch.bfloat16) if input_dtype == "bfloat16" and t.dtype == torch.float32 else t
     if case.call == "mapping":
-        result = op({k: torch.from_numpy(v.copy()) for k, v in case.inputs.items()}, **case.args)
+        result = op({k: tensor(v) for k, v in case.inputs.items()}, **case.args)
         if not isinstance(result, dict):
             raise ValueError(f"{case.op} returned {type(result).__name__}, expected a dict of named outputs")
         return {name: np.ascontiguousarray(_numpy(result[name])) for name in case.outputs if name in result}
     extra, keywords = case.call_args()
-    result = op(*(torch.from_numpy(v.copy()) for v in case.inputs.values()), *extra, **keywords)
+    result = op(*(tensor(v) for v in case.inputs.values()), *extra, **keywords)
     result = result if isinstance(result, tuple) else (result,)
     if len(result) != len(case.outputs):
         raise ValueError(f"{case.op} returned {len(result)} outputs, expected {case.outputs}")
@@ -123,6 +133,8 @@ def compare(case: Case, got: dict[str, np.ndarray], want: dict[str, np.ndarray],
             a, b = _rows_sorted(a, case.unordered[name]), _rows_sorted(b, case.unordered[name])
         if a.shape != b.shape:
             return f"{case.name}.{name}: shape {a.shape}, expected {b.shape} ({against})"
+        if a.dtype != b.dtype and a.dtype.kind == b.dtype.kind == "i":
+            a, b = a.astype(np.int64), b.astype(np.int64)      # index lists: int32 or int64 (the contract)
         if a.dtype != b.dtype:
             exact = np.array_equal(b.astype(a.dtype).astype(b.dtype), b, equal_nan=b.dtype.kind == "f")
             if against == "the golden" or not exact:
@@ -161,7 +173,7 @@ def check_target(target, data: Path = DATA, names=None) -> list[tuple[str, str, 
         ordered = {name: inputs[name] for name in _input_names(case, inputs)}   # in the operation's order
         stored = dataclasses.replace(case, inputs=ordered)
         try:
-            problem = compare(case, run_case(stored, target.op(case.op)), want)
+            problem = compare(case, run_case(stored, target.op(case.op), target.input_dtype(case.op)), want)
         except Exception as e:      # noqa: BLE001 -- a target may raise anything (a contract error included)
             results.append((case.name, "ERROR", f"{type(e).__name__}: {e}"))
             continue

@@ -1,5 +1,5 @@
 """Goldens of the indexer path: the index lists, what attention reads and one index_layer case per
-layer kind.  Both reference targets reproduce them; a legitimate difference (another fp32 RoPE
+layer kind.  Both reference targets reproduce them (tests/test_golden.py); a legitimate difference (another fp32 RoPE
 table within ROPE.THETA's tolerance, a single rounding of the head weights) does not change a
 bit; a mistake planted in a middle stage fails on that case and names that stage."""
 import json
@@ -15,7 +15,7 @@ import dsv4spec.impl as impl
 from dsv4spec.golden import layers, store
 from dsv4spec.golden.cases import cases
 from dsv4spec.impl import path as impl_path
-from dsv4spec.properties.target import Target, load_target
+from dsv4spec.properties.target import Target
 from dsv4spec.spec import indexer as SI
 from mutants import mutant
 from mutants.path import MUTANTS
@@ -49,12 +49,6 @@ def test_every_stage_of_every_stored_layer_case_is_determined():
         assert store.compare(case, want, stages, against="spec/") is None
         for name, x in inputs.items():
             assert x.dtype != np.float32 or np.array_equal(SI.round_bf16(x), x), (case.name, name)
-
-
-@pytest.mark.parametrize("name", ["impl", "official"])
-def test_both_references_reproduce_every_path_case(name):
-    got = {n: s for n, s, _ in store.check_target(load_target(name), names=set(PATH_CASES))}
-    assert set(got) == set(PATH_CASES) and set(got.values()) == {"PASS"}, got
 
 
 def _table_off_by(factor):
