@@ -326,6 +326,11 @@ class _Search:
         self.recipes = recipes
         self.values = {name: r.array() for name, r in recipes.items()}
 
+    def draw_again(self, name: str, rows) -> None:
+        self.recipes[name] = self.recipes[name].redrawn(rows)
+        for row in rows:
+            self.values[name][row] = self.recipes[name].row(row)
+
     def redraw(self, name: str, units, loose) -> None:
         """For each unit, redraw the rows of `name` that loose(unit) lists until it lists none."""
         for unit in units:
@@ -333,9 +338,7 @@ class _Search:
                 rows = loose(unit)
                 if not rows:
                     break
-                self.recipes[name] = self.recipes[name].redrawn(rows)
-                for row in rows:
-                    self.values[name][row] = self.recipes[name].row(row)
+                self.draw_again(name, rows)
             else:
                 raise RuntimeError(f"{name}: unit {unit} still not determined after 255 draws")
 
@@ -364,7 +367,7 @@ def _settle_rows(search: _Search, m, kind: str, positions, k_positions, freqs) -
             if where.any():
                 return [j]
             x = normed
-        return [j] if any(w.any() for w in _rotation(x, k_positions[j:j + 1], freqs, kind == "csa")[1].values()) else []
+        return [j] if any(w.any() for w in _rotation(x, k_positions[j:j + 1], freqs, m.hadamard)[1].values()) else []
     if kind != "reindex":
         search.redraw(K_SOURCE.get(kind, "latent"), range(len(k_positions)), entry)
 
@@ -428,11 +431,7 @@ def _searched(name: str, model: str, layer: int, seqlen: int, start_pos: int, se
             break
         if left[0] not in ("scores", "topk"):
             raise AssertionError(f"{name}: {left[0]} not settled by its rows")
-        rows = sorted({int(s) for s in np.argwhere(loose[left[0]])[:, 1]})    # a score's key entry
-        source = K_SOURCE.get(kind, "latent")
-        search.recipes[source] = search.recipes[source].redrawn(rows)
-        for row in rows:
-            search.values[source][row] = search.recipes[source].row(row)
+        search.draw_again(K_SOURCE.get(kind, "latent"), sorted({int(s) for s in np.argwhere(loose[left[0]])[:, 1]}))
     else:
         raise RuntimeError(f"{name}: scores still not determined after 20 rounds")
     described = layer_case(name, model, layer, seqlen, start_pos, seed)
