@@ -6,7 +6,7 @@ compares bytes and names the first stage that differs.  That takes two kinds of 
 
 - exact by construction: the activations and projection weights are coarse BF16 values
   ±(1 + m/4)·2^e, so every Linear (q, k, raw head weights) sums exactly in fp32 in any order
-  (asserted: the sum of |products| stays below 2^24 of their finest quantum);
+  (asserted: K·max|x|·max|w| stays below 2^24 of the products' finest quantum);
 - determined by choice: the stages with an irrational factor (RoPE's cos and sin, the Hadamard's
   128^-0.5, V4's head-weight factor 2^-6.5, k_norm's rsqrt) and the score sums are rounded to BF16
   from a value known only within an error bound: the bound of the stage's rule, plus for RoPE a
@@ -158,8 +158,9 @@ def _finest_quantum(a) -> float:
 
 
 def rotation_error(x, positions, freqs) -> np.ndarray:
-    """ROPE.ROUNDING's δ, plus a table within 2^-20 of the exact one on both sides: the angle
-    p·f_i may differ by 2·2^-20·p·f_i, turning the pair by that much."""
+    """ROPE.ROUNDING's δ, plus another table: two tables within 2^-20 of the exact one put the angle
+    p·f_i up to 2·2^-20·p·f_i apart, turning the pair by that much; twice that is allowed (the fl32
+    roundings of the angles ride on it)."""
     x = np.asarray(x, np.float64)
     pair = np.abs(x[..., -64::2]) + np.abs(x[..., -63::2])
     angle = R._broadcast(x, R.angles(positions, freqs))
