@@ -40,7 +40,7 @@ from ..spec import pool as spec_pool
 from ..spec import quant as Q
 from ..spec import rope as R
 from ..spec.models import profile
-from .cases import E2M1_TIES, E4M3_MIDPOINT_TIES, Case, bf16_from_fields, edge_rows, mixed_magnitudes, splitmix64
+from .cases import E2M1_TIES, E4M3_MIDPOINT_TIES, Case, edge_rows, mixed_magnitudes, splitmix64
 
 U32 = 2.0 ** -24
 

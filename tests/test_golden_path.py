@@ -1,8 +1,12 @@
 """Goldens of the indexer path: the index lists, what attention reads and one index_layer case per
-layer kind.  Both reference targets reproduce them (tests/test_golden.py); a legitimate difference (another fp32 RoPE
-table within ROPE.THETA's tolerance, a single rounding of the head weights) does not change a
-bit; a mistake planted in a middle stage fails on that case and names that stage."""
+layer kind.  Both reference targets reproduce them (tests/test_golden.py); a legitimate
+difference (another fp32 RoPE table within ROPE.THETA's tolerance, a single rounding of the head
+weights) does not change a bit; a mistake planted in a middle stage fails on that case and names
+that stage."""
 import json
+import subprocess
+import sys
+from pathlib import Path
 from unittest import mock
 
 import numpy as np
@@ -11,6 +15,7 @@ import torch
 from safetensors import safe_open
 from safetensors.numpy import load_file
 
+import dsv4spec
 import dsv4spec.impl as impl
 from dsv4spec.golden import layers, store
 from dsv4spec.golden.cases import cases
@@ -135,3 +140,26 @@ def test_large_weights_are_stored_as_recipes_and_rebuilt_checked():
     assert weight.about() == about and np.array_equal(layers.rebuild(about), weight.array())
     with pytest.raises(ValueError, match="no longer gives the values"):
         layers.rebuild({**about, "redraw": about["redraw"][1:]})
+
+
+PORT_WITH_K_BEFORE_ITS_NORM = '''
+from unittest import mock
+from dsv4spec.impl import path
+
+def index_layer(inputs, *, model, layer, start_pos=0):
+    with mock.patch.object(path, "_rms_norm", lambda x, w, eps: x.clone()):
+        return path.index_layer(inputs, model=model, layer=layer, start_pos=start_pos)
+'''
+
+
+def test_golden_check_prints_the_case_and_the_first_broken_stage(tmp_path):
+    """`dsv4spec golden check --target` on a port whose index K skips k_norm: exit 1, and the V4.1
+    layer cases that compute K fail on k_normed, the stage the mistake is in."""
+    (tmp_path / "k_before_norm.py").write_text(PORT_WITH_K_BEFORE_ITS_NORM)
+    home = str(Path(dsv4spec.__file__).resolve().parent.parent)
+    run = subprocess.run([sys.executable, "-m", "dsv4spec", "golden", "check", "--target", "k_before_norm"],
+                         cwd=tmp_path, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": home})
+    assert run.returncode == 1, run.stdout + run.stderr
+    failing = sorted(line.split()[1] for line in run.stdout.splitlines() if line.startswith("FAIL"))
+    assert failing == ["index_layer_v41_l2", "index_layer_v41_l20"], run.stdout
+    assert "index_layer_v41_l20.k_normed: " in run.stdout and "(rule PATH.K.NORM)" in run.stdout
