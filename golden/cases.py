@@ -6,10 +6,13 @@ exponent and mantissa bits, or is a power of two times a small integer.  No tran
 function and no platform math library is involved (numpy's SIMD pow differs by an ulp between CPU
 dispatch levels), so any machine regenerates the same bits.  Only outputs that are exactly defined
 are stored: codes, scale bytes, masks, and scores of inputs whose sums are exact in fp32; each is
-checked against spec/'s exact definition when it is generated (store.generate).
+checked against spec/'s exact definition when it is generated (store.generate).  The indexer
+path's cases (golden/layers.py) store layer stages that every conforming target rounds alike;
+their search decides which rows to redraw with float64 math (see there why that cannot move a bit).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -122,6 +125,19 @@ class Case:
     inputs: dict                  # name -> np.ndarray, passed positionally in this order
     args: dict = field(default_factory=dict)   # extra keyword arguments (ints/strings)
     outputs: tuple[str, ...] = ("out",)
+    # "mapping": the operation takes the inputs as one dict and returns a dict holding the outputs
+    call: str = "positional"
+    generated: dict = field(default_factory=dict)      # input name -> its recipe (layers.Weight), not stored
+    output_rules: dict = field(default_factory=dict)   # output name -> the rule it gates (default: rule)
+    unordered: dict = field(default_factory=dict)      # output -> leading columns whose order in a row is
+    #                                                    free (None: all), compared as a multiset per row
+    positional: tuple[str, ...] = ()    # args passed positionally after the inputs (the contract's order)
+    build: object = None                # () -> the case with its inputs, where they take a search to build
+
+    def call_args(self) -> tuple[tuple, dict]:
+        """(positional, keyword) arguments after the inputs."""
+        return (tuple(self.args[k] for k in self.positional),
+                {k: v for k, v in self.args.items() if k not in self.positional})
 
 
 def permutation_rows(seed: int, rows: int, n: int) -> np.ndarray:
@@ -146,7 +162,23 @@ def fp4_operands(seed: int, rows: int, heads: int, keys: int, dim: int = 128):
     return q_packed, q_scales.astype(np.uint8), k_packed, k_scales.astype(np.uint8), w.astype(np.float32)
 
 
+@functools.lru_cache(maxsize=1)
+def _cases() -> tuple[Case, ...]:
+    from .layers import path_cases          # layers builds on the helpers of this module
+    return (*codec_cases(), *indexer_cases(), *path_cases())
+
+
+def built(case: Case) -> Case:
+    """The case with its inputs (a layer case is described without them until it is generated)."""
+    return case.build() if case.build is not None else case
+
+
 def cases() -> list[Case]:
+    """Every golden case, in file order (built once: the layer cases search for determined inputs)."""
+    return list(_cases())
+
+
+def codec_cases() -> list[Case]:
     ties_fp4, ties_fp8 = E2M1_TIES[:-1].tolist(), list(E4M3_MIDPOINT_TIES)
     x512 = codec_input(11, 512, 16, 6.0, ties_fp4)
     x128 = codec_input(12, 128, 32, 6.0, ties_fp4)
@@ -159,7 +191,6 @@ def cases() -> list[Case]:
         Case("fp8_v4_main_kv", "FP8.SCALE", "fp8_quantize", {"x": x448}, {"block": 64}, ("q", "scales")),
         Case("fp8_v41_swa", "FP8.SCALE", "fp8_quantize", {"x": swa}, {"block": 32}, ("q", "scales")),
         Case("fp8_v32_index", "FP8.SCALE", "fp8_quantize", {"x": v32}, {"block": 128}, ("q", "scales")),
-        *indexer_cases(),
     ]
 
 
@@ -208,6 +239,12 @@ SPEC = {
 
 
 def spec_outputs(case: Case) -> dict[str, np.ndarray]:
-    result = SPEC[case.op](*case.inputs.values(), **case.args)
+    from .layers import PATH_SPEC
+    definition = {**SPEC, **PATH_SPEC}[case.op]
+    if case.call == "mapping":
+        result = definition(dict(case.inputs), **case.args)
+        return {name: result[name] for name in case.outputs}
+    extra, keywords = case.call_args()
+    result = definition(*case.inputs.values(), *extra, **keywords)
     result = result if isinstance(result, tuple) else (result,)
     return dict(zip(case.outputs, result))

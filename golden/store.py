@@ -7,14 +7,17 @@ Files are never loaded with pickle: safetensors only.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
 
 import numpy as np
+from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
-from .cases import Case, cases, spec_outputs
+from .cases import Case, built, cases, spec_outputs
+from .layers import rebuild
 
 DATA = Path(__file__).resolve().parent / "data"
 MANIFEST = "manifest.json"
@@ -22,12 +25,28 @@ GENERATOR_VERSION = 2
 
 
 def _numpy(t) -> np.ndarray:
-    return t.detach().cpu().numpy() if hasattr(t, "detach") else np.asarray(t)
-
-
-def run_case(case: Case, op) -> dict[str, np.ndarray]:
+    """A result as numpy; BF16 widens exactly to float32 (numpy has no BF16)."""
+    if not hasattr(t, "detach"):
+        return np.asarray(t)
     import torch
-    result = op(*(torch.from_numpy(v.copy()) for v in case.inputs.values()), **case.args)
+    return (t.float() if t.dtype == torch.bfloat16 else t).detach().cpu().numpy()
+
+
+def run_case(case: Case, op, input_dtype: str = "float32") -> dict[str, np.ndarray]:
+    """The operation's outputs on the case's inputs, float inputs in `input_dtype` (the golden
+    inputs are BF16 values: "bfloat16" holds them exactly)."""
+    import torch
+
+    def tensor(v):
+        t = torch.from_numpy(v.copy())
+        return t.to(torch.bfloat16) if input_dtype == "bfloat16" and t.dtype == torch.float32 else t
+    if case.call == "mapping":
+        result = op({k: tensor(v) for k, v in case.inputs.items()}, **case.args)
+        if not isinstance(result, dict):
+            raise ValueError(f"{case.op} returned {type(result).__name__}, expected a dict of named outputs")
+        return {name: np.ascontiguousarray(_numpy(result[name])) for name in case.outputs if name in result}
+    extra, keywords = case.call_args()
+    result = op(*(tensor(v) for v in case.inputs.values()), *extra, **keywords)
     result = result if isinstance(result, tuple) else (result,)
     if len(result) != len(case.outputs):
         raise ValueError(f"{case.op} returned {len(result)} outputs, expected {case.outputs}")
@@ -50,18 +69,20 @@ def generate(out: Path, *, force: bool = False) -> dict:
                               f"regenerate them (then commit the files and the manifest together)")
     out.mkdir(parents=True, exist_ok=True)
     files = {}
-    for case in cases():
+    for case in map(built, cases()):
         outputs = run_case(case, getattr(impl, case.op))
         problem = compare(case, outputs, spec_outputs(case), against="spec/")
         if problem:
             raise RuntimeError(f"impl disagrees with spec/ on a golden case, nothing written for it: {problem}")
-        tensors = {f"in.{k}": np.ascontiguousarray(v) for k, v in case.inputs.items()}
+        tensors = {f"in.{k}": np.ascontiguousarray(v) for k, v in case.inputs.items() if k not in case.generated}
         tensors.update({f"out.{k}": v for k, v in outputs.items()})
         path = out / f"{case.name}.safetensors"
+        about = {"op": case.op, "rule": case.rule, "args": case.args}
+        if case.generated:
+            about["generated"] = {k: recipe.about() for k, recipe in case.generated.items()}
         # One metadata key: safetensors writes several in a random order, which would break
         # bit-for-bit regeneration.
-        about = json.dumps({"op": case.op, "rule": case.rule, "args": case.args}, sort_keys=True)
-        save_file(tensors, str(path), metadata={"case": about})
+        save_file(tensors, str(path), metadata={"case": json.dumps(about, sort_keys=True)})
         files[path.name] = {"sha256": sha256(path), "rule": case.rule, "op": case.op}
     manifest = {"generator_version": GENERATOR_VERSION, "files": files}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
@@ -87,9 +108,14 @@ def verify_manifest(data: Path = DATA) -> list[str]:
 
 
 def load_case(name: str, data: Path = DATA) -> tuple[dict, dict]:
-    tensors = load_file(str(data / f"{name}.safetensors"))
+    """(inputs, outputs) of a stored case, the inputs kept as recipes rebuilt."""
+    path = str(data / f"{name}.safetensors")
+    tensors = load_file(path)
     inputs = {k[3:]: v for k, v in tensors.items() if k.startswith("in.")}
     outputs = {k[4:]: v for k, v in tensors.items() if k.startswith("out.")}
+    with safe_open(path, "np") as handle:
+        about = json.loads((handle.metadata() or {}).get("case", "{}"))
+    inputs.update({k: rebuild(recipe) for k, recipe in about.get("generated", {}).items()})
     return inputs, outputs
 
 
@@ -103,8 +129,12 @@ def compare(case: Case, got: dict[str, np.ndarray], want: dict[str, np.ndarray],
         if name not in got:
             return f"{case.name}: output {name!r} missing"
         a, b = np.asarray(got[name]), np.asarray(want[name])
+        if name in case.unordered and a.shape == b.shape and a.ndim == 2:
+            a, b = _rows_sorted(a, case.unordered[name]), _rows_sorted(b, case.unordered[name])
         if a.shape != b.shape:
             return f"{case.name}.{name}: shape {a.shape}, expected {b.shape} ({against})"
+        if a.dtype != b.dtype and a.dtype.kind == b.dtype.kind == "i":
+            a, b = a.astype(np.int64), b.astype(np.int64)      # index lists: int32 or int64 (the contract)
         if a.dtype != b.dtype:
             exact = np.array_equal(b.astype(a.dtype).astype(b.dtype), b, equal_nan=b.dtype.kind == "f")
             if against == "the golden" or not exact:
@@ -114,23 +144,36 @@ def compare(case: Case, got: dict[str, np.ndarray], want: dict[str, np.ndarray],
         if diff.size:
             i = int(diff[0]) // a.itemsize
             idx = tuple(int(j) for j in np.unravel_index(i, a.shape))
-            return (f"{case.name}.{name}: {diff.size} bytes differ from {against}; first at {idx}: "
-                    f"got {a.reshape(-1)[i]!r}, expected {b.reshape(-1)[i]!r} (rule {case.rule})")
+            order = " (rows sorted where their order is free)" if name in case.unordered else ""
+            return (f"{case.name}.{name}: {diff.size} bytes differ from {against}{order}; first at {idx}: "
+                    f"got {a.reshape(-1)[i]!r}, expected {b.reshape(-1)[i]!r} "
+                    f"(rule {case.output_rules.get(name, case.rule)})")
     return None
 
 
-def check_target(target, data: Path = DATA) -> list[tuple[str, str, str]]:
-    """(case, status, detail) for each golden case against a target: PASS, FAIL, ERROR or NOT_IMPLEMENTED."""
+def _rows_sorted(a: np.ndarray, columns: int | None) -> np.ndarray:
+    """Each row with its first `columns` entries (all when None) in ascending order."""
+    a = a.copy()
+    a[:, :columns] = np.sort(a[:, :columns], axis=1)
+    return a
+
+
+def check_target(target, data: Path = DATA, names=None) -> list[tuple[str, str, str]]:
+    """(case, status, detail) for each golden case (those in `names` when given) against a target:
+    PASS, FAIL, ERROR or NOT_IMPLEMENTED.  A FAIL names the first output that differs: a layer
+    case's outputs are its stages in path order."""
     results = []
     for case in cases():
+        if names is not None and case.name not in names:
+            continue
         if not target.has(case.op):
             results.append((case.name, "NOT_IMPLEMENTED", f"missing {case.op}"))
             continue
         inputs, want = load_case(case.name, data)
-        ordered = {name: inputs[name] for name in case.inputs}     # operations take them positionally
-        stored = Case(case.name, case.rule, case.op, ordered, case.args, case.outputs)
+        ordered = {name: inputs[name] for name in _input_names(case, inputs)}   # in the operation's order
+        stored = dataclasses.replace(case, inputs=ordered)
         try:
-            problem = compare(case, run_case(stored, target.op(case.op)), want)
+            problem = compare(case, run_case(stored, target.op(case.op), target.input_dtype(case.op)), want)
         except Exception as e:      # noqa: BLE001 -- a target may raise anything (a contract error included)
             results.append((case.name, "ERROR", f"{type(e).__name__}: {e}"))
             continue
@@ -154,6 +197,11 @@ def selected(rules: list[str] | None = None) -> list[Case]:
         raise ValueError(f"no golden case gates a rule matching {', '.join(rules)}; "
                          f"cases gate {', '.join(sorted({c.rule for c in cases()}))}")
     return chosen
+
+
+def _input_names(case: Case, stored: dict) -> list[str]:
+    """The order of a case's inputs (a mapping case's, as stored: it takes them by name)."""
+    return sorted(stored) if case.call == "mapping" else list(case.inputs)
 
 
 def check_outputs(port_dir: Path, data: Path = DATA, rules: list[str] | None = None) -> list[tuple[str, str, str]]:
@@ -188,13 +236,15 @@ def export(out: Path, data: Path = DATA, rules: list[str] | None = None) -> list
     written, sections = [], []
     for case in selected(rules):
         inputs, want = load_case(case.name, data)
+        names = _input_names(case, inputs)
         path = out / f"{case.name}.safetensors"
-        about = json.dumps({"op": case.op, "rule": case.rule, "args": case.args, "inputs": list(case.inputs),
-                            "outputs": list(case.outputs)}, sort_keys=True)
-        save_file({f"in.{k}": np.ascontiguousarray(inputs[k]) for k in case.inputs}, str(path),
+        about = json.dumps({"op": case.op, "rule": case.rule, "args": case.args, "inputs": names,
+                            "outputs": list(case.outputs), "call": case.call,
+                            "positional": list(case.positional)}, sort_keys=True)
+        save_file({f"in.{k}": np.ascontiguousarray(inputs[k]) for k in names}, str(path),
                   metadata={"case": about})
         written.append(path)
-        sections.append(_layout(case, inputs, want))
+        sections.append(_layout(case, {k: inputs[k] for k in names}, want))
     (out / LAYOUT).write_text(_LAYOUT_HEAD + "\n".join(sections))
     written.append(out / LAYOUT)
     (out / VECTORS).mkdir(exist_ok=True)
@@ -209,7 +259,10 @@ _LAYOUT_HEAD = """# Golden inputs for a port
 
 Each `<case>.safetensors` holds the inputs of one operation as tensors `in.<name>` (little-endian,
 C order) and, in its metadata key `case` (JSON), the operation, the rule it gates, the extra
-arguments and the order of the inputs and outputs.  Run your operation on the inputs in that order, write `<case>.safetensors` into an output
+arguments and the order of the inputs and outputs.  Run your operation on the inputs in that order, then the arguments named in `positional`, in
+that order, then the other arguments by keyword (`"call": "mapping"`: pass them as one mapping
+from name to tensor, as `index_layer(inputs, **args)` takes them, and read the outputs from the
+mapping it returns), write `<case>.safetensors` into an output
 folder with one tensor `out.<name>` per output listed (dtype and shape as listed), then run
 
     dsv4spec golden check-outputs OUTPUT_FOLDER [--rules PREFIX,...]
@@ -231,9 +284,16 @@ def _layout(case: Case, inputs: dict, want: dict) -> str:
     ops = _op_contract()
     lines = [f"## {case.name}.safetensors", "", f"- operation: `{ops.get(case.op, case.op)}`",
              f"- rule: `{case.rule}`: {RULES[case.rule].statement}",
-             f"- extra arguments: {json.dumps(case.args) if case.args else 'none'}", "",
-             "| tensor | dtype | shape |", "|---|---|---|"]
-    lines += [_describe_array(f"in.{k}", inputs[k]) for k in case.inputs]
+             f"- extra arguments: {json.dumps(case.args) if case.args else 'none'}"
+             + (f" ({', '.join(case.positional)} positional, after the inputs)" if case.positional else "")]
+    if case.call == "mapping":
+        lines.append("- call: the inputs as one mapping; the outputs are its stages in path order, each gating "
+                     "its own rule: " + ", ".join(f"`{k}` {r}" for k, r in case.output_rules.items()))
+    for name, columns in case.unordered.items():
+        lines.append(f"- `out.{name}`: the order of the {'entries' if columns is None else f'first {columns} entries'} "
+                     f"of a row is free (compared as a set)")
+    lines += ["", "| tensor | dtype | shape |", "|---|---|---|"]
+    lines += [_describe_array(f"in.{k}", v) for k, v in inputs.items()]
     lines += [_describe_array(f"out.{k}", want[k]) + " (you write it)" for k in case.outputs]
     return "\n".join(lines) + "\n"
 

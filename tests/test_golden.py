@@ -121,10 +121,18 @@ def test_splitmix64_matches_a_scalar_reference():
     assert [hex(int(w)) for w in splitmix64(0, 2)] == ["0xe220a8397b1dcdaf", "0x6e789e6aa1b965f4"]
 
 
-@pytest.mark.parametrize("name", ["impl", "kernels"])
+@pytest.mark.parametrize("name", ["impl", "official", "kernels"])
 def test_builtin_targets_reproduce_the_goldens(name):
-    results = store.check_target(load_target(name))
-    assert all(status == "PASS" for _, status, _ in results), results
+    """impl and official pass every case (official's quantizers receive BF16 tensors, as they
+    declare; its int32 index lists compare by value); kernels passes every case of an operation it
+    has (it lacks the index lists, kv_qdq and the layer operation)."""
+    target = load_target(name)
+    results = store.check_target(target)
+    assert all(status == "PASS" for _, status, _ in results if status != "NOT_IMPLEMENTED"), results
+    missing = {case for case, status, _ in results if status == "NOT_IMPLEMENTED"}
+    ops = {case.name: case.op for case in cases()}
+    assert all(not target.has(ops[case]) for case in missing)
+    assert (len(missing) < len(results) - 10) if name == "kernels" else not missing
 
 
 def test_a_wrong_codec_is_caught_by_the_goldens():

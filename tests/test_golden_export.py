@@ -29,9 +29,15 @@ def port(inputs: Path, outputs: Path):
         with safe_open(str(f), "np") as handle:
             case = json.loads(handle.metadata()["case"])
         tensors = load_file(str(f))
-        result = getattr(impl, case["op"])(*(torch.from_numpy(tensors[f"in.{n}"]) for n in case["inputs"]),
-                                           **case["args"])
-        result = result if isinstance(result, tuple) else (result,)
+        inputs = {n: torch.from_numpy(tensors[f"in.{n}"]) for n in case["inputs"]}
+        if case["call"] == "mapping":
+            named = getattr(impl, case["op"])(inputs, **case["args"])
+            result = [named[n] for n in case["outputs"]]
+        else:
+            extra = [case["args"][k] for k in case["positional"]]
+            keywords = {k: v for k, v in case["args"].items() if k not in case["positional"]}
+            result = getattr(impl, case["op"])(*inputs.values(), *extra, **keywords)
+            result = result if isinstance(result, tuple) else (result,)
         save_file({f"out.{n}": np.ascontiguousarray(t.numpy()) for n, t in zip(case["outputs"], result)},
                   str(outputs / f.name))
 
