@@ -52,6 +52,8 @@ kernels.pool's re-index scores only the pool.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 
 import numpy as np
 import torch
@@ -563,15 +565,12 @@ def _emit_selection(sel, key, pos, row, remap_ptr, scratch_ptr, out_ptr, out_str
                  mask=sel[:, None] & (jj[None, :] < block) & (p < W))
     else:
         slot = tl.cumsum(sel.to(tl.int64), axis=0) - 1
-        if BY_SCORE or not ORDERED:  # order the <= K_PAD chosen by (score desc, position asc),
-            n_sel = tl.sum(sel.to(tl.int64), axis=0)  # or by position, via a scratch row
-            if BY_SCORE:
-                comp = ((key - 0x80000000) << 32) | (0xFFFFFFFF - pos)
-            else:
-                comp = 0xFFFFFFFF - pos
+        n_sel = tl.sum(sel.to(tl.int64), axis=0)
+        kk = tl.arange(0, K_PAD)
+        if BY_SCORE:  # order the <= K_PAD chosen by (score desc, position asc) via a scratch row
+            comp = ((key.to(tl.int64) - 0x80000000) << 32) | (0xFFFFFFFF - pos.to(tl.int64))
             tl.store(scratch_ptr + row * K_PAD + slot, comp, mask=sel)
             tl.debug_barrier()
-            kk = tl.arange(0, K_PAD)
             comp = tl.load(scratch_ptr + row * K_PAD + kk, mask=kk < n_sel,
                            other=-0x7FFFFFFFFFFFFFFF - 1)
             pos = 0xFFFFFFFF - (comp & 0xFFFFFFFF)
@@ -582,6 +581,16 @@ def _emit_selection(sel, key, pos, row, remap_ptr, scratch_ptr, out_ptr, out_str
                 comp = tl.sort(comp, descending=True)
                 pos = 0xFFFFFFFF - (comp & 0xFFFFFFFF)
                 slot = kk.to(tl.int64)
+        elif not ORDERED:  # positions ascending: the chosen positions (distinct, int32) sorted
+            tl.store(scratch_ptr + row * K_PAD + slot, pos.to(tl.int32), mask=sel)
+            tl.debug_barrier()
+            pos = tl.load(scratch_ptr + row * K_PAD + kk, mask=kk < n_sel, other=0x7FFFFFFF)
+            sel = kk < n_sel
+            if K_PAD <= 256:  # rank by counting
+                slot = tl.sum((pos[None, :] < pos[:, None]).to(tl.int32), axis=1)
+            else:
+                pos = tl.sort(pos)
+                slot = kk
         if REMAP:
             pos = tl.load(remap_ptr + row * remap_stride + pos, mask=sel, other=0).to(tl.int64)
         tl.store(out_ptr + row * out_stride + slot, pos, mask=sel)
@@ -659,13 +668,68 @@ def _topk_radix(x: torch.Tensor, n_valid: torch.Tensor, k: int, *, by_score: boo
 # take each group's largest key; if k groups have a maximum >= t, at least k keys are >= t.  So a
 # radix select on the top 16 bits of the group maxima gives a threshold t (<= the k-th largest key)
 # that lets through about 1.1 k keys of random data.  One streaming pass appends the keys >= t to
-# the row's candidates (slots from an atomic counter: cheap where candidates are rare), and one
-# program per row finds the exact k-th among them by 8-bit digits and breaks its ties by position.
+# the row's candidates, and one program per row finds the exact k-th among them by 8-bit digits
+# and breaks its ties by position.  The streaming pass cuts each tile into runs of RUN positions
+# and reserves one slot range per run that holds candidates (one atomic add of the run's count;
+# ranks inside the run by a prefix sum), while the next tile's loads are in flight; a run of 128
+# is one warp's row of the tile, so neither the count nor the ranks cross warps (no barrier).
 # The result depends only on the candidate set, never on the slot order: deterministic.  Rows
 # whose candidates overflow the cap (heavy ties, adversarial order) are redone by _topk_radix.
 
 _MAX_GROUPS = 16384        # group maxima one program selects on
 _DIGIT = 256               # 8-bit digits
+
+
+@dataclasses.dataclass(frozen=True)
+class FilterTune:
+    """The threshold filter's tunables (bench/sweep_topk.py times a grid of them)."""
+    block: int           # positions per tile of the two streaming passes
+    ch: int              # positions of a row per streaming program (a multiple of block)
+    run: int             # positions per slot reservation (at most block, and divides it)
+    prefetch: bool       # the filter loads tile i+1 before reserving tile i's slots
+    warps: int           # warps of the streaming passes
+    threshold_warps: int
+    select_warps: int
+
+
+_FILTER_OVERRIDE: dict = {}   # FilterTune fields set by filter_tuning (the sweep, tests)
+
+
+@contextlib.contextmanager
+def filter_tuning(**fields):
+    """Within the block, the threshold filter uses these FilterTune fields instead of the defaults."""
+    unknown = set(fields) - {f.name for f in dataclasses.fields(FilterTune)}
+    if unknown:
+        raise TypeError(f"filter_tuning: unknown fields {sorted(unknown)}")
+    saved = dict(_FILTER_OVERRIDE)
+    _FILTER_OVERRIDE.update(fields)
+    try:
+        yield
+    finally:
+        _FILTER_OVERRIDE.clear()
+        _FILTER_OVERRIDE.update(saved)
+
+
+def _filter_config(R: int, N: int, k: int, blocks=None) -> FilterTune:
+    """The default tunables for top-k of R rows of N, then filter_tuning's overrides, then blocks
+    ((BLOCK, CH), tests)."""
+    if INTERPRET:
+        tune = FilterTune(block=1024, ch=2048, run=128, prefetch=True, warps=4, threshold_warps=4,
+                          select_warps=4)
+    else:
+        block = 4096
+        ch = max(block, min(65536, triton.next_power_of_2(max(1, R * N // 1024))))
+        G, cap = _filter_plan(N, k, block, None, None) or (block, 0)
+        tune = FilterTune(block=block, ch=ch, run=128, prefetch=True, warps=8,
+                          threshold_warps=8 if _pow2(triton.cdiv(N, G)) <= 4096 else 16,
+                          select_warps=8 if cap <= 2048 or R > 132 else 16)
+    tune = dataclasses.replace(tune, **_FILTER_OVERRIDE)
+    if blocks is not None:
+        tune = dataclasses.replace(tune, block=blocks[0], ch=blocks[1])
+    tune = dataclasses.replace(tune, run=min(tune.run, tune.block))
+    if tune.ch % tune.block or tune.block % tune.run:
+        raise ValueError(f"filter tunables: ch must be a multiple of block and block of run, got {tune}")
+    return tune
 
 
 @triton.jit
@@ -708,48 +772,60 @@ def _group_max_kernel(x_ptr, len_ptr, gmax_ptr, N, x_stride, M, CH, G: tl.conste
 @triton.jit
 def _threshold_kernel(gmax_ptr, len_ptr, thr_ptr, count_ptr, N, M, k, G, M_PAD: tl.constexpr,
                       BINS: tl.constexpr):
-    """thr[r] = the k-th largest group maximum with its low 16 bits cleared; 1 (every valid key)
-    when fewer than k groups hold a valid key.  Zeroes the row's candidate count and flag."""
+    """thr[r] = the k-th largest group maximum with its low 16 bits cleared (uint32 bits); 1
+    (every valid key) when fewer than k groups hold a valid key.  Zeroes the row's candidate
+    count and flag."""
     row = tl.program_id(0)
     tl.store(count_ptr + 2 * row + tl.arange(0, 2), tl.zeros((2,), tl.int32))
     g = tl.arange(0, M_PAD)
     n_groups = tl.cdiv(tl.minimum(tl.load(len_ptr + row), N), G)
     key = tl.load(gmax_ptr + row * M + g, mask=g < n_groups, other=0).to(tl.uint32, bitcast=True)
-    key = key.to(tl.int64)
     valid = key != 0
-    sel = valid & (key < 0)  # nothing yet
+    sel = valid & (key == 0)  # nothing yet
     need = tl.zeros((), tl.int64) + k
     sel, tied, need = _refine(key, sel, valid, need, 24, 8, BINS)
     sel, tied, need = _refine(key, sel, tied, need, 16, 8, BINS)
     t = tl.max(tl.where(tied, key, 0), axis=0) & 0xFFFF0000
-    enough = tl.sum(valid.to(tl.int64), axis=0) >= k
-    tl.store(thr_ptr + row, tl.where(enough & (t > 0), t, 1))
+    enough = tl.sum(valid.to(tl.int32), axis=0) >= k
+    tl.store(thr_ptr + row, tl.where(enough & (t > 0), t, 1).to(tl.int32, bitcast=True))
 
 
 @triton.jit
 def _filter_kernel(x_ptr, len_ptr, thr_ptr, cand_key_ptr, cand_pos_ptr, count_ptr, N, x_stride, CH,
-                   CAP, BLOCK: tl.constexpr, DROP_NEG_INF: tl.constexpr):
-    """Every key >= thr of the row into cand[r, :CAP] at a slot taken by an atomic increment of
-    count[r] (counted beyond CAP too).  Slot order depends on timing, the set does not: the
+                   CAP, BLOCK: tl.constexpr, RUN: tl.constexpr, PREFETCH: tl.constexpr,
+                   DROP_NEG_INF: tl.constexpr):
+    """Every key >= thr of the row into cand[r, :CAP]: each run of RUN positions that holds n of
+    them takes slots [b, b + n) by one atomic add of n to count[r] (counted beyond CAP too) and
+    places them in position order there.  Slot order depends on timing, the set does not: the
     select kernel only uses the set.  (Reading only the groups whose maximum reaches thr, about a
     quarter of the bytes, measured slower on the H200: 205 against 178 us at 64 x 1M.)"""
     row = tl.program_id(0)
     c = tl.program_id(1)
     stop = tl.minimum(tl.load(len_ptr + row), N)
-    t = tl.load(thr_ptr + row)
+    t = tl.load(thr_ptr + row).to(tl.uint32, bitcast=True)
     start = c * CH
     end = tl.minimum(start + CH, stop)
     xr = x_ptr + row.to(tl.int64) * x_stride
+    off = tl.arange(0, BLOCK // RUN)[:, None] * RUN + tl.arange(0, RUN)[None, :]  # [runs, RUN]
+    counter = count_ptr + 2 * row + tl.zeros((BLOCK // RUN,), tl.int32)
+    dst = row * CAP
     p = start
+    key = _row_keys(xr, p + off, p + BLOCK, end, DROP_NEG_INF)
     while p < end:
-        pos = p + tl.arange(0, BLOCK)
-        key = _row_keys(xr, pos, p + BLOCK, stop, DROP_NEG_INF)
-        sel = key.to(tl.int64) >= t
-        slot = tl.atomic_add(count_ptr + 2 * row + tl.zeros_like(pos), 1, mask=sel, sem="relaxed")
+        if PREFETCH:  # in flight while this tile waits for its slots
+            key_next = _row_keys(xr, p + BLOCK + off, p + 2 * BLOCK, end, DROP_NEG_INF)
+        sel = key >= t
+        n = tl.sum(sel.to(tl.int32), axis=1)
+        base = tl.atomic_add(counter, n, mask=n > 0, sem="relaxed")
+        slot = base[:, None] + tl.cumsum(sel.to(tl.int32), axis=1) - 1
         m = sel & (slot < CAP)
-        tl.store(cand_key_ptr + row * CAP + slot, key.to(tl.int32, bitcast=True), mask=m)
-        tl.store(cand_pos_ptr + row * CAP + slot, pos, mask=m)
+        tl.store(cand_key_ptr + dst + slot, key.to(tl.int32, bitcast=True), mask=m)
+        tl.store(cand_pos_ptr + dst + slot, p + off, mask=m)
         p += BLOCK
+        if PREFETCH:
+            key = key_next
+        else:
+            key = _row_keys(xr, p + off, p + BLOCK, end, DROP_NEG_INF)
 
 
 @triton.jit
@@ -759,7 +835,8 @@ def _select_kernel(cand_key_ptr, cand_pos_ptr, count_ptr, remap_ptr, scratch_ptr
                    MASK_BLOCK: tl.constexpr):
     """Exact top-k among a row's candidates (in any order): the k-th key by 8-bit digits, then its
     ties by position (lowest first, digits of the reversed position); or flag[r] = 1 when the
-    candidates did not fit (count[r, 1] = 1; then nothing is written)."""
+    candidates did not fit (count[r, 1] = 1; then nothing is written).  Keys stay uint32 and
+    positions int32 (one register each)."""
     row = tl.program_id(0)
     total = tl.load(count_ptr + 2 * row)
     if total > CAP:
@@ -768,16 +845,15 @@ def _select_kernel(cand_key_ptr, cand_pos_ptr, count_ptr, remap_ptr, scratch_ptr
         i = tl.arange(0, CAP)
         ok = i < total
         key = tl.load(cand_key_ptr + row * CAP + i, mask=ok, other=0).to(tl.uint32, bitcast=True)
-        key = key.to(tl.int64)
-        pos = tl.load(cand_pos_ptr + row * CAP + i, mask=ok, other=0).to(tl.int64)
+        pos = tl.load(cand_pos_ptr + row * CAP + i, mask=ok, other=0)
         need = tl.minimum(total, k).to(tl.int64)
-        sel = ok & (key < 0)  # nothing yet
+        sel = ok & (i < 0)  # nothing yet
         sel, tied, need_rem = _refine(key, sel, ok, need, 24, 8, BINS)
         sel, tied, need_rem = _refine(key, sel, tied, need_rem, 16, 8, BINS)
         if tl.min(tl.where(tied, key, 0xFFFFFFFF), axis=0) < tl.max(tl.where(tied, key, 0), axis=0):
             sel, tied, need_rem = _refine(key, sel, tied, need_rem, 8, 8, BINS)  # (BF16 scores
             sel, tied, need_rem = _refine(key, sel, tied, need_rem, 0, 8, BINS)  # end here)
-        if tl.sum(tied.to(tl.int64), axis=0) > need_rem:  # ties straddle the k-th key
+        if tl.sum(tied.to(tl.int32), axis=0) > need_rem:  # ties straddle the k-th key
             rpos = 0x7FFFFFFF - pos                          # unique: at most one stays tied
             sel, tied, need_rem = _refine(rpos, sel, tied, need_rem, 24, 8, BINS)
             sel, tied, need_rem = _refine(rpos, sel, tied, need_rem, 16, 8, BINS)
@@ -841,34 +917,34 @@ def _topk_filter(x, n_valid, k: int, out, *, by_score: bool, drop_neg_inf: bool,
     flags of the rows it could not serve (None: it serves none of this shape)."""
     R, N = x.shape
     dev = x.device
-    block, ch = blocks or _topk_config(R, N)
-    plan = _filter_plan(N, k, block, group, cap)
+    tune = _filter_config(R, N, k, blocks)
+    plan = _filter_plan(N, k, tune.block, group, cap)
     if plan is None:
         return None
     G, cap = plan
     k_pad = _pow2(k)
-    warps = 4 if INTERPRET else 8
     M = triton.cdiv(N, G)
-    nc = triton.cdiv(N, ch)
+    nc = triton.cdiv(N, tune.ch)
     gmax = torch.empty((R, M), dtype=torch.int32, device=dev)
-    _group_max_kernel[(R, nc)](x, n_valid, gmax, N, x.stride(0), M, ch, G=G, BLOCK=block,
-                               DROP_NEG_INF=drop_neg_inf, num_warps=warps)
-    thr = torch.empty((R,), dtype=torch.int64, device=dev)
-    m_pad = _pow2(M)
+    _group_max_kernel[(R, nc)](x, n_valid, gmax, N, x.stride(0), M, tune.ch, G=G, BLOCK=tune.block,
+                               DROP_NEG_INF=drop_neg_inf, num_warps=tune.warps)
+    thr = torch.empty((R,), dtype=torch.int32, device=dev)
     count = torch.empty((R, 2), dtype=torch.int32, device=dev)   # candidates, overflow flag
-    _threshold_kernel[(R,)](gmax, n_valid, thr, count, N, M, k, G, M_PAD=m_pad, BINS=_DIGIT,
-                            num_warps=warps if m_pad <= 4096 else 16)
+    _threshold_kernel[(R,)](gmax, n_valid, thr, count, N, M, k, G, M_PAD=_pow2(M), BINS=_DIGIT,
+                            num_warps=tune.threshold_warps)
     cand_key = torch.empty((R, cap), dtype=torch.int32, device=dev)
     cand_pos = torch.empty((R, cap), dtype=torch.int32, device=dev)
-    _filter_kernel[(R, nc)](x, n_valid, thr, cand_key, cand_pos, count, N, x.stride(0), ch, cap,
-                            BLOCK=block, DROP_NEG_INF=drop_neg_inf, num_warps=warps)
-    scratch = torch.empty((R, k_pad) if not mask else (1,), dtype=torch.int64, device=dev)
+    _filter_kernel[(R, nc)](x, n_valid, thr, cand_key, cand_pos, count, N, x.stride(0), tune.ch,
+                            cap, BLOCK=tune.block, RUN=tune.run, PREFETCH=tune.prefetch,
+                            DROP_NEG_INF=drop_neg_inf, num_warps=tune.warps)
+    scratch = torch.empty((R, k_pad) if not mask else (1,),
+                          dtype=torch.int64 if by_score else torch.int32, device=dev)
     _select_kernel[(R,)](cand_key, cand_pos, count, cand_pos if remap is None else remap,
                          scratch, out, k, out.stride(0), 0 if remap is None else remap.stride(0),
                          out.shape[1] if mask else 0, mask_block, CAP=cap, K_PAD=k_pad, BINS=_DIGIT,
                          BY_SCORE=by_score, REMAP=remap is not None,
                          MASK_BLOCK=_pow2(mask_block) if mask else 0,
-                         num_warps=warps if cap <= 2048 or R > 132 else 16)
+                         num_warps=tune.select_warps)
     return count[:, 1]
 
 
