@@ -714,13 +714,13 @@ def _filter_config(R: int, N: int, k: int, blocks=None) -> FilterTune:
     """The default tunables for top-k of R rows of N, then filter_tuning's overrides, then blocks
     ((BLOCK, CH), tests)."""
     if INTERPRET:
-        tune = FilterTune(block=1024, ch=2048, run=128, prefetch=True, warps=4, threshold_warps=4,
+        tune = FilterTune(block=1024, ch=2048, run=1, prefetch=True, warps=4, threshold_warps=4,
                           select_warps=4)
     else:
-        block = 4096
+        block = 2048   # 48 registers: 5 programs of 8 warps an SM, 2 tiles each in flight
         ch = max(block, min(65536, triton.next_power_of_2(max(1, R * N // 1024))))
         G, cap = _filter_plan(N, k, block, None, None) or (block, 0)
-        tune = FilterTune(block=block, ch=ch, run=128, prefetch=True, warps=8,
+        tune = FilterTune(block=block, ch=ch, run=1, prefetch=True, warps=8,
                           threshold_warps=8 if _pow2(triton.cdiv(N, G)) <= 4096 else 16,
                           select_warps=8 if cap <= 2048 or R > 132 else 16)
     tune = dataclasses.replace(tune, **_FILTER_OVERRIDE)
@@ -795,10 +795,15 @@ def _filter_kernel(x_ptr, len_ptr, thr_ptr, cand_key_ptr, cand_pos_ptr, count_pt
                    CAP, BLOCK: tl.constexpr, RUN: tl.constexpr, PREFETCH: tl.constexpr,
                    DROP_NEG_INF: tl.constexpr):
     """Every key >= thr of the row into cand[r, :CAP]: each run of RUN positions that holds n of
-    them takes slots [b, b + n) by one atomic add of n to count[r] (counted beyond CAP too) and
-    places them in position order there.  Slot order depends on timing, the set does not: the
-    select kernel only uses the set.  (Reading only the groups whose maximum reaches thr, about a
-    quarter of the bytes, measured slower on the H200: 205 against 178 us at 64 x 1M.)"""
+    them takes slots [b, b + n) by one atomic add of n to count[r] (counted beyond CAP too; RUN =
+    1: one add per candidate) and places them there in position order.  Slot order depends on
+    timing, the set does not: the select kernel only uses the set.
+
+    The tile is [RUN, BLOCK // RUN], a run per column, and its loads are 4-byte (contiguity 1):
+    then loads, counts, atomics and stores share one layout, a run of 32 is one warp's column (its
+    count and ranks are warp shuffles) and nothing crosses warps.  With 16-byte loads every tile
+    paid a layout conversion through shared memory and two barriers (the 178 us of 11-30).
+    (Reading only the groups whose maximum reaches thr measured slower: 205 against 178 us.)"""
     row = tl.program_id(0)
     c = tl.program_id(1)
     stop = tl.minimum(tl.load(len_ptr + row), N)
@@ -806,8 +811,13 @@ def _filter_kernel(x_ptr, len_ptr, thr_ptr, cand_key_ptr, cand_pos_ptr, count_pt
     start = c * CH
     end = tl.minimum(start + CH, stop)
     xr = x_ptr + row.to(tl.int64) * x_stride
-    off = tl.arange(0, BLOCK // RUN)[:, None] * RUN + tl.arange(0, RUN)[None, :]  # [runs, RUN]
-    counter = count_ptr + 2 * row + tl.zeros((BLOCK // RUN,), tl.int32)
+    if RUN == 1:
+        j = 0
+        off = tl.max_contiguous(tl.arange(0, BLOCK), 1)
+    else:
+        j = tl.arange(0, RUN)[:, None]
+        off = tl.max_contiguous(j + tl.arange(0, BLOCK // RUN)[None, :] * RUN, [1, 1])
+    counter = count_ptr + 2 * row + off * 0
     dst = row * CAP
     p = start
     key = _row_keys(xr, p + off, p + BLOCK, end, DROP_NEG_INF)
@@ -815,9 +825,14 @@ def _filter_kernel(x_ptr, len_ptr, thr_ptr, cand_key_ptr, cand_pos_ptr, count_pt
         if PREFETCH:  # in flight while this tile waits for its slots
             key_next = _row_keys(xr, p + BLOCK + off, p + 2 * BLOCK, end, DROP_NEG_INF)
         sel = key >= t
-        n = tl.sum(sel.to(tl.int32), axis=1)
-        base = tl.atomic_add(counter, n, mask=n > 0, sem="relaxed")
-        slot = base[:, None] + tl.cumsum(sel.to(tl.int32), axis=1) - 1
+        if RUN == 1:
+            slot = tl.atomic_add(counter, 1, mask=sel, sem="relaxed")
+        else:
+            s = sel.to(tl.int32)
+            n = tl.sum(s, axis=0)[None, :]
+            lead = (j == 0) & (n > 0)   # one lane reserves for its run
+            base = tl.atomic_add(counter, n, mask=lead, sem="relaxed")
+            slot = tl.sum(tl.where(lead, base, 0), axis=0)[None, :] + tl.cumsum(s, axis=0) - 1
         m = sel & (slot < CAP)
         tl.store(cand_key_ptr + dst + slot, key.to(tl.int32, bitcast=True), mask=m)
         tl.store(cand_pos_ptr + dst + slot, p + off, mask=m)

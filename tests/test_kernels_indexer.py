@@ -165,6 +165,51 @@ def test_topk_threshold_filter_serves_every_row(rows, group, order):
     check_topk(got, case, order, f"threshold filter G={group}")
 
 
+def boundary_tie_rows(T=3, S_=1000, k=60, seed=3):
+    """Rows of 0s and 1s, ~30 % ones spread over every tile: the k-th key is a 1 tied across the
+    whole row (the lowest-position ones must win), plus one row of distinct values."""
+    rng = np.random.default_rng(seed)
+    x = (rng.random((T, S_)) < 0.3).astype(np.float64)
+    x[-1] = S.round_bf16(rng.standard_normal(S_))
+    base = make_rows("normal", 1, T, S_, k)
+    base.visible[:] = [S_, S_ - 37, 513]
+    case = type(base)("boundary ties", np.where(S.visibility_mask(base.visible, S_), x, -np.inf),
+                      base.visible, k)
+    return case
+
+
+@pytest.mark.parametrize("order", ["position", "score"])
+@pytest.mark.parametrize("run,prefetch", [(1, True), (1, False), (8, True), (64, False)])
+def test_topk_filter_reservations_across_many_tiles(run, prefetch, order):
+    """Slots reserved per candidate (run 1), per run of 8, per whole 64-position tile; with and
+    without the next tile in flight; 16 tiles per row in 8 chunks: ties at the boundary spread
+    over every tile still resolve to the lowest positions, and every row is served."""
+    case = boundary_tie_rows()
+    with K.filter_tuning(run=run, prefetch=prefetch):
+        got, flag = filtered(case, order, 1, cap=1024)
+    assert flag.tolist() == [0, 0, 0], f"rows redone by the radix engine: {flag.tolist()}"
+    check_topk(got, case, order, f"filter run={run} prefetch={prefetch}")
+
+
+def test_topk_filter_position_sort_for_large_k():
+    """k > 256 in position order: the select sorts the chosen positions (int32) instead of
+    counting ranks."""
+    case = boundary_tie_rows(S_=1200, k=300)
+    got, flag = filtered(case, "position", 1, cap=1024)
+    assert flag.tolist() == [0, 0, 0]
+    check_topk(got, case, "position", "filter position sort")
+
+
+def test_filter_tuning_rejects_what_cannot_tile():
+    with pytest.raises(TypeError, match="unknown fields"):
+        with K.filter_tuning(chunk=4):
+            pass
+    case = boundary_tie_rows()
+    with K.filter_tuning(run=48), pytest.raises(ValueError, match="block of run"):
+        filtered(case, "position", 1)
+    assert K._FILTER_OVERRIDE == {}, "filter_tuning restores the defaults"
+
+
 @pytest.mark.parametrize("order", ["position", "score"])
 @pytest.mark.parametrize("rows", ["few_values", "equal", "relu_zero"])
 def test_topk_select_ignores_candidate_order(rows, order):
@@ -537,20 +582,23 @@ COMPILE_SM90 = textwrap.dedent("""
         build(K._final_kernel, dict(final, scratch_ptr="*i32", out_ptr="*i8"), CAP=1024, K_PAD=512,
               BINS=K._BINS, BY_SCORE=False, REMAP=False, MASK_BLOCK=8)
     elif sys.argv[1] == "filter":   # the threshold filter at top-k 2048 of 1M (G = 128, cap 4096)
-        BLOCK, CH = K._topk_config(64, 1 << 20)
-        G, CAP = K._filter_plan(1 << 20, 2048, BLOCK, None, None)
+        tune = K._filter_config(64, 1 << 20, 2048)
+        G, CAP = K._filter_plan(1 << 20, 2048, tune.block, None, None)
         rows = {"x_ptr": "*fp32", "len_ptr": "*i32"}
         build(K._group_max_kernel, dict(rows, gmax_ptr="*i32", **ints("N", "x_stride", "M", "CH")),
-              G=G, BLOCK=BLOCK, DROP_NEG_INF=False)
-        build(K._threshold_kernel, {"gmax_ptr": "*i32", "len_ptr": "*i32", "thr_ptr": "*i64", "count_ptr": "*i32",
+              G=G, BLOCK=tune.block, DROP_NEG_INF=False)
+        build(K._threshold_kernel, {"gmax_ptr": "*i32", "len_ptr": "*i32", "thr_ptr": "*i32", "count_ptr": "*i32",
                                     **ints("N", "M", "k", "G")}, num_warps=16, M_PAD=8192, BINS=K._DIGIT)
-        build(K._filter_kernel, dict(rows, thr_ptr="*i64", cand_key_ptr="*i32", cand_pos_ptr="*i32",
-                                     count_ptr="*i32", **ints("N", "x_stride", "CH", "CAP")),
-              BLOCK=BLOCK, DROP_NEG_INF=True)
-        build(K._select_kernel, {"cand_key_ptr": "*i32", "cand_pos_ptr": "*i32", "count_ptr": "*i32",
-                                 "remap_ptr": "*i32", "scratch_ptr": "*i64",
-                                 "out_ptr": "*i64", **ints("k", "out_stride", "remap_stride", "W", "block")},
-              num_warps=16, CAP=CAP, K_PAD=2048, BINS=K._DIGIT, BY_SCORE=False, REMAP=False, MASK_BLOCK=0)
+        for run, prefetch in ((tune.run, tune.prefetch), (32, False)):  # per candidate, per warp run
+            build(K._filter_kernel, dict(rows, thr_ptr="*i32", cand_key_ptr="*i32", cand_pos_ptr="*i32",
+                                         count_ptr="*i32", **ints("N", "x_stride", "CH", "CAP")),
+                  BLOCK=tune.block, RUN=run, PREFETCH=prefetch, DROP_NEG_INF=True)
+        for by_score, scratch in ((False, "*i32"), (True, "*i64")):
+            build(K._select_kernel, {"cand_key_ptr": "*i32", "cand_pos_ptr": "*i32", "count_ptr": "*i32",
+                                     "remap_ptr": "*i32", "scratch_ptr": scratch, "out_ptr": "*i64",
+                                     **ints("k", "out_stride", "remap_stride", "W", "block")},
+                  num_warps=16, CAP=CAP, K_PAD=2048, BINS=K._DIGIT, BY_SCORE=by_score, REMAP=False,
+                  MASK_BLOCK=0)
     else:
         # scores as the launchers pick them on a GPU: BF16 operands (MMA), fp32 (IEEE), FP4, gather
         for fp4, bf16, gather, dt in ((False, True, False, "bf16"), (False, False, False, "fp32"),
