@@ -26,7 +26,10 @@ per group, each code by three integer operations and two exact fp32 multiplies (
 
 Top-k.  A row is an unordered multiset of fp32 scores mapped to order-preserving uint32 keys
 (-0 folded onto +0).  The fast path is a threshold filter (group maxima give a threshold that
-lets through about 1.1 k keys; see "Threshold filter" below); rows it cannot hold go through the
+lets through about 1.1 k keys; one streaming pass appends those keys, reserving slots per run of
+positions without crossing warps, with the next tile in flight; a per-row select, uint32 keys
+and int32 positions, emits V4.1's position order by sorting the k chosen int32 positions; see
+"Threshold filter" below, tunables in FilterTune); rows it cannot hold go through the
 radix engine: radix select on the top 12 key bits (per-chunk histograms plus a row
 histogram), refined on 12 and then 8 more bits only while the boundary bin is too full; then one
 ordered compaction writes, in position order, every key above the boundary and the boundary-bin

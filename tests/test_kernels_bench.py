@@ -104,3 +104,30 @@ def test_plots_of_ratios_and_context_sweeps(tmp_path):
     B.plots(result, tmp_path)
     assert {p.name for p in tmp_path.glob("*.png")} == {"bench_ratios.png", "bench_context.png"}
     assert {B._series(r) for r in rows} == {"top-k 1xN k=2048", "top-k 64xN k=2048"}
+
+
+def test_topk_sweep_refuses_without_a_gpu():
+    done = subprocess.run([sys.executable, "bench/sweep_topk.py", "--out", "/nonexistent"],
+                          capture_output=True, text=True, env={"TRITON_INTERPRET": "1", "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 2
+    assert "needs a CUDA GPU" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_topk_sweep_grid_and_table():
+    """Every grid point resolves to tunables that tile (or is dropped), and the table reports the
+    speed-up over the default configuration of the same case."""
+    sys.path.insert(0, "bench")
+    try:
+        import sweep_topk as SW
+    finally:
+        sys.path.remove("bench")
+    from dsv4spec.kernels import indexer as KI
+    for change in SW.GRID:
+        tune = SW.resolve(KI, 64, 1 << 20, 2048, change)
+        assert tune is None or (tune["ch"] % tune["block"] == 0 and tune["block"] % tune["run"] == 0)
+    rows = [dict(case="c", change={}, us=100.0, torch_us=300.0, status="ok"),
+            dict(case="c", change={"run": 32}, us=50.0, torch_us=300.0, status="ok"),
+            dict(case="c", change={"warps": 4}, status="skipped (budget)")]
+    text = SW.table(rows)
+    assert "| c | run=32 | 50.0 | 2.00× | 6.00× | ok |" in text
+    assert "| c | warps=4 | – | – | – | skipped (budget) |" in text

@@ -1,0 +1,181 @@
+"""Sweep of the top-k threshold filter's tunables (kernels/indexer.py FilterTune) on one CUDA GPU.
+
+For each case (rows 1x1M k 512 and k 2048, 64x1M k 2048, 1024x64K k 2048, all in V4.1 position
+order; block selection [1024, 262144] -> 2048 blocks of 8, i.e. the engine on [1024, 32768] block
+scores) and each configuration of a small grid (one tunable changed at a time from the default,
+plus a few pairs), it replays the filter's launches from a CUDA graph (device time, no host
+overhead; triton.testing.do_bench median) and checks the result equal, bit for bit, to the
+default configuration's (and every row served by the filter).  Prints a table (µs, and the
+speed-up over the default) and writes sweep_topk.json to --out.  Stops starting new
+configurations once --budget seconds have passed (compiles included).  Refuses (exit 2) without a
+GPU.
+
+    python bench/sweep_topk.py --out out/
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+
+CASES = (  # name, rows, row length, k, block (0: a row top-k; 8: block selection of 8-blocks)
+    ("1x1M k512", 1, 1 << 20, 512, 0),
+    ("1x1M k2048", 1, 1 << 20, 2048, 0),
+    ("64x1M k2048", 64, 1 << 20, 2048, 0),
+    ("1024x64K k2048", 1024, 1 << 16, 2048, 0),
+    ("blocks 1024x262144 -> 2048", 1024, 1 << 18, 2048, 8),
+)
+
+# FilterTune fields changed from each case's default (block/ch are absolute, ch may be scaled:
+# "ch*" multiplies the default chunk)
+GRID = (
+    {},
+    {"run": 32},
+    {"prefetch": False},
+    {"run": 32, "prefetch": False},
+    {"block": 1024},
+    {"block": 4096},
+    {"block": 1024, "warps": 4},
+    {"warps": 4},
+    {"ch*": 0.5},
+    {"ch*": 2},
+    {"block": 4096, "run": 4096, "prefetch": False},   # one reservation per tile (barriers)
+    {"threshold_warps": 4},
+    {"threshold_warps": 8},
+    {"select_warps": 4},
+    {"select_warps": 16},
+)
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=None, help="folder (or .json path) for sweep_topk.json")
+    ap.add_argument("--rep", type=int, default=20, help="do_bench rep (ms) per measurement")
+    ap.add_argument("--budget", type=float, default=85.0, help="seconds after which no new "
+                    "configuration starts")
+    return ap.parse_args(argv)
+
+
+def graph_us(torch, fn, rep):
+    """Median µs of CUDA-graph replays of fn (fn must not synchronize)."""
+    from triton.testing import do_bench
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return do_bench(g.replay, warmup=5, rep=rep, return_mode="median") * 1e3
+
+
+def case_inputs(torch, R, N, block):
+    """(engine input [R, n], n_valid, mask width or 0): BF16-valued random scores; for block
+    selection the 8-block maxima of a [R, N] row with the newest block pinned to +inf (what
+    kernels.pool's block-max kernel gives for compress_lens = N)."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(R, N, device="cuda", generator=g).bfloat16().float()
+    if block:
+        x = x.view(R, N // block, block).amax(-1).contiguous()
+        x[:, -1] = float("inf")
+    nv = torch.full((R,), x.shape[1], dtype=torch.int32, device="cuda")
+    return x, nv, (N if block else 0)
+
+
+def resolve(KI, R, n, k, change):
+    """The FilterTune fields of one grid point for this case (None: not applicable)."""
+    base = KI._filter_config(R, n, k)
+    fields = {f: v for f, v in change.items() if f != "ch*"}
+    if "ch*" in change:
+        fields["ch"] = int(base.ch * change["ch*"])
+    tune = dataclasses.replace(base, **fields)
+    tune = dataclasses.replace(tune, ch=max(tune.ch, tune.block), run=min(tune.run, tune.block))
+    if tune.ch % tune.block or tune.block % tune.run or tune.block > n:
+        return None
+    return dataclasses.asdict(tune)
+
+
+def run_case(torch, KI, name, R, N, k, block, rep, deadline):
+    x, nv, width = case_inputs(torch, R, N, block)
+    n = x.shape[1]
+    mask = width > 0
+    filt = dict(by_score=False, drop_neg_inf=mask, remap=None, mask=mask, mask_block=block,
+                group=None, cap=None, blocks=None)
+
+    def fresh():
+        return (torch.zeros((R, width), dtype=torch.int8, device="cuda") if mask
+                else torch.empty((R, k), dtype=torch.int64, device="cuda"))
+
+    ref = fresh()
+    KI._topk_filter(x, nv, k, ref, **filt)
+    t_torch = graph_us(torch, lambda: torch.topk(x, k, dim=1, sorted=False), rep)
+    rows, seen = [], set()
+    for change in GRID:
+        if time.time() > deadline:
+            rows.append(dict(case=name, change=change, status="skipped (budget)"))
+            continue
+        tune = resolve(KI, R, n, k, change)
+        if tune is None or tuple(sorted(tune.items())) in seen:
+            continue
+        seen.add(tuple(sorted(tune.items())))
+        with KI.filter_tuning(**tune):
+            out = fresh()
+            flag = KI._topk_filter(x, nv, k, out, **filt)
+            ok = flag is not None and not bool(flag.any()) and torch.equal(out, ref)
+            buf = fresh()
+            us = graph_us(torch, lambda: KI._topk_filter(x, nv, k, buf, **filt), rep) if ok else None
+        rows.append(dict(case=name, change=change, tune=tune, us=us, torch_us=t_torch,
+                         status="ok" if ok else "MISMATCH against the default (or rows flagged)"))
+        print(json.dumps(rows[-1]), flush=True)
+    del x
+    torch.cuda.empty_cache()
+    return rows
+
+
+def table(rows):
+    lines = ["| case | change from default | µs (graph) | vs default | vs torch.topk | status |",
+             "|---|---|---:|---:|---:|---|"]
+    default = {r["case"]: r["us"] for r in rows if r.get("change") == {} and r.get("us")}
+    for r in rows:
+        us = r.get("us")
+        d = default.get(r["case"])
+        change = ", ".join(f"{k}={v}" for k, v in r["change"].items()) or "(default)"
+        lines.append(f"| {r['case']} | {change} | {us:.1f} |" if us else f"| {r['case']} | {change} | – |")
+        lines[-1] += (f" {d / us:.2f}× | {r['torch_us'] / us:.2f}× |" if us and d else " – | – |")
+        lines[-1] += f" {r['status']} |"
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    os.environ.setdefault("TRITON_INTERPRET", "0")
+    import torch
+    if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
+        print("sweep_topk: needs a CUDA GPU (and TRITON_INTERPRET unset or 0); nothing measured",
+              file=sys.stderr)
+        return 2
+    from dsv4spec.kernels import indexer as KI
+    t0 = time.time()
+    rows = []
+    for name, R, N, k, block in CASES:
+        rows += run_case(torch, KI, name, R, N, k, block, args.rep, t0 + args.budget)
+    text = table(rows)
+    print(text)
+    print(f"total {time.time() - t0:.1f} s on {torch.cuda.get_device_name()}")
+    if args.out:
+        path = args.out if args.out.endswith(".json") else os.path.join(args.out, "sweep_topk.json")
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+                           seconds=time.time() - t0, rows=rows, table=text), f, indent=1)
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
