@@ -568,12 +568,15 @@ def _emit_selection(sel, key, pos, row, remap_ptr, scratch_ptr, out_ptr, out_str
                  mask=sel[:, None] & (jj[None, :] < block) & (p < W))
     else:
         slot = tl.cumsum(sel.to(tl.int64), axis=0) - 1
-        n_sel = tl.sum(sel.to(tl.int64), axis=0)
-        kk = tl.arange(0, K_PAD)
-        if BY_SCORE:  # order the <= K_PAD chosen by (score desc, position asc) via a scratch row
-            comp = ((key.to(tl.int64) - 0x80000000) << 32) | (0xFFFFFFFF - pos.to(tl.int64))
+        if BY_SCORE or not ORDERED:  # order the <= K_PAD chosen by (score desc, position asc),
+            n_sel = tl.sum(sel.to(tl.int64), axis=0)  # or by position, via a scratch row
+            if BY_SCORE:
+                comp = ((key - 0x80000000) << 32) | (0xFFFFFFFF - pos)
+            else:
+                comp = 0xFFFFFFFF - pos
             tl.store(scratch_ptr + row * K_PAD + slot, comp, mask=sel)
             tl.debug_barrier()
+            kk = tl.arange(0, K_PAD)
             comp = tl.load(scratch_ptr + row * K_PAD + kk, mask=kk < n_sel,
                            other=-0x7FFFFFFFFFFFFFFF - 1)
             pos = 0xFFFFFFFF - (comp & 0xFFFFFFFF)
@@ -584,16 +587,6 @@ def _emit_selection(sel, key, pos, row, remap_ptr, scratch_ptr, out_ptr, out_str
                 comp = tl.sort(comp, descending=True)
                 pos = 0xFFFFFFFF - (comp & 0xFFFFFFFF)
                 slot = kk.to(tl.int64)
-        elif not ORDERED:  # positions ascending: the chosen positions (distinct, int32) sorted
-            tl.store(scratch_ptr + row * K_PAD + slot, pos.to(tl.int32), mask=sel)
-            tl.debug_barrier()
-            pos = tl.load(scratch_ptr + row * K_PAD + kk, mask=kk < n_sel, other=0x7FFFFFFF)
-            sel = kk < n_sel
-            if K_PAD <= 256:  # rank by counting
-                slot = tl.sum((pos[None, :] < pos[:, None]).to(tl.int32), axis=1)
-            else:
-                pos = tl.sort(pos)
-                slot = kk
         if REMAP:
             pos = tl.load(remap_ptr + row * remap_stride + pos, mask=sel, other=0).to(tl.int64)
         tl.store(out_ptr + row * out_stride + slot, pos, mask=sel)
@@ -691,6 +684,7 @@ class FilterTune:
     run: int             # positions per slot reservation (at most block, and divides it)
     prefetch: bool       # the filter loads tile i+1 before reserving tile i's slots
     warps: int           # warps of the streaming passes
+    sub: int             # group maxima / candidates the threshold and select read per step
     threshold_warps: int
     select_warps: int
 
@@ -717,15 +711,19 @@ def _filter_config(R: int, N: int, k: int, blocks=None) -> FilterTune:
     """The default tunables for top-k of R rows of N, then filter_tuning's overrides, then blocks
     ((BLOCK, CH), tests)."""
     if INTERPRET:
-        tune = FilterTune(block=1024, ch=2048, run=1, prefetch=True, warps=4, threshold_warps=4,
-                          select_warps=4)
+        tune = FilterTune(block=1024, ch=2048, run=1, prefetch=True, warps=4, sub=256,
+                          threshold_warps=4, select_warps=4)
     else:
         block = 2048   # 48 registers: 5 programs of 8 warps an SM, 2 tiles each in flight
         ch = max(block, min(65536, triton.next_power_of_2(max(1, R * N // 1024))))
         G, cap = _filter_plan(N, k, block, None, None) or (block, 0)
-        tune = FilterTune(block=block, ch=ch, run=1, prefetch=True, warps=8,
-                          threshold_warps=8 if _pow2(triton.cdiv(N, G)) <= 4096 else 16,
-                          select_warps=8 if cap <= 2048 or R > 132 else 16)
+        if R > 132:  # more rows than SMs: small per-row programs, many resident an SM
+            tune = FilterTune(block=block, ch=ch, run=1, prefetch=True, warps=8, sub=1024,
+                              threshold_warps=8, select_warps=8)   # select: 64 registers
+        else:        # one program per row and SM: wide steps
+            tune = FilterTune(block=block, ch=ch, run=1, prefetch=True, warps=8, sub=4096,
+                              threshold_warps=8 if _pow2(triton.cdiv(N, G)) <= 4096 else 16,
+                              select_warps=8 if cap <= 2048 else 16)
     tune = dataclasses.replace(tune, **_FILTER_OVERRIDE)
     if blocks is not None:
         tune = dataclasses.replace(tune, block=blocks[0], ch=blocks[1])
@@ -770,27 +768,6 @@ def _group_max_kernel(x_ptr, len_ptr, gmax_ptr, N, x_stride, M, CH, G: tl.conste
         g = p // G + tl.arange(0, BLOCK // G)
         tl.store(gmax_ptr + row * M + g, best.to(tl.int32, bitcast=True), mask=g < M)
         p += BLOCK
-
-
-@triton.jit
-def _threshold_kernel(gmax_ptr, len_ptr, thr_ptr, count_ptr, N, M, k, G, M_PAD: tl.constexpr,
-                      BINS: tl.constexpr):
-    """thr[r] = the k-th largest group maximum with its low 16 bits cleared (uint32 bits); 1
-    (every valid key) when fewer than k groups hold a valid key.  Zeroes the row's candidate
-    count and flag."""
-    row = tl.program_id(0)
-    tl.store(count_ptr + 2 * row + tl.arange(0, 2), tl.zeros((2,), tl.int32))
-    g = tl.arange(0, M_PAD)
-    n_groups = tl.cdiv(tl.minimum(tl.load(len_ptr + row), N), G)
-    key = tl.load(gmax_ptr + row * M + g, mask=g < n_groups, other=0).to(tl.uint32, bitcast=True)
-    valid = key != 0
-    sel = valid & (key == 0)  # nothing yet
-    need = tl.zeros((), tl.int64) + k
-    sel, tied, need = _refine(key, sel, valid, need, 24, 8, BINS)
-    sel, tied, need = _refine(key, sel, tied, need, 16, 8, BINS)
-    t = tl.max(tl.where(tied, key, 0), axis=0) & 0xFFFF0000
-    enough = tl.sum(valid.to(tl.int32), axis=0) >= k
-    tl.store(thr_ptr + row, tl.where(enough & (t > 0), t, 1).to(tl.int32, bitcast=True))
 
 
 @triton.jit
@@ -847,43 +824,155 @@ def _filter_kernel(x_ptr, len_ptr, thr_ptr, cand_key_ptr, cand_pos_ptr, count_pt
 
 
 @triton.jit
+def _digit_pass(key_ptr, pos_ptr, n, prefix, need, key_eq, LO: tl.constexpr, BY_POS: tl.constexpr,
+                SUB: tl.constexpr, BINS: tl.constexpr):
+    """One 8-bit radix pass over a list read SUB entries at a time: among the values whose bits
+    above LO + 8 equal prefix, find the digit [LO, LO + 8) of the need-th largest.  Values: the
+    keys (0, an empty group, excluded), or with BY_POS the reversed positions 0x7FFFFFFF - pos of
+    the keys equal to key_eq.  Returns (prefix extended by that digit, need minus the values
+    above it, how many values hold it, the largest value & (2^LO - 1) among those matching prefix,
+    how many values matched prefix)."""
+    h = tl.zeros((BINS,), tl.int32)
+    low = tl.zeros((), tl.uint32)
+    s = 0
+    while s < n:
+        i = s + tl.arange(0, SUB)
+        ok = i < n
+        key = tl.load(key_ptr + i, mask=ok, other=0).to(tl.uint32, bitcast=True)
+        if BY_POS:
+            v = (0x7FFFFFFF - tl.load(pos_ptr + i, mask=ok, other=0)).to(tl.uint32)
+            ok = ok & (key == key_eq)
+        else:
+            v = key
+            ok = ok & (key != 0)
+        if LO + 8 < 32:
+            ok = ok & ((v >> (LO + 8)) == prefix)
+        h += tl.histogram(((v >> LO) & (BINS - 1)).to(tl.int32), BINS, mask=ok)
+        if LO > 0:
+            low = tl.maximum(low, tl.max(tl.where(ok, v & ((1 << LO) - 1), 0), axis=0))
+        s += SUB
+    b = tl.arange(0, BINS)
+    ge = tl.cumsum(h, axis=0, reverse=True)
+    bnd = tl.max(tl.where(ge.to(tl.int64) >= need, b, -1), axis=0)
+    above = tl.sum(tl.where(b > bnd, h, 0), axis=0).to(tl.int64)
+    h_b = tl.sum(tl.where(b == bnd, h, 0), axis=0).to(tl.int64)
+    return (prefix.to(tl.uint32) << 8) | bnd.to(tl.uint32), need - above, h_b, low, tl.sum(h, axis=0)
+
+
+@triton.jit
+def _threshold_kernel(gmax_ptr, len_ptr, thr_ptr, count_ptr, N, M, k, G, SUB: tl.constexpr,
+                      BINS: tl.constexpr):
+    """thr[r] = the k-th largest group maximum with its low 16 bits cleared (uint32 bits); 1
+    (every valid key) when fewer than k groups hold a valid key.  Zeroes the row's candidate
+    count and flag."""
+    row = tl.program_id(0)
+    tl.store(count_ptr + 2 * row + tl.arange(0, 2), tl.zeros((2,), tl.int32))
+    n_groups = tl.cdiv(tl.minimum(tl.load(len_ptr + row), N), G)
+    gk = gmax_ptr + row * M
+    need = tl.zeros((), tl.int64) + k
+    zero = tl.zeros((), tl.uint32)
+    t, need, _, _, valid = _digit_pass(gk, gk, n_groups, zero, need, zero, 24, False, SUB, BINS)
+    t, need, _, _, _ = _digit_pass(gk, gk, n_groups, t, need, zero, 16, False, SUB, BINS)
+    t = t << 16
+    tl.store(thr_ptr + row, tl.where((valid >= k) & (t > 0), t, 1).to(tl.int32, bitcast=True))
+
+
+@triton.jit
 def _select_kernel(cand_key_ptr, cand_pos_ptr, count_ptr, remap_ptr, scratch_ptr, out_ptr,
                    k, out_stride, remap_stride, W, block, CAP: tl.constexpr, K_PAD: tl.constexpr,
-                   BINS: tl.constexpr, BY_SCORE: tl.constexpr, REMAP: tl.constexpr,
-                   MASK_BLOCK: tl.constexpr):
-    """Exact top-k among a row's candidates (in any order): the k-th key by 8-bit digits, then its
-    ties by position (lowest first, digits of the reversed position); or flag[r] = 1 when the
-    candidates did not fit (count[r, 1] = 1; then nothing is written).  Keys stay uint32 and
-    positions int32 (one register each)."""
+                   SUB: tl.constexpr, BINS: tl.constexpr, BY_SCORE: tl.constexpr,
+                   REMAP: tl.constexpr, MASK_BLOCK: tl.constexpr, POS_24: tl.constexpr):
+    """Exact top-k among a row's candidates (in any order), read SUB at a time: the k-th key K by
+    8-bit digits, and when the keys equal to K straddle the k-th place, the last position P taken
+    among them (lowest first) by digits of the reversed position; the chosen are key > K, or key
+    = K and position <= P.  Or flag[r] = 1 when the candidates did not fit (count[r, 1] = 1; then
+    nothing is written).  Output: positions ascending, or (score desc, position asc), through a
+    scratch row of the chosen and a sort; or the chosen blocks' mask."""
     row = tl.program_id(0)
     total = tl.load(count_ptr + 2 * row)
     if total > CAP:
         tl.store(count_ptr + 2 * row + 1, 1)
     else:
-        i = tl.arange(0, CAP)
-        ok = i < total
-        key = tl.load(cand_key_ptr + row * CAP + i, mask=ok, other=0).to(tl.uint32, bitcast=True)
-        pos = tl.load(cand_pos_ptr + row * CAP + i, mask=ok, other=0)
+        ck = cand_key_ptr + row * CAP
+        cp = cand_pos_ptr + row * CAP
         need = tl.minimum(total, k).to(tl.int64)
-        sel = ok & (i < 0)  # nothing yet
-        sel, tied, need_rem = _refine(key, sel, ok, need, 24, 8, BINS)
-        sel, tied, need_rem = _refine(key, sel, tied, need_rem, 16, 8, BINS)
-        if tl.min(tl.where(tied, key, 0xFFFFFFFF), axis=0) < tl.max(tl.where(tied, key, 0), axis=0):
-            sel, tied, need_rem = _refine(key, sel, tied, need_rem, 8, 8, BINS)  # (BF16 scores
-            sel, tied, need_rem = _refine(key, sel, tied, need_rem, 0, 8, BINS)  # end here)
-        if tl.sum(tied.to(tl.int32), axis=0) > need_rem:  # ties straddle the k-th key
-            rpos = 0x7FFFFFFF - pos                          # unique: at most one stays tied
-            sel, tied, need_rem = _refine(rpos, sel, tied, need_rem, 24, 8, BINS)
-            sel, tied, need_rem = _refine(rpos, sel, tied, need_rem, 16, 8, BINS)
-            sel, tied, need_rem = _refine(rpos, sel, tied, need_rem, 8, 8, BINS)
-            sel, tied, need_rem = _refine(rpos, sel, tied, need_rem, 0, 8, BINS)
-        sel = sel | (tied & (need_rem > 0))
-        _emit_selection(sel, key, pos, row, remap_ptr, scratch_ptr, out_ptr, out_stride,
-                        remap_stride, W, block, CAP, K_PAD, BY_SCORE, False, REMAP, MASK_BLOCK)
-        if MASK_BLOCK == 0:  # the -1 tail after the selected positions
-            kk = tl.arange(0, K_PAD)
-            tl.store(out_ptr + row * out_stride + kk, tl.full((K_PAD,), -1, tl.int64),
-                     mask=(kk >= need) & (kk < k))
+        kth = tl.zeros((), tl.uint32)
+        kth, rem, tied, _, _ = _digit_pass(ck, cp, total, kth, need, kth, 24, False, SUB, BINS)
+        kth, rem, tied, low, _ = _digit_pass(ck, cp, total, kth, rem, kth, 16, False, SUB, BINS)
+        if low != 0:
+            kth, rem, tied, _, _ = _digit_pass(ck, cp, total, kth, rem, kth, 8, False, SUB, BINS)
+            kth, rem, tied, _, _ = _digit_pass(ck, cp, total, kth, rem, kth, 0, False, SUB, BINS)
+        else:  # (BF16 scores end here) every key of the bin has low 16 bits 0
+            kth = kth << 16
+        last = tl.zeros((), tl.int32) + 0x7FFFFFFF
+        if tied > rem:  # ties straddle the k-th key: positions are unique, 4 digits decide
+            if POS_24:  # positions < 2^24: the top digit of 0x7FFFFFFF - pos is 0x7F
+                rp = tl.zeros((), tl.uint32) + 0x7F
+            else:
+                rp = tl.zeros((), tl.uint32)
+                rp, rem, _, _, _ = _digit_pass(ck, cp, total, rp, rem, kth, 24, True, SUB, BINS)
+            rp, rem, _, _, _ = _digit_pass(ck, cp, total, rp, rem, kth, 16, True, SUB, BINS)
+            rp, rem, _, _, _ = _digit_pass(ck, cp, total, rp, rem, kth, 8, True, SUB, BINS)
+            rp, rem, _, _, _ = _digit_pass(ck, cp, total, rp, rem, kth, 0, True, SUB, BINS)
+            last = 0x7FFFFFFF - rp.to(tl.int32)
+        if need == 0:
+            kth = tl.zeros((), tl.uint32) + 0xFFFFFFFF
+            last = tl.zeros((), tl.int32) - 1
+        written = tl.zeros((), tl.int32)
+        s = 0
+        while s < total:  # the chosen, compacted into the scratch row (or marked, for blocks)
+            i = s + tl.arange(0, SUB)
+            ok = i < total
+            key = tl.load(ck + i, mask=ok, other=0).to(tl.uint32, bitcast=True)
+            pos = tl.load(cp + i, mask=ok, other=0)
+            sel = ok & ((key > kth) | ((key == kth) & (pos <= last)))
+            if MASK_BLOCK > 0:  # candidate_blocks: chosen block p marks positions [p*B, p*B+B) of W
+                jj = tl.arange(0, MASK_BLOCK)
+                p = pos[:, None] * block + jj[None, :]
+                tl.store(out_ptr + row * out_stride + p, tl.full((SUB, MASK_BLOCK), 1, tl.int8),
+                         mask=sel[:, None] & (jj[None, :] < block) & (p < W))
+            else:
+                slot = written + tl.cumsum(sel.to(tl.int32), axis=0) - 1
+                if BY_SCORE:
+                    val = ((key.to(tl.int64) - 0x80000000) << 32) | (0xFFFFFFFF - pos.to(tl.int64))
+                else:
+                    val = pos
+                tl.store(scratch_ptr + row * K_PAD + slot, val, mask=sel)
+                written += tl.sum(sel.to(tl.int32), axis=0)
+            s += SUB
+        if MASK_BLOCK == 0:
+            tl.debug_barrier()
+            _emit_sorted(scratch_ptr, remap_ptr, out_ptr, row, written, k, out_stride, remap_stride,
+                         K_PAD, BY_SCORE, REMAP)
+
+
+@triton.jit
+def _emit_sorted(scratch_ptr, remap_ptr, out_ptr, row, n_sel, k, out_stride, remap_stride,
+                 K_PAD: tl.constexpr, BY_SCORE: tl.constexpr, REMAP: tl.constexpr):
+    """out[row] = the n_sel chosen of the scratch row, positions ascending (int32 values) or by
+    (score desc, position asc) (int64 composites, distinct), optionally remapped; -1 up to k."""
+    kk = tl.arange(0, K_PAD)
+    sel = kk < n_sel
+    if BY_SCORE:
+        comp = tl.load(scratch_ptr + row * K_PAD + kk, mask=sel, other=-0x7FFFFFFFFFFFFFFF - 1)
+        if K_PAD <= 256:  # rank by counting
+            slot = tl.sum((comp[None, :] > comp[:, None]).to(tl.int32), axis=1)
+        else:
+            comp = tl.sort(comp, descending=True)
+            slot = kk
+        pos = (0xFFFFFFFF - (comp & 0xFFFFFFFF)).to(tl.int32)
+    else:
+        pos = tl.load(scratch_ptr + row * K_PAD + kk, mask=sel, other=0x7FFFFFFF)
+        if K_PAD <= 256:
+            slot = tl.sum((pos[None, :] < pos[:, None]).to(tl.int32), axis=1)
+        else:
+            pos = tl.sort(pos)
+            slot = kk
+    if REMAP:
+        pos = tl.load(remap_ptr + row * remap_stride + pos, mask=sel, other=0)
+    tl.store(out_ptr + row * out_stride + slot, pos.to(tl.int64), mask=sel)
+    tl.store(out_ptr + row * out_stride + kk, tl.full((K_PAD,), -1, tl.int64),
+             mask=(kk >= n_sel) & (kk < k))
 
 
 def _filter_plan(N: int, k: int, block: int, group: int | None, cap: int | None):
@@ -948,8 +1037,8 @@ def _topk_filter(x, n_valid, k: int, out, *, by_score: bool, drop_neg_inf: bool,
                                DROP_NEG_INF=drop_neg_inf, num_warps=tune.warps)
     thr = torch.empty((R,), dtype=torch.int32, device=dev)
     count = torch.empty((R, 2), dtype=torch.int32, device=dev)   # candidates, overflow flag
-    _threshold_kernel[(R,)](gmax, n_valid, thr, count, N, M, k, G, M_PAD=_pow2(M), BINS=_DIGIT,
-                            num_warps=tune.threshold_warps)
+    _threshold_kernel[(R,)](gmax, n_valid, thr, count, N, M, k, G, SUB=min(tune.sub, _pow2(M)),
+                            BINS=_DIGIT, num_warps=tune.threshold_warps)
     cand_key = torch.empty((R, cap), dtype=torch.int32, device=dev)
     cand_pos = torch.empty((R, cap), dtype=torch.int32, device=dev)
     _filter_kernel[(R, nc)](x, n_valid, thr, cand_key, cand_pos, count, N, x.stride(0), tune.ch,
@@ -959,7 +1048,8 @@ def _topk_filter(x, n_valid, k: int, out, *, by_score: bool, drop_neg_inf: bool,
                           dtype=torch.int64 if by_score else torch.int32, device=dev)
     _select_kernel[(R,)](cand_key, cand_pos, count, cand_pos if remap is None else remap,
                          scratch, out, k, out.stride(0), 0 if remap is None else remap.stride(0),
-                         out.shape[1] if mask else 0, mask_block, CAP=cap, K_PAD=k_pad, BINS=_DIGIT,
+                         out.shape[1] if mask else 0, mask_block, CAP=cap, K_PAD=k_pad,
+                         SUB=min(tune.sub, cap), BINS=_DIGIT, POS_24=N <= 1 << 24,
                          BY_SCORE=by_score, REMAP=remap is not None,
                          MASK_BLOCK=_pow2(mask_block) if mask else 0,
                          num_warps=tune.select_warps)

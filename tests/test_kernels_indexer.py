@@ -191,6 +191,18 @@ def test_topk_filter_reservations_across_many_tiles(run, prefetch, order):
     check_topk(got, case, order, f"filter run={run} prefetch={prefetch}")
 
 
+@pytest.mark.parametrize("order", ["position", "score"])
+def test_topk_filter_select_resolves_the_low_bits(order):
+    """Keys that agree in their top 24 bits (not BF16): the select's digit passes go down to bit
+    0, candidates read 256 at a time."""
+    base = make_rows("normal", 1, 3, 500, 64)
+    case = type(base)("low_bits", np.where(S.visibility_mask(base.visible, 500), low_bit_rows(), -np.inf),
+                      base.visible, 64)
+    got, flag = filtered(case, order, 1, cap=1024)
+    assert flag.tolist() == [0, 0, 0]
+    check_topk(got, case, order, "filter, low bits")
+
+
 def test_topk_filter_position_sort_for_large_k():
     """k > 256 in position order: the select sorts the chosen positions (int32) instead of
     counting ranks."""
@@ -214,7 +226,8 @@ def test_filter_tuning_rejects_what_cannot_tile():
 @pytest.mark.parametrize("rows", ["few_values", "equal", "relu_zero"])
 def test_topk_select_ignores_candidate_order(rows, order):
     """The select kernel gets its candidates in whatever order the atomics gave them: fed every
-    visible key in three shuffled orders, it returns impl's top-k (ties to the lowest positions)."""
+    visible key in three shuffled orders, read 64 at a time, it returns impl's top-k (ties to the
+    lowest positions)."""
     case = make_rows(rows, 4, 3, 200, 30)
     dev = K._device()
     cap = 256
@@ -231,10 +244,11 @@ def test_topk_select_ignores_candidate_order(rows, order):
             cand_pos[r, :len(perm)] = perm.to(torch.int32)
         count = torch.stack([torch.from_numpy(case.visible).int(), torch.zeros(3, dtype=torch.int32)], 1).to(dev)
         out = torch.empty((3, case.k), dtype=torch.int64, device=dev)
-        scratch = torch.empty((3, 32), dtype=torch.int64, device=dev)
+        scratch = torch.empty((3, 32), dtype=torch.int64 if order == "score" else torch.int32, device=dev)
         K._select_kernel[(3,)](cand_key.to(dev), cand_pos.to(dev), count, cand_pos.to(dev),
                                scratch, out, case.k, out.stride(0), 0, 0, 0, CAP=cap, K_PAD=32,
-                               BINS=K._DIGIT, BY_SCORE=order == "score", REMAP=False, MASK_BLOCK=0)
+                               SUB=64, BINS=K._DIGIT, BY_SCORE=order == "score", REMAP=False,
+                               MASK_BLOCK=0, POS_24=seed != 0)   # (both tie-digit paths)
         assert count[:, 1].cpu().tolist() == [0, 0, 0]
         check_topk(out.cpu(), case, order, f"select, shuffle {seed}")
 
@@ -587,18 +601,22 @@ COMPILE_SM90 = textwrap.dedent("""
         rows = {"x_ptr": "*fp32", "len_ptr": "*i32"}
         build(K._group_max_kernel, dict(rows, gmax_ptr="*i32", **ints("N", "x_stride", "M", "CH")),
               G=G, BLOCK=tune.block, DROP_NEG_INF=False)
-        build(K._threshold_kernel, {"gmax_ptr": "*i32", "len_ptr": "*i32", "thr_ptr": "*i32", "count_ptr": "*i32",
-                                    **ints("N", "M", "k", "G")}, num_warps=16, M_PAD=8192, BINS=K._DIGIT)
+        short = K._filter_config(1024, 1 << 16, 2048)   # many short rows: small steps, 4 warps
+        for t in (tune, short):
+            build(K._threshold_kernel, {"gmax_ptr": "*i32", "len_ptr": "*i32", "thr_ptr": "*i32",
+                                        "count_ptr": "*i32", **ints("N", "M", "k", "G")},
+                  num_warps=t.threshold_warps, SUB=t.sub, BINS=K._DIGIT)
         for run, prefetch in ((tune.run, tune.prefetch), (32, False)):  # per candidate, per warp run
             build(K._filter_kernel, dict(rows, thr_ptr="*i32", cand_key_ptr="*i32", cand_pos_ptr="*i32",
                                          count_ptr="*i32", **ints("N", "x_stride", "CH", "CAP")),
                   BLOCK=tune.block, RUN=run, PREFETCH=prefetch, DROP_NEG_INF=True)
-        for by_score, scratch in ((False, "*i32"), (True, "*i64")):
-            build(K._select_kernel, {"cand_key_ptr": "*i32", "cand_pos_ptr": "*i32", "count_ptr": "*i32",
-                                     "remap_ptr": "*i32", "scratch_ptr": scratch, "out_ptr": "*i64",
-                                     **ints("k", "out_stride", "remap_stride", "W", "block")},
-                  num_warps=16, CAP=CAP, K_PAD=2048, BINS=K._DIGIT, BY_SCORE=by_score, REMAP=False,
-                  MASK_BLOCK=0)
+        select = {"cand_key_ptr": "*i32", "cand_pos_ptr": "*i32", "count_ptr": "*i32", "remap_ptr": "*i32",
+                  **ints("k", "out_stride", "remap_stride", "W", "block")}
+        for t, by_score, scratch, out, mask in ((tune, False, "*i32", "*i64", 0), (tune, True, "*i64", "*i64", 0),
+                                                (short, False, "*i32", "*i64", 0), (short, False, "*i32", "*i8", 8)):
+            build(K._select_kernel, dict(select, scratch_ptr=scratch, out_ptr=out), num_warps=t.select_warps,
+                  CAP=CAP, K_PAD=2048, SUB=t.sub, BINS=K._DIGIT, BY_SCORE=by_score, REMAP=False,
+                  MASK_BLOCK=mask, POS_24=not by_score)
     else:
         # scores as the launchers pick them on a GPU: BF16 operands (MMA), fp32 (IEEE), FP4, gather
         for fp4, bf16, gather, dt in ((False, True, False, "bf16"), (False, False, False, "fp32"),
