@@ -749,25 +749,30 @@ def _row_keys(x_ptr, pos, tile_end, stop, DROP_NEG_INF: tl.constexpr):
 
 @triton.jit
 def _group_max_kernel(x_ptr, len_ptr, gmax_ptr, N, x_stride, M, CH, G: tl.constexpr,
-                      BLOCK: tl.constexpr, DROP_NEG_INF: tl.constexpr):
-    """gmax[r, g] = the largest valid key among positions [g*G, g*G + G) (0: none valid)."""
+                      BLOCK: tl.constexpr, PREFETCH: tl.constexpr, DROP_NEG_INF: tl.constexpr):
+    """gmax[r, g] = the largest valid key among positions [g*G, g*G + G) (0: none valid; a chunk
+    holds whole groups, so masking at the chunk's end is masking at the row's).  (The
+    store of the tile's BLOCK/G maxima converts their layout through shared memory, one barrier
+    a tile; with PREFETCH the next tile's loads are already in flight across it.)"""
     row = tl.program_id(0)
     c = tl.program_id(1)
     stop = tl.minimum(tl.load(len_ptr + row), N)
     start = c * CH
     end = tl.minimum(start + CH, stop)
     xr = x_ptr + row.to(tl.int64) * x_stride
+    off = tl.arange(0, BLOCK // G)[:, None] * G + tl.arange(0, G)[None, :]   # [groups, G]
     p = start
+    key = _row_keys(xr, p + off, p + BLOCK, end, DROP_NEG_INF)
     while p < end:
-        if G == 1:
-            pos = p + tl.arange(0, BLOCK)
-            best = _row_keys(xr, pos, p + BLOCK, stop, DROP_NEG_INF)
-        else:
-            pos = p + tl.arange(0, BLOCK // G)[:, None] * G + tl.arange(0, G)[None, :]
-            best = tl.max(_row_keys(xr, pos, p + BLOCK, stop, DROP_NEG_INF), axis=1)
+        if PREFETCH:
+            key_next = _row_keys(xr, p + BLOCK + off, p + 2 * BLOCK, end, DROP_NEG_INF)
         g = p // G + tl.arange(0, BLOCK // G)
-        tl.store(gmax_ptr + row * M + g, best.to(tl.int32, bitcast=True), mask=g < M)
+        tl.store(gmax_ptr + row * M + g, tl.max(key, axis=1).to(tl.int32, bitcast=True), mask=g < M)
         p += BLOCK
+        if PREFETCH:
+            key = key_next
+        else:
+            key = _row_keys(xr, p + off, p + BLOCK, end, DROP_NEG_INF)
 
 
 @triton.jit
@@ -1034,7 +1039,8 @@ def _topk_filter(x, n_valid, k: int, out, *, by_score: bool, drop_neg_inf: bool,
     nc = triton.cdiv(N, tune.ch)
     gmax = torch.empty((R, M), dtype=torch.int32, device=dev)
     _group_max_kernel[(R, nc)](x, n_valid, gmax, N, x.stride(0), M, tune.ch, G=G, BLOCK=tune.block,
-                               DROP_NEG_INF=drop_neg_inf, num_warps=tune.warps)
+                               PREFETCH=tune.prefetch, DROP_NEG_INF=drop_neg_inf,
+                               num_warps=tune.warps)
     thr = torch.empty((R,), dtype=torch.int32, device=dev)
     count = torch.empty((R, 2), dtype=torch.int32, device=dev)   # candidates, overflow flag
     _threshold_kernel[(R,)](gmax, n_valid, thr, count, N, M, k, G, SUB=min(tune.sub, _pow2(M)),

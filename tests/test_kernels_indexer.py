@@ -600,7 +600,7 @@ COMPILE_SM90 = textwrap.dedent("""
         G, CAP = K._filter_plan(1 << 20, 2048, tune.block, None, None)
         rows = {"x_ptr": "*fp32", "len_ptr": "*i32"}
         build(K._group_max_kernel, dict(rows, gmax_ptr="*i32", **ints("N", "x_stride", "M", "CH")),
-              G=G, BLOCK=tune.block, DROP_NEG_INF=False)
+              G=G, BLOCK=tune.block, PREFETCH=tune.prefetch, DROP_NEG_INF=False)
         short = K._filter_config(1024, 1 << 16, 2048)   # many short rows: small steps, 4 warps
         for t in (tune, short):
             build(K._threshold_kernel, {"gmax_ptr": "*i32", "len_ptr": "*i32", "thr_ptr": "*i32",
