@@ -29,8 +29,8 @@ CASES = (  # name, rows, row length, k, block (0: a row top-k; 8: block selectio
     ("blocks 1024x262144 -> 2048", 1024, 1 << 18, 2048, 8),
 )
 
-# FilterTune fields changed from each case's default (block/ch are absolute, ch may be scaled:
-# "ch*" multiplies the default chunk)
+# FilterTune fields changed from each case's default (one at a time, plus a few pairs; "ch*"
+# multiplies the default chunk).  Grid points equal to the default are measured once.
 GRID = (
     {},
     {"run": 32},
@@ -43,9 +43,13 @@ GRID = (
     {"ch*": 0.5},
     {"ch*": 2},
     {"block": 4096, "run": 4096, "prefetch": False},   # one reservation per tile (barriers)
+    {"sub": 512},
+    {"sub": 2048},
+    {"sub": 4096},
     {"threshold_warps": 4},
-    {"threshold_warps": 8},
+    {"threshold_warps": 16},
     {"select_warps": 4},
+    {"select_warps": 8},
     {"select_warps": 16},
 )
 
