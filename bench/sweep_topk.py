@@ -6,9 +6,9 @@ scores) and each configuration of a small grid (one tunable changed at a time fr
 plus a few pairs), it replays the filter's launches from a CUDA graph (device time, no host
 overhead; triton.testing.do_bench median) and checks the result equal, bit for bit, to the
 default configuration's (and every row served by the filter).  Prints a table (µs, and the
-speed-up over the default) and writes sweep_topk.json to --out.  Stops starting new
-configurations once --budget seconds have passed (compiles included).  Refuses (exit 2) without a
-GPU.
+speed-up over the default) and writes sweep_topk.json to --out.  The grid's kernels are first
+compiled in --jobs parallel processes (into Triton's cache); no new configuration starts once
+--budget seconds have passed (compiles included).  Refuses (exit 2) without a GPU.
 
     python bench/sweep_topk.py --out out/
 """
@@ -20,6 +20,8 @@ import json
 import os
 import sys
 import time
+
+DEVICE = "cuda"   # (tests run the sweep's logic on the CPU interpreter)
 
 CASES = (  # name, rows, row length, k, block (0: a row top-k; 8: block selection of 8-blocks)
     ("1x1M k512", 1, 1 << 20, 512, 0),
@@ -61,6 +63,8 @@ def parse_args(argv=None):
     ap.add_argument("--rep", type=int, default=20, help="do_bench rep (ms) per measurement")
     ap.add_argument("--budget", type=float, default=85.0, help="seconds after which no new "
                     "configuration starts")
+    ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1),
+                    help="processes compiling the grid's kernels in parallel first (1: none)")
     return ap.parse_args(argv)
 
 
@@ -82,12 +86,12 @@ def case_inputs(torch, R, N, block):
     """(engine input [R, n], n_valid, mask width or 0): BF16-valued random scores; for block
     selection the 8-block maxima of a [R, N] row with the newest block pinned to +inf (what
     kernels.pool's block-max kernel gives for compress_lens = N)."""
-    g = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(R, N, device="cuda", generator=g).bfloat16().float()
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    x = torch.randn(R, N, device=DEVICE, generator=g).bfloat16().float()
     if block:
         x = x.view(R, N // block, block).amax(-1).contiguous()
         x[:, -1] = float("inf")
-    nv = torch.full((R,), x.shape[1], dtype=torch.int32, device="cuda")
+    nv = torch.full((R,), x.shape[1], dtype=torch.int32, device=DEVICE)
     return x, nv, (N if block else 0)
 
 
@@ -104,41 +108,65 @@ def resolve(KI, R, n, k, change):
     return dataclasses.asdict(tune)
 
 
-def run_case(torch, KI, name, R, N, k, block, rep, deadline):
+def case_setup(torch, KI, case):
+    """A case's inputs, the filter's arguments and a maker of output buffers."""
+    name, R, N, k, block = case
     x, nv, width = case_inputs(torch, R, N, block)
-    n = x.shape[1]
-    mask = width > 0
-    filt = dict(by_score=False, drop_neg_inf=mask, remap=None, mask=mask, mask_block=block,
-                group=None, cap=None, blocks=None)
+    filt = dict(by_score=False, drop_neg_inf=width > 0, remap=None, mask=width > 0,
+                mask_block=block, group=None, cap=None, blocks=None)
 
     def fresh():
-        return (torch.zeros((R, width), dtype=torch.int8, device="cuda") if mask
-                else torch.empty((R, k), dtype=torch.int64, device="cuda"))
+        return (torch.zeros((R, width), dtype=torch.int8, device=DEVICE) if width
+                else torch.empty((R, k), dtype=torch.int64, device=DEVICE))
 
-    ref = fresh()
-    KI._topk_filter(x, nv, k, ref, **filt)
-    t_torch = graph_us(torch, lambda: torch.topk(x, k, dim=1, sorted=False), rep)
-    rows, seen = [], set()
-    for change in GRID:
-        if time.time() > deadline:
-            rows.append(dict(case=name, change=change, status="skipped (budget)"))
-            continue
-        tune = resolve(KI, R, n, k, change)
-        if tune is None or tuple(sorted(tune.items())) in seen:
-            continue
-        seen.add(tuple(sorted(tune.items())))
+    return dict(name=name, R=R, n=x.shape[1], k=k, x=x, nv=nv, filt=filt, fresh=fresh)
+
+
+def run_config(torch, KI, c, change, rep):
+    """One grid point on one case: None when it does not apply or repeats a measured one."""
+    tune = resolve(KI, c["R"], c["n"], c["k"], change)
+    key = None if tune is None else tuple(sorted(tune.items()))
+    if key is None or key in c["seen"]:
+        return None
+    c["seen"].add(key)
+    x, nv, k, filt = c["x"], c["nv"], c["k"], c["filt"]
+    with KI.filter_tuning(**tune):
+        out = c["fresh"]()
+        flag = KI._topk_filter(x, nv, k, out, **filt)
+        ok = flag is not None and not bool(flag.any()) and torch.equal(out, c["ref"])
+        buf = c["fresh"]()
+        us = graph_us(torch, lambda: KI._topk_filter(x, nv, k, buf, **filt), rep) if ok else None
+    return dict(case=c["name"], change=change, tune=tune, us=us, torch_us=c["torch_us"],
+                status="ok" if ok else "MISMATCH against the default (or rows flagged)")
+
+
+def _compile_worker(task):
+    """(In a fresh process) run one grid point on one case once: its kernels land in Triton's
+    on-disk cache, so the timing process does not compile them."""
+    change, case = task
+    import torch
+    from dsv4spec.kernels import indexer as KI
+    c = case_setup(torch, KI, case)
+    tune = resolve(KI, c["R"], c["n"], c["k"], change)
+    if tune is not None:
         with KI.filter_tuning(**tune):
-            out = fresh()
-            flag = KI._topk_filter(x, nv, k, out, **filt)
-            ok = flag is not None and not bool(flag.any()) and torch.equal(out, ref)
-            buf = fresh()
-            us = graph_us(torch, lambda: KI._topk_filter(x, nv, k, buf, **filt), rep) if ok else None
-        rows.append(dict(case=name, change=change, tune=tune, us=us, torch_us=t_torch,
-                         status="ok" if ok else "MISMATCH against the default (or rows flagged)"))
-        print(json.dumps(rows[-1]), flush=True)
-    del x
-    torch.cuda.empty_cache()
-    return rows
+            KI._topk_filter(c["x"], c["nv"], c["k"], c["fresh"](), **c["filt"])
+        torch.cuda.synchronize()
+    return True
+
+
+def precompile(jobs):
+    """Compile every grid point's kernels in parallel processes (best effort: what fails here is
+    compiled, or reported, by the timing process)."""
+    import concurrent.futures
+    import multiprocessing
+    tasks = [(change, case) for change in GRID for case in CASES]
+    try:
+        with concurrent.futures.ProcessPoolExecutor(
+                jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            list(pool.map(_compile_worker, tasks))
+    except Exception as e:  # noqa: BLE001
+        print(f"precompile: {type(e).__name__}: {e}", file=sys.stderr)
 
 
 def table(rows):
@@ -165,9 +193,27 @@ def main(argv=None):
         return 2
     from dsv4spec.kernels import indexer as KI
     t0 = time.time()
+    if args.jobs > 1:
+        precompile(args.jobs)
+        print(f"precompiled in {time.time() - t0:.1f} s", flush=True)
+    cases = []
+    for case in CASES:
+        c = case_setup(torch, KI, case)
+        c["ref"] = c["fresh"]()
+        KI._topk_filter(c["x"], c["nv"], c["k"], c["ref"], **c["filt"])
+        c["torch_us"] = graph_us(torch, lambda: torch.topk(c["x"], c["k"], dim=1, sorted=False), args.rep)
+        c["seen"] = set()
+        cases.append(c)
     rows = []
-    for name, R, N, k, block in CASES:
-        rows += run_case(torch, KI, name, R, N, k, block, args.rep, t0 + args.budget)
+    for change in GRID:   # grid-major: a budget cut drops the last grid points, not a case
+        for c in cases:
+            if time.time() > t0 + args.budget:
+                rows.append(dict(case=c["name"], change=change, status="skipped (budget)"))
+                continue
+            row = run_config(torch, KI, c, change, args.rep)
+            if row:
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     text = table(rows)
     print(text)
     print(f"total {time.time() - t0:.1f} s on {torch.cuda.get_device_name()}")
