@@ -26,10 +26,10 @@ per group, each code by three integer operations and two exact fp32 multiplies (
 
 Top-k.  A row is an unordered multiset of fp32 scores mapped to order-preserving uint32 keys
 (-0 folded onto +0).  The fast path is a threshold filter (group maxima give a threshold that
-lets through about 1.1 k keys; one streaming pass appends those keys, reserving slots per run of
-positions without crossing warps, with the next tile in flight; a per-row select, uint32 keys
-and int32 positions, emits V4.1's position order by sorting the k chosen int32 positions; see
-"Threshold filter" below, tunables in FilterTune); rows it cannot hold go through the
+lets through about 1.1 k keys; one streaming pass appends those keys by atomic slots, the next
+tile in flight; a per-row select by streaming 8-bit digit passes fixes the k-th key and the last
+tied position, then sorts the k chosen int32 positions into V4.1's order; see "Threshold filter"
+below, tunables in FilterTune); rows it cannot hold go through the
 radix engine: radix select on the top 12 key bits (per-chunk histograms plus a row
 histogram), refined on 12 and then 8 more bits only while the boundary bin is too full; then one
 ordered compaction writes, in position order, every key above the boundary and the boundary-bin
@@ -664,13 +664,14 @@ def _topk_radix(x: torch.Tensor, n_valid: torch.Tensor, k: int, *, by_score: boo
 # take each group's largest key; if k groups have a maximum >= t, at least k keys are >= t.  So a
 # radix select on the top 16 bits of the group maxima gives a threshold t (<= the k-th largest key)
 # that lets through about 1.1 k keys of random data.  One streaming pass appends the keys >= t to
-# the row's candidates, and one program per row finds the exact k-th among them by 8-bit digits
-# and breaks its ties by position.  The streaming pass cuts each tile into runs of RUN positions
-# and reserves one slot range per run that holds candidates (one atomic add of the run's count;
-# ranks inside the run by a prefix sum), while the next tile's loads are in flight; a run of 128
-# is one warp's row of the tile, so neither the count nor the ranks cross warps (no barrier).
-# The result depends only on the candidate set, never on the slot order: deterministic.  Rows
-# whose candidates overflow the cap (heavy ties, adversarial order) are redone by _topk_radix.
+# the row's candidates (slots reserved per candidate or per run of positions by atomic adds; the
+# tile keeps one register layout, so no warp waits for another), and one program per row finds
+# the exact k-th key K among them by 8-bit digits and, when keys equal to K straddle the k-th
+# place, the last position taken among them by digits of the position.  Threshold and select read
+# their lists SUB entries a pass (8-bit histograms, a few scalars carried), so a program is small
+# and many share an SM when rows are many and short.  The result depends only on the candidate
+# set, never on the slot order: deterministic.  Rows whose candidates overflow the cap (heavy
+# ties, adversarial order) are redone by _topk_radix.
 
 _MAX_GROUPS = 16384        # group maxima one program selects on
 _DIGIT = 256               # 8-bit digits
