@@ -210,7 +210,10 @@ def main(argv=None):
             if time.time() > t0 + args.budget:
                 rows.append(dict(case=c["name"], change=change, status="skipped (budget)"))
                 continue
-            row = run_config(torch, KI, c, change, args.rep)
+            try:
+                row = run_config(torch, KI, c, change, args.rep)
+            except Exception as e:  # noqa: BLE001 -- report it and go on with the grid
+                row = dict(case=c["name"], change=change, status=f"ERROR {type(e).__name__}: {e}"[:200])
             if row:
                 rows.append(row)
                 print(json.dumps(row), flush=True)
