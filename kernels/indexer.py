@@ -673,7 +673,7 @@ def _topk_radix(x: torch.Tensor, n_valid: torch.Tensor, k: int, *, by_score: boo
 # set, never on the slot order: deterministic.  Rows whose candidates overflow the cap (heavy
 # ties, adversarial order) are redone by _topk_radix.
 
-_MAX_GROUPS = 16384        # group maxima one program selects on
+_MAX_GROUPS = 16384        # group maxima a row may have (more: the radix engine serves it)
 _DIGIT = 256               # 8-bit digits
 
 
@@ -683,7 +683,7 @@ class FilterTune:
     block: int           # positions per tile of the two streaming passes
     ch: int              # positions of a row per streaming program (a multiple of block)
     run: int             # positions per slot reservation (at most block, and divides it)
-    prefetch: bool       # the filter loads tile i+1 before reserving tile i's slots
+    prefetch: bool       # both streaming passes load tile i+1 before finishing tile i
     warps: int           # warps of the streaming passes
     sub: int             # group maxima / candidates the threshold and select read per step
     threshold_warps: int
@@ -737,7 +737,7 @@ def _filter_config(R: int, N: int, k: int, blocks=None) -> FilterTune:
 @triton.jit
 def _row_keys(x_ptr, pos, tile_end, stop, DROP_NEG_INF: tl.constexpr):
     """Order keys of x at pos (a tile ending at tile_end), 0 where pos >= stop (or x = -inf when
-    dropped): every valid key is >= 1.  Full tiles load without a mask (16-byte loads)."""
+    dropped): every valid key is >= 1.  Full tiles load without a mask."""
     if tile_end <= stop:
         x = tl.load(x_ptr + pos)
     else:
@@ -911,7 +911,7 @@ def _select_kernel(cand_key_ptr, cand_pos_ptr, count_ptr, remap_ptr, scratch_ptr
         else:  # (BF16 scores end here) every key of the bin has low 16 bits 0
             kth = kth << 16
         last = tl.zeros((), tl.int32) + 0x7FFFFFFF
-        if tied > rem:  # ties straddle the k-th key: positions are unique, 4 digits decide
+        if tied > rem:  # ties straddle the k-th key: positions are unique, their digits decide
             if POS_24:  # positions < 2^24: the top digit of 0x7FFFFFFF - pos is 0x7F
                 rp = tl.zeros((), tl.uint32) + 0x7F
             else:
