@@ -782,8 +782,9 @@ def _filter_kernel(x_ptr, len_ptr, thr_ptr, cand_key_ptr, cand_pos_ptr, count_pt
                    DROP_NEG_INF: tl.constexpr):
     """Every key >= thr of the row into cand[r, :CAP]: each run of RUN positions that holds n of
     them takes slots [b, b + n) by one atomic add of n to count[r] (counted beyond CAP too; RUN =
-    1: one add per candidate) and places them there in position order.  Slot order depends on
-    timing, the set does not: the select kernel only uses the set.
+    1: one add per candidate, which ptxas aggregates per warp: one ATOMG and a shuffle per 32
+    positions holding candidates) and places them there in position order.  Slot order depends
+    on timing, the set does not: the select kernel only uses the set.
 
     The tile is [RUN, BLOCK // RUN], a run per column, and its loads are 4-byte (contiguity 1):
     then loads, counts, atomics and stores share one layout, a run of 32 is one warp's column (its
