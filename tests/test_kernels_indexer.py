@@ -167,7 +167,7 @@ def test_topk_threshold_filter_serves_every_row(rows, group, order):
 
 def boundary_tie_rows(T=3, S_=1000, k=60, seed=3):
     """Rows of 0s and 1s, ~30 % ones spread over every tile: the k-th key is a 1 tied across the
-    whole row (the lowest-position ones must win), plus one row of distinct values."""
+    whole row (the lowest-position ones must win), plus a row of BF16 normal values."""
     rng = np.random.default_rng(seed)
     x = (rng.random((T, S_)) < 0.3).astype(np.float64)
     x[-1] = S.round_bf16(rng.standard_normal(S_))
@@ -601,7 +601,7 @@ COMPILE_SM90 = textwrap.dedent("""
         rows = {"x_ptr": "*fp32", "len_ptr": "*i32"}
         build(K._group_max_kernel, dict(rows, gmax_ptr="*i32", **ints("N", "x_stride", "M", "CH")),
               G=G, BLOCK=tune.block, PREFETCH=tune.prefetch, DROP_NEG_INF=False)
-        short = K._filter_config(1024, 1 << 16, 2048)   # many short rows: small steps, 4 warps
+        short = K._filter_config(1024, 1 << 16, 2048)   # many short rows: small steps
         for t in (tune, short):
             build(K._threshold_kernel, {"gmax_ptr": "*i32", "len_ptr": "*i32", "thr_ptr": "*i32",
                                         "count_ptr": "*i32", **ints("N", "M", "k", "G")},
