@@ -551,7 +551,8 @@ def test_hadamard_of_a_scalar_is_rejected():
 # functions; Triton's CUDA toolchain ships with the wheel).  Two groups, so that xdist runs them
 # side by side.  The top-k engine is compiled with a 1024-candidate cap: the same code as the
 # 8192 cap of k = 2048, which compiles too (about 40 s per variant, measured) but is not repeated
-# here.
+# here.  The threshold filter's streaming pass is also checked free of barriers (its speed rests on
+# it: bench/RESULTS.md, "Threshold filter reworked").
 # ------------------------------------------------------------------------------------------------
 COMPILE_SM90 = textwrap.dedent("""
     import sys
@@ -561,13 +562,15 @@ COMPILE_SM90 = textwrap.dedent("""
     from dsv4spec.kernels import pool as P
     assert not K.INTERPRET
     built = set()
-    def build(kernel, signature, num_warps=8, **constexprs):
+    def build(kernel, signature, num_warps=8, divisible=(), **constexprs):
         signature = dict(signature, **{name: "constexpr" for name in constexprs})
-        src = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+        attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in divisible}
+        src = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
         compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
         assert len(compiled.asm["cubin"]) > 0
         built.add(kernel.fn.__name__)
         print("compiled", kernel.fn.__name__, constexprs, flush=True)
+        return compiled
     def ints(*names):
         return {n: "i32" for n in names}
     if sys.argv[1] == "topk":
@@ -607,9 +610,13 @@ COMPILE_SM90 = textwrap.dedent("""
                                         "count_ptr": "*i32", **ints("N", "M", "k", "G")},
                   num_warps=t.threshold_warps, SUB=t.sub, BINS=K._DIGIT)
         for run, prefetch in ((tune.run, tune.prefetch), (32, False)):  # per candidate, per warp run
-            build(K._filter_kernel, dict(rows, thr_ptr="*i32", cand_key_ptr="*i32", cand_pos_ptr="*i32",
-                                         count_ptr="*i32", **ints("N", "x_stride", "CH", "CAP")),
-                  BLOCK=tune.block, RUN=run, PREFETCH=prefetch, DROP_NEG_INF=True)
+            c = build(K._filter_kernel, dict(rows, thr_ptr="*i32", cand_key_ptr="*i32", cand_pos_ptr="*i32",
+                                             count_ptr="*i32", **ints("N", "x_stride", "CH", "CAP")),
+                      BLOCK=tune.block, RUN=run, PREFETCH=prefetch, DROP_NEG_INF=True,
+                      divisible=("x_ptr", "cand_key_ptr", "cand_pos_ptr", "N", "x_stride", "CH", "CAP"))
+            # as launched on 16-aligned rows, the tile keeps one layout: no conversion through
+            # shared memory, no barrier (vector loads would bring both back)
+            assert "bar.sync" not in c.asm["ptx"] and "convert_layout" not in c.asm["ttgir"], run
         select = {"cand_key_ptr": "*i32", "cand_pos_ptr": "*i32", "count_ptr": "*i32", "remap_ptr": "*i32",
                   **ints("k", "out_stride", "remap_stride", "W", "block")}
         for t, by_score, scratch, out, mask in ((tune, False, "*i32", "*i64", 0), (tune, True, "*i64", "*i64", 0),
