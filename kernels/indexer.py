@@ -379,14 +379,25 @@ def _valid_keys(x_ptr, pos, n_valid, DROP_NEG_INF: tl.constexpr):
 
 
 @triton.jit
-def _hist_kernel(x_ptr, len_ptr, state_ptr, hist_row_ptr, hist_chunk_ptr, R, N, x_stride, NC, CH,
-                 PASS: tl.constexpr, SHIFT: tl.constexpr, WIDTH: tl.constexpr,
-                 BINS: tl.constexpr, BLOCK: tl.constexpr, DROP_NEG_INF: tl.constexpr):
+def _row_served(flag_ptr, flag_stride, row, FLAGGED: tl.constexpr):
+    """Nonzero where the radix engine serves the row: every row, or (FLAGGED) the rows whose flag
+    the threshold filter raised; the others are neither read nor written."""
+    if FLAGGED:
+        return tl.load(flag_ptr + row * flag_stride)
+    else:
+        return tl.full((), 1, tl.int32)
+
+
+@triton.jit
+def _hist_kernel(x_ptr, len_ptr, flag_ptr, state_ptr, hist_row_ptr, hist_chunk_ptr, R, N, x_stride,
+                 NC, CH, flag_stride, PASS: tl.constexpr, SHIFT: tl.constexpr, WIDTH: tl.constexpr,
+                 BINS: tl.constexpr, BLOCK: tl.constexpr, DROP_NEG_INF: tl.constexpr,
+                 FLAGGED: tl.constexpr):
     row = tl.program_id(0)
     c = tl.program_id(1)
     n_valid = tl.minimum(tl.load(len_ptr + row), N)
     if PASS == 0:
-        active = 1
+        active = _row_served(flag_ptr, flag_stride, row, FLAGGED)
         prefix = 0
     else:
         prev = state_ptr + ((PASS - 1) * R + row) * 8
@@ -412,17 +423,19 @@ def _hist_kernel(x_ptr, len_ptr, state_ptr, hist_row_ptr, hist_chunk_ptr, R, N, 
 
 
 @triton.jit
-def _boundary_kernel(hist_row_ptr, hist_chunk_ptr, state_ptr, gt_ptr, eq_ptr, R, N, NC, k,
-                     CAP, PASS: tl.constexpr, SHIFT: tl.constexpr, WIDTH: tl.constexpr,
-                     LAST: tl.constexpr, BINS: tl.constexpr):
-    """Find the bin holding the need-th largest key; per chunk, count keys above it and in it."""
+def _boundary_kernel(hist_row_ptr, hist_chunk_ptr, flag_ptr, state_ptr, gt_ptr, eq_ptr, R, N, NC,
+                     k, CAP, flag_stride, PASS: tl.constexpr, SHIFT: tl.constexpr,
+                     WIDTH: tl.constexpr, LAST: tl.constexpr, BINS: tl.constexpr,
+                     FLAGGED: tl.constexpr):
+    """Find the bin holding the need-th largest key; per chunk, count keys above it and in it.
+    A row not served keeps its zeroed state (inactive) through every pass."""
     row = tl.program_id(0)
     c = tl.program_id(1)
     me = state_ptr + (PASS * R + row) * 8
     b = tl.arange(0, BINS)
     hist = tl.load(hist_row_ptr + row * BINS + b)
     if PASS == 0:
-        active = 1
+        active = _row_served(flag_ptr, flag_stride, row, FLAGGED)
         need = tl.minimum(tl.sum(hist, axis=0).to(tl.int64), k)
         need_rem = need
         prefix = tl.zeros((), tl.int64)
@@ -466,9 +479,9 @@ def _boundary_kernel(hist_row_ptr, hist_chunk_ptr, state_ptr, gt_ptr, eq_ptr, R,
 
 
 @triton.jit
-def _compact_kernel(x_ptr, len_ptr, state_ptr, gt_ptr, eq_ptr, cand_key_ptr, cand_pos_ptr,
-                    R, N, x_stride, NC, CH, CAP, FINAL, NC_PAD: tl.constexpr,
-                    BLOCK: tl.constexpr, DROP_NEG_INF: tl.constexpr):
+def _compact_kernel(x_ptr, len_ptr, flag_ptr, state_ptr, gt_ptr, eq_ptr, cand_key_ptr, cand_pos_ptr,
+                    R, N, x_stride, NC, CH, CAP, FINAL, flag_stride, NC_PAD: tl.constexpr,
+                    BLOCK: tl.constexpr, DROP_NEG_INF: tl.constexpr, FLAGGED: tl.constexpr):
     """Write, in position order, every key above the boundary and the boundary keys taken."""
     row = tl.program_id(0)
     c = tl.program_id(1)
@@ -488,7 +501,8 @@ def _compact_kernel(x_ptr, len_ptr, state_ptr, gt_ptr, eq_ptr, cand_key_ptr, can
     n_valid = tl.minimum(tl.load(len_ptr + row), N)
     start = c * CH
     stop = tl.minimum(start + CH, n_valid)
-    n_it = tl.cdiv(tl.maximum(stop - start, 0), BLOCK)
+    n_it = tl.where(_row_served(flag_ptr, flag_stride, row, FLAGGED) != 0,
+                    tl.cdiv(tl.maximum(stop - start, 0), BLOCK), 0)
     written = my_off
     eq_seen = my_eq_before
     i = 0
@@ -522,32 +536,38 @@ def _refine(key, sel, tied, need_rem, LO: tl.constexpr, WIDTH: tl.constexpr, BIN
 
 
 @triton.jit
-def _final_kernel(cand_key_ptr, cand_pos_ptr, state_ptr, remap_ptr, scratch_ptr, out_ptr, R,
-                  out_stride, remap_stride, W, block, FINAL, CAP: tl.constexpr,
+def _final_kernel(cand_key_ptr, cand_pos_ptr, flag_ptr, state_ptr, remap_ptr, scratch_ptr, out_ptr,
+                  R, k, out_stride, remap_stride, W, block, FINAL, flag_stride, CAP: tl.constexpr,
                   K_PAD: tl.constexpr, BINS: tl.constexpr, BY_SCORE: tl.constexpr,
-                  REMAP: tl.constexpr, MASK_BLOCK: tl.constexpr):
-    """Exact k-th key among the candidates, ties to the lowest position, then the output."""
+                  REMAP: tl.constexpr, MASK_BLOCK: tl.constexpr, FLAGGED: tl.constexpr):
+    """Exact k-th key among the candidates, ties to the lowest position, then the output (with
+    its -1 tail); a row not served is left as it is."""
     row = tl.program_id(0)
-    st = state_ptr + (FINAL * R + row) * 8
-    need = tl.load(st + 0)
-    shift = tl.load(st + 4)
-    bound = tl.load(st + 5)
-    n_cand = tl.load(st + 6) + tl.load(st + 7)
-    i = tl.arange(0, CAP)
-    ok = i < n_cand
-    key = tl.load(cand_key_ptr + row * CAP + i, mask=ok, other=0).to(tl.uint32, bitcast=True)
-    key = key.to(tl.int64)
-    pos = tl.load(cand_pos_ptr + row * CAP + i, mask=ok, other=0).to(tl.int64)
-    # keys above the boundary bin are in; resolve the bin's low bits (<= 20) by two radix passes
-    sel = ok & ((key >> shift) > bound)
-    tied = ok & ((key >> shift) == bound)
-    need_rem = need - tl.sum(sel.to(tl.int64), axis=0)
-    sel, tied, need_rem = _refine(key, sel, tied, need_rem, 8, 12, BINS)
-    sel, tied, need_rem = _refine(key, sel, tied, need_rem, 0, 8, BINS)
-    sel = sel | (tied & ((tl.cumsum(tied.to(tl.int64), axis=0) - 1) < need_rem))
-    sel = sel & (need > 0)
-    _emit_selection(sel, key, pos, row, remap_ptr, scratch_ptr, out_ptr, out_stride, remap_stride, W,
-                    block, CAP, K_PAD, BY_SCORE, True, REMAP, MASK_BLOCK)
+    if _row_served(flag_ptr, flag_stride, row, FLAGGED) != 0:
+        st = state_ptr + (FINAL * R + row) * 8
+        need = tl.load(st + 0)
+        shift = tl.load(st + 4)
+        bound = tl.load(st + 5)
+        n_cand = tl.load(st + 6) + tl.load(st + 7)
+        i = tl.arange(0, CAP)
+        ok = i < n_cand
+        key = tl.load(cand_key_ptr + row * CAP + i, mask=ok, other=0).to(tl.uint32, bitcast=True)
+        key = key.to(tl.int64)
+        pos = tl.load(cand_pos_ptr + row * CAP + i, mask=ok, other=0).to(tl.int64)
+        # keys above the boundary bin are in; resolve the bin's low bits (<= 20) by two radix passes
+        sel = ok & ((key >> shift) > bound)
+        tied = ok & ((key >> shift) == bound)
+        need_rem = need - tl.sum(sel.to(tl.int64), axis=0)
+        sel, tied, need_rem = _refine(key, sel, tied, need_rem, 8, 12, BINS)
+        sel, tied, need_rem = _refine(key, sel, tied, need_rem, 0, 8, BINS)
+        sel = sel | (tied & ((tl.cumsum(tied.to(tl.int64), axis=0) - 1) < need_rem))
+        sel = sel & (need > 0)
+        _emit_selection(sel, key, pos, row, remap_ptr, scratch_ptr, out_ptr, out_stride, remap_stride,
+                        W, block, CAP, K_PAD, BY_SCORE, True, REMAP, MASK_BLOCK)
+        if MASK_BLOCK == 0:  # the -1 tail after the min(k, #valid) selected
+            kk = tl.arange(0, K_PAD)
+            tl.store(out_ptr + row * out_stride + kk, tl.full((K_PAD,), -1, tl.int64),
+                     mask=(kk >= need) & (kk < k))
 
 
 @triton.jit
@@ -599,13 +619,16 @@ def _topk_config(R: int, N: int):
 def _topk_radix(x: torch.Tensor, n_valid: torch.Tensor, k: int, *, by_score: bool = False,
                 drop_neg_inf: bool = False, remap: torch.Tensor | None = None,
                 mask_out: torch.Tensor | None = None, mask_block: int = 0,
-                cap: int | None = None, blocks: tuple[int, int] | None = None
+                cap: int | None = None, blocks: tuple[int, int] | None = None,
+                out: torch.Tensor | None = None, flag: torch.Tensor | None = None
                 ) -> torch.Tensor | None:
     """Top-k of each row of x [R,N] (fp32, on the device) among positions < n_valid[r], by radix
     select over the whole row (any input; the fallback of _topk_engine).
 
-    Returns int64 [R,k] (position order, or score order with ties by position; -1 tail), or,
-    with mask_out ([R,W] int8, zeroed), marks the selected positions' blocks of mask_block.
+    Returns int64 [R,k] (position order, or score order with ties by position; -1 tail), written
+    into out when given, or, with mask_out ([R,W] int8, zeroed), marks the selected positions'
+    blocks of mask_block.  flag (int32 [R], any stride): serve only the rows whose flag is nonzero;
+    the other rows are not read and their output is left as it is (the sync-free fallback).
     cap (candidates kept per row) and blocks ((BLOCK, CH)) override the defaults for tests.
     """
     R, N = x.shape
@@ -619,17 +642,21 @@ def _topk_radix(x: torch.Tensor, n_valid: torch.Tensor, k: int, *, by_score: boo
     nc_pad = _pow2(nc)
     hist_row = torch.zeros((len(_PASSES), R, _BINS), dtype=torch.int32, device=dev)
     hist_chunk = torch.empty((R, nc, _BINS), dtype=torch.int32, device=dev)
-    state = torch.zeros((len(_PASSES), R, 8), dtype=torch.int64, device=dev)
-    gt = torch.zeros((R, nc), dtype=torch.int32, device=dev)
-    eq = torch.zeros((R, nc), dtype=torch.int32, device=dev)
+    state = torch.zeros((len(_PASSES), R, 8), dtype=torch.int64, device=dev)  # zero: inactive
+    gt = torch.empty((R, nc), dtype=torch.int32, device=dev)   # both written at pass 0 for every
+    eq = torch.empty((R, nc), dtype=torch.int32, device=dev)   # chunk of a served row
+    flagged = flag is not None
+    flag_ptr, flag_stride = (flag, flag.stride(0)) if flagged else (n_valid, 0)
     warps = 4 if INTERPRET else 8
     for p, (shift, width) in enumerate(_PASSES):
-        _hist_kernel[(R, nc)](x, n_valid, state, hist_row[p], hist_chunk, R, N, x.stride(0), nc, ch,
-                              PASS=p, SHIFT=shift, WIDTH=width, BINS=_BINS, BLOCK=block,
-                              DROP_NEG_INF=drop_neg_inf, num_warps=warps)
-        _boundary_kernel[(R, nc)](hist_row[p], hist_chunk, state, gt, eq, R, N, nc, k, cap,
-                                  PASS=p, SHIFT=shift, WIDTH=width, LAST=p == len(_PASSES) - 1,
-                                  BINS=_BINS, num_warps=warps)
+        _hist_kernel[(R, nc)](x, n_valid, flag_ptr, state, hist_row[p], hist_chunk, R, N, x.stride(0),
+                              nc, ch, flag_stride, PASS=p, SHIFT=shift, WIDTH=width, BINS=_BINS,
+                              BLOCK=block, DROP_NEG_INF=drop_neg_inf, FLAGGED=flagged,
+                              num_warps=warps)
+        _boundary_kernel[(R, nc)](hist_row[p], hist_chunk, flag_ptr, state, gt, eq, R, N, nc, k, cap,
+                                  flag_stride, PASS=p, SHIFT=shift, WIDTH=width,
+                                  LAST=p == len(_PASSES) - 1, BINS=_BINS, FLAGGED=flagged,
+                                  num_warps=warps)
         final = p
         # The remaining passes are no-ops for rows already resolved; on the CPU (interpreter)
         # reading the flags is free, on a GPU it would cost a synchronization.
@@ -637,21 +664,22 @@ def _topk_radix(x: torch.Tensor, n_valid: torch.Tensor, k: int, *, by_score: boo
             break
     cand_key = torch.empty((R, cap), dtype=torch.int32, device=dev)
     cand_pos = torch.empty((R, cap), dtype=torch.int32, device=dev)
-    _compact_kernel[(R, nc)](x, n_valid, state, gt, eq, cand_key, cand_pos, R, N, x.stride(0), nc,
-                             ch, cap, FINAL=final, NC_PAD=nc_pad, BLOCK=block,
-                             DROP_NEG_INF=drop_neg_inf, num_warps=warps)
+    _compact_kernel[(R, nc)](x, n_valid, flag_ptr, state, gt, eq, cand_key, cand_pos, R, N,
+                             x.stride(0), nc, ch, cap, final, flag_stride, NC_PAD=nc_pad, BLOCK=block,
+                             DROP_NEG_INF=drop_neg_inf, FLAGGED=flagged, num_warps=warps)
     if mask_out is not None:
-        _final_kernel[(R,)](cand_key, cand_pos, state, cand_pos, cand_key, mask_out, R, mask_out.stride(0), 0,
-                            mask_out.shape[1], mask_block, FINAL=final, CAP=cap, K_PAD=k_pad, BINS=_BINS, BY_SCORE=False,
-                            REMAP=False, MASK_BLOCK=_pow2(mask_block), num_warps=warps)
+        _final_kernel[(R,)](cand_key, cand_pos, flag_ptr, state, cand_pos, cand_key, mask_out, R, k,
+                            mask_out.stride(0), 0, mask_out.shape[1], mask_block, final, flag_stride,
+                            CAP=cap, K_PAD=k_pad, BINS=_BINS, BY_SCORE=False, REMAP=False,
+                            MASK_BLOCK=_pow2(mask_block), FLAGGED=flagged, num_warps=warps)
         return None
-    out = torch.full((R, k), -1, dtype=torch.int64, device=dev)
+    if out is None:
+        out = torch.empty((R, k), dtype=torch.int64, device=dev)
     scratch = torch.empty((R, k_pad) if by_score else (1,), dtype=torch.int64, device=dev)
-    _final_kernel[(R,)](cand_key, cand_pos, state, remap if remap is not None else cand_pos,
-                        scratch, out, R,
-                        out.stride(0), remap.stride(0) if remap is not None else 0, 0, 0,
-                        FINAL=final, CAP=cap, K_PAD=k_pad, BINS=_BINS, BY_SCORE=by_score, REMAP=remap is not None,
-                        MASK_BLOCK=0, num_warps=warps)
+    _final_kernel[(R,)](cand_key, cand_pos, flag_ptr, state, remap if remap is not None else cand_pos,
+                        scratch, out, R, k, out.stride(0), remap.stride(0) if remap is not None else 0,
+                        0, 0, final, flag_stride, CAP=cap, K_PAD=k_pad, BINS=_BINS, BY_SCORE=by_score,
+                        REMAP=remap is not None, MASK_BLOCK=0, FLAGGED=flagged, num_warps=warps)
     return out
 
 
@@ -808,31 +836,39 @@ def _topk_engine(x: torch.Tensor, n_valid: torch.Tensor, k: int, *, by_score: bo
                  drop_neg_inf: bool = False, remap: torch.Tensor | None = None,
                  mask_out: torch.Tensor | None = None, mask_block: int = 0,
                  group: int | None = None, cap: int | None = None,
-                 blocks: tuple[int, int] | None = None) -> torch.Tensor | None:
+                 blocks: tuple[int, int] | None = None, sync: bool = True) -> torch.Tensor | None:
     """Top-k of each row of x [R,N] (fp32, on the device) among positions < n_valid[r] (int32).
 
     Returns int64 [R,k] (position order, or score order with ties by position; -1 tail), or,
     with mask_out ([R,W] int8, zeroed), marks the selected positions' blocks of mask_block.
-    The threshold filter serves every row it can; the rest go through _topk_radix.  group (G),
-    cap (candidates per row) and blocks ((BLOCK, CH)) override the defaults for tests.
+    The threshold filter serves every row it can; the rest go through _topk_radix:
+    sync=True reads the filter's flags back to the host and runs the radix engine on the flagged
+    rows only when there are any (no extra launch in the common case, one synchronization);
+    sync=False always launches the radix engine, which serves the flagged rows on the device and
+    leaves the others as the filter wrote them: no read-back, so the call can be captured in a
+    CUDA graph, at the price of its ~10 launches (mostly no-op programs) on every call.  Both give
+    the same bits: the selection is unique (ties to the lowest position).  group (G), cap
+    (candidates per row) and blocks ((BLOCK, CH)) override the filter's defaults for tests.
     """
     R, N = x.shape
-    out = mask_out if mask_out is not None else torch.empty((R, k), dtype=torch.int64, device=x.device)
+    mask = mask_out is not None
+    out = mask_out if mask else torch.empty((R, k), dtype=torch.int64, device=x.device)
     fallback = dict(by_score=by_score, drop_neg_inf=drop_neg_inf, mask_block=mask_block)
-    flag = _topk_filter(x, n_valid, k, out, remap=remap, mask=mask_out is not None, group=group,
-                        cap=cap, blocks=blocks, **fallback)
-    if flag is None:
-        return _topk_radix(x, n_valid, k, remap=remap, mask_out=mask_out, **fallback)
-    if bool(flag.any()):   # (the one read back: did the filter leave rows?)
+    flag = _topk_filter(x, n_valid, k, out, remap=remap, mask=mask, group=group, cap=cap,
+                        blocks=blocks, **fallback)
+    if flag is None or not sync:
+        _topk_radix(x, n_valid, k, remap=remap, mask_out=mask_out, out=None if mask else out,
+                    flag=flag, **fallback)
+    elif bool(flag.any()):   # (the one read back: did the filter leave rows?)
         redo = torch.nonzero(flag).flatten()
-        if mask_out is None:
+        if not mask:
             out[redo] = _topk_radix(x[redo], n_valid[redo], k,
                                     remap=None if remap is None else remap[redo], **fallback)
         else:
             sub = torch.zeros_like(mask_out[redo])
             _topk_radix(x[redo], n_valid[redo], k, mask_out=sub, **fallback)
             mask_out[redo] = sub
-    return None if mask_out is not None else out
+    return None if mask else out
 
 
 def _topk_filter(x, n_valid, k: int, out, *, by_score: bool, drop_neg_inf: bool, remap, mask: bool,

@@ -513,29 +513,32 @@ COMPILE_SM90 = textwrap.dedent("""
         return {n: "i32" for n in names}
     if sys.argv[1] == "topk":
         BLOCK, _ = K._topk_config(8, 65536)
-        hist = {"x_ptr": "*fp32", "len_ptr": "*i32", "state_ptr": "*i64", "hist_row_ptr": "*i32",
-                "hist_chunk_ptr": "*i32", **ints("R", "N", "x_stride", "NC", "CH")}
-        bound = {"hist_row_ptr": "*i32", "hist_chunk_ptr": "*i32", "state_ptr": "*i64",
-                 "gt_ptr": "*i32", "eq_ptr": "*i32", **ints("R", "N", "NC", "k", "CAP")}
+        # FLAGGED (the sync-free fallback, serving the rows the filter flagged) on half the variants
+        hist = {"x_ptr": "*fp32", "len_ptr": "*i32", "flag_ptr": "*i32", "state_ptr": "*i64",
+                "hist_row_ptr": "*i32", "hist_chunk_ptr": "*i32",
+                **ints("R", "N", "x_stride", "NC", "CH", "flag_stride")}
+        bound = {"hist_row_ptr": "*i32", "hist_chunk_ptr": "*i32", "flag_ptr": "*i32",
+                 "state_ptr": "*i64", "gt_ptr": "*i32", "eq_ptr": "*i32",
+                 **ints("R", "N", "NC", "k", "CAP", "flag_stride")}
         for p, (shift, width) in enumerate(K._PASSES):
             build(K._hist_kernel, hist, PASS=p, SHIFT=shift, WIDTH=width, BINS=K._BINS, BLOCK=BLOCK,
-                  DROP_NEG_INF=p == 1)
+                  DROP_NEG_INF=p == 1, FLAGGED=p == 0)
             build(K._boundary_kernel, bound, PASS=p, SHIFT=shift, WIDTH=width,
-                  LAST=p == len(K._PASSES) - 1, BINS=K._BINS)
-        build(K._compact_kernel, {"x_ptr": "*fp32", "len_ptr": "*i32", "state_ptr": "*i64",
-                                  "gt_ptr": "*i32", "eq_ptr": "*i32", "cand_key_ptr": "*i32",
-                                  "cand_pos_ptr": "*i32",
-                                  **ints("R", "N", "x_stride", "NC", "CH", "CAP", "FINAL")},
-              NC_PAD=16, BLOCK=BLOCK, DROP_NEG_INF=True)
-        final = {"cand_key_ptr": "*i32", "cand_pos_ptr": "*i32", "state_ptr": "*i64",
+                  LAST=p == len(K._PASSES) - 1, BINS=K._BINS, FLAGGED=p == 0)
+        build(K._compact_kernel, {"x_ptr": "*fp32", "len_ptr": "*i32", "flag_ptr": "*i32",
+                                  "state_ptr": "*i64", "gt_ptr": "*i32", "eq_ptr": "*i32",
+                                  "cand_key_ptr": "*i32", "cand_pos_ptr": "*i32",
+                                  **ints("R", "N", "x_stride", "NC", "CH", "CAP", "FINAL", "flag_stride")},
+              NC_PAD=16, BLOCK=BLOCK, DROP_NEG_INF=True, FLAGGED=True)
+        final = {"cand_key_ptr": "*i32", "cand_pos_ptr": "*i32", "flag_ptr": "*i32", "state_ptr": "*i64",
                  "remap_ptr": "*i32", "scratch_ptr": "*i64", "out_ptr": "*i64",
-                 **ints("R", "out_stride", "remap_stride", "W", "block", "FINAL")}
+                 **ints("R", "k", "out_stride", "remap_stride", "W", "block", "FINAL", "flag_stride")}
         # rank by counting (K_PAD <= 256), tl.sort (larger), position order with remap, block mask
         for k_pad, by_score, remap in ((128, True, False), (512, True, False), (512, False, True)):
             build(K._final_kernel, final, CAP=1024, K_PAD=k_pad, BINS=K._BINS, BY_SCORE=by_score,
-                  REMAP=remap, MASK_BLOCK=0)
+                  REMAP=remap, MASK_BLOCK=0, FLAGGED=remap)
         build(K._final_kernel, dict(final, scratch_ptr="*i32", out_ptr="*i8"), CAP=1024, K_PAD=512,
-              BINS=K._BINS, BY_SCORE=False, REMAP=False, MASK_BLOCK=8)
+              BINS=K._BINS, BY_SCORE=False, REMAP=False, MASK_BLOCK=8, FLAGGED=True)
     elif sys.argv[1] == "filter":   # the threshold filter at top-k 2048 of 1M (G = 128, cap 4096)
         BLOCK, CH = K._topk_config(64, 1 << 20)
         G, CAP = K._filter_plan(1 << 20, 2048, BLOCK, None, None)
@@ -574,8 +577,11 @@ COMPILE_SM90 = textwrap.dedent("""
                                     **ints("W", "NB", "block", "x_stride")}, BLOCK_B=512, BS_PAD=8)
         build(P._finite_blocks_mask_kernel, {"bs_ptr": "*fp32", "out_ptr": "*i8",
                                              **ints("W", "NB", "block")}, BLOCK_W=4096)
-        build(P._gather_kernel, {"pool_ptr": "*u8", "vis_ptr": "*i32", "idx_ptr": "*i32",
-                                 "count_ptr": "*i32", **ints("S", "width")}, BLOCK=4096)
+        build(P._pool_count_kernel, {"pool_ptr": "*u8", "vis_ptr": "*i32", "counts_ptr": "*i32",
+                                     **ints("S", "NC")}, num_warps=4, BLOCK=4096)
+        build(P._gather_kernel, {"pool_ptr": "*u8", "vis_ptr": "*i32", "counts_ptr": "*i32",
+                                 "idx_ptr": "*i32", "count_ptr": "*i32", **ints("S", "NC", "width")},
+              num_warps=4, NC_PAD=64, BLOCK=4096)
     print("built", " ".join(sorted(built)))
 """)
 
@@ -583,7 +589,8 @@ COMPILE_GROUPS = {
     "topk": {"_hist_kernel", "_boundary_kernel", "_compact_kernel", "_final_kernel"},
     "filter": {"_group_max_kernel", "_threshold_kernel", "_filter_kernel", "_select_kernel"},
     "rest": {"_scores_kernel", "_hadamard_kernel", "_copy_kernel", "_weights_kernel",
-             "_visible_kernel", "_block_max_kernel", "_finite_blocks_mask_kernel", "_gather_kernel"},
+             "_visible_kernel", "_block_max_kernel", "_finite_blocks_mask_kernel", "_pool_count_kernel",
+             "_gather_kernel"},
 }
 
 
