@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from dsv4spec import cmd_bench as B
 
 QUANT = {"device": "GPU X", "torch": "t", "triton": "tr", "copy_GBps": 4000.0, "rows": [
@@ -104,3 +106,21 @@ def test_plots_of_ratios_and_context_sweeps(tmp_path):
     B.plots(result, tmp_path)
     assert {p.name for p in tmp_path.glob("*.png")} == {"bench_ratios.png", "bench_context.png"}
     assert {B._series(r) for r in rows} == {"top-k 1xN k=2048", "top-k 64xN k=2048"}
+
+
+def test_decode_step_sync_free_gives_the_read_back_bits():
+    """bench_indexer's V4.1 decode step (scores, candidate blocks, one gather, four re-index top-k)
+    at a small size under the interpreter: the sync-free step that the bench replays from a CUDA
+    graph gives the read-back step's bits, every pick inside the pool."""
+    import torch
+    from dsv4spec.kernels import INTERPRET, indexer as KI, pool as KP
+    if not INTERPRET:
+        pytest.skip("on a GPU the bench checks this itself (and test_kernels_pool's CUDA-graph test)")
+    bench = B._script("bench_indexer")
+    S = 16384 + 64                       # 2056 blocks of 8: the top-k engine picks 2048 of them
+    d = bench.decode_inputs(torch, S, torch.Generator().manual_seed(0), H=4, D=32, device="cpu")
+    tops, pool = bench.decode_step_fn(torch, KI, KP, S, None, d)()
+    free_tops, free_pool = bench.decode_step_fn(torch, KI, KP, S, None, d, sync=False)()
+    assert torch.equal(free_pool, pool) and all(torch.equal(a, b) for a, b in zip(free_tops, tops))
+    assert int(pool.sum()) == 16384 and all(bool(pool[0, t[0]].bool().all()) for t in tops)
+    assert [tuple(t.shape) for t in tops] == [(1, 512)] * 4

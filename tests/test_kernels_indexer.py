@@ -210,6 +210,79 @@ def test_topk_threshold_filter_flags_what_it_cannot_hold():
     check_topk(full, case, "position", "engine with fallback")
 
 
+# (rows, G, cap) where the filter serves some rows and flags others (heavy ties over a small cap)
+MIXED_FLAGS = [("equal", 4, 64), ("few_values", 1, 32), ("normal", 4, 32), ("relu_zero", 4, 64),
+               ("minus_inf", 1, 32)]
+
+
+def mixed_case(rows, group, cap):
+    case = make_rows(rows, 12, 4, 300, 20)
+    flag = filtered(case, "position", group, cap)[1]
+    assert 0 < int(flag.sum()) < 4, f"{rows} G={group} cap={cap}: flags {flag.tolist()}, expected a mix"
+    return case
+
+
+@pytest.mark.parametrize("remap", [False, True])
+@pytest.mark.parametrize("order", ["position", "score"])
+@pytest.mark.parametrize("rows,group,cap", MIXED_FLAGS)
+def test_topk_sync_free_fallback_gives_the_read_back_bits(rows, group, cap, order, remap):
+    """The radix fallback launched without a read-back (sync=False) serves exactly the rows the
+    filter flagged and leaves the filter's rows as they are: the same bits as the read-back path,
+    and impl's selection (through the remap table when given)."""
+    case = mixed_case(rows, group, cap)
+    dev = K._device()
+    x = torch.from_numpy(case.scores).float().to(dev)
+    nv = torch.from_numpy(case.visible).int().to(dev)
+    table = (torch.arange(300, dtype=torch.int32) * 3 + 7).repeat(4, 1).to(dev) if remap else None
+    got = [K._topk_engine(x, nv, case.k, by_score=order == "score", remap=table, group=group, cap=cap,
+                          blocks=(64, 128), sync=sync).cpu() for sync in (True, False)]
+    assert torch.equal(got[0], got[1]), f"sync-free fallback differs from the read-back path [{case!r}]"
+    if remap:
+        ref = impl.index_topk(torch.from_numpy(case.scores).float(), torch.from_numpy(case.visible), case.k, order)
+        assert torch.equal(got[1], torch.where(ref >= 0, ref * 3 + 7, -1)), f"remapped selection [{case!r}]"
+    else:
+        check_topk(got[1], case, order, "engine, sync-free fallback")
+
+
+@pytest.mark.parametrize("rows,group,cap", MIXED_FLAGS)
+def test_topk_sync_free_block_mask(rows, group, cap):
+    """The same in block-mask mode (candidate selection: −inf dropped, blocks of 8 marked)."""
+    case = mixed_case(rows, group, cap)
+    dev = K._device()
+    x = torch.from_numpy(case.scores).float().to(dev)
+    nv = torch.from_numpy(case.visible).int().to(dev)
+    masks = []
+    for sync in (True, False):
+        masks.append(torch.zeros((4, 300 * 8), dtype=torch.int8, device=dev))
+        K._topk_engine(x, nv, case.k, drop_neg_inf=True, mask_out=masks[-1], mask_block=8, group=group,
+                       cap=cap, blocks=(64, 128), sync=sync)
+    assert torch.equal(masks[0], masks[1]), f"sync-free block mask differs from the read-back path [{case!r}]"
+    # the top-min(k, #finite) finite keys: impl's top-k without its −inf picks
+    scores = torch.from_numpy(case.scores).float()
+    ref = impl.index_topk(scores, torch.from_numpy(case.visible), case.k, "position")
+    want = torch.zeros((4, 300 + 1), dtype=torch.int8)
+    keep = (ref >= 0) & (scores.gather(1, ref.clamp(min=0)) > float("-inf"))
+    want.scatter_(1, torch.where(keep, ref, 300), 1)
+    assert torch.equal(masks[1].cpu().view(4, 300, 8), want[:, :300, None].expand(4, 300, 8)), \
+        f"block mask [{case!r}]"
+
+
+def test_topk_radix_serves_only_flagged_rows():
+    """_topk_radix with a flag column (stride 2, as the filter's count[:, 1]) and many chunks:
+    flagged rows equal impl (the -1 tail written too), the others keep their bytes."""
+    case = make_rows("few_values", 5, 4, 500, 64)
+    dev = K._device()
+    count = torch.tensor([[0, 1], [0, 0], [0, 1], [0, 0]], dtype=torch.int32, device=dev)
+    for order in ("position", "score"):
+        out = torch.full((4, case.k), 12345, dtype=torch.int64, device=dev)
+        K._topk_radix(torch.from_numpy(case.scores).float().to(dev), torch.from_numpy(case.visible).int().to(dev),
+                      case.k, by_score=order == "score", cap=64, blocks=(64, 128), out=out, flag=count[:, 1])
+        out = out.cpu()
+        assert bool((out[[1, 3]] == 12345).all()), "rows not flagged were written"
+        sub = type(case)("rows 0, 2", case.scores[[0, 2]], case.visible[[0, 2]], case.k)
+        check_topk(out[[0, 2]], sub, order, "radix, flagged rows")
+
+
 def test_topk_sort_path_for_large_k():
     """k > 256 orders by tl.sort instead of counting ranks."""
     case = make_rows("few_values", 3, 2, 700, 300)
