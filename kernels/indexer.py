@@ -428,7 +428,7 @@ def _boundary_kernel(hist_row_ptr, hist_chunk_ptr, flag_ptr, state_ptr, gt_ptr, 
                      WIDTH: tl.constexpr, LAST: tl.constexpr, BINS: tl.constexpr,
                      FLAGGED: tl.constexpr):
     """Find the bin holding the need-th largest key; per chunk, count keys above it and in it.
-    A row not served keeps its zeroed state (inactive) through every pass."""
+    A row not served gets an all-zero (inactive) state at pass 0, carried through every pass."""
     row = tl.program_id(0)
     c = tl.program_id(1)
     me = state_ptr + (PASS * R + row) * 8
@@ -440,6 +440,9 @@ def _boundary_kernel(hist_row_ptr, hist_chunk_ptr, flag_ptr, state_ptr, gt_ptr, 
         need_rem = need
         prefix = tl.zeros((), tl.int64)
         gt_prev = tl.zeros((), tl.int64)
+        if active == 0:
+            if c == 0:
+                tl.store(me + tl.arange(0, 8), tl.zeros((8,), tl.int64))
     else:
         prev = state_ptr + ((PASS - 1) * R + row) * 8
         active = tl.load(prev + 3)
@@ -642,9 +645,11 @@ def _topk_radix(x: torch.Tensor, n_valid: torch.Tensor, k: int, *, by_score: boo
     nc_pad = _pow2(nc)
     hist_row = torch.zeros((len(_PASSES), R, _BINS), dtype=torch.int32, device=dev)
     hist_chunk = torch.empty((R, nc, _BINS), dtype=torch.int32, device=dev)
-    state = torch.zeros((len(_PASSES), R, 8), dtype=torch.int64, device=dev)  # zero: inactive
-    gt = torch.empty((R, nc), dtype=torch.int32, device=dev)   # both written at pass 0 for every
-    eq = torch.empty((R, nc), dtype=torch.int32, device=dev)   # chunk of a served row
+    # written by _boundary_kernel: state for every row at every pass, gt and eq at pass 0 for every
+    # chunk of a served row (so no memset; the row histograms are summed by atomics from zero)
+    state = torch.empty((len(_PASSES), R, 8), dtype=torch.int64, device=dev)
+    gt = torch.empty((R, nc), dtype=torch.int32, device=dev)
+    eq = torch.empty((R, nc), dtype=torch.int32, device=dev)
     flagged = flag is not None
     flag_ptr, flag_stride = (flag, flag.stride(0)) if flagged else (n_valid, 0)
     warps = 4 if INTERPRET else 8
