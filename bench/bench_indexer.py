@@ -4,8 +4,9 @@ In one run: the ceilings measured on this GPU (device-to-device copy bandwidth, 
 torch baselines (torch.topk sorted=False; view(B, N//8, 8).amax(-1) + topk(2048); the naive
 per-head bf16 matmul score), and the kernels on the performance.md §0 shapes: row top-k 1x1M,
 64x1M, 1024x64K; block selection [64 | 1024, 262144]; prefill logits T=4096 x S=65536, H=64,
-D=128 (BF16 and FP4-packed K); re-index top-512 inside a 16384-position pool.  Each kernel result
-is checked for tie-aware validity on the benchmark inputs.  Ratios: kernel/torch (speed-up) and
+D=128 (BF16 and FP4-packed K); re-index top-512 inside a 16384-position pool; a V4.1 decode step
+at 1M tokens, eager and (sync-free) replayed from a CUDA graph.  Each kernel result is checked for
+tie-aware validity on the benchmark inputs.  Ratios: kernel/torch (speed-up) and
 kernel/ceiling.  Writes bench_indexer.json and bench_indexer.md to --out.  Refuses (exit 2)
 without a GPU.  Timings: triton.testing.do_bench median (L2 flushed between repetitions).
 

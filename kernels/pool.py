@@ -11,10 +11,18 @@ runs on the block scores with −inf blocks excluded (the reference's "top-n, th
 exactly the top-min(n, #finite) finite blocks) and marks the chosen blocks' positions directly.
 Equal block maxima: the lowest block index wins.
 
-reindex_topk never scores a full row to mask it afterwards: one kernel gathers, per row and in
-ascending order, the positions that are in the pool and visible (<= 16384 for a real pool); the
-score kernel of kernels.indexer reads K through that list; the top-k engine selects slots of the
-compact row, and the slots map back to positions, still ascending (V4.1 order).
+reindex_topk never scores a full row to mask it afterwards: the pool is gathered, per row and in
+ascending order, into the list of positions that are in the pool and visible (<= 16384 for a real
+pool): one kernel counts each chunk of 4096 positions, a second writes each chunk's positions from
+the prefix of the counts before it (T x S/4096 programs each; one program per row scanning the
+whole mask took ~64 dependent steps for a 262144-entry row).  The score kernel of kernels.indexer
+reads K through that list; the top-k engine selects slots of the compact row, and the slots map
+back to positions, still ascending (V4.1 order).  _reindex_topk takes the gathered pool, so the
+re-index layers of one decode step share one gather.
+
+The device functions (_candidate_blocks, _gather_pool, _reindex_topk) read nothing back to the
+host with sync=False (kernels.indexer's top-k engine then decides its fallback on the device):
+a decode step built on them is captured whole in a CUDA graph, as serving engines run decode.
 """
 from __future__ import annotations
 
