@@ -267,20 +267,34 @@ def test_topk_sync_free_block_mask(rows, group, cap):
         f"block mask [{case!r}]"
 
 
-def test_topk_radix_serves_only_flagged_rows():
-    """_topk_radix with a flag column (stride 2, as the filter's count[:, 1]) and many chunks:
-    flagged rows equal impl (the -1 tail written too), the others keep their bytes."""
-    case = make_rows("few_values", 5, 4, 500, 64)
+@pytest.mark.parametrize("rows", ["few_values", "equal", "low_bits", "minus_inf"])
+def test_topk_one_program_radix_serves_only_flagged_rows(rows):
+    """_topk_radix_rows (one program a row, tiles of 64) with a flag column of stride 2, as the
+    filter's count[:, 1], and a cap of k: flagged rows equal impl through all three passes (the -1
+    tail written too), the others keep their bytes; in block-mask mode too."""
+    if rows == "low_bits":
+        base = make_rows("normal", 1, 4, 500, 64)
+        case = type(base)("low_bits", low_bit_rows(4), base.visible, 64)
+        case.scores = np.where(S.visibility_mask(case.visible, 500), case.scores, -np.inf)
+    else:
+        case = make_rows(rows, 5, 4, 500, 64)
     dev = K._device()
+    x = torch.from_numpy(case.scores).float().to(dev)
+    nv = torch.from_numpy(case.visible).int().to(dev)
     count = torch.tensor([[0, 1], [0, 0], [0, 1], [0, 0]], dtype=torch.int32, device=dev)
+    served = type(case)("rows 0, 2", case.scores[[0, 2]], case.visible[[0, 2]], case.k)
     for order in ("position", "score"):
         out = torch.full((4, case.k), 12345, dtype=torch.int64, device=dev)
-        K._topk_radix(torch.from_numpy(case.scores).float().to(dev), torch.from_numpy(case.visible).int().to(dev),
-                      case.k, by_score=order == "score", cap=64, blocks=(64, 128), out=out, flag=count[:, 1])
+        K._topk_radix_rows(x, nv, case.k, count[:, 1], out, by_score=order == "score", cap=64, block=64)
         out = out.cpu()
         assert bool((out[[1, 3]] == 12345).all()), "rows not flagged were written"
-        sub = type(case)("rows 0, 2", case.scores[[0, 2]], case.visible[[0, 2]], case.k)
-        check_topk(out[[0, 2]], sub, order, "radix, flagged rows")
+        check_topk(out[[0, 2]], served, order, "one-program radix, flagged rows")
+    mask = torch.zeros((4, 500 * 8), dtype=torch.int8, device=dev)
+    K._topk_radix_rows(x, nv, case.k, count[:, 1], mask, drop_neg_inf=True, mask=True, mask_block=8,
+                       cap=64, block=64)
+    want = torch.zeros((4, 500 * 8), dtype=torch.int8, device=dev)
+    K._topk_radix(x, nv, case.k, drop_neg_inf=True, mask_out=want, mask_block=8, cap=64, blocks=(64, 128))
+    assert torch.equal(mask[[0, 2]], want[[0, 2]]) and not bool(mask[[1, 3]].any()), "block mask"
 
 
 def test_topk_sort_path_for_large_k():
@@ -586,32 +600,38 @@ COMPILE_SM90 = textwrap.dedent("""
         return {n: "i32" for n in names}
     if sys.argv[1] == "topk":
         BLOCK, _ = K._topk_config(8, 65536)
-        # FLAGGED (the sync-free fallback, serving the rows the filter flagged) on half the variants
-        hist = {"x_ptr": "*fp32", "len_ptr": "*i32", "flag_ptr": "*i32", "state_ptr": "*i64",
-                "hist_row_ptr": "*i32", "hist_chunk_ptr": "*i32",
-                **ints("R", "N", "x_stride", "NC", "CH", "flag_stride")}
-        bound = {"hist_row_ptr": "*i32", "hist_chunk_ptr": "*i32", "flag_ptr": "*i32",
-                 "state_ptr": "*i64", "gt_ptr": "*i32", "eq_ptr": "*i32",
-                 **ints("R", "N", "NC", "k", "CAP", "flag_stride")}
+        hist = {"x_ptr": "*fp32", "len_ptr": "*i32", "state_ptr": "*i64", "hist_row_ptr": "*i32",
+                "hist_chunk_ptr": "*i32", **ints("R", "N", "x_stride", "NC", "CH")}
+        bound = {"hist_row_ptr": "*i32", "hist_chunk_ptr": "*i32", "state_ptr": "*i64",
+                 "gt_ptr": "*i32", "eq_ptr": "*i32", **ints("R", "N", "NC", "k", "CAP")}
         for p, (shift, width) in enumerate(K._PASSES):
             build(K._hist_kernel, hist, PASS=p, SHIFT=shift, WIDTH=width, BINS=K._BINS, BLOCK=BLOCK,
-                  DROP_NEG_INF=p == 1, FLAGGED=p == 0)
+                  DROP_NEG_INF=p == 1)
             build(K._boundary_kernel, bound, PASS=p, SHIFT=shift, WIDTH=width,
-                  LAST=p == len(K._PASSES) - 1, BINS=K._BINS, FLAGGED=p == 0)
-        build(K._compact_kernel, {"x_ptr": "*fp32", "len_ptr": "*i32", "flag_ptr": "*i32",
-                                  "state_ptr": "*i64", "gt_ptr": "*i32", "eq_ptr": "*i32",
-                                  "cand_key_ptr": "*i32", "cand_pos_ptr": "*i32",
-                                  **ints("R", "N", "x_stride", "NC", "CH", "CAP", "FINAL", "flag_stride")},
-              NC_PAD=16, BLOCK=BLOCK, DROP_NEG_INF=True, FLAGGED=True)
-        final = {"cand_key_ptr": "*i32", "cand_pos_ptr": "*i32", "flag_ptr": "*i32", "state_ptr": "*i64",
-                 "remap_ptr": "*i32", "scratch_ptr": "*i64", "out_ptr": "*i64",
-                 **ints("R", "k", "out_stride", "remap_stride", "W", "block", "FINAL", "flag_stride")}
+                  LAST=p == len(K._PASSES) - 1, BINS=K._BINS)
+        build(K._compact_kernel, {"x_ptr": "*fp32", "len_ptr": "*i32", "state_ptr": "*i64",
+                                  "gt_ptr": "*i32", "eq_ptr": "*i32", "cand_key_ptr": "*i32",
+                                  "cand_pos_ptr": "*i32",
+                                  **ints("R", "N", "x_stride", "NC", "CH", "CAP", "FINAL")},
+              NC_PAD=16, BLOCK=BLOCK, DROP_NEG_INF=True)
+        outs = {"remap_ptr": "*i32", "scratch_ptr": "*i64", "out_ptr": "*i64",
+                **ints("k", "out_stride", "remap_stride", "W", "block")}
+        final = {"cand_key_ptr": "*i32", "cand_pos_ptr": "*i32", "state_ptr": "*i64", **outs,
+                 **ints("R", "FINAL")}
+        # one program a row (the sync-free fallback) on the decode step's rows: 512 of a 16384 pool,
+        # 2048 blocks of 32768 (block mask)
+        rows = {"x_ptr": "*fp32", "len_ptr": "*i32", "flag_ptr": "*i32", "cand_key_ptr": "*i32",
+                "cand_pos_ptr": "*i32", **outs, **ints("N", "x_stride", "flag_stride")}
         # rank by counting (K_PAD <= 256), tl.sort (larger), position order with remap, block mask
         for k_pad, by_score, remap in ((128, True, False), (512, True, False), (512, False, True)):
             build(K._final_kernel, final, CAP=1024, K_PAD=k_pad, BINS=K._BINS, BY_SCORE=by_score,
-                  REMAP=remap, MASK_BLOCK=0, FLAGGED=remap)
+                  REMAP=remap, MASK_BLOCK=0)
+            build(K._radix_rows_kernel, rows, CAP=K._radix_cap(k_pad, None), K_PAD=k_pad, BINS=K._BINS,
+                  BLOCK=BLOCK, DROP_NEG_INF=False, BY_SCORE=by_score, REMAP=remap, MASK_BLOCK=0)
         build(K._final_kernel, dict(final, scratch_ptr="*i32", out_ptr="*i8"), CAP=1024, K_PAD=512,
-              BINS=K._BINS, BY_SCORE=False, REMAP=False, MASK_BLOCK=8, FLAGGED=True)
+              BINS=K._BINS, BY_SCORE=False, REMAP=False, MASK_BLOCK=8)
+        build(K._radix_rows_kernel, dict(rows, out_ptr="*i8"), CAP=K._radix_cap(2048, None), K_PAD=2048,
+              BINS=K._BINS, BLOCK=BLOCK, DROP_NEG_INF=True, BY_SCORE=False, REMAP=False, MASK_BLOCK=8)
     elif sys.argv[1] == "filter":   # the threshold filter at top-k 2048 of 1M (G = 128, cap 4096)
         BLOCK, CH = K._topk_config(64, 1 << 20)
         G, CAP = K._filter_plan(1 << 20, 2048, BLOCK, None, None)
@@ -659,7 +679,7 @@ COMPILE_SM90 = textwrap.dedent("""
 """)
 
 COMPILE_GROUPS = {
-    "topk": {"_hist_kernel", "_boundary_kernel", "_compact_kernel", "_final_kernel"},
+    "topk": {"_hist_kernel", "_boundary_kernel", "_compact_kernel", "_final_kernel", "_radix_rows_kernel"},
     "filter": {"_group_max_kernel", "_threshold_kernel", "_filter_kernel", "_select_kernel"},
     "rest": {"_scores_kernel", "_hadamard_kernel", "_copy_kernel", "_weights_kernel",
              "_visible_kernel", "_block_max_kernel", "_finite_blocks_mask_kernel", "_pool_count_kernel",
