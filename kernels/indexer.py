@@ -34,13 +34,13 @@ keys (at most CAP per row); a last per-row program finds the exact k-th key amon
 candidates, breaks ties toward the lowest position, and emits positions (V4.1 order) or sorts
 the <= CAP candidates by (score desc, position asc) (V4 order).  Deterministic: every count is an
 integer; the radix engine places by prefix sums, and the filter's atomic slots only decide where a
-candidate waits, never whether it is chosen or where it lands in the output.  Whether the radix
-engine runs at all is decided either on the host (sync=True, the default: one read-back of the
-filter's flags per call, no extra launch when the filter served every row) or on the device
-(sync=False: the radix launches always run, each program of an unflagged row returns at once and
-writes nothing, so nothing waits for the host and a CUDA graph can capture the call; the price is
-9 launches per call, ~20-35 us of device time in a graph).  The selection is unique (ties to the
-lowest position), so both give the same bits.
+candidate waits, never whether it is chosen or where it lands in the output.  The rows the filter
+flags are served either after a host read-back of the flags (sync=True, the default: the
+several-programs-a-row radix engine on those rows only, no launch when none is flagged) or on the
+device (sync=False: one launch of one program a row, _radix_rows_kernel, which returns at once for
+unflagged rows and runs the whole radix select for flagged ones; nothing waits for the host, so a
+CUDA graph can capture the call).  The selection is unique (ties to the lowest position), so both
+give the same bits.
 
 Hadamard.  Each program holds ROWS rows of 128 in registers and runs the Sylvester butterfly
 (x[i], x[i+h]) -> (x[i] + x[i+h], x[i] - x[i+h]) for h = 1, 2, ..., 64 in fp32, each stage a
