@@ -612,8 +612,9 @@ def _radix_rows_kernel(x_ptr, len_ptr, flag_ptr, cand_key_ptr, cand_pos_ptr, rem
                        BLOCK: tl.constexpr, DROP_NEG_INF: tl.constexpr, BY_SCORE: tl.constexpr,
                        REMAP: tl.constexpr, MASK_BLOCK: tl.constexpr):
     """The radix engine in one program per row, for the rows whose flag is set (the others return
-    at once and write nothing): the passes of _PASSES over the whole row while the boundary bin
-    overflows CAP, the ordered compaction, then _final_select.  One launch: the sync-free fallback."""
+    at once and write nothing): the passes of _PASSES (key bits 20-31, 8-19, 0-7) over the whole
+    row while the boundary bin overflows CAP, the ordered compaction, then _final_select.  One
+    launch: the sync-free fallback."""
     row = tl.program_id(0)
     if tl.load(flag_ptr + row * flag_stride) != 0:
         xr = x_ptr + row.to(tl.int64) * x_stride
