@@ -4,8 +4,9 @@ In one run: the ceilings measured on this GPU (device-to-device copy bandwidth, 
 torch baselines (torch.topk sorted=False; view(B, N//8, 8).amax(-1) + topk(2048); the naive
 per-head bf16 matmul score), and the kernels on the performance.md §0 shapes: row top-k 1x1M,
 64x1M, 1024x64K; block selection [64 | 1024, 262144]; prefill logits T=4096 x S=65536, H=64,
-D=128 (BF16 and FP4-packed K); re-index top-512 inside a 16384-position pool.  Each kernel result
-is checked for tie-aware validity on the benchmark inputs.  Ratios: kernel/torch (speed-up) and
+D=128 (BF16 and FP4-packed K); re-index top-512 inside a 16384-position pool; a V4.1 decode step
+at 1M tokens, eager and (sync-free) replayed from a CUDA graph.  Each kernel result is checked for
+tie-aware validity on the benchmark inputs.  Ratios: kernel/torch (speed-up) and
 kernel/ceiling.  Writes bench_indexer.json and bench_indexer.md to --out.  Refuses (exit 2)
 without a GPU.  Timings: triton.testing.do_bench median (L2 flushed between repetitions).
 
@@ -38,9 +39,9 @@ def bench(fn, rep):
     return do_bench(fn, warmup=25, rep=rep, return_mode="median") * 1e-3  # seconds
 
 
-def graph_time(torch, fn, rep):
-    """Median of CUDA-graph replays of fn: the device time of its launches without the host's
-    launch overhead (fn must not synchronize)."""
+def capture(torch, fn):
+    """A CUDA graph of fn's launches (after a warm-up call on a side stream) and fn's outputs,
+    which each replay of the graph rewrites (fn must not synchronize)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -48,8 +49,14 @@ def graph_time(torch, fn, rep):
     torch.cuda.current_stream().wait_stream(side)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        fn()
-    return bench(g.replay, rep)
+        outputs = fn()
+    return g, outputs
+
+
+def graph_time(torch, fn, rep):
+    """Median of CUDA-graph replays of fn: the device time of its launches without the host's
+    launch overhead (fn must not synchronize)."""
+    return bench(capture(torch, fn)[0].replay, rep)
 
 
 def bf16_ulp(torch, x):
@@ -242,48 +249,67 @@ def run_decode(torch, KI, KP, rep, ceil, quick, skip_torch):
     return rows
 
 
-def decode_inputs(torch, S, g, H=32, D=128):
+def decode_inputs(torch, S, g, H=32, D=128, device="cuda"):
     """One V4.1 decode query's indexer inputs: FP4 q and K cache of S compressed entries, head
-    weights, and four re-index layers' BF16 q and K."""
+    weights, and four re-index layers' BF16 q and K (on device; g a generator there)."""
     return dict(
         S=S, H=H, D=D,
-        qp=torch.randint(0, 256, (1, H, D // 2), device="cuda", dtype=torch.uint8, generator=g),
-        qs=torch.randint(122, 130, (1, H, D // 32), device="cuda", dtype=torch.uint8, generator=g),
-        kp=torch.randint(0, 256, (S, D // 2), device="cuda", dtype=torch.uint8, generator=g),
-        ks=torch.randint(122, 130, (S, D // 32), device="cuda", dtype=torch.uint8, generator=g),
-        w=(torch.randn(1, H, device="cuda", generator=g) * 0.02).bfloat16(),
-        vis=torch.full((1,), S, dtype=torch.int32, device="cuda"),
-        layers=[(torch.randn(1, H, D, device="cuda", generator=g).bfloat16(),
-                 torch.randn(S, D, device="cuda", generator=g).bfloat16()) for _ in range(4)])
+        qp=torch.randint(0, 256, (1, H, D // 2), device=device, dtype=torch.uint8, generator=g),
+        qs=torch.randint(122, 130, (1, H, D // 32), device=device, dtype=torch.uint8, generator=g),
+        kp=torch.randint(0, 256, (S, D // 2), device=device, dtype=torch.uint8, generator=g),
+        ks=torch.randint(122, 130, (S, D // 32), device=device, dtype=torch.uint8, generator=g),
+        w=(torch.randn(1, H, device=device, generator=g) * 0.02).bfloat16(),
+        vis=torch.full((1,), S, dtype=torch.int32, device=device),
+        layers=[(torch.randn(1, H, D, device=device, generator=g).bfloat16(),
+                 torch.randn(S, D, device=device, generator=g).bfloat16()) for _ in range(4)])
 
 
-def decode_step_fn(torch, KI, KP, S, g, inputs=None):
-    """The kernels' V4.1 decode step: layer 20's FP4 scores and 2048 candidate blocks, then the
-    re-index layers' top-512 inside that pool.  Returns a closure -> (tops, pool)."""
+def decode_step_fn(torch, KI, KP, S, g, inputs=None, sync=False):
+    """The kernels' V4.1 decode step: layer 20's FP4 scores and 2048 candidate blocks, the pool
+    gathered once, then the re-index layers' top-512 inside it.  Without host read-backs (the
+    top-k fallback decided on the device), as a serving engine runs it: a CUDA graph can capture
+    it; sync=True reads each top-k's overflow flags back instead.  Returns a closure -> (tops, pool)."""
     d = inputs or decode_inputs(torch, S, g)
-    scores = torch.empty(1, S, device="cuda")
+    scores = torch.empty(1, S, device=d["vis"].device)
 
     def step():
         KI._launch_scores(d["qp"], d["qs"], d["kp"], d["ks"], d["w"], d["vis"], None, 1, S, d["H"], d["D"],
                           scores, fp4=True, bf16=True)
-        pool = KP._candidate_blocks(scores, d["vis"], 2048, 8)
-        return [KP._reindex_topk(q, k, d["w"], d["vis"], pool, 512, 16384) for q, k in d["layers"]], pool
+        pool = KP._candidate_blocks(scores, d["vis"], 2048, 8, sync=sync)
+        gathered = KP._gather_pool(pool, d["vis"], 16384)
+        return [KP._reindex_topk(q, k, d["w"], gathered, 512, sync=sync) for q, k in d["layers"]], pool
     return step
 
 
+def same_step(a, b):
+    """Two decode steps' (tops, pool) equal bit for bit."""
+    return a[1].equal(b[1]) and all(x.equal(y) for x, y in zip(a[0], b[0]))
+
+
 def decode_step(torch, KI, KP, rep, ceil, quick, skip_torch, g):
-    """V4.1-flash (index heads 32, D 128, top-512, candidates 2048 blocks of 8) at 1M tokens."""
+    """V4.1-flash (index heads 32, D 128, top-512, candidates 2048 blocks of 8) at 1M tokens.
+    kernel µs: the sync-free step called eagerly; graph µs: the same launches replayed from a
+    CUDA graph; both checked bit for bit against the step with read-backs, whose eager time is
+    printed too."""
     S = 1 << 16 if quick else 1 << 18
     d = decode_inputs(torch, S, g)
     qp, qs, kp, ks, w, layers, H, D = (d[n] for n in ("qp", "qs", "kp", "ks", "w", "layers", "H", "D"))
     kernels = decode_step_fn(torch, KI, KP, S, g, d)
+    read_back = decode_step_fn(torch, KI, KP, S, g, d, sync=True)
 
-    tops, pool = kernels()
+    tops, pool = read_back()
     in_pool = all(bool(pool.gather(1, t).bool().all()) for t in tops)
     count_ok = int(pool.sum()) == 16384 and all(bool((t >= 0).all()) for t in tops)
-    validity = "valid (16384-position pool, 512 picks per layer inside it)" if in_pool and count_ok else \
-        f"INVALID (in pool {in_pool}, counts {count_ok})"
+    eager = kernels()
+    graph, replayed = capture(torch, kernels)
+    graph.replay()
+    same = same_step(eager, (tops, pool)) and same_step(replayed, (tops, pool))
+    validity = "valid (16384-position pool, 512 picks per layer inside it; eager and graph replay bitwise " \
+        "equal to the read-back path)" if in_pool and count_ok and same else \
+        f"INVALID (in pool {in_pool}, counts {count_ok}, sync-free equal {same})"
+    print(f"decode step with read-backs, eager: {bench(read_back, rep) * 1e6:.1f} us", flush=True)
     t = bench(kernels, rep)
+    tg = bench(graph.replay, rep)
     tt = None
     if not skip_torch:
         def naive():
@@ -296,7 +322,7 @@ def decode_step(torch, KI, KP, rep, ceil, quick, skip_torch, g):
         tt = bench(naive, rep)
     nbytes = S * (D // 2 + D // 32) + 4 * 16384 * D * 2
     return [dict(case=f"decode step V4.1 at 1M tokens ({S} compressed): scores, 2048 blocks, 4 re-index",
-                 kernel_us=t * 1e6, torch_us=tt and tt * 1e6, TBps=nbytes / t / 1e12,
+                 kernel_us=t * 1e6, graph_us=tg * 1e6, torch_us=tt and tt * 1e6, TBps=nbytes / t / 1e12,
                  vs_torch=tt and tt / t, vs_ceiling=nbytes / t / 1e12 / ceil["copy_TBps"],
                  validity=validity)]
 
@@ -396,7 +422,7 @@ def run_reindex(torch, KP, rep, ceil, quick, skip_torch):
     pool = torch.zeros(T, S // 8, dtype=torch.uint8, device="cuda").scatter_(1, blocks, 1)
     pool = pool.repeat_interleave(8, dim=1).contiguous()
     width = 16384
-    out = KP._reindex_topk(q, kc, w, vis, pool, k, width)
+    out = KP._reindex_topk(q, kc, w, KP._gather_pool(pool, vis, width), k)
     # judge: the pool's scores by torch (gathered), tie-aware within 1 BF16 ulp
     pos = pool.bool().nonzero()[:, 1].view(T, width)
     kg = kc[pos]                                                   # [T, 16384, D]
@@ -406,7 +432,7 @@ def run_reindex(torch, KP, rep, ceil, quick, skip_torch):
     in_pool = bool(pool.gather(1, torch.where(out >= 0, out, 0)).bool().logical_or(out < 0).all())
     validity = topk_validity(torch, full, vis, out, k, "position", tol=1.0)
     validity += "" if in_pool else "; OUTSIDE THE POOL"
-    t = bench(lambda: KP._reindex_topk(q, kc, w, vis, pool, k, width), rep)
+    t = bench(lambda: KP._reindex_topk(q, kc, w, KP._gather_pool(pool, vis, width), k), rep)
     tt = None
     if not skip_torch:
         def naive():  # gather the pool's K rows, per-head bf16 matmul, top-k, sort
@@ -438,17 +464,29 @@ def profile_kernels(torch, KI, KP, rep=20):
         print(f"== {name} (5 calls)")
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12))
     g = torch.Generator(device="cuda").manual_seed(3)
-    step = decode_step_fn(torch, KI, KP, 1 << 18, g)
-    step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(5):
-            step()
+    d = decode_inputs(torch, 1 << 18, g)
+    for name, sync in (("eager, sync-free", False), ("eager, read-backs", True)):
+        step = decode_step_fn(torch, KI, KP, 1 << 18, g, d, sync=sync)
+        step()
         torch.cuda.synchronize()
-    print("== decode step V4.1 at 1M (5 calls, eager)")
-    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=30))
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=20))
-    print(f"decode step: eager {bench(step, rep) * 1e6:.1f} us", flush=True)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                step()
+            torch.cuda.synchronize()
+        print(f"== decode step V4.1 at 1M (5 calls, {name})")
+        print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=30))
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=20))
+        print(f"decode step, {name}: {bench(step, rep) * 1e6:.1f} us", flush=True)
+    graph = capture(torch, decode_step_fn(torch, KI, KP, 1 << 18, g, d, sync=False))[0]
+    graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            graph.replay()
+        torch.cuda.synchronize()
+    print("== decode step V4.1 at 1M (5 CUDA-graph replays, sync-free): the device time per kernel")
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30))
+    print(f"decode step, CUDA graph: {bench(graph.replay, rep) * 1e6:.1f} us", flush=True)
 
 
 def markdown(result):
@@ -469,7 +507,8 @@ def markdown(result):
               "2·H·D FLOPs per visible (t, s) pair against the bf16 GEMM ceiling; re-index counts "
               "the gathered K rows and the pool scores.  The logits torch baseline is a 256-query "
               "chunk scaled to T.  graph µs: the top-k filter's launches replayed from a CUDA graph "
-              "(device time without the host's launch overhead and the overflow read-back)."]
+              "(device time without the host's launch overhead and the overflow read-back); for the "
+              "decode step, the whole sync-free step replayed from a CUDA graph."]
     return "\n".join(lines) + "\n"
 
 

@@ -37,7 +37,13 @@ keys (at most CAP per row); a last per-row program finds the exact k-th key amon
 candidates, breaks ties toward the lowest position, and emits positions (V4.1 order) or sorts
 the <= CAP candidates by (score desc, position asc) (V4 order).  Deterministic: every count is an
 integer; the radix engine places by prefix sums, and the filter's atomic slots only decide where a
-candidate waits, never whether it is chosen or where it lands in the output.
+candidate waits, never whether it is chosen or where it lands in the output.  The rows the filter
+flags are served either after a host read-back of the flags (sync=True, the default: the
+several-programs-a-row radix engine on those rows only, no launch when none is flagged) or on the
+device (sync=False: one launch of one program a row, _radix_rows_kernel, which returns at once for
+unflagged rows and runs the whole radix select for flagged ones; nothing waits for the host, so a
+CUDA graph can capture the call).  The selection is unique (ties to the lowest position), so both
+give the same bits.
 
 Hadamard.  Each program holds ROWS rows of 128 in registers and runs the Sylvester butterfly
 (x[i], x[i+h]) -> (x[i] + x[i+h], x[i] - x[i+h]) for h = 1, 2, ..., 64 in fp32, each stage a
@@ -384,32 +390,79 @@ def _valid_keys(x_ptr, pos, n_valid, DROP_NEG_INF: tl.constexpr):
 
 
 @triton.jit
+def _range_hist(xr, start, stop, prefix, SHIFT: tl.constexpr, WIDTH: tl.constexpr,
+                IN_PREFIX: tl.constexpr, BINS: tl.constexpr, BLOCK: tl.constexpr,
+                DROP_NEG_INF: tl.constexpr):
+    """Histogram of key bits [SHIFT, SHIFT + WIDTH) of the valid keys at positions [start, stop);
+    IN_PREFIX: only the keys whose bits above SHIFT + WIDTH equal prefix."""
+    h = tl.zeros((BINS,), tl.int32)
+    n_it = tl.cdiv(tl.maximum(stop - start, 0), BLOCK)
+    i = 0
+    while i < n_it:
+        pos = start + i * BLOCK + tl.arange(0, BLOCK)
+        key, ok = _valid_keys(xr, pos, stop, DROP_NEG_INF)
+        if IN_PREFIX:
+            ok = ok & ((key >> (SHIFT + WIDTH)).to(tl.int64) == prefix)
+        field = ((key >> SHIFT) & ((1 << WIDTH) - 1)).to(tl.int32)
+        h += tl.histogram(field, BINS, mask=ok)
+        i += 1
+    return h
+
+
+@triton.jit
+def _boundary_bin(hist, need_rem, BINS: tl.constexpr):
+    """The bin holding the need_rem-th largest key of hist, with its count and the count above it."""
+    b = tl.arange(0, BINS)
+    ge = tl.cumsum(hist, axis=0, reverse=True)  # ge[b] = number of keys in bins >= b
+    bnd = tl.max(tl.where(ge.to(tl.int64) >= need_rem, b, -1), axis=0)
+    h_b = tl.sum(tl.where(b == bnd, hist, 0), axis=0).to(tl.int64)
+    above = tl.sum(tl.where(b > bnd, hist, 0), axis=0).to(tl.int64)
+    return bnd, h_b, above
+
+
+@triton.jit
+def _compact_range(xr, start, stop, shift, bound, eq_take, written, eq_seen, key_out, pos_out,
+                   CAP, BLOCK: tl.constexpr, DROP_NEG_INF: tl.constexpr):
+    """Append, in position order from slot written, the keys of [start, stop) above the boundary
+    (their bits from shift up > bound) and the boundary keys while fewer than eq_take are taken
+    (eq_seen counted before start)."""
+    n_it = tl.cdiv(tl.maximum(stop - start, 0), BLOCK)
+    i = 0
+    while i < n_it:
+        pos = start + i * BLOCK + tl.arange(0, BLOCK)
+        key, ok = _valid_keys(xr, pos, stop, DROP_NEG_INF)
+        f = key.to(tl.int64) >> shift
+        gt = ok & (f > bound)
+        eq = ok & (f == bound)
+        eq_i = eq.to(tl.int64)
+        sel = gt | (eq & ((eq_seen + tl.cumsum(eq_i, axis=0) - 1) < eq_take))
+        sel_i = sel.to(tl.int64)
+        slot = written + tl.cumsum(sel_i, axis=0) - 1
+        sel = sel & (slot < CAP)
+        tl.store(key_out + slot, key.to(tl.int32, bitcast=True), mask=sel)
+        tl.store(pos_out + slot, pos, mask=sel)
+        written += tl.sum(sel_i, axis=0)
+        eq_seen += tl.sum(eq_i, axis=0)
+        i += 1
+
+
+@triton.jit
 def _hist_kernel(x_ptr, len_ptr, state_ptr, hist_row_ptr, hist_chunk_ptr, R, N, x_stride, NC, CH,
                  PASS: tl.constexpr, SHIFT: tl.constexpr, WIDTH: tl.constexpr,
                  BINS: tl.constexpr, BLOCK: tl.constexpr, DROP_NEG_INF: tl.constexpr):
     row = tl.program_id(0)
     c = tl.program_id(1)
-    n_valid = tl.minimum(tl.load(len_ptr + row), N)
-    if PASS == 0:
-        active = 1
-        prefix = 0
-    else:
+    start = c * CH
+    stop = tl.minimum(start + CH, tl.minimum(tl.load(len_ptr + row), N))
+    active = 1
+    prefix = 0
+    if PASS > 0:
         prev = state_ptr + ((PASS - 1) * R + row) * 8
         active = tl.load(prev + 3)
         prefix = tl.load(prev + 2)
-    start = c * CH
-    stop = tl.minimum(start + CH, n_valid)
-    n_it = tl.where(active != 0, tl.cdiv(tl.maximum(stop - start, 0), BLOCK), 0)
-    h = tl.zeros((BINS,), tl.int32)
-    i = 0
-    while i < n_it:
-        pos = start + i * BLOCK + tl.arange(0, BLOCK)
-        key, ok = _valid_keys(x_ptr + row * x_stride, pos, stop, DROP_NEG_INF)
-        if PASS > 0:
-            ok = ok & ((key >> (SHIFT + WIDTH)).to(tl.int64) == prefix)
-        field = ((key >> SHIFT) & ((1 << WIDTH) - 1)).to(tl.int32)
-        h += tl.histogram(field, BINS, mask=ok)
-        i += 1
+        stop = tl.where(active != 0, stop, start)  # a resolved row reads nothing
+    h = _range_hist(x_ptr + row * x_stride, start, stop, prefix, SHIFT, WIDTH, PASS > 0, BINS, BLOCK,
+                    DROP_NEG_INF)
     b = tl.arange(0, BINS)
     if active != 0:
         tl.store(hist_chunk_ptr + (row * NC + c) * BINS + b, h)
@@ -444,10 +497,8 @@ def _boundary_kernel(hist_row_ptr, hist_chunk_ptr, state_ptr, gt_ptr, eq_ptr, R,
                 f = tl.arange(0, 8)
                 tl.store(me + f, tl.load(prev + f))
     if active != 0:
-        ge = tl.cumsum(hist, axis=0, reverse=True)  # ge[b] = number of keys in bins >= b
-        bnd = tl.max(tl.where(ge.to(tl.int64) >= need_rem, b, -1), axis=0)
-        h_b = tl.sum(tl.where(b == bnd, hist, 0), axis=0).to(tl.int64)
-        gt_total = gt_prev + tl.sum(tl.where(b > bnd, hist, 0), axis=0).to(tl.int64)
+        bnd, h_b, above = _boundary_bin(hist, need_rem, BINS)
+        gt_total = gt_prev + above
         chunk = tl.load(hist_chunk_ptr + (row * NC + c) * BINS + b)
         gt_c = tl.sum(tl.where(b > bnd, chunk, 0), axis=0)
         eq_c = tl.sum(tl.where(b == bnd, chunk, 0), axis=0)
@@ -492,27 +543,9 @@ def _compact_kernel(x_ptr, len_ptr, state_ptr, gt_ptr, eq_ptr, cand_key_ptr, can
     my_eq_before = tl.sum(tl.where(ci == c, eq_before, 0), axis=0)
     n_valid = tl.minimum(tl.load(len_ptr + row), N)
     start = c * CH
-    stop = tl.minimum(start + CH, n_valid)
-    n_it = tl.cdiv(tl.maximum(stop - start, 0), BLOCK)
-    written = my_off
-    eq_seen = my_eq_before
-    i = 0
-    while i < n_it:
-        pos = start + i * BLOCK + tl.arange(0, BLOCK)
-        key, ok = _valid_keys(x_ptr + row * x_stride, pos, stop, DROP_NEG_INF)
-        f = key.to(tl.int64) >> shift
-        gt = ok & (f > bound)
-        eq = ok & (f == bound)
-        eq_i = eq.to(tl.int64)
-        sel = gt | (eq & ((eq_seen + tl.cumsum(eq_i, axis=0) - 1) < eq_take))
-        sel_i = sel.to(tl.int64)
-        slot = written + tl.cumsum(sel_i, axis=0) - 1
-        sel = sel & (slot < CAP)
-        tl.store(cand_key_ptr + row * CAP + slot, key.to(tl.int32, bitcast=True), mask=sel)
-        tl.store(cand_pos_ptr + row * CAP + slot, pos, mask=sel)
-        written += tl.sum(sel_i, axis=0)
-        eq_seen += tl.sum(eq_i, axis=0)
-        i += 1
+    _compact_range(x_ptr + row * x_stride, start, tl.minimum(start + CH, n_valid), shift, bound,
+                   eq_take, my_off, my_eq_before, cand_key_ptr + row * CAP, cand_pos_ptr + row * CAP,
+                   CAP, BLOCK, DROP_NEG_INF)
 
 
 @triton.jit
@@ -527,22 +560,17 @@ def _refine(key, sel, tied, need_rem, LO: tl.constexpr, WIDTH: tl.constexpr, BIN
 
 
 @triton.jit
-def _final_kernel(cand_key_ptr, cand_pos_ptr, state_ptr, remap_ptr, scratch_ptr, out_ptr, R,
-                  out_stride, remap_stride, W, block, FINAL, CAP: tl.constexpr,
-                  K_PAD: tl.constexpr, BINS: tl.constexpr, BY_SCORE: tl.constexpr,
-                  REMAP: tl.constexpr, MASK_BLOCK: tl.constexpr):
-    """Exact k-th key among the candidates, ties to the lowest position, then the output."""
-    row = tl.program_id(0)
-    st = state_ptr + (FINAL * R + row) * 8
-    need = tl.load(st + 0)
-    shift = tl.load(st + 4)
-    bound = tl.load(st + 5)
-    n_cand = tl.load(st + 6) + tl.load(st + 7)
+def _final_select(row, key_in, pos_in, need, shift, bound, n_cand, remap_ptr, scratch_ptr, out_ptr,
+                  k, out_stride, remap_stride, W, block, CAP: tl.constexpr, K_PAD: tl.constexpr,
+                  BINS: tl.constexpr, BY_SCORE: tl.constexpr, REMAP: tl.constexpr,
+                  MASK_BLOCK: tl.constexpr):
+    """Exact k-th key among a row's n_cand candidates (in position order), ties to the lowest
+    position, then the output with its -1 tail (or the blocks' mask)."""
     i = tl.arange(0, CAP)
     ok = i < n_cand
-    key = tl.load(cand_key_ptr + row * CAP + i, mask=ok, other=0).to(tl.uint32, bitcast=True)
+    key = tl.load(key_in + i, mask=ok, other=0).to(tl.uint32, bitcast=True)
     key = key.to(tl.int64)
-    pos = tl.load(cand_pos_ptr + row * CAP + i, mask=ok, other=0).to(tl.int64)
+    pos = tl.load(pos_in + i, mask=ok, other=0).to(tl.int64)
     # keys above the boundary bin are in; resolve the bin's low bits (<= 20) by two radix passes
     sel = ok & ((key >> shift) > bound)
     tied = ok & ((key >> shift) == bound)
@@ -553,6 +581,69 @@ def _final_kernel(cand_key_ptr, cand_pos_ptr, state_ptr, remap_ptr, scratch_ptr,
     sel = sel & (need > 0)
     _emit_selection(sel, key, pos, row, remap_ptr, scratch_ptr, out_ptr, out_stride, remap_stride, W,
                     block, CAP, K_PAD, BY_SCORE, True, REMAP, MASK_BLOCK)
+    if MASK_BLOCK == 0:  # the -1 tail after the min(k, #valid) selected
+        kk = tl.arange(0, K_PAD)
+        tl.store(out_ptr + row * out_stride + kk, tl.full((K_PAD,), -1, tl.int64),
+                 mask=(kk >= need) & (kk < k))
+
+
+@triton.jit
+def _final_kernel(cand_key_ptr, cand_pos_ptr, state_ptr, remap_ptr, scratch_ptr, out_ptr, R, k,
+                  out_stride, remap_stride, W, block, FINAL, CAP: tl.constexpr,
+                  K_PAD: tl.constexpr, BINS: tl.constexpr, BY_SCORE: tl.constexpr,
+                  REMAP: tl.constexpr, MASK_BLOCK: tl.constexpr):
+    """The selection of each row from its candidates and its final radix state."""
+    row = tl.program_id(0)
+    st = state_ptr + (FINAL * R + row) * 8
+    _final_select(row, cand_key_ptr + row * CAP, cand_pos_ptr + row * CAP, tl.load(st + 0),
+                  tl.load(st + 4), tl.load(st + 5), tl.load(st + 6) + tl.load(st + 7), remap_ptr,
+                  scratch_ptr, out_ptr, k, out_stride, remap_stride, W, block, CAP, K_PAD, BINS,
+                  BY_SCORE, REMAP, MASK_BLOCK)
+
+
+@triton.jit
+def _radix_pass(xr, n, need, bound, gt_total, SHIFT: tl.constexpr, WIDTH: tl.constexpr,
+                BINS: tl.constexpr, BLOCK: tl.constexpr, DROP_NEG_INF: tl.constexpr):
+    """A later pass of _radix_rows_kernel: refine the boundary bin on bits [SHIFT, SHIFT+WIDTH)."""
+    h = _range_hist(xr, 0, n, bound, SHIFT, WIDTH, True, BINS, BLOCK, DROP_NEG_INF)
+    bnd, h_b, above = _boundary_bin(h, need - gt_total, BINS)
+    return tl.full((), SHIFT, tl.int64), bound * (1 << WIDTH) + bnd, gt_total + above, h_b
+
+
+@triton.jit
+def _radix_rows_kernel(x_ptr, len_ptr, flag_ptr, cand_key_ptr, cand_pos_ptr, remap_ptr, scratch_ptr,
+                       out_ptr, N, x_stride, k, out_stride, remap_stride, W, block, flag_stride,
+                       CAP: tl.constexpr, K_PAD: tl.constexpr, BINS: tl.constexpr,
+                       BLOCK: tl.constexpr, DROP_NEG_INF: tl.constexpr, BY_SCORE: tl.constexpr,
+                       REMAP: tl.constexpr, MASK_BLOCK: tl.constexpr):
+    """The radix engine in one program per row, for the rows whose flag is set (the others return
+    at once and write nothing): the passes of _PASSES (key bits 20-31, 8-19, 0-7) over the whole
+    row while the boundary bin overflows CAP, the ordered compaction, then _final_select.  One
+    launch: the sync-free fallback."""
+    row = tl.program_id(0)
+    if tl.load(flag_ptr + row * flag_stride) != 0:
+        xr = x_ptr + row.to(tl.int64) * x_stride
+        n = tl.minimum(tl.load(len_ptr + row), N)
+        h = _range_hist(xr, 0, n, 0, 20, 12, False, BINS, BLOCK, DROP_NEG_INF)
+        need = tl.minimum(tl.sum(h, axis=0).to(tl.int64), k)
+        bnd, h_b, gt_total = _boundary_bin(h, need, BINS)
+        shift = tl.full((), 20, tl.int64)
+        bound = bnd.to(tl.int64)
+        if (gt_total + h_b > CAP) & (need > 0):
+            shift, bound, gt_total, h_b = _radix_pass(xr, n, need, bound, gt_total, 8, 12, BINS, BLOCK,
+                                                      DROP_NEG_INF)
+            if gt_total + h_b > CAP:  # the last pass: the bin is one key value
+                shift, bound, gt_total, h_b = _radix_pass(xr, n, need, bound, gt_total, 0, 8, BINS,
+                                                          BLOCK, DROP_NEG_INF)
+        eq_take = tl.where(need == 0, 0, tl.where(gt_total + h_b <= CAP, h_b, need - gt_total))
+        key_row = cand_key_ptr + row * CAP
+        pos_row = cand_pos_ptr + row * CAP
+        _compact_range(xr, 0, n, shift, bound, eq_take, tl.zeros((), tl.int64), tl.zeros((), tl.int64),
+                       key_row, pos_row, CAP, BLOCK, DROP_NEG_INF)
+        tl.debug_barrier()  # the candidates are read back by other threads of the program
+        _final_select(row, key_row, pos_row, need, shift, bound, gt_total + eq_take, remap_ptr,
+                      scratch_ptr, out_ptr, k, out_stride, remap_stride, W, block, CAP, K_PAD,
+                      BINS, BY_SCORE, REMAP, MASK_BLOCK)
 
 
 @triton.jit
@@ -601,13 +692,18 @@ def _topk_config(R: int, N: int):
     return block, ch
 
 
+def _radix_cap(k_pad: int, cap: int | None) -> int:
+    """Candidates kept per row by the radix engine (a power of two >= k_pad)."""
+    return max(_pow2(cap or min(16384, max(2048, 4 * k_pad))), k_pad)
+
+
 def _topk_radix(x: torch.Tensor, n_valid: torch.Tensor, k: int, *, by_score: bool = False,
                 drop_neg_inf: bool = False, remap: torch.Tensor | None = None,
                 mask_out: torch.Tensor | None = None, mask_block: int = 0,
                 cap: int | None = None, blocks: tuple[int, int] | None = None
                 ) -> torch.Tensor | None:
     """Top-k of each row of x [R,N] (fp32, on the device) among positions < n_valid[r], by radix
-    select over the whole row (any input; the fallback of _topk_engine).
+    select over the whole row (any input; the fallback of _topk_engine), several programs a row.
 
     Returns int64 [R,k] (position order, or score order with ties by position; -1 tail), or,
     with mask_out ([R,W] int8, zeroed), marks the selected positions' blocks of mask_block.
@@ -616,17 +712,17 @@ def _topk_radix(x: torch.Tensor, n_valid: torch.Tensor, k: int, *, by_score: boo
     R, N = x.shape
     dev = x.device
     k_pad = _pow2(k)
-    if cap is None:
-        cap = min(16384, max(2048, 4 * k_pad))
-    cap = max(cap, k_pad)
+    cap = _radix_cap(k_pad, cap)
     block, ch = blocks or _topk_config(R, N)  # (tests pass small blocks to force many chunks)
     nc = max(1, triton.cdiv(N, ch))
     nc_pad = _pow2(nc)
     hist_row = torch.zeros((len(_PASSES), R, _BINS), dtype=torch.int32, device=dev)
     hist_chunk = torch.empty((R, nc, _BINS), dtype=torch.int32, device=dev)
-    state = torch.zeros((len(_PASSES), R, 8), dtype=torch.int64, device=dev)
-    gt = torch.zeros((R, nc), dtype=torch.int32, device=dev)
-    eq = torch.zeros((R, nc), dtype=torch.int32, device=dev)
+    # written by _boundary_kernel: state for every row at every pass, gt and eq at pass 0 for every
+    # chunk (so no memset; the row histograms are summed by atomics from zero)
+    state = torch.empty((len(_PASSES), R, 8), dtype=torch.int64, device=dev)
+    gt = torch.empty((R, nc), dtype=torch.int32, device=dev)
+    eq = torch.empty((R, nc), dtype=torch.int32, device=dev)
     warps = 4 if INTERPRET else 8
     for p, (shift, width) in enumerate(_PASSES):
         _hist_kernel[(R, nc)](x, n_valid, state, hist_row[p], hist_chunk, R, N, x.stride(0), nc, ch,
@@ -643,21 +739,49 @@ def _topk_radix(x: torch.Tensor, n_valid: torch.Tensor, k: int, *, by_score: boo
     cand_key = torch.empty((R, cap), dtype=torch.int32, device=dev)
     cand_pos = torch.empty((R, cap), dtype=torch.int32, device=dev)
     _compact_kernel[(R, nc)](x, n_valid, state, gt, eq, cand_key, cand_pos, R, N, x.stride(0), nc,
-                             ch, cap, FINAL=final, NC_PAD=nc_pad, BLOCK=block,
-                             DROP_NEG_INF=drop_neg_inf, num_warps=warps)
-    if mask_out is not None:
-        _final_kernel[(R,)](cand_key, cand_pos, state, cand_pos, cand_key, mask_out, R, mask_out.stride(0), 0,
-                            mask_out.shape[1], mask_block, FINAL=final, CAP=cap, K_PAD=k_pad, BINS=_BINS, BY_SCORE=False,
-                            REMAP=False, MASK_BLOCK=_pow2(mask_block), num_warps=warps)
-        return None
-    out = torch.full((R, k), -1, dtype=torch.int64, device=dev)
-    scratch = torch.empty((R, k_pad) if by_score else (1,), dtype=torch.int64, device=dev)
-    _final_kernel[(R,)](cand_key, cand_pos, state, remap if remap is not None else cand_pos,
-                        scratch, out, R,
-                        out.stride(0), remap.stride(0) if remap is not None else 0, 0, 0,
-                        FINAL=final, CAP=cap, K_PAD=k_pad, BINS=_BINS, BY_SCORE=by_score, REMAP=remap is not None,
-                        MASK_BLOCK=0, num_warps=warps)
-    return out
+                             ch, cap, final, NC_PAD=nc_pad, BLOCK=block, DROP_NEG_INF=drop_neg_inf,
+                             num_warps=warps)
+    out = mask_out if mask_out is not None else torch.empty((R, k), dtype=torch.int64, device=dev)
+    scratch, out_args, consts = _output_args(out, mask_out is not None, mask_block, by_score, remap, k_pad)
+    _final_kernel[(R,)](cand_key, cand_pos, state, out_args[0], scratch, out, R, k, *out_args[1:], final,
+                        CAP=cap, K_PAD=k_pad, BINS=_BINS, **consts, num_warps=warps)
+    return None if mask_out is not None else out
+
+
+def _output_args(out, mask: bool, mask_block: int, by_score: bool, remap, k_pad: int):
+    """What _final_select writes through: (scratch, (remap table, out_stride, remap_stride, W,
+    block), constexprs), for out int64 [R,k] or (mask) the int8 block mask."""
+    dev = out.device
+    if mask:
+        return torch.empty((1,), dtype=torch.int64, device=dev), \
+            (out, out.stride(0), 0, out.shape[1], mask_block), \
+            dict(BY_SCORE=False, REMAP=False, MASK_BLOCK=_pow2(mask_block))
+    scratch = torch.empty((out.shape[0], k_pad) if by_score else (1,), dtype=torch.int64, device=dev)
+    table = remap if remap is not None else out
+    return scratch, (table, out.stride(0), 0 if remap is None else remap.stride(0), 0, 0), \
+        dict(BY_SCORE=by_score, REMAP=remap is not None, MASK_BLOCK=0)
+
+
+def _topk_radix_rows(x: torch.Tensor, n_valid: torch.Tensor, k: int, flag: torch.Tensor,
+                     out: torch.Tensor, *, by_score: bool = False, drop_neg_inf: bool = False,
+                     remap: torch.Tensor | None = None, mask: bool = False, mask_block: int = 0,
+                     cap: int | None = None, block: int | None = None) -> None:
+    """The radix engine in one launch of one program per row, serving only the rows whose flag
+    (int32 [R], any stride) is nonzero and writing into out (int64 [R,k], or the zeroed int8
+    block mask with mask); the other rows' programs return at once and write nothing.  The
+    sync-free fallback of _topk_engine: for the common case (no row flagged) it costs one launch."""
+    R, N = x.shape
+    dev = x.device
+    k_pad = _pow2(k)
+    cap = _radix_cap(k_pad, cap)
+    block = block or _topk_config(R, N)[0]
+    cand_key = torch.empty((R, cap), dtype=torch.int32, device=dev)
+    cand_pos = torch.empty((R, cap), dtype=torch.int32, device=dev)
+    scratch, out_args, consts = _output_args(out, mask, mask_block, by_score, remap, k_pad)
+    _radix_rows_kernel[(R,)](x, n_valid, flag, cand_key, cand_pos, out_args[0], scratch, out, N,
+                             x.stride(0), k, *out_args[1:], flag.stride(0), CAP=cap, K_PAD=k_pad,
+                             BINS=_BINS, BLOCK=block, DROP_NEG_INF=drop_neg_inf, **consts,
+                             num_warps=4 if INTERPRET else 8)
 
 
 # Threshold filter (the fast path of _topk_engine).  Cut each row into groups of G positions and
@@ -998,31 +1122,40 @@ def _topk_engine(x: torch.Tensor, n_valid: torch.Tensor, k: int, *, by_score: bo
                  drop_neg_inf: bool = False, remap: torch.Tensor | None = None,
                  mask_out: torch.Tensor | None = None, mask_block: int = 0,
                  group: int | None = None, cap: int | None = None,
-                 blocks: tuple[int, int] | None = None) -> torch.Tensor | None:
+                 blocks: tuple[int, int] | None = None, sync: bool = True) -> torch.Tensor | None:
     """Top-k of each row of x [R,N] (fp32, on the device) among positions < n_valid[r] (int32).
 
     Returns int64 [R,k] (position order, or score order with ties by position; -1 tail), or,
     with mask_out ([R,W] int8, zeroed), marks the selected positions' blocks of mask_block.
-    The threshold filter serves every row it can; the rest go through _topk_radix.  group (G),
-    cap (candidates per row) and blocks ((BLOCK, CH)) override the defaults for tests.
+    The threshold filter serves every row it can; the rows it flags go through a radix engine:
+    sync=True reads the flags back to the host and, only when a row is flagged, runs _topk_radix
+    (several programs a row) on those rows: no extra launch in the common case, one
+    synchronization.  sync=False launches _topk_radix_rows (one program a row), whose programs of
+    unflagged rows return at once: one extra launch, no read-back, so the call can be captured in
+    a CUDA graph.  Both give the same bits: the selection is unique (ties to the lowest position).
+    group (G), cap (candidates per row) and blocks ((BLOCK, CH)) override the filter's defaults
+    for tests.
     """
     R, N = x.shape
-    out = mask_out if mask_out is not None else torch.empty((R, k), dtype=torch.int64, device=x.device)
+    mask = mask_out is not None
+    out = mask_out if mask else torch.empty((R, k), dtype=torch.int64, device=x.device)
     fallback = dict(by_score=by_score, drop_neg_inf=drop_neg_inf, mask_block=mask_block)
-    flag = _topk_filter(x, n_valid, k, out, remap=remap, mask=mask_out is not None, group=group,
-                        cap=cap, blocks=blocks, **fallback)
+    flag = _topk_filter(x, n_valid, k, out, remap=remap, mask=mask, group=group, cap=cap,
+                        blocks=blocks, **fallback)
     if flag is None:
         return _topk_radix(x, n_valid, k, remap=remap, mask_out=mask_out, **fallback)
-    if bool(flag.any()):   # (the one read back: did the filter leave rows?)
+    if not sync:
+        _topk_radix_rows(x, n_valid, k, flag, out, remap=remap, mask=mask, **fallback)
+    elif bool(flag.any()):   # (the one read back: did the filter leave rows?)
         redo = torch.nonzero(flag).flatten()
-        if mask_out is None:
+        if not mask:
             out[redo] = _topk_radix(x[redo], n_valid[redo], k,
                                     remap=None if remap is None else remap[redo], **fallback)
         else:
             sub = torch.zeros_like(mask_out[redo])
             _topk_radix(x[redo], n_valid[redo], k, mask_out=sub, **fallback)
             mask_out[redo] = sub
-    return None if mask_out is not None else out
+    return None if mask else out
 
 
 def _topk_filter(x, n_valid, k: int, out, *, by_score: bool, drop_neg_inf: bool, remap, mask: bool,

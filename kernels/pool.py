@@ -11,10 +11,18 @@ runs on the block scores with −inf blocks excluded (the reference's "top-n, th
 exactly the top-min(n, #finite) finite blocks) and marks the chosen blocks' positions directly.
 Equal block maxima: the lowest block index wins.
 
-reindex_topk never scores a full row to mask it afterwards: one kernel gathers, per row and in
-ascending order, the positions that are in the pool and visible (<= 16384 for a real pool); the
-score kernel of kernels.indexer reads K through that list; the top-k engine selects slots of the
-compact row, and the slots map back to positions, still ascending (V4.1 order).
+reindex_topk never scores a full row to mask it afterwards: the pool is gathered, per row and in
+ascending order, into the list of positions that are in the pool and visible (<= 16384 for a real
+pool): one kernel counts each chunk of 4096 positions, a second writes each chunk's positions from
+the prefix of the counts before it (T x S/4096 programs each; one program per row scanning the
+whole mask took ~64 dependent steps for a 262144-entry row).  The score kernel of kernels.indexer
+reads K through that list; the top-k engine selects slots of the compact row, and the slots map
+back to positions, still ascending (V4.1 order).  _reindex_topk takes the gathered pool, so the
+re-index layers of one decode step share one gather.
+
+The device functions (_candidate_blocks, _gather_pool, _reindex_topk) read nothing back to the
+host with sync=False (kernels.indexer's top-k engine then decides its fallback on the device):
+a decode step built on them is captured whole in a CUDA graph, as serving engines run decode.
 """
 from __future__ import annotations
 
@@ -85,8 +93,10 @@ def candidate_blocks(scores, compress_lens, topk_blocks: int = 2048, block_size:
     return _candidate_blocks(scores.to(dev), lens.to(dev), topk_blocks, block_size).cpu().view(torch.bool)
 
 
-def _candidate_blocks(x: torch.Tensor, lens_d: torch.Tensor, topk_blocks: int, block_size: int):
-    """The device part of candidate_blocks: x [T,W] f32 and lens int32 on the device -> int8 mask."""
+def _candidate_blocks(x: torch.Tensor, lens_d: torch.Tensor, topk_blocks: int, block_size: int, *,
+                      sync: bool = True):
+    """The device part of candidate_blocks: x [T,W] f32 and lens int32 on the device -> int8 mask
+    (sync: the top-k engine's, False for a CUDA graph)."""
     T, W = x.shape
     dev = x.device
     n_blocks = triton.cdiv(W, block_size)
@@ -104,34 +114,56 @@ def _candidate_blocks(x: torch.Tensor, lens_d: torch.Tensor, topk_blocks: int, b
     else:
         everything = torch.full((T,), n_blocks, dtype=torch.int32, device=dev)
         _topk_engine(block_scores, everything, topk_blocks, drop_neg_inf=True, mask_out=out,
-                     mask_block=block_size)
+                     mask_block=block_size, sync=sync)
     return out
 
 
 @triton.jit
-def _gather_kernel(pool_ptr, vis_ptr, idx_ptr, count_ptr, S, width, BLOCK: tl.constexpr):
+def _pool_count_kernel(pool_ptr, vis_ptr, counts_ptr, S, NC, BLOCK: tl.constexpr):
+    """counts[r, c] = the pool positions s < visible[r] of chunk c, [c*BLOCK, (c+1)*BLOCK)."""
     row = tl.program_id(0)
+    c = tl.program_id(1)
     n = tl.minimum(tl.load(vis_ptr + row), S)
-    written = tl.zeros((), tl.int32)
-    start = 0
-    while start < n:
-        s = start + tl.arange(0, BLOCK)
-        m = tl.load(pool_ptr + row * S + s, mask=s < n, other=0) != 0
-        mi = m.to(tl.int32)
-        slot = written + tl.cumsum(mi, axis=0) - 1
-        tl.store(idx_ptr + row * width + slot, s, mask=m & (slot < width))
-        written += tl.sum(mi, axis=0)
-        start += BLOCK
-    tl.store(count_ptr + row, written)
+    s = c * BLOCK + tl.arange(0, BLOCK)
+    m = tl.load(pool_ptr + row.to(tl.int64) * S + s, mask=s < n, other=0) != 0
+    tl.store(counts_ptr + row * NC + c, tl.sum(m.to(tl.int32), axis=0))
 
 
-def _gather_pool(pool_u8: torch.Tensor, vis32: torch.Tensor, width: int) -> tuple:
-    """Per row, the positions s < visible[t] with pool[t,s], in ascending order, -1 padded."""
+@triton.jit
+def _gather_kernel(pool_ptr, vis_ptr, counts_ptr, idx_ptr, count_ptr, S, NC, width,
+                   NC_PAD: tl.constexpr, BLOCK: tl.constexpr):
+    """Chunk c's pool positions, ascending, into idx[r] from the slot that the chunks before it
+    fill (the exclusive prefix of counts); chunk 0 writes the row's total."""
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    ci = tl.arange(0, NC_PAD)
+    counts = tl.load(counts_ptr + row * NC + ci, mask=ci < NC, other=0)
+    before = tl.sum(tl.where(ci < c, counts, 0), axis=0)
+    n = tl.minimum(tl.load(vis_ptr + row), S)
+    s = c * BLOCK + tl.arange(0, BLOCK)
+    m = tl.load(pool_ptr + row.to(tl.int64) * S + s, mask=s < n, other=0) != 0
+    slot = before + tl.cumsum(m.to(tl.int32), axis=0) - 1
+    tl.store(idx_ptr + row.to(tl.int64) * width + slot, s, mask=m & (slot < width))
+    if c == 0:
+        tl.store(count_ptr + row, tl.sum(counts, axis=0))
+
+
+def _gather_pool(pool_u8: torch.Tensor, vis32: torch.Tensor, width: int, block: int | None = None) -> tuple:
+    """Per row, the positions s < visible[t] with pool[t,s], in ascending order, -1 padded to
+    width (>= every row's count): (idx int32 [T,width], count int32 [T]).  Chunks of block
+    positions are counted, then each chunk writes from its prefix: two launches of T x S/block
+    programs (block overrides the default for tests)."""
     T, S = pool_u8.shape
-    idx = torch.full((T, width), -1, dtype=torch.int32, device=pool_u8.device)
-    count = torch.zeros((T,), dtype=torch.int32, device=pool_u8.device)
-    _gather_kernel[(T,)](pool_u8, vis32, idx, count, S, width, BLOCK=2048 if INTERPRET else 4096,
-                         num_warps=4 if INTERPRET else 8)
+    dev = pool_u8.device
+    block = block or (256 if INTERPRET else 4096)
+    nc = triton.cdiv(S, block)
+    counts = torch.empty((T, nc), dtype=torch.int32, device=dev)
+    idx = torch.full((T, width), -1, dtype=torch.int32, device=dev)
+    count = torch.empty((T,), dtype=torch.int32, device=dev)
+    warps = 4
+    _pool_count_kernel[(T, nc)](pool_u8, vis32, counts, S, nc, BLOCK=block, num_warps=warps)
+    _gather_kernel[(T, nc)](pool_u8, vis32, counts, idx, count, S, nc, width, NC_PAD=_pow2(nc),
+                            BLOCK=block, num_warps=warps)
     return idx, count
 
 
@@ -153,14 +185,17 @@ def reindex_topk(q, k, w, visible, pool, topk: int) -> torch.Tensor:
     reach = pool & (torch.arange(S)[None, :] < vis[:, None])
     width = _pow2(int(reach.sum(1).max()), 16)
     dev = _device()
-    return _reindex_topk(q.to(dev), k.to(dev), w.to(dev), vis.to(dev),
-                         pool.contiguous().view(torch.uint8).to(dev), topk, width).cpu()
+    gathered = _gather_pool(pool.contiguous().view(torch.uint8).to(dev), vis.to(dev), width)
+    return _reindex_topk(q.to(dev), k.to(dev), w.to(dev), gathered, topk).cpu()
 
 
-def _reindex_topk(q, k, w, vis, pool_u8, topk: int, width: int) -> torch.Tensor:
-    """The device part of reindex_topk; width >= the largest |pool ∩ visible| of a row."""
+def _reindex_topk(q, k, w, gathered: tuple, topk: int, *, sync: bool = True) -> torch.Tensor:
+    """The device part of reindex_topk on a pool gathered by _gather_pool (idx [T,width], count
+    [T]): the re-index layers of one step share one gather.  sync: the top-k engine's, False for
+    a CUDA graph."""
     T, H, D = q.shape
-    idx, count = _gather_pool(pool_u8, vis, width)
+    idx, count = gathered
+    width = idx.shape[1]
     pscores = torch.empty((T, width), dtype=torch.float32, device=q.device)
     _launch_scores(q, None, k, None, w, count, idx, T, width, H, D, pscores, fp4=False, bf16=True)
-    return _topk_engine(pscores, count, topk, by_score=False, remap=idx)
+    return _topk_engine(pscores, count, topk, by_score=False, remap=idx, sync=sync)

@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from dsv4spec import cmd_bench as B
 
 QUANT = {"device": "GPU X", "torch": "t", "triton": "tr", "copy_GBps": 4000.0, "rows": [
@@ -142,3 +144,20 @@ def test_topk_sweep_grid_and_table():
     text = SW.table(rows)
     assert "| c | run=32 | 50.0 | 2.00× | 6.00× | ok |" in text
     assert "| c | warps=4 | – | – | – | skipped (budget) |" in text
+
+
+def test_decode_step_sync_free_gives_the_read_back_bits():
+    """bench_indexer's V4.1 decode step (scores, candidate blocks, one gather, four re-index top-k)
+    at a small size under the interpreter: the sync-free step that the bench replays from a CUDA
+    graph gives the read-back step's bits, every pick inside the pool."""
+    import torch
+    from dsv4spec.kernels import INTERPRET, indexer as KI, pool as KP
+    if not INTERPRET:
+        pytest.skip("on a GPU the bench checks this itself (and test_kernels_pool's CUDA-graph test)")
+    bench = B._script("bench_indexer")
+    S = 16384 + 64                       # 2056 blocks of 8: the top-k engine picks 2048 of them
+    d = bench.decode_inputs(torch, S, torch.Generator().manual_seed(0), H=4, D=32, device="cpu")
+    tops, pool = bench.decode_step_fn(torch, KI, KP, S, None, d, sync=True)()
+    assert bench.same_step(bench.decode_step_fn(torch, KI, KP, S, None, d)(), (tops, pool))
+    assert int(pool.sum()) == 16384 and all(bool(pool[0, t[0]].bool().all()) for t in tops)
+    assert [tuple(t.shape) for t in tops] == [(1, 512)] * 4

@@ -269,6 +269,93 @@ def test_topk_threshold_filter_flags_what_it_cannot_hold():
     check_topk(full, case, "position", "engine with fallback")
 
 
+# (rows, G, cap) where the filter serves some rows and flags others (heavy ties over a small cap)
+MIXED_FLAGS = [("equal", 4, 64), ("few_values", 1, 32), ("normal", 4, 32), ("relu_zero", 4, 64),
+               ("minus_inf", 1, 32)]
+
+
+def mixed_case(rows, group, cap):
+    case = make_rows(rows, 12, 4, 300, 20)
+    flag = filtered(case, "position", group, cap)[1]
+    assert 0 < int(flag.sum()) < 4, f"{rows} G={group} cap={cap}: flags {flag.tolist()}, expected a mix"
+    return case
+
+
+@pytest.mark.parametrize("remap", [False, True])
+@pytest.mark.parametrize("order", ["position", "score"])
+@pytest.mark.parametrize("rows,group,cap", MIXED_FLAGS)
+def test_topk_sync_free_fallback_gives_the_read_back_bits(rows, group, cap, order, remap):
+    """The radix fallback launched without a read-back (sync=False) serves exactly the rows the
+    filter flagged and leaves the filter's rows as they are: the same bits as the read-back path,
+    and impl's selection (through the remap table when given)."""
+    case = mixed_case(rows, group, cap)
+    dev = K._device()
+    x = torch.from_numpy(case.scores).float().to(dev)
+    nv = torch.from_numpy(case.visible).int().to(dev)
+    table = (torch.arange(300, dtype=torch.int32) * 3 + 7).repeat(4, 1).to(dev) if remap else None
+    got = [K._topk_engine(x, nv, case.k, by_score=order == "score", remap=table, group=group, cap=cap,
+                          blocks=(64, 128), sync=sync).cpu() for sync in (True, False)]
+    assert torch.equal(got[0], got[1]), f"sync-free fallback differs from the read-back path [{case!r}]"
+    if remap:
+        ref = impl.index_topk(torch.from_numpy(case.scores).float(), torch.from_numpy(case.visible), case.k, order)
+        assert torch.equal(got[1], torch.where(ref >= 0, ref * 3 + 7, -1)), f"remapped selection [{case!r}]"
+    else:
+        check_topk(got[1], case, order, "engine, sync-free fallback")
+
+
+@pytest.mark.parametrize("rows,group,cap", MIXED_FLAGS)
+def test_topk_sync_free_block_mask(rows, group, cap):
+    """The same in block-mask mode (candidate selection: −inf dropped, blocks of 8 marked)."""
+    case = mixed_case(rows, group, cap)
+    dev = K._device()
+    x = torch.from_numpy(case.scores).float().to(dev)
+    nv = torch.from_numpy(case.visible).int().to(dev)
+    masks = []
+    for sync in (True, False):
+        masks.append(torch.zeros((4, 300 * 8), dtype=torch.int8, device=dev))
+        K._topk_engine(x, nv, case.k, drop_neg_inf=True, mask_out=masks[-1], mask_block=8, group=group,
+                       cap=cap, blocks=(64, 128), sync=sync)
+    assert torch.equal(masks[0], masks[1]), f"sync-free block mask differs from the read-back path [{case!r}]"
+    # the top-min(k, #finite) finite keys: impl's top-k without its −inf picks
+    scores = torch.from_numpy(case.scores).float()
+    ref = impl.index_topk(scores, torch.from_numpy(case.visible), case.k, "position")
+    want = torch.zeros((4, 300 + 1), dtype=torch.int8)
+    keep = (ref >= 0) & (scores.gather(1, ref.clamp(min=0)) > float("-inf"))
+    want.scatter_(1, torch.where(keep, ref, 300), 1)
+    assert torch.equal(masks[1].cpu().view(4, 300, 8), want[:, :300, None].expand(4, 300, 8)), \
+        f"block mask [{case!r}]"
+
+
+@pytest.mark.parametrize("rows", ["few_values", "equal", "low_bits", "minus_inf"])
+def test_topk_one_program_radix_serves_only_flagged_rows(rows):
+    """_topk_radix_rows (one program a row, tiles of 64) with a flag column of stride 2, as the
+    filter's count[:, 1], and a cap of k: flagged rows equal impl through all three passes (the -1
+    tail written too), the others keep their bytes; in block-mask mode too."""
+    if rows == "low_bits":
+        base = make_rows("normal", 1, 4, 500, 64)
+        case = type(base)("low_bits", low_bit_rows(4), base.visible, 64)
+        case.scores = np.where(S.visibility_mask(case.visible, 500), case.scores, -np.inf)
+    else:
+        case = make_rows(rows, 5, 4, 500, 64)
+    dev = K._device()
+    x = torch.from_numpy(case.scores).float().to(dev)
+    nv = torch.from_numpy(case.visible).int().to(dev)
+    count = torch.tensor([[0, 1], [0, 0], [0, 1], [0, 0]], dtype=torch.int32, device=dev)
+    served = type(case)("rows 0, 2", case.scores[[0, 2]], case.visible[[0, 2]], case.k)
+    for order in ("position", "score"):
+        out = torch.full((4, case.k), 12345, dtype=torch.int64, device=dev)
+        K._topk_radix_rows(x, nv, case.k, count[:, 1], out, by_score=order == "score", cap=64, block=64)
+        out = out.cpu()
+        assert bool((out[[1, 3]] == 12345).all()), "rows not flagged were written"
+        check_topk(out[[0, 2]], served, order, "one-program radix, flagged rows")
+    mask = torch.zeros((4, 500 * 8), dtype=torch.int8, device=dev)
+    K._topk_radix_rows(x, nv, case.k, count[:, 1], mask, drop_neg_inf=True, mask=True, mask_block=8,
+                       cap=64, block=64)
+    want = torch.zeros((4, 500 * 8), dtype=torch.int8, device=dev)
+    K._topk_radix(x, nv, case.k, drop_neg_inf=True, mask_out=want, mask_block=8, cap=64, blocks=(64, 128))
+    assert torch.equal(mask[[0, 2]], want[[0, 2]]) and not bool(mask[[1, 3]].any()), "block mask"
+
+
 def test_topk_sort_path_for_large_k():
     """k > 256 orders by tl.sort instead of counting ranks."""
     case = make_rows("few_values", 3, 2, 700, 300)
@@ -589,15 +676,24 @@ COMPILE_SM90 = textwrap.dedent("""
                                   "cand_pos_ptr": "*i32",
                                   **ints("R", "N", "x_stride", "NC", "CH", "CAP", "FINAL")},
               NC_PAD=16, BLOCK=BLOCK, DROP_NEG_INF=True)
-        final = {"cand_key_ptr": "*i32", "cand_pos_ptr": "*i32", "state_ptr": "*i64",
-                 "remap_ptr": "*i32", "scratch_ptr": "*i64", "out_ptr": "*i64",
-                 **ints("R", "out_stride", "remap_stride", "W", "block", "FINAL")}
+        outs = {"remap_ptr": "*i32", "scratch_ptr": "*i64", "out_ptr": "*i64",
+                **ints("k", "out_stride", "remap_stride", "W", "block")}
+        final = {"cand_key_ptr": "*i32", "cand_pos_ptr": "*i32", "state_ptr": "*i64", **outs,
+                 **ints("R", "FINAL")}
+        # one program a row (the sync-free fallback) on the decode step's rows: 512 of a 16384 pool,
+        # 2048 blocks of 32768 (block mask)
+        rows = {"x_ptr": "*fp32", "len_ptr": "*i32", "flag_ptr": "*i32", "cand_key_ptr": "*i32",
+                "cand_pos_ptr": "*i32", **outs, **ints("N", "x_stride", "flag_stride")}
         # rank by counting (K_PAD <= 256), tl.sort (larger), position order with remap, block mask
         for k_pad, by_score, remap in ((128, True, False), (512, True, False), (512, False, True)):
             build(K._final_kernel, final, CAP=1024, K_PAD=k_pad, BINS=K._BINS, BY_SCORE=by_score,
                   REMAP=remap, MASK_BLOCK=0)
+            build(K._radix_rows_kernel, rows, CAP=K._radix_cap(k_pad, None), K_PAD=k_pad, BINS=K._BINS,
+                  BLOCK=BLOCK, DROP_NEG_INF=False, BY_SCORE=by_score, REMAP=remap, MASK_BLOCK=0)
         build(K._final_kernel, dict(final, scratch_ptr="*i32", out_ptr="*i8"), CAP=1024, K_PAD=512,
               BINS=K._BINS, BY_SCORE=False, REMAP=False, MASK_BLOCK=8)
+        build(K._radix_rows_kernel, dict(rows, out_ptr="*i8"), CAP=K._radix_cap(2048, None), K_PAD=2048,
+              BINS=K._BINS, BLOCK=BLOCK, DROP_NEG_INF=True, BY_SCORE=False, REMAP=False, MASK_BLOCK=8)
     elif sys.argv[1] == "filter":   # the threshold filter at top-k 2048 of 1M (G = 128, cap 4096)
         tune = K._filter_config(64, 1 << 20, 2048)
         G, CAP = K._filter_plan(1 << 20, 2048, tune.block, None, None)
@@ -647,16 +743,20 @@ COMPILE_SM90 = textwrap.dedent("""
                                     **ints("W", "NB", "block", "x_stride")}, BLOCK_B=512, BS_PAD=8)
         build(P._finite_blocks_mask_kernel, {"bs_ptr": "*fp32", "out_ptr": "*i8",
                                              **ints("W", "NB", "block")}, BLOCK_W=4096)
-        build(P._gather_kernel, {"pool_ptr": "*u8", "vis_ptr": "*i32", "idx_ptr": "*i32",
-                                 "count_ptr": "*i32", **ints("S", "width")}, BLOCK=4096)
+        build(P._pool_count_kernel, {"pool_ptr": "*u8", "vis_ptr": "*i32", "counts_ptr": "*i32",
+                                     **ints("S", "NC")}, num_warps=4, BLOCK=4096)
+        build(P._gather_kernel, {"pool_ptr": "*u8", "vis_ptr": "*i32", "counts_ptr": "*i32",
+                                 "idx_ptr": "*i32", "count_ptr": "*i32", **ints("S", "NC", "width")},
+              num_warps=4, NC_PAD=64, BLOCK=4096)
     print("built", " ".join(sorted(built)))
 """)
 
 COMPILE_GROUPS = {
-    "topk": {"_hist_kernel", "_boundary_kernel", "_compact_kernel", "_final_kernel"},
+    "topk": {"_hist_kernel", "_boundary_kernel", "_compact_kernel", "_final_kernel", "_radix_rows_kernel"},
     "filter": {"_group_max_kernel", "_threshold_kernel", "_filter_kernel", "_select_kernel"},
     "rest": {"_scores_kernel", "_hadamard_kernel", "_copy_kernel", "_weights_kernel",
-             "_visible_kernel", "_block_max_kernel", "_finite_blocks_mask_kernel", "_gather_kernel"},
+             "_visible_kernel", "_block_max_kernel", "_finite_blocks_mask_kernel", "_pool_count_kernel",
+             "_gather_kernel"},
 }
 
 

@@ -106,6 +106,76 @@ def test_reindex_scores_only_the_pool(monkeypatch):
     assert np.all(reach[np.arange(3)[:, None], np.where(got.numpy() >= 0, got.numpy(), 0)] | (got.numpy() < 0))
 
 
+@pytest.mark.parametrize("block", [16, 64, 1024])
+def test_gather_pool_by_chunks(block):
+    """The pool gathered by chunk counts and their prefix (1 to 63 chunks of a row): per row the
+    pool positions below visible, ascending, -1 padded, and their count."""
+    rng = np.random.default_rng(4)
+    T, S_, width = 4, 1000, 1024
+    pool = np.repeat(rng.random((T, S_ // 8)) < 0.4, 8, axis=1)
+    pool[2] = True                       # every position, cut by visible only
+    vis = np.array([1000, 517, 999, 0])
+    dev = KI._device()
+    idx, count = K._gather_pool(torch.from_numpy(pool).to(torch.uint8).to(dev),
+                                torch.from_numpy(vis).int().to(dev), width, block)
+    for r in range(T):
+        want = np.flatnonzero(pool[r, :vis[r]])
+        assert int(count[r]) == len(want), f"row {r}: count {int(count[r])}, expected {len(want)}"
+        assert idx[r].cpu().tolist() == want.tolist() + [-1] * (width - len(want)), f"row {r} (block {block})"
+
+
+def test_reindex_layers_share_one_gather():
+    """Four re-index layers on one gathered pool, each sync-free: what reindex_topk gives per layer."""
+    case, pool = reindex_case("ties", 8, 3, 4, 300, 0.4, True)
+    q, k, w, vis = case.torch()
+    dev = KI._device()
+    gathered = K._gather_pool(torch.from_numpy(pool).to(torch.uint8).to(dev), vis.int().to(dev), 512, 64)
+    for layer in range(4):
+        ql, kl = torch.roll(q, layer, 1), torch.roll(k, layer, 0)      # another layer's q and K
+        want = K.reindex_topk(ql, kl, w, vis, torch.from_numpy(pool), 24)
+        bf = [x.to(torch.bfloat16).to(dev) for x in (ql, kl, w)]   # as reindex_topk passes them
+        got = K._reindex_topk(*bf, gathered, 24, sync=False)
+        assert torch.equal(got.cpu(), want), f"layer {layer}: shared gather differs"
+
+
+@pytest.mark.skipif(KI._device().type != "cuda", reason="a CUDA graph needs a GPU")
+def test_decode_path_is_captured_by_a_cuda_graph():
+    """Sync-free, the V4.1 decode path (candidate blocks, one gather, re-index top-k) reads nothing
+    back to the host, so a CUDA graph captures it (a synchronization would fail the capture), and
+    a replay gives the read-back path's bits, rows of the radix fallback included (row 1: every
+    block score equal, every re-index score 0)."""
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    T, W, H, D = 2, 1 << 16, 32, 128
+    scores = torch.randn(T, W, device=dev, generator=g).bfloat16().float()
+    scores[1] = 1.0
+    lens = torch.full((T,), W, dtype=torch.int32, device=dev)
+    q = torch.randn(T, H, D, device=dev, generator=g).bfloat16()
+    q[1] = 0
+    k = torch.randn(W, D, device=dev, generator=g).bfloat16()
+    w = (torch.randn(T, H, device=dev, generator=g) * 0.02).bfloat16()
+
+    def step(sync):
+        pool = K._candidate_blocks(scores, lens, 2048, 8, sync=sync)
+        gathered = K._gather_pool(pool, lens, 16384)
+        return pool, K._reindex_topk(q, k, w, gathered, 512, sync=sync)
+
+    want = step(True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step(False)                      # compiles the sync-free variants outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = step(False)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert int(want[0][1].sum()) == 16384 and bool((want[1] >= 0).all())
+    assert torch.equal(got[0], want[0]), "candidate blocks: graph replay differs from the read-back path"
+    assert torch.equal(got[1], want[1]), "re-index top-k: graph replay differs from the read-back path"
+
+
 def test_bad_input_is_rejected():
     case = make_pool("normal", 0, 2, 20, 3)
     sc, lens = torch.from_numpy(case.scores).float(), torch.from_numpy(case.compress_lens)
