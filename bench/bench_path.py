@@ -48,6 +48,7 @@ def main(argv=None):
     from triton.testing import do_bench
 
     from dsv4spec import impl
+    from dsv4spec.impl.rope import rope_table
     from dsv4spec.kernels import path as K
     from dsv4spec.kernels import quant as KQ
 
@@ -73,7 +74,7 @@ def main(argv=None):
              torch.exp2(torch.randint(-8, 8, (tokens, dim // 16), device="cuda", generator=g).float())
              .repeat_interleave(16, 1)).to(torch.bfloat16)
         positions = torch.randint(0, 1 << 20, (tokens,), device="cuda", generator=g)
-        cos, sin = impl.rope_table(positions.cpu(), freqs)
+        cos, sin = rope_table(positions.cpu(), freqs)
         cos, sin = cos.cuda(), sin.cuda()
         fused = lambda: K.rope_quantize_device(x, cos, sin, fmt)          # noqa: E731
         quantize = {"fp4_e8m0": lambda y: KQ.fp4_quantize_device(y, False),

@@ -13,9 +13,10 @@ The quantizers take BF16 only, as the kernels (compiled with in_dtype = BF16) do
 nothing: a NaN or Inf goes wherever these operations send it, inside its own block (§11.1).
 Outputs are the byte views of the kernels' float4_e2m1fn_x2 / float8 tensors.
 
-torch's float8_e4m3fn cast stands in for the kernels' satfinite E4M3 conversion: it is proven to
-agree with FMT.E4M3.RNE / SATFINITE on everything the quantizers feed it (every BF16 pattern, every
-fp32 subnormal, every fl32(b / 6) of a BF16 b) by tests/test_official.py.  torch has no element
+torch's float8_e4m3fn cast after a clamp to ±448 stands in for the kernels' satfinite E4M3
+conversion (the cast alone saturates in some torch releases, not in others): it is proven to agree
+with FMT.E4M3.RNE / SATFINITE on everything the quantizers feed it (every BF16 pattern, every fp32
+subnormal, every fl32(b / 6) of a BF16 b) by tests/test_official.py.  torch has no element
 FP4 cast, so E2M1 is rounded below with exact torch operations.  This module is not impl/: it does
 what the official code does, where impl states the rule.
 """
@@ -118,8 +119,14 @@ def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
     return FP4_TABLE[codes.long()]
 
 
+def _e4m3_satfinite(x: torch.Tensor) -> torch.Tensor:
+    """The kernels' satfinite E4M3 conversion.  The clamp is written out: torch's cast saturates in
+    some releases (2.13) and gives NaN above 448 in others (2.11, seen on the H200 machine)."""
+    return x.float().clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+
+
 def e4m3_encode(x: torch.Tensor) -> torch.Tensor:
-    return x.float().to(torch.float8_e4m3fn).view(torch.uint8)
+    return _e4m3_satfinite(x).view(torch.uint8)
 
 
 def e4m3_decode(codes: torch.Tensor) -> torch.Tensor:
@@ -159,7 +166,7 @@ def fp4_e4m3_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """V4.1 fp4_act_quant(x, 16, scale_dtype=float8_e4m3fn): (FP4 bytes, E4M3 scale bytes)."""
     xb = _bf16_input("fp4_e4m3_quantize", x, 16)
     amax = torch.clamp(_reduce_absmax(xb), min=FP4_E4M3_FLOOR)
-    s = (amax / torch.full_like(amax, FP4_MAX)).to(torch.float8_e4m3fn)   # nearest E4M3, satfinite
+    s = _e4m3_satfinite(amax / torch.full_like(amax, FP4_MAX))   # nearest E4M3
     ratio = xb / s.float().unsqueeze(-1)                  # divided by the ROUNDED scale
     codes = _e2m1_cast(torch.clamp(ratio, -FP4_MAX, FP4_MAX))
     return _pack(_unblock(codes, x.shape[:-1])), _unblock(s.view(torch.uint8), x.shape[:-1])
