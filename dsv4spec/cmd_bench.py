@@ -220,7 +220,8 @@ def markdown(result: dict) -> str:
              "", "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(result)]
     lines += ["", "kernel µs: one call as a user makes it (launches, the top-k's read-back of its overflow "
-              "flags); graph µs: the same launches replayed from a CUDA graph (device time only).  RoPE then "
+              "flags); graph µs: the launches without read-backs replayed from a CUDA graph (device time "
+              "only).  RoPE then "
               "quantize rows: the fused kernel, and in the torch column the unfused path (torch's rotation, "
               "then the quantize kernel).  Every "
               "result was checked against the spec before it was timed (bit-exact, or valid under the "
@@ -301,8 +302,8 @@ def readme_table(result: dict, source: str) -> str:
     lines = [f"Measured on {result['gpu']} on {result['date']} (torch {result['torch']}, Triton "
              f"{result['triton']}; `{source}`): copy {c.get('copy_TBps', float('nan')):.2f} TB/s"
              + (f", bf16 GEMM {c['bf16_gemm_TFLOPs']:.0f} TFLOP/s" if "bf16_gemm_TFLOPs" in c else "")
-             + ", in the same run.  kernel µs: called as a user calls it; graph µs: the same launches "
-             "replayed from a CUDA graph (device time, as engines run decode).", "",
+             + ", in the same run.  kernel µs: called as a user calls it; graph µs: the launches replayed "
+             "from a CUDA graph (device time, as engines run decode).", "",
              "| case | kernel µs | graph µs | torch µs | vs torch | vs ceiling | goal | met |",
              "|---|---:|---:|---:|---:|---:|---|---|"]
     for cells in table_rows(result):
