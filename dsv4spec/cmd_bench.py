@@ -84,8 +84,9 @@ def run(args) -> int:
             ("path", "bench_path", common + (["--elements", str(1 << 24)] if args.quick else [])),
             ("indexer", "bench_indexer", common + (["--quick"] if args.quick else [])
              + (["--only", indexer_only] if indexer_only else []))]
+    selected = {"quant": "quant" in only, "path": "path" in only, "indexer": bool(indexer_only)}
     for part, script, argv in runs:
-        if only and not (part in only or part == "indexer" and indexer_only):
+        if only and not selected[part]:
             continue
         try:   # a benchmark that breaks costs its own rows, not the others'
             status |= _script(script).main(argv)
@@ -96,7 +97,7 @@ def run(args) -> int:
     result = combine(parts, torch)
     (out / "bench.json").write_text(json.dumps(result, indent=1) + "\n")
     record = args.record
-    if record is not None and len(parts) < len(runs):
+    if record is not None and len(parts) < len(runs):   # (--record excludes --only)
         print("dsv4spec bench: not recorded: a benchmark failed, and a record holds every row", file=sys.stderr)
         record = None
     return publish(result, out, record) or (1 if status else 0)
