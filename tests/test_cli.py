@@ -57,13 +57,14 @@ TARGETS = {
     (["verify", "--target", "raising", "--rules", "FMT.E2M1.RNE", "--isolate"], "no GPU here", 3),
     (["verify", "--target", "badknob", "--rules", "FMT.E2M1.RNE"], "has no value 'sideways'", 3),
 ])
-def test_bad_input_is_one_line_with_its_exit_status(tmp_path, monkeypatch, capsys, args, needle, status):
+def test_bad_input_is_one_line_with_its_exit_status(tmp_path, monkeypatch, capsys, request, args, needle, status):
     for name, text in TARGETS.items():
         (tmp_path / name).write_text(text)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))
     for name in ("mytarget", "raising", "badknob"):
-        monkeypatch.delitem(sys.modules, name, raising=False)
+        sys.modules.pop(name, None)
+    request.addfinalizer(lambda: [sys.modules.pop(name, None) for name in ("mytarget", "raising", "badknob")])
     if "--isolate" in args:                     # the target is loaded in a worker process
         result = run(*args, cwd=tmp_path)
         out, err, code = result.stdout, result.stderr, result.returncode

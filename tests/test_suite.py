@@ -1,4 +1,5 @@
 """The runner's contract: how outcomes map to statuses, and the exit status of a verify run."""
+import sys
 import time
 from types import SimpleNamespace
 
@@ -120,9 +121,12 @@ def in_module_dir(tmp_path, monkeypatch):
     (tmp_path / "mytarget.py").write_text(MODULE)
     (tmp_path / "raising.py").write_text("raise RuntimeError('no GPU here')\n")
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    for name in ("mytarget", "raising"):       # another test's module of that name must not be reused
+        sys.modules.pop(name, None)
     yield tmp_path
     for name in ("mytarget", "raising"):
-        __import__("sys").modules.pop(name, None)
+        sys.modules.pop(name, None)
 
 
 @pytest.mark.parametrize("spec, name", [
