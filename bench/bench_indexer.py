@@ -352,13 +352,18 @@ def run_blocks(torch, KP, rep, ceil, quick, skip_torch):
         validity = "valid" if whole and count_ok and torch.equal(got, ref) else \
             f"INVALID (whole={whole}, count={count_ok}, multiset={torch.equal(got, ref)})"
         t = bench(lambda: KP._candidate_blocks(x, lens, 2048, 8), rep)
+        g_blocks, g_out = capture(torch, lambda: KP._candidate_blocks(x, lens, 2048, 8, sync=False))
+        g_blocks.replay()
+        tg = bench(g_blocks.replay, rep) * 1e6 if torch.equal(g_out, out) else None
+        if tg is None:
+            validity = "INVALID graph replay; " + validity
         tt = None if skip_torch else bench(
             lambda: torch.topk(x.view(R, W // 8, 8).amax(-1), 2048, dim=1, sorted=False), rep)
         nbytes = R * W * 4
         rows.append(dict(case=f"block select [{R}, {W}] -> 2048 blocks", kernel_us=t * 1e6,
-                         torch_us=tt and tt * 1e6, TBps=nbytes / t / 1e12, vs_torch=tt and tt / t,
+                         graph_us=tg, torch_us=tt and tt * 1e6, TBps=nbytes / t / 1e12, vs_torch=tt and tt / t,
                          vs_ceiling=nbytes / t / 1e12 / ceil["copy_TBps"], validity=validity))
-        del x, out
+        del x, out, g_blocks, g_out
     return rows
 
 
@@ -456,18 +461,28 @@ def profile_kernels(torch, KI, KP, rep=20):
     """Per-kernel CUDA times of the top-k cases, and where the V4.1 decode step's time goes: host
     (launches, allocations, read-backs) against device (each kernel), eager and from a CUDA graph."""
     from torch.profiler import ProfilerActivity, profile
-    cases = [("top-k 1x1M k=2048", torch.randn(1, 1 << 20, device="cuda").bfloat16().float()),
-             ("top-k 64x1M k=2048", torch.randn(64, 1 << 20, device="cuda").bfloat16().float())]
-    for name, x in cases:
-        nv = torch.full((x.shape[0],), x.shape[1], dtype=torch.int32, device="cuda")
-        KI._topk_engine(x, nv, 2048)
+    def per_kernel(name, fn, calls=5):
+        fn()
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(5):
-                KI._topk_engine(x, nv, 2048)
+            for _ in range(calls):
+                fn()
             torch.cuda.synchronize()
-        print(f"== {name} (5 calls)")
-        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12))
+        print(f"== {name}: device µs per call, by kernel")
+        for e in sorted(prof.key_averages(), key=lambda e: -e.self_device_time_total):
+            if e.self_device_time_total > 0:
+                print(f"  {e.self_device_time_total / calls:9.1f}  {e.key[:70]}")
+
+    for R, N, k in ((1, 1 << 16, 2048), (1, 1 << 20, 512), (1, 1 << 20, 2048), (64, 1 << 20, 2048),
+                    (1024, 1 << 16, 2048)):
+        x = torch.randn(R, N, device="cuda").bfloat16().float()
+        nv = torch.full((R,), N, dtype=torch.int32, device="cuda")
+        per_kernel(f"top-k {R}x{N} k={k}", lambda: KI._topk_engine(x, nv, k, sync=False))
+    for R in (64, 1024):
+        x = torch.randn(R, 1 << 18, device="cuda").bfloat16().float()
+        lens = torch.full((R,), 1 << 18, dtype=torch.int32, device="cuda")
+        per_kernel(f"block select [{R}, 262144]", lambda: KP._candidate_blocks(x, lens, 2048, 8, sync=False))
+    del x
     g = torch.Generator(device="cuda").manual_seed(3)
     d = decode_inputs(torch, 1 << 18, g)
     for name, sync in (("eager, sync-free", False), ("eager, read-backs", True)):
