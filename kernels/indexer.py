@@ -839,7 +839,9 @@ def _filter_config(R: int, N: int, k: int, blocks=None) -> FilterTune:
         tune = FilterTune(block=1024, ch=2048, run=1, prefetch=True, warps=4, sub=256,
                           threshold_warps=4, select_warps=4)
     else:
-        block = 2048   # 48 registers: 5 programs of 8 warps an SM, 2 tiles each in flight
+        # 48 registers: 5 programs of 8 warps an SM, 2 tiles each in flight; many rows: tiles of
+        # 1024 (the 11-30 sweep: 1.10x at 1024x64K, 1.12x at block selection [1024, 262144])
+        block = 1024 if R > 132 else 2048
         ch = max(block, min(65536, triton.next_power_of_2(max(1, R * N // 1024))))
         G, cap = _filter_plan(N, k, block, None, None) or (block, 0)
         if R > 132:  # more rows than SMs: small per-row programs, many resident an SM
@@ -1010,15 +1012,16 @@ def _threshold_kernel(gmax_ptr, len_ptr, thr_ptr, count_ptr, N, M, k, G, SUB: tl
 
 @triton.jit
 def _select_kernel(cand_key_ptr, cand_pos_ptr, count_ptr, remap_ptr, scratch_ptr, out_ptr,
-                   k, out_stride, remap_stride, W, block, CAP: tl.constexpr, K_PAD: tl.constexpr,
+                   k, out_stride, remap_stride, W, block, NW, CAP: tl.constexpr, K_PAD: tl.constexpr,
                    SUB: tl.constexpr, BINS: tl.constexpr, BY_SCORE: tl.constexpr,
                    REMAP: tl.constexpr, MASK_BLOCK: tl.constexpr, POS_24: tl.constexpr):
     """Exact top-k among a row's candidates (in any order), read SUB at a time: the k-th key K by
     8-bit digits, and when the keys equal to K straddle the k-th place, the last position P taken
     among them (lowest first) by digits of the reversed position; the chosen are key > K, or key
     = K and position <= P.  Or flag[r] = 1 when the candidates did not fit (count[r, 1] = 1; then
-    nothing is written).  Output: positions ascending, or (score desc, position asc), through a
-    scratch row of the chosen and a sort; or the chosen blocks' mask."""
+    nothing is written).  Output: positions ascending (through a bitmap of NW words, no sort), or
+    (score desc, position asc) through a scratch row of the chosen and a sort; or the chosen
+    blocks' mask."""
     row = tl.program_id(0)
     total = tl.load(count_ptr + 2 * row)
     if total > CAP:
@@ -1049,61 +1052,129 @@ def _select_kernel(cand_key_ptr, cand_pos_ptr, count_ptr, remap_ptr, scratch_ptr
         if need == 0:
             kth = tl.zeros((), tl.uint32) + 0xFFFFFFFF
             last = tl.zeros((), tl.int32) - 1
-        written = tl.zeros((), tl.int32)
-        s = 0
-        while s < total:  # the chosen, compacted into the scratch row (or marked, for blocks)
-            i = s + tl.arange(0, SUB)
-            ok = i < total
-            key = tl.load(ck + i, mask=ok, other=0).to(tl.uint32, bitcast=True)
-            pos = tl.load(cp + i, mask=ok, other=0)
-            sel = ok & ((key > kth) | ((key == kth) & (pos <= last)))
-            if MASK_BLOCK > 0:  # candidate_blocks: chosen block p marks positions [p*B, p*B+B) of W
-                jj = tl.arange(0, MASK_BLOCK)
-                p = pos[:, None] * block + jj[None, :]
-                tl.store(out_ptr + row * out_stride + p, tl.full((SUB, MASK_BLOCK), 1, tl.int8),
-                         mask=sel[:, None] & (jj[None, :] < block) & (p < W))
-            else:
-                slot = written + tl.cumsum(sel.to(tl.int32), axis=0) - 1
-                if BY_SCORE:
-                    val = ((key.to(tl.int64) - 0x80000000) << 32) | (0xFFFFFFFF - pos.to(tl.int64))
-                else:
-                    val = pos
-                tl.store(scratch_ptr + row * K_PAD + slot, val, mask=sel)
-                written += tl.sum(sel.to(tl.int32), axis=0)
-            s += SUB
-        if MASK_BLOCK == 0:
-            tl.debug_barrier()
-            _emit_sorted(scratch_ptr, remap_ptr, out_ptr, row, written, k, out_stride, remap_stride,
-                         K_PAD, BY_SCORE, REMAP)
+        if MASK_BLOCK > 0:
+            _mark_blocks(ck, cp, total, kth, last, row, out_ptr, out_stride, W, block, SUB, MASK_BLOCK)
+        elif BY_SCORE:
+            _emit_by_score(ck, cp, total, kth, last, row, scratch_ptr, remap_ptr, out_ptr, k,
+                           out_stride, remap_stride, SUB, K_PAD, REMAP)
+        else:
+            _emit_by_bitmap(ck, cp, total, kth, last, row, scratch_ptr, remap_ptr, out_ptr, k, NW,
+                            out_stride, remap_stride, SUB, REMAP)
 
 
 @triton.jit
-def _emit_sorted(scratch_ptr, remap_ptr, out_ptr, row, n_sel, k, out_stride, remap_stride,
-                 K_PAD: tl.constexpr, BY_SCORE: tl.constexpr, REMAP: tl.constexpr):
-    """out[row] = the n_sel chosen of the scratch row, positions ascending (int32 values) or by
-    (score desc, position asc) (int64 composites, distinct), optionally remapped; -1 up to k."""
+def _mark_blocks(ck, cp, total, kth, last, row, out_ptr, out_stride, W, block, SUB: tl.constexpr,
+                 MASK_BLOCK: tl.constexpr):
+    """candidate_blocks: each chosen block p marks positions [p*block, p*block + block) of W."""
+    jj = tl.arange(0, MASK_BLOCK)
+    s = 0
+    while s < total:
+        sel, pos = _chosen(ck, cp, s + tl.arange(0, SUB), total, kth, last)
+        p = pos[:, None] * block + jj[None, :]
+        tl.store(out_ptr + row * out_stride + p, tl.full((SUB, MASK_BLOCK), 1, tl.int8),
+                 mask=sel[:, None] & (jj[None, :] < block) & (p < W))
+        s += SUB
+
+
+@triton.jit
+def _emit_by_score(ck, cp, total, kth, last, row, scratch_ptr, remap_ptr, out_ptr, k, out_stride,
+                   remap_stride, SUB: tl.constexpr, K_PAD: tl.constexpr, REMAP: tl.constexpr):
+    """out[row] = the chosen by (score desc, position asc), -1 up to k: their int64 composites
+    (distinct) compacted into the scratch row, then sorted."""
+    written = tl.zeros((), tl.int32)
+    s = 0
+    while s < total:
+        i = s + tl.arange(0, SUB)
+        sel, pos = _chosen(ck, cp, i, total, kth, last)
+        key = tl.load(ck + i, mask=sel, other=0).to(tl.uint32, bitcast=True)
+        slot = written + tl.cumsum(sel.to(tl.int32), axis=0) - 1
+        comp = ((key.to(tl.int64) - 0x80000000) << 32) | (0xFFFFFFFF - pos.to(tl.int64))
+        tl.store(scratch_ptr + row * K_PAD + slot, comp, mask=sel)
+        written += tl.sum(sel.to(tl.int32), axis=0)
+        s += SUB
+    tl.debug_barrier()
     kk = tl.arange(0, K_PAD)
-    sel = kk < n_sel
-    if BY_SCORE:
-        comp = tl.load(scratch_ptr + row * K_PAD + kk, mask=sel, other=-0x7FFFFFFFFFFFFFFF - 1)
-        if K_PAD <= 256:  # rank by counting
-            slot = tl.sum((comp[None, :] > comp[:, None]).to(tl.int32), axis=1)
-        else:
-            comp = tl.sort(comp, descending=True)
-            slot = kk
-        pos = (0xFFFFFFFF - (comp & 0xFFFFFFFF)).to(tl.int32)
+    chosen = kk < written
+    comp = tl.load(scratch_ptr + row * K_PAD + kk, mask=chosen, other=-0x7FFFFFFFFFFFFFFF - 1)
+    if K_PAD <= 256:  # rank by counting
+        slot = tl.sum((comp[None, :] > comp[:, None]).to(tl.int32), axis=1)
     else:
-        pos = tl.load(scratch_ptr + row * K_PAD + kk, mask=sel, other=0x7FFFFFFF)
-        if K_PAD <= 256:
-            slot = tl.sum((pos[None, :] < pos[:, None]).to(tl.int32), axis=1)
-        else:
-            pos = tl.sort(pos)
-            slot = kk
+        comp = tl.sort(comp, descending=True)
+        slot = kk
+    pos = (0xFFFFFFFF - (comp & 0xFFFFFFFF)).to(tl.int32)
     if REMAP:
-        pos = tl.load(remap_ptr + row * remap_stride + pos, mask=sel, other=0)
-    tl.store(out_ptr + row * out_stride + slot, pos.to(tl.int64), mask=sel)
+        pos = tl.load(remap_ptr + row * remap_stride + pos, mask=chosen, other=0)
+    tl.store(out_ptr + row * out_stride + slot, pos.to(tl.int64), mask=chosen)
     tl.store(out_ptr + row * out_stride + kk, tl.full((K_PAD,), -1, tl.int64),
-             mask=(kk >= n_sel) & (kk < k))
+             mask=(kk >= written) & (kk < k))
+
+
+@triton.jit
+def _popcount(v):
+    """Set bits of each uint32 (SWAR: the same integer steps on the GPU and in the interpreter)."""
+    v = v - ((v >> 1) & 0x55555555)
+    v = (v & 0x33333333) + ((v >> 2) & 0x33333333)
+    v = (v + (v >> 4)) & 0x0F0F0F0F
+    return ((v * 0x01010101) >> 24).to(tl.int32)
+
+
+@triton.jit
+def _chosen(ck, cp, i, total, kth, last):
+    """The candidates i (< total) that the select keeps: key > K, or key = K at position <= P."""
+    ok = i < total
+    key = tl.load(ck + i, mask=ok, other=0).to(tl.uint32, bitcast=True)
+    pos = tl.load(cp + i, mask=ok, other=0)
+    return ok & ((key > kth) | ((key == kth) & (pos <= last))), pos
+
+
+@triton.jit
+def _emit_by_bitmap(ck, cp, total, kth, last, row, scratch_ptr, remap_ptr, out_ptr, k, NW,
+                    out_stride, remap_stride, SUB: tl.constexpr, REMAP: tl.constexpr):
+    """out[row] = the chosen positions ascending, -1 up to k, without sorting them: each chosen
+    position p sets bit p of a bitmap (the scratch row's first NW words), an exclusive scan of the
+    words' popcounts (its next NW words) gives the rank of each word's first chosen bit, and p goes
+    to that rank plus the chosen bits below it in its word.  (The bitmap is read back from L2,
+    .cg: the atomics that set it are performed there.)"""
+    bits = scratch_ptr + row.to(tl.int64) * (2 * NW)
+    first = bits + NW
+    s = 0
+    while s < NW:
+        i = s + tl.arange(0, SUB)
+        tl.store(bits + i, tl.zeros((SUB,), tl.int32), mask=i < NW)
+        s += SUB
+    tl.debug_barrier()
+    s = 0
+    while s < total:
+        sel, pos = _chosen(ck, cp, s + tl.arange(0, SUB), total, kth, last)
+        bit = tl.full((SUB,), 1, tl.uint32) << (pos & 31).to(tl.uint32)
+        tl.atomic_or(bits + (pos >> 5), bit.to(tl.int32, bitcast=True), mask=sel, sem="relaxed")
+        s += SUB
+    tl.debug_barrier()
+    n_sel = tl.zeros((), tl.int32)
+    s = 0
+    while s < NW:
+        i = s + tl.arange(0, SUB)
+        word = tl.load(bits + i, mask=i < NW, other=0, cache_modifier=".cg")
+        c = _popcount(word.to(tl.uint32, bitcast=True))
+        tl.store(first + i, n_sel + tl.cumsum(c, axis=0) - c, mask=i < NW)
+        n_sel += tl.sum(c, axis=0)
+        s += SUB
+    tl.debug_barrier()
+    s = 0
+    while s < total:
+        sel, pos = _chosen(ck, cp, s + tl.arange(0, SUB), total, kth, last)
+        word = tl.load(bits + (pos >> 5), mask=sel, other=0, cache_modifier=".cg")
+        below = word.to(tl.uint32, bitcast=True) & ((tl.full((SUB,), 1, tl.uint32) << (pos & 31).to(tl.uint32)) - 1)
+        rank = tl.load(first + (pos >> 5), mask=sel, other=0, cache_modifier=".cg") + _popcount(below)
+        if REMAP:
+            pos = tl.load(remap_ptr + row * remap_stride + pos, mask=sel, other=0)
+        tl.store(out_ptr + row * out_stride + rank, pos.to(tl.int64), mask=sel)
+        s += SUB
+    s = n_sel
+    while s < k:
+        i = s + tl.arange(0, SUB)
+        tl.store(out_ptr + row * out_stride + i, tl.full((SUB,), -1, tl.int64), mask=i < k)
+        s += SUB
 
 
 def _filter_plan(N: int, k: int, block: int, group: int | None, cap: int | None):
@@ -1185,11 +1256,12 @@ def _topk_filter(x, n_valid, k: int, out, *, by_score: bool, drop_neg_inf: bool,
     _filter_kernel[(R, nc)](x, n_valid, thr, cand_key, cand_pos, count, N, x.stride(0), tune.ch,
                             cap, BLOCK=tune.block, RUN=tune.run, PREFETCH=tune.prefetch,
                             DROP_NEG_INF=drop_neg_inf, num_warps=tune.warps)
-    scratch = torch.empty((R, k_pad) if not mask else (1,),
+    nw = triton.cdiv(N, 32)   # bitmap words of the position-order emit
+    scratch = torch.empty((1,) if mask else (R, k_pad) if by_score else (R, 2 * nw),
                           dtype=torch.int64 if by_score else torch.int32, device=dev)
     _select_kernel[(R,)](cand_key, cand_pos, count, cand_pos if remap is None else remap,
                          scratch, out, k, out.stride(0), 0 if remap is None else remap.stride(0),
-                         out.shape[1] if mask else 0, mask_block, CAP=cap, K_PAD=k_pad,
+                         out.shape[1] if mask else 0, mask_block, nw, CAP=cap, K_PAD=k_pad,
                          SUB=min(tune.sub, cap), BINS=_DIGIT, POS_24=N <= 1 << 24,
                          BY_SCORE=by_score, REMAP=remap is not None,
                          MASK_BLOCK=_pow2(mask_block) if mask else 0,
