@@ -443,6 +443,12 @@ def run_reindex(torch, KP, rep, ceil, quick, skip_torch):
     validity = topk_validity(torch, full, vis, out, k, "position", tol=1.0)
     validity += "" if in_pool else "; OUTSIDE THE POOL"
     t = bench(lambda: KP._reindex_topk(q, kc, w, KP._gather_pool(pool, vis, width), k), rep)
+    g_re, g_out = capture(torch, lambda: KP._reindex_topk(q, kc, w, KP._gather_pool(pool, vis, width), k,
+                                                          sync=False))
+    g_re.replay()
+    tg = bench(g_re.replay, rep) * 1e6 if torch.equal(g_out, out) else None
+    if tg is None:
+        validity = "INVALID graph replay; " + validity
     tt = None
     if not skip_torch:
         def naive():  # gather the pool's K rows, per-head bf16 matmul, top-k, sort
@@ -452,7 +458,7 @@ def run_reindex(torch, KP, rep, ceil, quick, skip_torch):
         tt = bench(naive, rep)
     nbytes = T * width * (D * 2 + 4)   # K rows gathered + pool scores written
     return [dict(case=f"re-index top-{k} in a {width}-position pool (T={T}, S={S}, H={H})",
-                 kernel_us=t * 1e6, torch_us=tt and tt * 1e6, TBps=nbytes / t / 1e12,
+                 kernel_us=t * 1e6, graph_us=tg, torch_us=tt and tt * 1e6, TBps=nbytes / t / 1e12,
                  vs_torch=tt and tt / t, vs_ceiling=nbytes / t / 1e12 / ceil["copy_TBps"],
                  validity=validity)]
 

@@ -256,7 +256,7 @@ def main(argv=None):
     props = torch.cuda.get_device_properties(0)
     result = {"device": props.name, "sms": props.multi_processor_count,
               "torch": torch.__version__, "triton": triton.__version__,
-              "python": platform.python_version(), "config": dict(K.GPU_CONFIG),
+              "python": platform.python_version(), "config": dict(K.GPU_CONFIG, **{op: dict(c) for op, c in K.GPU_OP_CONFIG.items()}),
               "date": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": []}
 
     # the ceiling: device-to-device copy
@@ -372,7 +372,8 @@ def sweep(torch, K, bench, copy_bw, shape):
     """Time the quantizers and dequantizers over a few launch configurations."""
     x = make_input(torch, shape, torch.bfloat16, seed=7)
     n = x.numel()
-    saved = dict(K.GPU_CONFIG)
+    saved, saved_ops = dict(K.GPU_CONFIG), dict(K.GPU_OP_CONFIG)
+    K.GPU_OP_CONFIG.clear()   # every kernel at the swept configuration
     out = []
     for elements in (2048, 4096, 8192, 16384):
         for warps in (2, 4, 8):
@@ -391,6 +392,7 @@ def sweep(torch, K, bench, copy_bw, shape):
             print("sweep", entry)
     K.GPU_CONFIG.clear()
     K.GPU_CONFIG.update(saved)
+    K.GPU_OP_CONFIG.update(saved_ops)
     return out
 
 

@@ -799,6 +799,11 @@ def _topk_radix_rows(x: torch.Tensor, n_valid: torch.Tensor, k: int, flag: torch
 
 _MAX_GROUPS = 16384        # group maxima a row may have (more: the radix engine serves it)
 _DIGIT = 256               # 8-bit digits
+# The position order comes from a bitmap of the row (one program scans its N/32 words) where that
+# is at most 4 words a pick, else from tl.sort of the picks.  H200, 12-01: 1x65536 and 1x262144,
+# k 2048: 64 / 67 us by bitmap against 73 / 75 by sort; 1x1M k 2048: 76 both; 1x1M k 512 (64
+# words a pick): 50 against 29.
+_BITMAP_WORDS_PER_PICK = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1014,14 +1019,15 @@ def _threshold_kernel(gmax_ptr, len_ptr, thr_ptr, count_ptr, N, M, k, G, SUB: tl
 def _select_kernel(cand_key_ptr, cand_pos_ptr, count_ptr, remap_ptr, scratch_ptr, out_ptr,
                    k, out_stride, remap_stride, W, block, NW, CAP: tl.constexpr, K_PAD: tl.constexpr,
                    SUB: tl.constexpr, BINS: tl.constexpr, BY_SCORE: tl.constexpr,
-                   REMAP: tl.constexpr, MASK_BLOCK: tl.constexpr, POS_24: tl.constexpr):
+                   REMAP: tl.constexpr, MASK_BLOCK: tl.constexpr, POS_24: tl.constexpr,
+                   BITMAP: tl.constexpr):
     """Exact top-k among a row's candidates (in any order), read SUB at a time: the k-th key K by
     8-bit digits, and when the keys equal to K straddle the k-th place, the last position P taken
     among them (lowest first) by digits of the reversed position; the chosen are key > K, or key
     = K and position <= P.  Or flag[r] = 1 when the candidates did not fit (count[r, 1] = 1; then
-    nothing is written).  Output: positions ascending (through a bitmap of NW words, no sort), or
-    (score desc, position asc) through a scratch row of the chosen and a sort; or the chosen
-    blocks' mask."""
+    nothing is written).  Output: positions ascending, through a bitmap of NW words (BITMAP) or a
+    scratch row of the chosen and a sort; (score desc, position asc) through the scratch row and a
+    sort; or the chosen blocks' mask."""
     row = tl.program_id(0)
     total = tl.load(count_ptr + 2 * row)
     if total > CAP:
@@ -1054,12 +1060,12 @@ def _select_kernel(cand_key_ptr, cand_pos_ptr, count_ptr, remap_ptr, scratch_ptr
             last = tl.zeros((), tl.int32) - 1
         if MASK_BLOCK > 0:
             _mark_blocks(ck, cp, total, kth, last, row, out_ptr, out_stride, W, block, SUB, MASK_BLOCK)
-        elif BY_SCORE:
-            _emit_by_score(ck, cp, total, kth, last, row, scratch_ptr, remap_ptr, out_ptr, k,
-                           out_stride, remap_stride, SUB, K_PAD, REMAP)
-        else:
+        elif BITMAP:
             _emit_by_bitmap(ck, cp, total, kth, last, row, scratch_ptr, remap_ptr, out_ptr, k, NW,
                             out_stride, remap_stride, SUB, REMAP)
+        else:
+            _emit_sorted(ck, cp, total, kth, last, row, scratch_ptr, remap_ptr, out_ptr, k,
+                         out_stride, remap_stride, SUB, K_PAD, BY_SCORE, REMAP)
 
 
 @triton.jit
@@ -1077,31 +1083,43 @@ def _mark_blocks(ck, cp, total, kth, last, row, out_ptr, out_stride, W, block, S
 
 
 @triton.jit
-def _emit_by_score(ck, cp, total, kth, last, row, scratch_ptr, remap_ptr, out_ptr, k, out_stride,
-                   remap_stride, SUB: tl.constexpr, K_PAD: tl.constexpr, REMAP: tl.constexpr):
-    """out[row] = the chosen by (score desc, position asc), -1 up to k: their int64 composites
-    (distinct) compacted into the scratch row, then sorted."""
+def _emit_sorted(ck, cp, total, kth, last, row, scratch_ptr, remap_ptr, out_ptr, k, out_stride,
+                 remap_stride, SUB: tl.constexpr, K_PAD: tl.constexpr, BY_SCORE: tl.constexpr,
+                 REMAP: tl.constexpr):
+    """out[row] = the chosen, positions ascending (int32 values) or by (score desc, position asc)
+    (int64 composites, distinct), -1 up to k: compacted into the scratch row, then sorted."""
     written = tl.zeros((), tl.int32)
     s = 0
     while s < total:
         i = s + tl.arange(0, SUB)
         sel, pos = _chosen(ck, cp, i, total, kth, last)
-        key = tl.load(ck + i, mask=sel, other=0).to(tl.uint32, bitcast=True)
         slot = written + tl.cumsum(sel.to(tl.int32), axis=0) - 1
-        comp = ((key.to(tl.int64) - 0x80000000) << 32) | (0xFFFFFFFF - pos.to(tl.int64))
-        tl.store(scratch_ptr + row * K_PAD + slot, comp, mask=sel)
+        if BY_SCORE:
+            key = tl.load(ck + i, mask=sel, other=0).to(tl.uint32, bitcast=True)
+            val = ((key.to(tl.int64) - 0x80000000) << 32) | (0xFFFFFFFF - pos.to(tl.int64))
+        else:
+            val = pos
+        tl.store(scratch_ptr + row * K_PAD + slot, val, mask=sel)
         written += tl.sum(sel.to(tl.int32), axis=0)
         s += SUB
     tl.debug_barrier()
     kk = tl.arange(0, K_PAD)
     chosen = kk < written
-    comp = tl.load(scratch_ptr + row * K_PAD + kk, mask=chosen, other=-0x7FFFFFFFFFFFFFFF - 1)
-    if K_PAD <= 256:  # rank by counting
-        slot = tl.sum((comp[None, :] > comp[:, None]).to(tl.int32), axis=1)
+    if BY_SCORE:
+        comp = tl.load(scratch_ptr + row * K_PAD + kk, mask=chosen, other=-0x7FFFFFFFFFFFFFFF - 1)
+        if K_PAD <= 256:  # rank by counting
+            slot = tl.sum((comp[None, :] > comp[:, None]).to(tl.int32), axis=1)
+        else:
+            comp = tl.sort(comp, descending=True)
+            slot = kk
+        pos = (0xFFFFFFFF - (comp & 0xFFFFFFFF)).to(tl.int32)
     else:
-        comp = tl.sort(comp, descending=True)
-        slot = kk
-    pos = (0xFFFFFFFF - (comp & 0xFFFFFFFF)).to(tl.int32)
+        pos = tl.load(scratch_ptr + row * K_PAD + kk, mask=chosen, other=0x7FFFFFFF)
+        if K_PAD <= 256:
+            slot = tl.sum((pos[None, :] < pos[:, None]).to(tl.int32), axis=1)
+        else:
+            pos = tl.sort(pos)
+            slot = kk
     if REMAP:
         pos = tl.load(remap_ptr + row * remap_stride + pos, mask=chosen, other=0)
     tl.store(out_ptr + row * out_stride + slot, pos.to(tl.int64), mask=chosen)
@@ -1256,15 +1274,16 @@ def _topk_filter(x, n_valid, k: int, out, *, by_score: bool, drop_neg_inf: bool,
     _filter_kernel[(R, nc)](x, n_valid, thr, cand_key, cand_pos, count, N, x.stride(0), tune.ch,
                             cap, BLOCK=tune.block, RUN=tune.run, PREFETCH=tune.prefetch,
                             DROP_NEG_INF=drop_neg_inf, num_warps=tune.warps)
-    nw = triton.cdiv(N, 32)   # bitmap words of the position-order emit
-    scratch = torch.empty((1,) if mask else (R, k_pad) if by_score else (R, 2 * nw),
+    nw = triton.cdiv(N, 32)   # the position-order bitmap's words: scanned, so only for short rows
+    bitmap = not (mask or by_score) and nw <= _BITMAP_WORDS_PER_PICK * k_pad
+    scratch = torch.empty((1,) if mask else (R, 2 * nw) if bitmap else (R, k_pad),
                           dtype=torch.int64 if by_score else torch.int32, device=dev)
     _select_kernel[(R,)](cand_key, cand_pos, count, cand_pos if remap is None else remap,
                          scratch, out, k, out.stride(0), 0 if remap is None else remap.stride(0),
                          out.shape[1] if mask else 0, mask_block, nw, CAP=cap, K_PAD=k_pad,
                          SUB=min(tune.sub, cap), BINS=_DIGIT, POS_24=N <= 1 << 24,
                          BY_SCORE=by_score, REMAP=remap is not None,
-                         MASK_BLOCK=_pow2(mask_block) if mask else 0,
+                         MASK_BLOCK=_pow2(mask_block) if mask else 0, BITMAP=bitmap,
                          num_warps=tune.select_warps)
     return count[:, 1]
 

@@ -222,7 +222,7 @@ def test_filter_tuning_rejects_what_cannot_tile():
     assert K._FILTER_OVERRIDE == {}, "filter_tuning restores the defaults"
 
 
-@pytest.mark.parametrize("order", ["position", "score"])
+@pytest.mark.parametrize("order", ["position", "position-bitmap", "score"])
 @pytest.mark.parametrize("rows", ["few_values", "equal", "relu_zero"])
 def test_topk_select_ignores_candidate_order(rows, order):
     """The select kernel gets its candidates in whatever order the atomics gave them: fed every
@@ -244,35 +244,38 @@ def test_topk_select_ignores_candidate_order(rows, order):
             cand_pos[r, :len(perm)] = perm.to(torch.int32)
         count = torch.stack([torch.from_numpy(case.visible).int(), torch.zeros(3, dtype=torch.int32)], 1).to(dev)
         out = torch.empty((3, case.k), dtype=torch.int64, device=dev)
-        nw = -(-200 // 32)   # bitmap words of the position-order emit
-        scratch = torch.empty((3, 32) if order == "score" else (3, 2 * nw),
-                              dtype=torch.int64 if order == "score" else torch.int32, device=dev)
+        nw = -(-200 // 32)   # bitmap words (2 * nw fit the scratch row of 32)
+        scratch = torch.empty((3, 32), dtype=torch.int64 if order == "score" else torch.int32, device=dev)
         K._select_kernel[(3,)](cand_key.to(dev), cand_pos.to(dev), count, cand_pos.to(dev),
                                scratch, out, case.k, out.stride(0), 0, 0, 0, nw, CAP=cap, K_PAD=32,
                                SUB=64, BINS=K._DIGIT, BY_SCORE=order == "score", REMAP=False,
-                               MASK_BLOCK=0, POS_24=seed != 0)   # (both tie-digit paths)
+                               MASK_BLOCK=0, POS_24=seed != 0,   # (both tie-digit paths)
+                               BITMAP=order == "position-bitmap")
         assert count[:, 1].cpu().tolist() == [0, 0, 0]
-        check_topk(out.cpu(), case, order, f"select, shuffle {seed}")
+        check_topk(out.cpu(), case, order.split("-")[0], f"select ({order}), shuffle {seed}")
 
 
-def test_topk_position_order_through_the_bitmap():
+@pytest.mark.parametrize("k, emit", [(200, "bitmap"), (30, "sort")])
+def test_topk_position_order_by_bitmap_and_by_sort(k, emit):
     """Position order comes from a bitmap of the chosen positions and a scan of its words'
-    popcounts, not a sort: 20000 positions are 625 words, scanned 256 at a time (the count carried
-    across steps).  Chosen positions share words (a run of the largest keys), sit in the last word,
-    tie at the k-th key across the row (the lowest 70 of ~160 ones win), and one row stops
-    mid-word."""
-    T, S_, k = 4, 20000, 70
+    popcounts where the row has at most 4 words a pick (20000 positions are 625 words, scanned 256
+    at a time: the count carried across steps), else from a sort of the picks.  Chosen positions
+    share words (a run of the largest keys), sit in the last word, tie at the k-th key across the
+    row (the lowest k of ~400 ones win), and one row stops mid-word."""
+    T, S_ = 4, 20000
+    words_per_pick = -(-S_ // 32) / K._pow2(k)
+    assert (words_per_pick <= K._BITMAP_WORDS_PER_PICK) == (emit == "bitmap")
     rng = np.random.default_rng(21)
     case = make_rows("normal", 21, T, S_, k)
     x = rng.standard_normal((T, S_))
     x[1, 9000:9050] += 10.0
     x[1, S_ - 3:] = 20.0
-    x[2] = rng.random(S_) < 0.008
+    x[2] = rng.random(S_) < 0.02
     case.scores = S.round_bf16(x)
     case.visible[:] = [S_, S_, S_, 12345]
-    got, flag = filtered(case, "position", None)
+    got, flag = filtered(case, "position", None, cap=1024)   # room for the ~400 tied ones
     assert flag.tolist() == [0] * T, f"rows redone by the radix engine: {flag.tolist()}"
-    check_topk(got, case, "position", "bitmap emit")
+    check_topk(got, case, "position", f"{emit} emit")
 
 
 def test_topk_threshold_filter_flags_what_it_cannot_hold():
@@ -737,11 +740,13 @@ COMPILE_SM90 = textwrap.dedent("""
             assert "bar.sync" not in c.asm["ptx"] and "convert_layout" not in c.asm["ttgir"], run
         select = {"cand_key_ptr": "*i32", "cand_pos_ptr": "*i32", "count_ptr": "*i32", "remap_ptr": "*i32",
                   **ints("k", "out_stride", "remap_stride", "W", "block", "NW")}
-        for t, by_score, scratch, out, mask in ((tune, False, "*i32", "*i64", 0), (tune, True, "*i64", "*i64", 0),
-                                                (short, False, "*i32", "*i64", 0), (short, False, "*i32", "*i8", 8)):
+        # 1M: sorted position order, score order; 64K rows: position order by bitmap, block mask
+        for t, by_score, scratch, out, mask, bitmap in (
+                (tune, False, "*i32", "*i64", 0, False), (tune, True, "*i64", "*i64", 0, False),
+                (short, False, "*i32", "*i64", 0, True), (short, False, "*i32", "*i8", 8, False)):
             build(K._select_kernel, dict(select, scratch_ptr=scratch, out_ptr=out), num_warps=t.select_warps,
                   CAP=CAP, K_PAD=2048, SUB=t.sub, BINS=K._DIGIT, BY_SCORE=by_score, REMAP=False,
-                  MASK_BLOCK=mask, POS_24=not by_score)
+                  MASK_BLOCK=mask, POS_24=not by_score, BITMAP=bitmap)
     else:
         # scores as the launchers pick them on a GPU: BF16 operands (MMA), fp32 (IEEE), FP4, gather
         for fp4, bf16, gather, dt in ((False, True, False, "bf16"), (False, False, False, "fp32"),

@@ -533,11 +533,11 @@ COMPILE_SM90 = textwrap.dedent("""
     from dsv4spec.kernels import quant as K
     assert not K.INTERPRETED
     E = K.GPU_CONFIG["elements_per_program"]
-    def build(kernel, signature, **constexprs):
+    def build(kernel, signature, op=None, **constexprs):   # op: the launch configuration's
         signature = dict(signature, **{name: "constexpr" for name in constexprs})
         src = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
         compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                                  options={"num_warps": K.GPU_CONFIG["num_warps"]})
+                                  options={"num_warps": K._num_warps(op)})
         assert len(compiled.asm["cubin"]) > 0
         print("compiled", kernel.fn.__name__, constexprs)
     for op, out in K.FORMAT_OUTPUTS.items():
@@ -554,14 +554,16 @@ COMPILE_SM90 = textwrap.dedent("""
         build(K._fp8_dequantize_kernel, {"q_ptr": "*u8", "s_ptr": "*u8", "y_ptr": "*fp32",
                                          "nblocks": "i32"}, **rows)
     for e4m3, block in ((True, 16), (False, 32)):
+        q_rows, dq_rows = K._rows_per_program(block, "fp4_quantize"), K._rows_per_program(block, "fp4_dequantize")
         build(K._fp4_quantize_kernel, {"x_ptr": "*fp32", "q_ptr": "*u8", "s_ptr": "*u8",
-                                       "nblocks": "i32"},
-              E4M3_SCALE=e4m3, BLOCK=block, ROWS=E // block, CLEAN_NAN=False)
+                                       "nblocks": "i32"}, "fp4_quantize",
+              E4M3_SCALE=e4m3, BLOCK=block, ROWS=q_rows, CLEAN_NAN=False)
         build(K._fp4_quantize_bf16_kernel, {"w_ptr": "*i32", "q_ptr": "*u8", "s_ptr": "*u8",
-                                            "nblocks": "i32"}, E4M3_SCALE=e4m3, BLOCK=block,
-              ROWS=E // block)
+                                            "nblocks": "i32"}, "fp4_quantize", E4M3_SCALE=e4m3, BLOCK=block,
+              ROWS=q_rows)
         build(K._fp4_dequantize_kernel, {"q_ptr": "*u8", "s_ptr": "*u8", "y_ptr": "*fp32",
-                                         "nblocks": "i32"}, E4M3_SCALE=e4m3, BLOCK=block, ROWS=E // block)
+                                         "nblocks": "i32"}, "fp4_dequantize", E4M3_SCALE=e4m3, BLOCK=block,
+              ROWS=dq_rows)
     build(K._pack_kernel, {"c_ptr": "*u8", "p_ptr": "*u8", "npairs": "i32"}, N=4096)
     build(K._unpack_kernel, {"p_ptr": "*u8", "c_ptr": "*u8", "nbytes": "i32"}, N=4096)
 """)
