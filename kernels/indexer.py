@@ -790,8 +790,10 @@ def _topk_radix_rows(x: torch.Tensor, n_valid: torch.Tensor, k: int, flag: torch
 # that lets through about 1.1 k keys of random data.  One streaming pass appends the keys >= t to
 # the row's candidates (slots reserved per candidate or per run of positions by atomic adds; the
 # tile keeps one register layout, so no warp waits for another), and one program per row finds
-# the exact k-th key K among them by 8-bit digits and, when keys equal to K straddle the k-th
-# place, the last position taken among them by digits of the position.  Threshold and select read
+# the exact k-th key K among them (its top 16 bits by one histogram relative to t's, which the
+# candidates' span fits for all but clustered data; 8-bit digits otherwise) and, when keys equal
+# to K straddle the k-th place, the last position taken among them by digits of the position.
+# The chosen leave in position order through a bitmap of the row, or a sort.  Threshold and select read
 # their lists SUB entries a pass (8-bit histograms, a few scalars carried), so a program is small
 # and many share an SM when rows are many and short.  The result depends only on the candidate
 # set, never on the slot order: deterministic.  Rows whose candidates overflow the cap (heavy
@@ -998,6 +1000,31 @@ def _digit_pass(key_ptr, pos_ptr, n, prefix, need, key_eq, LO: tl.constexpr, BY_
 
 
 @triton.jit
+def _top16_pass(key_ptr, n, base, need, SUB: tl.constexpr, BINS: tl.constexpr):
+    """The top 16 bits of the need-th largest of n keys that are all >= base << 16, by one
+    histogram of (key >> 16) - base whose last bin takes everything from base + BINS - 1 up.
+    Returns (those 16 bits, or -1 when the need-th key falls in the last bin; need minus the keys
+    above it; how many keys share its 16 bits; the largest low 16 bits of any key)."""
+    h = tl.zeros((BINS,), tl.int32)
+    low = tl.zeros((), tl.uint32)
+    s = 0
+    while s < n:
+        i = s + tl.arange(0, SUB)
+        ok = i < n
+        key = tl.load(key_ptr + i, mask=ok, other=0).to(tl.uint32, bitcast=True)
+        h += tl.histogram(tl.minimum((key >> 16) - base, BINS - 1).to(tl.int32), BINS, mask=ok)
+        low = tl.maximum(low, tl.max(tl.where(ok, key & 0xFFFF, 0), axis=0))
+        s += SUB
+    b = tl.arange(0, BINS)
+    ge = tl.cumsum(h, axis=0, reverse=True)
+    bnd = tl.max(tl.where(ge.to(tl.int64) >= need, b, -1), axis=0)
+    above = tl.sum(tl.where(b > bnd, h, 0), axis=0).to(tl.int64)
+    tied = tl.sum(tl.where(b == bnd, h, 0), axis=0).to(tl.int64)
+    top = tl.where(bnd < BINS - 1, base.to(tl.int32) + bnd, -1)
+    return top, need - above, tied, low
+
+
+@triton.jit
 def _threshold_kernel(gmax_ptr, len_ptr, thr_ptr, count_ptr, N, M, k, G, SUB: tl.constexpr,
                       BINS: tl.constexpr):
     """thr[r] = the k-th largest group maximum with its low 16 bits cleared (uint32 bits); 1
@@ -1016,13 +1043,14 @@ def _threshold_kernel(gmax_ptr, len_ptr, thr_ptr, count_ptr, N, M, k, G, SUB: tl
 
 
 @triton.jit
-def _select_kernel(cand_key_ptr, cand_pos_ptr, count_ptr, remap_ptr, scratch_ptr, out_ptr,
+def _select_kernel(cand_key_ptr, cand_pos_ptr, count_ptr, thr_ptr, remap_ptr, scratch_ptr, out_ptr,
                    k, out_stride, remap_stride, W, block, NW, CAP: tl.constexpr, K_PAD: tl.constexpr,
                    SUB: tl.constexpr, BINS: tl.constexpr, BY_SCORE: tl.constexpr,
                    REMAP: tl.constexpr, MASK_BLOCK: tl.constexpr, POS_24: tl.constexpr,
                    BITMAP: tl.constexpr):
-    """Exact top-k among a row's candidates (in any order), read SUB at a time: the k-th key K by
-    8-bit digits, and when the keys equal to K straddle the k-th place, the last position P taken
+    """Exact top-k among a row's candidates (in any order, every key >= thr[r]), read SUB at a
+    time: the k-th key K by one histogram of its top 16 bits relative to thr's (two 8-bit digits
+    where the span is too wide), two more digits when keys have low bits (fp32), and when the keys equal to K straddle the k-th place, the last position P taken
     among them (lowest first) by digits of the reversed position; the chosen are key > K, or key
     = K and position <= P.  Or flag[r] = 1 when the candidates did not fit (count[r, 1] = 1; then
     nothing is written).  Output: positions ascending, through a bitmap of NW words (BITMAP) or a
@@ -1036,9 +1064,14 @@ def _select_kernel(cand_key_ptr, cand_pos_ptr, count_ptr, remap_ptr, scratch_ptr
         ck = cand_key_ptr + row * CAP
         cp = cand_pos_ptr + row * CAP
         need = tl.minimum(total, k).to(tl.int64)
-        kth = tl.zeros((), tl.uint32)
-        kth, rem, tied, _, _ = _digit_pass(ck, cp, total, kth, need, kth, 24, False, SUB, BINS)
-        kth, rem, tied, low, _ = _digit_pass(ck, cp, total, kth, rem, kth, 16, False, SUB, BINS)
+        base = tl.load(thr_ptr + row).to(tl.uint32, bitcast=True) >> 16
+        top, rem, tied, low = _top16_pass(ck, total, base, need, SUB, BINS)
+        if top < 0:  # the k-th key lies beyond the histogram's span: two digits from scratch
+            kth = tl.zeros((), tl.uint32)
+            kth, rem, tied, _, _ = _digit_pass(ck, cp, total, kth, need, kth, 24, False, SUB, BINS)
+            kth, rem, tied, low, _ = _digit_pass(ck, cp, total, kth, rem, kth, 16, False, SUB, BINS)
+        else:
+            kth = top.to(tl.uint32)
         if low != 0:
             kth, rem, tied, _, _ = _digit_pass(ck, cp, total, kth, rem, kth, 8, False, SUB, BINS)
             kth, rem, tied, _, _ = _digit_pass(ck, cp, total, kth, rem, kth, 0, False, SUB, BINS)
@@ -1278,7 +1311,7 @@ def _topk_filter(x, n_valid, k: int, out, *, by_score: bool, drop_neg_inf: bool,
     bitmap = not (mask or by_score) and nw <= _BITMAP_WORDS_PER_PICK * k_pad
     scratch = torch.empty((1,) if mask else (R, 2 * nw) if bitmap else (R, k_pad),
                           dtype=torch.int64 if by_score else torch.int32, device=dev)
-    _select_kernel[(R,)](cand_key, cand_pos, count, cand_pos if remap is None else remap,
+    _select_kernel[(R,)](cand_key, cand_pos, count, thr, cand_pos if remap is None else remap,
                          scratch, out, k, out.stride(0), 0 if remap is None else remap.stride(0),
                          out.shape[1] if mask else 0, mask_block, nw, CAP=cap, K_PAD=k_pad,
                          SUB=min(tune.sub, cap), BINS=_DIGIT, POS_24=N <= 1 << 24,

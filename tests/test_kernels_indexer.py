@@ -246,7 +246,11 @@ def test_topk_select_ignores_candidate_order(rows, order):
         out = torch.empty((3, case.k), dtype=torch.int64, device=dev)
         nw = -(-200 // 32)   # bitmap words (2 * nw fit the scratch row of 32)
         scratch = torch.empty((3, 32), dtype=torch.int64 if order == "score" else torch.int32, device=dev)
-        K._select_kernel[(3,)](cand_key.to(dev), cand_pos.to(dev), count, cand_pos.to(dev),
+        # every key >= thr: the lowest key's top 16 bits (few_values, equal: within the relative
+        # histogram's span; relu_zero's +0 to the largest score: beyond it, the 8-bit digits)
+        low16 = torch.where(cand_key != 0, cand_key.to(torch.int64) & 0xFFFFFFFF, 1 << 32)
+        thr = (low16.amin(1) & 0xFFFF0000).to(torch.int32)      # wraps to the same bits
+        K._select_kernel[(3,)](cand_key.to(dev), cand_pos.to(dev), count, thr.to(dev), cand_pos.to(dev),
                                scratch, out, case.k, out.stride(0), 0, 0, 0, nw, CAP=cap, K_PAD=32,
                                SUB=64, BINS=K._DIGIT, BY_SCORE=order == "score", REMAP=False,
                                MASK_BLOCK=0, POS_24=seed != 0,   # (both tie-digit paths)
@@ -738,7 +742,8 @@ COMPILE_SM90 = textwrap.dedent("""
             # as launched on 16-aligned rows, the tile keeps one layout: no conversion through
             # shared memory, no barrier (vector loads would bring both back)
             assert "bar.sync" not in c.asm["ptx"] and "convert_layout" not in c.asm["ttgir"], run
-        select = {"cand_key_ptr": "*i32", "cand_pos_ptr": "*i32", "count_ptr": "*i32", "remap_ptr": "*i32",
+        select = {"cand_key_ptr": "*i32", "cand_pos_ptr": "*i32", "count_ptr": "*i32", "thr_ptr": "*i32",
+                  "remap_ptr": "*i32",
                   **ints("k", "out_stride", "remap_stride", "W", "block", "NW")}
         # 1M: sorted position order, score order; 64K rows: position order by bitmap, block mask
         for t, by_score, scratch, out, mask, bitmap in (
