@@ -461,9 +461,10 @@ def _unpack_kernel(p_ptr, c_ptr, nbytes, N: tl.constexpr):
 
 # Elements per program and warps on the GPU, and the FP4 kernels' own (bench/bench_quant.py
 # --sweep on the H200, 12-01, 1M x 128 BF16: FP4 dequantize -> BF16 82 / 85 % of copy at 4096 and
-# 4 warps, 87 / 89 % at 8192 and 2; FP4 quantize 71 / 76 % -> 74 / 79 % at 8192 and 4).
+# 4 warps, 87 / 89 % at 8192 and 2; FP4 quantize of BF16 71 / 76 % -> 74 / 79 % at 8192 and 4.
+# The fp32-input FP4 quantize keeps the default: 8192 made it slower, 54 -> 66 us at 64 MB).
 GPU_CONFIG = {"elements_per_program": 4096, "num_warps": 4}
-GPU_OP_CONFIG = {"fp4_quantize": {"elements_per_program": 8192},
+GPU_OP_CONFIG = {"fp4_quantize_bf16": {"elements_per_program": 8192},
                  "fp4_dequantize": {"elements_per_program": 8192, "num_warps": 2}}
 
 
@@ -557,15 +558,15 @@ def fp4_quantize_device(x: torch.Tensor, e4m3_scale: bool):
     q = torch.empty(x.shape[:-1] + (x.shape[-1] // 2,), dtype=torch.uint8, device=x.device)
     s = torch.empty(x.shape[:-1] + (x.shape[-1] // block,), dtype=torch.uint8, device=x.device)
     if nblocks and x.dtype == torch.bfloat16:  # two elements a 32-bit word
-        rows = _rows_per_program(block, "fp4_quantize")
+        rows = _rows_per_program(block, "fp4_quantize_bf16")
         _fp4_quantize_bf16_kernel[_grid(nblocks, rows)](
             x.view(torch.int32), q, s, nblocks, E4M3_SCALE=e4m3_scale, BLOCK=block, ROWS=rows,
-            num_warps=_num_warps("fp4_quantize"))
+            num_warps=_num_warps("fp4_quantize_bf16"))
     elif nblocks:
-        rows = _rows_per_program(block, "fp4_quantize")
+        rows = _rows_per_program(block)
         _fp4_quantize_kernel[_grid(nblocks, rows)](
             x, q, s, nblocks, E4M3_SCALE=e4m3_scale, BLOCK=block, ROWS=rows,
-            CLEAN_NAN=INTERPRETED, num_warps=_num_warps("fp4_quantize"))
+            CLEAN_NAN=INTERPRETED, num_warps=_num_warps())
     return q, s
 
 

@@ -554,12 +554,12 @@ COMPILE_SM90 = textwrap.dedent("""
         build(K._fp8_dequantize_kernel, {"q_ptr": "*u8", "s_ptr": "*u8", "y_ptr": "*fp32",
                                          "nblocks": "i32"}, **rows)
     for e4m3, block in ((True, 16), (False, 32)):
-        q_rows, dq_rows = K._rows_per_program(block, "fp4_quantize"), K._rows_per_program(block, "fp4_dequantize")
+        q_rows, dq_rows = K._rows_per_program(block, "fp4_quantize_bf16"), K._rows_per_program(block, "fp4_dequantize")
         build(K._fp4_quantize_kernel, {"x_ptr": "*fp32", "q_ptr": "*u8", "s_ptr": "*u8",
-                                       "nblocks": "i32"}, "fp4_quantize",
-              E4M3_SCALE=e4m3, BLOCK=block, ROWS=q_rows, CLEAN_NAN=False)
+                                       "nblocks": "i32"},
+              E4M3_SCALE=e4m3, BLOCK=block, ROWS=E // block, CLEAN_NAN=False)
         build(K._fp4_quantize_bf16_kernel, {"w_ptr": "*i32", "q_ptr": "*u8", "s_ptr": "*u8",
-                                            "nblocks": "i32"}, "fp4_quantize", E4M3_SCALE=e4m3, BLOCK=block,
+                                            "nblocks": "i32"}, "fp4_quantize_bf16", E4M3_SCALE=e4m3, BLOCK=block,
               ROWS=q_rows)
         build(K._fp4_dequantize_kernel, {"q_ptr": "*u8", "s_ptr": "*u8", "y_ptr": "*fp32",
                                          "nblocks": "i32"}, "fp4_dequantize", E4M3_SCALE=e4m3, BLOCK=block,
