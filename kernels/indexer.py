@@ -991,11 +991,7 @@ def _digit_pass(key_ptr, pos_ptr, n, prefix, need, key_eq, LO: tl.constexpr, BY_
         if LO > 0:
             low = tl.maximum(low, tl.max(tl.where(ok, v & ((1 << LO) - 1), 0), axis=0))
         s += SUB
-    b = tl.arange(0, BINS)
-    ge = tl.cumsum(h, axis=0, reverse=True)
-    bnd = tl.max(tl.where(ge.to(tl.int64) >= need, b, -1), axis=0)
-    above = tl.sum(tl.where(b > bnd, h, 0), axis=0).to(tl.int64)
-    h_b = tl.sum(tl.where(b == bnd, h, 0), axis=0).to(tl.int64)
+    bnd, h_b, above = _boundary_bin(h, need, BINS)
     return (prefix.to(tl.uint32) << 8) | bnd.to(tl.uint32), need - above, h_b, low, tl.sum(h, axis=0)
 
 
@@ -1015,11 +1011,7 @@ def _top16_pass(key_ptr, n, base, need, SUB: tl.constexpr, BINS: tl.constexpr):
         h += tl.histogram(tl.minimum((key >> 16) - base, BINS - 1).to(tl.int32), BINS, mask=ok)
         low = tl.maximum(low, tl.max(tl.where(ok, key & 0xFFFF, 0), axis=0))
         s += SUB
-    b = tl.arange(0, BINS)
-    ge = tl.cumsum(h, axis=0, reverse=True)
-    bnd = tl.max(tl.where(ge.to(tl.int64) >= need, b, -1), axis=0)
-    above = tl.sum(tl.where(b > bnd, h, 0), axis=0).to(tl.int64)
-    tied = tl.sum(tl.where(b == bnd, h, 0), axis=0).to(tl.int64)
+    bnd, tied, above = _boundary_bin(h, need, BINS)
     top = tl.where(bnd < BINS - 1, base.to(tl.int32) + bnd, -1)
     return top, need - above, tied, low
 
