@@ -34,6 +34,9 @@ GOALS = [
     (r"^logits bf16", "vs_ceiling", (">=", 0.45), "≥ 45 % of bf16 GEMM"),
     (r"^logits fp4", "vs_ceiling", (">=", 0.40), "≥ 40 % of bf16 GEMM"),
     (r"^logits decode", "vs_ceiling", (">=", 0.80), "≥ 80 % of copy"),
+    (r"^re-index top-\d+ in a \d+-position pool \(T=\d+, S=1048576,", "flatness", ("<=", 1.2),
+     "≤ 1.2× the 64K row (flat)"),
+    (r"^re-index at 1M vs scoring the full row", "vs_torch", (">=", 30.0), "≥ 30× torch"),
     (r"^re-index", "vs_torch", (">=", 1.0), "faster than torch"),
     (r"^decode step", "vs_torch", (">=", 1.0), "faster than torch"),
     (r"dequantize", "vs_ceiling", (">=", 0.85), "≥ 85 % of copy"),
@@ -162,7 +165,7 @@ def combine(parts: dict, torch=None) -> dict:
                              rate=f"{r['TFLOPs']:.0f} TFLOP/s" if tflops else f"{r['TBps']:.2f} TB/s",
                              vs_torch=r.get("vs_torch"), vs_ceiling=r["vs_ceiling"],
                              ceiling="bf16 GEMM" if tflops else "copy", validity=r["validity"],
-                             context=r.get("context")))
+                             context=r.get("context"), flatness=r.get("flatness")))
     for r in rows:
         r["goal"], r["meets_goal"] = goal_of(r)
     src = q or ix or {}

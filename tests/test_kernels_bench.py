@@ -52,6 +52,24 @@ def test_rows_carry_their_goal_and_verdict():
     assert md.count("\n| ") == 1 + len(result["rows"]) and "| 90.0 |" in md
 
 
+def reindex_row(S, **extra):
+    return dict({"case": f"re-index top-512 in a 16384-position pool (T=64, S={S}, H=32)", "context": S,
+                 "kernel_us": 200.0, "graph_us": 150.0, "torch_us": 900.0, "TBps": 0.7, "vs_torch": 4.5,
+                 "vs_ceiling": 0.17, "validity": "valid"}, **extra)
+
+
+@pytest.mark.parametrize("flatness, flat", [(1.1, True), (1.3, False)])
+def test_reindex_rows_judge_speed_flatness_and_the_full_row(flatness, flat):
+    """The re-index rows of the context sweep are judged against torch's gather-then-score, the
+    1M row on its graph time over the 64K row's (issue 11: flat, <= 1.2x), and the 1M kernel
+    against torch scoring the full row and masking it (>= 30x)."""
+    full = dict(reindex_row(1 << 20), case="re-index at 1M vs scoring the full row and masking it (T=64, H=32)",
+                torch_us=5000.0, vs_torch=25.0)
+    rows = [reindex_row(1 << 16), reindex_row(1 << 20, flatness=flatness), full]
+    got = [(r["goal"], r["meets_goal"]) for r in B.combine({"indexer": dict(INDEXER, rows=rows)})["rows"]]
+    assert got == [("faster than torch", True), ("≤ 1.2× the 64K row (flat)", flat), ("≥ 30× torch", False)]
+
+
 PATH = {"device": "GPU X", "copy_GBps": 4000.0, "rows": [
     {"fmt": "fp4_e8m0", "what": "index K", "shape": [1 << 20, 128], "bytes": 2e8, "fused_us": 80.0,
      "fused_over_copy": 0.62, "unfused_us": 400.0, "fused_over_unfused": 5.0, "mismatches": 0},
