@@ -67,12 +67,16 @@ def indexer_cases(rng):
     scores[1] = torch.round(scores[1])
     rvis = torch.from_numpy(rng.integers(kk, N + 1, R))
     rvis[0] = N
+    # rows of 64K (GPU): position order through the select's bitmap, not its sort
+    short = bf16_values(rng, (R, N // 16))
     x = bf16_values(rng, (T * 4, 128), 4.0)
     return {
         "index_scores": (KI.index_scores, (q, k, w, vis)),
         "index_scores_fp4": (KI.index_scores_fp4, (qp, qs, kp, ks, w, vis)),
-        "index_topk": (lambda *a: (KI.index_topk(*a, "position"), KI.index_topk(*a, "score")),
-                       (scores, rvis, kk)),
+        "index_topk": (lambda x_, v, k_, xs: (KI.index_topk(x_, v, k_, "position"),
+                                              KI.index_topk(x_, v, k_, "score"),
+                                              KI.index_topk(xs, torch.full((R,), xs.shape[1]), k_, "position")),
+                       (scores, rvis, kk, short)),
         "hadamard": (KI.hadamard, (x,)),
         "index_rotate": (KI.index_rotate, (x, "v4-flash")),
         "index_weights": (KI.index_weights, (bf16_values(rng, (T, 64)), "v4-flash")),
