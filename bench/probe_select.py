@@ -10,6 +10,10 @@ latency one program takes) and at 1024 rows (what the rows cost together on the 
               runs 2 over the group maxima, the select kernel 2 to 8 over the candidates
 
     python bench/probe_select.py            (prints one line per probe)
+    python bench/probe_select.py --ptx      (no GPU: the sm_90 instructions of one histogram)
+
+--ptx compiles one tl.histogram of SUB keys into 256 bins for sm_90 (as the digit passes use it)
+and counts its PTX instructions per thread: why one program's digit pass is instruction-bound.
 """
 import os
 import sys
@@ -43,7 +47,32 @@ def digit(key_ptr, out_ptr, n, SUB: tl.constexpr):
     tl.store(out_ptr + row, t.to(tl.int32) + need.to(tl.int32) + h.to(tl.int32))
 
 
+@triton.jit
+def histogram(x_ptr, out_ptr, SUB: tl.constexpr):
+    v = tl.load(x_ptr + tl.arange(0, SUB))
+    tl.store(out_ptr + tl.arange(0, 256), tl.histogram(v & 255, 256, mask=v > 0))
+
+
+def histogram_ptx(sub=4096, warps=16):
+    """Counts of the PTX instructions of histogram() for sm_90: {opcode: count} (per thread)."""
+    import collections
+    import re
+    from triton.backends.compiler import GPUTarget
+    src = triton.compiler.ASTSource(fn=histogram, signature={"x_ptr": "*i32", "out_ptr": "*i32",
+                                                              "SUB": "constexpr"}, constexprs={"SUB": sub})
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["ptx"]
+    return collections.Counter(re.findall(r"^\s+([a-z][\w.]*)", ptx, re.M))
+
+
 def main():
+    if "--ptx" in sys.argv:
+        sub, warps = 4096, 16
+        ops = histogram_ptx(sub, warps)
+        keys = sub // (32 * warps)
+        print(f"tl.histogram of {sub} keys into 256 bins, {warps} warps ({keys} keys a thread), sm_90 PTX:")
+        print(f"  {sum(ops.values())} instructions a thread, {sum(ops.values()) / keys:.0f} a key; "
+              + ", ".join(f"{op} {n}" for op, n in ops.most_common(8)))
+        return 0
     if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
         print("probe_select: needs a CUDA GPU (and TRITON_INTERPRET unset or 0)", file=sys.stderr)
         return 2

@@ -133,6 +133,17 @@ def test_topk_sweep_refuses_without_a_gpu():
     assert "needs a CUDA GPU" in done.stderr and "Traceback" not in done.stderr
 
 
+def test_select_probe_refuses_without_a_gpu_and_counts_the_histogram_without_one():
+    env = {"TRITON_INTERPRET": "1", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "bench/probe_select.py"], capture_output=True, text=True, env=env)
+    assert done.returncode == 2 and "needs a CUDA GPU" in done.stderr and "Traceback" not in done.stderr
+    pytest.importorskip("triton.backends.nvidia")
+    done = subprocess.run([sys.executable, "bench/probe_select.py", "--ptx"], capture_output=True, text=True,
+                          env=dict(env, TRITON_INTERPRET="0"), timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "a key;" in done.stdout and "vote.sync.ballot" in done.stdout   # the ballot histogram
+
+
 def test_topk_sweep_grid_and_table():
     """Every grid point resolves to tunables that tile (or is dropped), and the table reports the
     speed-up over the default configuration of the same case."""
