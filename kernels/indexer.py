@@ -27,9 +27,10 @@ per group, each code by three integer operations and two exact fp32 multiplies (
 Top-k.  A row is an unordered multiset of fp32 scores mapped to order-preserving uint32 keys
 (-0 folded onto +0).  The fast path is a threshold filter (group maxima give a threshold that
 lets through about 1.1 k keys; one streaming pass appends those keys by atomic slots, the next
-tile in flight; a per-row select by streaming 8-bit digit passes fixes the k-th key and the last
-tied position, then sorts the k chosen int32 positions into V4.1's order; see "Threshold filter"
-below, tunables in FilterTune); rows it cannot hold go through the
+tile in flight; a per-row select fixes the k-th key (one histogram relative to the threshold, or
+8-bit digit passes) and the last tied position, then puts the k chosen positions into V4.1's
+order through a bitmap of the row (short rows) or a sort; see "Threshold filter" below, tunables
+in FilterTune); rows it cannot hold go through the
 radix engine: radix select on the top 12 key bits (per-chunk histograms plus a row
 histogram), refined on 12 and then 8 more bits only while the boundary bin is too full; then one
 ordered compaction writes, in position order, every key above the boundary and the boundary-bin
