@@ -1163,6 +1163,12 @@ def _popcount(v):
 
 
 @triton.jit
+def _bit_of(pos):
+    """Position pos's bit in its bitmap word (word pos >> 5): 1 << (pos & 31), uint32."""
+    return tl.full(pos.shape, 1, tl.uint32) << (pos & 31).to(tl.uint32)
+
+
+@triton.jit
 def _chosen(ck, cp, i, total, kth, last):
     """The candidates i (< total) that the select keeps: key > K, or key = K at position <= P."""
     ok = i < total
@@ -1190,8 +1196,7 @@ def _emit_by_bitmap(ck, cp, total, kth, last, row, scratch_ptr, remap_ptr, out_p
     s = 0
     while s < total:
         sel, pos = _chosen(ck, cp, s + tl.arange(0, SUB), total, kth, last)
-        bit = tl.full((SUB,), 1, tl.uint32) << (pos & 31).to(tl.uint32)
-        tl.atomic_or(bits + (pos >> 5), bit.to(tl.int32, bitcast=True), mask=sel, sem="relaxed")
+        tl.atomic_or(bits + (pos >> 5), _bit_of(pos).to(tl.int32, bitcast=True), mask=sel, sem="relaxed")
         s += SUB
     tl.debug_barrier()
     n_sel = tl.zeros((), tl.int32)
@@ -1208,7 +1213,7 @@ def _emit_by_bitmap(ck, cp, total, kth, last, row, scratch_ptr, remap_ptr, out_p
     while s < total:
         sel, pos = _chosen(ck, cp, s + tl.arange(0, SUB), total, kth, last)
         word = tl.load(bits + (pos >> 5), mask=sel, other=0, cache_modifier=".cg")
-        below = word.to(tl.uint32, bitcast=True) & ((tl.full((SUB,), 1, tl.uint32) << (pos & 31).to(tl.uint32)) - 1)
+        below = word.to(tl.uint32, bitcast=True) & (_bit_of(pos) - 1)
         rank = tl.load(first + (pos >> 5), mask=sel, other=0, cache_modifier=".cg") + _popcount(below)
         if REMAP:
             pos = tl.load(remap_ptr + row * remap_stride + pos, mask=sel, other=0)
