@@ -21,6 +21,8 @@ import platform
 import sys
 import time
 
+from dsv4spec.cmd_bench import cuda_torch
+
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
@@ -584,11 +586,8 @@ def markdown(result):
 
 def main(argv=None):
     args = parse_args(argv)
-    os.environ.setdefault("TRITON_INTERPRET", "0")
-    import torch
-    if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
-        print("bench_indexer: needs a CUDA GPU (and TRITON_INTERPRET unset or 0); nothing measured",
-              file=sys.stderr)
+    torch = cuda_torch("bench_indexer")
+    if torch is None:
         return 2
     from dsv4spec.kernels import indexer as KI
     from dsv4spec.kernels import pool as KP

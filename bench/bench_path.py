@@ -19,6 +19,8 @@ import platform
 import sys
 import time
 
+from dsv4spec.cmd_bench import cuda_torch
+
 CASES = {"fp4_e8m0": (128, "index K"), "fp4_e4m3": (512, "V4.1 main KV"), "fp8_e8m0_32": (512, "V4.1 window")}
 
 
@@ -35,15 +37,9 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        print("bench_path: TRITON_INTERPRET is set; this benchmark needs a GPU (unset it)", file=sys.stderr)
+    torch = cuda_torch("bench_path")
+    if torch is None:
         return 2
-    import torch
-    if not torch.cuda.is_available():
-        print("bench_path: no CUDA GPU present; nothing measured (the CPU tests are tests/test_kernels_path.py)",
-              file=sys.stderr)
-        return 2
-    os.environ["TRITON_INTERPRET"] = "0"
     import triton
     from triton.testing import do_bench
 

@@ -17,6 +17,8 @@ import platform
 import sys
 import time
 
+from dsv4spec.cmd_bench import cuda_torch
+
 GOALS = {"quantize": 0.80, "dequantize": 0.85}   # performance.md §0 targets (fraction of copy)
 
 
@@ -235,16 +237,9 @@ def check_exact(reference, op, args_gpu, outs_gpu, check_elements):
 
 def main(argv=None):
     args = parse_args(argv)
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        print("bench_quant: TRITON_INTERPRET is set; this benchmark needs a GPU (unset it)",
-              file=sys.stderr)
+    torch = cuda_torch("bench_quant")
+    if torch is None:
         return 2
-    import torch
-    if not torch.cuda.is_available():
-        print("bench_quant: no CUDA GPU present; nothing measured (this benchmark times kernels "
-              "on a GPU; the CPU tests are tests/test_kernels_quant.py)", file=sys.stderr)
-        return 2
-    os.environ["TRITON_INTERPRET"] = "0"
     import triton
     from triton.testing import do_bench
 

@@ -25,6 +25,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from dsv4spec.cmd_bench import cuda_torch  # noqa: E402
 from dsv4spec.kernels.indexer import _digit_pass  # noqa: E402
 
 
@@ -73,8 +74,7 @@ def main():
         print(f"  {sum(ops.values())} instructions a thread, {sum(ops.values()) / keys:.0f} a key; "
               + ", ".join(f"{op} {n}" for op, n in ops.most_common(8)))
         return 0
-    if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
-        print("probe_select: needs a CUDA GPU (and TRITON_INTERPRET unset or 0)", file=sys.stderr)
+    if cuda_torch("probe_select") is None:
         return 2
     from triton.testing import do_bench
 

@@ -21,6 +21,8 @@ import os
 import sys
 import time
 
+from dsv4spec.cmd_bench import cuda_torch
+
 DEVICE = "cuda"   # (tests run the sweep's logic on the CPU interpreter)
 
 CASES = (  # name, rows, row length, k, block (0: a row top-k; 8: block selection of 8-blocks)
@@ -185,11 +187,8 @@ def table(rows):
 
 def main(argv=None):
     args = parse_args(argv)
-    os.environ.setdefault("TRITON_INTERPRET", "0")
-    import torch
-    if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
-        print("sweep_topk: needs a CUDA GPU (and TRITON_INTERPRET unset or 0); nothing measured",
-              file=sys.stderr)
+    torch = cuda_torch("sweep_topk")
+    if torch is None:
         return 2
     from dsv4spec.kernels import indexer as KI
     t0 = time.time()

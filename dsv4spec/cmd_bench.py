@@ -122,6 +122,22 @@ def publish(result: dict, out: Path, record: str | None) -> int:
     return 0
 
 
+def cuda_torch(script: str):
+    """torch for a benchmark script, on a CUDA GPU with TRITON_INTERPRET unset or 0 (then set to 0
+    before anything imports Triton); None after saying on stderr why not.  The benchmarks time
+    kernels on a GPU; on a CPU the tests check them."""
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        print(f"{script}: needs a CUDA GPU and TRITON_INTERPRET unset or 0 (it is set); nothing measured",
+              file=sys.stderr)
+        return None
+    os.environ["TRITON_INTERPRET"] = "0"
+    import torch
+    if not torch.cuda.is_available():
+        print(f"{script}: needs a CUDA GPU (none present); nothing measured", file=sys.stderr)
+        return None
+    return torch
+
+
 def _script(name: str):
     path = BENCH_DIR / f"{name}.py"
     if not path.exists():

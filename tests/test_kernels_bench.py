@@ -1,6 +1,7 @@
 """`dsv4spec bench` without a GPU: the clear refusal, and the parts that need no GPU (merging the two
 benchmarks' results, goals, Markdown, README's generated table).  No timing."""
 import json
+import os
 import subprocess
 import sys
 
@@ -30,6 +31,21 @@ def test_bench_refuses_without_a_gpu():
                           env={"TRITON_INTERPRET": "1", "PATH": "/usr/bin:/bin"})
     assert done.returncode == 2
     assert "needs a CUDA GPU" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_benchmark_scripts_share_one_gpu_check(monkeypatch, capsys):
+    """Every bench script asks cmd_bench.cuda_torch: the interpreter selected, or no CUDA GPU, is a
+    one-line refusal naming the script; on a GPU it pins TRITON_INTERPRET to 0 for the kernels."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert B.cuda_torch("bench_x") is None and "bench_x: needs a CUDA GPU" in capsys.readouterr().err
+    monkeypatch.delenv("TRITON_INTERPRET")
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert B.cuda_torch("bench_x") is None and "(none present)" in capsys.readouterr().err
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert B.cuda_torch("bench_x") is torch and os.environ["TRITON_INTERPRET"] == "0"
+    for script in ("bench_quant", "bench_path", "bench_indexer", "sweep_topk", "probe_select"):
+        assert f'cuda_torch("{script}")' in open(f"bench/{script}.py").read(), script
 
 
 def test_a_record_holds_complete_runs_only():
