@@ -965,6 +965,13 @@ def _filter_kernel(x_ptr, len_ptr, thr_ptr, cand_key_ptr, cand_pos_ptr, count_pt
 
 
 @triton.jit
+def _list_keys(key_ptr, i, n):
+    """Entries i of a list of n keys, as uint32 (0 past its end), and which of them exist."""
+    ok = i < n
+    return tl.load(key_ptr + i, mask=ok, other=0).to(tl.uint32, bitcast=True), ok
+
+
+@triton.jit
 def _digit_pass(key_ptr, pos_ptr, n, prefix, need, key_eq, LO: tl.constexpr, BY_POS: tl.constexpr,
                 SUB: tl.constexpr, BINS: tl.constexpr):
     """One 8-bit radix pass over a list read SUB entries at a time: among the values whose bits
@@ -978,8 +985,7 @@ def _digit_pass(key_ptr, pos_ptr, n, prefix, need, key_eq, LO: tl.constexpr, BY_
     s = 0
     while s < n:
         i = s + tl.arange(0, SUB)
-        ok = i < n
-        key = tl.load(key_ptr + i, mask=ok, other=0).to(tl.uint32, bitcast=True)
+        key, ok = _list_keys(key_ptr, i, n)
         if BY_POS:
             v = (0x7FFFFFFF - tl.load(pos_ptr + i, mask=ok, other=0)).to(tl.uint32)
             ok = ok & (key == key_eq)
@@ -1006,9 +1012,7 @@ def _top16_pass(key_ptr, n, base, need, SUB: tl.constexpr, BINS: tl.constexpr):
     low = tl.zeros((), tl.uint32)
     s = 0
     while s < n:
-        i = s + tl.arange(0, SUB)
-        ok = i < n
-        key = tl.load(key_ptr + i, mask=ok, other=0).to(tl.uint32, bitcast=True)
+        key, ok = _list_keys(key_ptr, s + tl.arange(0, SUB), n)
         h += tl.histogram(tl.minimum((key >> 16) - base, BINS - 1).to(tl.int32), BINS, mask=ok)
         low = tl.maximum(low, tl.max(tl.where(ok, key & 0xFFFF, 0), axis=0))
         s += SUB
@@ -1101,7 +1105,7 @@ def _mark_blocks(ck, cp, total, kth, last, row, out_ptr, out_stride, W, block, S
     jj = tl.arange(0, MASK_BLOCK)
     s = 0
     while s < total:
-        sel, pos = _chosen(ck, cp, s + tl.arange(0, SUB), total, kth, last)
+        sel, _, pos = _chosen(ck, cp, s + tl.arange(0, SUB), total, kth, last)
         p = pos[:, None] * block + jj[None, :]
         tl.store(out_ptr + row * out_stride + p, tl.full((SUB, MASK_BLOCK), 1, tl.int8),
                  mask=sel[:, None] & (jj[None, :] < block) & (p < W))
@@ -1117,11 +1121,9 @@ def _emit_sorted(ck, cp, total, kth, last, row, scratch_ptr, remap_ptr, out_ptr,
     written = tl.zeros((), tl.int32)
     s = 0
     while s < total:
-        i = s + tl.arange(0, SUB)
-        sel, pos = _chosen(ck, cp, i, total, kth, last)
+        sel, key, pos = _chosen(ck, cp, s + tl.arange(0, SUB), total, kth, last)
         slot = written + tl.cumsum(sel.to(tl.int32), axis=0) - 1
         if BY_SCORE:
-            key = tl.load(ck + i, mask=sel, other=0).to(tl.uint32, bitcast=True)
             val = ((key.to(tl.int64) - 0x80000000) << 32) | (0xFFFFFFFF - pos.to(tl.int64))
         else:
             val = pos
@@ -1170,11 +1172,11 @@ def _bit_of(pos):
 
 @triton.jit
 def _chosen(ck, cp, i, total, kth, last):
-    """The candidates i (< total) that the select keeps: key > K, or key = K at position <= P."""
-    ok = i < total
-    key = tl.load(ck + i, mask=ok, other=0).to(tl.uint32, bitcast=True)
+    """Which candidates i (< total) the select keeps (key > K, or key = K at position <= P), their
+    keys and positions."""
+    key, ok = _list_keys(ck, i, total)
     pos = tl.load(cp + i, mask=ok, other=0)
-    return ok & ((key > kth) | ((key == kth) & (pos <= last))), pos
+    return ok & ((key > kth) | ((key == kth) & (pos <= last))), key, pos
 
 
 @triton.jit
@@ -1195,7 +1197,7 @@ def _emit_by_bitmap(ck, cp, total, kth, last, row, scratch_ptr, remap_ptr, out_p
     tl.debug_barrier()
     s = 0
     while s < total:
-        sel, pos = _chosen(ck, cp, s + tl.arange(0, SUB), total, kth, last)
+        sel, _, pos = _chosen(ck, cp, s + tl.arange(0, SUB), total, kth, last)
         tl.atomic_or(bits + (pos >> 5), _bit_of(pos).to(tl.int32, bitcast=True), mask=sel, sem="relaxed")
         s += SUB
     tl.debug_barrier()
@@ -1211,7 +1213,7 @@ def _emit_by_bitmap(ck, cp, total, kth, last, row, scratch_ptr, remap_ptr, out_p
     tl.debug_barrier()
     s = 0
     while s < total:
-        sel, pos = _chosen(ck, cp, s + tl.arange(0, SUB), total, kth, last)
+        sel, _, pos = _chosen(ck, cp, s + tl.arange(0, SUB), total, kth, last)
         word = tl.load(bits + (pos >> 5), mask=sel, other=0, cache_modifier=".cg")
         below = word.to(tl.uint32, bitcast=True) & (_bit_of(pos) - 1)
         rank = tl.load(first + (pos >> 5), mask=sel, other=0, cache_modifier=".cg") + _popcount(below)
