@@ -509,9 +509,10 @@ def reindex_full_row(torch, row, rep, k=512):
                 validity=row["validity"].split(";")[0] + " (the kernel of the 1M row above)")
 
 
-def profile_kernels(torch, KI, KP, rep=20):
-    """Per-kernel CUDA times of the top-k cases, and where the V4.1 decode step's time goes: host
-    (launches, allocations, read-backs) against device (each kernel), eager and from a CUDA graph."""
+def profile_kernels(torch, KI, KP, only, rep=20):
+    """Per-kernel CUDA times of the chosen sections' cases (top-k, block select, re-index), and
+    where the V4.1 decode step's time goes: host (launches, allocations, read-backs) against
+    device (each kernel), eager and from a CUDA graph."""
     from torch.profiler import ProfilerActivity, profile
     def per_kernel(name, fn, calls=5):
         fn()
@@ -525,16 +526,24 @@ def profile_kernels(torch, KI, KP, rep=20):
             if e.self_device_time_total > 0:
                 print(f"  {e.self_device_time_total / calls:9.1f}  {e.key[:70]}")
 
-    for R, N, k in ((1, 1 << 16, 2048), (1, 1 << 20, 512), (1, 1 << 20, 2048), (64, 1 << 20, 2048),
-                    (1024, 1 << 16, 2048)):
-        x = torch.randn(R, N, device="cuda").bfloat16().float()
-        nv = torch.full((R,), N, dtype=torch.int32, device="cuda")
-        per_kernel(f"top-k {R}x{N} k={k}", lambda: KI._topk_engine(x, nv, k, sync=False))
-    for R in (64, 1024):
-        x = torch.randn(R, 1 << 18, device="cuda").bfloat16().float()
-        lens = torch.full((R,), 1 << 18, dtype=torch.int32, device="cuda")
-        per_kernel(f"block select [{R}, 262144]", lambda: KP._candidate_blocks(x, lens, 2048, 8, sync=False))
-    del x
+    if only & {"topk", "context"}:
+        for R, N, k in ((1, 1 << 16, 2048), (1, 1 << 20, 512), (1, 1 << 20, 2048), (64, 1 << 20, 2048),
+                        (1024, 1 << 16, 2048)):
+            x = torch.randn(R, N, device="cuda").bfloat16().float()
+            nv = torch.full((R,), N, dtype=torch.int32, device="cuda")
+            per_kernel(f"top-k {R}x{N} k={k}", lambda: KI._topk_engine(x, nv, k, sync=False))
+    if "blocks" in only:
+        for R in (64, 1024):
+            x = torch.randn(R, 1 << 18, device="cuda").bfloat16().float()
+            lens = torch.full((R,), 1 << 18, dtype=torch.int32, device="cuda")
+            per_kernel(f"block select [{R}, 262144]", lambda: KP._candidate_blocks(x, lens, 2048, 8, sync=False))
+    if "reindex" in only:
+        for S in (1 << 16, 1 << 20):
+            q, kc, w, vis, pool = reindex_inputs(torch, S)
+            per_kernel(f"re-index T=64 S={S}", lambda: KP._reindex_topk(
+                q, kc, w, KP._gather_pool(pool, vis, 16384), 512, sync=False))
+    if "decode" not in only:
+        return
     g = torch.Generator(device="cuda").manual_seed(3)
     d = decode_inputs(torch, 1 << 18, g)
     for name, sync in (("eager, sync-free", False), ("eager, read-backs", True)):
@@ -615,7 +624,7 @@ def main(argv=None):
                   triton=__import__("triton").__version__, host=platform.node(), quick=args.quick,
                   ceilings=ceil, rows=rows, seconds=time.time() - t0)
     if args.profile:
-        profile_kernels(torch, KI, KP)
+        profile_kernels(torch, KI, KP, only)
     md = markdown(result)
     print(md)
     if args.out:

@@ -346,7 +346,9 @@ def _score_config(T: int, S: int, H_PAD: int, D_PAD: int, gather: bool):
     GPU: TQ queries x H_PAD heads are the MMA's N side (_SCORE_N columns, fewer for fewer
     queries), BLOCK_S keys its M side, so each of 8 warps holds BLOCK_S * N / 256 <= 64 fp32
     accumulators; the key blocks are split over enough programs for 4 per SM (132 SMs); STAGES
-    key blocks in flight (the software pipeline of the key loop)."""
+    key blocks in flight (the software pipeline of the key loop): 3 for gathered rows, whose key
+    load waits on their index load (2 -> 3: 78 -> 68 µs for 64 x 16384 rows of a 1M-row K on the
+    H200, bench/probe_reindex.py)."""
     if INTERPRET:  # the interpreter pays per operation, not per element: few, wide blocks
         tq = 1 if gather else max(1, 16 // H_PAD)
         return tq, 512 if gather else 64, 1, 4, 0
@@ -354,7 +356,7 @@ def _score_config(T: int, S: int, H_PAD: int, D_PAD: int, gather: bool):
     block_s = _SCORE_M if D_PAD <= 128 else _SCORE_M // 2
     n_t = triton.cdiv(T, tq)
     n_s = max(1, min(triton.cdiv(S, block_s), triton.cdiv(4 * 132, n_t)))
-    return tq, block_s, n_s, _SCORE_WARPS, 2
+    return tq, block_s, n_s, _SCORE_WARPS, 3 if gather else 2
 
 
 def _launch_scores(q, qs, k, ks, w, vis32, idx, T, S, H, D, out, fp4: bool, bf16: bool):

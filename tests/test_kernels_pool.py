@@ -106,22 +106,40 @@ def test_reindex_scores_only_the_pool(monkeypatch):
     assert np.all(reach[np.arange(3)[:, None], np.where(got.numpy() >= 0, got.numpy(), 0)] | (got.numpy() < 0))
 
 
+@pytest.mark.parametrize("S_", [1000, 1003])
 @pytest.mark.parametrize("block", [16, 64, 1024])
-def test_gather_pool_by_chunks(block):
-    """The pool gathered by chunk counts and their prefix (1 to 63 chunks of a row): per row the
-    pool positions below visible, ascending, -1 padded, and their count."""
+def test_gather_pool_by_chunks(block, S_):
+    """The pool gathered by chunk counts and their prefix (1 to 63 chunks of a row), the mask read
+    as 64-bit words: per row the positions whose byte is nonzero below visible, ascending, -1
+    padded, and their count.  Rows of whole 8-blocks, of single positions with any nonzero byte,
+    every position; visible cuts a word; 1003 positions (not whole words) pads the row."""
     rng = np.random.default_rng(4)
-    T, S_, width = 4, 1000, 1024
-    pool = np.repeat(rng.random((T, S_ // 8)) < 0.4, 8, axis=1)
-    pool[2] = True                       # every position, cut by visible only
-    vis = np.array([1000, 517, 999, 0])
+    T, width = 5, 1024
+    pool = np.repeat(rng.random((T, S_ // 8 + 1)) < 0.4, 8, axis=1)[:, :S_].astype(np.uint8)
+    pool[2] = 1                          # every position, cut by visible only
+    pool[4] = rng.choice([0, 0, 1, 2, 0x7F, 0x80, 0xFF], S_)   # single positions, any nonzero byte
+    vis = np.array([S_, 517, S_ - 1, 0, 700])
     dev = KI._device()
-    idx, count = K._gather_pool(torch.from_numpy(pool).to(torch.uint8).to(dev),
-                                torch.from_numpy(vis).int().to(dev), width, block)
+    idx, count = K._gather_pool(torch.from_numpy(pool).to(dev), torch.from_numpy(vis).int().to(dev),
+                                width, block)
     for r in range(T):
         want = np.flatnonzero(pool[r, :vis[r]])
         assert int(count[r]) == len(want), f"row {r}: count {int(count[r])}, expected {len(want)}"
         assert idx[r].cpu().tolist() == want.tolist() + [-1] * (width - len(want)), f"row {r} (block {block})"
+
+
+@pytest.mark.parametrize("layout", ["odd offset", "row stride"])
+def test_gather_pool_of_a_view(layout):
+    """A mask that is a view (at an odd byte offset, or rows of a wider tensor) is gathered like
+    its contiguous copy."""
+    dev = KI._device()
+    big = torch.from_numpy(np.random.default_rng(5).random((3, 209)) < 0.3).to(torch.uint8).to(dev)
+    pool = big.view(-1)[1:601].view(3, 200) if layout == "odd offset" else big[:, :200]
+    vis = torch.tensor([200, 100, 9], dtype=torch.int32, device=dev)
+    got = K._gather_pool(pool, vis, 256, 16)
+    want = K._gather_pool(pool.contiguous(), vis, 256, 16)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert int(got[1][0]) == int(pool[0].sum())
 
 
 def test_reindex_layers_share_one_gather():
