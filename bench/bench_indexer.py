@@ -275,21 +275,23 @@ def decode_step_fn(torch, KI, KP, S, g, inputs=None, sync=False):
     """The kernels' V4.1 decode step: layer 20's FP4 scores and 2048 candidate blocks, the pool
     gathered once, then the re-index layers' top-512 inside it.  Without host read-backs (the
     top-k fallback decided on the device), as a serving engine runs it: a CUDA graph can capture
-    it; sync=True reads each top-k's overflow flags back instead.  Returns a closure -> (tops, pool)."""
+    it; sync=True reads each top-k's overflow flags back instead.  The candidate blocks go to the
+    re-index layers as a list (ascending block indices), expanded once: O(pool), where a mask would
+    be scanned, O(context).  Returns a closure -> (tops, blocks)."""
     d = inputs or decode_inputs(torch, S, g)
     scores = torch.empty(1, S, device=d["vis"].device)
 
     def step():
         KI._launch_scores(d["qp"], d["qs"], d["kp"], d["ks"], d["w"], d["vis"], None, 1, S, d["H"], d["D"],
                           scores, fp4=True, bf16=True)
-        pool = KP._candidate_blocks(scores, d["vis"], 2048, 8, sync=sync)
-        gathered = KP._gather_pool(pool, d["vis"], 16384)
-        return [KP._reindex_topk(q, k, d["w"], gathered, 512, sync=sync) for q, k in d["layers"]], pool
+        blocks = KP._candidate_list(scores, d["vis"], 2048, 8, sync=sync)
+        gathered = KP._gather_blocks(blocks, d["vis"], 8)
+        return [KP._reindex_topk(q, k, d["w"], gathered, 512, sync=sync) for q, k in d["layers"]], blocks
     return step
 
 
 def same_step(a, b):
-    """Two decode steps' (tops, pool) equal bit for bit."""
+    """Two decode steps' (tops, blocks) equal bit for bit."""
     return a[1].equal(b[1]) and all(x.equal(y) for x, y in zip(a[0], b[0]))
 
 
@@ -304,13 +306,13 @@ def decode_step(torch, KI, KP, rep, ceil, quick, skip_torch, g):
     kernels = decode_step_fn(torch, KI, KP, S, g, d)
     read_back = decode_step_fn(torch, KI, KP, S, g, d, sync=True)
 
-    tops, pool = read_back()
-    in_pool = all(bool(pool.gather(1, t).bool().all()) for t in tops)
-    count_ok = int(pool.sum()) == 16384 and all(bool((t >= 0).all()) for t in tops)
+    tops, blocks = read_back()
+    in_pool = all(in_blocks(torch, t, blocks) for t in tops)
+    count_ok = int((blocks >= 0).sum()) == 2048 and all(bool((t >= 0).all()) for t in tops)
     eager = kernels()
     graph, replayed = capture(torch, kernels)
     graph.replay()
-    same = same_step(eager, (tops, pool)) and same_step(replayed, (tops, pool))
+    same = same_step(eager, (tops, blocks)) and same_step(replayed, (tops, blocks))
     validity = "valid (16384-position pool, 512 picks per layer inside it; eager and graph replay bitwise " \
         "equal to the read-back path)" if in_pool and count_ok and same else \
         f"INVALID (in pool {in_pool}, counts {count_ok}, sync-free equal {same})"
@@ -441,33 +443,46 @@ def run_reindex(torch, KP, rep, ceil, quick, skip_torch):
 
 
 def reindex_inputs(torch, S, T=64, H=32, D=128, width=16384, seed=3):
-    """q, K, w, visible and a pool of 2048 random 8-blocks a row (width positions: all visible)."""
+    """q, K, w, visible and a pool of 2048 random 8-blocks a row (width positions, all visible),
+    as the candidate selection hands it over: the blocks' indices, ascending."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     q = torch.randn(T, H, D, device="cuda", generator=g).bfloat16()
     kc = torch.randn(S, D, device="cuda", generator=g).bfloat16()
     w = (torch.randn(T, H, device="cuda", generator=g) / 64).bfloat16()
     vis = torch.full((T,), S, dtype=torch.int32, device="cuda")
     blocks = torch.rand(T, S // 8, device="cuda", generator=g).topk(width // 8, dim=1).indices
-    pool = torch.zeros(T, S // 8, dtype=torch.uint8, device="cuda").scatter_(1, blocks, 1)
-    return q, kc, w, vis, pool.repeat_interleave(8, dim=1).contiguous()
+    return q, kc, w, vis, blocks.sort(1).values
+
+
+def pool_mask(torch, blocks, S):
+    """The [T, S] uint8 mask of a block list's positions (blocks of 8)."""
+    marked = torch.zeros(blocks.shape[0], S // 8, dtype=torch.uint8, device=blocks.device).scatter_(1, blocks, 1)
+    return marked.repeat_interleave(8, dim=1).contiguous()
+
+
+def in_blocks(torch, positions, blocks):
+    """Every position >= 0 of each row lies in one of the row's blocks of 8 (blocks ascending)."""
+    b = positions.clamp(min=0) // 8
+    at = torch.searchsorted(blocks, b).clamp(max=blocks.shape[1] - 1)
+    return bool((blocks.gather(1, at).eq(b) | (positions < 0)).all())
 
 
 def reindex_case(torch, KP, S, rep, ceil, quick, skip_torch, k=512, width=16384):
-    q, kc, w, vis, pool = reindex_inputs(torch, S, T=8 if quick else 64)
+    q, kc, w, vis, blocks = reindex_inputs(torch, S, T=8 if quick else 64)
     T, H, D = q.shape
-    out = KP._reindex_topk(q, kc, w, KP._gather_pool(pool, vis, width), k)
+    out = KP._reindex_topk(q, kc, w, KP._gather_blocks(blocks, vis, 8), k)
     # judge: the pool's scores by torch (gathered), tie-aware within 1 BF16 ulp
-    pos = pool.bool().nonzero()[:, 1].view(T, width)
+    pos = (blocks[:, :, None] * 8 + torch.arange(8, device="cuda")).view(T, width)
     kg = kc[pos]                                                   # [T, 16384, D]
     dots = torch.einsum("thd,tpd->thp", q.float(), kg.float())
     ref = (torch.relu(dots.bfloat16().float()) * w.float()[:, :, None]).bfloat16().float().sum(1).bfloat16().float()
     full = torch.full((T, S), float("-inf"), device="cuda").scatter_(1, pos, ref)
-    in_pool = bool(pool.gather(1, torch.where(out >= 0, out, 0)).bool().logical_or(out < 0).all())
+    in_pool = in_blocks(torch, out, blocks)
     validity = topk_validity(torch, full, vis, out, k, "position", tol=1.0)
     validity += "" if in_pool else "; OUTSIDE THE POOL"
     del kg, dots, full
-    t = bench(lambda: KP._reindex_topk(q, kc, w, KP._gather_pool(pool, vis, width), k), rep)
-    g_re, g_out = capture(torch, lambda: KP._reindex_topk(q, kc, w, KP._gather_pool(pool, vis, width), k,
+    t = bench(lambda: KP._reindex_topk(q, kc, w, KP._gather_blocks(blocks, vis, 8), k), rep)
+    g_re, g_out = capture(torch, lambda: KP._reindex_topk(q, kc, w, KP._gather_blocks(blocks, vis, 8), k,
                                                           sync=False))
     g_re.replay()
     tg = bench(g_re.replay, rep) * 1e6 if torch.equal(g_out, out) else None
@@ -481,7 +496,7 @@ def reindex_case(torch, KP, S, rep, ceil, quick, skip_torch, k=512, width=16384)
             return pos.gather(1, torch.topk(s, k, dim=1, sorted=False).indices).sort(1).values
         tt = bench(naive, rep)
     nbytes = T * width * (D * 2 + 4)   # K rows gathered + pool scores written
-    return dict(case=f"re-index top-{k} in a {width}-position pool (T={T}, S={S}, H={H})", context=S,
+    return dict(case=f"re-index top-{k} in a pool of {width // 8} blocks of 8 (T={T}, S={S}, H={H})", context=S,
                 kernel_us=t * 1e6, graph_us=tg, torch_us=tt and tt * 1e6, TBps=nbytes / t / 1e12,
                 vs_torch=tt and tt / t, vs_ceiling=nbytes / t / 1e12 / ceil["copy_TBps"],
                 validity=validity)
@@ -491,8 +506,9 @@ def reindex_full_row(torch, row, rep, k=512):
     """The last (1M) row's kernel against torch scoring every position (one head at a time: [T, S]
     per head), masking to the pool and taking the top-k: the reference's way, which the pool-only
     kernel avoids.  Same inputs as that row (reindex_inputs, same seed)."""
-    q, kc, w, _, pool = reindex_inputs(torch, row["context"])
+    q, kc, w, _, blocks = reindex_inputs(torch, row["context"])
     T, H, _ = q.shape
+    pool = pool_mask(torch, blocks, kc.shape[0])
 
     def full_row():
         s = torch.zeros(T, kc.shape[0], device="cuda")
@@ -539,9 +555,9 @@ def profile_kernels(torch, KI, KP, only, rep=20):
             per_kernel(f"block select [{R}, 262144]", lambda: KP._candidate_blocks(x, lens, 2048, 8, sync=False))
     if "reindex" in only:
         for S in (1 << 16, 1 << 20):
-            q, kc, w, vis, pool = reindex_inputs(torch, S)
+            q, kc, w, vis, blocks = reindex_inputs(torch, S)
             per_kernel(f"re-index T=64 S={S}", lambda: KP._reindex_topk(
-                q, kc, w, KP._gather_pool(pool, vis, 16384), 512, sync=False))
+                q, kc, w, KP._gather_blocks(blocks, vis, 8), 512, sync=False))
     if "decode" not in only:
         return
     g = torch.Generator(device="cuda").manual_seed(3)

@@ -6,6 +6,7 @@ each part is timed alone from a CUDA graph at each context:
 
   gather   kernels.pool._gather_pool: count, then write, the pool positions of the [T, S] mask,
            at the shipped (positions a program, warps) and others
+  list     kernels.pool._gather_blocks: the same positions from the list of the pool's blocks
   scores   the score kernel reading K through the gathered list, at the shipped launch config
            and at other (programs per query, pipeline stages)
   top-k    the top-k engine on the [T, 16384] pool scores (does not depend on S)
@@ -19,7 +20,7 @@ os.environ.setdefault("TRITON_INTERPRET", "0")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_indexer import bench, capture, reindex_inputs  # noqa: E402
+from bench_indexer import bench, capture, pool_mask, reindex_inputs  # noqa: E402
 
 from dsv4spec.cmd_bench import cuda_torch  # noqa: E402
 
@@ -42,7 +43,8 @@ def main() -> int:
     from dsv4spec.kernels import pool as KP
     shipped = KI._score_config
     for S in (1 << 16, 1 << 18, 1 << 20):
-        q, kc, w, vis, pool = reindex_inputs(torch, S)
+        q, kc, w, vis, blocks = reindex_inputs(torch, S)
+        pool = pool_mask(torch, blocks, S)
         T, H, D = q.shape
         idx, count = KP._gather_pool(pool, vis, WIDTH)
         for block, warps in GATHER_CONFIGS:
@@ -54,6 +56,9 @@ def main() -> int:
                 KP._GATHER_BLOCK, KP._GATHER_WARPS = GATHER_CONFIGS[0]
             print(f"S={S:8d} gather  {t:8.1f} us  block {block:5d} warps {warps:2d}  mask "
                   f"{T * S / t / 1e6:.2f} TB/s{'' if same else '  DIFFERENT POOL'}", flush=True)
+        same = all(torch.equal(a, b) for a, b in zip(KP._gather_blocks(blocks, vis, 8), (idx, count)))
+        print(f"S={S:8d} list    {graph_us(torch, lambda: KP._gather_blocks(blocks, vis, 8)):8.1f} us"
+              f"{'' if same else '  DIFFERENT POOL'}", flush=True)
         out = torch.empty((T, WIDTH), dtype=torch.float32, device="cuda")
         ref = None
         for per_query, stages in ((None, None), (18, 2), (36, 2), (9, 3), (18, 3), (36, 4)):
@@ -75,7 +80,7 @@ def main() -> int:
                 KI._score_config = shipped
         print(f"S={S:8d} top-k   {graph_us(torch, lambda: KI._topk_engine(out, count, 512, by_score=False, remap=idx, sync=False)):8.1f} us",
               flush=True)
-        del q, kc, w, vis, pool, idx, count, out, ref
+        del q, kc, w, vis, pool, blocks, idx, count, out, ref
         torch.cuda.empty_cache()
     return 0
 

@@ -34,7 +34,7 @@ GOALS = [
     (r"^logits bf16", "vs_ceiling", (">=", 0.45), "≥ 45 % of bf16 GEMM"),
     (r"^logits fp4", "vs_ceiling", (">=", 0.40), "≥ 40 % of bf16 GEMM"),
     (r"^logits decode", "vs_ceiling", (">=", 0.80), "≥ 80 % of copy"),
-    (r"^re-index top-\d+ in a \d+-position pool \(T=\d+, S=1048576,", "flatness", ("<=", 1.2),
+    (r"^re-index top-\d+ in a pool of \d+ blocks of \d+ \(T=\d+, S=1048576,", "flatness", ("<=", 1.2),
      "≤ 1.2× the 64K row (flat)"),
     (r"^re-index at 1M vs scoring the full row", "vs_torch", (">=", 30.0), "≥ 30× torch"),
     (r"^re-index", "vs_torch", (">=", 1.0), "faster than torch"),

@@ -17,14 +17,20 @@ pool): one kernel counts each chunk of 4096 positions, a second writes each chun
 the prefix of the counts before it (T x S/4096 programs each; one program per row scanning the
 whole mask took ~64 dependent steps for a 262144-entry row).  Both read the mask as 64-bit words,
 8 positions a load, and scan word counts, not bytes (read byte by byte, with a scan of 4096
-bytes, the two took 252 µs for a [64, 1M] mask on the H200, 72 % of the re-index at 1M).  The score kernel of kernels.indexer
-reads K through that list; the top-k engine selects slots of the compact row, and the slots map
-back to positions, still ascending (V4.1 order).  _reindex_topk takes the gathered pool, so the
-re-index layers of one decode step share one gather.
+bytes, the two took 252 µs for a [64, 1M] mask on the H200, 72 % of the re-index at 1M).  The
+score kernel of kernels.indexer reads K through that list; the top-k engine selects slots of the
+compact row, and the slots map back to positions, still ascending (V4.1 order).  _reindex_topk
+takes the gathered pool, so the re-index layers of one decode step share one gather.
 
-The device functions (_candidate_blocks, _gather_pool, _reindex_topk) read nothing back to the
-host with sync=False (kernels.indexer's top-k engine then decides its fallback on the device):
-a decode step built on them is captured whole in a CUDA graph, as serving engines run decode.
+A decode step need not scan a mask at all: _candidate_list gives the chosen blocks as a list
+(ascending block indices, the same top-k engine on the same block maxima) and _gather_blocks
+expands it into the same gathered pool, bit for bit, in time that grows with the pool, not with
+the context.
+
+The device functions (_candidate_blocks, _candidate_list, _gather_pool, _gather_blocks,
+_reindex_topk) read nothing back to the host with sync=False (kernels.indexer's top-k engine then
+decides its fallback on the device): a decode step built on them is captured whole in a CUDA
+graph, as serving engines run decode.
 """
 from __future__ import annotations
 
@@ -95,29 +101,77 @@ def candidate_blocks(scores, compress_lens, topk_blocks: int = 2048, block_size:
     return _candidate_blocks(scores.to(dev), lens.to(dev), topk_blocks, block_size).cpu().view(torch.bool)
 
 
+def _block_scores(x: torch.Tensor, lens_d: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Each row's block maxima, f32 [T, n_blocks], the newest block pinned to +inf."""
+    T, W = x.shape
+    n_blocks = triton.cdiv(W, block_size)
+    block_scores = torch.empty((T, n_blocks), dtype=torch.float32, device=x.device)
+    block_b = 64 if INTERPRET else max(16, 4096 // _pow2(block_size))
+    _block_max_kernel[(T, triton.cdiv(n_blocks, block_b))](
+        x, lens_d, block_scores, W, n_blocks, block_size, x.stride(0),
+        BLOCK_B=block_b, BS_PAD=_pow2(block_size), num_warps=4 if INTERPRET else 8)
+    return block_scores
+
+
 def _candidate_blocks(x: torch.Tensor, lens_d: torch.Tensor, topk_blocks: int, block_size: int, *,
                       sync: bool = True):
     """The device part of candidate_blocks: x [T,W] f32 and lens int32 on the device -> int8 mask
     (sync: the top-k engine's, False for a CUDA graph)."""
     T, W = x.shape
-    dev = x.device
-    n_blocks = triton.cdiv(W, block_size)
-    block_scores = torch.empty((T, n_blocks), dtype=torch.float32, device=dev)
-    block_b = 64 if INTERPRET else max(16, 4096 // _pow2(block_size))
-    warps = 4 if INTERPRET else 8
-    _block_max_kernel[(T, triton.cdiv(n_blocks, block_b))](
-        x, lens_d, block_scores, W, n_blocks, block_size, x.stride(0),
-        BLOCK_B=block_b, BS_PAD=_pow2(block_size), num_warps=warps)
-    out = torch.zeros((T, W), dtype=torch.int8, device=dev)
+    block_scores = _block_scores(x, lens_d, block_size)
+    n_blocks = block_scores.shape[1]
+    out = torch.zeros((T, W), dtype=torch.int8, device=x.device)
     if n_blocks <= topk_blocks:
         block_w = 1024 if INTERPRET else 4096
         _finite_blocks_mask_kernel[(T, triton.cdiv(W, block_w))](
-            block_scores, out, W, n_blocks, block_size, BLOCK_W=block_w, num_warps=warps)
+            block_scores, out, W, n_blocks, block_size, BLOCK_W=block_w, num_warps=4 if INTERPRET else 8)
     else:
-        everything = torch.full((T,), n_blocks, dtype=torch.int32, device=dev)
+        everything = torch.full((T,), n_blocks, dtype=torch.int32, device=x.device)
         _topk_engine(block_scores, everything, topk_blocks, drop_neg_inf=True, mask_out=out,
                      mask_block=block_size, sync=sync)
     return out
+
+
+def _candidate_list(x: torch.Tensor, lens_d: torch.Tensor, topk_blocks: int, block_size: int, *,
+                    sync: bool = True) -> torch.Tensor:
+    """The blocks _candidate_blocks marks, as a list: int64 [T, min(topk_blocks, n_blocks)], the
+    chosen block indices ascending, -1 after the last.  What a decode step hands the re-index
+    layers (through _gather_blocks): O(pool) to expand, where the mask is O(context) to scan."""
+    block_scores = _block_scores(x, lens_d, block_size)
+    n_blocks = block_scores.shape[1]
+    everything = torch.full((x.shape[0],), n_blocks, dtype=torch.int32, device=x.device)
+    return _topk_engine(block_scores, everything, min(topk_blocks, n_blocks), drop_neg_inf=True, sync=sync)
+
+
+@triton.jit
+def _gather_blocks_kernel(blocks_ptr, vis_ptr, idx_ptr, count_ptr, NB, BLOCK_SIZE: tl.constexpr,
+                          BS_PAD: tl.constexpr, CHUNK: tl.constexpr):
+    """Blocks [c*CHUNK, (c+1)*CHUNK) of row r's list to their positions below visible[r], slot
+    j*BLOCK_SIZE + i for position i of the row's j-th block, -1 elsewhere; their count is added to
+    count[r].  Ascending blocks, -1 after the last, make the valid slots a prefix of the row."""
+    row = tl.program_id(0)
+    j = tl.program_id(1) * CHUNK + tl.arange(0, CHUNK)
+    i = tl.arange(0, BS_PAD)
+    block = tl.load(blocks_ptr + row.to(tl.int64) * NB + j, mask=j < NB, other=-1)
+    pos = block[:, None] * BLOCK_SIZE + i[None, :]
+    in_row = (j[:, None] < NB) & (i[None, :] < BLOCK_SIZE)
+    ok = in_row & (block[:, None] >= 0) & (pos < tl.load(vis_ptr + row))
+    slot = j[:, None] * BLOCK_SIZE + i[None, :]
+    tl.store(idx_ptr + row.to(tl.int64) * NB * BLOCK_SIZE + slot, tl.where(ok, pos, -1).to(tl.int32),
+             mask=in_row)
+    tl.atomic_add(count_ptr + row, tl.sum(tl.sum(ok.to(tl.int32), axis=1), axis=0))
+
+
+def _gather_blocks(blocks: torch.Tensor, vis32: torch.Tensor, block_size: int) -> tuple:
+    """_gather_pool's (idx int32 [T, NB*block_size], count int32 [T]) from a list of blocks
+    (int64 [T,NB], ascending, -1 after the last, as _candidate_list gives them), not a mask."""
+    T, nb = blocks.shape
+    idx = torch.empty((T, nb * block_size), dtype=torch.int32, device=blocks.device)
+    count = torch.zeros((T,), dtype=torch.int32, device=blocks.device)
+    chunk = 64 if INTERPRET else 256
+    _gather_blocks_kernel[(T, triton.cdiv(nb, chunk))](blocks, vis32, idx, count, nb, BLOCK_SIZE=block_size,
+                                                      BS_PAD=_pow2(block_size), CHUNK=chunk, num_warps=4)
+    return idx, count
 
 
 _LOW7 = tl.constexpr(0x7F7F7F7F7F7F7F7F)   # the low 7 bits of each byte of a 64-bit word

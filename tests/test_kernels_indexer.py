@@ -780,6 +780,9 @@ COMPILE_SM90 = textwrap.dedent("""
         build(P._gather_kernel, {"words_ptr": "*i64", "vis_ptr": "*i32", "counts_ptr": "*i32",
                                  "idx_ptr": "*i32", "count_ptr": "*i32", **ints("S", "row_words", "NC", "width")},
               num_warps=4, NC_PAD=64, WORDS=512)
+        build(P._gather_blocks_kernel, {"blocks_ptr": "*i64", "vis_ptr": "*i32", "idx_ptr": "*i32",
+                                        "count_ptr": "*i32", "NB": "i32"}, num_warps=4, BLOCK_SIZE=8, BS_PAD=8,
+              CHUNK=256)
     print("built", " ".join(sorted(built)))
 """)
 
@@ -788,7 +791,7 @@ COMPILE_GROUPS = {
     "filter": {"_group_max_kernel", "_threshold_kernel", "_filter_kernel", "_select_kernel"},
     "rest": {"_scores_kernel", "_hadamard_kernel", "_copy_kernel", "_weights_kernel",
              "_visible_kernel", "_block_max_kernel", "_finite_blocks_mask_kernel", "_pool_count_kernel",
-             "_gather_kernel"},
+             "_gather_kernel", "_gather_blocks_kernel"},
 }
 
 

@@ -52,6 +52,44 @@ def test_full_size_rows_around_16384(n):
     assert bool(pool_of(case)[0, :n].all()) == (n <= 16384)
 
 
+def list_and_mask(case):
+    dev = KI._device()
+    x = torch.from_numpy(case.scores).float().to(dev)
+    lens = torch.from_numpy(case.compress_lens).int().to(dev)
+    args = (x, lens, case.topk_blocks, case.block_size)
+    return K._candidate_list(*args), K._candidate_blocks(*args), lens
+
+
+@pytest.mark.parametrize("W,topk_blocks", [(61, 3), (40, 2048), (203, 5), (400, 17)])
+@pytest.mark.parametrize("kind", KINDS)
+def test_candidate_list_is_the_mask_as_blocks(kind, W, topk_blocks):
+    """The decode path's block list (ascending, -1 after the last) holds exactly the blocks the
+    mask marks, and its expansion is the mask's gathered pool, bit for bit."""
+    case = make_pool(kind, 3, 4, W, topk_blocks)
+    blocks, mask, lens = list_and_mask(case)
+    bs = case.block_size
+    nb = blocks.shape[1]
+    assert nb == min(topk_blocks, -(-W // bs))
+    for r in range(blocks.shape[0]):
+        marked = torch.unique(torch.nonzero(mask[r].cpu()).flatten() // bs)
+        assert blocks[r].cpu().tolist() == marked.tolist() + [-1] * (nb - len(marked)), f"row {r} [{case!r}]"
+    got = K._gather_blocks(blocks, lens, bs)
+    want = K._gather_pool(mask.view(torch.uint8), lens, nb * bs)
+    assert all(torch.equal(a, b) for a, b in zip(got, want)), f"expanded list != gathered mask [{case!r}]"
+
+
+@pytest.mark.parametrize("vis_cut", [0, 3, 8])
+def test_gather_blocks_cuts_at_visible(vis_cut):
+    """Blocks are expanded to their positions below visible only: the newest block may be cut."""
+    dev = KI._device()
+    blocks = torch.tensor([[0, 5, 9, -1, -1], [2, 3, -1, -1, -1]], dtype=torch.int64, device=dev)
+    vis = torch.tensor([72 + vis_cut, 0], dtype=torch.int32, device=dev)
+    idx, count = K._gather_blocks(blocks, vis, 8)
+    want = [*range(0, 8), *range(40, 48), *range(72, 72 + vis_cut)]
+    assert idx[0].cpu().tolist() == want + [-1] * (40 - len(want)) and int(count[0]) == len(want)
+    assert (idx[1] == -1).all() and int(count[1]) == 0
+
+
 def test_block_select_across_many_chunks():
     """The top-k engine on block scores with several chunks per row and a tight candidate cap."""
     case = make_pool("few_values", 9, 3, 8 * 600, 37)
@@ -158,10 +196,10 @@ def test_reindex_layers_share_one_gather():
 
 @pytest.mark.skipif(KI._device().type != "cuda", reason="a CUDA graph needs a GPU")
 def test_decode_path_is_captured_by_a_cuda_graph():
-    """Sync-free, the V4.1 decode path (candidate blocks, one gather, re-index top-k) reads nothing
-    back to the host, so a CUDA graph captures it (a synchronization would fail the capture), and
-    a replay gives the read-back path's bits, rows of the radix fallback included (row 1: every
-    block score equal, every re-index score 0)."""
+    """Sync-free, the V4.1 decode paths (candidate blocks as a mask or as a list, one gather,
+    re-index top-k) read nothing back to the host, so a CUDA graph captures them (a
+    synchronization would fail the capture), and a replay gives the read-back path's bits, rows of
+    the radix fallback included (row 1: every block score equal, every re-index score 0)."""
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
     T, W, H, D = 2, 1 << 16, 32, 128
@@ -175,8 +213,9 @@ def test_decode_path_is_captured_by_a_cuda_graph():
 
     def step(sync):
         pool = K._candidate_blocks(scores, lens, 2048, 8, sync=sync)
-        gathered = K._gather_pool(pool, lens, 16384)
-        return pool, K._reindex_topk(q, k, w, gathered, 512, sync=sync)
+        blocks = K._candidate_list(scores, lens, 2048, 8, sync=sync)
+        by_list = K._reindex_topk(q, k, w, K._gather_blocks(blocks, lens, 8), 512, sync=sync)
+        return pool, K._reindex_topk(q, k, w, K._gather_pool(pool, lens, 16384), 512, sync=sync), blocks, by_list
 
     want = step(True)
     side = torch.cuda.Stream()
@@ -190,8 +229,9 @@ def test_decode_path_is_captured_by_a_cuda_graph():
     graph.replay()
     torch.cuda.synchronize()
     assert int(want[0][1].sum()) == 16384 and bool((want[1] >= 0).all())
-    assert torch.equal(got[0], want[0]), "candidate blocks: graph replay differs from the read-back path"
-    assert torch.equal(got[1], want[1]), "re-index top-k: graph replay differs from the read-back path"
+    assert torch.equal(want[3], want[1]), "re-index top-k: the list path differs from the mask path"
+    for name, a, b in zip(("candidate blocks", "re-index top-k", "candidate list", "re-index (list)"), got, want):
+        assert torch.equal(a, b), f"{name}: graph replay differs from the read-back path"
 
 
 def test_bad_input_is_rejected():
