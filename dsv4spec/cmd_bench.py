@@ -181,7 +181,8 @@ def combine(parts: dict, torch=None) -> dict:
                              rate=f"{r['TFLOPs']:.0f} TFLOP/s" if tflops else f"{r['TBps']:.2f} TB/s",
                              vs_torch=r.get("vs_torch"), vs_ceiling=r["vs_ceiling"],
                              ceiling="bf16 GEMM" if tflops else "copy", validity=r["validity"],
-                             context=r.get("context"), flatness=r.get("flatness")))
+                             context=r.get("context"), flatness=r.get("flatness"),
+                             **({"torch_graph": True} if r.get("torch_graph") else {})))
     for r in rows:
         r["goal"], r["meets_goal"] = goal_of(r)
     src = q or ix or {}
@@ -222,7 +223,8 @@ def _fmt(v, spec, suffix=""):
 def table_rows(result: dict):
     for r in result["rows"]:
         yield [r["case"], _fmt(r["kernel_us"], ".1f"), _fmt(r.get("graph_us"), ".1f"),
-               _fmt(r.get("torch_us"), ".1f"), r["rate"], _fmt(r.get("vs_torch"), ".2f", "×"),
+               _fmt(r.get("torch_us"), ".1f", " (graph)" if r.get("torch_graph") else ""), r["rate"],
+               _fmt(r.get("vs_torch"), ".2f", "×"),
                f"{100 * r['vs_ceiling']:.0f} % of {r['ceiling']}", r["goal"],
                {True: "yes", False: "no", None: "–"}[r["meets_goal"]], r["validity"]]
 
@@ -323,7 +325,8 @@ def readme_table(result: dict, source: str) -> str:
              f"{result['triton']}; `{source}`): copy {c.get('copy_TBps', float('nan')):.2f} TB/s"
              + (f", bf16 GEMM {c['bf16_gemm_TFLOPs']:.0f} TFLOP/s" if "bf16_gemm_TFLOPs" in c else "")
              + ", in the same run.  kernel µs: called as a user calls it; graph µs: the launches replayed "
-             "from a CUDA graph (device time, as engines run decode).", "",
+             "from a CUDA graph (device time, as engines run decode); torch µs marked (graph): torch's "
+             "launches replayed from a CUDA graph too, and vs torch is then graph against graph.", "",
              "| case | kernel µs | graph µs | torch µs | vs torch | vs ceiling | goal | met |",
              "|---|---:|---:|---:|---:|---:|---|---|"]
     for cells in table_rows(result):

@@ -86,6 +86,18 @@ def test_reindex_rows_judge_speed_flatness_and_the_full_row(flatness, flat):
     assert got == [("faster than torch", True), ("≤ 1.2× the 64K row (flat)", flat), ("≥ 30× torch", False)]
 
 
+def test_decode_step_compared_graph_to_graph_is_marked():
+    """A row whose torch baseline was replayed from a CUDA graph says so in its torch cell (and
+    the README's note says what the mark means); a row timed eagerly is not marked."""
+    step = dict(reindex_row(1 << 20), case="decode step V4.1 at 1M tokens (262144 compressed): scores",
+                torch_us=600.0, vs_torch=2.9, torch_graph=True)
+    result = B.combine({"indexer": dict(INDEXER, rows=[step, reindex_row(1 << 16)])})
+    cells = [row[3] for row in B.table_rows(result)]
+    assert cells == ["600.0 (graph)", "900.0"]
+    assert result["rows"][0]["meets_goal"] is True
+    assert "marked (graph)" in B.readme_table(result, "x.json")
+
+
 PATH = {"device": "GPU X", "copy_GBps": 4000.0, "rows": [
     {"fmt": "fp4_e8m0", "what": "index K", "shape": [1 << 20, 128], "bytes": 2e8, "fused_us": 80.0,
      "fused_over_copy": 0.62, "unfused_us": 400.0, "fused_over_unfused": 5.0, "mismatches": 0},
