@@ -240,8 +240,10 @@ def _gather_pool(pool_u8: torch.Tensor, vis32: torch.Tensor, width: int, block: 
     of 8, overrides the default for tests)."""
     T, S = pool_u8.shape
     dev = pool_u8.device
-    if S % 8 or pool_u8.data_ptr() % 8 or pool_u8.stride() != (S, 1):
-        pool_u8 = torch.nn.functional.pad(pool_u8, (0, -S % 8))   # a new, aligned, contiguous row
+    if S % 8 or pool_u8.data_ptr() % 8 or pool_u8.stride() != (S, 1):   # a new, aligned copy
+        padded = torch.zeros((T, S + (-S % 8)), dtype=pool_u8.dtype, device=dev)
+        padded[:, :S] = pool_u8
+        pool_u8 = padded
     words = pool_u8.view(torch.int64)
     row_words = words.shape[1]
     block = block or (256 if INTERPRET else _GATHER_BLOCK)
