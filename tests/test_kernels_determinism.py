@@ -1,7 +1,8 @@
 """Every public kernel op gives the same bits on the same input, run after run: 20 runs on a GPU
 (sizes that spread each op over many programs: top-k rows of 1M, several chunks per row), 2 in the
 interpreter (small sizes).  Bits are compared, not values (−0 vs +0 and NaN payloads count), and
-every op exported by a kernels module must have a case here.  No timing."""
+every op exported by a kernels module must have a case here (and so do the device paths of
+the decode step that are not public ops).  No timing."""
 import importlib
 import pkgutil
 
@@ -19,6 +20,7 @@ from dsv4spec.spec import indexer as S
 GPU = KI._device().type == "cuda"
 RUNS = 20 if GPU else 2
 HOST_SIDE = {"layer_role"}   # configuration tables, no device work
+DEVICE_PATHS = {"decode_block_list"}   # device functions a decode step uses beyond the public ops
 
 
 def bf16_values(rng, shape, scale=1.0):
@@ -95,9 +97,15 @@ def pool_cases(rng):
     w = bf16_values(rng, (T, H), 0.05)
     vis = torch.full((T,), S_)
     pool = torch.from_numpy(np.repeat(rng.random((T, -(-S_ // 8))) < (0.25 if GPU else 0.5), 8, axis=1)[:, :S_])
+    dev = KI._device()
+
+    def block_list(sc, ln):   # the decode path's pool: the chosen blocks' list, expanded
+        blocks = KP._candidate_list(sc.to(dev), ln.int().to(dev), nb, 8)
+        return (blocks, *KP._gather_blocks(blocks, ln.int().to(dev), 8))
     return {
         "candidate_blocks": (KP.candidate_blocks, (scores, lens, nb, 8)),
         "reindex_topk": (KP.reindex_topk, (q, k, w, vis, pool, 512 if GPU else 24)),
+        "decode_block_list": (block_list, (scores, lens)),
     }
 
 
@@ -147,7 +155,7 @@ def assert_same_bits_every_run(name, fn, args, runs):
             assert diff == 0, f"{name}: output {i} differs in {diff} of {a.numel()} elements at run {run + 1}"
 
 
-@pytest.mark.parametrize("name", sorted(exported_ops()))
+@pytest.mark.parametrize("name", sorted(exported_ops() | DEVICE_PATHS))
 def test_same_bits_every_run(name, cases):
     fn, args = cases[name]
     assert_same_bits_every_run(name, fn, args, RUNS)
