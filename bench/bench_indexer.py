@@ -55,18 +55,14 @@ def capture(torch, fn):
     return g, outputs
 
 
-def graph_time(torch, fn, rep):
-    """Median of CUDA-graph replays of fn: the device time of its launches without the host's
-    launch overhead (fn must not synchronize)."""
-    return bench(capture(torch, fn)[0].replay, rep)
-
-
-def engine_graph_us(torch, KI, x, nv, k, by_score, want, rep):
-    """The whole top-k engine without host read-backs (sync=False: filter, then the on-device
-    fallback), replayed from a CUDA graph: µs, or None if the replay's indices differ from want."""
-    g, got = capture(torch, lambda: KI._topk_engine(x, nv, k, by_score=by_score, sync=False))
+def replay_us(torch, fn, rep, want=None):
+    """Median µs of CUDA-graph replays of fn (sync-free launches): device time without the host's
+    launch overhead; None when want is given and a replay's output differs from it bit for bit."""
+    g, got = capture(torch, fn)
     g.replay()
-    return bench(g.replay, rep) * 1e6 if torch.equal(got, want) else None
+    if want is not None and not torch.equal(got, want):
+        return None
+    return bench(g.replay, rep) * 1e6
 
 
 def bf16_ulp(torch, x):
@@ -172,7 +168,8 @@ def run_topk(torch, KI, rep, ceil, quick, skip_torch):
             validity = topk_validity(torch, x, nv, out, k, order)
             t = bench(lambda: KI._topk_engine(x, nv, k, by_score=order == "score"), rep)
             tt = None if skip_torch else bench(lambda: torch.topk(x, k, dim=1, sorted=False), rep)
-            tg = engine_graph_us(torch, KI, x, nv, k, order == "score", out, rep)
+            tg = replay_us(torch, lambda: KI._topk_engine(x, nv, k, by_score=order == "score", sync=False),
+                           rep, out)
             nbytes = R * N * 4
             rows.append(dict(case=f"top-k {R}x{N} k={k} ({order})", kernel_us=t * 1e6,
                              graph_us=tg, torch_us=tt and tt * 1e6,
@@ -194,12 +191,13 @@ def run_context(torch, KI, rep, ceil, quick, skip_torch):
             out = KI._topk_engine(x, nv, 2048)
             validity = topk_validity(torch, x, nv, out, 2048, "position")
             t = bench(lambda: KI._topk_engine(x, nv, 2048), rep)
-            tg = engine_graph_us(torch, KI, x, nv, 2048, False, out, rep)
+            tg = replay_us(torch, lambda: KI._topk_engine(x, nv, 2048, sync=False), rep, out)
             if tg is None:
                 validity = "INVALID graph replay; " + validity
             tt = None if skip_torch else bench(lambda: torch.topk(x, 2048, dim=1, sorted=False), rep)
             rows.append(dict(case=f"top-k {R}x{N} k=2048 (context {N})", context=N, kernel_us=t * 1e6,
-                             graph_us=tg, torch_us=tt and tt * 1e6, TBps=R * N * 4 / t / 1e12, vs_torch=tt and tt / t,
+                             graph_us=tg, torch_us=tt and tt * 1e6, TBps=R * N * 4 / t / 1e12,
+                             vs_torch=tt and tt / t,
                              vs_ceiling=R * N * 4 / t / 1e12 / ceil["copy_TBps"], validity=validity))
             del x
     return rows
@@ -340,10 +338,8 @@ def decode_step(torch, KI, KP, rep, ceil, quick, skip_torch, g):
         te = bench(naive, rep)
         print(f"torch's decode step, eager: {te * 1e6:.1f} us", flush=True)
         try:
-            torch_graph = capture(torch, naive)[0]
-            torch_graph.replay()
-            tt = bench(torch_graph.replay, rep)
-            row.update(torch_us=tt * 1e6, vs_torch=tt / tg, torch_graph=True)
+            tt = replay_us(torch, naive, rep)
+            row.update(torch_us=tt, vs_torch=tt / row["graph_us"], torch_graph=True)
         except RuntimeError as e:  # not capturable: eager against eager, as the other rows
             print(f"torch's decode step not captured ({str(e)[:200]}): compared eager", flush=True)
             torch.cuda.synchronize()
@@ -372,18 +368,17 @@ def run_blocks(torch, KP, rep, ceil, quick, skip_torch):
         validity = "valid" if ascending and torch.equal(got, ref) else \
             f"INVALID (ascending={ascending}, multiset={torch.equal(got, ref)})"
         t = bench(lambda: KP._candidate_list(x, lens, 2048, 8), rep)
-        g_blocks, g_out = capture(torch, lambda: KP._candidate_list(x, lens, 2048, 8, sync=False))
-        g_blocks.replay()
-        tg = bench(g_blocks.replay, rep) * 1e6 if torch.equal(g_out, out) else None
+        tg = replay_us(torch, lambda: KP._candidate_list(x, lens, 2048, 8, sync=False), rep, out)
         if tg is None:
             validity = "INVALID graph replay; " + validity
         tt = None if skip_torch else bench(
             lambda: torch.topk(x.view(R, W // 8, 8).amax(-1), 2048, dim=1, sorted=False), rep)
         nbytes = R * W * 4
         rows.append(dict(case=f"block select [{R}, {W}] -> 2048 block indices", kernel_us=t * 1e6,
-                         graph_us=tg, torch_us=tt and tt * 1e6, TBps=nbytes / t / 1e12, vs_torch=tt and tt / t,
-                         vs_ceiling=nbytes / t / 1e12 / ceil["copy_TBps"], validity=validity))
-        del x, out, g_blocks, g_out
+                         graph_us=tg, torch_us=tt and tt * 1e6, TBps=nbytes / t / 1e12,
+                         vs_torch=tt and tt / t, vs_ceiling=nbytes / t / 1e12 / ceil["copy_TBps"],
+                         validity=validity))
+        del x, out
     return rows
 
 
@@ -498,10 +493,8 @@ def reindex_case(torch, KP, S, rep, ceil, quick, skip_torch, k=512, width=16384)
     validity += "" if in_pool else "; OUTSIDE THE POOL"
     del kg, dots, full
     t = bench(lambda: KP._reindex_topk(q, kc, w, KP._gather_blocks(blocks, vis, 8), k), rep)
-    g_re, g_out = capture(torch, lambda: KP._reindex_topk(q, kc, w, KP._gather_blocks(blocks, vis, 8), k,
-                                                          sync=False))
-    g_re.replay()
-    tg = bench(g_re.replay, rep) * 1e6 if torch.equal(g_out, out) else None
+    tg = replay_us(torch, lambda: KP._reindex_topk(q, kc, w, KP._gather_blocks(blocks, vis, 8), k, sync=False),
+                   rep, out)
     if tg is None:
         validity = "INVALID graph replay; " + validity
     tt = None
@@ -512,8 +505,8 @@ def reindex_case(torch, KP, S, rep, ceil, quick, skip_torch, k=512, width=16384)
             return pos.gather(1, torch.topk(s, k, dim=1, sorted=False).indices).sort(1).values
         tt = bench(naive, rep)
     nbytes = T * width * (D * 2 + 4)   # K rows gathered + pool scores written
-    return dict(case=f"re-index top-{k} in a pool of {width // 8} blocks of 8 (T={T}, S={S}, H={H})", context=S,
-                kernel_us=t * 1e6, graph_us=tg, torch_us=tt and tt * 1e6, TBps=nbytes / t / 1e12,
+    return dict(case=f"re-index top-{k} in a pool of {width // 8} blocks of 8 (T={T}, S={S}, H={H})",
+                context=S, kernel_us=t * 1e6, graph_us=tg, torch_us=tt and tt * 1e6, TBps=nbytes / t / 1e12,
                 vs_torch=tt and tt / t, vs_ceiling=nbytes / t / 1e12 / ceil["copy_TBps"],
                 validity=validity)
 
@@ -619,9 +612,10 @@ def markdown(result):
     lines += ["", "Rates: top-k/block select count the fp32 score bytes read once; logits count "
               "2·H·D FLOPs per visible (t, s) pair against the bf16 GEMM ceiling; re-index counts "
               "the gathered K rows and the pool scores.  The logits torch baseline is a 256-query "
-              "chunk scaled to T.  graph µs: the top-k engine without host read-backs (the filter and its "
-              "on-device fallback), or the whole sync-free decode step, replayed from a CUDA graph and "
-              "checked bit for bit against the eager result (device time, no host launch overhead)."]
+              "chunk scaled to T.  graph µs: the kernels' launches without host read-backs (top-k: the "
+              "filter and its on-device fallback; the whole decode step), replayed from a CUDA graph and "
+              "checked bit for bit against the eager result (device time, no host launch overhead); the "
+              "decode step's torch µs: torch's step replayed from a CUDA graph too."]
     return "\n".join(lines) + "\n"
 
 

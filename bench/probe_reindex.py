@@ -20,19 +20,13 @@ os.environ.setdefault("TRITON_INTERPRET", "0")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_indexer import bench, capture, pool_mask, reindex_inputs  # noqa: E402
+from bench_indexer import pool_mask, reindex_inputs, replay_us  # noqa: E402
 
 from dsv4spec.cmd_bench import cuda_torch  # noqa: E402
 
 WIDTH = 16384
+REP = 50   # do_bench ms a case
 GATHER_CONFIGS = ((4096, 4), (4096, 8), (4096, 16), (8192, 16), (2048, 8))  # shipped first
-
-
-def graph_us(torch, fn, rep=50):
-    g = capture(torch, fn)[0]
-    g.replay()
-    torch.cuda.synchronize()
-    return bench(g.replay, rep) * 1e6
 
 
 def main() -> int:
@@ -50,14 +44,14 @@ def main() -> int:
         for block, warps in GATHER_CONFIGS:
             KP._GATHER_BLOCK, KP._GATHER_WARPS = block, warps
             try:
-                t = graph_us(torch, lambda: KP._gather_pool(pool, vis, WIDTH))
+                t = replay_us(torch, lambda: KP._gather_pool(pool, vis, WIDTH), REP)
                 same = all(torch.equal(a, b) for a, b in zip(KP._gather_pool(pool, vis, WIDTH), (idx, count)))
             finally:
                 KP._GATHER_BLOCK, KP._GATHER_WARPS = GATHER_CONFIGS[0]
             print(f"S={S:8d} gather  {t:8.1f} us  block {block:5d} warps {warps:2d}  mask "
                   f"{T * S / t / 1e6:.2f} TB/s{'' if same else '  DIFFERENT POOL'}", flush=True)
         same = all(torch.equal(a, b) for a, b in zip(KP._gather_blocks(blocks, vis, 8), (idx, count)))
-        print(f"S={S:8d} list    {graph_us(torch, lambda: KP._gather_blocks(blocks, vis, 8)):8.1f} us"
+        print(f"S={S:8d} list    {replay_us(torch, lambda: KP._gather_blocks(blocks, vis, 8), REP):8.1f} us"
               f"{'' if same else '  DIFFERENT POOL'}", flush=True)
         out = torch.empty((T, WIDTH), dtype=torch.float32, device="cuda")
         ref = None
@@ -69,7 +63,7 @@ def main() -> int:
             try:
                 run = lambda: KI._launch_scores(q, None, kc, None, w, count, idx, T, WIDTH, H, D, out,  # noqa: E731
                                                 fp4=False, bf16=True)
-                t = graph_us(torch, run)
+                t = replay_us(torch, run, REP)
                 ref = out.clone() if ref is None else ref
                 same = "" if torch.equal(out, ref) else "  DIFFERENT SCORES"
                 n_s = config(T, WIDTH, 32, 128, True)[2]
@@ -78,8 +72,8 @@ def main() -> int:
                       flush=True)
             finally:
                 KI._score_config = shipped
-        print(f"S={S:8d} top-k   {graph_us(torch, lambda: KI._topk_engine(out, count, 512, by_score=False, remap=idx, sync=False)):8.1f} us",
-              flush=True)
+        t = replay_us(torch, lambda: KI._topk_engine(out, count, 512, remap=idx, sync=False), REP)
+        print(f"S={S:8d} top-k   {t:8.1f} us", flush=True)
         del q, kc, w, vis, pool, blocks, idx, count, out, ref
         torch.cuda.empty_cache()
     return 0

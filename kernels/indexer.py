@@ -796,9 +796,9 @@ def _topk_radix_rows(x: torch.Tensor, n_valid: torch.Tensor, k: int, flag: torch
 # the exact k-th key K among them (its top 16 bits by one histogram relative to t's, which the
 # candidates' span fits for all but clustered data; 8-bit digits otherwise) and, when keys equal
 # to K straddle the k-th place, the last position taken among them by digits of the position.
-# The chosen leave in position order through a bitmap of the row, or a sort.  Threshold and select read
-# their lists SUB entries a pass (8-bit histograms, a few scalars carried), so a program is small
-# and many share an SM when rows are many and short.  The result depends only on the candidate
+# The chosen leave in position order through a bitmap of the row, or a sort.  Threshold and
+# select read their lists SUB entries a pass (8-bit histograms, a few scalars carried), so a
+# program is small and many share an SM when rows are many and short.  The result depends only on the candidate
 # set, never on the slot order: deterministic.  Rows whose candidates overflow the cap (heavy
 # ties, adversarial order) are redone by _topk_radix.
 
@@ -1049,9 +1049,10 @@ def _select_kernel(cand_key_ptr, cand_pos_ptr, count_ptr, thr_ptr, remap_ptr, sc
                    BITMAP: tl.constexpr):
     """Exact top-k among a row's candidates (in any order, every key >= thr[r]), read SUB at a
     time: the k-th key K by one histogram of its top 16 bits relative to thr's (two 8-bit digits
-    where the span is too wide), two more digits when keys have low bits (fp32), and when the keys equal to K straddle the k-th place, the last position P taken
-    among them (lowest first) by digits of the reversed position; the chosen are key > K, or key
-    = K and position <= P.  Or flag[r] = 1 when the candidates did not fit (count[r, 1] = 1; then
+    where the span is too wide), two more digits when keys have low bits (fp32), and when the
+    keys equal to K straddle the k-th place, the last position P taken among them (lowest first)
+    by digits of the reversed position; the chosen are key > K, or key = K and position <= P.
+    Or flag[r] = 1 when the candidates did not fit (count[r, 1] = 1; then
     nothing is written).  Output: positions ascending, through a bitmap of NW words (BITMAP) or a
     scratch row of the chosen and a sort; (score desc, position asc) through the scratch row and a
     sort; or the chosen blocks' mask."""

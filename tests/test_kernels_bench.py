@@ -86,6 +86,26 @@ def test_reindex_rows_judge_speed_flatness_and_the_full_row(flatness, flat):
     assert got == [("faster than torch", True), ("≤ 1.2× the 64K row (flat)", flat), ("≥ 30× torch", False)]
 
 
+def test_replay_time_only_for_a_replay_that_gives_the_eager_bits(monkeypatch):
+    """bench_indexer.replay_us times a CUDA graph's replays only when the replayed output equals
+    the eager one (a graph that computes something else has no time), and times it in µs."""
+    import torch
+    bench = B._script("bench_indexer")
+    replays = []
+
+    class Graph:
+        def replay(self):
+            replays.append(1)
+
+    monkeypatch.setattr(bench, "capture", lambda torch_, fn: (Graph(), fn()))
+    monkeypatch.setattr(bench, "bench", lambda fn, rep: (fn(), 2e-6)[1])
+    want = torch.arange(4)
+    assert bench.replay_us(torch, lambda: torch.arange(4), 10, want) == pytest.approx(2.0)
+    assert bench.replay_us(torch, lambda: torch.arange(4) + 1, 10, want) is None
+    assert bench.replay_us(torch, lambda: torch.arange(4) + 1, 10) == pytest.approx(2.0)
+    assert len(replays) == 5          # one replay before each check, one per timing
+
+
 def test_decode_step_compared_graph_to_graph_is_marked():
     """A row whose torch baseline was replayed from a CUDA graph says so in its torch cell (and
     the README's note says what the mark means); a row timed eagerly is not marked."""

@@ -775,11 +775,12 @@ COMPILE_SM90 = textwrap.dedent("""
                                     **ints("W", "NB", "block", "x_stride")}, BLOCK_B=512, BS_PAD=8)
         build(P._finite_blocks_mask_kernel, {"bs_ptr": "*fp32", "out_ptr": "*i8",
                                              **ints("W", "NB", "block")}, BLOCK_W=4096)
+        words = P._GATHER_BLOCK // 8   # as _gather_pool launches them
         build(P._pool_count_kernel, {"words_ptr": "*i64", "vis_ptr": "*i32", "counts_ptr": "*i32",
-                                     **ints("S", "row_words", "NC")}, num_warps=4, WORDS=512)
+                                     **ints("S", "row_words", "NC")}, num_warps=P._GATHER_WARPS, WORDS=words)
         build(P._gather_kernel, {"words_ptr": "*i64", "vis_ptr": "*i32", "counts_ptr": "*i32",
                                  "idx_ptr": "*i32", "count_ptr": "*i32", **ints("S", "row_words", "NC", "width")},
-              num_warps=4, NC_PAD=64, WORDS=512)
+              num_warps=P._GATHER_WARPS, NC_PAD=64, WORDS=words)
         build(P._gather_blocks_kernel, {"blocks_ptr": "*i64", "vis_ptr": "*i32", "idx_ptr": "*i32",
                                         "count_ptr": "*i32", "NB": "i32"}, num_warps=4, BLOCK_SIZE=8, BS_PAD=8,
               CHUNK=256)
