@@ -164,11 +164,11 @@ def run_topk(torch, KI, rep, ceil, quick, skip_torch):
         for order in ("position", "score"):
             if order == "score" and (R, N) != (64, 1 << 20):
                 continue
-            out = KI._topk_engine(x, nv, k, by_score=order == "score")
+            out = KT._topk_engine(x, nv, k, by_score=order == "score")
             validity = topk_validity(torch, x, nv, out, k, order)
-            t = bench(lambda: KI._topk_engine(x, nv, k, by_score=order == "score"), rep)
+            t = bench(lambda: KT._topk_engine(x, nv, k, by_score=order == "score"), rep)
             tt = None if skip_torch else bench(lambda: torch.topk(x, k, dim=1, sorted=False), rep)
-            tg = replay_us(torch, lambda: KI._topk_engine(x, nv, k, by_score=order == "score", sync=False),
+            tg = replay_us(torch, lambda: KT._topk_engine(x, nv, k, by_score=order == "score", sync=False),
                            rep, out)
             nbytes = R * N * 4
             rows.append(dict(case=f"top-k {R}x{N} k={k} ({order})", kernel_us=t * 1e6,
@@ -188,10 +188,10 @@ def run_context(torch, KI, rep, ceil, quick, skip_torch):
         for N in ((1 << 14, 1 << 16) if quick else (1 << 16, 1 << 18, 1 << 20)):
             x = torch.randn(R, N, device="cuda", generator=g).bfloat16().float()
             nv = torch.full((R,), N, dtype=torch.int32, device="cuda")
-            out = KI._topk_engine(x, nv, 2048)
+            out = KT._topk_engine(x, nv, 2048)
             validity = topk_validity(torch, x, nv, out, 2048, "position")
-            t = bench(lambda: KI._topk_engine(x, nv, 2048), rep)
-            tg = replay_us(torch, lambda: KI._topk_engine(x, nv, 2048, sync=False), rep, out)
+            t = bench(lambda: KT._topk_engine(x, nv, 2048), rep)
+            tg = replay_us(torch, lambda: KT._topk_engine(x, nv, 2048, sync=False), rep, out)
             if tg is None:
                 validity = "INVALID graph replay; " + validity
             tt = None if skip_torch else bench(lambda: torch.topk(x, 2048, dim=1, sorted=False), rep)
@@ -556,7 +556,7 @@ def profile_kernels(torch, KI, KP, only, rep=20):
                         (1024, 1 << 16, 2048)):
             x = torch.randn(R, N, device="cuda").bfloat16().float()
             nv = torch.full((R,), N, dtype=torch.int32, device="cuda")
-            per_kernel(f"top-k {R}x{N} k={k}", lambda: KI._topk_engine(x, nv, k, sync=False))
+            per_kernel(f"top-k {R}x{N} k={k}", lambda: KT._topk_engine(x, nv, k, sync=False))
     if "blocks" in only:
         for R in (64, 1024):
             x = torch.randn(R, 1 << 18, device="cuda").bfloat16().float()
@@ -625,6 +625,7 @@ def main(argv=None):
     if torch is None:
         return 2
     from dsv4spec.kernels import indexer as KI
+    from dsv4spec.kernels import topk as KT
     from dsv4spec.kernels import pool as KP
     only = set(filter(None, args.only.split(","))) or {"topk", "context", "blocks", "logits", "decode",
                                                         "reindex"}

@@ -26,7 +26,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from dsv4spec.cmd_bench import cuda_torch  # noqa: E402
-from dsv4spec.kernels.indexer import _digit_pass  # noqa: E402
+from dsv4spec.kernels.topk import _digit_pass  # noqa: E402
 
 
 @triton.jit

@@ -97,9 +97,9 @@ def case_inputs(torch, R, N, block):
     return x, nv, (N if block else 0)
 
 
-def resolve(KI, R, n, k, change):
+def resolve(KT, R, n, k, change):
     """The FilterTune fields of one grid point for this case (None: not applicable)."""
-    base = KI._filter_config(R, n, k)
+    base = KT._filter_config(R, n, k)
     fields = {f: v for f, v in change.items() if f != "ch*"}
     if "ch*" in change:
         fields["ch"] = int(base.ch * change["ch*"])
@@ -110,7 +110,7 @@ def resolve(KI, R, n, k, change):
     return dataclasses.asdict(tune)
 
 
-def case_setup(torch, KI, case):
+def case_setup(torch, KT, case):
     """A case's inputs, the filter's arguments and a maker of output buffers."""
     name, R, N, k, block = case
     x, nv, width = case_inputs(torch, R, N, block)
@@ -124,20 +124,20 @@ def case_setup(torch, KI, case):
     return dict(name=name, R=R, n=x.shape[1], k=k, x=x, nv=nv, filt=filt, fresh=fresh)
 
 
-def run_config(torch, KI, c, change, rep):
+def run_config(torch, KT, c, change, rep):
     """One grid point on one case: None when it does not apply or repeats a measured one."""
-    tune = resolve(KI, c["R"], c["n"], c["k"], change)
+    tune = resolve(KT, c["R"], c["n"], c["k"], change)
     key = None if tune is None else tuple(sorted(tune.items()))
     if key is None or key in c["seen"]:
         return None
     c["seen"].add(key)
     x, nv, k, filt = c["x"], c["nv"], c["k"], c["filt"]
-    with KI.filter_tuning(**tune):
+    with KT.filter_tuning(**tune):
         out = c["fresh"]()
-        flag = KI._topk_filter(x, nv, k, out, **filt)
+        flag = KT._topk_filter(x, nv, k, out, **filt)
         ok = flag is not None and not bool(flag.any()) and torch.equal(out, c["ref"])
         buf = c["fresh"]()
-        us = graph_us(torch, lambda: KI._topk_filter(x, nv, k, buf, **filt), rep) if ok else None
+        us = graph_us(torch, lambda: KT._topk_filter(x, nv, k, buf, **filt), rep) if ok else None
     return dict(case=c["name"], change=change, tune=tune, us=us, torch_us=c["torch_us"],
                 status="ok" if ok else "MISMATCH against the default (or rows flagged)")
 
@@ -147,12 +147,12 @@ def _compile_worker(task):
     on-disk cache, so the timing process does not compile them."""
     change, case = task
     import torch
-    from dsv4spec.kernels import indexer as KI
-    c = case_setup(torch, KI, case)
-    tune = resolve(KI, c["R"], c["n"], c["k"], change)
+    from dsv4spec.kernels import topk as KT
+    c = case_setup(torch, KT, case)
+    tune = resolve(KT, c["R"], c["n"], c["k"], change)
     if tune is not None:
-        with KI.filter_tuning(**tune):
-            KI._topk_filter(c["x"], c["nv"], c["k"], c["fresh"](), **c["filt"])
+        with KT.filter_tuning(**tune):
+            KT._topk_filter(c["x"], c["nv"], c["k"], c["fresh"](), **c["filt"])
         torch.cuda.synchronize()
     return True
 
@@ -190,16 +190,16 @@ def main(argv=None):
     torch = cuda_torch("sweep_topk")
     if torch is None:
         return 2
-    from dsv4spec.kernels import indexer as KI
+    from dsv4spec.kernels import topk as KT
     t0 = time.time()
     if args.jobs > 1:
         precompile(args.jobs)
         print(f"precompiled in {time.time() - t0:.1f} s", flush=True)
     cases = []
     for case in CASES:
-        c = case_setup(torch, KI, case)
+        c = case_setup(torch, KT, case)
         c["ref"] = c["fresh"]()
-        KI._topk_filter(c["x"], c["nv"], c["k"], c["ref"], **c["filt"])
+        KT._topk_filter(c["x"], c["nv"], c["k"], c["ref"], **c["filt"])
         c["torch_us"] = graph_us(torch, lambda: torch.topk(c["x"], c["k"], dim=1, sorted=False), args.rep)
         c["seen"] = set()
         cases.append(c)
@@ -210,7 +210,7 @@ def main(argv=None):
                 rows.append(dict(case=c["name"], change=change, status="skipped (budget)"))
                 continue
             try:
-                row = run_config(torch, KI, c, change, args.rep)
+                row = run_config(torch, KT, c, change, args.rep)
             except Exception as e:  # noqa: BLE001 -- report it and go on with the grid
                 row = dict(case=c["name"], change=change, status=f"ERROR {type(e).__name__}: {e}"[:200])
             if row:

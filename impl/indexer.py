@@ -11,6 +11,7 @@ import torch
 from ..spec import indexer as spec
 from ..spec.models import profile
 from .quant import fp4_e8m0_dequantize
+from .topk import _topk_from
 
 __all__ = ["hadamard", "index_rotate", "index_weights", "index_scores", "index_scores_fp4",
            "index_visible", "index_topk"]
@@ -165,25 +166,6 @@ def index_visible(positions: torch.Tensor, ratio: int) -> torch.Tensor:
         raise ValueError("index_visible: positions must be ≥ 0")
     # (p + 1) // r written so that p + 1 is never formed (p = 2^63 − 1 would wrap).
     return positions // ratio + (positions % ratio == ratio - 1).to(torch.int64)
-
-
-def _best_first(scores: torch.Tensor, eligible: torch.Tensor) -> torch.Tensor:
-    """Column indices per row: eligible ones by descending score, ties by lowest index, then the rest."""
-    by_score = torch.sort(scores, dim=1, descending=True, stable=True).indices
-    ineligible = (~eligible).gather(1, by_score).to(torch.int8)
-    return by_score.gather(1, torch.sort(ineligible, dim=1, stable=True).indices)
-
-
-def _topk_from(scores: torch.Tensor, eligible: torch.Tensor, k: int, order: str) -> torch.Tensor:
-    T, S = scores.shape
-    if k == 0:
-        return torch.empty((T, 0), dtype=torch.int64)
-    best = _best_first(scores, eligible)[:, :k]
-    count = eligible.sum(dim=1, keepdim=True).clamp(max=k)
-    valid = torch.arange(k)[None, :] < count
-    if order == "position":
-        best = torch.sort(torch.where(valid, best, S), dim=1).values
-    return torch.where(valid, best, -1)
 
 
 def _topk_inputs(op: str, scores, visible, k, order):

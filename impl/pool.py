@@ -5,7 +5,8 @@ import torch
 
 from ..spec import pool as spec
 from ..spec.models import profile
-from .indexer import _tensor, _topk_from, _visibility_mask, _visible, index_scores
+from .indexer import _tensor, _visibility_mask, _visible, index_scores
+from .topk import _topk_from
 
 __all__ = ["candidate_blocks", "reindex_topk", "layer_role"]
 

@@ -38,8 +38,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .indexer import (INTERPRET, _check_k, _check_lengths, _device, _float_input, _launch_scores,
-                      _need_tensor, _pow2, _score_inputs, _topk_engine)
+from . import INTERPRET
+from .indexer import (_check_k, _check_lengths, _device, _float_input, _launch_scores, _need_tensor,
+                      _score_inputs)
+from .topk import _pow2, _topk_engine
 
 # Layer roles are host-side configuration, not device work: the kernels target serves impl's table so
 # that a serving engine built on these kernels is checked on LAYER.* as a whole.

@@ -202,18 +202,19 @@ def test_topk_sweep_grid_and_table():
     finally:
         sys.path.remove("bench")
     from dsv4spec.kernels import indexer as KI
+    from dsv4spec.kernels import topk as KT
     for change in SW.GRID:
-        tune = SW.resolve(KI, 64, 1 << 20, 2048, change)
+        tune = SW.resolve(KT, 64, 1 << 20, 2048, change)
         assert tune is None or (tune["ch"] % tune["block"] == 0 and tune["block"] % tune["run"] == 0)
     small = []   # the sweep's per-configuration logic on two small cases, on this device
     SW.DEVICE = str(KI._device())
     SW.graph_us = lambda torch, fn, rep: 1.0
     for case in (("row", 2, 4096, 16, 0), ("blocks", 2, 16384, 16, 8)):
-        c = SW.case_setup(torch, KI, case)
+        c = SW.case_setup(torch, KT, case)
         c["ref"] = c["fresh"]()
-        KI._topk_filter(c["x"], c["nv"], c["k"], c["ref"], **c["filt"])
+        KT._topk_filter(c["x"], c["nv"], c["k"], c["ref"], **c["filt"])
         c.update(torch_us=2.0, seen=set())
-        small += [SW.run_config(torch, KI, c, change, 1) for change in ({}, {"run": 32}, {"sub": 64}, {})]
+        small += [SW.run_config(torch, KT, c, change, 1) for change in ({}, {"run": 32}, {"sub": 64}, {})]
     assert [r and r["status"] for r in small] == ["ok", "ok", "ok", None] * 2, small
     rows = [dict(case="c", change={}, us=100.0, torch_us=300.0, status="ok"),
             dict(case="c", change={"run": 32}, us=50.0, torch_us=300.0, status="ok"),

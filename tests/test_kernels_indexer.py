@@ -16,6 +16,7 @@ import torch
 
 from dsv4spec import impl
 from dsv4spec.kernels import indexer as K
+from dsv4spec.kernels import topk as KT
 from dsv4spec.properties.indexer import OPS, make_rows, make_score_case
 from dsv4spec.properties.ranking import assert_topk
 from dsv4spec.spec import indexer as S
@@ -110,7 +111,7 @@ def test_topk_matches_impl(kind, order):
 
 def engine(case, order, cap, blocks=(64, 128)):
     dev = K._device()
-    out = K._topk_radix(torch.from_numpy(case.scores).float().to(dev),
+    out = KT._topk_radix(torch.from_numpy(case.scores).float().to(dev),
                          torch.from_numpy(case.visible).int().to(dev),
                          case.k, by_score=order == "score", cap=cap, blocks=blocks)
     return out.cpu()
@@ -143,7 +144,7 @@ def filtered(case, order, group, cap=None, remap=None):
     dev = K._device()
     T = case.scores.shape[0]
     out = torch.full((T, case.k), -1, dtype=torch.int64, device=dev)
-    flag = K._topk_filter(torch.from_numpy(case.scores).float().to(dev),
+    flag = KT._topk_filter(torch.from_numpy(case.scores).float().to(dev),
                           torch.from_numpy(case.visible).int().to(dev), case.k, out,
                           by_score=order == "score", drop_neg_inf=False, remap=remap, mask=False,
                           mask_block=0, group=group, cap=cap, blocks=(64, 128))
@@ -185,7 +186,7 @@ def test_topk_filter_reservations_across_many_tiles(run, prefetch, order):
     without the next tile in flight; 16 tiles per row in 8 chunks: ties at the boundary spread
     over every tile still resolve to the lowest positions, and every row is served."""
     case = boundary_tie_rows()
-    with K.filter_tuning(run=run, prefetch=prefetch):
+    with KT.filter_tuning(run=run, prefetch=prefetch):
         got, flag = filtered(case, order, 1, cap=1024)
     assert flag.tolist() == [0, 0, 0], f"rows redone by the radix engine: {flag.tolist()}"
     check_topk(got, case, order, f"filter run={run} prefetch={prefetch}")
@@ -214,12 +215,12 @@ def test_topk_filter_position_sort_for_large_k():
 
 def test_filter_tuning_rejects_what_cannot_tile():
     with pytest.raises(TypeError, match="unknown fields"):
-        with K.filter_tuning(chunk=4):
+        with KT.filter_tuning(chunk=4):
             pass
     case = boundary_tie_rows()
-    with K.filter_tuning(run=48), pytest.raises(ValueError, match="block of run"):
+    with KT.filter_tuning(run=48), pytest.raises(ValueError, match="block of run"):
         filtered(case, "position", 1)
-    assert K._FILTER_OVERRIDE == {}, "filter_tuning restores the defaults"
+    assert KT._FILTER_OVERRIDE == {}, "filter_tuning restores the defaults"
 
 
 @pytest.mark.parametrize("order", ["position", "position-bitmap", "score"])
@@ -250,9 +251,9 @@ def test_topk_select_ignores_candidate_order(rows, order):
         # histogram's span; relu_zero's +0 to the largest score: beyond it, the 8-bit digits)
         low16 = torch.where(cand_key != 0, cand_key.to(torch.int64) & 0xFFFFFFFF, 1 << 32)
         thr = (low16.amin(1) & 0xFFFF0000).to(torch.int32)      # wraps to the same bits
-        K._select_kernel[(3,)](cand_key.to(dev), cand_pos.to(dev), count, thr.to(dev), cand_pos.to(dev),
+        KT._select_kernel[(3,)](cand_key.to(dev), cand_pos.to(dev), count, thr.to(dev), cand_pos.to(dev),
                                scratch, out, case.k, out.stride(0), 0, 0, 0, nw, CAP=cap, K_PAD=32,
-                               SUB=64, BINS=K._DIGIT, BY_SCORE=order == "score", REMAP=False,
+                               SUB=64, BINS=KT._DIGIT, BY_SCORE=order == "score", REMAP=False,
                                MASK_BLOCK=0, POS_24=seed != 0,   # (both tie-digit paths)
                                BITMAP=order == "position-bitmap")
         assert count[:, 1].cpu().tolist() == [0, 0, 0]
@@ -268,7 +269,7 @@ def test_topk_position_order_by_bitmap_and_by_sort(k, emit):
     row (the lowest k of ~400 ones win), and one row stops mid-word."""
     T, S_ = 4, 20000
     words_per_pick = -(-S_ // 32) / K._pow2(k)
-    assert (words_per_pick <= K._BITMAP_WORDS_PER_PICK) == (emit == "bitmap")
+    assert (words_per_pick <= KT._BITMAP_WORDS_PER_PICK) == (emit == "bitmap")
     rng = np.random.default_rng(21)
     case = make_rows("normal", 21, T, S_, k)
     x = rng.standard_normal((T, S_))
@@ -293,7 +294,7 @@ def test_topk_threshold_filter_flags_what_it_cannot_hold():
     assert got[0].tolist() == [-1] * 20
     check_topk(got[1:], type(case)("rows 1-3", case.scores[1:], case.visible[1:], 20), "position", "filter")
     dev = K._device()
-    full = K._topk_engine(torch.from_numpy(case.scores).float().to(dev), torch.from_numpy(case.visible).int().to(dev),
+    full = KT._topk_engine(torch.from_numpy(case.scores).float().to(dev), torch.from_numpy(case.visible).int().to(dev),
                           20, group=4, cap=64, blocks=(64, 128)).cpu()
     check_topk(full, case, "position", "engine with fallback")
 
@@ -322,7 +323,7 @@ def test_topk_sync_free_fallback_gives_the_read_back_bits(rows, group, cap, orde
     x = torch.from_numpy(case.scores).float().to(dev)
     nv = torch.from_numpy(case.visible).int().to(dev)
     table = (torch.arange(300, dtype=torch.int32) * 3 + 7).repeat(4, 1).to(dev) if remap else None
-    got = [K._topk_engine(x, nv, case.k, by_score=order == "score", remap=table, group=group, cap=cap,
+    got = [KT._topk_engine(x, nv, case.k, by_score=order == "score", remap=table, group=group, cap=cap,
                           blocks=(64, 128), sync=sync).cpu() for sync in (True, False)]
     assert torch.equal(got[0], got[1]), f"sync-free fallback differs from the read-back path [{case!r}]"
     if remap:
@@ -342,7 +343,7 @@ def test_topk_sync_free_block_mask(rows, group, cap):
     masks = []
     for sync in (True, False):
         masks.append(torch.zeros((4, 300 * 8), dtype=torch.int8, device=dev))
-        K._topk_engine(x, nv, case.k, drop_neg_inf=True, mask_out=masks[-1], mask_block=8, group=group,
+        KT._topk_engine(x, nv, case.k, drop_neg_inf=True, mask_out=masks[-1], mask_block=8, group=group,
                        cap=cap, blocks=(64, 128), sync=sync)
     assert torch.equal(masks[0], masks[1]), f"sync-free block mask differs from the read-back path [{case!r}]"
     # the top-min(k, #finite) finite keys: impl's top-k without its −inf picks
@@ -373,15 +374,15 @@ def test_topk_one_program_radix_serves_only_flagged_rows(rows):
     served = type(case)("rows 0, 2", case.scores[[0, 2]], case.visible[[0, 2]], case.k)
     for order in ("position", "score"):
         out = torch.full((4, case.k), 12345, dtype=torch.int64, device=dev)
-        K._topk_radix_rows(x, nv, case.k, count[:, 1], out, by_score=order == "score", cap=64, block=64)
+        KT._topk_radix_rows(x, nv, case.k, count[:, 1], out, by_score=order == "score", cap=64, block=64)
         out = out.cpu()
         assert bool((out[[1, 3]] == 12345).all()), "rows not flagged were written"
         check_topk(out[[0, 2]], served, order, "one-program radix, flagged rows")
     mask = torch.zeros((4, 500 * 8), dtype=torch.int8, device=dev)
-    K._topk_radix_rows(x, nv, case.k, count[:, 1], mask, drop_neg_inf=True, mask=True, mask_block=8,
+    KT._topk_radix_rows(x, nv, case.k, count[:, 1], mask, drop_neg_inf=True, mask=True, mask_block=8,
                        cap=64, block=64)
     want = torch.zeros((4, 500 * 8), dtype=torch.int8, device=dev)
-    K._topk_radix(x, nv, case.k, drop_neg_inf=True, mask_out=want, mask_block=8, cap=64, blocks=(64, 128))
+    KT._topk_radix(x, nv, case.k, drop_neg_inf=True, mask_out=want, mask_block=8, cap=64, blocks=(64, 128))
     assert torch.equal(mask[[0, 2]], want[[0, 2]]) and not bool(mask[[1, 3]].any()), "block mask"
 
 
@@ -675,6 +676,7 @@ COMPILE_SM90 = textwrap.dedent("""
     import triton
     from triton.backends.compiler import GPUTarget
     from dsv4spec.kernels import indexer as K
+    from dsv4spec.kernels import topk as KT
     from dsv4spec.kernels import pool as P
     assert not K.INTERPRET
     built = set()
@@ -690,17 +692,17 @@ COMPILE_SM90 = textwrap.dedent("""
     def ints(*names):
         return {n: "i32" for n in names}
     if sys.argv[1] == "topk":
-        BLOCK, _ = K._topk_config(8, 65536)
+        BLOCK, _ = KT._topk_config(8, 65536)
         hist = {"x_ptr": "*fp32", "len_ptr": "*i32", "state_ptr": "*i64", "hist_row_ptr": "*i32",
                 "hist_chunk_ptr": "*i32", **ints("R", "N", "x_stride", "NC", "CH")}
         bound = {"hist_row_ptr": "*i32", "hist_chunk_ptr": "*i32", "state_ptr": "*i64",
                  "gt_ptr": "*i32", "eq_ptr": "*i32", **ints("R", "N", "NC", "k", "CAP")}
-        for p, (shift, width) in enumerate(K._PASSES):
-            build(K._hist_kernel, hist, PASS=p, SHIFT=shift, WIDTH=width, BINS=K._BINS, BLOCK=BLOCK,
+        for p, (shift, width) in enumerate(KT._PASSES):
+            build(KT._hist_kernel, hist, PASS=p, SHIFT=shift, WIDTH=width, BINS=KT._BINS, BLOCK=BLOCK,
                   DROP_NEG_INF=p == 1)
-            build(K._boundary_kernel, bound, PASS=p, SHIFT=shift, WIDTH=width,
-                  LAST=p == len(K._PASSES) - 1, BINS=K._BINS)
-        build(K._compact_kernel, {"x_ptr": "*fp32", "len_ptr": "*i32", "state_ptr": "*i64",
+            build(KT._boundary_kernel, bound, PASS=p, SHIFT=shift, WIDTH=width,
+                  LAST=p == len(KT._PASSES) - 1, BINS=KT._BINS)
+        build(KT._compact_kernel, {"x_ptr": "*fp32", "len_ptr": "*i32", "state_ptr": "*i64",
                                   "gt_ptr": "*i32", "eq_ptr": "*i32", "cand_key_ptr": "*i32",
                                   "cand_pos_ptr": "*i32",
                                   **ints("R", "N", "x_stride", "NC", "CH", "CAP", "FINAL")},
@@ -715,27 +717,27 @@ COMPILE_SM90 = textwrap.dedent("""
                 "cand_pos_ptr": "*i32", **outs, **ints("N", "x_stride", "flag_stride")}
         # rank by counting (K_PAD <= 256), tl.sort (larger), position order with remap, block mask
         for k_pad, by_score, remap in ((128, True, False), (512, True, False), (512, False, True)):
-            build(K._final_kernel, final, CAP=1024, K_PAD=k_pad, BINS=K._BINS, BY_SCORE=by_score,
+            build(KT._final_kernel, final, CAP=1024, K_PAD=k_pad, BINS=KT._BINS, BY_SCORE=by_score,
                   REMAP=remap, MASK_BLOCK=0)
-            build(K._radix_rows_kernel, rows, CAP=K._radix_cap(k_pad, None), K_PAD=k_pad, BINS=K._BINS,
+            build(KT._radix_rows_kernel, rows, CAP=KT._radix_cap(k_pad, None), K_PAD=k_pad, BINS=KT._BINS,
                   BLOCK=BLOCK, DROP_NEG_INF=False, BY_SCORE=by_score, REMAP=remap, MASK_BLOCK=0)
-        build(K._final_kernel, dict(final, scratch_ptr="*i32", out_ptr="*i8"), CAP=1024, K_PAD=512,
-              BINS=K._BINS, BY_SCORE=False, REMAP=False, MASK_BLOCK=8)
-        build(K._radix_rows_kernel, dict(rows, out_ptr="*i8"), CAP=K._radix_cap(2048, None), K_PAD=2048,
-              BINS=K._BINS, BLOCK=BLOCK, DROP_NEG_INF=True, BY_SCORE=False, REMAP=False, MASK_BLOCK=8)
+        build(KT._final_kernel, dict(final, scratch_ptr="*i32", out_ptr="*i8"), CAP=1024, K_PAD=512,
+              BINS=KT._BINS, BY_SCORE=False, REMAP=False, MASK_BLOCK=8)
+        build(KT._radix_rows_kernel, dict(rows, out_ptr="*i8"), CAP=KT._radix_cap(2048, None), K_PAD=2048,
+              BINS=KT._BINS, BLOCK=BLOCK, DROP_NEG_INF=True, BY_SCORE=False, REMAP=False, MASK_BLOCK=8)
     elif sys.argv[1] == "filter":   # the threshold filter at top-k 2048 of 1M (G = 128, cap 4096)
-        tune = K._filter_config(64, 1 << 20, 2048)
-        G, CAP = K._filter_plan(1 << 20, 2048, tune.block, None, None)
+        tune = KT._filter_config(64, 1 << 20, 2048)
+        G, CAP = KT._filter_plan(1 << 20, 2048, tune.block, None, None)
         rows = {"x_ptr": "*fp32", "len_ptr": "*i32"}
-        build(K._group_max_kernel, dict(rows, gmax_ptr="*i32", **ints("N", "x_stride", "M", "CH")),
+        build(KT._group_max_kernel, dict(rows, gmax_ptr="*i32", **ints("N", "x_stride", "M", "CH")),
               G=G, BLOCK=tune.block, PREFETCH=tune.prefetch, DROP_NEG_INF=False)
-        short = K._filter_config(1024, 1 << 16, 2048)   # many short rows: small steps
+        short = KT._filter_config(1024, 1 << 16, 2048)   # many short rows: small steps
         for t in (tune, short):
-            build(K._threshold_kernel, {"gmax_ptr": "*i32", "len_ptr": "*i32", "thr_ptr": "*i32",
+            build(KT._threshold_kernel, {"gmax_ptr": "*i32", "len_ptr": "*i32", "thr_ptr": "*i32",
                                         "count_ptr": "*i32", **ints("N", "M", "k", "G")},
-                  num_warps=t.threshold_warps, SUB=t.sub, BINS=K._DIGIT)
+                  num_warps=t.threshold_warps, SUB=t.sub, BINS=KT._DIGIT)
         for run, prefetch in ((tune.run, tune.prefetch), (32, False)):  # per candidate, per warp run
-            c = build(K._filter_kernel, dict(rows, thr_ptr="*i32", cand_key_ptr="*i32", cand_pos_ptr="*i32",
+            c = build(KT._filter_kernel, dict(rows, thr_ptr="*i32", cand_key_ptr="*i32", cand_pos_ptr="*i32",
                                              count_ptr="*i32", **ints("N", "x_stride", "CH", "CAP")),
                       BLOCK=tune.block, RUN=run, PREFETCH=prefetch, DROP_NEG_INF=True,
                       divisible=("x_ptr", "cand_key_ptr", "cand_pos_ptr", "N", "x_stride", "CH", "CAP"))
@@ -749,8 +751,8 @@ COMPILE_SM90 = textwrap.dedent("""
         for t, by_score, scratch, out, mask, bitmap in (
                 (tune, False, "*i32", "*i64", 0, False), (tune, True, "*i64", "*i64", 0, False),
                 (short, False, "*i32", "*i64", 0, True), (short, False, "*i32", "*i8", 8, False)):
-            build(K._select_kernel, dict(select, scratch_ptr=scratch, out_ptr=out), num_warps=t.select_warps,
-                  CAP=CAP, K_PAD=2048, SUB=t.sub, BINS=K._DIGIT, BY_SCORE=by_score, REMAP=False,
+            build(KT._select_kernel, dict(select, scratch_ptr=scratch, out_ptr=out), num_warps=t.select_warps,
+                  CAP=CAP, K_PAD=2048, SUB=t.sub, BINS=KT._DIGIT, BY_SCORE=by_score, REMAP=False,
                   MASK_BLOCK=mask, POS_24=not by_score, BITMAP=bitmap)
     else:
         # scores as the launchers pick them on a GPU: BF16 operands (MMA), fp32 (IEEE), FP4, gather
@@ -799,7 +801,7 @@ COMPILE_GROUPS = {
 def test_compile_groups_cover_every_kernel():
     from triton.runtime import KernelInterface
     from dsv4spec.kernels import pool as P
-    kernels = {name for mod in (K, P) for name, v in vars(mod).items()
+    kernels = {name for mod in (K, KT, P) for name, v in vars(mod).items()
                if isinstance(v, KernelInterface) and name.endswith("_kernel")}
     assert kernels == set().union(*COMPILE_GROUPS.values())
 

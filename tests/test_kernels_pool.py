@@ -8,6 +8,7 @@ import torch
 
 from dsv4spec import impl
 from dsv4spec.kernels import indexer as KI
+from dsv4spec.kernels import topk as KT
 from dsv4spec.kernels import pool as K
 from dsv4spec.properties.indexer import expected_scores, make_score_case
 from dsv4spec.properties.pool import make_pool, wide_case
@@ -99,7 +100,7 @@ def test_block_select_across_many_chunks():
     bs[torch.arange(3), newest.clamp(min=0)] = torch.where(lens > 0, float("inf"), bs[torch.arange(3), newest.clamp(min=0)])
     dev = KI._device()
     out = torch.zeros((3, 8 * 600), dtype=torch.int8, device=dev)
-    KI._topk_radix(bs.to(dev), torch.full((3,), 600, dtype=torch.int32, device=dev), 37,
+    KT._topk_radix(bs.to(dev), torch.full((3,), 600, dtype=torch.int32, device=dev), 37,
                    drop_neg_inf=True, mask_out=out, mask_block=8, cap=64, blocks=(64, 128))
     assert torch.equal(out.cpu().view(torch.bool), pool_of(case, impl.candidate_blocks))
 
