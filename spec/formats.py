@@ -106,7 +106,7 @@ rule("FMT.E2M1.VALUES", "E2M1 code values",
      "Nibble c decodes to FP4_TABLE[c] = [0, .5, 1, 1.5, 2, 3, 4, 6, −0, −.5, −1, −1.5, −2, −3, −4, −6]: "
      "bit 3 is the sign, there is no Inf or NaN, code 8 is −0 (15 distinct values).",
      applies_to=V4_ALL, policy="exact",
-     sources=("V41-kernel-port L37-39 (FP4_TABLE, the same as the official convert.py table)",
+     sources=("V41-kernel-port L37-39 (FP4_TABLE, the table of the official checkpoint converter)",
               "V4-kernel L193 (torch.float4_e2m1fn_x2 storage)", "doc-000 Q&A 3 L17"))
 
 rule("FMT.E2M1.RNE", "E2M1 rounds to nearest, ties to the even code",

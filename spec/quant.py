@@ -74,7 +74,7 @@ _V41_KV_KERNEL = "V41-kernel L158-161"
 
 rule("FP4.PACK.NIBBLE", "FP4 packing: even element in the low nibble",
      "Codes c[..., n] pack into bytes p[..., n/2] with p[i] = c[2i] | c[2i+1] << 4 (the layout of "
-     "torch.float4_e2m1fn_x2 and convert.py); unpacking is the inverse.",
+     "torch.float4_e2m1fn_x2 and of the official checkpoint converter); unpacking is the inverse.",
      applies_to=V4_ALL, policy="bytes", knob="nibble_order",
      sources=("V4-kernel L193 (torch.float4_e2m1fn_x2 output)", "V41-kernel-port L82-84 (pack_fp4)",
               "V41-kernel-port L75-79 (unpack_fp4: the low nibble holds the even element)"))

@@ -146,7 +146,8 @@ def line_ranges(lines: str) -> list[tuple[int, int]]:
 
 # A path outside the repository (the project's working notes, a local copy of a document): no
 # citation may name one, whatever its key.
-OUTSIDE = re.compile(r"(?:\.\./|/work/|shared/|seeds/|reference/|official-rules|conventions\.md|\.txt\b)")
+OUTSIDE = re.compile(r"(?:\.\./|/work/|\bshared/|\bseeds/|official-v4/|official-rules\.md|conventions\.md|"
+                     r"performance\.md|design\.md|\b\d{3}_[0-9a-f]{16}\.txt)")
 
 
 def problems(citation: str) -> list[str]:
