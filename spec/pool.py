@@ -246,5 +246,5 @@ rule("LAYER.V41", "V4.1 layer roles: sources, candidate source, re-index, reuse"
               "V41-model L653-661 (Attention.__init__: is_kv_source, is_index_source, backbone layers only)",
               "V41-model L500-503 (Indexer.__init__: owns_k, is_candidate_source, uses_candidates)",
               "V41-model L569-575 (the candidate source publishes the pool; later indexers mask to it)",
-              "V41-model L725-726, L746-748 (other layers reuse the published top-k and compressed KV)",
+              "V41-model L725-726, L763 (other layers reuse the published top-k and compressed KV)",
               "doc-000 Q&A 1 L13", "doc-000 Q&A 5 L21"))

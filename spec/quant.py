@@ -1,6 +1,6 @@
 """The KV-cache and indexer quantization codecs, exactly, with their variant knobs.
 
-Three codecs, each per block of the last dimension (V4-kernel L40-200, V41-kernel-port L87-142):
+Three codecs, each per block of the last dimension (V4-kernel L40-200, V41-kernel-port L87-139):
 
     V4.1 main KV   FP4 E2M1 payload, one E4M3 scale per 16    fp4_e4m3_quantize
     indexer Q/K    FP4 E2M1 payload, one E8M0 scale per 32    fp4_e8m0_quantize   (V4 and V4.1)
