@@ -127,13 +127,14 @@ rule("FP4.KV.DIVIDE", "V4.1 main KV values are divided by the rounded scale",
      "fp32 division (not x · fl32(1/s), not x / (amax/6)).  What conforms: a target whose every "
      "E2M1 code, for every block, equals the code of that IEEE quotient; the check compares bytes, "
      "so a target whose division is approximate (as the official TileLang kernel's may be on a GPU: "
-     "it is compiled without disabling fast math) conforms exactly on the inputs where its quotient "
+     "it is compiled without disabling fast math, unlike V3.2's) conforms exactly on the inputs where its quotient "
      "gives the same code, and fails on any block where it does not.  Multiplying by the reciprocal "
      "is the declared deviation scale_apply=reciprocal.  The IEEE division is what the bit-exact "
      "CPU port computes.",
      applies_to=V41, policy="bytes", knob="scale_apply",
      sources=("V41-kernel-port L134 (xg / s)", _V41_KV_KERNEL,
-              "V4-kernel L9-12 (pass_configs: fast math not disabled)"))
+              "V4-kernel L9-12 (pass_configs: fast math not disabled)",
+              "V32-kernel L9-13 (V3.2's pass_configs set TL_DISABLE_FAST_MATH)"))
 
 rule("FP4.KV.CLAMP", "V4.1 main KV values are clamped to ±6 before the E2M1 cast",
      "r = clamp(x/s, −6, 6) then E2M1: an element whose ratio |x|/s exceeds 6 is stored as ±6.  "
