@@ -61,7 +61,6 @@ GLOSSARY: dict[str, str] = {
     "in_dtype": "an official kernel's input dtype parameter.",
     "out_dtype": "an official kernel's output (storage) dtype parameter.",
     "kv_scale": "document 003's name for the index K's dequantization factor.",
-    "logits_dtype": "DeepGEMM's argument for the dtype its indexer-logits kernel writes.",
     "fp8_index": "V3.2's TileLang indexer-score kernel (fp32 throughout).",
     # --- positions, layers, roles
     "ratio": "a layer's compress ratio m: the tokens pooled into one compressed entry (0: window only; "

@@ -191,7 +191,7 @@ SCORE_DTYPES = ("bf16", "fp32")
 knob("score_rounding", "bf16_steps",
      {"fp32": "the score kept in fp32 throughout (as V3.2, and ports that skip the BF16 tensors)",
       "fp32_then_bf16": "fp32 dot, ReLU, weighting and head sum, then one cast to BF16 "
-                        "(engine choice, e.g. logits_dtype=bf16; document 003 §4 stage 4)"},
+                        "(an engine choice; document 003 §4 stage 4)"},
      """How the V4/V4.1 index score is rounded.  Canonical: each step is a BF16 tensor — the
      per-head dot accumulated in fp32 then rounded, ReLU, the weighted product rounded, the head
      sum accumulated in fp32 then rounded.""")
@@ -311,8 +311,8 @@ rule("IDX.SCORE.ROUNDING", "V4/V4.1 score is BF16 at every step",
      casts it to BF16 once before top-k.  The reference has no fp32 buffer: q, k and the weights are BF16 tensors, so the
      einsum output, the weighted product and the head sum are each rounded to BF16.  The two differ
      when signed head weights cancel: 32 heads alternating w = ±1 with dots 1+3·2^-9 and 1+2^-9
-     give 0.125 in BF16 steps and 0.0625 in fp32-then-cast.  The one-cast form is an engine choice
-     (DeepGEMM logits_dtype=bf16), declared as score_rounding=fp32_then_bf16.""")
+     give 0.125 in BF16 steps and 0.0625 in fp32-then-cast.  The one-cast form is an engine choice,
+     declared as score_rounding=fp32_then_bf16.""")
 
 rule("IDX.SCORE.V32_FP32", "V3.2 score is fp32 throughout",
      """V3.2's fp8_index kernel keeps the logits, the ReLU, the weighting and the head sum in

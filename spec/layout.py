@@ -146,12 +146,13 @@ _NO_PACKING = "V4-model L372, L506 (the reference quantizes its caches in place 
 rule("LAYOUT.V4.MAIN", "V4 main KV entry: 583 bytes of content, stored as 584",
      """A V4 main (CSA, HCA and window) KV entry of 512 dims is 448 NoPE dims as FP8 E4M3 (448 B)
      with one E8M0 scale per 64 (7 B), and the 64 RoPE dims as BF16 (128 B): 583 bytes of
-     content.  The 584th byte pads the scales to 8 B; it is an engine convention (SGLang asserts
-     448 + 64·2 + 8, FlashMLA's MODEL1 layout uses 584), not the reference's, which keeps its
-     caches in BF16 after an in-place QDQ.  This layout follows the engines: 584 bytes.
+     content.  The 584th byte pads the scales to 8 B; it is an engine convention (SGLang's V4 KV
+     pool asserts 448 + 64·2 + 8), not the reference's, which keeps its caches in BF16 after an
+     in-place QDQ.  This layout follows the engines, a choice of this suite: 584 bytes.
      Unpacking gives exactly act_quant's dequantization of the NoPE dims and the BF16 value of
      the RoPE dims.""",
      applies_to=V4, policy="bytes", sources=("V4-model L372, L505-506", "V4-model L473-474 (kv_cache [.., head_dim] BF16)",
+                                             "SGLang-v4-kv-pool DeepSeekV4SingleKVPool (584 bytes per token, one pad byte)",
                                              "doc-000 FP4 storage L8", "doc-000 summary L3"))
 
 rule("LAYOUT.INDEX_K", "indexer K entry: 68 bytes",
