@@ -77,7 +77,9 @@ CODE: dict[str, Code] = {
     "V41-config": Code(
         "DeepSeek-V4.1-Flash inference/config.json", "HF deepseek-ai/DeepSeek-V4.1-Flash",
         "inference/config.json", "dba1be0a40aa45a94ad051997016db3960a90277",
-        f"public copy {_TT} {_TT_V41}config.json (commit b2ee7540)", lines=False),
+        f"public copy {_TT} {_TT_V41}config.json (commit b2ee7540), vendored unchanged; cited by key "
+        "(window_size, compress_ratios, kv_source_layers, index_source_layers, candidate_source_layer, "
+        "candidate_topk_blocks, candidate_block_size, norm_eps, the RoPE keys)", lines=False),
     "V41-kernel": Code(
         "DeepSeek-V4.1-Flash inference/kernel.py (TileLang)", "HF deepseek-ai/DeepSeek-V4.1-Flash",
         "inference/kernel.py", "dba1be0a40aa45a94ad051997016db3960a90277",
