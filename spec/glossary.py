@@ -1,7 +1,8 @@
 """The glossary of SPEC.md: every term a statement uses, defined once.
 
-`undefined` finds the terms of a text that the glossary lacks: every code-style identifier (a name
-with an underscore, or a name called as a function) and every word of TERMS, after removing what
+`undefined` finds the terms of a text that the glossary lacks: every backticked word, every
+code-style identifier (a name with an underscore, or a name called as a function) and every word of
+TERMS, after removing what
 SPEC.md defines elsewhere (rule ids, variant knobs and their values, file paths) and subscripted
 math variables (p_h, w_h, ramp_i).  tests/test_registry.py applies it to every statement.
 """
@@ -106,6 +107,8 @@ GLOSSARY: dict[str, str] = {
     "YaRN": "the RoPE frequency scaling of compressed layers (ROPE.YARN).",
     "TP": "tensor parallelism: heads split over ranks, partial scores summed by an all-reduce.",
     "all-reduce": "the sum of one tensor over every rank, the result on every rank.",
+    "differs": "a rule's record of what a source document claims instead and why the rule differs "
+               "(rendered as 'Differs from the source documents').",
     "teacher forcing": "judging each stage on the target's own output of the stage before, so that a "
                        "rounding difference upstream is never blamed downstream.",
     "n_blocks": "the number of blocks of 8 of a row of scores: ceil(W / 8).",
@@ -184,7 +187,8 @@ def terms(text: str, defined_elsewhere: tuple[str, ...] = ()) -> set[str]:
     for s in sorted(defined_elsewhere, key=len, reverse=True):
         text = re.sub(rf"(?<![\w.]){re.escape(s)}(?![\w])", " ", text)
     text = re.sub(r"\S+\.(?:py|md)\b", " ", text)
-    found = {m for m in _IDENT.findall(text) if not _SUBSCRIPT.fullmatch(m)}
+    found = set(re.findall(r"`([^`]+)`", text))
+    found |= {m for m in _IDENT.findall(text) if not _SUBSCRIPT.fullmatch(m)}
     found |= {m for m in _CALL.findall(text) if m not in MATH and len(m) > 1}
     found |= {t for t in TERMS if re.search(rf"(?<![\w-]){re.escape(t)}(?![\w-])", text)}
     return found

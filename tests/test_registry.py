@@ -168,6 +168,7 @@ def test_the_term_finder_sees_the_terms_of_the_statements():
 @pytest.mark.parametrize("added, term", [
     ("the row is cut at frobnicate_width", "frobnicate_width"),     # an identifier
     ("then squash(x) is taken", "squash"),                          # a called name
+    ("as `frob` says", "frob"),                                     # a backticked word
     ("as in teacher forcing", None),                                # a TERMS word that is defined
 ])
 def test_a_statement_with_an_undefined_term_fails(monkeypatch, added, term):
