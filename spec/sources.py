@@ -27,6 +27,7 @@ class Code:
     revision: str
     note: str = ""
     lines: bool = True          # citations give line numbers
+    official: bool = True       # the official code (or a verbatim copy or bit-exact port), not shipped third-party code
 
 
 @dataclass(frozen=True)
@@ -63,12 +64,12 @@ CODE: dict[str, Code] = {
         "915d99d36b23c67c3a975d72920b395b413af94b",
         "'adapted from deepseek-ai/DeepSeek-V4-Flash inference/kernel.py at commit 60d8d70770c6776ff598c94bb586a859a38244f1' "
         "(its docstring); cited by function, without line numbers (the adaptation adds kernels before act_quant)",
-        lines=False),
+        lines=False, official=False),
     "SGLang-v4-kv-pool": Code(
         "SGLang's DeepSeek-V4 KV-cache pool (shipped engine code, not official)", "sgl-project/sglang",
         "python/sglang/srt/mem_cache/deepseek_v4_memory_pool.py", "007bddd4a95b44d3c8cd22c8a24d0ee1455955fd",
         "cited by class: DeepSeekV4SingleKVPool.get_bytes_per_token (448 + 64·2 + 448/64 + scale_pad 1) and "
-        "create_buffer (asserts 448 + 64 * 2 + 8 = 584 bytes per token)", lines=False),
+        "create_buffer (asserts 448 + 64 * 2 + 8 = 584 bytes per token)", lines=False, official=False),
     "V41-model": Code(
         "DeepSeek-V4.1-Flash inference/model.py", "HF deepseek-ai/DeepSeek-V4.1-Flash",
         "inference/model.py", "dba1be0a40aa45a94ad051997016db3960a90277",
