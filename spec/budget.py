@@ -12,7 +12,8 @@ entry sizes from spec.layout and the widths from the profile.  Results are exact
     core attention     per layer: 2 · n_heads · head_dim · (window + compressed entries attended)
                        (q·k and p·v, K = V shared, MQA)
 
-Sources: official-rules.md §7.2-§7.3 (layer lists, bytes per token), §5.1-§5.2 (pool, roles), §8.
+Sources: the layer lists of spec.models (V41-config; V4 ModelArgs, V4-model L34-80), the layer roles
+(V4-model L466-471; V41-model L653-661, L500-503) and the entry layouts of spec.layout.
 Profile fields this module derives rather than reads (spec.models has no such field): the pool
 capacity topk_blocks · block_size = 16384 positions, and which layers own an index K (the layers
 that own their KV and have an indexer).
@@ -27,7 +28,7 @@ from .models import Model, profile
 from .pool import has_indexer, layer_role
 from .rules import INFORMATIVE, V4, V4_ALL, rule
 
-_SRC = "official-rules.md §7.3"
+_SRC = "V4-model L466-474 (a compressing layer keeps a window plus max_seq_len // ratio compressed entries)"
 
 rule("BUDGET.KV_BYTES", "compressed-cache bytes per token",
      """Bytes per token of the compressed caches = sum over the backbone layers that own their
@@ -36,14 +37,19 @@ rule("BUDGET.KV_BYTES", "compressed-cache bytes per token",
      31·584/128 = 5031.4375, V4.1-Flash 3·(288+68)/2 + (288+68)/1 = 890 (only the KV source layers
      2, 8, 14, 20 store KV).  HCA layers store no index K; the window is not included.""",
      applies_to=V4_ALL, policy="exact",
-     sources=(_SRC + ", §7.2", "doc-000 summary L3", "doc-000 FP4 storage L8", "doc-000 Q&A 4 L19"))
+     sources=(_SRC, "V4-model L399 (the indexer's K cache: max_seq_len // ratio entries of index_head_dim)",
+              "V41-model L669-679 (only KV source layers hold a compressed KV cache)",
+              "V41-model L517-525 (only index-K owners hold a K cache)", "V41-config (compress_ratios, kv_source_layers)",
+              "doc-000 summary L3", "doc-000 FP4 storage L8", "doc-000 Q&A 4 L19"))
 
 rule("BUDGET.WINDOW", "sliding-window bytes, constant per layer",
      """Every backbone layer keeps a window of `window` = 128 tokens of uncompressed KV:
      128·584 = 74752 B per layer in V4 (the FP8 V4 main layout) and 128·528 = 67584 B in V4.1 (the
      SWA layout), independent of the context; it is reported apart from bytes per token.""",
      applies_to=V4_ALL, policy="exact",
-     sources=(_SRC + ", §7.1, §8", "V41-config (sliding_window)", "doc-003 §6.2 L199"))
+     sources=("V4-model L64, L452, L473 (window_size 128: the first window rows of every layer's kv_cache)",
+              "V41-config (window_size 128)", "V41-model L635, L663-668 (window_kv_cache of window_size rows, every layer)",
+              "doc-003 §6.2 L199"))
 
 rule("BUDGET.INDEX_WORK", "indexer multiply-adds per generated token",
      """At context N a decode step's indexer costs, per indexing layer, (entries scored) ·
@@ -56,7 +62,7 @@ rule("BUDGET.INDEX_WORK", "indexer multiply-adds per generated token",
      indexer to 0.394 of the no-pool cost.""",
      applies_to=V4_ALL, policy="exact",
      sources=("V41-model L555-557, L575 (scores, then masked_fill(~candidates, −inf))",
-              "official-rules.md §5.1-§5.2, §11.7", "doc-000 Q&A 1 L13", "doc-000 pool work L6",
+              "V41-config (candidate_topk_blocks 2048, candidate_block_size 8)", "doc-000 Q&A 1 L13", "doc-000 pool work L6",
               "doc-000 details L10", "doc-003 §1 L9", "doc-003 §8 L251"),
      differs="""Document 003 (§1, §8) says the indexer brings attention from O(n²) down to
      sub-linear cost.  Per generated token the indexer scores every visible compressed entry,
@@ -70,7 +76,8 @@ rule("BUDGET.ATTN_WORK", "core attention multiply-adds per token per layer",
      N // ratio compressed entries (V4 HCA).  V4-Pro CSA: 2·128·512·(128 + 1024) = 150,994,944
      multiply-adds (302 MFLOP at two FLOPs each), independent of N once N ≥ 4096.""",
      applies_to=V4_ALL, policy="exact",
-     sources=("V4-model L427-432, L268-276 (top-k, HCA)", "official-rules.md §4.1, §8", "doc-002 Q&A 5 L23",
+     sources=("V4-model L427-432, L268-276 (top-k, HCA)", "V4-model L528, L533 (one sparse_attn over window + selected rows)",
+              "doc-002 Q&A 5 L23",
               "doc-002 design trade-offs L8"),
      differs="""Document 002 gives the core attention as about 151 MFLOP per token per layer (Q&A 5):
      150,994,944 is the count of multiply-adds, 302 MFLOP.  It also puts the indexer's 64 heads of
@@ -86,7 +93,8 @@ rule("BUDGET.CLAIMS", "the claims ledger holds",
      whose `differs` disputes its document; a corrected one differs from it and names the rule
      whose `differs` says why; and a claim no numerics can check says so.""",
      applies_to=V4_ALL, policy="exact", status=INFORMATIVE,
-     sources=("doc-000 whole L1-23", "doc-002 whole L1-29", "doc-003 whole L1-451", "official-rules.md §9"))
+     sources=("doc-000 whole L1-23", "doc-002 whole L1-29", "doc-003 whole L1-451",
+              "V4-model L380-433 (the indexer the claims describe)"))
 
 
 def _model(model) -> Model:

@@ -1,6 +1,6 @@
 """The claims ledger: every numeric claim of the three source documents, recomputed by the spec.
 
-The documents (shared/seeds, in Chinese; keyed in spec.sources and the Sources section of SPEC.md):
+The documents (in Chinese; keyed by title and section in spec.sources and the Sources section of SPEC.md):
     doc-000  "DeepSeek-V4.1 structure (3)": hierarchical sparse indexer, FP4 KV cache
     doc-002  "DeepSeek-V4 structure (2)": lightning indexer, CSA
     doc-003  "DeepSeek-V4 Lightning Indexer, a full analysis"
@@ -259,7 +259,7 @@ CLAIMS: tuple[Claim, ...] = (
     C("v41-vs-v4-ratio", ("doc-000 Q&A 4 L19",), "V4.1-Flash's global KV is about 1/3.9 of V4-Flash's.", 3.9,
       lambda: float(B.kv_bytes_per_token("v4-flash") / B.kv_bytes_per_token("v4.1-flash")), REPRODUCED,
       "BUDGET.KV_BYTES", rel_tol=0.05 / 3.9,
-      note="3514.25 / 890 = 3.95, 3.9 to the document's one decimal (truncated)."),
+      note="3514.25 / 890 = 3.9486, which rounds to the document's 3.9 at one decimal."),
     C("v41-swa-fp8", ("doc-000 details L10", "doc-000 Q&A 6 L23"),
       "The sliding-window KV stays FP8.", "E4M3", lambda: L.V41_SWA_KV.payload.name, REPRODUCED, "LAYOUT.V41.SWA"),
     C("v41-encoder-full-layers", ("doc-000 Q&A 4 L19", "doc-000 Q&A 5 L21"),
@@ -299,12 +299,13 @@ CLAIMS: tuple[Claim, ...] = (
       lambda: B.attended_entries("v4-pro", _csa_layer("v4-pro"), M1), REPRODUCED, "IDX.TOPK.COUNT",
       note="The window (BUDGET.WINDOW) plus k = min(index_topk, N // ratio) selected entries."),
     C("v4-pro-hidden", ("doc-002 Q&A 8 L29",), "The hidden size is 7168.", 7168,
-      lambda: profile("v4-pro").dim, REPRODUCED, None, note="A model-profile constant (official-rules.md §8)."),
+      lambda: profile("v4-pro").dim, REPRODUCED, None, note="A model-profile constant (the released V4-Pro config)."),
     C("v4-pro-q-latent-1536", ("doc-002 Q&A 6 L25",),
-      "The indexer query expands the 1536-dim low-rank latent c^Q.", 1536, None, NOT_CHECKABLE,
-      note="q_lora_rank is not a profile field (official-rules.md §8 gives 1536 for V4-Pro)."),
+      "The indexer query expands the 1536-dim low-rank latent c^Q.", 1536,
+      lambda: profile("v4-pro").q_lora_rank, REPRODUCED, "PATH.Q.LATENT",
+      note="q_lora_rank, the width of qr = q_norm(wq_a(x)) that the indexer's wq_b reads (V4-model L393, L496)."),
     C("v4-pro-output-16384", ("doc-002 Q&A 8 L29",), "The output projection maps 16384 to 7168.", 16384,
-      None, NOT_CHECKABLE, note="o_groups·o_lora_rank = 16·1024 (official-rules.md §8) is not a profile field."),
+      None, NOT_CHECKABLE, note="o_groups·o_lora_rank (V4-model L462-463) are not profile fields."),
     C("v4-random-hadamard", ("doc-002 Q&A 7 L27",),
       "The indexer q and k get a random Hadamard rotation before FP4.", "random",
       lambda: _rotation("v4-pro"), CORRECTED, "HAD.MATRIX"),
@@ -328,8 +329,8 @@ CLAIMS: tuple[Claim, ...] = (
       REPRODUCED, "IDX.TOPK.COUNT"),
     C("page-64-tokens", ("doc-003 §2.3 L47", "doc-003 §6.1 L192"),
       "A page holds 64 tokens, i.e. 16 compressed blocks at m = 4.",
-      64, None, NOT_CHECKABLE, note="The reference has no paging; 64 is an engine parameter "
-      "(official-rules.md §7.3, §10 Q7).  64 / 4 = 16 is only arithmetic."),
+      64, None, NOT_CHECKABLE, note="The reference has no paging (one flat kv_cache a layer, V4-model "
+      "L473-474); 64 is an engine parameter.  64 / 4 = 16 is only arithmetic."),
     C("mqa-one-64th", ("doc-003 §3.1 L64", "doc-003 §8 L249"), "Sharing one K across the 64 query heads makes "
       "the indexer cache 1/64 of an MHA cache.", Fraction(1, 64), lambda: Fraction(1, profile("v4-flash").index_n_heads),
       REPRODUCED, "IDX.SCORE.FORMULA", note="One k[s] per entry for all heads; V4.1's 32 heads make it 1/32."),

@@ -1,7 +1,6 @@
 """The KV compressor: how m consecutive tokens become one compressed KV (or index-K) entry.
 
-Sources: official-rules.md §6.1 (V4 `Compressor`, V4-model L279-377) and §6.2 (V4.1 `Compressor`,
-upstream L429-485).  The same compressor produces the main compressed KV (head_dim 512) and, in
+Sources: V4-model L279-377 (V4 `Compressor`) and V41-model L429-485 (V4.1 `Compressor`).  The same compressor produces the main compressed KV (head_dim 512) and, in
 V4, the indexer's compressed K (head_dim 128, followed by the Hadamard and FP4 rules of other
 families); the rules below do not depend on the head dimension.
 
@@ -21,7 +20,7 @@ compressor state (kv_state / score_state) until the group completes.
 
 RoPE here is the plain rotation of adjacent pairs by angle position·f_i with a given frequency
 vector f (the last rope_dim = 2·len(f) channels are rotated).  The released models build f with
-compress_rope_theta = 160000 and YaRN (factor 16, original_seq_len 65536, §6.2): YaRN changes
+compress_rope_theta = 160000 and YaRN (factor 16, original_seq_len 65536, V41-config): YaRN changes
 only the frequency vector, never the position rule, so it enters as a different `rope_freqs`.
 The official V4.1 compressor returns the pre-RoPE latent and the attention then applies RoPE at
 the same position j·m; a pre-RoPE entry is the entry with all frequencies 0.
@@ -39,15 +38,16 @@ from .rules import V4, V41, V4_ALL, rule
 
 V4_CODE = "V4-model L279-377 (Compressor; prefill L325-342, decode L343-359)"
 V41_CODE = "V41-model L429-485 (Compressor)"
-SOURCES_V4 = (V4_CODE, "official-rules.md §6.1, §11.2")
-SOURCES_V41 = (V41_CODE, "official-rules.md §6.2, §11.2")
+SOURCES_V4 = (V4_CODE, "V4-model L196, L362, L367 (BF16: RMSNorm's output, the pooled vector's cast, "
+              "the in-place rotation)")
+SOURCES_V41 = (V41_CODE, "V41-model L485, L758 (BF16: norm(kv.to(dtype)); the rotation in place)")
 
 # The tolerance.  u = 2^-24 is the fp32 unit roundoff.  A dot product of length k computed in fp32
 # in any order is within k·u·sum|terms| of the exact value; the bound follows one entry through the
 # projection (length dim), the softmax and the slot sum (2m slots), RMSNorm and the rotation, and
 # is doubled for safety.  It is relative to magnitudes before cancellation, so cancellation in the
 # projections or the pooled sum widens it honestly instead of failing good targets.  At every ratio
-# the official entry is also rounded to BF16 three times (official-rules.md §11.2): the pooled
+# the official entry is also rounded to BF16 three times (V4-model L196, L362, L367): the pooled
 # vector (`norm(kv.to(dtype))`; at ratio 1 the BF16 Linear's output), RMSNorm's output, and the
 # rotated entry; each rounding moves a value v by at most b·|v|, b = 2^-8.
 U32 = 2.0 ** -24
@@ -118,7 +118,8 @@ rule("CMP.NORM", "RMSNorm of the pooled vector, eps from the profile",
      """The pooled vector is normalized as y = w · p / sqrt(mean(p^2) + eps) over its d channels,
      with the learned weight w and eps = norm_eps of the model (1e-6 for V4, 1e-20 for V4.1).""",
      applies_to=V4_ALL, policy="tolerance",
-     sources=SOURCES_V4 + SOURCES_V41 + ("V41-config (norm_eps)", "official-rules.md §8 (norm_eps)"),
+     sources=SOURCES_V4 + SOURCES_V41 + ("V41-config (norm_eps)", "V4-model L61, L299 (norm_eps; RMSNorm(head_dim, norm_eps))",
+                                         "V41-model L443 (RMSNorm(head_dim, norm_eps))"),
      tolerance=ENTRY_TOLERANCE)
 
 rule("CMP.ROPE", "RoPE at the group's first position",
@@ -126,7 +127,8 @@ rule("CMP.ROPE", "RoPE at the group's first position",
      (y[2i], y[2i+1]) by the angle (j·m)·f_i: the position of the FIRST token of the group
      (prefill freqs_cis[:cutoff:m]; decode start_pos + 1 - m).""",
      applies_to=V4_ALL, policy="tolerance",
-     sources=SOURCES_V4 + SOURCES_V41 + ("V41-model L758 (RoPE of the latent)", "official-rules.md §11.3, §11.5"),
+     sources=SOURCES_V4 + SOURCES_V41 + ("V4-model L363-367 (prefill freqs_cis[:cutoff:ratio]; decode "
+                                         "start_pos + 1 − ratio)", "V41-model L752-758 (RoPE of the latent at j·ratio)"),
      tolerance="""Against the exact rotation of the target's own unrotated entry (frequencies 0), per pair
      (a, b): (4u·|angle| + 16u + b)·|(a, b)|, u = 2^-24, b = 2^-8: the fp32 angle position·f (one
      rounding, relative u, so u·|angle| in the sine and cosine, doubled for their own evaluation),
@@ -140,8 +142,9 @@ rule("CMP.STREAM", "prefill, decode and chunked prefill agree",
      checked only for targets that declare it): so does feeding chunks of any sizes after the
      first.""",
      applies_to=V4_ALL, policy="tolerance",
-     sources=SOURCES_V4 + SOURCES_V41 + ("V41-model L480-481 (decode squeezes one token)",
-                                         "official-rules.md §10 Q8, §11.1"),
+     sources=SOURCES_V4 + SOURCES_V41 + ("V41-model L479-480 (decode writes one token into its state slot)",
+                                         "V4-model L344-359 (decode: the state carries the group and, at ratio 4, "
+                                         "the previous window half)"),
      tolerance="Twice " + ENTRY_TOLERANCE[0].lower() + ENTRY_TOLERANCE[1:] + "  (Both sides are the target's own entries.)")
 
 

@@ -1,7 +1,7 @@
 """Render the rule registry as the Markdown specification kept in the repository (SPEC.md)."""
 from __future__ import annotations
 
-from . import sources
+from . import glossary, sources
 from .models import PROFILES
 from .rules import KNOBS, POLICIES, RULES
 
@@ -29,12 +29,14 @@ def render() -> str:
         "(a test fails when this file is stale). Each rule: its id, status, the models it applies to, "
         "how a result is compared, its statement, and its sources, cited by the keys of the Sources "
         "section at the end (official code by line, source documents by section and line). Where a "
-        "source document says otherwise, the rule says what it claimed and why the rule differs.",
+        "source document says otherwise, the rule says what it claimed and why the rule differs.  The "
+        "terms the statements use are defined in the Glossary after the comparison policies.",
         "",
         "## Comparison policies",
         "",
         *[f"- **{name}**: {text}" for name, text in POLICIES.items()],
         "",
+        *glossary.render(),
     ]
     families = list(dict.fromkeys(r.family for r in sorted(RULES.values(), key=_order)))
     for family in families:
@@ -68,3 +70,31 @@ def render() -> str:
 def _order(rule):
     keys = list(FAMILY_TITLES)
     return (keys.index(rule.family) if rule.family in keys else len(keys), rule.id)
+
+
+def statement_texts() -> dict[str, str]:
+    """Every text SPEC.md renders as a statement, keyed by where it is: the rules' titles,
+    statements, tolerances and `differs`, and the knobs' meanings and alternatives."""
+    out = {}
+    for r in RULES.values():
+        for part in ("title", "statement", "tolerance", "differs"):
+            if getattr(r, part):
+                out[f"{r.id} {part}"] = getattr(r, part)
+    for k in KNOBS.values():
+        out[f"knob {k.name}"] = " ".join([k.doc, *k.alternatives.values()])
+    return out
+
+
+def defined_elsewhere() -> tuple[str, ...]:
+    """What SPEC.md defines outside the glossary: rule ids, model names, knob names, `knob=value`
+    choices and the identifier-like knob values (payload_first); a bare word that is also a knob
+    value (bf16, clamp) still needs its glossary entry."""
+    return (*RULES, *PROFILES, *(f"{k.name}={v}" for k in KNOBS.values() for v in k.values), *KNOBS,
+            *(v for k in KNOBS.values() for v in k.values if "_" in v))
+
+
+def undefined_terms() -> dict[str, set[str]]:
+    """Statement -> the terms it uses that the glossary does not define (empty when all are)."""
+    elsewhere = defined_elsewhere()
+    found = {where: glossary.undefined(text, elsewhere) for where, text in statement_texts().items()}
+    return {where: terms for where, terms in found.items() if terms}

@@ -106,8 +106,8 @@ rule("FMT.E2M1.VALUES", "E2M1 code values",
      "Nibble c decodes to FP4_TABLE[c] = [0, .5, 1, 1.5, 2, 3, 4, 6, −0, −.5, −1, −1.5, −2, −3, −4, −6]: "
      "bit 3 is the sign, there is no Inf or NaN, code 8 is −0 (15 distinct values).",
      applies_to=V4_ALL, policy="exact",
-     sources=("V41-kernel-port L37-39 (FP4_TABLE, the same as the official convert.py table)",
-              "official-rules.md §1", "doc-000 Q&A 3 L17"))
+     sources=("V41-kernel-port L37-39 (FP4_TABLE, the table of the official checkpoint converter)",
+              "V4-kernel L193 (torch.float4_e2m1fn_x2 storage)", "doc-000 Q&A 3 L17"))
 
 rule("FMT.E2M1.RNE", "E2M1 rounds to nearest, ties to the even code",
      "A finite x with |x| ≤ 6 encodes to the nearest E2M1 magnitude with x's sign; an exact tie "
@@ -115,17 +115,18 @@ rule("FMT.E2M1.RNE", "E2M1 rounds to nearest, ties to the even code",
      "alternate '>' and '≥': >0.25, ≥0.75, >1.25, ≥1.75, >2.5, ≥3.5, >5).",
      applies_to=V4_ALL, policy="bytes", knob="e2m1_ties",
      sources=("V4-kernel L134, L165-177 (T.Cast to float4_e2m1fn: CUDA cvt.rn.satfinite.e2m1x2)",
-              "official-rules.md §1 'Rounding behaviour'"))
+              "V41-kernel-port L40-43 (round-to-nearest-even boundaries, ties up only to an even code)"))
 
 rule("FMT.E2M1.SATURATE", "E2M1 saturates to ±6",
      "A finite x with |x| > 6 encodes to ±6 (code 0x7 or 0xF).",
      applies_to=V4_ALL, policy="bytes", knob="e2m1_overflow",
-     sources=("V4-kernel L170, L176 (explicit clamp to ±6)", "official-rules.md §1 'Saturation'"))
+     sources=("V4-kernel L170, L176 (explicit clamp to ±6)", "V41-kernel L165-170 (clamp, then the cast)"))
 
 rule("FMT.E2M1.ZERO_SIGN", "E2M1 keeps the sign of zero",
      "−0 and every negative x that rounds to magnitude 0 (x ≥ −0.25) encode to code 0x8 (−0).",
      applies_to=V4_ALL, policy="bytes", knob="e2m1_zero_sign",
-     sources=("V4-kernel L165-177 (the CUDA cast keeps the sign)", "official-rules.md §1 '−0 exists (nibble 8)'"))
+     sources=("V4-kernel L165-177 (the CUDA cast keeps the sign)",
+              "V41-kernel-port L37-39 (FP4_TABLE: code 8 is −0)"))
 
 
 def e2m1_decode(codes) -> np.ndarray:
@@ -182,22 +183,25 @@ rule("FMT.E4M3.VALUES", "E4M3 code values",
      "Byte b = s·eeee·mmm decodes to (−1)^s · 2^(e−7) · (1 + m/8) for e ≥ 1 and (−1)^s · m · 2^-9 "
      "for e = 0; 0x7F and 0xFF are NaN; there is no Inf (float8_e4m3fn).",
      applies_to=ALL_MODELS, policy="exact",
-     sources=("V41-kernel L158-161 (T.Cast(FP8, …) of the V4.1 main KV scale)", "V4-kernel L84-91",
-              "official-rules.md §2.2, §2.4 (torch.float8_e4m3fn storage)"))
+     sources=("V41-kernel L158-161 (T.Cast(FP8, …) of the V4.1 main KV scale)",
+              "V4-kernel L14, L71, L93-96 (the non-in-place act_quant: clamp(x/s) stored in a float8_e4m3 fragment)",
+              "V4-kernel L115 (torch.float8_e4m3fn output)", "V32-kernel L75-78"))
 
 rule("FMT.E4M3.RNE", "fp32 → E4M3 rounds to nearest even",
      "A finite fp32 x with |x| ≤ 464 encodes to the nearest E4M3 value (subnormals 2^-9 · m "
      "included), ties to the even mantissa, keeping the sign (−0 → 0x80); written as integer "
      "rounding of the fp32 significand.",
      applies_to=ALL_MODELS, policy="bytes",
-     sources=("V41-kernel L158-161 (T.Cast(FP8, amax/fp4_max))", "V4-kernel L84-91 (act_quant cast to float8_e4m3)",
-              "official-rules.md §2.1, §2.2 (RNE, satfinite)"))
+     sources=("V41-kernel L158-161 (T.Cast(FP8, amax/fp4_max))",
+              "V4-kernel L71, L93-96 (non-in-place act_quant: clamp(x/s) converted to float8_e4m3)",
+              "V32-kernel L75-78", "V41-kernel L81-89",
+              "V41-kernel-port L13-15, L58-60 (the casts round to nearest even with saturation, as CUDA satfinite)"))
 
 rule("FMT.E4M3.SATFINITE", "fp32 → E4M3 saturates to ±448",
      "A value with |x| > 464 (including ±Inf) encodes to ±448 (0x7E/0xFE); 464 itself is a tie "
      "and rounds to the even 448.  Only a NaN input gives NaN (0x7F, or 0xFF when its sign is set).",
      applies_to=ALL_MODELS, policy="bytes", knob="e4m3_overflow",
-     sources=("V41-kernel L158-161", "official-rules.md §2.2 ('satfinite; scales above 448 saturate at 448')"))
+     sources=("V41-kernel L158-161", "V41-kernel-port L58-60 (_to_e4m3_satfinite: clamp to ±448, then cast)"))
 
 
 def e4m3_decode(codes) -> np.ndarray:
@@ -235,9 +239,13 @@ def e4m3_encode(x, *, overflow: str = "saturate") -> np.ndarray:
 E8M0_NAN_CODE = 0xFF
 
 rule("FMT.E8M0.VALUES", "E8M0 code values",
-     "Byte b < 255 decodes to 2^(b − 127) (b = 0 is 2^-127, an fp32 subnormal); b = 255 is NaN.",
-     applies_to=ALL_MODELS, policy="exact",
-     sources=("V4-kernel L178-179, L194 (T.Cast(FE8M0, s); torch.float8_e8m0fnu)", "official-rules.md §2.1"))
+     "Byte b < 255 decodes to 2^(b − 127) (b = 0 is 2^-127, an fp32 subnormal); b = 255 is NaN.  "
+     "V4 and V4.1 store E8M0 bytes; V3.2 keeps its power-of-two scales in an fp32 tensor (never an "
+     "E8M0 byte), so the rule does not apply to it.",
+     applies_to=V4_ALL, policy="exact",
+     sources=("V4-kernel L178-179, L194 (T.Cast(FE8M0, s); torch.float8_e8m0fnu)",
+              "V4-kernel L30-33 (fast_pow2: the scale is 2^e exactly)",
+              "V32-model L449 (V3.2: k_scale_cache is float32)"))
 
 
 def e8m0_decode(codes) -> np.ndarray:
@@ -268,7 +276,7 @@ rule("FMT.CEIL_LOG2", "ceil(log2) of an fp32, exactly",
      "from the bits, never through a floating log2.  Checked through the E8M0 scale bytes of the "
      "codecs, with amax swept over 6·2^k and 448·2^k ± 1 ulp across the whole range.",
      applies_to=ALL_MODELS, policy="bytes", knob="e8m0_rounding",
-     sources=("V4-kernel L22-27, L30-33 (fast_log2_ceil, fast_pow2)", "official-rules.md §2.1"))
+     sources=("V4-kernel L22-27, L30-33 (fast_log2_ceil, fast_pow2)", "V4-kernel L36-37 (fast_round_scale)"))
 
 # --------------------------------------------------------------------------------------------
 # BF16: the upper half of an fp32, round to nearest even
@@ -280,7 +288,7 @@ rule("FMT.BF16.RNE", "fp32 → BF16 rounds to nearest even",
      applies_to=ALL_MODELS, policy="bytes",
      sources=("V4-model L420-421 (every indexer score step is a BF16 tensor)",
               "V4-kernel L55, L86-90 (the initial in-place act_quant QDQ casts through BF16)",
-              "official-rules.md §4.1, §2.4"))
+              "V41-model L555-557 (the V4.1 score steps are BF16 tensors too)"))
 
 
 def bf16_bits(x) -> np.ndarray:

@@ -9,8 +9,8 @@ sums of BF16 values are formed in float64 (exact for any inputs whose products s
 ~40 binades, which every generated input does), and every rounding to BF16 is written out as
 round-to-nearest-even on the exact value.  A framework cast never defines a rounding here.
 
-Sources: official-rules.md §3 (Hadamard), §4 (indexer forward), §9 (verdicts), §10 Q6/Q8;
-doc-002 (V4 lightning indexer) and doc-003 (V4 indexer walk-through).
+Sources: V4-model L247-251, L380-433 (rotate_activation, Indexer), V41-model L488-580 (Indexer),
+V32-model L431-480 (Indexer); doc-002 (V4 lightning indexer) and doc-003 (V4 indexer walk-through).
 """
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ rule("HAD.MATRIX", "Sylvester Hadamard, orthonormal, no random signs",
      is no random sign vector and no permutation: basis vector e_j maps to column j of H times
      bf16(128^-0.5) = ±0.08837890625.""",
      applies_to=V32 + V4, policy="exact",
-     sources=("V4-model L247-251", "V32-model L424-428", "official-rules.md §3, §10 Q11", "doc-002 Q&A 7 L27"),
+     sources=("V4-model L247-251", "V32-model L424-428", "doc-002 Q&A 7 L27"),
      differs="""Document 002 (Q&A 7) speaks of a *random* Hadamard rotation and the V4 docstring says
      'randomized'; the code calls fast_hadamard_transform with scale d^-0.5 and applies no signs
      or permutation, so the rotation is deterministic.""")
@@ -111,19 +111,22 @@ rule("HAD.ROUNDING", "Hadamard output rounded to BF16",
      BF16 ulp of the exact value H·x/√128, plus 2^-20·‖x‖₁/√128 for the fp32 butterfly's
      accumulation order.""",
      applies_to=V32 + V4, policy="tolerance",
-     sources=("V4-model L247-251 (BF16 asserted on input, output in x's dtype)", "official-rules.md §3"),
+     sources=("V4-model L247-251 (BF16 asserted on input, output in x's dtype)", "V32-model L424-428 (the same)"),
      tolerance="""|y − H·x/√128| ≤ ulp_bf16(H·x/√128) + 2^-20·‖x‖₁/√128 per element (hadamard_tolerance):
      the final rounding to BF16 is at most half an ulp, doubled to admit a flipped rounding when the
      fp32 value lies near a BF16 midpoint; each of the 7 fp32 butterfly stages and the scaling
      rounds by at most 2^-24 of a partial sum bounded by ‖x‖₁, 8·2^-24 < 2^-20.""")
 
 rule("HAD.PLACEMENT", "Hadamard on indexer q and k after RoPE, before quantization",
-     """In V3.2 and V4 the rotation is applied to the indexer query (after RoPE on its last 64
-     dims) and to the indexer's compressed key (RMSNorm → RoPE → rotation), both immediately
-     before their quantization (FP4 E8M0/32 in V4, FP8 per-128 in V3.2).  It is never applied to
-     the main attention q or KV.""",
+     """In V4 the rotation is applied to the indexer query after RoPE on its last 64 dims, and to
+     the indexer's compressed key (the compressor's RMSNorm → RoPE on the last 64 dims → rotation),
+     both immediately before their FP4 E8M0/32 quantization.  In V3.2 the query's RoPE is on its
+     FIRST 64 dims (q_pe, q_nope = split(q, [64, 64])), and the key is LayerNorm(wk(x)) of every
+     token — not a compressed entry — with RoPE on its first 64 dims; both are then rotated and
+     quantized to FP8 per 128.  It is never applied to the main attention q or KV.""",
      applies_to=V32 + V4, policy="structural", status=INFORMATIVE,
-     sources=("V4-model L362-370, L413-416", "V32-model L465-466", "official-rules.md §3",
+     sources=("V4-model L362-370, L413-416", "V32-model L443 (k_norm = LayerNorm(head_dim))",
+              "V32-model L457-464 (q_pe first; k = k_norm(wk(x)), k_pe first)", "V32-model L465-468",
               "doc-003 §11.1 L345-353 (rotate_activation(q) before fp4_act_quant)", "doc-002 design trade-offs L8"))
 
 rule("HAD.ABSENT_V41", "No Hadamard rotation in V4.1",
@@ -133,7 +136,7 @@ rule("HAD.ABSENT_V41", "No Hadamard rotation in V4.1",
      source documents describe the rotation for V4 only (documents 002 and 003); document 000
      (V4.1) does not mention it.""",
      applies_to=V41, policy="exact",
-     sources=("V41-model L541-552", "official-rules.md §3, §11.4"))
+     sources=("V41-model L541-552", "V41-model L1-21 (the imports: no fast_hadamard_transform)"))
 
 
 def index_rotate(x, model: Model) -> np.ndarray:
@@ -170,7 +173,8 @@ rule("IDX.WEIGHT.SCALE", "Head weights carry index_head_dim^-0.5 · index_n_head
      (n = 64).  No other factor enters the score.  Compared exactly: the official double rounding
      or a single rounding of the exact product, nothing else.""",
      applies_to=V4_ALL, policy="tolerance",
-     sources=("V4-model L395, L418", "V41-model L555-557", "official-rules.md §4.1, §4.2, §8",
+     sources=("V4-model L395, L418", "V41-model L513, L555", "V4-model L387 (n_heads = index_n_heads, global)",
+              "V41-config (index_n_heads 32, index_head_dim 128)",
               "doc-003 §4 stage 3 L143, L155", "doc-003 §11.1 L359 (weights_proj(x) · softmax_scale · n_heads^-0.5)"),
      tolerance="""Two accepted results per element, no ulp slack: the official product rounds twice
      (fp32, then BF16), a port may round the exact product once (they differ by at most one BF16
@@ -187,7 +191,7 @@ SCORE_DTYPES = ("bf16", "fp32")
 knob("score_rounding", "bf16_steps",
      {"fp32": "the score kept in fp32 throughout (as V3.2, and ports that skip the BF16 tensors)",
       "fp32_then_bf16": "fp32 dot, ReLU, weighting and head sum, then one cast to BF16 "
-                        "(engine choice, e.g. logits_dtype=bf16; document 003 §4 stage 4)"},
+                        "(an engine choice; document 003 §4 stage 4)"},
      """How the V4/V4.1 index score is rounded.  Canonical: each step is a BF16 tensor — the
      per-head dot accumulated in fp32 then rounded, ReLU, the weighted product rounded, the head
      sum accumulated in fp32 then rounded.""")
@@ -272,7 +276,7 @@ rule("IDX.SCORE.FORMULA", "Score = Σ_h w_h · ReLU(q_h · k)",
      before the (signed) head weight multiplies it; heads are then summed.  Compared with the
      tolerance of IDX.SCORE.ROUNDING (bf16) or the fp32 summation bound (fp32).""",
      applies_to=V32 + V4_ALL, policy="tolerance",
-     sources=("V4-model L420-421", "V41-model L555-557", "V32-kernel L240-247", "official-rules.md §4.1-§4.3",
+     sources=("V4-model L420-421", "V41-model L555-557", "V32-kernel L240-247", "V32-model L471-473",
               "doc-002 Q&A 3 L19"),
      tolerance="""2^-5 · Σ_h |w_h|·|q_h·k| of the exact fp32 formula, whatever the rounding scheme:
      BF16 steps move each head term by less than 3·2^-8 of its size and the sum by 2^-8 of Σ|terms|,
@@ -301,21 +305,21 @@ rule("IDX.SCORE.ROUNDING", "V4/V4.1 score is BF16 at every step",
      run found it 3 ulps of M away where one head's dot lay 2·10^8 below a midpoint and its fp32
      sum above it (a permanent example; 2 ulps of M was too tight).""",
      sources=("V4-model L420-423", "V41-model L555-557",
-              "official-rules.md §4.1 'Score dtype' and 'The BF16 score, written out', §4.2, §9, §11.7",
+              "V4-model L394, L411 (weights_proj BF16; wq_b output in the default BF16)",
               "doc-003 §4 stage 4 L163-165", "doc-003 §10.1 L292-294"),
      differs="""Document 003 (§4 stage 4, §10.1, quoting the paper) computes the score in fp32 and
      casts it to BF16 once before top-k.  The reference has no fp32 buffer: q, k and the weights are BF16 tensors, so the
      einsum output, the weighted product and the head sum are each rounded to BF16.  The two differ
      when signed head weights cancel: 32 heads alternating w = ±1 with dots 1+3·2^-9 and 1+2^-9
-     give 0.125 in BF16 steps and 0.0625 in fp32-then-cast.  The one-cast form is an engine choice
-     (DeepGEMM logits_dtype=bf16), declared as score_rounding=fp32_then_bf16.""")
+     give 0.125 in BF16 steps and 0.0625 in fp32-then-cast.  The one-cast form is an engine choice,
+     declared as score_rounding=fp32_then_bf16.""")
 
 rule("IDX.SCORE.V32_FP32", "V3.2 score is fp32 throughout",
      """V3.2's fp8_index kernel keeps the logits, the ReLU, the weighting and the head sum in
      fp32 (score_dtype='fp32'): no step rounds to BF16.  Compared within (D + H)·2^-24 ·
      Σ_h |w_h|·Σ_d |q·k| of the exact value.""",
      applies_to=V32, policy="tolerance",
-     sources=("V32-kernel L240-247", "official-rules.md §4.3"),
+     sources=("V32-kernel L240-247", "V32-model L471-473 (fp32 weights × q_scale × softmax_scale into fp8_index)"),
      tolerance="""(D + H)·2^-24 · Σ_h |w_h|·Σ_d |q·k|: the recursive-summation bound of fp32 for the D-term
      dot and the H-term head sum in any order (each addition rounds by 2^-24 of a partial sum bounded
      by the sum of magnitudes).""")
@@ -325,7 +329,7 @@ rule("IDX.SCORE.FP4", "FP4 scores equal the scores of the dequantized q and k",
      dequantized values (code value · 2^(byte − 127)), with the tolerance of IDX.SCORE.ROUNDING.""",
      applies_to=V4_ALL, policy="tolerance",
      sources=("V4-model L413-416, L420-421 (q, k FP4-simulated, then the BF16 einsum)", "V41-model L546-557",
-              "official-rules.md §2.3, §4.1"),
+              "V4-kernel L165-172 (the in-place FP4 QDQ writes E2M1 value × scale back in BF16)"),
      tolerance="""That of IDX.SCORE.ROUNDING on the dequantized values, which are exact in BF16 (a 2-bit
      E2M1 significand times a power of two).""")
 
@@ -343,7 +347,10 @@ rule("IDX.SCORE.TP", "Head-sharded partial scores sum to the full score",
      shard partials can cancel: 16 head terms of 0.5 and 0.50390625 sum to 8 + 7·2^-8, which BF16
      rounds to 8, and 16 of −0.5 to −8, so the all-reduce gives 0.0 where the full score is 7·2^-8
      (a permanent example; a thorough run had found 0.0 against 0.00958).""",
-     sources=("V4-model L395, L422-423 (n_heads is global; the all-reduce)", "official-rules.md §4.1, §4.2"))
+     sources=("V4-model L387-388 (n_heads global, n_local_heads = n_heads // world_size)",
+              "V4-model L418 (the weight factor uses the global n_heads)", "V4-model L422-423 (the all-reduce)",
+              "V41-model L507-508 (the same head counts)", "V41-model L555 (the same factor)",
+              "V41-model L558-559 (the all-reduce)"))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -369,7 +376,7 @@ rule("IDX.VISIBLE", "A query at position p sees compressed entries j < (p+1)//ra
      any position gives the same count too.""",
      applies_to=V32 + V4_ALL, policy="exact",
      sources=("V4-model L424-426", "V41-model L563-567",
-              "official-rules.md §4.1 'Causal / visible length', §4.2, §10 Q8, §11.1, §11.7",
+              "V4-model L427 (k = min(index_topk, end_pos // ratio) in decode)",
               "doc-003 §9.2 L276-280", "doc-003 §10.4 L329"),
      differs="""Document 003 (§9.2, §10.4) says the smallest scoring unit is a single token and
      counts the top-1024 as 1024 tokens, 1024 ÷ 64 = 16 pages of 64 tokens.  V4 scores compressed
@@ -382,7 +389,7 @@ rule("IDX.MASK", "Invisible entries score −inf, never 0",
      """Every score at s ≥ visible[t] is −inf and every score at s < visible[t] is finite.  A
      masked score of 0 would rank above every visible entry whose weighted ReLU sum is negative.""",
      applies_to=V32 + V4_ALL, policy="exact",
-     sources=("V4-model L424-426 (the mask adds −inf)", "V41-model L563-567", "official-rules.md §4.1, §4.2",
+     sources=("V4-model L424-426 (the mask adds −inf)", "V41-model L563-567",
               "doc-003 §9.1 L262-267"),
      differs="""Document 003 (§9.1) says the scores of later positions are 'set to 0' (its own code adds
      −inf).  The reference adds −inf; with signed head weights a score can be negative, so a 0
@@ -398,7 +405,7 @@ rule("IDX.CHUNK", "Decode, chunked and one-chunk prefill scores agree",
      tolerance="""Twice the IDX.SCORE.ROUNDING bound: both rows are a target's own scores, each within it of
      the definition.""",
      sources=("V4-model L420-432 (decode scores end_pos//ratio entries unmasked)", "V41-model L563-567",
-              "official-rules.md §4.1, §10 Q8, §11.1"))
+              "V41-model L554 (decode reads end_pos // ratio index keys)"))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -447,8 +454,8 @@ rule("IDX.TOPK.COUNT", "k = min(index_topk, end_pos//ratio); min(k, visible) val
      compressed yet: V4.1 returns an empty index tensor); row t holds min(k, visible[t]) valid
      indices, each in [0, visible[t]), distinct, and −1 in the remaining columns.""",
      applies_to=V4_ALL, policy="tie-aware",
-     sources=("V4-model L427-432", "V41-model L488-580 (Indexer.forward)",
-              "official-rules.md §4.1 'Top-k', §4.2 'Top-k', 'Empty case'", "conventions.md 'How good suites compare'"))
+     sources=("V4-model L427-432", "V41-model L488-580 (Indexer.forward)", "V41-model L578-580",
+              "V41-model L729-730 (nothing compressed yet: an empty index tensor)"))
 
 rule("IDX.TOPK.PAD", "−1 only as trailing padding",
      """−1 marks the slots left when visible[t] < k, and only those: it never appears before a
@@ -456,41 +463,44 @@ rule("IDX.TOPK.PAD", "−1 only as trailing padding",
      end_pos // ratio = compress_lens entries, all visible, and k ≤ that width, so every slot is
      valid.  −1 appears only in prefill rows with fewer than k visible entries.""",
      applies_to=V4_ALL, policy="tie-aware",
-     sources=("V4-model L428-432", "V41-model L488-580 (where(idx < compress_lens, idx + offset, −1))",
-              "official-rules.md §4.1, §4.2, §11.7"))
+     sources=("V4-model L428-432", "V41-model L580 (where(idx < compress_lens, idx + offset, −1))",
+              "V41-model L579 (sorted ascending: invalid indices, the largest, come last)"))
 
 rule("IDX.TOPK.ORDER", "V4: descending score; V4.1: ascending position",
      """V4 returns the valid indices in descending score order (torch.topk sorted=True; equal
      scores in any order); V4.1 returns them in strictly ascending position order (topk with
      sorted=False, then sorted by index).""",
      applies_to=V4_ALL, policy="tie-aware", knob="topk_order",
-     sources=("V4-model L427 (sorted=True)", "V41-model L488-580 (topk sorted=False, then sorted by index)",
-              "official-rules.md §4.1, §4.2 'Top-k', §10 Q6"))
+     sources=("V4-model L427 (sorted=True)", "V41-model L579 (topk sorted=False, then sorted by index)"))
 
 rule("IDX.TOPK.SELECTION", "The chosen entries are a top-k of the visible scores",
      """The multiset of reference scores at the chosen indices equals the multiset of the
      min(k, visible) largest visible reference scores.  Where the target computes the scores
      itself, an index whose reference score is within the score tolerance of the k-th score is
-     also accepted.  Index lists are never compared.""",
+     also accepted.  Index lists are never compared: this comparison is the suite's own decision,
+     since torch.topk leaves open which of equal scores it returns.""",
      applies_to=V4_ALL, policy="tie-aware",
-     sources=("V4-model L427", "official-rules.md §4.1, §4.2", "conventions.md 'How good suites compare'"))
+     sources=("V4-model L427", "V41-model L579"))
 
 rule("IDX.TOPK.TIES", "Ties are implementation-defined",
      """Which of several equal scores fill the last top-k slots is implementation-defined (ReLU
      zeros and colliding BF16 scores make exact ties common).  A target declaring
-     topk_ties=lowest_index must take the lowest tied positions.""",
+     topk_ties=lowest_index must take the lowest tied positions.  The official code calls
+     torch.topk, which does not specify the order among equal values (CPU and CUDA pick different
+     tied positions); canonical 'any' and the knob's other value are this suite's choices.""",
      applies_to=V4_ALL, policy="tie-aware", status=IMPLEMENTATION_DEFINED, knob="topk_ties",
-     sources=("official-rules.md §10 Q6", "conventions.md 'Knobs' (top-k ties)"))
+     sources=("V4-model L427 (index_score.topk)", "V41-model L579 (index_score.topk(..., sorted=False))",
+              "V41-model L607 (the block top-k of the pool)"))
 
 rule("IDX.TOPK.OFFSET", "Indices are shifted past the window KV",
      """Valid indices are offset by the number of window KV rows placed before the compressed
      block: the sequence length in prefill and window_size = 128 in decode (V4 and V4.1); −1
      stays −1 (kv_rows).""",
      applies_to=V4_ALL, policy="exact", status=INFORMATIVE,
-     sources=("V4-model L428-432, L509 (offset)", "official-rules.md §4.1, §4.2"))
+     sources=("V4-model L428-432, L509 (offset)", "V41-model L776 (offset = the window list's kv.size(1))", "V41-model L580"))
 
 rule("IDX.TOPK.V32", "V3.2 top-k: min(2048, end_pos), by score, no −1",
      """V3.2 indexes tokens (ratio 1) and takes topk(min(2048, end_pos)) sorted by score; masked
      future slots are not replaced by −1 but re-masked inside attention.""",
      applies_to=V32, policy="tie-aware", status=INFORMATIVE,
-     sources=("V32-model L431-480", "V32-kernel L199-274", "official-rules.md §4.3"))
+     sources=("V32-model L431-480", "V32-kernel L199-274", "V32-model L476 (topk(min(index_topk, end_pos)))"))

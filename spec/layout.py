@@ -1,6 +1,7 @@
 """KV-cache entry layouts: every cached vector as bytes.
 
-Source: official-rules.md §7.1 (and §2.2-§2.4 for the codecs).  The reference code keeps its caches
+Sources: V4-model L372, L505-506, V41-model L706-707, L758-761 (the caches and their in-place
+quantizers), and the codecs of spec.quant.  The reference code keeps its caches
 as BF16 after an in-place quantize-dequantize, so the byte layouts are implied by the quantizers,
 not materialized: the byte COUNTS below follow from the formats and are normative; the ORDER of the
 fields inside an entry is an engine choice (knob entry_field_order), and this module fixes a
@@ -38,7 +39,7 @@ import numpy as np
 
 from . import formats as F
 from . import quant as Q
-from .rules import IMPLEMENTATION_DEFINED, V4, V41, V4_ALL, knob, rule
+from .rules import IMPLEMENTATION_DEFINED, INFORMATIVE, V4, V41, V4_ALL, knob, rule
 
 
 @dataclass(frozen=True)
@@ -140,17 +141,18 @@ knob("v41_main_rope", "fp4", {
             "E4M3 scales + 4 pad + 64 BF16 (128 B) = 384 B",
 }, "Whether the V4.1 main KV quantizes its RoPE dims with the rest.")
 
-_SRC = "official-rules.md §7.1"
+_NO_PACKING = "V4-model L372, L506 (the reference quantizes its caches in place and keeps them as BF16: no packed entry)"
 
 rule("LAYOUT.V4.MAIN", "V4 main KV entry: 583 bytes of content, stored as 584",
      """A V4 main (CSA, HCA and window) KV entry of 512 dims is 448 NoPE dims as FP8 E4M3 (448 B)
      with one E8M0 scale per 64 (7 B), and the 64 RoPE dims as BF16 (128 B): 583 bytes of
-     content.  The 584th byte pads the scales to 8 B; it is an engine convention (SGLang asserts
-     448 + 64·2 + 8, FlashMLA's MODEL1 layout uses 584), not the reference's, which keeps its
-     caches in BF16 after an in-place QDQ.  This layout follows the engines: 584 bytes.
+     content.  The 584th byte pads the scales to 8 B; it is an engine convention (SGLang's V4 KV
+     pool asserts 448 + 64·2 + 8), not the reference's, which keeps its caches in BF16 after an
+     in-place QDQ.  This layout follows the engines, a choice of this suite: 584 bytes.
      Unpacking gives exactly act_quant's dequantization of the NoPE dims and the BF16 value of
      the RoPE dims.""",
-     applies_to=V4, policy="bytes", sources=("V4-model L372, L505-506", _SRC + ", §2.4, §11.7",
+     applies_to=V4, policy="bytes", sources=("V4-model L372, L505-506", "V4-model L473-474 (kv_cache [.., head_dim] BF16)",
+                                             "SGLang-v4-kv-pool DeepSeekV4SingleKVPool (584 bytes per token, one pad byte)",
                                              "doc-000 FP4 storage L8", "doc-000 summary L3"))
 
 rule("LAYOUT.INDEX_K", "indexer K entry: 68 bytes",
@@ -158,7 +160,8 @@ rule("LAYOUT.INDEX_K", "indexer K entry: 68 bytes",
      scale per 32 (4 B): 68 bytes, 4.25 bits per dim; unpacking gives exactly the FP4 E8M0/32
      dequantization.""",
      applies_to=V4_ALL, policy="bytes", sources=("V4-model L362-370", "V41-model L541-548",
-                                                 _SRC + ", §2.3", "doc-000 Q&A 6 L23", "doc-003 §5.2 L183",
+                                                 "V4-kernel L186-200 (fp4_act_quant: E2M1 pairs, one E8M0 per 32)",
+                                                 "doc-000 Q&A 6 L23", "doc-003 §5.2 L183",
                                                  "doc-003 §10.2 L306"),
      differs="""Document 003 (§5.2, §10.2) stores the indexer K's dequantization factor as one FP32
      per token (4 B); that is the V3.2 index K.  The V4/V4.1 index K carries four E8M0 bytes, one
@@ -167,40 +170,51 @@ rule("LAYOUT.INDEX_K", "indexer K entry: 68 bytes",
 rule("LAYOUT.V41.MAIN", "V4.1 main KV entry: 288 bytes, RoPE dims quantized",
      """A V4.1 main (compressed) KV entry of 512 dims, RoPE dims included, is FP4 E2M1 (256 B) with
      one E4M3 scale per 16 (32 B): 288 bytes, 4.5 bits per dim, no global scale; unpacking gives
-     exactly the FP4 E4M3/16 dequantization.""",
-     applies_to=V41, policy="bytes", status=IMPLEMENTATION_DEFINED, knob="v41_main_rope",
-     sources=("V41-model L758-760", _SRC + ", §2.2", "doc-000 FP4 storage L8", "doc-000 Q&A 6 L23"))
+     exactly the FP4 E4M3/16 dequantization.  The content is fixed by the official code: the whole
+     512-dim latent, its RoPE tail rotated first, is quantized to FP4 with E4M3 scales per 16 (the
+     RoPE dims are not kept apart as in V4).  Keeping the 64 RoPE dims in BF16 (384 B) is the named
+     deviation v41_main_rope=bf16; the field order stays LAYOUT.ORDER's.""",
+     applies_to=V41, policy="bytes", knob="v41_main_rope",
+     sources=("V41-model L758-760 (RoPE on latent[..., -rope_head_dim:], then fp4_act_quant of the whole latent, "
+              "16, E4M3 scales)", "doc-000 FP4 storage L8", "doc-000 Q&A 6 L23"))
 
 rule("LAYOUT.V41.SWA", "V4.1 sliding-window KV entry: 528 bytes",
      """A V4.1 window KV entry of 512 dims (post-RoPE, RoPE dims included) is FP8 E4M3 (512 B) with
      one E8M0 scale per 32 (16 B): 528 bytes; unpacking gives exactly act_quant's dequantization.""",
-     applies_to=V41, policy="bytes", sources=("V41-model L706-707 (Attention._window_kv)", _SRC + ", §2.4",
+     applies_to=V41, policy="bytes", sources=("V41-model L706-707 (Attention._window_kv)", "V41-model L27 (fp8_block_size = 32)",
                                               "doc-000 details L10", "doc-000 Q&A 6 L23"))
 
 rule("LAYOUT.V32.INDEX_K", "V3.2 indexer K entry: 132 bytes",
      """A V3.2 indexer K entry of 128 dims is FP8 E4M3 (128 B) with its one power-of-two scale (per
      128) stored as an FP32 (4 B): 132 bytes; unpacking gives exactly the E4M3 value times the
      scale.""",
-     applies_to=("v3.2",), policy="bytes", sources=("V32-model L448-449, L467-468", _SRC + ", §2.4"))
+     applies_to=("v3.2",), policy="bytes", sources=("V32-model L448-449, L467-468",
+                                                    "V32-model L469-470 (k_fp8 and k_scale written to the caches)"))
 
 rule("LAYOUT.ORDER", "field order inside an entry",
      """The bytes of a packed entry are its fields in the order of entry_field_order (canonical:
      payload, scales, pad, tail), BF16 and FP32 elements little-endian, FP4 nibbles per
-     FP4.PACK.NIBBLE, pad bytes 0.""",
+     FP4.PACK.NIBBLE, pad bytes 0.  The official code never materializes an entry, so the order is
+     this suite's own choice; engines order their fields otherwise.""",
      applies_to=("v3.2",) + V4_ALL, policy="bytes", status=IMPLEMENTATION_DEFINED,
-     knob="entry_field_order", sources=(_SRC + " (vLLM-fork and DeepGEMM layouts are engine choices)",))
+     knob="entry_field_order", sources=(_NO_PACKING, "V41-model L760-761 (the V4.1 latent is stored dequantized)"))
 
 rule("LAYOUT.UNPACK", "unpacking any valid entry dequantizes its fields",
      """For every byte buffer of the right length whose scales are not NaN, unpacking gives exactly
      the codec's dequantization of its payload and scales (E2M1 or E4M3 value times the scale,
      rounded once to fp32) and the BF16 tail's value; pad bytes are ignored.""",
-     applies_to=("v3.2",) + V4_ALL, policy="bytes", sources=(_SRC + ", §1, §2",))
+     applies_to=("v3.2",) + V4_ALL, policy="bytes",
+     sources=("V4-kernel L165-172 (the in-place FP4 QDQ: E2M1 value × scale)", "V4-kernel L84-91",
+              "V41-kernel-port L106-107, L135-137 (E4M3 or E2M1 value × scale)"))
 
 rule("LAYOUT.REJECT", "malformed entries are rejected",
      """Unpacking a buffer that is not uint8, whose last dimension is not the entry size, or that
      holds a NaN scale (E8M0 byte 0xFF, E4M3 byte 0x7F or 0xFF, an FP32 NaN or Inf) raises an error
-     naming what was expected, instead of returning garbage.""",
-     applies_to=("v3.2",) + V4_ALL, policy="exact", sources=(_SRC,))
+     naming what was expected, instead of returning garbage.  A contract of this suite's
+     entry_unpack operation, not of the official code, which never packs, unpacks or rejects an
+     entry: it is checked for targets that implement entry_unpack, and a failure means their unpacker
+     returns garbage on malformed input, not that they depart from the official computation.""",
+     applies_to=("v3.2",) + V4_ALL, policy="exact", status=INFORMATIVE, sources=(_NO_PACKING,))
 
 
 # ------------------------------------------------------------------------------------------------

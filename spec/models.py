@@ -1,7 +1,12 @@
 """Model profiles: the released configuration constants each rule depends on.
 
-Source: official-rules.md §7.2 and §8 (HF config.json of each model; V4.1 from rev dba1be0a).
-Only constants that some rule or budget reads are kept; each is named once, here.
+Sources: V41-config (V4.1-Flash, rev dba1be0a: every V4.1 field below, kv_source_layers,
+index_source_layers, candidate_source_layer, candidate_topk_blocks, candidate_block_size and
+window_size included, is a key of that file); for V4 the fields of ModelArgs (V4-model L34-80) with
+the values of the released V4-Flash and V4-Pro configs; V32-config for V3.2.  The layer roles are
+not config keys: spec.pool derives them as Attention.__init__ and Indexer.__init__ do (V41-model
+L653-661, L500-503).  Only constants that some rule or budget reads are kept; each is named once,
+here.
 """
 from __future__ import annotations
 
@@ -11,8 +16,8 @@ from fractions import Fraction
 
 @dataclass(frozen=True)
 class Rope:
-    """RoPE constants (V4 L475-481 / V4.1 L680-694 with the released config, official-rules.md §6.2,
-    §11.5): window-only layers use `theta` without YaRN; layers with a compress ratio use
+    """RoPE constants (V4 L475-481 / V4.1 L680-694 with the released config, V41-config): window-only
+    layers use `theta` without YaRN; layers with a compress ratio use
     `compress_theta` with YaRN (original_seq_len, factor, beta_fast, beta_slow)."""
     theta: float
     compress_theta: float

@@ -1,8 +1,7 @@
 """The indexer path put together (PATH.*): the index Q/K pipeline stage by stage, the order of
 RoPE and quantization, what main attention reads, and the index lists attention is given.
 
-One layer's path (official-rules.md §3, §4, §11.3-11.6; V4-model L380-433, L475-509; V4.1
-upstream L488-580, L680-760):
+One layer's path (V4-model L380-433, L475-509; V4.1 upstream L488-580, L680-760):
 
     qr       = q_norm(wq_a(x))                               BF16, [T, q_lora_rank] (the main attention's)
     q        = bf16(wq_b · qr)                               [T, H, 128]
@@ -35,9 +34,9 @@ U32 = 2.0 ** -24
 SRC_V4_IDX = "V4-model L380-433 (Indexer)"
 SRC_V41_IDX = "V41-model L488-580 (Indexer; K and q L541-552)"
 SRC_ORDER = ("V41-model L758-760 (main KV: RoPE, then FP4 E4M3/16)", "V41-model L706-707 (window: RoPE, then FP8/32)",
-             "V4-model L504-506", "V4-model L367-372", "official-rules.md §11.3")
+             "V4-model L504-506", "V4-model L367-372", "V41-model L544-546, L550-552 (index K and q: RoPE, then FP4)")
 SRC_LISTS = ("V4-model L254-265 (get_window_topk_idxs)", "V4-model L268-276 (get_compress_topk_idxs)",
-             "V41-model L409-426 (get_window_topk_idxs, line numbers approximate)", "official-rules.md §11.6")
+             "V41-model L409-426 (get_window_topk_idxs)", "V41-model L774-778 (the window list, then the compressed one)")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -165,7 +164,7 @@ rule("PATH.Q.LATENT", "The index q reads the main attention's q latent, normed",
      check takes qr as an input.""",
      applies_to=V4_ALL, policy="exact", status=INFORMATIVE,
      sources=("V4-model L496 (qr = q = self.q_norm(self.wq_a(x)))", "V4-model L411", SRC_V41_IDX,
-              "official-rules.md §4.1, §8 (q_lora_rank)", "doc-003 §4 stage 2 L112-126"),
+              "V4-model L58, L457-458 (q_lora_rank; wq_a, q_norm)", "doc-003 §4 stage 2 L112-126"),
      differs="""Document 003 (§4 stage 2) forms the index query from c_t^Q = h_t·W^DQ with no
      RMSNorm and quantizes it with no RoPE and no Hadamard; the official q latent is normed
      (q_norm) and the index q is rotated, and in V4 Hadamard-transformed, before FP4.""")
@@ -173,7 +172,7 @@ rule("PATH.Q.LATENT", "The index q reads the main attention's q latent, normed",
 rule("PATH.Q.PROJ", "Index q = bf16(wq_b · qr), one head of 128 per index head",
      """q = bf16(wq_b · qr) with wq_b [index_n_heads·128, q_lora_rank] (64 heads in V4, 32 in V4.1)
      unflattened to [T, H, 128]; the weights enter as given BF16 tensors.""",
-     applies_to=V4_ALL, policy="tolerance", sources=("V4-model L411-412", SRC_V41_IDX, "official-rules.md §4.1, §4.2"),
+     applies_to=V4_ALL, policy="tolerance", sources=("V4-model L411-412", SRC_V41_IDX, "V4-model L393 (wq_b: ColumnParallelLinear)"),
      tolerance="""fp32 accumulation in any order: K·2^-24·Σ|qr||w|, plus one BF16 ulp of the
      rounded value (matmul_tolerance).""")
 
@@ -182,13 +181,15 @@ rule("PATH.K.PROJ", "V4.1 index K = bf16(wk · latent) from the compressor's nor
      bf16(wk · latent_j): wk is a BF16 Linear 512 → 128 and latent_j the compressor's output — the
      RoPE-free, RMS-normed BF16 latent, not the rotated or quantized cache entry, and not the
      pooled vector before the compressor's norm.""",
-     applies_to=V41, policy="tolerance", sources=(SRC_V41_IDX, "official-rules.md §4.2, §6.2, §11.4"),
+     applies_to=V41, policy="tolerance", sources=(SRC_V41_IDX, "V41-model L518 (wk: BF16 Linear head_dim → index_head_dim)",
+                                               "V41-model L544 (k = k_norm(wk(latent)))", "V41-model L485 (the latent: norm(kv))"),
      tolerance="matmul_tolerance, as PATH.Q.PROJ")
 
 rule("PATH.K.NORM", "V4.1 index K is RMS-normed (k_norm, eps 1e-20) before RoPE",
      """k_normed = bf16(w · k / sqrt(mean(k²) + eps)) over the 128 dims of each entry, with the
      k_norm weight w and eps = norm_eps = 1e-20, computed in fp32 and written back BF16.""",
-     applies_to=V41, policy="tolerance", sources=(SRC_V41_IDX, "official-rules.md §4.2, §11.4"),
+     applies_to=V41, policy="tolerance", sources=(SRC_V41_IDX, "V41-model L519 (k_norm: RMSNorm(index_head_dim, norm_eps))",
+                                               "V41-config (norm_eps 1e-20)"),
      tolerance="""(D + 8)·2^-24 relative for the fp32 mean of squares, rsqrt and products, plus one
      BF16 ulp (rms_norm_tolerance).""")
 
@@ -196,7 +197,7 @@ rule("PATH.HADAMARD", "V4 rotates index q and k with the Hadamard after RoPE; V4
      """In V4 the FP4 stage quantizes Hadamard(q_rot) and Hadamard(k_rot) (HAD.MATRIX,
      HAD.ROUNDING); in V4.1 it quantizes q_rot and k_rot themselves.  V3.2 rotates with the
      Hadamard too, then quantizes to FP8 per 128 (PATH.V32).""",
-     applies_to=V4_ALL, policy="tolerance", sources=("V4-model L413-416", "V4-model L367-370", SRC_V41_IDX, "official-rules.md §3"),
+     applies_to=V4_ALL, policy="tolerance", sources=("V4-model L413-416", "V4-model L367-370", SRC_V41_IDX, "V32-model L465-466"),
      tolerance="that of HAD.ROUNDING on the target's own q_rot and k_rot")
 
 rule("PATH.ORDER", "Quantization comes after RoPE",
@@ -210,7 +211,7 @@ rule("PATH.W.PROJ", "Raw head weights = bf16(weights_proj · x)",
      """The raw head weights are bf16(weights_proj · x) with weights_proj a BF16 [index_n_heads,
      dim] Linear of the attention input x (after attn_norm); they are then scaled as
      IDX.WEIGHT.SCALE states.""",
-     applies_to=V4_ALL, policy="tolerance", sources=("V4-model L394", "V4-model L418", SRC_V41_IDX, "official-rules.md §4.1, §4.2"),
+     applies_to=V4_ALL, policy="tolerance", sources=("V4-model L394", "V4-model L418", SRC_V41_IDX, "V41-model L515, L555 (weights_proj BF16; weights_proj(x))"),
      tolerance="matmul_tolerance, as PATH.Q.PROJ")
 
 rule("PATH.QDQ", "Main attention reads x̂ = E2M1 · s, written back in BF16, exactly",
@@ -221,22 +222,32 @@ rule("PATH.QDQ", "Main attention reads x̂ = E2M1 · s, written back in BF16, ex
      attention.""",
      applies_to=V41, policy="exact", knob="kv_second_scale",
      sources=("V41-model L758-760 (fp4_act_quant in place)", "V41-model L706-707 (act_quant in place)",
-              "official-rules.md §1, §2.2, §2.4"))
+              "V41-kernel-port L106-107, L135-137 (in place: E4M3 or E2M1 value × scale, written back BF16)"))
 
 rule("PATH.WINDOW", "Window list: prefill i−127 … i; decode the ring of 128, −1 where unfilled",
      """Prefill (start_pos 0, s tokens): row i lists the positions max(0, i−127) … i, each once, and
      −1 in the remaining min(s, 128) − (that count) columns.  Decode at start_pos p: one row of 128
      ring slots holding each slot q mod 128 for q in max(0, p−127) … p once and −1 for the
-     128 − min(p+1, 128) slots not yet filled.  The order inside a row is free (V4 pads −1 at the
-     end, V4.1 lists the ring oldest first); sparse attention treats every column independently.""",
-     applies_to=V4_ALL, policy="exact", sources=SRC_LISTS + ("official-rules.md §7.2 (window 128)",))
+     128 − min(p+1, 128) slots not yet filled.  This rule fixes the set of entries of each row and
+     is checked as such.  The order is not free for attention: V4 pads −1 at the end and V4.1 lists
+     the ring oldest first, so its decode row starts with the 127 − p unfilled slots (−1) while
+     p < 127.  V4's sparse attention starts its running max at −inf, so a row whose first block of
+     64 indices is all −1 (the V4.1 decode row for p ≤ 63) gives NaN there (exp(−inf − (−inf))),
+     where V4.1's kernel, starting at −1e30, gives the block weight 0; and under either kernel the order moves
+     the BF16 rounding of the probabilities, which are rounded against the running maximum of the
+     blocks seen so far.  A target's list is therefore judged with the order of its own model by the
+     attention rules, not here.""",
+     applies_to=V4_ALL, policy="exact",
+     sources=SRC_LISTS + ("V4-model L64 (window_size 128)", "V4-kernel L318 (scores_max filled with −inf)",
+                          "V4-kernel L321-343 (blocks of 64: running max, probabilities cast to BF16 before p·v)",
+                          "V41-kernel L352-355 (the V4.1 running max starts at −1e30)", "V41-kernel-port L227-228 (scores_max = −1e30)"))
 
 rule("PATH.HCA", "Compressed-only list: ascending, −1 until visible, plus the block's offset",
      """A layer with a compress ratio and no indexer (V4 HCA, ratio 128) attends to every visible
      compressed entry: prefill row i lists j + offset for j < (i+1)//ratio in ascending j and −1 for
      the other s//ratio − (i+1)//ratio columns; decode lists j + 128 for j < (p+1)//ratio.
      offset = s in prefill, 128 in decode (the window rows before the compressed block).""",
-     applies_to=V4, policy="exact", sources=SRC_LISTS + ("V4-model L509 (offset)", "official-rules.md §4.1"))
+     applies_to=V4, policy="exact", sources=SRC_LISTS + ("V4-model L509 (offset)", "V4-model L513 (get_compress_topk_idxs)"))
 
 rule("PATH.CONCAT", "Attention gathers [window list | compressed list + offset]",
      """The index list attention receives is the window list followed by the compressed list (the
@@ -254,7 +265,7 @@ rule("PATH.POOL_SCAN", "A kernel that scores only the pool selects what scoring 
      included.""",
      applies_to=V41, policy="tie-aware",
      sources=("V41-model L555-557, L575 (scores all N, then masked_fill(~candidates, −inf))",
-              "official-rules.md §5.1, §11.7"))
+              "V41-model L604-610 (the pool: the pinned newest block included)"))
 
 rule("PATH.LAYER", "Every stage of a layer's indexer path, each on the stage before it",
      """A layer operation (V4 CSA, HCA and window layers; V4.1 candidate source 20 and re-index 24)
@@ -262,7 +273,8 @@ rule("PATH.LAYER", "Every stage of a layer's indexer path, each on the stage bef
      of the stage before (teacher forcing), so a rounding difference upstream is never blamed
      downstream; the report names the first stage that breaks a rule.""",
      applies_to=V4_ALL, policy="tolerance",
-     sources=(SRC_V4_IDX, SRC_V41_IDX, "official-rules.md §11.3-11.6"),
+     sources=(SRC_V4_IDX, SRC_V41_IDX, "V4-model L484-514 (Attention.forward to the index list)",
+              "V41-model L739-778 (_compress_kv and forward to the index list)"),
      tolerance="each stage's own rule's tolerance")
 
 rule("PATH.V32", "V3.2's index pipeline differs",
@@ -270,5 +282,6 @@ rule("PATH.V32", "V3.2's index pipeline differs",
      (interleaved in the GitHub code, half-split in the later HF code); Hadamard on q and k; then FP8
      E4M3 with one power-of-two scale per 128 stored as fp32; scores fp32.""",
      applies_to=V32, policy="exact", status=INFORMATIVE,
-     sources=("V32-model L431-480 (Indexer)", "official-rules.md §4.3"))
+     sources=("V32-model L431-480 (Indexer)", "V32-model L443, L457-470 (LayerNorm k; RoPE on the first dims; "
+              "Hadamard; FP8 with fp32 scales)"))
 

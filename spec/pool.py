@@ -5,7 +5,8 @@ The candidate-source layer (20) scores every reachable position, groups position
 always among them) and hands the resulting per-query bool mask to the re-index layers, which take
 their own top-512 inside it.
 
-Sources: official-rules.md §4.2, §5, §7.2, §9; doc-000 (V4.1 hierarchical sparse indexer).
+Sources: V41-model L488-610 (Indexer, select_candidate_blocks), L653-661 (roles); doc-000 (V4.1
+hierarchical sparse indexer).
 """
 from __future__ import annotations
 
@@ -99,46 +100,46 @@ rule("POOL.BLOCK_SCORE", "Block score = max of its 8 positions, padded with −i
      maximum of its 8 entries.  The multiset of block scores of the kept blocks (the newest block
      counted as +inf) equals the reference one.""",
      applies_to=V41, policy="structural",
-     sources=(SELECT, "official-rules.md §5.1 step 1", "doc-000 Q&A 1 L13"))
+     sources=(SELECT, "V41-model L598-599 (pad with −inf, amax over blocks of block_size)", "doc-000 Q&A 1 L13"))
 
 rule("POOL.PIN_NEWEST", "The newest reachable block is always in the pool",
      """When compress_lens > 0 the block (compress_lens − 1) // 8 of the newest reachable
      position gets score +inf, so it is in the pool even when older full blocks outscore it.""",
      applies_to=V41, policy="structural",
-     sources=(SELECT, "official-rules.md §5.1 step 2, §9 'latest block forced'", "doc-000 Q&A 2 L15",
+     sources=(SELECT, "V41-model L604-605 (last = (compress_lens − 1) // block_size gets +inf)", "doc-000 Q&A 2 L15",
               "doc-000 details L10"))
 
 rule("POOL.PIN_EMPTY", "Nothing is pinned when compress_lens = 0",
      """With compress_lens = 0, (0 − 1) // 8 = −1 under floor division: no block is pinned, and
      since no position is reachable (all −inf) the pool is empty.""",
      applies_to=V41, policy="structural", knob="pool_pin_empty",
-     sources=(SELECT, "official-rules.md §5.1 step 2", "conventions.md 'Knobs' (pinned newest block)"))
+     sources=(SELECT, "V41-model L604-605 (Python floor division: (0 − 1) // 8 = −1 matches no block)"))
 
 rule("POOL.PIN_COUNTS", "The pinned block is one of the 2048",
      """The pinned block takes one of the min(2048, n_blocks) top-k slots; it is not an extra
      block, so a pool never holds more than 2048 blocks.""",
      applies_to=V41, policy="structural",
-     sources=(SELECT, "official-rules.md §5.1 step 2, §9 'latest block forced'"))
+     sources=(SELECT, "V41-model L604-607 (the pin is a score; topk takes min(topk_blocks, num_blocks))"))
 
 rule("POOL.TOPK_BLOCKS", "The pool is the top min(2048, n_blocks) blocks by block score",
      """The kept blocks are the min(2048, n_blocks) blocks with the largest block scores (ties
      among equal maxima are implementation-defined, topk_ties), minus those scoring −inf.""",
      applies_to=V41, policy="structural", knob="topk_ties",
-     sources=(SELECT, "official-rules.md §5.1 step 3, §10 Q6", "doc-000 Q&A 1 L13"))
+     sources=(SELECT, "V41-model L607 (scores.topk(min(topk_blocks, num_blocks)))", "doc-000 Q&A 1 L13"))
 
 rule("POOL.DROP_INF", "Blocks without a reachable finite score are dropped",
      """A selected block whose score is −inf (no reachable position) is not in the pool: every
      pool block holds at least one reachable position, and positions at or past compress_lens
      appear only inside the newest block.""",
      applies_to=V41, policy="structural",
-     sources=("V41-model L583-610 (select_candidate_blocks: keep = scatter(top.indices, top.values > −inf))",
-              "official-rules.md §5.1 steps 3-4"))
+     sources=("V41-model L583-610 (select_candidate_blocks)",
+              "V41-model L609 (keep = scatter(top.indices, top.values > −inf))"))
 
 rule("POOL.MASK", "The pool is a per-query bool mask of whole blocks",
      """candidate_blocks returns a bool mask with the shape of the scores [T, W]: the union of the
      kept blocks' 8 positions, cut at W (repeat_interleave(8)[..., :W]).""",
      applies_to=V41, policy="structural",
-     sources=(SELECT, "official-rules.md §5.1 step 4", "doc-000 Q&A 2 L15 (a bool table per query)"))
+     sources=(SELECT, "V41-model L610 (repeat_interleave(block_size)[..., :width])", "doc-000 Q&A 2 L15 (a bool table per query)"))
 
 rule("POOL.SIZE", "At most 16384 positions",
      """A pool holds at most 2048 · 8 = 16384 positions; with N > 16384 reachable positions it
@@ -147,7 +148,7 @@ rule("POOL.SIZE", "At most 16384 positions",
      score, since blocks whose scores are all −inf are dropped (POOL.DROP_INF) — never at the
      candidate source, whose reachable scores are finite.""",
      applies_to=V41, policy="structural",
-     sources=(SELECT, "official-rules.md §5.1 'Consequences'", "doc-000 summary L3 (at most 16384 candidates)",
+     sources=(SELECT, "V41-config (candidate_topk_blocks 2048, candidate_block_size 8)", "doc-000 summary L3 (at most 16384 candidates)",
               "doc-000 Q&A 1 L13"))
 
 rule("POOL.ALL_REACHABLE", "All reachable positions are candidates iff N ≤ 16384",
@@ -156,7 +157,7 @@ rule("POOL.ALL_REACHABLE", "All reachable positions are candidates iff N ≤ 163
      is pruned.  Document 000 states the same boundary: the pool prunes nothing below 16384
      tokens, and pruning starts only once the context exceeds 16384 (Q&A 2).""",
      applies_to=V41, policy="structural",
-     sources=(SELECT, "official-rules.md §5.1 'Consequences', §9, §11.7", "doc-000 details L10",
+     sources=(SELECT, "V41-config (candidate_topk_blocks 2048, candidate_block_size 8)", "doc-000 details L10",
               "doc-000 Q&A 2 L15"))
 
 rule("POOL.REINDEX", "Re-index layers take top-k inside the pool",
@@ -167,8 +168,8 @@ rule("POOL.REINDEX", "Re-index layers take top-k inside the pool",
      topk_ties).  No position outside the pool is ever selected.  The pool is one made by candidate
      selection, so it never holds fewer than min(k, visible) visible positions.""",
      applies_to=V41, policy="tie-aware",
-     sources=("V41-model L555-557, L575 (masked_fill(~candidates, −inf))", "official-rules.md §4.2 'Candidate handling', "
-              "§5.1 'Consequences'", "doc-000 Q&A 1 L13", "doc-000 Q&A 2 L15"))
+     sources=("V41-model L555-557, L575 (masked_fill(~candidates, −inf))",
+              "V41-model L578-580 (topk, sorted by position, −1 past compress_lens)", "doc-000 Q&A 1 L13", "doc-000 Q&A 2 L15"))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -231,7 +232,8 @@ rule("LAYER.V4", "V4 layer roles: indexer only in ratio-4 layers",
      and lightning indexer; a ratio-128 (HCA) layer has no indexer and attends to every visible
      compressed entry; a ratio-0 layer attends to its window only.""",
      applies_to=V4, policy="exact",
-     sources=("V4-model L466-471, L268-276 (HCA)", "official-rules.md §4.1, §7.2", "doc-003 §2.1 L31"))
+     sources=("V4-model L466-471, L268-276 (HCA)", "V4-model L453 (compress_ratio = compress_ratios[layer_id])",
+              "V4-model L508-514 (the indexer's top-k, or every compressed entry)", "doc-003 §2.1 L31"))
 
 rule("LAYER.V41", "V4.1 layer roles: sources, candidate source, re-index, reuse",
      """V4.1-Flash: layers 0, 1 and 40–42 are window-only; 2, 8, 14 (ratio 2) own their KV and
@@ -240,6 +242,9 @@ rule("LAYER.V41", "V4.1 layer roles: sources, candidate source, re-index, reuse"
      own scores to layer 20's pool and take top-512; every other layer reuses the KV of the
      preceding KV source and the top-k of the preceding index source.""",
      applies_to=V41, policy="exact",
-     sources=("V41-model L488-580 (Indexer roles)", "V41-config (kv_source_layer_ids, index_source_layer_ids, "
-              "candidate_source_layer_id)", "official-rules.md §4.2 'Roles', §5.2, §7.2", "doc-000 Q&A 1 L13",
-              "doc-000 Q&A 5 L21"))
+     sources=("V41-config (compress_ratios, kv_source_layers, index_source_layers, candidate_source_layer)",
+              "V41-model L653-661 (Attention.__init__: is_kv_source, is_index_source, backbone layers only)",
+              "V41-model L500-503 (Indexer.__init__: owns_k, is_candidate_source, uses_candidates)",
+              "V41-model L569-575 (the candidate source publishes the pool; later indexers mask to it)",
+              "V41-model L725-726, L763 (other layers reuse the published top-k and compressed KV)",
+              "doc-000 Q&A 1 L13", "doc-000 Q&A 5 L21"))

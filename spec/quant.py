@@ -1,6 +1,6 @@
 """The KV-cache and indexer quantization codecs, exactly, with their variant knobs.
 
-Three codecs, each per block of the last dimension (official-rules.md §1, §2):
+Three codecs, each per block of the last dimension (V4-kernel L40-200, V41-kernel-port L87-139):
 
     V4.1 main KV   FP4 E2M1 payload, one E4M3 scale per 16    fp4_e4m3_quantize
     indexer Q/K    FP4 E2M1 payload, one E8M0 scale per 32    fp4_e8m0_quantize   (V4 and V4.1)
@@ -74,57 +74,67 @@ _V41_KV_KERNEL = "V41-kernel L158-161"
 
 rule("FP4.PACK.NIBBLE", "FP4 packing: even element in the low nibble",
      "Codes c[..., n] pack into bytes p[..., n/2] with p[i] = c[2i] | c[2i+1] << 4 (the layout of "
-     "torch.float4_e2m1fn_x2 and convert.py); unpacking is the inverse.",
+     "torch.float4_e2m1fn_x2 and of the official checkpoint converter); unpacking is the inverse.",
      applies_to=V4_ALL, policy="bytes", knob="nibble_order",
      sources=("V4-kernel L193 (torch.float4_e2m1fn_x2 output)", "V41-kernel-port L82-84 (pack_fp4)",
-              "official-rules.md §1 'Packing and storage dtype'"))
+              "V41-kernel-port L75-79 (unpack_fp4: the low nibble holds the even element)"))
 
 rule("FP4.E2M1.RNE", "FP4 codecs round x/s to E2M1 with ties to even",
      "Both FP4 codecs encode the scaled value r = clamp(x/s, −6, 6) with FMT.E2M1.RNE: nearest "
      "magnitude, exact ties to the even code.  With amax = 6 both scales are exactly 1, so the "
      "values 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5 are ties of the codec itself.",
      applies_to=V4_ALL, policy="bytes", knob="e2m1_ties",
-     sources=("V4-kernel L165-177", "V41-kernel L165-170", "official-rules.md §1 'Rounding behaviour'"))
+     sources=("V4-kernel L165-177", "V41-kernel L165-170", "V41-kernel-port L63-67 (_e2m1_codes: ties up only to an even code)"))
 
 rule("FP4.E2M1.ZERO_SIGN", "FP4 codecs keep the sign of zero",
      "A negative value (or −0) whose scaled value rounds to zero is stored as code 0x8 (−0).",
      applies_to=V4_ALL, policy="bytes", knob="e2m1_zero_sign",
-     sources=("V4-kernel L165-177", "official-rules.md §1 ('−0 exists (nibble 8)')"))
+     sources=("V4-kernel L165-177", "V41-kernel-port L63-67 (the sign bit is set from signbit(x), zero included)"))
 
 rule("FP4.KV.SCALE", "V4.1 main KV scale: E4M3 nearest to amax/6, per 16",
-     "Per block of 16: amax = max|x| in fp32; s = E4M3_RNE(fl32(amax / 6)) (an IEEE fp32 division "
-     "then FMT.E4M3.RNE); the stored scale byte is the E4M3 code of s.  s is rounded to nearest, "
-     "not up, and is not a power of two.",
+     "Per block of 16: amax = max|x| in fp32; s = E4M3_RNE(fl32(amax / 6)) (the correctly rounded "
+     "fp32 quotient, then FMT.E4M3.RNE); the stored scale byte is the E4M3 code of s.  s is rounded "
+     "to nearest, not up, and is not a power of two.  Fast-math caveat: the official TileLang kernel "
+     "is compiled without disabling fast math, so on a GPU its amax/6 may be an approximate division; "
+     "the rule fixes the IEEE quotient (what the bit-exact ports compute), and a quotient one fp32 ulp "
+     "off can change the scale: BF16 amax values land exactly on E4M3 midpoints (6.375 / 6 = 1.0625, "
+     "halfway between 1 and 1.125), where the tie goes to the even code only if the quotient is exact.",
      applies_to=V41, policy="bytes",
-     sources=(_V41_KV_KERNEL, _V41_KV_QUANT, "official-rules.md §2.2, §11.7", "doc-000 FP4 storage L8",
+     sources=(_V41_KV_KERNEL, _V41_KV_QUANT, "V41-kernel-port L127-130 (amax / FP4_MAX, then the E4M3 cast)",
+              "V4-kernel L9-12 (pass_configs: fast math not disabled)", "doc-000 FP4 storage L8",
               "doc-000 Q&A 3 L17"),
      differs="Document 000 (Q&A 3) says the E4M3 scale comes 'almost exactly' to max|x|/6.  It is the "
              "E4M3 value NEAREST to amax/6, so the ratio amax/s is not 6: with a normal E4M3 scale "
-             "it lies in about [5.65, 6.375] (4 significant bits) and the largest element clips to ±6 "
-             "in about half of the blocks; with a subnormal scale (amax < 6·2^-6 = 0.09375) it can "
-             "reach nearly 9; once the scale saturates at 448 it is unbounded.")
+             "it lies in about [5.65, 6.375] (4 significant bits), and above 6 the largest element "
+             "clips to ±6; with a subnormal scale (amax < 6·2^-6 = 0.09375) it can reach nearly 9; "
+             "once the scale saturates at 448 it is unbounded.")
 
 rule("FP4.KV.FLOOR", "V4.1 main KV scale floor: amax ≥ 6·2^-9",
      "amax is clamped below at 6·2^-9 before the division, so s ≥ 2^-9 (the smallest E4M3 "
      "subnormal) and an all-zero block stores scale byte 0x01 with all codes 0.",
      applies_to=V41, policy="bytes", knob="fp4_kv_scale_floor",
-     sources=(_V41_KV_KERNEL + " ('keep even an all-zero group's scale nonzero')", "official-rules.md §2.2 step 1"))
+     sources=(_V41_KV_KERNEL + " ('keep even an all-zero group's scale nonzero')",
+              "V41-kernel-port L128-129 (amax.clamp_min(6 * 2**-9))"))
 
 rule("FP4.KV.SATURATE", "V4.1 main KV scale saturates at 448",
      "When amax/6 > 464 the scale saturates to 448 (byte 0x7E), never NaN; amax 2785 gives "
      "s = 448 and its top values clip to ±6.",
      applies_to=V41, policy="bytes", knob="e4m3_overflow",
-     sources=(_V41_KV_KERNEL + " (satfinite cast)", "official-rules.md §2.2 step 2"))
+     sources=(_V41_KV_KERNEL + " (satfinite cast)", "V41-kernel-port L58-60, L130 (the scale cast clamps to ±448)"))
 
 rule("FP4.KV.DIVIDE", "V4.1 main KV values are divided by the rounded scale",
-     "The E2M1 input is fl32(x / s) with s the ROUNDED E4M3 scale and an IEEE fp32 division "
-     "(not x · fl32(1/s), not x / (amax/6)).  The IEEE division is what the bit-exact ports "
-     "compute (the tt-metal CPU port, a vLLM Triton port with tl.div_rn); the official TileLang "
-     "kernel divides by the rounded scale but is compiled without disabling fast-math (unlike "
-     "V3.2's), so on a GPU its x/s may be an approximate division.",
+     "The E2M1 input is fl32(x / s) with s the ROUNDED E4M3 scale and the correctly rounded IEEE "
+     "fp32 division (not x · fl32(1/s), not x / (amax/6)).  What conforms: a target whose every "
+     "E2M1 code, for every block, equals the code of that IEEE quotient; the check compares bytes, "
+     "so a target whose division is approximate (as the official TileLang kernel's may be on a GPU: "
+     "it is compiled without disabling fast math, unlike V3.2's) conforms exactly on the inputs where its quotient "
+     "gives the same code, and fails on any block where it does not.  Multiplying by the reciprocal "
+     "is the declared deviation scale_apply=reciprocal.  The IEEE division is what the bit-exact "
+     "CPU port computes.",
      applies_to=V41, policy="bytes", knob="scale_apply",
      sources=("V41-kernel-port L134 (xg / s)", _V41_KV_KERNEL,
-              "official-rules.md §2.2 step 3, §10 Q4, §11.7"))
+              "V4-kernel L9-12 (pass_configs: fast math not disabled)",
+              "V32-kernel L9-13 (V3.2's pass_configs set TL_DISABLE_FAST_MATH)"))
 
 rule("FP4.KV.CLAMP", "V4.1 main KV values are clamped to ±6 before the E2M1 cast",
      "r = clamp(x/s, −6, 6) then E2M1: an element whose ratio |x|/s exceeds 6 is stored as ±6.  "
@@ -132,7 +142,7 @@ rule("FP4.KV.CLAMP", "V4.1 main KV values are clamped to ±6 before the E2M1 cas
      "subnormal scale (amax < 6·2^-6 = 0.09375), and is unbounded once the scale saturates at 448.",
      applies_to=V41, policy="bytes", knob="e2m1_overflow",
      sources=("V41-kernel L165-170", "V41-kernel-port L134 (clamp(-FP4_MAX, FP4_MAX))",
-              "official-rules.md §1 'Saturation', §2.2 'Consequence of rounding the scale', §11.7"))
+              "V4-kernel L170, L176 (the same clamp in V4's FP4 kernel)"))
 
 rule("FP4.IDX.SCALE", "Indexer FP4 scale: 2^ceil(log2(amax · fl32(1/6))), E8M0, per 32",
      "Per block of 32: v = fl32(amax · fl32(1/6)) (a multiplication by the fp32 reciprocal, not a "
@@ -140,7 +150,7 @@ rule("FP4.IDX.SCALE", "Indexer FP4 scale: 2^ceil(log2(amax · fl32(1/6))), E8M0,
      "rounded up, |x|/s ≤ 6 and nothing clips.",
      applies_to=V4_ALL, policy="bytes", knob="e8m0_rounding",
      sources=("V4-kernel L135, L161-164", "V41-kernel L163-164", "V41-model L546, L552",
-              "official-rules.md §2.1, §2.3", "doc-003 §5.2 L183", "doc-003 §10.2 L306"),
+              "V4-kernel L36-37 (fast_round_scale)", "doc-003 §5.2 L183", "doc-003 §10.2 L306"),
      differs="Document 003 (§5.2, §10.2) says the indexer's dequantization factor kv_scale is stored "
              "as one FP32 (4 B per token), V3.2's format; V4 and V4.1 store one E8M0 byte per 32 "
              "values (4.25 bits per element).")
@@ -149,14 +159,14 @@ rule("FP4.IDX.FLOOR", "Indexer FP4 amax floor: 6·2^-126",
      "amax is clamped below at 6·2^-126, so the smallest scale is 2^-126 (byte 0x01) and an "
      "all-zero block stores byte 0x01 with all codes 0.",
      applies_to=V4_ALL, policy="bytes", knob="fp4_idx_amax_floor",
-     sources=("V4-kernel L161-164", "V41-kernel L163-164", "official-rules.md §2.1 step 2"))
+     sources=("V4-kernel L161-164", "V41-kernel L163-164", "V41-kernel-port L132 (amax.clamp_min(6 * 2**-126))"))
 
 rule("FP4.DEQUANT", "FP4 dequantization is E2M1 value × scale, exactly",
      "x̂ = FP4_TABLE[code] · s in fp32 (exact: at most 6 significant bits), with s the decoded "
      "E4M3 or E8M0 scale of the element's block; −0 stays −0.",
      applies_to=V4_ALL, policy="exact",
      sources=("V4-kernel L165-177", "V41-kernel-port L135-137 (e2m1 value × s)",
-              "official-rules.md §2.2 step 4, §1 'everything is QDQ'"))
+              "V4-model L370, L416 (in place: the quantize-dequantized values are what the index path uses)"))
 
 rule("FP8.SCALE", "act_quant scale: 2^ceil(log2(amax · fl32(1/448))), E8M0",
      "Per block of b: v = fl32(amax · fl32(1/448)); s = 2^FMT.CEIL_LOG2(v) (scale_fmt = 'ue8m0'), "
@@ -166,24 +176,26 @@ rule("FP8.SCALE", "act_quant scale: 2^ceil(log2(amax · fl32(1/448))), E8M0",
      applies_to=("v3.2",) + V4_ALL, policy="bytes", knob="e8m0_rounding",
      sources=("V4-kernel L77-83", "V32-kernel L68-74", "V41-kernel L76-80",
               "V32-model L448-449 (k_scale_cache fp32)", "V32-config (scale_fmt: ue8m0)",
-              "official-rules.md §2.1, §2.4, §11.7"))
+              "V4-model L40, L42 (ModelArgs: scale_fmt 'ue8m0', scale_dtype 'fp8')"))
 
 rule("FP8.FLOOR", "act_quant amax floor: 1e-4",
      "amax is clamped below at fl32(1e-4), so the smallest scale is 2^ceil(log2(fl32(1e-4)·"
      "fl32(1/448))) = 2^-22 (byte 105), the scale of an all-zero block.",
      applies_to=("v3.2",) + V4_ALL, policy="bytes", knob="fp8_amax_floor",
-     sources=("V4-kernel L77-83", "V41-kernel L76-77", "official-rules.md §2.1 'Formula (FP8 act_quant)' step 1"))
+     sources=("V4-kernel L77-83", "V41-kernel L76-77", "V41-kernel-port L100 (clamp_min(1e-4))"))
 
 rule("FP8.E4M3", "act_quant values: E4M3_RNE(clamp(x/s, ±448)), satfinite",
      "q = FMT.E4M3.RNE(clamp(fl32(x / s), −448, 448)); with a power-of-two s the division is exact "
      "unless the quotient is an fp32 subnormal.",
      applies_to=("v3.2",) + V4_ALL, policy="bytes",
-     sources=("V4-kernel L84-91", "V41-kernel L81-89", "official-rules.md §2.1 'Values'"))
+     sources=("V4-kernel L71, L93-96 (non-in-place branch: clamp(x/s) converted to the float8_e4m3 y_local)",
+              "V32-kernel L75-78", "V41-kernel L81-89", "V41-kernel-port L105 (clamp to ±448, cast to e4m3)"))
 
 rule("FP8.DEQUANT", "act_quant dequantization is E4M3 value × scale, exactly",
      "x̂ = E4M3 value · 2^(byte − 127) in fp32 (exact in the ranges the floor allows).",
      applies_to=("v3.2",) + V4_ALL, policy="exact",
-     sources=("V4-kernel L84-91", "official-rules.md §2.1, §2.4"))
+     sources=("V4-kernel L93-96 (the E4M3 values)", "V4-kernel L242-249 (fp8_gemm: each K block's product × the scales)",
+              "V32-kernel L75-78", "V41-kernel L81-89", "V41-kernel-port L106-107 (in place: E4M3 value × s)"))
 
 rule("FP8.BLOCKS", "act_quant block sizes",
      "One scale per block of the last dimension: V4 main/window KV quantizes the 448 NoPE dims in "
@@ -191,15 +203,20 @@ rule("FP8.BLOCKS", "act_quant block sizes",
      "of 32 (16 scales); V3.2 indexer Q/K 128 dims in one block of 128.",
      applies_to=("v3.2",) + V4_ALL, policy="bytes",
      sources=("V4-model L372, L505-506", "V41-model L706-707 (Attention._window_kv)", "V32-model L467-468",
-              "official-rules.md §2.4, §7.1, §11.3"))
+              "V41-model L27 (fp8_block_size = 32)"))
 
 rule("FP8.V4_INPLACE", "V4 in-place act_quant QDQ rounds through FP8",
-     "The in-place QDQ writes back E4M3_RNE(clamp(x/s, ±448)) · s.  The initial V4-Flash kernel "
-     "instead casts clamp(x/s) to BF16: for BF16 input and a power-of-two scale that is exactly "
-     "the identity on the QDQ value, so its FP8 simulation of the V4 main and window KV does "
-     "nothing; later copies (DeepSeek-V4-Flash@60d8d707) and V4.1 cast through FP8.",
+     "Two revisions of the V4-Flash kernel differ here.  The initial release (V4-kernel) sets "
+     "out_dtype = in_dtype for the in-place call, so its QDQ casts clamp(x/s, ±448) to BF16, not "
+     "FP8: for BF16 input and a power-of-two scale that is exactly the identity on the value, so "
+     "its FP8 simulation of the V4 main and window KV does nothing.  The later revision "
+     "(DeepSeek-V4-Flash@60d8d707, V4-kernel-60d8) casts through FP8, as V4.1 does: the in-place QDQ "
+     "writes back E4M3_RNE(clamp(x/s, ±448)) · s.  The rule follows the later revision (canonical "
+     "v4_fp8_inplace=fp8); the initial release is the declared value bf16.",
      applies_to=V4, policy="exact", status=IMPLEMENTATION_DEFINED, knob="v4_fp8_inplace",
-     sources=("V4-kernel L55, L84-91", "official-rules.md §2.4 'Caveat', §10 Q3, §11.7"))
+     sources=("V4-kernel L55, L84-91 (initial release: the in-place branch casts to out_dtype, BF16)",
+              "V4-kernel-60d8 act_quant_kernel (in-place branch: T.Cast(FP8, clamp(x/s)))",
+              "V41-kernel L81-89", "V4-model L372, L506 (the in-place calls on the V4 KV)"))
 
 rule("FP4.NONFINITE", "FP4 codecs: NaN and ±Inf stay inside their block",
      "A NaN or ±Inf in a quantizer's input changes nothing outside its own block: every other block "
@@ -209,7 +226,7 @@ rule("FP4.NONFINITE", "FP4 codecs: NaN and ±Inf stay inside their block",
      "instead is an allowed choice (nonfinite_input=reject), detected and reported.",
      applies_to=V4_ALL, policy="bytes", status=IMPLEMENTATION_DEFINED, knob="nonfinite_input",
      sources=("V4-kernel L22-27, L161-164 (reduce_absmax; fast_log2_ceil of Inf is 128)", _V41_KV_KERNEL,
-              "official-rules.md §11.1, §1 'NaN / Inf', §10 Q5"))
+              "V4-kernel L186-200 (fp4_act_quant checks nothing of its input)"))
 
 rule("FP8.NONFINITE", "act_quant: NaN and ±Inf stay inside their block",
      "As FP4.NONFINITE for act_quant: every block without NaN or ±Inf is quantized exactly as without "
@@ -217,7 +234,7 @@ rule("FP8.NONFINITE", "act_quant: NaN and ±Inf stay inside their block",
      "(nonfinite_input=reject).",
      applies_to=("v3.2",) + V4_ALL, policy="bytes", status=IMPLEMENTATION_DEFINED,
      knob="nonfinite_input", sources=("V4-kernel L77-91 (act_quant: reduce_absmax, no check)",
-                                      "official-rules.md §11.1, §2.1, §10 Q5"))
+                                      "V4-kernel L105-125 (act_quant checks only the shape)"))
 
 
 # --------------------------------------------------------------------------------------------

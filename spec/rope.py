@@ -50,7 +50,7 @@ SOURCE_TABLE = "V4-model L199-229 (precompute_freqs_cis; YaRN L205-224, fp32 tab
 SOURCE_APPLY = "V4-model L232-244 (apply_rotary_emb: consecutive pairs as complex64, copied back)"
 SOURCE_CONFIG = "V41-config (compress_rope_theta 160000, rope_theta 10000, original_seq_len 65536, rope_factor 16)"
 SOURCE_BETA = "V4-model L66-72 (ModelArgs: beta_fast 32, beta_slow 1, not overridden)"
-READING = "official-rules.md §6.2, §8, §11.5"
+READING = "V41-model L368-389 (precompute_freqs_cis; the YaRN ramp L382-386)"
 
 USES = ("q", "window_kv", "compressed_kv", "index_q", "index_k")
 FREQ_RTOL = 2.0 ** -20          # the fp32 table against the float64 math (16 fp32 ulps)
@@ -198,7 +198,7 @@ rule("ROPE.THETA", "Base 160000 on layers with a compress ratio, 10000 on window
      ratio-0 (window-only, MTP/DSpark) layers.  Checked on dims 0-14, which YaRN leaves alone,
      within 2^-20 relative.""",
      applies_to=V4_ALL, policy="tolerance",
-     sources=(SOURCE_V4, SOURCE_V41, SOURCE_TABLE, SOURCE_CONFIG, READING, "official-rules.md §10 Q10"),
+     sources=(SOURCE_V4, SOURCE_V41, SOURCE_TABLE, SOURCE_CONFIG, READING),
      tolerance="""2^-20 relative (16 fp32 ulps): the official table is 1/θ^(2i/d) in fp32 (a power
      within 2 ulps, a reciprocal within 0.5) and the YaRN blend in fp32 (under 8 ulps more).""")
 
@@ -221,14 +221,16 @@ rule("ROPE.SHARED", "One table per layer for the main q, the window KV, the comp
      whose half-split pairing differs from its main attention's).""",
      applies_to=V4_ALL, policy="exact",
      sources=(SOURCE_V4, SOURCE_V41, "V4-model L380-433 (Indexer: freqs_cis is the attention's)",
-              "official-rules.md §4.1, §4.2, §4.3, §11.5"))
+              "V41-model L551, L733-734 (the indexer's q at the attention's table)",
+              "V32-model L457-464 (V3.2's indexer: [rope | nope] split)"))
 
 rule("ROPE.PAIRS", "Consecutive pairs (2i, 2i+1) rotate as complex numbers by +p·f_i",
      """Channel 2i is the real and 2i+1 the imaginary part of complex number i of the rotated slice
      (view_as_complex of unflatten(-1, (-1, 2)): interleaved, not the half-split 'NeoX' pairing
      (i, i + 32)), multiplied by e^(+i·p·f_i): y[2i] = x[2i]cos − x[2i+1]sin, y[2i+1] = x[2i]sin +
      x[2i+1]cos.""",
-     applies_to=V4_ALL, policy="tolerance", sources=(SOURCE_APPLY, "official-rules.md §6.1, §6.2"),
+     applies_to=V4_ALL, policy="tolerance",
+     sources=(SOURCE_APPLY, "V41-model L392-406 (apply_rotary_emb, the same pairing)"),
      tolerance="that of ROPE.ROUNDING")
 
 rule("ROPE.SLICE", "Only the last 64 channels rotate",
@@ -236,7 +238,9 @@ rule("ROPE.SLICE", "Only the last 64 channels rotate",
      64 NoPE + 64 RoPE); every other channel passes bit for bit.  V3.2's indexer layout [rope |
      nope] rotates the first 64 instead.""",
      applies_to=V4_ALL, policy="exact",
-     sources=(SOURCE_APPLY, "V4-model L413 (apply_rotary_emb(q[..., -rd:]))", "official-rules.md §3, §4.2, §4.3"))
+     sources=(SOURCE_APPLY, "V4-model L413 (apply_rotary_emb(q[..., -rd:]))",
+              "V4-model L367, L499, L504 (kv[..., -rd:], q[..., -rd:])", "V41-model L551, L758, L772",
+              "V32-model L457-459 (V3.2 rotates the first 64)"))
 
 rule("ROPE.ROUNDING", "The angle is fl32(p·f_i); the rotation is fp32, rounded once to BF16",
      """With the fp32 table f the rotation of BF16 values by angle fl32(fl32(p)·f_i) is computed in
@@ -244,7 +248,7 @@ rule("ROPE.ROUNDING", "The angle is fl32(p·f_i); the rotation is fp32, rounded 
      one BF16 ulp of (|exact| + δ), plus δ = 2^-21·(|x[2i]| + |x[2i+1]|), of the exact rotation by
      that fp32 angle.""",
      applies_to=V4_ALL, policy="tolerance",
-     sources=(SOURCE_TABLE, SOURCE_APPLY, "official-rules.md §11.2 (RoPE in place on BF16)"),
+     sources=(SOURCE_TABLE, SOURCE_APPLY, "V4-model L235, L243 (x.float(), then copied back into the BF16 tensor)"),
      tolerance="""δ bounds the fp32 cos and sin (2^-23 each) and the rounded products and sum of
      the complex multiply; the BF16 write-back adds one ulp of the rounded value.""")
 
@@ -254,7 +258,7 @@ rule("ROPE.POSITIONS", "Tokens at their positions; compressed entry j at j·rati
      of its group (prefill freqs_cis[:cutoff:ratio]; decode start_pos + 1 − ratio), not at j.""",
      applies_to=V4_ALL, policy="tolerance",
      sources=("V4-model L413 (q at freqs_cis[start_pos:end_pos])", "V41-model L541-552",
-              "official-rules.md §6.1, §6.2, §11.4"),
+              "V4-model L363-367 (compressed entry j at j·ratio)", "V41-model L752-758 (the same)"),
      tolerance="that of ROPE.ROUNDING, on the target's own stage inputs")
 
 rule("ROPE.INVERSE", "The attention output is de-rotated with the conjugate",
@@ -262,4 +266,5 @@ rule("ROPE.INVERSE", "The attention output is de-rotated with the conjugate",
      query's positions (apply_rotary_emb(..., inverse=True)), so the shared K = V latent can stay in
      its rotated form.  Outside the indexer path; stated for completeness.""",
      applies_to=V4_ALL, policy="tolerance", status=INFORMATIVE,
-     sources=(SOURCE_APPLY, "official-rules.md §11.5 (the layer's table serves the de-rotation too)"))
+     sources=(SOURCE_APPLY, "V4-model L534 (apply_rotary_emb(o[..., -rd:], freqs_cis, True))",
+              "V41-model L781 (the same)"))

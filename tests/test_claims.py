@@ -70,7 +70,9 @@ def test_a_wrong_citation_is_reported(monkeypatch):
     assert any("not in Sources" in p for p in _replaced(monkeypatch, "swa-128", sources=("seed 003 §1",)))
     assert any("outside §2.1" in p for p in _replaced(monkeypatch, "swa-128", sources=("doc-003 §2.1 L199",)))
     assert any("cites no source document" in p
-               for p in _replaced(monkeypatch, "swa-128", sources=("official-rules.md §7.3",)))
+               for p in _replaced(monkeypatch, "swa-128", sources=("V4-model L64",)))
+    assert any("outside the repository" in p
+               for p in _replaced(monkeypatch, "swa-128", sources=("doc-003 §6.2 L199", "official-rules.md §7.3")))
 
 
 def test_the_ledger_and_the_rules_never_contradict(monkeypatch):

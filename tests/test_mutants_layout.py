@@ -37,3 +37,14 @@ def test_the_unpack_rule_follows_an_undeclared_order():
     _, _, _, provider = layout.build_choice("layout-scales-first-undeclared")
     row = run_rule("LAYOUT.UNPACK", Target(provider, provider.NAME))
     assert (row.status, row.detail) == ("VARIANT", "detected: entry_field_order=scales_first")
+
+
+def test_the_v4_rope_habit_is_a_named_deviation_of_v41_main():
+    """LAYOUT.V41.MAIN is normative: V4.1's code quantizes the RoPE dims with the rest (V41-model
+    L758-760).  Keeping them in BF16 fails undeclared, naming the deviation, and is VARIANT declared."""
+    rule_id, provider = layout.build("layout-v41-rope-bf16-undeclared")
+    row = run_rule(rule_id, Target(provider, provider.NAME))
+    assert row.status == "FAIL" and row.detail.startswith("matches v41_main_rope=bf16 (undeclared)")
+    provider.VARIANTS = {"v41_main_rope": "bf16"}
+    row = run_rule(rule_id, Target(provider, provider.NAME))
+    assert (row.status, row.detail) == ("VARIANT", "passes under declared v41_main_rope=bf16")

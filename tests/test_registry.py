@@ -24,8 +24,10 @@ def test_ids_are_dotted_family_first_and_stable_shape():
 
 
 def test_every_rule_cites_the_official_code_or_reference():
+    official = {k for k, c in sources.CODE.items() if c.official}
+    assert official < set(sources.CODE)     # shipped third-party code is keyed too, but never alone
     for r in RULES.values():
-        assert sources.keys_cited(r.sources) & set(sources.CODE), r.id
+        assert sources.keys_cited(r.sources) & official, r.id
         assert set(r.applies_to) <= set(MODELS) and r.applies_to, r.id
 
 
@@ -44,10 +46,53 @@ def test_every_citation_is_keyed_in_sources():
     ("doc-003 §9.2 L262", "outside §9.2"),
     ("doc-002 Q&A 5 L22-24", "outside Q&A 5"),
     ("V4-model (Indexer)", "expected 'V4-model L<a>"),
-    ("official-rules.md", "expected 'official-rules.md <section"),
+    ("V4-kernel-60d8", "expected 'V4-kernel-60d8 <section or note>'"),
+    # nothing outside the repository, whatever the key
+    ("official-rules.md §5.1", "outside the repository"),
+    ("conventions.md 'Knobs'", "outside the repository"),
+    ("doc-000 Q&A 1 L13 (shared/seeds/000_441c543b83921174.txt)", "outside the repository"),
+    ("V4-model L12 (../shared/reference/official-v4/model.py)", "outside the repository"),
 ])
 def test_a_citation_that_cannot_be_followed_fails(citation, complaint):
     assert any(complaint in p for p in sources.problems(citation)), sources.problems(citation)
+
+
+def test_no_source_is_a_file_outside_the_repository():
+    """The Sources table keys official code by repository, path and revision, and source documents by
+    title and section: no key is a project note, no document row names a local file."""
+    assert not {"official-rules.md", "conventions.md"} & set(sources.SOURCES)
+    for key, code in sources.CODE.items():
+        assert code.repository and code.path and code.revision, key
+        assert not sources.OUTSIDE.search(f"{code.repository} {code.path} {code.note}"), key
+    for key, doc in sources.DOCUMENTS.items():
+        assert doc.title and doc.sections and not hasattr(doc, "file"), key
+
+
+def _outside_sources(text: str) -> str:
+    head, _, rest = text.partition("\n## Sources\n")
+    return head
+
+
+def test_spec_md_names_no_path_outside_the_repository():
+    """SPEC.md never points into the project's working folders, and every path it names outside the
+    Sources table (whose paths are the cited repositories' own) is a file of this repository."""
+    text = (ROOT / "SPEC.md").read_text()
+    assert not sources.OUTSIDE.search(text), sources.OUTSIDE.search(text)[0]
+    body = _outside_sources(text)
+    paths = set(re.findall(r"[\w.-]+(?:/[\w.-]+)+\.(?:py|md|txt|json)\b", body))
+    assert paths, "SPEC.md names no file at all: the check would be vacuous"
+    assert sorted(p for p in paths if not (ROOT / p).is_file()) == []
+    bare = set(re.findall(r"(?<![\w/.-])[\w-]+\.(?:py|md|txt|json)\b", body))
+    cited = {Path(c.path).name for c in sources.CODE.values()}
+    assert sorted(bare - cited - {p.name for p in ROOT.rglob("*") if p.is_file()}) == []
+
+
+def test_a_path_outside_the_repository_in_spec_md_is_caught(monkeypatch):
+    import dsv4spec.spec.document as document
+    monkeypatch.setitem(RULES, "FMT.BF16.RNE", __import__("dataclasses").replace(
+        RULES["FMT.BF16.RNE"], sources=RULES["FMT.BF16.RNE"].sources + ("official-rules.md §4.1",)))
+    assert sources.OUTSIDE.search(document.render())
+    assert any("outside the repository" in p for c in RULES["FMT.BF16.RNE"].sources for p in sources.problems(c))
 
 
 def test_every_differs_names_the_documents_it_disputes():
@@ -101,3 +146,58 @@ def test_the_operation_contract_is_complete():
     needed = {op for c in load_checks() for op in c.ops}
     assert needed <= documented, f"checked but undocumented operations: {sorted(needed - documented)}"
     assert documented <= needed, f"documented but never checked: {sorted(documented - needed)}"
+
+
+# ------------------------------------------------------------------------------------------------
+# The glossary
+# ------------------------------------------------------------------------------------------------
+def test_every_term_a_statement_uses_is_in_the_glossary():
+    from dsv4spec.spec.document import undefined_terms
+    assert undefined_terms() == {}, "terms used but not in spec/glossary.py GLOSSARY"
+
+
+def test_the_term_finder_sees_the_terms_of_the_statements():
+    """Not vacuous: the finder picks up the identifiers and words the statements really use."""
+    from dsv4spec.spec import glossary
+    from dsv4spec.spec.document import defined_elsewhere, statement_texts
+    used = set().union(*(glossary.terms(t, defined_elsewhere()) for t in statement_texts().values()))
+    for term in ("compress_lens", "fl32", "start_pos", "end_pos", "E2M1", "E4M3", "E8M0", "BF16 ulp", "amax",
+                 "QDQ", "ratio", "window", "pool", "candidate", "teacher forcing", "index_topk", "bf16"):
+        assert term in used, term
+    assert len(used) > 100
+
+
+@pytest.mark.parametrize("added, term", [
+    ("the row is cut at frobnicate_width", "frobnicate_width"),     # an identifier
+    ("then squash(x) is taken", "squash"),                          # a called name
+    ("as `frob` says", "frob"),                                     # a backticked word
+    ("as in teacher forcing", None),                                # a TERMS word that is defined
+])
+def test_a_statement_with_an_undefined_term_fails(monkeypatch, added, term):
+    from dataclasses import replace
+    from dsv4spec.spec.document import undefined_terms
+    monkeypatch.setitem(RULES, "IDX.MASK", replace(RULES["IDX.MASK"], statement=RULES["IDX.MASK"].statement + " " + added))
+    found = undefined_terms()
+    assert found == ({"IDX.MASK statement": {term}} if term else {})
+
+
+def test_a_term_dropped_from_the_glossary_fails(monkeypatch):
+    from dsv4spec.spec import glossary
+    from dsv4spec.spec.document import undefined_terms
+    for term in ("compress_lens", "teacher forcing", "fl32"):
+        monkeypatch.delitem(glossary.GLOSSARY, term)
+    missing = set().union(*undefined_terms().values())
+    assert missing == {"compress_lens", "teacher forcing", "fl32"}
+
+
+def test_every_glossary_term_is_used_and_rendered():
+    """No dead entries: each term occurs in SPEC.md outside the glossary, and the glossary is rendered."""
+    from dsv4spec.spec import glossary
+    text = (ROOT / "SPEC.md").read_text()
+    head, _, rest = text.partition("## Glossary\n")
+    section, _, tail = rest.partition("\n## ")
+    others = head + tail
+    unused = [t for t in glossary.GLOSSARY if not re.search(rf"(?<![\w-]){re.escape(t)}(?![\w-])", others)]
+    assert unused == []
+    for term in glossary.GLOSSARY:
+        assert f"- **{term}**:" in section, term
