@@ -152,7 +152,7 @@ def scores_validity(torch, got, ref_and_scale):
 # ----------------------------------------------------------------------------------------------
 # cases
 # ----------------------------------------------------------------------------------------------
-def run_topk(torch, KI, rep, ceil, quick, skip_torch):
+def run_topk(torch, KT, rep, ceil, quick, skip_torch):
     shapes = [(1, 1 << 20, 512), (1, 1 << 20, 2048), (64, 1 << 20, 2048), (1024, 1 << 16, 2048)]
     if quick:
         shapes = [(1, 1 << 18, 512), (16, 1 << 18, 2048)]
@@ -180,7 +180,7 @@ def run_topk(torch, KI, rep, ceil, quick, skip_torch):
     return rows
 
 
-def run_context(torch, KI, rep, ceil, quick, skip_torch):
+def run_context(torch, KT, rep, ceil, quick, skip_torch):
     """Top-k k = 2048 against context length: 1 and 64 rows of 64K, 256K, 1M positions."""
     rows = []
     g = torch.Generator(device="cuda").manual_seed(5)
@@ -534,7 +534,7 @@ def reindex_full_row(torch, row, rep, k=512):
                 validity=row["validity"].split(";")[0] + " (the kernel of the 1M row above)")
 
 
-def profile_kernels(torch, KI, KP, only, rep=20):
+def profile_kernels(torch, KI, KT, KP, only, rep=20):
     """Per-kernel CUDA times of the chosen sections' cases (top-k, block select, re-index), and
     where the V4.1 decode step's time goes: host (launches, allocations, read-backs) against
     device (each kernel), eager and from a CUDA graph."""
@@ -633,7 +633,7 @@ def main(argv=None):
     ceil = ceilings(torch, args.rep)
     print(f"ceilings: {ceil}", flush=True)
     rows = []
-    sections = (("topk", run_topk, (KI,)), ("context", run_context, (KI,)), ("blocks", run_blocks, (KP,)),
+    sections = (("topk", run_topk, (KT,)), ("context", run_context, (KT,)), ("blocks", run_blocks, (KP,)),
                 ("logits", run_logits, (KI,)), ("decode", run_decode, (KI, KP)),
                 ("reindex", run_reindex, (KP,)))
     for name, fn, mods in sections:
@@ -651,7 +651,7 @@ def main(argv=None):
                   triton=__import__("triton").__version__, host=platform.node(), quick=args.quick,
                   ceilings=ceil, rows=rows, seconds=time.time() - t0)
     if args.profile:
-        profile_kernels(torch, KI, KP, only)
+        profile_kernels(torch, KI, KT, KP, only)
     md = markdown(result)
     print(md)
     if args.out:
