@@ -2,7 +2,7 @@
 only, that misbehaves on request: tests/test_exec_target.py drives it by environment variables.
 
     FAKE_FAULT   what goes wrong (default: nothing): crash, hang, junk, junk_first, short, nbytes,
-                 dtype, float64, trailing, chatter, value_error, port_error, not_implemented,
+                 dtype, float64, trailing, chatter, chatter_crash, value_error, port_error, not_implemented,
                  swap_nibbles, and at the handshake: no_hello, silent, bad_hello, protocol_2,
                  unknown_op
     FAKE_OP      the one operation that misbehaves (default: every one)
@@ -88,9 +88,11 @@ def reply(op, args):
         return good.replace(b"dtype=float32", b"dtype=float8").replace(b"dtype=uint8", b"dtype=float8")
     if fault == "trailing":
         return good + b"left over\n"
-    if fault == "chatter":
+    if fault in ("chatter", "chatter_crash"):
         sys.stderr.write(f"chatter: {op} called\n" * 50)
         sys.stderr.flush()
+    if fault == "chatter_crash":
+        sys.exit(7)
     if fault == "value_error":
         return b"error kind=ValueError message=rejected: NaN in block 3\n"
     if fault == "port_error":
