@@ -260,8 +260,6 @@ static void codes_to_values(struct value *a, uint32_t (*decode)(uint8_t), int ni
     free(out);
 }
 
-static uint32_t rounded(uint32_t x) { return bf16_round(x); }
-
 static void op_e2m1_encode(struct value *a, int n) { (void)n; values_to_codes(a, e2m1_encode, 1); }
 static void op_e4m3_encode(struct value *a, int n) { (void)n; values_to_codes(a, e4m3_encode, 0); }
 static void op_e2m1_decode(struct value *a, int n) { (void)n; codes_to_values(a, e2m1_decode, 1); }
@@ -278,16 +276,24 @@ static void op_bf16_round(struct value *a, int nargs)
         return;
     out = malloc(4 * n + 1);
     for (i = 0; i < n; i++)
-        set32(out + 4 * i, rounded(x[i]));
+        set32(out + 4 * i, bf16_round(x[i]));
     printf("ok n=1\n");
     put_tensor("float32", a->shape, a->ndim, out, 4 * n);
     free(x);
     free(out);
 }
 
+/* codes[n] -> bytes[n/2], element 2i in the low nibble (FP4.PACK.NIBBLE) */
+static void pack(const uint8_t *codes, size_t n, uint8_t *out)
+{
+    size_t i;
+    for (i = 0; i < n / 2; i++)
+        out[i] = (uint8_t)((codes[2 * i] & 0xF) | (codes[2 * i + 1] & 0xF) << 4);
+}
+
 static void op_fp4_pack(struct value *a, int nargs)
 {
-    size_t i, n = count(a), shape[MAX_DIMS];
+    size_t n = count(a), shape[MAX_DIMS];
     uint8_t *out;
     (void)nargs;
     if (!is_bytes(a))
@@ -297,8 +303,7 @@ static void op_fp4_pack(struct value *a, int nargs)
         return;
     }
     out = malloc(n / 2 + 1);
-    for (i = 0; i < n / 2; i++)                     /* element 2i in the low nibble */
-        out[i] = (uint8_t)((a->data[2 * i] & 0xF) | (a->data[2 * i + 1] & 0xF) << 4);
+    pack(a->data, n, out);
     shaped(a, last_dim(a) / 2, shape);
     printf("ok n=1\n");
     put_tensor("uint8", shape, a->ndim, out, n / 2);
@@ -330,7 +335,7 @@ static void op_fp4_unpack(struct value *a, int nargs)
 /* x[..., k*block] -> (packed [..., k*block/2], scales [..., k]) with one of the FP4 block codecs */
 static void fp4_quantize(struct value *a, size_t block, void (*quantize)(const uint32_t *, uint8_t *, uint8_t *))
 {
-    size_t i, j, n = count(a), shape[MAX_DIMS];
+    size_t i, n = count(a), shape[MAX_DIMS];
     uint32_t *x;
     uint8_t codes[32], *packed, *scales;
     if (a->ndim == 0 || last_dim(a) % block) {
@@ -344,8 +349,7 @@ static void fp4_quantize(struct value *a, size_t block, void (*quantize)(const u
     scales = malloc(n / block + 1);
     for (i = 0; i < n / block; i++) {
         quantize(x + i * block, codes, scales + i);
-        for (j = 0; j < block / 2; j++)
-            packed[i * block / 2 + j] = (uint8_t)(codes[2 * j] | codes[2 * j + 1] << 4);
+        pack(codes, block, packed + i * block / 2);
     }
     printf("ok n=2\n");
     shaped(a, last_dim(a) / 2, shape);
