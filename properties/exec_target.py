@@ -375,43 +375,39 @@ class Port:
             raise ProtocolError(f"{e}{self._stderr_note()}") from None
 
     def _value(self, op, deadline, what):
+        return self._record(op, deadline, what)[1]
+
+    def _record(self, op, deadline, what):
+        """(its key= or None, the value) of the next value record."""
         expected = "a value record (tensor, int, float, str, bool, none, list, dict)"
         line = self._line(deadline, f"{expected} for {what}", op)
         kind, fields = parse_header(line, f"{expected} for {what}", VALUE_KINDS)
+        key = unquote(fields["key"]) if "key" in fields else None
         try:
             if kind == "tensor":
-                return self._tensor(op, deadline, what, fields)
+                return key, self._tensor(op, deadline, what, fields)
             if kind == "int":
-                return int(fields["value"])
+                return key, int(fields["value"])
             if kind == "float":
                 text = fields["value"]
-                return float.fromhex(text) if "0x" in text.lower() else float(text)
+                return key, float.fromhex(text) if "0x" in text.lower() else float(text)
             if kind == "str":
-                return unquote(fields.get("value", ""))
+                return key, unquote(fields.get("value", ""))
             if kind == "bool":
                 if fields["value"] not in ("0", "1"):
                     raise ValueError
-                return fields["value"] == "1"
+                return key, fields["value"] == "1"
             if kind == "none":
-                return None
+                return key, None
+            n = _int(fields, "n", f"{what}: the {kind} record")
             if kind == "list":
-                return [self._value(op, deadline, f"{what}[{i}]") for i in range(_int(fields, "n", what))]
-            if kind == "dict":
-                out = {}
-                for i in range(_int(fields, "n", what)):
-                    line = self._peek_key(op, deadline, f"{what} entry {i}")
-                    out[line] = self._value(op, deadline, f"{what}[{line!r}]")
-                return out
+                return key, [self._value(op, deadline, f"{what}[{i}]") for i in range(n)]
+            entries = [self._record(op, deadline, f"{what} entry {i}") for i in range(n)]
+            if any(name is None for name, _ in entries):
+                raise ProtocolError(f"{what}: every entry of a dict record needs key=NAME")
+            return key, dict(entries)
         except (KeyError, ValueError):
             raise ProtocolError(f"{what}: malformed {kind} record {_show(line)}") from None
-
-    def _peek_key(self, op, deadline, what) -> str:
-        """The key= of the next record, which stays unread."""
-        end = self._until_newline(deadline, what, op)
-        _, fields = parse_header(bytes(self.buffer[:end]), f"a value record with key= for {what}", VALUE_KINDS)
-        if "key" not in fields:
-            raise ProtocolError(f"{what}: a dict entry needs key=NAME")
-        return unquote(fields["key"])
 
     def _tensor(self, op, deadline, what, fields):
         import torch
@@ -472,19 +468,13 @@ class Port:
                 self._died(op, f"before {expected}", got=bytes(self.buffer))
             self.buffer += chunk or b""
 
-    def _until_newline(self, deadline, expected, op) -> int:
-        while True:
-            end = self.buffer.find(b"\n")
-            if end >= 0:
-                return end
+    def _line(self, deadline, expected, op) -> bytes:
+        while (end := self.buffer.find(b"\n")) < 0:
             if len(self.buffer) > MAX_LINE:
                 raise ProtocolError(f"{op}: expected {expected}, got {len(self.buffer)} bytes without a line feed: "
                                     f"{_show(self.buffer)} (a header line is at most {MAX_LINE} bytes)"
                                     f"{self._stderr_note()}")
             self._fill(deadline, op, expected)
-
-    def _line(self, deadline, expected, op) -> bytes:
-        end = self._until_newline(deadline, expected, op)
         line = bytes(self.buffer[:end])
         del self.buffer[:end + 1]
         return line

@@ -2,7 +2,7 @@
 only, that misbehaves on request: tests/test_exec_target.py drives it by environment variables.
 
     FAKE_FAULT   what goes wrong (default: nothing): crash, hang, junk, junk_first, short, nbytes,
-                 dtype, float64, trailing, chatter, chatter_crash, value_error, port_error, not_implemented,
+                 dtype, float64, trailing, chatter, chatter_crash, values, huge_line, value_error, port_error, not_implemented,
                  swap_nibbles, and at the handshake: no_hello, silent, bad_hello, protocol_2,
                  unknown_op
     FAKE_OP      the one operation that misbehaves (default: every one)
@@ -93,6 +93,11 @@ def reply(op, args):
         sys.stderr.flush()
     if fault == "chatter_crash":
         sys.exit(7)
+    if fault == "values":
+        return (b"ok n=3\ndict n=3\nint value=-5 key=a\nfloat value=0x1.8p+1 key=b\nlist n=2 key=c\n"
+                b"str value=x%20y\nnone\nbool value=1\ntensor dtype=bfloat16 shape=2 nbytes=4\n\x80\x3f\x00\xc0")
+    if fault == "huge_line":
+        return b"x" * 70000
     if fault == "value_error":
         return b"error kind=ValueError message=rejected: NaN in block 3\n"
     if fault == "port_error":

@@ -78,6 +78,8 @@ BROKEN = [
     ("nbytes", "e8m0_decode result: nbytes=11024, but dtype float32 and shape [256] take 1024 bytes"),
     ("dtype", "e8m0_decode result: unknown dtype 'float8'; expected one of bool, uint8"),
     ("float64", "ContractError: e8m0_decode result has dtype float64; expected float32 or bfloat16"),
+    ("huge_line", "expected a reply line 'ok n=N' or 'error kind=K message=...', got 70000 bytes without a line "
+                  "feed"),
     ("port_error", "PortError: e8m0_decode: the port reported OutOfMemory: device memory exhausted (needed 12 MiB)"),
 ]
 
@@ -91,6 +93,13 @@ def test_a_broken_reply_is_an_error_naming_what_was_expected_and_the_run_goes_on
         f"--target {shlex.quote(SPEC)} --rules FMT.E8M0.VALUES --profile ci --timeout 2"
     assert run_rule("FMT.E2M1.VALUES", t).status == PASS          # a fresh port, when it was ended
     assert run_rule("FMT.E8M0.VALUES", t).status == ERROR         # and the fault again, the same way
+
+
+def test_every_kind_of_result_comes_back(port):
+    t = port("values", op="e8m0_decode")
+    mapping, flag, values = t.provider.e8m0_decode(torch.zeros(1, dtype=torch.uint8))   # past the result contract
+    assert mapping == {"a": -5, "b": 3.0, "c": ["x y", None]} and flag is True
+    assert values.dtype == torch.bfloat16 and values.tolist() == [1.0, -2.0]
 
 
 def test_bytes_after_a_reply_are_an_error_of_the_next_call(port):
