@@ -27,7 +27,8 @@ from urllib.parse import quote, unquote
 
 import numpy as np
 
-from .target import DEFAULT_TIMEOUT_S, NotImplementedOp, OperationTimeout, Target, TargetLoadError, TargetNotFound, known_ops
+from .target import (DEFAULT_TIMEOUT_S, NotImplementedOp, OperationTimeout, Target, TargetLoadError,
+                     TargetNotFound, known_ops)
 
 PREFIX = "exec:"
 PROTOCOL = 1
@@ -52,10 +53,6 @@ class PortError(Exception):
     """The port answered `error` with a kind other than ValueError/TypeError/NotImplementedError."""
 
 
-def is_exec(spec: str) -> bool:
-    return spec.startswith(PREFIX)
-
-
 def command(spec: str) -> list[str]:
     """The argv of an `exec:CMD` spec, its program resolved; TargetNotFound if there is none."""
     text = spec[len(PREFIX):]
@@ -64,7 +61,8 @@ def command(spec: str) -> list[str]:
     except ValueError as e:
         raise TargetNotFound(f"target {spec!r}: cannot split the command ({e})") from None
     if not argv:
-        raise TargetNotFound(f"target {spec!r}: no command after {PREFIX!r}; write exec:./myport or exec:'myport --flag'")
+        raise TargetNotFound(f"target {spec!r}: no command after {PREFIX!r}; write exec:./myport or "
+                             f"exec:'myport --flag'")
     program = argv[0]
     if "/" in program:
         path = os.path.abspath(program)
@@ -227,7 +225,8 @@ class Port:
                 if item:
                     k, colon, v = item.partition(":")
                     if not colon:
-                        raise TargetLoadError(f"target {self.spec!r}: hello {key}= entry {item!r} is not name:value")
+                        raise TargetLoadError(f"target {self.spec!r}: hello {key}= entry {item!r} is not "
+                                              f"name:value")
                     out[unquote(k)] = unquote(v)
             return out
         if "ops" not in hello:
@@ -354,7 +353,8 @@ class Port:
     def _deadline(self) -> float | None:
         """When the call in progress must have its reply: the target's --timeout from now."""
         target = self.timeout_of()
-        self.seconds = target.timeout if target is not None else float(os.environ.get(START_VARIABLE, DEFAULT_TIMEOUT_S))
+        self.seconds = target.timeout if target is not None else \
+            float(os.environ.get(START_VARIABLE, DEFAULT_TIMEOUT_S))
         # a hair before the target's own alarm, so that the TIMEOUT says what the port was waiting for
         return time.monotonic() + self.seconds - min(0.01 * self.seconds, 0.1) if self.seconds else None
 
@@ -471,8 +471,8 @@ class Port:
     def _line(self, deadline, expected, op) -> bytes:
         while (end := self.buffer.find(b"\n")) < 0:
             if len(self.buffer) > MAX_LINE:
-                raise ProtocolError(f"{op}: expected {expected}, got {len(self.buffer)} bytes without a line feed: "
-                                    f"{_show(self.buffer)} (a header line is at most {MAX_LINE} bytes)"
+                raise ProtocolError(f"{op}: expected {expected}, got {len(self.buffer)} bytes without a line "
+                                    f"feed: {_show(self.buffer)} (a header line is at most {MAX_LINE} bytes)"
                                     f"{self._stderr_note()}")
             self._fill(deadline, op, expected)
         line = bytes(self.buffer[:end])

@@ -2,9 +2,9 @@
 only, that misbehaves on request: tests/test_exec_target.py drives it by environment variables.
 
     FAKE_FAULT   what goes wrong (default: nothing): crash, hang, junk, junk_first, short, nbytes,
-                 dtype, float64, trailing, chatter, chatter_crash, values, huge_line, value_error, port_error, not_implemented,
-                 swap_nibbles, and at the handshake: no_hello, silent, bad_hello, protocol_2,
-                 unknown_op
+                 dtype, float64, trailing, huge_line, chatter, chatter_crash, value_error,
+                 port_error, not_implemented, swap_nibbles; values (every kind of result); at
+                 the handshake: no_hello, silent, bad_hello, protocol_2, unknown_op
     FAKE_OP      the one operation that misbehaves (default: every one)
     FAKE_HELLO   extra words for the hello line (e.g. "variants=nibble_order:high_first")
 

@@ -102,6 +102,18 @@ def test_every_kind_of_result_comes_back(port):
     assert values.dtype == torch.bfloat16 and values.tolist() == [1.0, -2.0]
 
 
+RELAYED = ("BUDGET.KV_BYTES", "PATH.HCA", "LAYOUT.REJECT", "LAYOUT.V41.MAIN", "CMP.RATIO1")
+
+
+def test_what_the_other_families_pass_and_return_travels_too():
+    """A str argument and a float result (BUDGET), keyword arguments model= and layer= (PATH.HCA), a
+    str and ValueError replies (LAYOUT.REJECT, LAYOUT.V41.MAIN), a dict of tensors as an argument
+    (CMP): relayed to impl through tests/exec_relay_port.py.  (A dict as the result, as PATH.LAYER's
+    index_layer returns, is test_every_kind_of_result_comes_back's.)"""
+    relay = load_target("exec:" + shlex.join([sys.executable, str(FAKE.parent / "exec_relay_port.py")]))
+    assert {r: run_rule(r, relay).status for r in RELAYED} == {r: PASS for r in RELAYED}
+
+
 def test_bytes_after_a_reply_are_an_error_of_the_next_call(port):
     t = port("trailing", op="e8m0_decode")
     assert run_rule("FMT.E8M0.VALUES", t).status == PASS
