@@ -4,7 +4,8 @@ only, that misbehaves on request: tests/test_exec_target.py drives it by environ
     FAKE_FAULT   what goes wrong (default: nothing): crash, hang, junk, junk_first, short, nbytes,
                  dtype, float64, trailing, huge_line, chatter, chatter_crash, value_error,
                  port_error, not_implemented, swap_nibbles; values (every kind of result); at
-                 the handshake: no_hello, silent, bad_hello, protocol_2, unknown_op
+                 the handshake: no_hello, silent, bad_hello, protocol_2, unknown_op; deaf
+                 (reads no request)
     FAKE_OP      the one operation that misbehaves (default: every one)
     FAKE_HELLO   extra words for the hello line (e.g. "variants=nibble_order:high_first")
 
@@ -120,6 +121,8 @@ def main():
                f"{os.environ.get('FAKE_HELLO', '')}".rstrip() + "\n")
     OUT.write(hello.encode())
     OUT.flush()
+    if FAULT == "deaf":
+        time.sleep(3600)
     while True:
         line = IN.readline()
         if not line:

@@ -13,7 +13,7 @@ import torch
 
 from dsv4spec.properties.exec_target import PortError, ProtocolError, encode_value
 from dsv4spec.properties.suite import ERROR, FAIL, NOT_IMPLEMENTED, PASS, TIMEOUT, VARIANT, run_rule
-from dsv4spec.properties.target import TargetLoadError, TargetNotFound, load_target
+from dsv4spec.properties.target import OperationTimeout, TargetLoadError, TargetNotFound, load_target
 
 HOME = Path(__file__).resolve().parent.parent
 FAKE = Path(__file__).resolve().parent / "exec_fake_port.py"
@@ -131,6 +131,13 @@ def test_a_silent_port_is_a_timeout_that_ends_it_and_the_run_goes_on(port):
     assert run_rule("FMT.E2M1.VALUES", t).status == PASS
     start = time.monotonic()
     assert run_rule("FMT.E8M0.VALUES", t).status == TIMEOUT and time.monotonic() - start < 1   # not called again
+
+
+def test_a_port_that_reads_no_request_is_a_timeout_too(port):
+    t = port("deaf")
+    with pytest.raises(OperationTimeout, match="e8m0_decode: the port did not answer within 2 s \\(waiting to read "
+                                               "its request; the port was ended\\)"):
+        t.provider.e8m0_decode(torch.zeros(1 << 20, dtype=torch.uint8))     # more than a pipe holds
 
 
 def test_standard_error_chatter_changes_nothing_and_is_shown_when_the_port_fails(port):
