@@ -31,6 +31,8 @@ How `--target T` is resolved (the same rule for the CLI, the pytest plugin and `
                                                 operation
     pkg.module:attr()                           a factory: attr is called with no arguments and
                                                 returns the target
+    exec:CMD                                    a port in any language, run as a child process
+                                                and called over PROTOCOL.md (exec_target.py)
 
 Any other function is refused with a message: it is never guessed to be a factory.  Operations a
 target lacks are NOT_IMPLEMENTED, never FAIL.
@@ -404,6 +406,10 @@ def _entry_points() -> dict[str, str]:
 def locate(spec: str) -> str:
     """The `pkg.module[:attr]` reference a target spec stands for, without importing the target;
     TargetNotFound when there is nothing of that name."""
+    if spec.startswith("exec:"):        # a port in any language (properties/exec_target.py)
+        from .exec_target import command
+        command(spec)
+        return spec
     known = {**_entry_points(), **BUILTIN}
     if spec in known:
         return known[spec]
@@ -423,6 +429,9 @@ def load_target(spec: str) -> Target:
 
     Raises TargetNotFound (nothing of that name) or TargetLoadError (it raised while loading)."""
     ref = locate(spec)
+    if spec.startswith("exec:"):
+        from .exec_target import load
+        return load(spec)
     if ref != spec:
         return Target(_import(ref), spec, name=spec)
     provider = _import(spec)
