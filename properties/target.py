@@ -21,6 +21,9 @@ Codes, bytes and scales are uint8 whatever the declaration.
 How `--target T` is resolved (the same rule for the CLI, the pytest plugin and `load_target`):
 
     impl, kernels, official, ml_dtypes, torch   the built-in targets
+    official-kernels[:PATH]                     your own copy of the official V4 kernel.py (PATH,
+                                                else $DSV4SPEC_OFFICIAL_KERNEL), run as it is on
+                                                a CUDA GPU with TileLang (dsv4spec.official_kernels)
     NAME                                        an entry point NAME of group `dsv4spec.targets`
     pkg.module                                  a module (a file mytarget.py in the working
                                                 directory is found as `mytarget`)
@@ -401,9 +404,26 @@ def _entry_points() -> dict[str, str]:
     return {ep.name: ep.value for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
 
 
+OFFICIAL_KERNELS = "official-kernels"      # a user's own official kernel.py (dsv4spec.official_kernels)
+
+
+def _official_kernels(spec: str):
+    """dsv4spec.official_kernels when spec names that target, else None."""
+    if spec == OFFICIAL_KERNELS or spec.startswith(OFFICIAL_KERNELS + ":"):
+        return importlib.import_module("dsv4spec.official_kernels")
+    return None
+
+
 def locate(spec: str) -> str:
     """The `pkg.module[:attr]` reference a target spec stands for, without importing the target;
     TargetNotFound when there is nothing of that name."""
+    ok = _official_kernels(spec)
+    if ok:
+        try:
+            ok.kernel_file(spec)
+        except ok.KernelUnavailable as e:
+            raise TargetNotFound(str(e)) from None
+        return spec
     known = {**_entry_points(), **BUILTIN}
     if spec in known:
         return known[spec]
@@ -423,6 +443,12 @@ def load_target(spec: str) -> Target:
 
     Raises TargetNotFound (nothing of that name) or TargetLoadError (it raised while loading)."""
     ref = locate(spec)
+    ok = _official_kernels(spec)
+    if ok:
+        try:
+            return Target(ok.target(spec), spec, name=OFFICIAL_KERNELS)
+        except ok.KernelUnavailable as e:
+            raise TargetLoadError(str(e)) from None
     if ref != spec:
         return Target(_import(ref), spec, name=spec)
     provider = _import(spec)
