@@ -126,3 +126,16 @@ HAVE_GPU = torch.cuda.is_available() and importlib.util.find_spec("tilelang") is
 def test_the_real_kernels_pass_the_codec_rules(rule_id):
     row = run_rule(rule_id, load_target("official-kernels"))
     assert row.status == PASS, row.detail
+
+
+def test_the_comparison_script_runs_on_the_cpu_with_the_stand_in(tmp_path):
+    import json
+    spec = importlib.util.spec_from_file_location("bench_official_kernels",
+                                                  Path(__file__).parents[1] / "bench" / "official_kernels.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--cpu", "--kernel", FAKE, "--out", str(tmp_path), "--rows", "4"]) == 0
+    result = json.loads((tmp_path / "compare.json").read_text())
+    assert all(count == 0 for row in result["codecs"] for counts in row["against"].values() for count in counts)
+    assert result["qdq"]["branch"].startswith("bf16") and result["linear"]["max_error_in_units"] <= 1
+    assert "## The in-place branch" in (tmp_path / "compare.md").read_text()

@@ -33,7 +33,7 @@ def fp8_gemm(a, a_s, b, b_s, scale_dtype=torch.float32):
         return t.float()                        # float8_e8m0fnu widens exactly, as fp32 does
     sa, sb = scales(a_s), scales(b_s)
     af, bf = a.float(), b.float()
-    c = torch.zeros(a.shape[0], b.shape[0])
+    c = torch.zeros(a.shape[0], b.shape[0], dtype=torch.float32)
     for k in range(0, a.shape[1], 128):
         part = af[:, k:k + 128] @ bf[:, k:k + 128].T
         c += part * sa[:, k // 128, None] * sb[:, k // 128].repeat_interleave(128)[None, :b.shape[0]]
