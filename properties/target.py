@@ -106,6 +106,7 @@ RESULTS = {
     "fp4_e8m0_quantize": (U8, U8), "fp4_e8m0_dequantize": (VALUES,),
     "fp8_quantize": (U8, U8), "fp8_dequantize": (VALUES,), "fp8_qdq": (VALUES,),
     "hadamard": (VALUES,), "index_rotate": (VALUES,), "index_weights": (VALUES,),
+    "index_weights_v32": (VALUES,),
     "index_scores": (VALUES,), "index_scores_fp4": (VALUES,), "index_visible": (INDEX,),
     "index_topk": (INDEX,), "candidate_blocks": (BOOL,), "reindex_topk": (INDEX,),
     "compress": (VALUES,), "compressor_feed": (None, VALUES),
@@ -136,7 +137,7 @@ def _blocks(block):
 SHAPES = {
     "e2m1_encode": _SAME, "e2m1_decode": _SAME, "e4m3_encode": _SAME, "e4m3_decode": _SAME,
     "e8m0_decode": _SAME, "bf16_round": _SAME, "hadamard": _SAME, "index_rotate": _SAME,
-    "fp8_qdq": _SAME, "index_visible": _SAME,
+    "fp8_qdq": _SAME, "index_visible": _SAME, "index_weights_v32": _SAME,
     "fp4_pack": lambda a, *_: _lead(a[0], a[0].shape[-1] // 2),
     "fp4_unpack": lambda a, *_: _lead(a[0], a[0].shape[-1] * 2),
     "fp4_e4m3_quantize": _blocks(16), "fp4_e8m0_quantize": _blocks(32),

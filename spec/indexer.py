@@ -182,6 +182,29 @@ rule("IDX.WEIGHT.SCALE", "Head weights carry index_head_dim^-0.5 · index_n_head
      128^-0.5·n^-0.5 is folded into the head weights, as the code quoted in its own §11.1 does, and
      nothing multiplies the summed score.""")
 
+
+def index_weights_v32(raw, q_scale, model: Model) -> np.ndarray:
+    """V3.2: fl32( bf16(raw · fl32(n^-0.5)) · q_scale · fl32(128^-0.5) ), the fp32 weight that
+    fp8_index multiplies into each head's ReLU'd FP8 dot (q_scale: head h's FP8 scale)."""
+    heads = round_bf16(round_fp32(np.asarray(raw, dtype=np.float64) * round_fp32(model.index_n_heads ** -0.5)))
+    with_q = round_fp32(heads * np.asarray(q_scale, dtype=np.float64))
+    return round_fp32(with_q * round_fp32(model.index_head_dim ** -0.5))
+
+
+rule("IDX.WEIGHT.V32", "V3.2 head weights: BF16 weights, then q_scale and the softmax scale in fp32",
+     """V3.2's head weight is w[t, h] = fl32(fl32(bf16(raw[t, h] · n^-0.5) · q_scale[t, h]) · fl32(128^-0.5)):
+     raw = weights_proj(x) is BF16, the factor n^-0.5 (n = 64 heads: 2^-3, exact) is applied to that
+     BF16 tensor, and the product with head h's fp32 FP8 scale q_scale (a power of two) and the
+     softmax scale 128^-0.5 is fp32, never rounded to BF16.  The k scale multiplies after the head
+     sum: I[t, s] = k_scale[s] · Σ_h ReLU(q8[t, h] · k8[s]) · w[t, h], in fp32.  Every factor but
+     128^-0.5 is a power of two, so the order changes no bit (k_scale's placement included, which
+     no check can see); what a port must match is one fp32 rounding of the weight, which carries
+     q's scale — not V4's BF16 weight raw · 128^-0.5 · n^-0.5 (IDX.WEIGHT.SCALE).""",
+     applies_to=V32, policy="exact",
+     sources=("V32-model L444 (weights_proj BF16)", "V32-model L467 (q_fp8, q_scale = act_quant(q, 128))",
+              "V32-model L471-473 (weights · n^-0.5, then · q_scale · softmax_scale, then fp8_index)",
+              "V32-kernel L240-247 (ReLU, · q_s, head sum, · k_s)"))
+
 SCORE_DTYPES = ("bf16", "fp32")
 
 knob("score_rounding", "bf16_steps",
