@@ -113,6 +113,7 @@ RESULTS = {
     "entry_pack": (U8,), "entry_unpack": (VALUES,),
     "rope_freqs": (VALUES,), "rope_rotate": (VALUES,), "rope_quantize": (U8, U8), "kv_qdq": (VALUES,),
     "window_index": (INDEX,), "compressed_index": (INDEX,), "attention_index": (INDEX,),
+    "window_ring": (INDEX,),
     "pool_scan_topk": (INDEX,),
 }
 # Operations whose result is not a tensor (a record, an opaque state, a number, a dict of stages).
