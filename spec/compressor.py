@@ -136,7 +136,7 @@ rule("CMP.ROPE", "RoPE at the group's first position",
 rule("CMP.STREAM", "prefill, decode and chunked prefill agree",
      """One prefill from position 0 followed by one token at a time (decode) yields the same
      entries as one prefill of everything: the state carries the incomplete group and, for V4
-     ratio 4, the previous group's window half.  Extension `streaming` (beyond the reference,
+     ratio 4, the previous group's window half.  Extension `streaming` (beyond the official domain,
      checked only for targets that declare it): so does feeding chunks of any sizes after the
      first.""",
      applies_to=V4_ALL, policy="tolerance",

@@ -388,7 +388,7 @@ rule("IDX.VISIBLE", "A query at position p sees compressed entries j < (p+1)//ra
      complete, so the query at absolute position p sees visible(p) = (p + 1) // ratio entries.
      One-chunk prefill from position 0 (query i = position i) and single-token decode
      (end_pos // ratio entries, end_pos = p + 1) give the same count.  Extension `chunked_prefill`
-     (beyond the reference, checked only for targets that declare it): a prefill chunk starting at
+     (beyond the official domain, checked only for targets that declare it): a prefill chunk starting at
      any position gives the same count too.""",
      applies_to=V32 + V4_ALL, policy="exact",
      sources=("V4-model L424-426", "V41-model L563-567",
@@ -415,7 +415,7 @@ rule("IDX.CHUNK", "Decode, chunked and one-chunk prefill scores agree",
      """The scores of a query depend only on its own q, w and visible count: the row of a query
      computed alone (decode: the first end_pos//ratio entries, none masked) equals that query's row
      of a one-chunk prefill, with −inf at exactly the same positions.  Extension `chunked_prefill`
-     (beyond the reference, checked only for targets that declare it): so does its row inside any
+     (beyond the official domain, checked only for targets that declare it): so does its row inside any
      chunk of queries.""",
      applies_to=V4_ALL, policy="tolerance",
      tolerance="""Twice the IDX.SCORE.ROUNDING bound: both rows are a target's own scores, each within it of
@@ -517,3 +517,17 @@ rule("IDX.TOPK.V32", "V3.2 top-k: min(2048, end_pos), by score, no −1",
      future slots are not replaced by −1 but re-masked inside attention.""",
      applies_to=V32, policy="tie-aware", status=INFORMATIVE,
      sources=("V32-model L431-480", "V32-kernel L199-274", "official-rules.md §4.3"))
+
+rule("IDX.TOPK.TP", "Tensor parallelism: V3.2 broadcasts rank 0's top-k; V4/V4.1 trust identical all-reduces",
+     """With the index heads sharded over ranks, V3.2 takes its top-k on every rank, broadcasts rank
+     0's indices and asserts that each rank's equal them: a rank whose scores differ stops the
+     run.  V4 and V4.1 neither broadcast nor compare: every rank all-reduces the head-sharded
+     scores (IDX.SCORE.TP) and takes its own top-k, relying on the all-reduce giving every rank the
+     same bits and torch.topk the same indices for the same input.  A tensor-parallel port must
+     therefore give every rank bit-identical scores, or choose on one rank and broadcast.
+     Informative: one process sees one rank, and each rank's result is judged by the IDX.TOPK
+     rules.""",
+     applies_to=V32 + V4_ALL, policy="tie-aware", status=INFORMATIVE,
+     sources=("V32-model L476-479 (topk, broadcast from rank 0, assert equal)",
+              "V4-model L422-423 (all_reduce), L427 (each rank's topk)",
+              "V41-model L558-559 (all_reduce)", "V41-model L578-579 (each rank's topk)"))
