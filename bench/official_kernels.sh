@@ -8,7 +8,7 @@
 #   on the GPU:    bash bench/official_kernels.sh run OUTDIR        (carry .official and .peers)
 #
 # OUTDIR receives at most 7 files: log.txt, verify_{ci,dev}.{json,md}, compare.{json,md}.
-# VERIFY_S (default 200) bounds each verify run, COMPARE_S (default 150) the comparison, SEED the dev seed;
+# VERIFY_S (default 170) bounds each verify run, COMPARE_S (default 120) the comparison, SEED the dev seed;
 # RULES narrows the verify runs (default: every rule; those it cannot serve are n/i); SKIP_INSTALL=1
 # skips `pip install -e .` (a checkout already installed).
 set -uo pipefail
@@ -50,7 +50,7 @@ for profile in ci dev; do
   seed=(); [ "$profile" = dev ] && seed=(--seed "${SEED:-1}")
   start=$SECONDS
   rules=(); [ -n "${RULES:-}" ] && rules=(--rules "$RULES")
-  timeout "${VERIFY_S:-200}" python -m dsv4spec verify --target official-kernels --profile "$profile" "${seed[@]}" "${rules[@]}" \
+  timeout "${VERIFY_S:-170}" python -m dsv4spec verify --target official-kernels --profile "$profile" "${seed[@]}" "${rules[@]}" \
     --isolate --timeout 120 --json "$out/verify_$profile.json" --markdown "$out/verify_$profile.md" \
     > "$out/verify_$profile.txt" 2> "$out/verify_$profile.progress"
   status=$?
@@ -61,6 +61,6 @@ for profile in ci dev; do
 done
 
 start=$SECONDS
-timeout "${COMPARE_S:-150}" python bench/official_kernels.py --kernel .official/kernel.py --out "$out" >> "$log" 2>&1
+timeout "${COMPARE_S:-120}" python bench/official_kernels.py --kernel .official/kernel.py --out "$out" >> "$log" 2>&1
 say "compare: exit $? in $((SECONDS - start)) s"
-timeout 120 python -m pytest -q -n 0 -p no:cacheprovider tests/test_official_kernels.py -rs 2>&1 | tail -3 | tee -a "$log"
+timeout 60 python -m pytest -q -n 0 -p no:cacheprovider tests/test_official_kernels.py -rs 2>&1 | tail -3 | tee -a "$log"
