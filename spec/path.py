@@ -322,4 +322,4 @@ rule("PATH.K.CACHE", "The index-K cache: BF16 QDQ values in V4/V4.1, FP8 bytes a
               "V4-model L420 (scores read the cache)", "V41-model L500 (owns_k: the KV sources)",
               "V41-model L517-525 (k_cache)", "V41-model L544-548 (fp4_act_quant in place, published)",
               "V41-model L554 (every index source reads the published cache)",
-              "V32-model L448-449 (k_cache float8_e4m3fn, k_scale_cache fp32)", "V32-model L468-470"))
+              "V32-model L448-449 (k_cache float8_e4m3fn, k_scale_cache fp32)", "V32-model L468-470 (k_fp8 and k_scale written per token)"))

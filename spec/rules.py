@@ -21,8 +21,8 @@ V4_ALL = V4 + V41
 # SPEC.md's section "The official domain"; its citations are checked like a rule's).
 OFFICIAL_DOMAIN = """The official reference runs one prefill of s ≥ 1 tokens from position 0 (start_pos = 0:
 queries i = positions 0 … s−1, one chunk), then decodes one token per step (start_pos = p > 0, seqlen 1,
-the caches holding everything before p).  Nothing else is exercised: no chunked prefill, no prefill at
-a later position, no decode of several tokens, no cache eviction.  Its operations receive what that
+the caches filled by the steps before it).  Nothing else is exercised: no chunked prefill, no prefill
+at a later position, no decode of several tokens at once.  Its operations receive what that
 run gives them: BF16 activations into the quantizers, index pools made by the candidate selection,
 compressor chunks of s then 1 token.  Every rule is stated and checked on this domain; a behaviour
 beyond it is an extension (below), checked only for targets that declare it, and never required."""
