@@ -7,7 +7,8 @@ and compares, operation by operation, its results with `official` (the control: 
 transcribed in torch, on the CPU), `kernels` (the Triton kernels) and spec/ (the exact definition):
 
     fp8_quantize  act_quant(x, b, "ue8m0", e8m0) for b = 32, 64, 128: payload and scale bytes
-    fp4_e8m0_quantize  fp4_act_quant(x, 32): packed E2M1 and E8M0 bytes
+    fp4_e8m0_quantize  fp4_act_quant(x, 32): packed E2M1 and E8M0 bytes (and fp4_e4m3_quantize, per 16
+                  with E4M3 scales, when the file is V4.1's)
     fp8_qdq       act_quant(..., inplace=True), block 64 (the V4 main and window KV): which rounding
                   the in-place branch makes (FP8, or BF16 as the initial V4 revision does, L55)
     fp8_linear    fp8_gemm of act_quant(x, 128) with a block-scaled E4M3 weight: the error against the
@@ -73,8 +74,9 @@ def codec_rows(torch, np, targets, x, op, block=None):
     args = (x,) if block is None else (x, block)
     reference = targets["official-kernels"].op(op)(*args)
     xs = x.float().numpy()
-    spec = S.fp8_quantize(xs, block) if op == "fp8_quantize" else S.fp4_e8m0_quantize(xs)
-    row = {"op": op, "block": block or 32, "elements": x.numel(), "against": {}}
+    spec = {"fp8_quantize": lambda: S.fp8_quantize(xs, block), "fp4_e8m0_quantize": lambda: S.fp4_e8m0_quantize(xs),
+            "fp4_e4m3_quantize": lambda: S.fp4_e4m3_quantize(xs)}[op]()
+    row = {"op": op, "block": block or {"fp4_e4m3_quantize": 16}.get(op, 32), "elements": x.numel(), "against": {}}
     spec_t = tuple(torch.from_numpy(np.ascontiguousarray(s)) for s in spec)
     row["against"]["spec"] = [mismatches(torch, r, s) for r, s in zip(reference, spec_t)]
     for name, t in targets.items():
@@ -217,7 +219,9 @@ def main(argv=None) -> int:
     x = make_input(torch, args.rows, 512, args.seed)
     for block in BLOCKS:
         result["codecs"].append(codec_rows(torch, np, targets, x, "fp8_quantize", block))
-    result["codecs"].append(codec_rows(torch, np, targets, x, "fp4_e8m0_quantize"))
+    for op in ("fp4_e8m0_quantize", "fp4_e4m3_quantize"):        # the second with V4.1's kernel.py only
+        if ok.has(op):
+            result["codecs"].append(codec_rows(torch, np, targets, x, op))
     result["qdq"] = qdq_row(torch, np, targets, x)
     result["linear"] = linear_row(torch, np, targets, args.seed)
     result["attention"] = attention_row(torch, targets, args.seed)

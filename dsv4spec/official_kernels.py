@@ -17,6 +17,8 @@ What it serves, under the suite's operation names (OPERATIONS; every other opera
                                 to BF16 there, not to FP8 (its L55); the suite reports that as
                                 VARIANT v4_fp8_inplace=bf16 on FP8.V4_INPLACE
     fp4_e8m0_quantize(x)        fp4_act_quant(x, 32): float4_e2m1fn_x2 and float8_e8m0fnu bytes
+    fp4_e4m3_quantize(x)        fp4_act_quant(x, 16, scale_dtype=float8_e4m3fn), where the file's
+                                fp4_act_quant takes a scale_dtype (V4.1's kernel.py; V4's does not)
     fp8_linear(x, w, w_scale, block)
                                 the official linear() of an FP8 weight: act_quant(x, block, "ue8m0",
                                 float8_e8m0fnu), then fp8_gemm with the weight's E4M3 bytes and its
@@ -42,8 +44,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import math
 import importlib.util
+import inspect
+import math
 import os
 import sys
 
@@ -127,6 +130,12 @@ def _fp4_e8m0_quantize(k, x):
     return k.out(as_bytes(y)[:, :n // 2], x, n // 2), k.out(as_bytes(s)[:, :n // 32], x, n // 32)
 
 
+def _fp4_e4m3_quantize(k, x):
+    z, n = k.blocks_in(x, 16)
+    y, s = k.kernel.fp4_act_quant(z, 16, scale_dtype=torch.float8_e4m3fn)
+    return k.out(as_bytes(y)[:, :n // 2], x, n // 2), k.out(as_bytes(s)[:, :n // 16], x, n // 16)
+
+
 def _fp8_linear(k, x, w, w_scale, block):
     if block != V4_GEMM_BLOCK:
         raise ValueError(f"{NAME}: this kernel.py's fp8_gemm uses {V4_GEMM_BLOCK}×{V4_GEMM_BLOCK} blocks; got "
@@ -149,15 +158,27 @@ def _sparse_attention(k, q, kv, sink, indices, softmax_scale):
     return o.float().to(q.device)
 
 
-# suite operation -> (the kernel.py function it calls, the adapter).  Rename a key here if a rule
-# names its operation otherwise.
+# suite operation -> (the kernel.py function it calls, the adapter[, the parameter the function
+# must have]).  Rename a key here if a rule names its operation otherwise.
 OPERATIONS = {
     "fp8_quantize": ("act_quant", _fp8_quantize),
     "fp8_qdq": ("act_quant", _fp8_qdq),
     "fp4_e8m0_quantize": ("fp4_act_quant", _fp4_e8m0_quantize),
+    "fp4_e4m3_quantize": ("fp4_act_quant", _fp4_e4m3_quantize, "scale_dtype"),    # V4.1's kernel.py
     "fp8_linear": ("fp8_gemm", _fp8_linear),
     "sparse_attention": ("sparse_attn", _sparse_attention),
 }
+
+
+def _serves(fn, needs: str | None) -> bool:
+    if not callable(fn):
+        return False
+    if needs is None:
+        return True
+    try:
+        return needs in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 @contextlib.contextmanager
@@ -190,8 +211,8 @@ class OfficialKernels:
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.DEVICE = self.device.type
         self.served = {}
-        for op, (function, adapter) in OPERATIONS.items():
-            if callable(getattr(module, function, None)):
+        for op, (function, adapter, *needs) in OPERATIONS.items():
+            if _serves(getattr(module, function, None), needs[0] if needs else None):
                 setattr(self, op, _bound(adapter, self, op))
                 self.served[op] = function
 

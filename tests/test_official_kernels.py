@@ -28,7 +28,7 @@ def bf16(*shape, seed=0):
 def test_it_serves_what_the_file_defines_under_the_suite_names(fake):
     assert fake.name == "official-kernels" and fake.version.startswith("kernel.py sha256 ")
     for op in OK.OPERATIONS:
-        assert fake.has(op)
+        assert fake.has(op) == (op != "fp4_e4m3_quantize")      # V4's fp4_act_quant takes no scale_dtype
     assert not fake.has("fp8_dequantize") and not fake.has("e2m1_encode")
     assert run_rule("FP8.DEQUANT", fake).status == NOT_IMPLEMENTED
 
@@ -139,3 +139,16 @@ def test_the_comparison_script_runs_on_the_cpu_with_the_stand_in(tmp_path):
     assert all(count == 0 for row in result["codecs"] for counts in row["against"].values() for count in counts)
     assert result["qdq"]["branch"].startswith("bf16") and result["linear"]["max_error_in_units"] <= 1
     assert "## The in-place branch" in (tmp_path / "compare.md").read_text()
+
+
+def test_a_v41_style_fp4_act_quant_also_serves_the_e4m3_codec(tmp_path, fake):
+    assert not fake.has("fp4_e4m3_quantize")                  # V4's fp4_act_quant has no scale_dtype
+    (tmp_path / "kernel.py").write_text(f"""exec(open({FAKE!r}).read())
+def fp4_act_quant(x, block_size=32, inplace=False, scale_dtype=torch.float8_e8m0fnu):
+    assert not inplace and (block_size, scale_dtype) in ((32, torch.float8_e8m0fnu), (16, torch.float8_e4m3fn))
+    packed, s = (Q.fp4_e8m0_quantize if block_size == 32 else Q.fp4_e4m3_quantize)(x.contiguous())
+    return packed.view(torch.float4_e2m1fn_x2), s.view(scale_dtype)
+""")
+    t = load_target(f"official-kernels:{tmp_path / 'kernel.py'}")
+    assert t.has("fp4_e4m3_quantize") and t.has("fp4_e8m0_quantize")
+    assert run_rule("FP4.KV.SCALE", t).status == PASS
