@@ -191,13 +191,13 @@ def index_weights_v32(raw, q_scale, model: Model) -> np.ndarray:
     return round_fp32(with_q * round_fp32(model.index_head_dim ** -0.5))
 
 
-rule("IDX.WEIGHT.V32", "V3.2 head weights: BF16 weights, then q_scale and the softmax scale in fp32",
-     """V3.2's head weight is w[t, h] = fl32(fl32(bf16(raw[t, h] · n^-0.5) · q_scale[t, h]) · fl32(128^-0.5)):
+rule("IDX.WEIGHT.V32", "V3.2 head weights: BF16 weights, then the q scale and the softmax scale in fp32",
+     """V3.2's head weight is w[t, h] = fl32(fl32(bf16(raw[t, h] · n^-0.5) · s_q[t, h]) · fl32(128^-0.5)):
      raw = weights_proj(x) is BF16, the factor n^-0.5 (n = 64 heads: 2^-3, exact) is applied to that
-     BF16 tensor, and the product with head h's fp32 FP8 scale q_scale (a power of two) and the
-     softmax scale 128^-0.5 is fp32, never rounded to BF16.  The k scale multiplies after the head
-     sum: I[t, s] = k_scale[s] · Σ_h ReLU(q8[t, h] · k8[s]) · w[t, h], in fp32.  Every factor but
-     128^-0.5 is a power of two, so the order changes no bit (k_scale's placement included, which
+     BF16 tensor, and the product with head h's fp32 FP8 scale s_q (a power of two, from
+     act_quant(q, 128)) and the softmax scale 128^-0.5 is fp32, never rounded to BF16.  The key's
+     FP8 scale s_k multiplies after the head sum: I[t, s] = s_k[s] · Σ_h ReLU(q8[t, h] · k8[s]) ·
+     w[t, h], in fp32.  Every factor but 128^-0.5 is a power of two, so the order changes no bit (the placement of s_k included, which
      no check can see); what a port must match is one fp32 rounding of the weight, which carries
      q's scale — not V4's BF16 weight raw · 128^-0.5 · n^-0.5 (IDX.WEIGHT.SCALE).""",
      applies_to=V32, policy="exact",
