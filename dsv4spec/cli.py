@@ -274,7 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
                "dsv4spec.targets; a module (pkg.module, or mytarget for mytarget.py in the working "
                "directory); pkg.module:attr (a module, an object, a class to instantiate, or one "
                "operation function named like it); pkg.module:attr() (a factory to call); exec:CMD (a port in "
-               "any language, started as a child process and called over PROTOCOL.md: exec:./myport).")
+               "any language, started as a child process and called over PROTOCOL.md: exec:./myport); "
+               "official-kernels:PATH (or official-kernels with $DSV4SPEC_OFFICIAL_KERNEL), your own copy "
+               "of the official V4 kernel.py run as it is (a CUDA GPU and TileLang; bench/official_kernels.sh).")
     p.add_argument("--target", action="append", metavar="T", help="a target (repeatable; default: impl, "
                    "kernels, ml_dtypes, torch)")
     p.add_argument("--rules", metavar="PREFIX,...", help="rule id prefixes, e.g. FMT,FP4,FP8 or POOL.PIN")

@@ -13,7 +13,7 @@ from ..spec.models import profile
 from .quant import fp4_e8m0_dequantize
 from .topk import _topk_from
 
-__all__ = ["hadamard", "index_rotate", "index_weights", "index_scores", "index_scores_fp4",
+__all__ = ["hadamard", "index_rotate", "index_weights", "index_weights_v32", "index_scores", "index_scores_fp4",
            "index_visible", "index_topk"]
 
 
@@ -122,6 +122,18 @@ def index_weights(raw_w: torch.Tensor, model: str) -> torch.Tensor:
         raise ValueError(f"index_weights: raw_w has {raw_w.shape[1]} heads, expected {model}'s "
                          f"index_n_heads = {m.index_n_heads} (the factor uses the global head count)")
     return _bf16(raw_w * torch.tensor(m.index_weight_scale, dtype=torch.float32))
+
+
+def index_weights_v32(raw_w: torch.Tensor, q_scale: torch.Tensor) -> torch.Tensor:
+    """V3.2: bf16(raw · 64^-0.5), then · q_scale · 128^-0.5 in fp32 (exact before each rounding)."""
+    m = profile("v3.2")
+    raw_w = _bf16_values("index_weights_v32", "raw_w", _tensor("index_weights_v32", "raw_w", raw_w, 2, floating=True))
+    q_scale = _tensor("index_weights_v32", "q_scale", q_scale, 2, floating=True)
+    if raw_w.shape != q_scale.shape or raw_w.shape[1] != m.index_n_heads:
+        raise ValueError(f"index_weights_v32: raw_w {tuple(raw_w.shape)} and q_scale {tuple(q_scale.shape)} must "
+                         f"both be [T, {m.index_n_heads}] (one FP8 scale per token and head)")
+    heads = _bf16(raw_w * torch.tensor(m.index_n_heads ** -0.5, dtype=torch.float32))
+    return (heads.double() * q_scale.double()).float() * torch.tensor(m.index_head_dim ** -0.5, dtype=torch.float32)
 
 
 def index_scores(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, visible: torch.Tensor,

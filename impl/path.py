@@ -27,7 +27,7 @@ from .quant import (fp4_e4m3_dequantize, fp4_e4m3_quantize, fp4_e8m0_dequantize,
 from .rope import rope_freqs, rope_rotate
 
 __all__ = ["window_index", "compressed_index", "attention_index", "rope_quantize", "kv_qdq",
-           "pool_scan_topk", "index_layer"]
+           "pool_scan_topk", "index_layer", "window_ring"]
 
 FORMATS = ("fp4_e8m0", "fp4_e4m3", "fp8_e8m0_32")
 FP8_WINDOW_BLOCK = 32
@@ -272,3 +272,19 @@ def _k_positions(entries: int, ratio: int) -> torch.Tensor:
 def _unshift(rows: torch.Tensor, seqlen: int, start_pos: int) -> torch.Tensor:
     offset = spec.kv_offset(seqlen, start_pos)
     return torch.where(rows >= 0, rows - offset, -1)
+
+
+# ------------------------------------------------------------------------------------------------
+# the window KV ring
+# ------------------------------------------------------------------------------------------------
+def window_ring(prefill: int, decoded: int) -> torch.Tensor:
+    """The position each of the 128 ring slots holds after a prefill and `decoded` one-token steps
+    (−1: not written): the last 128 positions, p in slot p mod 128."""
+    for name, v, low in (("prefill", prefill, 1), ("decoded", decoded, 0)):
+        if not isinstance(v, int) or v < low:
+            raise ValueError(f"window_ring: {name} must be an int ≥ {low}, got {v!r}")
+    end = prefill + decoded
+    positions = torch.arange(max(0, end - spec.WINDOW), end)
+    ring = torch.full((spec.WINDOW,), -1, dtype=torch.int64)
+    ring[positions % spec.WINDOW] = positions
+    return ring

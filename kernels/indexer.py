@@ -8,6 +8,7 @@ Operations (CPU tensors in and out; CUDA when present, the Triton interpreter ot
     hadamard(x [..., 128])                                                          -> f32 [..., 128]
     index_rotate(x [..., 128], model)                                               -> f32
     index_weights(raw_w [T,H], model)                                               -> f32 [T,H]
+    index_weights_v32(raw_w [T,64], q_scale [T,64])                                 -> f32 [T,64]
     index_visible(positions int [...], ratio)                                       -> i64 [...]
 
 (kernels.pool builds candidate_blocks and reindex_topk on the score kernel here and on the top-k
@@ -53,7 +54,7 @@ from .topk import _pow2, _topk_engine
 from ..spec import indexer as spec
 from ..spec.models import profile
 
-__all__ = ["hadamard", "index_rotate", "index_weights", "index_scores", "index_scores_fp4",
+__all__ = ["hadamard", "index_rotate", "index_weights", "index_weights_v32", "index_scores", "index_scores_fp4",
            "index_visible", "index_topk"]
 
 SCORE_DTYPES = ("bf16", "fp32")
@@ -130,6 +131,16 @@ def _weights_kernel(x_ptr, out_ptr, n, factor_bits, BLOCK: tl.constexpr):
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(x_ptr + i, mask=i < n, other=0.0)
     tl.store(out_ptr + i, _bf16_rne(x * factor_bits.to(tl.float32, bitcast=True)), mask=i < n)
+
+
+@triton.jit
+def _weights_v32_kernel(x_ptr, s_ptr, out_ptr, n, head_bits, c_bits, BLOCK: tl.constexpr):
+    """out = fl32(fl32(bf16(fl32(x * h)) * s) * c): V3.2's BF16 head factor, then fp32 q scale and c."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + i, mask=i < n, other=0.0)
+    s = tl.load(s_ptr + i, mask=i < n, other=0.0)
+    w = _bf16_rne(x * head_bits.to(tl.float32, bitcast=True)) * s
+    tl.store(out_ptr + i, w * c_bits.to(tl.float32, bitcast=True), mask=i < n)
 
 
 @triton.jit
@@ -552,6 +563,25 @@ def index_weights(raw_w, model: str) -> torch.Tensor:
         raise ValueError(f"{op}: raw_w has {raw_w.shape[1]} heads, expected {model}'s "
                          f"index_n_heads = {m.index_n_heads} (the factor uses the global head count)")
     return _elementwise(_weights_kernel, raw_w, torch.float32, _fl32_bits(m.index_weight_scale))
+
+
+def index_weights_v32(raw_w, q_scale) -> torch.Tensor:
+    """V3.2: bf16(raw_w · 64^-0.5), then · q_scale · fl32(128^-0.5) in fp32 (IDX.WEIGHT.V32)."""
+    op = "index_weights_v32"
+    m = profile("v3.2")
+    raw_w = _impl_bf16_values(op, "raw_w", _impl_tensor(op, "raw_w", raw_w, 2, floating=True))
+    q_scale = _impl_tensor(op, "q_scale", q_scale, 2, floating=True).float()
+    if raw_w.shape != q_scale.shape or raw_w.shape[1] != m.index_n_heads:
+        raise ValueError(f"{op}: raw_w {tuple(raw_w.shape)} and q_scale {tuple(q_scale.shape)} must both be "
+                         f"[T, {m.index_n_heads}] (one FP8 scale per token and head)")
+    dev = _device()
+    out = torch.empty(raw_w.shape, dtype=torch.float32, device=dev)
+    n = raw_w.numel()
+    if n:
+        _weights_v32_kernel[(triton.cdiv(n, _ELEMENTWISE_BLOCK),)](
+            raw_w.contiguous().to(dev), q_scale.contiguous().to(dev), out, n, _fl32_bits(m.index_n_heads ** -0.5),
+            _fl32_bits(m.index_head_dim ** -0.5), BLOCK=_ELEMENTWISE_BLOCK)
+    return out.cpu()
 
 
 def index_visible(positions, ratio: int) -> torch.Tensor:

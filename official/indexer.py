@@ -13,7 +13,7 @@ import torch
 
 from ..spec.models import profile
 
-__all__ = ["hadamard", "index_rotate", "index_weights", "index_scores", "index_scores_fp4",
+__all__ = ["hadamard", "index_rotate", "index_weights", "index_weights_v32", "index_scores", "index_scores_fp4",
            "index_visible", "index_topk"]
 
 BF16 = torch.bfloat16
@@ -54,6 +54,15 @@ def index_weights(raw_w: torch.Tensor, model: str) -> torch.Tensor:
     m = profile(model)
     softmax_scale = m.index_head_dim ** -0.5
     return (raw_w.to(BF16) * (softmax_scale * m.index_n_heads ** -0.5)).float()
+
+
+def index_weights_v32(raw_w: torch.Tensor, q_scale: torch.Tensor) -> torch.Tensor:
+    """V3.2 Indexer.forward: weights_proj(x) · n_heads^-0.5 (BF16), then .unsqueeze(-1) · q_scale ·
+    softmax_scale (fp32)."""
+    m = profile("v3.2")
+    weights = raw_w.to(BF16) * m.index_n_heads ** -0.5
+    weights = weights.unsqueeze(-1) * q_scale.float().unsqueeze(-1) * m.index_head_dim ** -0.5
+    return weights.squeeze(-1)
 
 
 def _prefill_mask(visible: torch.Tensor, width: int) -> torch.Tensor:

@@ -13,7 +13,8 @@ from ..spec.models import profile
 from ..spec.pool import layer_role
 from .rope import apply_rotary_emb, freqs_cis, rope_freqs
 
-__all__ = ["window_index", "compressed_index", "attention_index", "rope_quantize", "kv_qdq", "index_layer"]
+__all__ = ["window_index", "compressed_index", "attention_index", "rope_quantize", "kv_qdq", "index_layer",
+           "window_ring"]
 
 WINDOW = 128
 BF16 = torch.bfloat16
@@ -199,3 +200,19 @@ def _select_candidate_blocks(logits, compress_lens, topk_blocks: int, block_size
     top = scores.topk(min(topk_blocks, num_blocks), dim=-1)
     keep = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, top.indices, top.values > float("-inf"))
     return keep.repeat_interleave(block_size, dim=-1)[..., :width]
+
+
+def window_ring(prefill: int, decoded: int) -> torch.Tensor:
+    """Attention.forward's window kv_cache, holding positions for KV: the prefill writes the last
+    128 tokens split at s mod 128, each decode step slot start_pos mod 128."""
+    win = WINDOW
+    cache = torch.full((win,), -1, dtype=torch.int64)
+    kv = torch.arange(prefill)
+    if prefill <= win:
+        cache[:prefill] = kv
+    else:
+        cutoff = prefill % win
+        cache[cutoff:win], cache[:cutoff] = kv[-win:].split([win - cutoff, cutoff])
+    for start_pos in range(prefill, prefill + decoded):
+        cache[start_pos % win] = start_pos
+    return cache

@@ -303,14 +303,19 @@ def _feed_all(target, case: Case, chunks) -> np.ndarray:
         case=cases(), first=st.integers(1, 300))
 def prefill_then_decode_matches_prefill(target, case, first):
     """The official path: one prefill chunk from position 0, then one token per call."""
+    _decode_against_prefill(target, case, first, "CMP.STREAM: a prefill of {first} tokens then decode differs "
+                                                 "from one prefill")
+
+
+def _decode_against_prefill(target, case: Case, first: int, what: str):
+    """A prefill of `first` tokens, then one token per call, against one prefill of everything."""
     seqlen = case.x.shape[1]
     if seqlen == 0:
         return
     first = min(first, seqlen)
-    streamed = _feed_all(target, case, [first] + [1] * (seqlen - first))
+    decoded = _feed_all(target, case, [first] + [1] * (seqlen - first))
     tol = spec.entry_tolerance(case.x, case.params, case.model, case.ratio)
-    assert_within(streamed, run_compress(target, case), 2 * tol,
-                  what=f"CMP.STREAM: a prefill of {first} tokens then decode differs from one prefill", case=case)
+    assert_within(decoded, run_compress(target, case), 2 * tol, what=what.format(first=first), case=case)
 
 
 @check("CMP.STREAM", ops=("compress", "compressor_state", "compressor_feed"), extension="streaming")
@@ -354,3 +359,18 @@ def chunked_feeding_matches_prefill(target):
     # The explain phase replays a failing machine hundreds of times (minutes); shrinking is kept.
     phases = [p for p in settings.default.phases if p != Phase.explain]
     run_state_machine_as_test(Streaming, settings=settings(stateful_step_count=8, phases=phases))
+
+
+# --- CMP.STATE ----------------------------------------------------------------------------------
+
+@check("CMP.STATE", ops=("compress", "compressor_state", "compressor_feed"))
+# decoding from before group 0 completes (its first half never written: score −inf), large scores
+@forall(dict(case=make_case("v4-flash", 4, 13, 17, gate_scale=16.0), first=2),
+        dict(case=make_case("v4.1-flash", 2, 9, 18, gate_scale=32.0), first=1),
+        dict(case=make_case("v4-pro", 128, 260, 19, gate_scale=16.0, dim=3), first=129),
+        case=cases(ratios=(2, 4, 128), gate_scale=st.sampled_from([8.0, 16.0, 32.0]),
+                   x_scale=st.sampled_from([1.0, 2.0, 4.0])), first=st.integers(1, 260))
+def decode_pools_the_fp32_state(target, case, first):
+    """Scores of tens: a state rounded to BF16 moves a softmax weight by several per cent."""
+    _decode_against_prefill(target, case, first, "CMP.STATE: entries decoded from the state after a prefill of "
+                                                 "{first} tokens differ from one prefill")

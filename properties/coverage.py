@@ -605,6 +605,20 @@ def weight_boundaries() -> list[Boundary]:
             for m in V4_ALL]
 
 
+def weight_v32_boundaries() -> list[Boundary]:
+    """The one fp32 rounding of bf16(raw·2^-3)·q_scale·fl32(128^-0.5), either way, over scales."""
+    c = float(np.float32(128 ** -0.5))
+
+    def products(calls):
+        for call in of(calls, "index_weights_v32"):
+            exact = np.asarray(call.args[0], np.float64) * 0.125 * np.asarray(call.args[1], np.float64) * c
+            yield exact, exact.astype(np.float32).astype(np.float64), np.asarray(call.args[1], np.float64)
+    return [Boundary("a weight rounded up", "element", lambda calls: any((r > e).any() for e, r, _ in products(calls))),
+            Boundary("a weight rounded down", "element", lambda calls: any((r < e).any() for e, r, _ in products(calls))),
+            Boundary("q_scale 1", "scale", lambda calls: any((q == 1).any() for _, _, q in products(calls))),
+            Boundary("q_scale ≤ 2^-30", "range", lambda calls: any((q <= 2.0 ** -30).any() for _, _, q in products(calls)))]
+
+
 def _topk_rows(calls):
     for c in of(calls, "index_topk"):
         scores, visible = np.asarray(c.args[0], dtype=np.float64), np.asarray(c.args[1])
@@ -754,6 +768,7 @@ def _boundaries() -> dict[str, list[Boundary]]:
         "IDX.SCORE.TP": tp_boundaries(),
         "IDX.CHUNK": chunk_boundaries(),
         "IDX.WEIGHT.SCALE": weight_boundaries(),
+        "IDX.WEIGHT.V32": weight_v32_boundaries(),
         "IDX.TOPK.COUNT": topk, "IDX.TOPK.PAD": topk, "IDX.TOPK.ORDER": [b for b in topk if b.level == "layout"],
         "IDX.TOPK.SELECTION": topk, "IDX.TOPK.TIES": [b for b in topk if "tie" in b.name or b.level == "layout"],
         "POOL.BLOCK_SCORE": [b for b in pool if "reachable positions" not in b.name],

@@ -9,6 +9,9 @@ Operation contract (torch CPU tensors in and out; a target provides any subset):
     index_weights(raw_w [T, H] f32, model: str) -> f32 [T, H]
         bf16(raw_w · fl32(index_head_dim^-0.5 · index_n_heads^-0.5)); H must be the model's
         global index_n_heads.  index_scores takes weights already scaled by this op.
+    index_weights_v32(raw_w [T, 64] f32, q_scale [T, 64] f32) -> f32 [T, 64]
+        V3.2: fl32(fl32(bf16(raw_w · 2^-3) · q_scale) · fl32(128^-0.5)); q_scale the powers of two of
+        act_quant(q, 128), one per token and head.
     index_scores(q [T,H,D], k [S,D], w [T,H], visible int64 [T], score_dtype="bf16") -> f32 [T,S]
         Σ_h w·ReLU(q·k); 'bf16' rounds every step (V4/V4.1; q, k, w BF16-representable),
         'fp32' none (V3.2); −inf exactly where s ≥ visible[t].
@@ -45,6 +48,8 @@ OPS = {
     "hadamard": "hadamard(x [..., 128]) -> f32: bf16(H·x/√128), Sylvester H, no random signs",
     "index_rotate": "index_rotate(x [..., 128], model) -> f32: Hadamard for v3.2/v4, identity for v4.1",
     "index_weights": "index_weights(raw_w [T, H], model) -> f32 [T, H]: bf16(raw · fl32(128^-0.5·H^-0.5))",
+    "index_weights_v32": "index_weights_v32(raw_w [T, 64], q_scale [T, 64]) -> f32 [T, 64]: V3.2, "
+                         "fl32(bf16(raw · 2^-3) · q_scale · fl32(128^-0.5))",
     "index_scores": "index_scores(q [T,H,D], k [S,D], w [T,H], visible [T], score_dtype='bf16') -> f32 [T,S]",
     "index_scores_fp4": "index_scores_fp4(q_packed, q_scales, k_packed, k_scales, w, visible) -> f32 [T,S]",
     "index_visible": "index_visible(positions int64 [T], ratio) -> int64 [T]: (p + 1) // ratio",
@@ -275,6 +280,19 @@ def assert_weights(got, raw, model, what):
         raise AssertionError(f"{what}: {len(bad)} elements off; at {i}: raw {raw[i]!r} gave {got[i]!r}, "
                              f"accepted {spec.index_weights(raw, model)[i]!r} (official) or "
                              f"{spec.index_weights_once(raw, model)[i]!r} (one rounding)")
+
+
+@check("IDX.WEIGHT.V32", ops=("index_weights_v32",))
+@forall(dict(seed=0, rows=1, spread=0), seed=st.integers(0, 2 ** 32 - 1), rows=st.integers(1, 4),
+        spread=st.integers(0, 30))
+def v32_weights_are_fp32_and_carry_the_q_scale(target, seed, rows, spread):
+    rng = np.random.default_rng(seed)
+    raw = _bf16(rng, (rows, 64), 4.0)
+    q_scale = np.ldexp(1.0, rng.integers(-spread - 8, spread // 3 + 1, (rows, 64)))    # act_quant's powers of two
+    got = as_numpy(target.index_weights_v32(_t(raw), _t(q_scale))).astype(np.float64)
+    want = spec.index_weights_v32(raw, q_scale, profile("v3.2"))
+    assert_equal(got, want, what="IDX.WEIGHT.V32: w = fl32(fl32(bf16(raw·2^-3)·q_scale)·fl32(128^-0.5))",
+                 context=lambda i: f"raw {raw[i]!r}, q_scale {q_scale[i]!r}")
 
 
 @check("IDX.SCORE.FORMULA", ops=("index_scores",))

@@ -11,8 +11,12 @@ Operation contract (torch CPU tensors; a target provides any subset):
     rope_quantize(x [T, D], positions int64 [T], freqs f32 [d/2], fmt) -> (payload u8, scales u8)
         RoPE then the codec: fmt 'fp4_e8m0' (index K), 'fp4_e4m3' (V4.1 main KV), 'fp8_e8m0_32'
         (V4.1 window: E4M3 bytes and E8M0 scale bytes per 32).
-    kv_qdq(x [..., D], fmt) -> f32 [..., D]                  fmt 'fp4_e4m3' or 'fp8_e8m0_32'
-        what main attention reads: the in-place QDQ's BF16 values.
+    kv_qdq(x [..., D], fmt) -> f32 [..., D]                  fmt 'fp4_e4m3', 'fp8_e8m0_32' or 'fp4_e8m0'
+        what main attention reads (fp4_e4m3, fp8_e8m0_32) and the index-K cache holds (fp4_e8m0):
+        the in-place QDQ's BF16 values.
+    window_ring(prefill, decoded) -> int [128]
+        after a prefill of `prefill` tokens from 0 and `decoded` one-token steps, the position whose
+        window KV each ring slot holds, −1 where none.
     pool_scan_topk(q [T,H,D], k [S,D], w [T,H], visible [T], pool bool [T,S], topk) -> int [T, topk]
         a re-index that scores only pool positions; V4.1 order, −1 at the tail.
     index_layer(inputs: dict, *, model, layer, start_pos=0) -> dict of stages
@@ -53,7 +57,8 @@ OPS = {
     "compressed_index": "compressed_index(seqlen, start_pos, *, model, layer) -> int [T, C]: V4 HCA list",
     "attention_index": "attention_index(window_rows, compressed_rows, seqlen, start_pos) -> int [T, W + C]",
     "rope_quantize": "rope_quantize(x [T,D], positions [T], freqs [d/2], fmt) -> (payload u8, scales u8)",
-    "kv_qdq": "kv_qdq(x [...,D], fmt) -> f32: what main attention reads (BF16 values)",
+    "kv_qdq": "kv_qdq(x [...,D], fmt) -> f32: what main attention reads / the index-K cache holds (BF16 values)",
+    "window_ring": "window_ring(prefill, decoded) -> int [128]: the position in each ring slot, −1 unwritten",
     "pool_scan_topk": "pool_scan_topk(q, k, w, visible, pool, topk) -> int [T, topk]: scores only the pool",
     "index_layer": "index_layer(inputs, *, model, layer, start_pos=0) -> dict of named stages",
 }
@@ -183,6 +188,29 @@ def attention_reads_the_exact_dequantized_values(target, fmt, seed, spread):
         raise AssertionError(f"PATH.QDQ ({fmt}): the values attention reads must be BF16 (the in-place QDQ writes BF16)")
     assert_equal(got, want, what=f"PATH.QDQ ({fmt}, kv_second_scale={target.variant('kv_second_scale')}): "
                                   f"x̂ = code · scale, exactly")
+
+
+@check("PATH.K.CACHE", ops=("kv_qdq",))
+@forall(dict(seed=0, spread=12), dict(seed=1, spread=0), seed=st.integers(0, 2 ** 32 - 1),
+        spread=st.sampled_from((0, 6, 12, 40)))
+def index_k_cache_holds_the_exact_dequantized_keys(target, seed, spread):
+    rng = np.random.default_rng(seed)
+    rows = spec_indexer.round_bf16(rng.standard_normal((4, 128)) * 2.0 ** rng.integers(-spread, spread + 1, (4, 4)).repeat(32, 1))
+    got = as_numpy(target.kv_qdq(_t(rows), "fp4_e8m0")).astype(np.float64)
+    if not spec_indexer.is_bf16(got).all():
+        raise AssertionError("PATH.K.CACHE: the index-K cache holds BF16 values (the in-place QDQ writes BF16)")
+    assert_equal(got, spec.index_k_cache(rows), what="PATH.K.CACHE: k̂ = E2M1 · 2^e per 32, exactly",
+                 context=lambda i: f"k {rows[i]!r}")
+
+
+@check("PATH.WINDOW.RING", ops=("window_ring",))
+@forall(dict(prefill=130, decoded=0), dict(prefill=128, decoded=1), dict(prefill=5, decoded=200),
+        dict(prefill=300, decoded=7), prefill=st.integers(1, 400), decoded=st.integers(0, 300))
+def the_ring_holds_the_last_128_positions(target, prefill, decoded):
+    got = _ints(target.window_ring(prefill, decoded))
+    assert_equal(got, spec.window_ring(prefill, decoded),
+                 what=f"PATH.WINDOW.RING (prefill {prefill}, then {decoded} decode steps): slot q holds the newest "
+                      f"position ≡ q mod 128, −1 if none")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -21,6 +21,9 @@ Codes, bytes and scales are uint8 whatever the declaration.
 How `--target T` is resolved (the same rule for the CLI, the pytest plugin and `load_target`):
 
     impl, kernels, official, ml_dtypes, torch   the built-in targets
+    official-kernels[:PATH]                     your own copy of the official V4 kernel.py (PATH,
+                                                else $DSV4SPEC_OFFICIAL_KERNEL), run as it is on
+                                                a CUDA GPU with TileLang (dsv4spec.official_kernels)
     NAME                                        an entry point NAME of group `dsv4spec.targets`
     pkg.module                                  a module (a file mytarget.py in the working
                                                 directory is found as `mytarget`)
@@ -105,12 +108,14 @@ RESULTS = {
     "fp4_e8m0_quantize": (U8, U8), "fp4_e8m0_dequantize": (VALUES,),
     "fp8_quantize": (U8, U8), "fp8_dequantize": (VALUES,), "fp8_qdq": (VALUES,),
     "hadamard": (VALUES,), "index_rotate": (VALUES,), "index_weights": (VALUES,),
+    "index_weights_v32": (VALUES,),
     "index_scores": (VALUES,), "index_scores_fp4": (VALUES,), "index_visible": (INDEX,),
     "index_topk": (INDEX,), "candidate_blocks": (BOOL,), "reindex_topk": (INDEX,),
     "compress": (VALUES,), "compressor_feed": (None, VALUES),
     "entry_pack": (U8,), "entry_unpack": (VALUES,),
     "rope_freqs": (VALUES,), "rope_rotate": (VALUES,), "rope_quantize": (U8, U8), "kv_qdq": (VALUES,),
     "window_index": (INDEX,), "compressed_index": (INDEX,), "attention_index": (INDEX,),
+    "window_ring": (INDEX,),
     "pool_scan_topk": (INDEX,),
 }
 # Operations whose result is not a tensor (a record, an opaque state, a number, a dict of stages).
@@ -135,7 +140,7 @@ def _blocks(block):
 SHAPES = {
     "e2m1_encode": _SAME, "e2m1_decode": _SAME, "e4m3_encode": _SAME, "e4m3_decode": _SAME,
     "e8m0_decode": _SAME, "bf16_round": _SAME, "hadamard": _SAME, "index_rotate": _SAME,
-    "fp8_qdq": _SAME, "index_visible": _SAME,
+    "fp8_qdq": _SAME, "index_visible": _SAME, "index_weights_v32": _SAME,
     "fp4_pack": lambda a, *_: _lead(a[0], a[0].shape[-1] // 2),
     "fp4_unpack": lambda a, *_: _lead(a[0], a[0].shape[-1] * 2),
     "fp4_e4m3_quantize": _blocks(16), "fp4_e8m0_quantize": _blocks(32),
@@ -403,12 +408,28 @@ def _entry_points() -> dict[str, str]:
     return {ep.name: ep.value for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
 
 
+OFFICIAL_KERNELS = "official-kernels"      # a user's own official kernel.py (dsv4spec.official_kernels)
+
+
+def _official_kernels(spec: str):
+    """dsv4spec.official_kernels when spec names that target, else None."""
+    if spec == OFFICIAL_KERNELS or spec.startswith(OFFICIAL_KERNELS + ":"):
+        return importlib.import_module("dsv4spec.official_kernels")
+    return None
+
+
 def locate(spec: str) -> str:
     """The `pkg.module[:attr]` reference a target spec stands for, without importing the target;
     TargetNotFound when there is nothing of that name."""
     if spec.startswith("exec:"):        # a port in any language (properties/exec_target.py)
         from .exec_target import command
         command(spec)
+    ok = _official_kernels(spec)
+    if ok:
+        try:
+            ok.kernel_file(spec)
+        except ok.KernelUnavailable as e:
+            raise TargetNotFound(str(e)) from None
         return spec
     known = {**_entry_points(), **BUILTIN}
     if spec in known:
@@ -432,6 +453,12 @@ def load_target(spec: str) -> Target:
     if spec.startswith("exec:"):
         from .exec_target import load
         return load(spec)
+    ok = _official_kernels(spec)
+    if ok:
+        try:
+            return Target(ok.target(spec), spec, name=OFFICIAL_KERNELS)
+        except ok.KernelUnavailable as e:
+            raise TargetLoadError(str(e)) from None
     if ref != spec:
         return Target(_import(ref), spec, name=spec)
     provider = _import(spec)

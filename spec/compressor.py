@@ -138,7 +138,7 @@ rule("CMP.ROPE", "RoPE at the group's first position",
 rule("CMP.STREAM", "prefill, decode and chunked prefill agree",
      """One prefill from position 0 followed by one token at a time (decode) yields the same
      entries as one prefill of everything: the state carries the incomplete group and, for V4
-     ratio 4, the previous group's window half.  Extension `streaming` (beyond the reference,
+     ratio 4, the previous group's window half.  Extension `streaming` (beyond the official domain,
      checked only for targets that declare it): so does feeding chunks of any sizes after the
      first.""",
      applies_to=V4_ALL, policy="tolerance",
@@ -146,6 +146,27 @@ rule("CMP.STREAM", "prefill, decode and chunked prefill agree",
                                          "V4-model L344-359 (decode: the state carries the group and, at ratio 4, "
                                          "the previous window half)"),
      tolerance="Twice " + ENTRY_TOLERANCE[0].lower() + ENTRY_TOLERANCE[1:] + "  (Both sides are the target's own entries.)")
+
+
+rule("CMP.STATE", "decode state: fp32 slots, scores from −inf, filled by the prefill's tail",
+     """A gated compressor (ratio m > 1) keeps, per batch row, an fp32 kv state and an fp32 score
+     state of coff·m slots × coff·d channels: kv 0 and score −inf before anything is written.
+     Token p's fp32 projection wkv·x_p and score wgate·x_p (+ ape[p mod m] in V4) go to slot
+     (m if the windows overlap, else 0) + p mod m: in the prefill the tokens of the trailing
+     incomplete group, and at V4 ratio 4 also the last complete group into slots 0 … m−1; in
+     decode each token as it arrives.  A group completed in decode is pooled from these fp32
+     slots (nothing rounded to BF16 before the pooling); at V4 ratio 4 slots m … 2m−1 then move
+     to 0 … m−1, the next window's first half.  A slot never written keeps score −inf and weighs
+     0: group 0's first half when decoding starts before group 0 is complete.  Observable: the
+     decoded entries are the prefill's, even where a BF16 score would move the softmax weights.""",
+     applies_to=V4_ALL, policy="tolerance",
+     sources=("V4-model L302-304 (kv_state zeros, score_state −inf, fp32)",
+              "V4-model L329-336 (prefill: last complete group, trailing tokens)",
+              "V4-model L343-359 (decode: slot, pool, shift)",
+              "V41-model L450-456 (kv_state zeros, score_state −inf, fp32)",
+              "V41-model L470-472 (prefill: trailing tokens)", "V41-model L476-482 (decode: slot, pool)"),
+     tolerance="Twice " + ENTRY_TOLERANCE[0].lower() + ENTRY_TOLERANCE[1:] + "  (Both sides are the target's own "
+               "entries: decoded after a prefill, and one prefill of everything.)")
 
 
 def overlaps(model: str, ratio: int) -> bool:

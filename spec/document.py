@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from . import glossary, sources
 from .models import PROFILES
-from .rules import KNOBS, POLICIES, RULES
+from .rules import EXTENSIONS, KNOBS, OFFICIAL_DOMAIN, OFFICIAL_DOMAIN_SOURCES, POLICIES, RULES
 
 FAMILY_TITLES = {
     "FMT": "Exact number formats",
@@ -37,6 +37,16 @@ def render() -> str:
         *[f"- **{name}**: {text}" for name, text in POLICIES.items()],
         "",
         *glossary.render(),
+        "## The official domain",
+        "",
+        " ".join(OFFICIAL_DOMAIN.split()),
+        "",
+        "Extensions (a target declares the ones it implements, `EXTENSIONS = {...}`):",
+        "",
+        *[f"- `{name}`: {text}" for name, text in EXTENSIONS.items()],
+        "",
+        "Sources: " + "; ".join(OFFICIAL_DOMAIN_SOURCES) + ".",
+        "",
     ]
     families = list(dict.fromkeys(r.family for r in sorted(RULES.values(), key=_order)))
     for family in families:
@@ -47,7 +57,7 @@ def render() -> str:
                     + (f"; variant knob `{r.knob}`" if r.knob else "") + ".", "",
                     r.statement, ""]
             if r.extension:
-                out += [f"> **Extension** `{r.extension}`: beyond the official domain; checked only for "
+                out += [f"> **Extension** `{r.extension}`: beyond the official domain (see The official domain); checked only for "
                         "targets that declare it.", ""]
             if r.tolerance:
                 out += [f"Tolerance: {r.tolerance}", ""]

@@ -81,10 +81,10 @@ GLOSSARY: dict[str, str] = {
     "end_pos": "start_pos plus the call's token count: one past its last position.",
     "prefill": "the first call: every prompt token at once, from start_pos 0.",
     "decode": "a call with one token at start_pos > 0, after the prefill.",
-    "chunked_prefill": "the extension of a prefill in chunks starting at any position (beyond the "
-                       "reference, checked only for targets that declare it).",
-    "streaming": "the extension of a compressor fed chunks of any size after the first (beyond the "
-                 "reference, checked only for targets that declare it).",
+    "chunked_prefill": "the extension of a prefill in chunks starting at any position (outside the official "
+                       "domain, checked only for targets that declare it).",
+    "streaming": "the extension of a compressor fed chunks of any size after the first (outside the official "
+                 "domain, checked only for targets that declare it).",
     "offset": "the number of window KV rows placed before the compressed block of attention's KV: the "
               "token count s in prefill, window_size = 128 in decode.",
     "top-k": "the k largest scores of a row, by torch.topk.",

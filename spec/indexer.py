@@ -186,6 +186,29 @@ rule("IDX.WEIGHT.SCALE", "Head weights carry index_head_dim^-0.5 · index_n_head
      128^-0.5·n^-0.5 is folded into the head weights, as the code quoted in its own §11.1 does, and
      nothing multiplies the summed score.""")
 
+
+def index_weights_v32(raw, q_scale, model: Model) -> np.ndarray:
+    """V3.2: fl32( bf16(raw · fl32(n^-0.5)) · q_scale · fl32(128^-0.5) ), the fp32 weight that
+    fp8_index multiplies into each head's ReLU'd FP8 dot (q_scale: head h's FP8 scale)."""
+    heads = round_bf16(round_fp32(np.asarray(raw, dtype=np.float64) * round_fp32(model.index_n_heads ** -0.5)))
+    with_q = round_fp32(heads * np.asarray(q_scale, dtype=np.float64))
+    return round_fp32(with_q * round_fp32(model.index_head_dim ** -0.5))
+
+
+rule("IDX.WEIGHT.V32", "V3.2 head weights: BF16 weights, then the q scale and the softmax scale in fp32",
+     """V3.2's head weight is w[t, h] = fl32(fl32(bf16(raw[t, h] · n^-0.5) · s_q[t, h]) · fl32(128^-0.5)):
+     raw = weights_proj(x) is BF16, the factor n^-0.5 (n = 64 heads: 2^-3, exact) is applied to that
+     BF16 tensor, and the product with head h's fp32 FP8 scale s_q (a power of two, from
+     act_quant(q, 128)) and the softmax scale 128^-0.5 is fp32, never rounded to BF16.  The key's
+     FP8 scale s_k multiplies after the head sum: I[t, s] = s_k[s] · Σ_h ReLU(q8[t, h] · k8[s]) ·
+     w[t, h], in fp32.  Every factor but 128^-0.5 is a power of two, so the order changes no bit (the placement of s_k included, which
+     no check can see); what a port must match is one fp32 rounding of the weight, which carries
+     q's scale — not V4's BF16 weight raw · 128^-0.5 · n^-0.5 (IDX.WEIGHT.SCALE).""",
+     applies_to=V32, policy="exact",
+     sources=("V32-model L444 (weights_proj BF16)", "V32-model L467 (q_fp8, q_scale = act_quant(q, 128))",
+              "V32-model L471-473 (weights · n^-0.5, then · q_scale · softmax_scale, then fp8_index)",
+              "V32-kernel L240-247 (ReLU, · q_s, head sum, · k_s)"))
+
 SCORE_DTYPES = ("bf16", "fp32")
 
 knob("score_rounding", "bf16_steps",
@@ -372,7 +395,7 @@ rule("IDX.VISIBLE", "A query at position p sees compressed entries j < (p+1)//ra
      complete, so the query at absolute position p sees visible(p) = (p + 1) // ratio entries.
      One-chunk prefill from position 0 (query i = position i) and single-token decode
      (end_pos // ratio entries, end_pos = p + 1) give the same count.  Extension `chunked_prefill`
-     (beyond the reference, checked only for targets that declare it): a prefill chunk starting at
+     (beyond the official domain, checked only for targets that declare it): a prefill chunk starting at
      any position gives the same count too.""",
      applies_to=V32 + V4_ALL, policy="exact",
      sources=("V4-model L424-426", "V41-model L563-567",
@@ -399,7 +422,7 @@ rule("IDX.CHUNK", "Decode, chunked and one-chunk prefill scores agree",
      """The scores of a query depend only on its own q, w and visible count: the row of a query
      computed alone (decode: the first end_pos//ratio entries, none masked) equals that query's row
      of a one-chunk prefill, with −inf at exactly the same positions.  Extension `chunked_prefill`
-     (beyond the reference, checked only for targets that declare it): so does its row inside any
+     (beyond the official domain, checked only for targets that declare it): so does its row inside any
      chunk of queries.""",
      applies_to=V4_ALL, policy="tolerance",
      tolerance="""Twice the IDX.SCORE.ROUNDING bound: both rows are a target's own scores, each within it of
@@ -504,3 +527,17 @@ rule("IDX.TOPK.V32", "V3.2 top-k: min(2048, end_pos), by score, no −1",
      future slots are not replaced by −1 but re-masked inside attention.""",
      applies_to=V32, policy="tie-aware", status=INFORMATIVE,
      sources=("V32-model L431-480", "V32-kernel L199-274", "V32-model L476 (topk(min(index_topk, end_pos)))"))
+
+rule("IDX.TOPK.TP", "Tensor parallelism: V3.2 broadcasts rank 0's top-k; V4/V4.1 trust identical all-reduces",
+     """With the index heads sharded over ranks, V3.2 takes its top-k on every rank, broadcasts rank
+     0's indices and asserts that each rank's equal them: a rank whose scores differ stops the
+     run.  V4 and V4.1 neither broadcast nor compare: every rank all-reduces the head-sharded
+     scores (IDX.SCORE.TP) and takes its own top-k, relying on the all-reduce giving every rank the
+     same bits and torch.topk the same indices for the same input.  A tensor-parallel port must
+     therefore give every rank bit-identical scores, or choose on one rank and broadcast.
+     Informative: one process sees one rank, and each rank's result is judged by the IDX.TOPK
+     rules.""",
+     applies_to=V32 + V4_ALL, policy="tie-aware", status=INFORMATIVE,
+     sources=("V32-model L476-479 (topk, broadcast from rank 0, assert equal)",
+              "V4-model L422-423 (all_reduce), L427 (each rank's topk)",
+              "V41-model L558-559 (all_reduce)", "V41-model L578-579 (each rank's topk)"))

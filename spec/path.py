@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from .indexer import bf16_quantum, round_bf16
-from .quant import F32, fp4_e4m3_dequantize, fp4_e4m3_quantize
+from .quant import F32, fp4_e4m3_dequantize, fp4_e4m3_quantize, fp4_e8m0_dequantize, fp4_e8m0_quantize
 from .formats import e2m1_decode, e2m1_encode, e4m3_decode, e4m3_encode
 from .rules import INFORMATIVE, V4, V41, V4_ALL, knob, rule
 
@@ -285,3 +285,54 @@ rule("PATH.V32", "V3.2's index pipeline differs",
      sources=("V32-model L431-480 (Indexer)", "V32-model L443, L457-470 (LayerNorm k; RoPE on the first dims; "
               "Hadamard; FP8 with fp32 scales)"))
 
+
+
+# ------------------------------------------------------------------------------------------------
+# what the caches hold: the window ring, the index-K cache
+# ------------------------------------------------------------------------------------------------
+def window_ring(prefill: int, decoded: int, window: int = WINDOW) -> np.ndarray:
+    """The position whose window KV each ring slot holds after a prefill of `prefill` tokens from
+    position 0 and `decoded` one-token steps; −1 where nothing was written.  Position p sits in
+    slot p mod window, and only the last `window` positions survive."""
+    ring = np.full(window, -1, dtype=np.int64)
+    end = prefill + decoded
+    for p in range(max(0, end - window), end):
+        ring[p % window] = p
+    return ring
+
+
+rule("PATH.WINDOW.RING", "The window KV ring: position p in slot p mod 128, the last 128 kept",
+     """The window KV is a ring of 128 slots.  The prefill of s tokens (from position 0) writes
+     positions max(0, s−128) … s−1, each to slot p mod 128 (s ≤ 128: slots 0 … s−1); its own
+     attention reads the prefill's KV directly, not the ring.  Decode at position p writes slot
+     p mod 128 and attention reads all 128 slots, through the slot list of PATH.WINDOW.  After a
+     prefill and any number of decode steps, slot q holds the newest position ≡ q (mod 128), or
+     nothing yet (−1).""",
+     applies_to=V4_ALL, policy="exact",
+     sources=("V4-model L518-523 (prefill: the last 128 tokens, split at s mod 128)",
+              "V4-model L529-533 (decode: slot start_pos mod 128; attention reads the ring)",
+              "V41-model L708-719 (_window_kv: the same ring)", "V4-model L254-265 (the slots listed)"))
+
+
+def index_k_cache(k) -> np.ndarray:
+    """V4/V4.1: what the index-K cache holds for rotated keys k [..., 128]: FP4 E2M1 × E8M0/32,
+    dequantized, exact in BF16."""
+    return fp4_e8m0_dequantize(*fp4_e8m0_quantize(k)).astype(np.float64)
+
+
+rule("PATH.K.CACHE", "The index-K cache: BF16 QDQ values in V4/V4.1, FP8 bytes and an fp32 scale in V3.2",
+     """The indexer scores against its K cache.  V4 and V4.1 keep it in BF16 and quantize in
+     place: entry j holds k̂ = E2M1 · 2^e (FP4 with one E8M0 scale per 32) of the rotated key (V4:
+     after the Hadamard), exact in BF16, so k̂ is dequantize(quantize(k)) bit for bit.  V4's
+     indexer fills its own cache from its compressor; in V4.1 only the KV-source layers 2, 8, 14
+     and 20 own an index-K cache, and index sources 24, 28, 32 and 36 score against the one layer
+     20 published (LAYER.V41).  V3.2 keeps, per token, the E4M3 bytes of act_quant(k, 128) in a
+     float8_e4m3fn cache and their power-of-two scale in an fp32 cache (the bytes: LAYOUT.V32.INDEX_K,
+     which checks this clause).""",
+     applies_to=V32 + V4_ALL, policy="exact",
+     sources=("V4-model L399 (kv_cache of the default dtype)", "V4-model L814 (the default dtype BF16)",
+              "V4-model L368-376 (Hadamard, fp4_act_quant in place, written to the cache)",
+              "V4-model L420 (scores read the cache)", "V41-model L500 (owns_k: the KV sources)",
+              "V41-model L517-525 (k_cache)", "V41-model L544-548 (fp4_act_quant in place, published)",
+              "V41-model L554 (every index source reads the published cache)",
+              "V32-model L448-449 (k_cache float8_e4m3fn, k_scale_cache fp32)", "V32-model L468-470 (k_fp8 and k_scale written per token)"))

@@ -17,11 +17,26 @@ V4 = ("v4-flash", "v4-pro")
 V41 = ("v4.1-flash",)
 V4_ALL = V4 + V41
 
+# The reference's scope: the one statement every "official domain" clause refers to (rendered as
+# SPEC.md's section "The official domain"; its citations are checked like a rule's).
+OFFICIAL_DOMAIN = """The official reference runs one prefill of s ≥ 1 tokens from position 0 (start_pos = 0:
+queries i = positions 0 … s−1, one chunk), then decodes one token per step (start_pos = p > 0, seqlen 1,
+the caches filled by the steps before it).  Nothing else is exercised: no chunked prefill, no prefill
+at a later position, no decode of several tokens at once.  Its operations receive what that
+run gives them: BF16 activations into the quantizers, index pools made by the candidate selection,
+compressor chunks of s then 1 token.  Every rule is stated and checked on this domain; a behaviour
+beyond it is an extension (below), checked only for targets that declare it, and never required."""
+OFFICIAL_DOMAIN_SOURCES = (
+    "V4-model L813-823 (the reference run: a prefill of 128 tokens from position 0, then positions 128-149 one "
+    "token each)",
+    "V4-model L325 (prefill is start_pos == 0)", "V4-model L343-348 (otherwise one token: squeeze(1))",
+    "V4-model L518-530 (the window: prefill, else one token)", "V41-model L479-480 (decode squeezes one token)")
+
 # Extensions beyond the official domain (design.md "Results, and when a target conforms"): checks
 # labelled with one run only for targets that declare it (EXTENSIONS = {"chunked_prefill"}).
 EXTENSIONS = {
-    "chunked_prefill": "prefill in chunks starting at any position (the reference prefills once, from position 0)",
-    "streaming": "the compressor fed chunks of any size after the first (the reference: one prefill from "
+    "chunked_prefill": "prefill in chunks starting at any position (the official domain: one prefill from position 0)",
+    "streaming": "the compressor fed chunks of any size after the first (the official domain: one prefill from "
                  "position 0, then one token per decode step)",
 }
 

@@ -201,3 +201,11 @@ def test_every_glossary_term_is_used_and_rendered():
     assert unused == []
     for term in glossary.GLOSSARY:
         assert f"- **{term}**:" in section, term
+def test_the_official_domain_is_stated_once_and_its_citations_can_be_followed():
+    from dsv4spec.spec import sources
+    from dsv4spec.spec.document import render
+    from dsv4spec.spec.rules import EXTENSIONS, OFFICIAL_DOMAIN_SOURCES
+    assert [p for c in OFFICIAL_DOMAIN_SOURCES for p in sources.problems(c)] == []
+    text = render()
+    assert text.count("## The official domain") == 1 and all(f"`{name}`" in text for name in EXTENSIONS)
+    assert "beyond the reference" not in text     # every such clause names the official domain instead

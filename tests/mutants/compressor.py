@@ -62,6 +62,18 @@ def _feed_forgetting_previous(state, x):
     return ic.compressor_feed(state, x)
 
 
+def _feed_keeping_a_bf16_state(state, x):
+    """The state's slots stored in BF16 (rounded when a call returns)."""
+    state, out = ic.compressor_feed(state, x)
+    return replace(state, kv=state.kv.bfloat16().float(), score=state.score.bfloat16().float()), out
+
+
+def _state_scores_from_zero(params, *, model, ratio, batch):
+    """The score state starts at 0 instead of −inf."""
+    state = ic.compressor_state(params, model=model, ratio=ratio, batch=batch)
+    return replace(state, score=torch.zeros_like(state.score))
+
+
 MUTANTS = {
     "cmp-partial-group-emitted": ("CMP.GROUPS", dict(compress=partial(_compress, emit_partial=True))),
     "cmp-overlap-looks-ahead": ("CMP.CAUSAL", dict(compress=partial(_compress, look_ahead=True))),
@@ -74,6 +86,8 @@ MUTANTS = {
     "cmp-norm-skipped": ("CMP.NORM", dict(compress=partial(_compress, skip_norm=True))),
     "cmp-rope-at-last-token": ("CMP.ROPE", dict(compress=partial(_compress, rope_offset=1))),
     "cmp-feed-forgets-previous-window": ("CMP.STREAM", dict(compressor_feed=_feed_forgetting_previous)),
+    "cmp-state-in-bf16": ("CMP.STATE", dict(compressor_feed=_feed_keeping_a_bf16_state)),
+    "cmp-state-scores-from-0": ("CMP.STATE", dict(compressor_state=_state_scores_from_zero)),
 }
 
 

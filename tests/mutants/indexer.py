@@ -191,3 +191,13 @@ MUTANTS.update({
     "pads_with_index_zero": (mutant("pads_with_index_zero", index_topk=lambda s, v, k, o: ref.index_topk(
         s, v, k, o).clamp(min=0)), "IDX.TOPK.PAD"),
 })
+
+
+MUTANTS.update({
+    # V3.2's weight rounded to BF16 at the end, as V4's folded weight is
+    "v32_weights_in_bf16": (mutant("v32_weights_in_bf16", index_weights_v32=lambda raw, qs: _bf16(
+        ref.index_weights_v32(raw, qs))), "IDX.WEIGHT.V32"),
+    # the FP8 q scale left out of the weight (applied nowhere)
+    "v32_weights_without_q_scale": (mutant("v32_weights_without_q_scale", index_weights_v32=lambda raw, qs:
+                                           ref.index_weights_v32(raw, torch.ones_like(qs))), "IDX.WEIGHT.V32"),
+})

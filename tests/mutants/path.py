@@ -94,3 +94,21 @@ MUTANTS["layer_k_before_its_norm"] = (MUTANTS["k_before_its_norm"][0], "PATH.LAY
 
 def catalogue() -> list[tuple]:
     return [(name, rule_id, provider) for name, (provider, rule_id) in MUTANTS.items()]
+
+
+def _ring_in_prefill_order(prefill, decoded):
+    """The prefill's last 128 tokens written to slots 0..127 in order, not to slot p mod 128."""
+    if prefill <= 128:
+        return ref.window_ring(prefill, decoded)
+    ring = torch.arange(prefill - 128, prefill)
+    for p in range(prefill, prefill + decoded):
+        ring[p % 128] = p
+    return ring
+
+
+MUTANTS.update({
+    "index_k_cache_unquantized": (mutant("index_k_cache_unquantized", kv_qdq=lambda x, fmt: x.float().clone()
+                                         if fmt == "fp4_e8m0" else ref.kv_qdq(x, fmt)), "PATH.K.CACHE"),
+    "window_ring_in_prefill_order": (mutant("window_ring_in_prefill_order", window_ring=_ring_in_prefill_order),
+                                     "PATH.WINDOW.RING"),
+})
