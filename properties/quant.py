@@ -744,7 +744,7 @@ def assert_fp8_linear(got, x, w, w_scale, block: int, what: str, shape=None):
 @forall(dict(seed=0, model="v4-flash", shape=(2, 8, 2), spread=3), dict(seed=1, model="v4.1-flash", shape=(2, 40, 3), spread=3),
         dict(seed=2, model="v4-flash", shape=(2, 4, 1), spread=8),
         seed=st.integers(0, 2 ** 32 - 1), model=st.sampled_from(tuple(Q.FP8_LINEAR_BLOCK)),
-        shape=st.tuples(st.integers(1, 3), st.integers(2, 12), st.integers(1, 3)), spread=st.sampled_from((3, 8)))
+        shape=st.tuples(st.integers(1, 2), st.integers(2, 6), st.integers(1, 2)), spread=st.sampled_from((3, 8)))
 def fp8_linear_is_block_scaled(target, seed, model, shape, spread):
     """shape = (rows, K blocks, N blocks) at the model's block size; spread 8 puts runs of 32 up to
     2^16 apart, so some act_quant values are E4M3 subnormals."""
