@@ -5,8 +5,11 @@ Every stored stage is determined: any conforming target gives it bit for bit, so
 compares bytes and names the first stage that differs.  That takes two kinds of care:
 
 - exact by construction: the activations and projection weights are coarse BF16 values
-  ±(1 + m/4)·2^e, so every Linear (q, k, raw head weights) sums exactly in fp32 in any order
-  (asserted: K·max|x|·max|w| stays below 2^24 of the products' finest quantum);
+  ±(1 + m/4)·2^e, so every BF16 Linear (k, raw head weights) sums exactly in fp32 in any order
+  (asserted: K·max|x|·max|w| stays below 2^24 of the products' finest quantum); the FP8 q
+  projection's wq_b is one binade ±(1 + m/4)·2^-5, stored as E4M3 bytes under E8M0 block scales that
+  differ from block to block, and qr is ±{1, 1.5}, which act_quant keeps exactly; each K block's sum
+  stays below 2^13 of its quantum, so an FP8 MMA of 13 fraction bits sums it exactly too (asserted);
 - determined by choice: the stages with an irrational factor (RoPE's cos and sin, the Hadamard's
   128^-0.5, V4's head-weight factor 2^-6.5, k_norm's rsqrt) and the score sums are rounded to BF16
   from a value known only within an error bound: the bound of the stage's rule, plus for RoPE a
@@ -60,6 +63,28 @@ class Weight:
     bits: int = 2
     positive: bool = False
     redraw: tuple = ()
+    e4m3_block: int = 0         # > 0: the values as E4M3 bytes under E8M0 scales per block × block
+
+    def scale_exponents(self) -> np.ndarray:
+        """The E8M0 scale of each block: 2^(e_lo − (row block + 2·column block) mod 3), so the
+        blocks' scales differ and every value ±(1 + m/2^bits)·2^e_lo is an E4M3 normal under it."""
+        b = self.e4m3_block
+        i, j = np.meshgrid(np.arange(-(-self.shape[0] // b)), np.arange(self.shape[1] // b), indexing="ij")
+        return self.e_lo - (i + 2 * j) % 3
+
+    def scale_bytes(self) -> np.ndarray:
+        return (self.scale_exponents() + 127).astype(np.uint8)
+
+    def encoded(self, values) -> np.ndarray:
+        """The E4M3 bytes of values (one binade, e_lo = e_hi) under scale_bytes(): exact."""
+        if self.e_lo != self.e_hi:
+            raise ValueError("an E4M3-encoded recipe draws one binade (e_lo = e_hi)")
+        b = self.e4m3_block
+        s = np.exp2(np.repeat(np.repeat(self.scale_exponents(), b, 0)[:self.shape[0]], b, 1))
+        codes = Q.e4m3_encode((values / s).astype(np.float32))
+        if not np.array_equal(Q.e4m3_decode(codes) * s, values):
+            raise AssertionError("the E4M3 encoding of the recipe is not exact")
+        return codes
 
     def _values(self, words) -> np.ndarray:
         high = (words >> np.uint64(32)).astype(np.uint32)
@@ -88,19 +113,23 @@ class Weight:
             values[row] = self.row(row)
         return values
 
+    def stored(self) -> np.ndarray:
+        """What a case stores and rebuilds: the values, or their E4M3 bytes."""
+        return self.encoded(self.array()) if self.e4m3_block else self.array()
+
     def redrawn(self, rows) -> "Weight":
         """The same recipe with each of `rows` drawn once more."""
         attempts = dict(self.redraw)
         for row in sorted({int(r) for r in rows}):
             attempts[row] = attempts.get(row, 0) + 1
-        return Weight(self.seed, self.shape, self.e_lo, self.e_hi, self.bits, self.positive,
-                      tuple(sorted(attempts.items())))
+        return dataclasses.replace(self, redraw=tuple(sorted(attempts.items())))
 
     def about(self) -> dict:
         """The recipe as JSON, with the sha256 of the values it gives (checked when rebuilt)."""
         return {"seed": self.seed, "shape": list(self.shape), "e_lo": self.e_lo, "e_hi": self.e_hi,
                 "bits": self.bits, "positive": self.positive, "redraw": [list(r) for r in self.redraw],
-                "sha256": hashlib.sha256(self.array().tobytes()).hexdigest()}
+                **({"e4m3_block": self.e4m3_block} if self.e4m3_block else {}),
+                "sha256": hashlib.sha256(self.stored().tobytes()).hexdigest()}
 
 
 def rebuild(about: dict) -> np.ndarray:
@@ -112,8 +141,8 @@ def rebuild(about: dict) -> np.ndarray:
 def _rebuilt(about_json: str) -> np.ndarray:
     about = json.loads(about_json)
     w = Weight(about["seed"], tuple(about["shape"]), about["e_lo"], about["e_hi"], about["bits"],
-               about["positive"], tuple(tuple(r) for r in about["redraw"]))
-    values = w.array()
+               about["positive"], tuple(tuple(r) for r in about["redraw"]), about.get("e4m3_block", 0))
+    values = w.stored()
     if hashlib.sha256(values.tobytes()).hexdigest() != about["sha256"]:
         raise ValueError(f"the recipe {about} no longer gives the values it was generated with "
                          f"(Weight changed?); regenerate the goldens")
@@ -137,6 +166,20 @@ def exact_matmul(x, w, what: str) -> np.ndarray:
     if not x.shape[-1] * float(np.abs(x).max()) * float(np.abs(w).max()) < 2.0 ** 24 * quantum:
         raise AssertionError(f"{what}: the fp32 sum may round; coarser inputs are needed")
     return SI.round_bf16(_product(x, w))
+
+
+def exact_fp8_linear(x, codes, scales, block: int, what: str) -> np.ndarray:
+    """FP8.LINEAR's value, asserting every conforming order gives it: with q the finest quantum of
+    the act_quant-ed x times that of the weight, each K block's Σ|x̂·ŵ| stays below 2^13·q (an MMA
+    accumulator of 13 fraction bits sums it exactly in any order) and the whole sum below 2^24·q."""
+    x_hat = Q.fp8_dequantize(*Q.fp8_quantize(x, block), block)
+    w_hat = Q.e4m3_decode(codes) * np.repeat(np.repeat(Q.e8m0_decode(scales), block, 0)[:codes.shape[0]], block, 1)
+    quantum = _finest_quantum(x_hat) * _finest_quantum(w_hat)
+    _, mags, scale = Q.fp8_linear_blocks(x, codes, scales, block)
+    per_block = mags * scale
+    if not (per_block.max() < 2.0 ** 13 * quantum and per_block.sum(axis=-1).max() < 2.0 ** 24 * quantum):
+        raise AssertionError(f"{what}: an FP8 MMA may round the block sums; coarser inputs are needed")
+    return Q.fp8_linear(x, codes, scales, block)
 
 
 def _product(x, w) -> np.ndarray:
@@ -201,7 +244,7 @@ def _layer(a: dict, model: str, layer: int, start_pos: int) -> tuple[dict, dict]
         return out, loose
     H, D, E = m.index_n_heads, m.index_head_dim, (start_pos + T) // ratio
     freqs, positions = R.frequencies(m, layer), SP.token_positions(T, start_pos)
-    out["q"] = exact_matmul(a["qr"], a["wq_b"], "q").reshape(T, H, D)
+    out["q"] = exact_fp8_linear(a["qr"], a["wq_b"], a["wq_b_scale"], Q.FP8_LINEAR_BLOCK[model], "q").reshape(T, H, D)
     _rotate_and_quantize(out, loose, "q", out["q"], positions, freqs, m.hadamard)
     k_positions = R.compressed_positions(E, ratio)
     if kind == "csa":
@@ -304,8 +347,9 @@ def layer_recipes(m, kind: str, T: int, E: int, seed: int) -> dict[str, Weight]:
     recipes = {"x": Weight(seed, (T, m.dim), -1, 0)}
     if kind in ("window", "hca"):
         return recipes
-    recipes.update(qr=Weight(seed + 1, (T, m.q_lora_rank), -1, 0),
-                   wq_b=Weight(seed + 2, (H * D, m.q_lora_rank), -6, -5),
+    recipes.update(qr=Weight(seed + 1, (T, m.q_lora_rank), 0, 0, bits=1),       # act_quant keeps it exactly
+                   wq_b=Weight(seed + 2, (H * D, m.q_lora_rank), -5, -5,
+                               e4m3_block=Q.FP8_LINEAR_BLOCK[m.name]),
                    weights_proj=Weight(seed + 3, (H, m.dim), -7, -6))
     if kind == "csa":
         recipes["index_entry"] = Weight(seed + 4, (E, D), -2, 1, bits=7)
@@ -376,8 +420,10 @@ def _settle_rows(search: _Search, m, kind: str, positions, k_positions, freqs) -
 K_SOURCE = {"csa": "index_entry", "reindex": "k_source"}
 
 
-def _layer_inputs(values: dict, m, kind: str, T: int, start_pos: int, ratio: int) -> dict:
+def _layer_inputs(values: dict, m, kind: str, T: int, start_pos: int, ratio: int, recipes: dict) -> dict:
     a = {name: v.copy() for name, v in values.items()}
+    if "wq_b" in a:                                   # as the checkpoint stores it: E4M3 bytes, E8M0 scales
+        a["wq_b"], a["wq_b_scale"] = recipes["wq_b"].encoded(a["wq_b"]), recipes["wq_b"].scale_bytes()
     if kind == "reindex":
         E = a["k_source"].shape[0]
         a["k_packed"], a["k_scales"] = Q.fp4_e8m0_quantize(a.pop("k_source"))
@@ -425,7 +471,7 @@ def _searched(name: str, model: str, layer: int, seqlen: int, start_pos: int, se
         if kind not in ("window", "hca"):
             _settle_rows(search, m, kind, SP.token_positions(seqlen, start_pos), R.compressed_positions(E, ratio),
                          R.frequencies(m, layer))
-        inputs = _layer_inputs(search.values, m, kind, seqlen, start_pos, ratio)
+        inputs = _layer_inputs(search.values, m, kind, seqlen, start_pos, ratio, search.recipes)
         stages, loose = _layer(inputs, model, layer, start_pos)
         left = [s for s in stages if s in loose and loose[s].any()]
         if not left:

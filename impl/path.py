@@ -17,13 +17,14 @@ import torch
 
 from ..spec import path as spec
 from ..spec import pool as spec_pool
+from ..spec.quant import FP8_LINEAR_BLOCK
 from ..spec.models import profile
 from ..spec.rope import compressed_positions
 from .indexer import (_bf16, _bf16_values, _tensor, _topk_from, _visibility_mask, _visible, hadamard,
                       index_scores, index_weights)
 from .pool import candidate_blocks
 from .quant import (fp4_e4m3_dequantize, fp4_e4m3_quantize, fp4_e8m0_dequantize, fp4_e8m0_quantize,
-                    fp8_dequantize, fp8_quantize)
+                    fp8_dequantize, fp8_linear, fp8_quantize)
 from .rope import rope_freqs, rope_rotate
 
 __all__ = ["window_index", "compressed_index", "attention_index", "rope_quantize", "kv_qdq",
@@ -209,8 +210,10 @@ def index_layer(inputs: dict, *, model: str, layer: int, start_pos: int = 0) -> 
     H, D, E = m.index_n_heads, m.index_head_dim, end_pos // ratio
     freqs = rope_freqs(model, layer, "index_q")
     qr = _bf16_input(op, inputs, "qr", (T, m.q_lora_rank))
-    wq_b = _bf16_input(op, inputs, "wq_b", (H * D, m.q_lora_rank))
-    q = _project(qr, wq_b).view(T, H, D)
+    b = FP8_LINEAR_BLOCK[model]
+    wq_b = _input(op, inputs, "wq_b", (H * D, m.q_lora_rank))
+    wq_b_scale = _input(op, inputs, "wq_b_scale", (-(-H * D // b), m.q_lora_rank // b))
+    q = fp8_linear(qr, wq_b, wq_b_scale, b).view(T, H, D)
     q_rot = rope_rotate(q, positions, freqs)
     out.update(q=q, q_rot=q_rot)
     if m.hadamard:

@@ -15,7 +15,7 @@ __all__ = [
     "fp4_pack", "fp4_unpack",
     "fp4_e4m3_quantize", "fp4_e4m3_dequantize",
     "fp4_e8m0_quantize", "fp4_e8m0_dequantize",
-    "fp8_quantize", "fp8_dequantize", "fp8_qdq",
+    "fp8_quantize", "fp8_dequantize", "fp8_qdq", "fp8_linear",
 ]
 
 FP4_MAX, FP8_MAX = 6.0, 448.0
@@ -289,3 +289,31 @@ def fp8_qdq(x: torch.Tensor, block: int) -> torch.Tensor:
     ratio, exponent = _fp8_ratio("fp8_qdq", x, block)
     rounded = e4m3_decode(e4m3_encode(ratio.contiguous()))
     return (rounded * _pow2(exponent).unsqueeze(-1)).flatten(-2)
+
+
+def fp8_linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, block: int) -> torch.Tensor:
+    """The Linear of an E4M3 weight (FP8.LINEAR): x [..., K] BF16 values, w [N, K] E4M3 bytes,
+    w_scale [ceil(N/b), K/b] E8M0 bytes -> f32 [..., N] holding BF16 values.
+
+    act_quant(x, b); per K block the dot of the E4M3 values, exact (float64 of integers times
+    2^-18), rounded once to fp32 and multiplied by both power-of-two scales; the block terms added
+    in fp32 in K order; one BF16 rounding."""
+    op = "fp8_linear"
+    block = _block_param(op, block)
+    w, w_scale = _bytes(op, w, "weight E4M3 bytes"), _bytes(op, w_scale, "weight scale bytes")
+    if w.dim() != 2 or x.shape[-1] != w.shape[1]:
+        raise ValueError(f"{op}: w must be [N, K] with K = x.shape[-1] = {x.shape[-1]}, got {tuple(w.shape)}")
+    n, k = w.shape
+    want = (-(-n // block), k // block)
+    if tuple(w_scale.shape) != want:
+        raise ValueError(f"{op}: w_scale has shape {tuple(w_scale.shape)}, expected [ceil(N/b), K/b] = {list(want)}")
+    xq, xs = fp8_quantize(x, block)
+    a = _blocks(e4m3_decode(xq).double(), block)                              # [..., nb, b]
+    wb = _blocks(e4m3_decode(w).double(), block)                              # [N, nb, b]
+    sums = torch.einsum("...kb,nkb->...nk", a, wb).float()                    # exact, then one fp32 rounding
+    s_w = e8m0_decode(w_scale).repeat_interleave(block, dim=0)[:n]            # [N, nb]
+    terms = sums * (e8m0_decode(xs).unsqueeze(-2) * s_w)
+    acc = torch.zeros(terms.shape[:-1])
+    for kb in range(terms.shape[-1]):
+        acc = acc + terms[..., kb]
+    return bf16_round(acc)

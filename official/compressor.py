@@ -7,6 +7,11 @@ ape (V4.1 ratio 1: a BF16 Linear instead, no fp32); the pooled vector is cast ba
 fp32 and writes the BF16 entry in place.  One prefill from position 0, then one token per call
 (the decode path) — the reference supports nothing else, so compressor_feed refuses a chunk of
 several tokens after the first (the `streaming` extension, not declared here).
+
+Compressor.forward returns None where the official one does (a prefill shorter than the ratio, a
+decode step that completes no group: `if not should_compress: return`); the operations hand the
+suite that result as an empty [B, 0, d] tensor, the contract's "E = 0 entries"
+(properties/compressor.py), so every check reads one form and None never reaches a comparison.
 """
 from __future__ import annotations
 
@@ -83,6 +88,7 @@ class Compressor:
         kv, score = F.linear(x, self.wkv), F.linear(x, self.wgate)
         ape = self.ape if self.ape is not None else torch.zeros(ratio, score.size(-1))
         if start_pos == 0:
+            should_compress = seqlen >= ratio
             remainder = seqlen % ratio
             cutoff = seqlen - remainder
             offset = ratio if overlap else 0
@@ -100,6 +106,8 @@ class Compressor:
                 score = overlap_transform(score, float("-inf"))
             kv = (kv * score.softmax(dim=2)).sum(dim=2)
             positions = torch.arange(0, cutoff, ratio)
+            if not should_compress:
+                return None
         else:
             score = score + ape[start_pos % ratio]
             slot = (ratio if overlap else 0) + start_pos % ratio
@@ -127,9 +135,15 @@ class Compressor:
         return kv
 
 
+def _entries(out, x: torch.Tensor, width: int) -> torch.Tensor:
+    """The contract's form of the official result: None (no group completed) is [B, 0, d]."""
+    return torch.zeros(x.size(0), 0, width) if out is None else out.float()
+
+
 def compress(x: torch.Tensor, params: dict, *, model: str, ratio: int) -> torch.Tensor:
     """One prefill from position 0: the entries of every complete group."""
-    return Compressor(params, model, ratio, x.size(0)).forward(x.to(BF16), 0).float()
+    compressor = Compressor(params, model, ratio, x.size(0))
+    return _entries(compressor.forward(x.to(BF16), 0), x, compressor.norm_weight.shape[0])
 
 
 class State:
@@ -149,6 +163,4 @@ def compressor_feed(state: State, x: torch.Tensor):
     state = State(copy.deepcopy(state.compressor), state.position)
     out = state.compressor.forward(x.to(BF16), state.position)
     state.position += x.size(1)
-    if out is None:
-        out = torch.zeros(x.size(0), 0, state.compressor.norm_weight.shape[0])
-    return state, out.float()
+    return state, _entries(out, x, state.compressor.norm_weight.shape[0])

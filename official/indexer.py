@@ -105,7 +105,16 @@ def index_visible(positions: torch.Tensor, ratio: int) -> torch.Tensor:
 
 def index_topk(scores: torch.Tensor, visible: torch.Tensor, k: int, order: str) -> torch.Tensor:
     """V4: topk (sorted by score), invisible picks → −1.  V4.1: topk(sorted=False), sorted by
-    position, invisible picks → −1 (they sort to the tail).  int32."""
+    position, invisible picks → −1 (they sort to the tail).  int32.
+
+    The official takes min(index_topk, end_pos // ratio) picks (V4-model L427, V4.1 Indexer.forward),
+    its score row being end_pos // ratio wide.  This operation knows no model, so the caller's k
+    stands for index_topk and the width of `scores` for end_pos // ratio: k is derived the official
+    way and must be what the caller passed (the contract keeps k within [0, S]); index_layer
+    (official.path) derives it from the model itself."""
+    topk = min(k, scores.shape[1])
+    assert topk == k, f"index_topk: k = {k} but the official takes min(index_topk, end_pos // ratio) = {topk}"
+    k = topk
     index_score = scores.to(BF16).masked_fill(_prefill_mask(visible, scores.shape[1]), MINUS_INF)
     compress_lens = visible[:, None]
     if order == "position":

@@ -11,6 +11,8 @@ import torch.nn.functional as F
 
 from ..spec.models import profile
 from ..spec.pool import layer_role
+from ..spec.quant import FP8_LINEAR_BLOCK
+from .indexer import rotate_activation
 from .rope import apply_rotary_emb, freqs_cis, rope_freqs
 
 __all__ = ["window_index", "compressed_index", "attention_index", "rope_quantize", "kv_qdq", "index_layer",
@@ -96,16 +98,8 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 
 
 def _hadamard(x: torch.Tensor) -> torch.Tensor:
-    """rotate_activation: fast_hadamard_transform(x, scale=d^-0.5), fp32 inside, BF16 in and out."""
-    d = x.shape[-1]
-    i = torch.arange(d)
-    parity = torch.zeros(d, d, dtype=torch.int64)
-    bits = i[:, None] & i[None, :]
-    while bits.any():
-        parity ^= bits & 1
-        bits = bits >> 1
-    h = (1 - 2 * parity).float()
-    return ((x.float() @ h.T) * d ** -0.5).to(BF16)
+    """rotate_activation: fast_hadamard_transform's butterfly (official.indexer), BF16 in and out."""
+    return rotate_activation(x.to(BF16).contiguous())
 
 
 def _fp4(x: torch.Tensor):
@@ -132,7 +126,9 @@ def index_layer(inputs: dict, *, model: str, layer: int, start_pos: int = 0) -> 
         return out
     rd, D, H = m.rope_dim, m.index_head_dim, m.index_n_heads
     table = freqs_cis(torch.arange(end_pos), rope_freqs(model, layer))
-    q = F.linear(inputs["qr"].to(BF16), inputs["wq_b"].to(BF16)).unflatten(-1, (H, D))
+    # wq_b is float8_e4m3fn: linear() runs act_quant then fp8_gemm (V4-model L116-118, V4.1 L196-205)
+    q = _codec("fp8_linear")(inputs["qr"].to(BF16), inputs["wq_b"], inputs["wq_b_scale"],
+                             FP8_LINEAR_BLOCK[model]).to(BF16).unflatten(-1, (H, D))
     out["q"] = q.clone()
     apply_rotary_emb(q[..., -rd:], table[start_pos:end_pos])
     out["q_rot"] = q.clone()

@@ -29,13 +29,13 @@ __all__ = [
     "fp4_pack", "fp4_unpack",
     "fp4_e4m3_quantize", "fp4_e4m3_dequantize",
     "fp4_e8m0_quantize", "fp4_e8m0_dequantize",
-    "fp8_quantize", "fp8_dequantize", "fp8_qdq",
+    "fp8_quantize", "fp8_dequantize", "fp8_qdq", "fp8_linear",
 ]
 
 # The quantizers' input dtype (properties/target.py); the element casts take fp32, as the CUDA
 # conversions do.
 INPUT_DTYPES = {op: "bfloat16" for op in ("fp4_e4m3_quantize", "fp4_e8m0_quantize", "fp8_quantize",
-                                          "fp8_qdq")}
+                                          "fp8_qdq", "fp8_linear")}
 
 FP4_MAX, FP8_MAX = 6.0, 448.0
 FP4_MAX_INV = torch.tensor(1.0 / FP4_MAX, dtype=torch.float32)     # fl32(1/6), the kernel's constant
@@ -217,3 +217,33 @@ def fp8_qdq(x: torch.Tensor, block: int) -> torch.Tensor:
     ratio, s = _act_quant_ratio("fp8_qdq", x, block)
     rounded = ratio.to(torch.float8_e4m3fn).float() * s.unsqueeze(-1)
     return _unblock(rounded.to(torch.bfloat16), x.shape[:-1]).float()
+
+
+# ---------------------------------------------------------------------------------------------
+# linear() of a float8_e4m3fn weight: act_quant, then fp8_gemm
+# ---------------------------------------------------------------------------------------------
+
+def fp8_gemm(a: torch.Tensor, a_s: torch.Tensor, b: torch.Tensor, b_s: torch.Tensor, block: int) -> torch.Tensor:
+    """fp8_gemm_kernel (V4-kernel L204-273; V4.1 with block_size 32): per K block the fp32 dot
+    of the E4M3 tiles, times s_a · s_b (one fp32 product), added to an fp32 accumulator in K order;
+    the accumulator cast to BF16.  The dot of a tile is torch's fp32 matmul here, the tensor core's
+    on the GPU: the one freedom FP8.LINEAR's tolerance gives."""
+    m, k = a.shape
+    n = b.shape[0]
+    a_vals, b_vals = e4m3_decode(a), e4m3_decode(b)
+    scale_b = e8m0_decode(b_s).repeat_interleave(block, dim=0)[:n]          # one row per output
+    scale_a = e8m0_decode(a_s)
+    acc = torch.zeros(m, n)
+    for kb in range(k // block):
+        cols = slice(kb * block, (kb + 1) * block)
+        c_local = a_vals[:, cols] @ b_vals[:, cols].T
+        acc += c_local * (scale_a[:, kb:kb + 1] * scale_b[:, kb][None, :])
+    return acc.to(torch.bfloat16)
+
+
+def fp8_linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, block: int) -> torch.Tensor:
+    """linear(x, weight) of an E4M3 weight (V4-model L116-118, V4.1 L196-205): x, s = act_quant(x, b,
+    "ue8m0"); fp8_gemm(x, s, weight, weight.scale).  BF16 values out, as f32."""
+    lead, k = x.shape[:-1], x.shape[-1]
+    q, s = fp8_quantize(x.reshape(-1, k), block)
+    return fp8_gemm(q, s, w.view(torch.uint8), w_scale.view(torch.uint8), block).reshape(*lead, -1).float()

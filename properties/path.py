@@ -20,8 +20,13 @@ Operation contract (torch CPU tensors; a target provides any subset):
     pool_scan_topk(q [T,H,D], k [S,D], w [T,H], visible [T], pool bool [T,S], topk) -> int [T, topk]
         a re-index that scores only pool positions; V4.1 order, −1 at the tail.
     index_layer(inputs: dict, *, model, layer, start_pos=0) -> dict of stages
-        inputs (BF16 values as f32 tensors): x [T, dim] always; indexer layers qr [T, q_lora_rank],
-        wq_b [H·128, q_lora_rank], weights_proj [H, dim]; V4 CSA index_entry [E, 128] (the
+        inputs (BF16 values as f32 tensors unless said): x [T, dim] always; indexer layers
+        qr [T, q_lora_rank], wq_b and wq_b_scale as the checkpoint stores indexer.wq_b — wq_b the
+        E4M3 bytes [H·128, q_lora_rank] (uint8; the bytes of its float8_e4m3fn weight) and
+        wq_b_scale its E8M0 bytes [H·128/b, q_lora_rank/b] per b×b block (uint8; the bytes of its
+        float8_e8m0fnu scale), b = 128 in V4 and 32 in V4.1 (spec.quant.FP8_LINEAR_BLOCK), the
+        weight itself 2^(wq_b_scale − 127) · e4m3(wq_b) — weights_proj [H, dim]; V4 CSA
+        index_entry [E, 128] (the
         indexer compressor's normed pre-RoPE entries); V4.1 KV sources latent [E, 512], wk [128, 512],
         k_norm [128]; re-index layers k_packed [E, 64] u8, k_scales [E, 4] u8, candidates bool [T, E];
         E = (start_pos + T) // ratio.  Stages returned: window_idx, indices; HCA compressed_idx;
@@ -48,6 +53,7 @@ from ..spec import rope as spec_rope
 from ..spec.models import profile
 from .compare import as_numpy, assert_bytes_equal, assert_equal
 from .indexer import assert_weights, expected_scores, make_score_case, ScoreCase
+from .quant import assert_fp8_linear, fp8_weight
 from .pool import reindex_cases, wide_reindex_case
 from .ranking import assert_pool, assert_topk
 from .suite import check, forall
@@ -295,8 +301,9 @@ def make_layer_case(model: str, layer: int, seqlen: int, start_pos: int = 0, see
     inputs = {"x": _normal_bf16(rng, (seqlen, m.dim))}
     if role.kind not in ("window", "hca"):
         E = (start_pos + seqlen) // ratio
-        inputs.update(qr=_normal_bf16(rng, (seqlen, m.q_lora_rank)),
-                      wq_b=_normal_bf16(rng, (H * D, m.q_lora_rank), m.q_lora_rank ** -0.5),
+        b = spec_quant.FP8_LINEAR_BLOCK[model]
+        wq_b, wq_b_scale = fp8_weight(rng, H * D, m.q_lora_rank, b, exponents=(-14, -12))
+        inputs.update(qr=_normal_bf16(rng, (seqlen, m.q_lora_rank)), wq_b=wq_b, wq_b_scale=wq_b_scale,
                       weights_proj=_normal_bf16(rng, (H, m.dim), m.dim ** -0.5))
         if role.kind == "csa":
             inputs["index_entry"] = _normal_bf16(rng, (E, D))
@@ -379,9 +386,10 @@ def _kind(case) -> str:
 
 def _judge_q(target, case, out):
     a, m = case.arrays(), profile(case.model)
-    ref = spec.matmul(a["qr"], a["wq_b"]).reshape(case.seqlen, m.index_n_heads, m.index_head_dim)
-    tol = spec.matmul_tolerance(a["qr"], a["wq_b"]).reshape(ref.shape)
-    _close(_need(out, "q", case), ref, tol, "PATH.Q.PROJ: q = bf16(wq_b · qr)", case)
+    b = spec_quant.FP8_LINEAR_BLOCK[case.model]
+    assert_fp8_linear(_need(out, "q", case), a["qr"], a["wq_b"], a["wq_b_scale"], b,
+                      f"PATH.Q.PROJ: q = FP8.LINEAR(qr, wq_b), act_quant per {b} [{case!r}]",
+                      shape=(case.seqlen, m.index_n_heads, m.index_head_dim))
 
 
 def _table(target, case: LayerCase, use: str):

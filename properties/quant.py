@@ -18,6 +18,9 @@ the block; codes and bytes uint8):
     fp8_quantize(x [..., b·k], block)   -> (E4M3 [..., b·k], E8M0 scales [..., k])   act_quant
     fp8_dequantize(q, scales, block)    -> f32 [..., b·k]       E4M3 value × 2^(b − 127)
     fp8_qdq(x [..., b·k], block)        -> f32 [..., b·k]       the in-place act_quant QDQ result
+    fp8_linear(x [..., K], w [N, K], w_scale [ceil(N/b), K/b], block) -> f32 [..., N]   (BF16 values)
+        the Linear of an E4M3 weight: x BF16 values, w E4M3 bytes, w_scale E8M0 bytes (uint8, or
+        the torch float8_e4m3fn / float8_e8m0fnu tensors of a checkpoint); act_quant, block-scaled GEMM
 
 The quantizers' values arrive in the dtype the target declares for them (properties/target.py): a
 BF16-only quantizer gets BF16 tensors holding BF16 values, the official domain.  A NaN or ±Inf in a
@@ -35,6 +38,7 @@ from hypothesis import strategies as st
 
 from ..spec import formats as F
 from ..spec import quant as Q
+from ..spec.indexer import bf16_quantum, is_bf16
 from ..spec.rules import KNOBS
 from .compare import as_numpy, assert_bytes_equal, assert_equal, assert_same_shape
 from . import boundaries as B
@@ -60,8 +64,10 @@ OPS = {
                     "act_quant",
     "fp8_dequantize": "fp8_dequantize(q, scales, block: int) -> f32 [..., b·k]",
     "fp8_qdq": "fp8_qdq(x [..., b·k], block: int) -> f32: the in-place act_quant result (quantize, dequantize)",
+    "fp8_linear": "fp8_linear(x [..., K], w E4M3 uint8 [N, K], w_scale E8M0 uint8 [ceil(N/b), K/b], block: int) "
+                  "-> f32 [..., N] (BF16 values): act_quant then the block-scaled FP8 GEMM",
 }
-__all__ = ["OPS", "codec_input", "make_block"]
+__all__ = ["OPS", "codec_input", "make_block", "fp8_weight", "assert_fp8_linear"]
 
 F32 = np.float32
 KV, IDX = Q.FP4_KV_BLOCK, Q.FP4_IDX_BLOCK
@@ -691,3 +697,62 @@ def fp8_qdq_rounds_through_e4m3(target, case):
 def fp8_nonfinite_stays_in_its_block(target, rng, block):
     _check_nonfinite(target, "fp8_quantize", lambda t: target.fp8_quantize(t, block), block, "FP8.NONFINITE",
                      rng)
+
+
+
+# ---------------------------------------------------------------------------------------------
+# The FP8 linear
+# ---------------------------------------------------------------------------------------------
+
+def fp8_weight(rng, n: int, k: int, block: int, exponents=(-14, -8)) -> tuple[np.ndarray, np.ndarray]:
+    """A checkpoint-like E4M3 weight [n, k]: normal values with their amax near 448, and one E8M0
+    scale per block×block block, 2^e with e uniform in `exponents` (so the blocks' scales differ)."""
+    codes = F.e4m3_encode(np.clip(rng.standard_normal((n, k)) * 128, -448, 448).astype(F32))
+    lo, hi = exponents
+    scales = (127 + rng.integers(lo, hi + 1, (-(-n // block), k // block))).astype(np.uint8)
+    return codes, scales
+
+
+def fp8_activation(rng, shape, spread: int = 3) -> np.ndarray:
+    """BF16 normal rows, each run of 32 times its own 2^j, j in ±spread: the act scales differ from
+    block to block, and inside a block of 128 small runs sit beside the one that sets the scale."""
+    k = shape[-1]
+    j = rng.integers(-spread, spread + 1, (*shape[:-1], k // 32))
+    return F.bf16_round((rng.standard_normal(shape) * np.exp2(np.repeat(j, 32, axis=-1))).astype(F32))
+
+
+def assert_fp8_linear(got, x, w, w_scale, block: int, what: str, shape=None):
+    """got within FP8.LINEAR's tolerance of Σ_k s_k·S_k (after the spec's act_quant of x), BF16."""
+    exact = Q.fp8_linear_exact(x, w, w_scale, block)
+    err = Q.fp8_linear_error(x, w, w_scale, block)
+    tol = bf16_quantum(np.abs(exact) + err) + err
+    if shape is not None:
+        exact, tol = exact.reshape(shape), tol.reshape(shape)
+    got = as_numpy(got).astype(np.float64)
+    if got.shape != exact.shape:
+        raise AssertionError(f"{what}: shape {got.shape}, expected {exact.shape}")
+    if not is_bf16(got).all():
+        raise AssertionError(f"{what}: not BF16-representable (the FP8 GEMM writes BF16)")
+    bad = np.argwhere(~(np.abs(got - exact) <= tol))
+    if bad.size:
+        i = tuple(int(v) for v in bad[0])
+        raise AssertionError(f"{what}: {len(bad)} of {got.size} off; at {i}: got {got[i]!r}, expected "
+                             f"{exact[i]!r} ± {tol[i]:.3g} (Σ_k s_k·S_k of the act_quant-ed x, block {block})")
+
+
+@check("FP8.LINEAR", ops=("fp8_linear",))
+@forall(dict(seed=0, model="v4-flash", shape=(2, 8, 2), spread=3), dict(seed=1, model="v4.1-flash", shape=(2, 40, 3), spread=3),
+        dict(seed=2, model="v4-flash", shape=(2, 4, 1), spread=8),
+        seed=st.integers(0, 2 ** 32 - 1), model=st.sampled_from(tuple(Q.FP8_LINEAR_BLOCK)),
+        shape=st.tuples(st.integers(1, 2), st.integers(2, 6), st.integers(1, 2)), spread=st.sampled_from((3, 8)))
+def fp8_linear_is_block_scaled(target, seed, model, shape, spread):
+    """shape = (rows, K blocks, N blocks) at the model's block size; spread 8 puts runs of 32 up to
+    2^16 apart, so some act_quant values are E4M3 subnormals."""
+    rows, kb, nb = shape
+    block = Q.FP8_LINEAR_BLOCK[model]
+    rng = np.random.default_rng(seed)
+    w, w_scale = fp8_weight(rng, nb * block, kb * block, block)
+    x, t = fed(target, "fp8_linear", fp8_activation(rng, (rows, kb * block), spread))
+    got = target.fp8_linear(t, tensor(w), tensor(w_scale), block)
+    assert_fp8_linear(got, x, w, w_scale, block, f"FP8.LINEAR ({model}, block {block}, x {list(x.shape)}, "
+                                                 f"w [{nb * block}, {kb * block}])")

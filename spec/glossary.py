@@ -63,6 +63,9 @@ GLOSSARY: dict[str, str] = {
     "out_dtype": "an official kernel's output (storage) dtype parameter.",
     "kv_scale": "document 003's name for the index K's dequantization factor.",
     "fp8_index": "V3.2's TileLang indexer-score kernel (fp32 throughout).",
+    "fp8_block_size": "V4.1's FP8 block, 32: act_quant's block and the side of the weight's square scale blocks (V4: block_size, 128).",
+    "fp8_gemm": "the official TileLang GEMM of E4M3 operands with block scales: per K block an fp32 dot times both scales, summed in fp32, written BF16.",
+    "fp8_linear_error": "FP8.LINEAR's tolerance per output element (stated in full under FP8.LINEAR).",
     # --- positions, layers, roles
     "ratio": "a layer's compress ratio m: the tokens pooled into one compressed entry (0: window only; "
              "V4 4 and 128; V4.1 2 and 1; V3.2's indexer scores tokens, ratio 1).",

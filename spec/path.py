@@ -4,7 +4,7 @@ RoPE and quantization, what main attention reads, and the index lists attention 
 One layer's path (V4-model L380-433, L475-509; V4.1 upstream L488-580, L680-760):
 
     qr       = q_norm(wq_a(x))                               BF16, [T, q_lora_rank] (the main attention's)
-    q        = bf16(wq_b · qr)                               [T, H, 128]
+    q        = FP8.LINEAR(qr, wq_b, wq_b.scale)              [T, H, 128]; act_quant, E4M3 GEMM, BF16
     q_rot    = RoPE(q[..., -64:]) at the token positions     ROPE.*
     q_had    = Hadamard(q_rot)                               V4 only (HAD.*); V4.1 skips it
     q_fp4    = FP4 E2M1, E8M0 per 32, of q_had (V4) or q_rot (V4.1)
@@ -14,10 +14,11 @@ One layer's path (V4-model L380-433, L475-509; V4.1 upstream L488-580, L680-760)
     scores   = IDX.SCORE.FP4 of (q_fp4, k_fp4, weights); top-k (IDX.TOPK.*); V4.1 pool (POOL.*)
     indices  = [window list | compressed list + offset]      what sparse attention gathers
 
-The projection weights (wq_b, wk, weights_proj) and the norm weight enter as given BF16 tensors;
-their checkpoint formats (FP8 with 128×128 or 32×32 E8M0 block scales, dequantized by the
-official linear) are outside these rules.  A BF16 matmul accumulates in fp32 in any order and
-rounds once: `matmul_tolerance` bounds it.  The index lists are exact integers.
+wq_b enters as the checkpoint stores it: E4M3 bytes [H·128, q_lora_rank] and E8M0 bytes per b×b
+block (b = 128 in V4, 32 in V4.1), and the official linear() runs the FP8 GEMM (FP8.LINEAR).  wk
+and weights_proj are BF16 Linears (dtype=torch.bfloat16 in the official code), given as BF16
+tensors: a BF16 matmul accumulates in fp32 in any order and rounds once (`matmul_tolerance`).
+The index lists are exact integers.
 """
 from __future__ import annotations
 
@@ -169,12 +170,17 @@ rule("PATH.Q.LATENT", "The index q reads the main attention's q latent, normed",
      RMSNorm and quantizes it with no RoPE and no Hadamard; the official q latent is normed
      (q_norm) and the index q is rotated, and in V4 Hadamard-transformed, before FP4.""")
 
-rule("PATH.Q.PROJ", "Index q = bf16(wq_b · qr), one head of 128 per index head",
-     """q = bf16(wq_b · qr) with wq_b [index_n_heads·128, q_lora_rank] (64 heads in V4, 32 in V4.1)
-     unflattened to [T, H, 128]; the weights enter as given BF16 tensors.""",
-     applies_to=V4_ALL, policy="tolerance", sources=("V4-model L411-412", SRC_V41_IDX, "V4-model L393 (wq_b: ColumnParallelLinear)"),
-     tolerance="""fp32 accumulation in any order: K·2^-24·Σ|qr||w|, plus one BF16 ulp of the
-     rounded value (matmul_tolerance).""")
+rule("PATH.Q.PROJ", "Index q = the FP8 linear of qr by wq_b (E4M3, block scales), one head of 128 per index head",
+     """q = FP8.LINEAR(qr, wq_b) unflattened to [T, H, 128]: wq_b is a float8_e4m3fn Linear
+     [index_n_heads·128, q_lora_rank] (64 heads in V4, 32 in V4.1) with E8M0 block scales, so qr is
+     act_quant-ed to E4M3 with a power-of-two scale per b (128 in V4, 32 in V4.1) and the block-scaled
+     GEMM writes BF16.  bf16(ŵ · qr) of the dequantized weight — a BF16 projection — is not it.""",
+     applies_to=V4_ALL, policy="tolerance",
+     sources=("V4-model L393 (wq_b = ColumnParallelLinear(q_lora_rank, n_heads·head_dim): default dtype)",
+              "V4-model L411-412", "V4-model L108-118", "V41-model L514 (wq_b)", "V41-model L181-207",
+              SRC_V41_IDX),
+     tolerance="FP8.LINEAR's (fp8_linear_error): its MMA model inside a K block, the fp32 adds across "
+               "blocks, one BF16 ulp.")
 
 rule("PATH.K.PROJ", "V4.1 index K = bf16(wk · latent) from the compressor's normed latent",
      """In V4.1 KV-source layers (2, 8, 14, 20) the index key of compressed entry j is
@@ -183,7 +189,7 @@ rule("PATH.K.PROJ", "V4.1 index K = bf16(wk · latent) from the compressor's nor
      pooled vector before the compressor's norm.""",
      applies_to=V41, policy="tolerance", sources=(SRC_V41_IDX, "V41-model L518 (wk: BF16 Linear head_dim → index_head_dim)",
                                                "V41-model L544 (k = k_norm(wk(latent)))", "V41-model L485 (the latent: norm(kv))"),
-     tolerance="matmul_tolerance, as PATH.Q.PROJ")
+     tolerance="matmul_tolerance: fp32 accumulation in any order, K·2^-24·Σ|latent||w|, plus one BF16 ulp")
 
 rule("PATH.K.NORM", "V4.1 index K is RMS-normed (k_norm, eps 1e-20) before RoPE",
      """k_normed = bf16(w · k / sqrt(mean(k²) + eps)) over the 128 dims of each entry, with the
@@ -212,7 +218,7 @@ rule("PATH.W.PROJ", "Raw head weights = bf16(weights_proj · x)",
      dim] Linear of the attention input x (after attn_norm); they are then scaled as
      IDX.WEIGHT.SCALE states.""",
      applies_to=V4_ALL, policy="tolerance", sources=("V4-model L394", "V4-model L418", SRC_V41_IDX, "V41-model L515, L555 (weights_proj BF16; weights_proj(x))"),
-     tolerance="matmul_tolerance, as PATH.Q.PROJ")
+     tolerance="matmul_tolerance, as PATH.K.PROJ")
 
 rule("PATH.QDQ", "Main attention reads x̂ = E2M1 · s, written back in BF16, exactly",
      """The reference keeps the caches in BF16 and quantizes them in place: the V4.1 main KV entry

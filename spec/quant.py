@@ -416,3 +416,101 @@ def fp8_qdq(x, block: int, *, v4_fp8_inplace="fp8", fp8_amax_floor="1e-4",
     return unblock(rounded * s)
 
 
+
+
+# --------------------------------------------------------------------------------------------
+# The FP8 linear (V4/V4.1 `linear()` of an float8_e4m3fn weight): act_quant, then fp8_gemm
+# --------------------------------------------------------------------------------------------
+
+FP8_LINEAR_BLOCK = {"v4-flash": 128, "v4-pro": 128, "v4.1-flash": 32}
+MMA_STEP = 32               # products one FP8 tensor-core instruction sums (Hopper wgmma, k = 32)
+MMA_LOSS = 2.0 ** -12       # what one instruction step may lose, relative to Σ|a·b| (e8m13 accumulator)
+_E4M3_QUANTUM = 2 ** 9      # every E4M3 value is an integer times 2^-9
+
+
+def _e4m3_integers(codes) -> np.ndarray:
+    """E4M3 values × 2^9, as integer-valued float64 (|value| ≤ 448·2^9 < 2^18)."""
+    return e4m3_decode(np.asarray(codes, np.uint8)).astype(np.float64) * _E4M3_QUANTUM
+
+
+def _weight_scales(w_scales, n: int, block: int) -> np.ndarray:
+    """The weight's E8M0 bytes [ceil(N/b), K/b] as one power of two per output row [N, K/b]."""
+    return np.repeat(e8m0_decode(np.asarray(w_scales, np.uint8)).astype(np.float64), block, axis=0)[:n]
+
+
+def fp8_linear_blocks(x, w_codes, w_scales, block: int):
+    """Per K block k: the exact block sum S_k = Σ a_i·w_i of E4M3 values, its Σ|a_i·w_i|, and the
+    scale product s_x·s_w; arrays [..., N, K/b].  The sums are exact: integer-valued float64 below
+    2^53 (each product < 2^36, b ≤ 2^17 of them), summed in any order."""
+    w_codes = np.asarray(w_codes, np.uint8)
+    n, k = w_codes.shape
+    xq, xs = fp8_quantize(x, block)
+    lead = xq.shape[:-1]
+    a = np.moveaxis(_e4m3_integers(xq).reshape(-1, k // block, block), 1, 0)            # [nb, M, b]
+    w = np.moveaxis(_e4m3_integers(w_codes).reshape(n, k // block, block), 1, 0)        # [nb, N, b]
+    unit = 2.0 ** -18
+    sums = np.moveaxis(a @ np.swapaxes(w, 1, 2), 0, -1) * unit                           # [M, N, nb]
+    mags = np.moveaxis(np.abs(a) @ np.swapaxes(np.abs(w), 1, 2), 0, -1) * unit
+    scale = e8m0_decode(xs).astype(np.float64).reshape(-1, 1, k // block) * _weight_scales(w_scales, n, block)[None]
+    return tuple(t.reshape(*lead, n, k // block) for t in (sums, mags, scale))
+
+
+def fp8_linear(x, w_codes, w_scales, block: int) -> np.ndarray:
+    """The canonical FP8 linear of BF16 x [..., K] and an E4M3 weight [N, K] with E8M0 block scales
+    [ceil(N/b), K/b]: act_quant(x, b) (FP8.SCALE, FP8.E4M3); per K block the exact block sum
+    rounded once to fp32, times fl32(s_x·s_w); those terms added in fp32 in K order from 0; BF16."""
+    sums, _, scale = fp8_linear_blocks(x, w_codes, w_scales, block)
+    terms = sums.astype(F32) * scale.astype(F32)
+    acc = np.zeros(terms.shape[:-1], F32)
+    for kb in range(terms.shape[-1]):
+        acc = acc + terms[..., kb]
+    return bf16_round(acc).astype(np.float64)
+
+
+def fp8_linear_exact(x, w_codes, w_scales, block: int) -> np.ndarray:
+    """Σ_k s_k·S_k: the value the FP8 linear approximates, after its act_quant."""
+    sums, _, scale = fp8_linear_blocks(x, w_codes, w_scales, block)
+    return (sums * scale).sum(axis=-1)
+
+
+def fp8_linear_error(x, w_codes, w_scales, block: int) -> np.ndarray:
+    """Σ_k s_k·A_k·(ceil(b/32)·2^-12 + nb·2^-24): the MMA's loss inside each block (FP8.LINEAR) and the
+    fp32 adds across the nb blocks, with A_k = Σ|a_i·w_i| of block k."""
+    _, mags, scale = fp8_linear_blocks(x, w_codes, w_scales, block)
+    per_block = -(-block // MMA_STEP) * MMA_LOSS + mags.shape[-1] * 2.0 ** -24
+    return (mags * scale).sum(axis=-1) * per_block
+
+
+rule("FP8.LINEAR", "FP8 linear: act_quant, then per K block the E4M3 dot times both scales, fp32, BF16",
+     "A Linear whose weight is float8_e4m3fn (wq_b of the indexer: the default dtype) computes "
+     "y = bf16(Σ_k fl32(S_k)·s_x,k·s_w,k): x is first act_quant-ed per block of b along K with a "
+     "power-of-two scale (FP8.SCALE, FP8.E4M3, scale_fmt 'ue8m0'); the weight is E4M3 [N, K] with one "
+     "E8M0 scale per b×b block [ceil(N/b), K/b]; S_k is the dot of the E4M3 values of K block k (the "
+     "products are exact); each block's sum is multiplied by the product of its two scales, the "
+     "terms are accumulated in fp32 in K order, and the sum is rounded once to BF16.  b = 128 in V4 "
+     "(block_size), 32 in V4.1 (fp8_block_size, act_quant and weight alike).",
+     applies_to=V4_ALL, policy="tolerance",
+     sources=("V4-model L17, L108-118 (linear: act_quant(x, block_size, scale_fmt), then fp8_gemm)",
+              "V4-model L138-142 (E4M3 weight, scale [ceil(N/128), ceil(K/128)] float8_e8m0fnu)",
+              "V4-model L393 (Indexer.wq_b: a ColumnParallelLinear of the default dtype)",
+              "V4-model L777-779 (default_dtype float8_e4m3fn, scale_fmt ue8m0)",
+              "V4-kernel L41-102 (act_quant_kernel)", "V4-kernel L204-273 (fp8_gemm: T.gemm per K block of 128, then += C_local · s_a·s_b in fp32, BF16 out)",
+              "V41-model L26-30, L181-207 (fp8_block_size 32; linear)", "V41-model L225-233 (Linear, 32×32 scales)",
+              "V41-model L514 (Indexer.wq_b)", "V41-kernel L41-113 (act_quant, as the port cites it)", "V41-kernel L202-293 (fp8_gemm, as the port cites it)"),
+     tolerance="The order of the products inside one K block is the tensor core's: an FP8 MMA "
+               "instruction sums 32 products into an accumulator that keeps about 13 fraction bits "
+               "(Hopper's e8m13: why fp8_gemm adds each block's sum into a separate fp32 accumulator), "
+               "so each of "
+               "the ceil(b/32) instruction steps of a block may lose up to 2^-12 of the block's "
+               "Σ|a·w|, a model of the hardware, not a worst case for adversarial inputs.  With the "
+               "nb fp32 adds across blocks: E = Σ_k s_k·A_k·(ceil(b/32)·2^-12 + nb·2^-24), A_k = "
+               "Σ|a_i·w_i| of block k; a result conforms when |y − Σ_k s_k·S_k| ≤ E plus one BF16 ulp "
+               "of |Σ_k s_k·S_k| + E (fp8_linear_error).  E is 2^-10 (V4) and 2^-12 (V4.1) of Σ|x̂·ŵ| "
+               "while skipping the act_quant (E4M3 rounding errors of about 2^-5.5 rms) moves y by "
+               "about 2^-10 of Σ|x̂·ŵ| at K = 1024-1536, so it exceeds E in about half of the elements "
+               "in V4 and most of them in V4.1; applying the scales after the whole sum fails by far more wherever the block "
+               "scales differ.  A wrong act_quant block size is out of reach of any tolerance: a power-of-two scale "
+               "moves no E4M3 rounding except where small values fall to E4M3 subnormals, at most "
+               "2^-9 of the block's scale each, far below E (and the weight's block is fixed by the "
+               "shape of its scale tensor); a scale that is not a power of two (scale_fmt None) moves "
+               "them all and fails like a skipped act_quant.")

@@ -136,8 +136,9 @@ def test_large_weights_are_stored_as_recipes_and_rebuilt_checked():
     assert not {"in.wq_b", "in.weights_proj"} & set(load_file(path)) and "in.x" in load_file(path)
     about = recipes["wq_b"]
     weight = layers.Weight(about["seed"], tuple(about["shape"]), about["e_lo"], about["e_hi"], about["bits"],
-                           about["positive"], tuple(map(tuple, about["redraw"])))
-    assert weight.about() == about and np.array_equal(layers.rebuild(about), weight.array())
+                           about["positive"], tuple(map(tuple, about["redraw"])), about["e4m3_block"])
+    assert weight.about() == about and np.array_equal(layers.rebuild(about), weight.stored())
+    assert layers.rebuild(about).dtype == np.uint8      # wq_b as the checkpoint has it: E4M3 bytes
     with pytest.raises(ValueError, match="no longer gives the values"):
         layers.rebuild({**about, "redraw": about["redraw"][1:]})
 

@@ -137,3 +137,43 @@ def test_official_never_asks_torch_to_saturate_e4m3(rule_id, monkeypatch):
     monkeypatch.setattr(torch.Tensor, "to", guarded)
     row = run_rule(rule_id, OFFICIAL)
     assert row.status in (PASS, VARIANT), f"{rule_id} on official: {row.status} {row.detail}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Where the control followed the official code less literally (issue 18)
+# ---------------------------------------------------------------------------------------------
+
+def test_official_hadamard_is_one_butterfly():
+    """official.path rotates with official.indexer's butterfly (fast_hadamard_transform's order:
+    the lowest index bit first, times d^-0.5 at the end), not a second emulation."""
+    from dsv4spec.official import indexer as oi, path as op
+    x = torch.randn(3, 2, 128).to(torch.bfloat16)
+    assert torch.equal(op._hadamard(x), oi.rotate_activation(x))
+
+
+def test_official_yarn_ramp_guard_is_each_models():
+    from dsv4spec.official.rope import _ramp_width
+    assert _ramp_width(10, 10, "v4-flash") == (10 + 0.001) - 10      # V4: high += 0.001
+    assert _ramp_width(10, 10, "v4.1-flash") == 1e-3                # V4.1: max(high − low, 1e-3)
+    assert _ramp_width(3, 1, "v4-flash") == -2 and _ramp_width(3, 1, "v4.1-flash") == 1e-3
+    assert _ramp_width(3, 9, "v4-flash") == _ramp_width(3, 9, "v4.1-flash") == 6
+
+
+def test_official_compressor_returns_none_where_the_official_does():
+    from dsv4spec.official.compressor import Compressor, compress
+    d, dim, ratio = 8, 16, 4
+    params = {"wkv": torch.randn(d, dim), "wgate": torch.randn(d, dim), "norm": torch.ones(d),
+              "rope_freqs": torch.zeros(0)}
+    x = torch.randn(1, 3, dim).to(torch.bfloat16)
+    assert Compressor(params, "v4.1-flash", ratio, 1).forward(x, 0) is None          # prefill < ratio
+    c = Compressor(params, "v4.1-flash", ratio, 1)
+    c.forward(torch.randn(1, 5, dim).to(torch.bfloat16), 0)
+    assert c.forward(torch.randn(1, 1, dim).to(torch.bfloat16), 5) is None          # group not complete
+    assert compress(x.float(), params, model="v4.1-flash", ratio=ratio).shape == (1, 0, d)
+
+
+def test_official_index_topk_derives_k_and_holds_the_caller_to_it():
+    scores, visible = torch.randn(2, 5), torch.tensor([5, 5])
+    assert official.index_topk(scores, visible, 5, "score").shape == (2, 5)
+    with pytest.raises(AssertionError, match="min\\(index_topk, end_pos // ratio\\) = 5"):
+        official.index_topk(scores, visible, 6, "score")

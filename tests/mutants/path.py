@@ -9,6 +9,7 @@ import torch
 from dsv4spec.impl import path as ref
 
 from . import mutant
+from .quant import fp8_linear_scales_after_the_sum, fp8_linear_without_act_quant
 
 
 def _layer_with(**helpers):
@@ -83,13 +84,17 @@ MUTANTS = {
     "k_before_its_norm": (mutant("k_before_its_norm", index_layer=_layer_with(
         _rms_norm=lambda x, w, eps: x.clone())), "PATH.K.NORM"),
     "linear_accumulates_in_bf16": (mutant("linear_accumulates_in_bf16", index_layer=_layer_with(_project=_bf16_accumulation)),
-                                   "PATH.Q.PROJ"),
+                                   "PATH.W.PROJ"),
+    "q_projection_in_bf16": (mutant("q_projection_in_bf16", index_layer=_layer_with(
+        fp8_linear=fp8_linear_without_act_quant)), "PATH.Q.PROJ"),
+    "q_projection_scales_after_the_sum": (mutant("q_projection_scales_after_the_sum", index_layer=_layer_with(
+        fp8_linear=fp8_linear_scales_after_the_sum)), "PATH.Q.PROJ"),
     "hadamard_skipped_in_v4": (mutant("hadamard_skipped_in_v4", index_layer=_layer_with(
         hadamard=lambda x: x.clone())), "PATH.HADAMARD"),
 }
 MUTANTS["k_projection_accumulates_in_bf16"] = (MUTANTS["linear_accumulates_in_bf16"][0], "PATH.K.PROJ")
-MUTANTS["weights_projection_accumulates_in_bf16"] = (MUTANTS["linear_accumulates_in_bf16"][0], "PATH.W.PROJ")
 MUTANTS["layer_k_before_its_norm"] = (MUTANTS["k_before_its_norm"][0], "PATH.LAYER")
+MUTANTS["layer_q_projection_in_bf16"] = (MUTANTS["q_projection_in_bf16"][0], "PATH.LAYER")
 
 
 def catalogue() -> list[tuple]:

@@ -492,3 +492,49 @@ CAUGHT += [
     ("e2m1_sign_from_less_than_zero", "FMT.E2M1.ZERO_SIGN"),
     ("fp8_one_scale_per_row", "FP8.BLOCKS"),
 ]
+
+
+# ---------------------------------------------------------------------------------------------
+# The FP8 linear (FP8.LINEAR; the index q projection uses these too, tests/mutants/path.py)
+# ---------------------------------------------------------------------------------------------
+
+def _weight_values(w, w_scale, block):
+    n = w.shape[0]
+    s = impl.e8m0_decode(w_scale).repeat_interleave(block, 0)[:n].repeat_interleave(block, 1)
+    return impl.e4m3_decode(w) * s
+
+
+def fp8_linear_without_act_quant(x, w, w_scale, block):
+    """The BF16 projection: the dequantized weight times x itself in fp32, one BF16 rounding."""
+    return impl.bf16_round(x.float() @ _weight_values(w, w_scale, block).T)
+
+
+def fp8_linear_scales_after_the_sum(x, w, w_scale, block):
+    """The E4M3 dot over the whole K first, then one scale product (of the first K block)."""
+    q, s = impl.fp8_quantize(x, block)
+    raw = impl.e4m3_decode(q).double() @ impl.e4m3_decode(w).double().T
+    s_w = impl.e8m0_decode(w_scale).repeat_interleave(block, 0)[:w.shape[0], 0]
+    return impl.bf16_round((raw * impl.e8m0_decode(s)[..., :1] * s_w).float())
+
+
+def fp8_linear_scale_not_pow2(x, w, w_scale, block):
+    """act_quant without scale_fmt="ue8m0" (V4 model.py's module default, None): s = fl32(amax/448),
+    not a power of two, so x/s lands on another E4M3 grid."""
+    xb = x.float().reshape(*x.shape[:-1], -1, block)
+    s = xb.abs().amax(-1, keepdim=True).clamp(min=1e-4) * F32_RECIPROCAL_448
+    x_hat = (impl.e4m3_decode(impl.e4m3_encode((xb / s).clamp(-448, 448).contiguous())) * s).flatten(-2)
+    return impl.bf16_round(x_hat @ _weight_values(w, w_scale, block).T)
+
+
+MUTANTS.update({
+    "fp8_linear_without_act_quant": mutant("fp8_linear_without_act_quant", fp8_linear=fp8_linear_without_act_quant),
+    "fp8_linear_scales_after_the_sum": mutant("fp8_linear_scales_after_the_sum",
+                                              fp8_linear=fp8_linear_scales_after_the_sum),
+    "fp8_linear_scale_not_pow2": mutant("fp8_linear_scale_not_pow2", fp8_linear=fp8_linear_scale_not_pow2),
+})
+
+CAUGHT += [
+    ("fp8_linear_without_act_quant", "FP8.LINEAR"),
+    ("fp8_linear_scales_after_the_sum", "FP8.LINEAR"),
+    ("fp8_linear_scale_not_pow2", "FP8.LINEAR"),
+]
