@@ -51,8 +51,14 @@ class Unwritable(Exception):
     """A value with no text form (an opaque state object, a string with spaces)."""
 
 
-class VectorError(Exception):
-    """A call the vectors cannot answer: not exported, or the port's output for it unreadable."""
+class VectorError(BaseException):
+    """A call the vectors cannot answer: not exported, or the port's output for it missing or
+    unreadable.  Not an Exception, so that no check takes it for the port rejecting its input
+    (LAYOUT.REJECT's checks expect a raise): it is ERROR, and Hypothesis stops at once."""
+
+
+class PortError(Exception):
+    """The port wrote `error=...` for a vector: it raised on those inputs."""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -307,7 +313,12 @@ class _Recording:
                 lines = call_lines(args, kwargs)
             except Unwritable as e:
                 lines, why = None, f"{name} takes {e}"
-            result = value(*args, **kwargs)
+            try:
+                result = value(*args, **kwargs)
+            except Exception as e:       # noqa: BLE001 -- a check that expects a raise (LAYOUT.REJECT)
+                if lines is not None:
+                    self.calls.append((name, lines, "error", [f"# {type(e).__name__}: {e}".splitlines()[0]]))
+                raise
             if lines is not None:
                 try:
                     kind, out = result_lines(result)
@@ -366,7 +377,9 @@ def record_rule(rule_id: str, reference, level: int) -> RuleVectors:
                 n = len(by_key) + 1
                 by_key[key] = Record(n, op, lines, {"rule": rule_id, "checks": chk.name, "level": lv, "op": op,
                                                      "lines": len(lines), "result": kind})
-                expected[key] = Record(n, op, out, {"op": op, "lines": len(out), "result": kind})
+                raised = kind == "error"            # out is then one comment line: what it raised
+                expected[key] = Record(n, op, out, {"op": op, "lines": 0 if raised else len(out), "result": kind}
+                                       | ({"error": "raised"} if raised else {}))
             elif chk.name not in by_key[key].head["checks"].split(","):
                 by_key[key].head["checks"] += "," + chk.name
     return RuleVectors(rule_id, list(by_key.values()), list(expected.values()), checks, omitted)
@@ -434,6 +447,7 @@ class PortOutputs:
     """The outputs a port wrote for one rule's vectors: id -> (kind, {name: value}) or an error text."""
     results: dict = field(default_factory=dict)
     errors: dict = field(default_factory=dict)
+    raised: dict = field(default_factory=dict)        # id -> the port's own error text (it raised)
     file_error: str | None = None
 
 
@@ -459,7 +473,7 @@ def read_outputs(path: Path, records: dict[int, Record]) -> PortOutputs:
         if rid not in records:
             continue
         if "error" in head:
-            got.errors[rid] = f"the port reported an error for vector {rid} ({where}): {head['error']}" \
+            got.raised[rid] = f"the port raised on vector {rid} ({where}): {head['error']}" \
                 + (" " + " ".join(l for _, l in lines) if lines else "")
             continue
         try:
@@ -512,7 +526,7 @@ class _Replay:
         self._rule, self._info = rule_id, info
         self._by_key = {key_of(r.op, r.lines): r for r in records}
         self._expected, self._outputs = expected, outputs
-        answered = set(outputs.results) | set(outputs.errors)
+        answered = set(outputs.results) | set(outputs.errors) | set(outputs.raised)
         self._ops = {r.op for r in records if r.id in answered or outputs.file_error}
         self._methods = {op: self._answering(op) for op in self._ops}
 
@@ -536,6 +550,8 @@ class _Replay:
                     f"{self._info.get('dsv4spec')} with hypothesis {self._info.get('hypothesis')} at level "
                     f"{self._info.get('level')}: export again with this installation; or the check built "
                     f"them from the port's own earlier outputs, which then already differ)")
+            if record.id in self._outputs.raised:
+                raise PortError(self._outputs.raised[record.id])
             if record.id in self._outputs.errors:
                 raise VectorError(self._outputs.errors[record.id])
             if record.id not in self._outputs.results:
