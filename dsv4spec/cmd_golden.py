@@ -35,6 +35,9 @@ def register(subparsers):
     e.add_argument("--level", type=int, choices=(1, 2, 3), default=2,
                    help="1: the checks' explicit examples (every boundary); 2 (default): and 25 generated "
                         "examples per check; 3: and the ci profile's generated examples")
+    e.add_argument("--bf16", action="store_true",
+                   help="BF16 input tensors for the operations the official code feeds BF16 (the quantizers): "
+                        "vectors for a BF16-only port (default: float32, a superset of the values)")
     e.add_argument("--layers", action="store_true",
                    help="also the PATH.LAYER cases (index_layer on full-size weights, about 100 MB)")
     v = sub.add_parser("check-vectors", help="judge the outputs a port wrote for exported vectors, by rule",
@@ -71,7 +74,7 @@ def run(args) -> int:
         return 1 if problems else 0
     rules = [p.strip() for p in (getattr(args, "rules", None) or "").split(",") if p.strip()] or None
     if args.action == "export":
-        done = store.export(args.dir, rules=rules, level=args.level, layers=args.layers)
+        done = store.export(args.dir, rules=rules, level=args.level, layers=args.layers, bf16=args.bf16)
         files = [p for p in args.dir.rglob("*") if p.is_file()]
         size = sum(p.stat().st_size for p in files)
         print(f"wrote {len(files)} files, {size / 1e6:.1f} MB, to {args.dir}: vectors of "

@@ -271,7 +271,7 @@ def _port_outputs(f: Path) -> dict[str, np.ndarray]:
 
 
 def export(out: Path, data: Path = DATA, rules: list[str] | None = None, level: int | None = None,
-           layers: bool = False) -> dict:
+           layers: bool = False, bf16: bool = False) -> dict:
     """Write, for a port in another language: vectors/ and expected/ (every check's calls, text),
     cases/ (the golden cases' inputs, as safetensors and as text; the layer cases, 100 MB of
     weights, only when `layers`), export.txt and LAYOUT.md describing all of it; every file
@@ -280,7 +280,7 @@ def export(out: Path, data: Path = DATA, rules: list[str] | None = None, level: 
     out = Path(out)
     V.make_dir(out)
     level = V.DEFAULT_LEVEL if level is None else level
-    recorded = V.export(out, rules=rules, level=level)
+    recorded = V.export(out, rules=rules, level=level, bf16=bf16)
     chosen = [c for c in cases() if _gated(c, rules) and (layers or (not c.generated and c.build is None))]
     V.make_dir(out / CASES)
     sections = []

@@ -57,8 +57,8 @@ class VectorError(BaseException):
     (LAYOUT.REJECT's checks expect a raise): it is ERROR, and Hypothesis stops at once."""
 
 
-class PortError(Exception):
-    """The port wrote `error=...` for a vector: it raised on those inputs."""
+class PortError(ValueError):
+    """The port wrote `error=...` for a vector: it rejected those inputs (the contract's ValueError)."""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -340,26 +340,24 @@ class RuleVectors:
     omitted: dict[str, str]           # check -> why it is not in the vectors
 
 
-def record_rule(rule_id: str, reference, level: int) -> RuleVectors:
-    """Every call the checks of one rule make on the reference target, levels 1..`level`."""
-    from ..properties.suite import PASS, checks_for, run_check
-    from ..properties.target import Target
-    recording = _Recording(reference.provider, _known_ops())
-    target = Target(recording, reference.spec, name=reference.name)
-    target.timeout = 0
+def record_rule(rule_id: str, reference, level: int, canonical=None) -> RuleVectors:
+    """Every call the checks of one rule make on the reference target, levels 1..`level`.
+
+    Where the reference makes a non-canonical choice of an implementation-defined knob (impl
+    rejects NaN input, the official code keeps it in its block), a check takes one branch on it and
+    another on a port making the canonical choice; the calls of the `canonical` target (spec/'s
+    quantizers) on that check are recorded too."""
+    from ..properties.suite import PASS, checks_for
     by_key: dict[str, Record] = {}
     expected: dict[str, Record] = {}
     checks, omitted = [], {}
     for chk in checks_for(rule_id):
-        calls, statuses = [], []
-        for lv in range(1, level + 1):
-            if lv == 2 and level == 3:
-                continue                     # level 3's sample includes level 2's
-            recording.calls = []
-            outcome = run_check(chk, target, profile(lv, rule_id), shrink=False)
-            statuses.append(outcome)
-            calls += [(lv, c) for c in recording.calls]
-        bad = [o for o in statuses if o.status not in (PASS,)]
+        calls, statuses = _calls(chk, reference, level, rule_id)
+        if canonical is not None and _non_canonical(statuses):
+            more, again = _calls(chk, canonical, level, rule_id)
+            if all(o.status == PASS or _no_examples(o) for o in again):
+                calls += more
+        bad = [o for o in statuses if o.status != PASS and not _no_examples(o)]
         unwritable = [c[2] for _, c in calls if c[1] is None]
         if bad:
             omitted[chk.name] = f"{bad[0].status} on the reference: {bad[0].detail.splitlines()[0] if bad[0].detail else ''}"
@@ -385,32 +383,80 @@ def record_rule(rule_id: str, reference, level: int) -> RuleVectors:
     return RuleVectors(rule_id, list(by_key.values()), list(expected.values()), checks, omitted)
 
 
+class _SpecQuantizers:
+    """spec/'s exact quantizers as a target: the canonical choice of every knob (NaN kept in its
+    block, where impl rejects it), on any input dtype."""
+    NAME = "spec"
+
+    def __getattr__(self, op):
+        from ..spec import quant as Q
+        if op not in ("fp4_e4m3_quantize", "fp4_e8m0_quantize", "fp8_quantize"):
+            raise AttributeError(op)
+
+        def run(x, *args, **kwargs):
+            import torch
+            from ..properties.compare import as_numpy
+            return tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in getattr(Q, op)(as_numpy(x), *args, **kwargs))
+        return run
+
+
+def _calls(chk, reference, level: int, rule_id: str):
+    """([(level, call)], outcomes) of one check on a recording view of `reference`."""
+    from ..properties.suite import run_check
+    from ..properties.target import Target
+    recording = _Recording(reference.provider, _known_ops())
+    target = Target(recording, reference.spec, name=reference.name)
+    target.timeout, target.input_dtypes = 0, reference.input_dtypes
+    calls, outcomes = [], []
+    for lv in (1, level) if level > 1 else (1,):        # a level's sample includes the levels below
+        recording.calls = []
+        outcomes.append(run_check(chk, target, profile(lv, rule_id), shrink=False))
+        calls += [(lv, c) for c in recording.calls]
+    return calls, outcomes
+
+
+def _non_canonical(outcomes) -> bool:
+    from ..spec.rules import KNOBS
+    return any(v != KNOBS[k].canonical for o in outcomes for k, v in o.detected)
+
+
+def _no_examples(outcome) -> bool:
+    """Level 1 of a check without explicit examples: Hypothesis was told to run none."""
+    return "SkipTest" in outcome.detail and "no test cases" in outcome.detail
+
+
 def _known_ops() -> set[str]:
     from ..properties.target import known_ops
     return known_ops()
 
 
 def export(out: Path, rules: list[str] | None = None, level: int = DEFAULT_LEVEL,
-           reference: str = "impl") -> dict:
+           reference: str = "impl", bf16: bool = False) -> dict:
     """Write vectors/<RULE>.txt (inputs), expected/<RULE>.txt (the reference's outputs) and
-    export.txt for every selected rule; returns {rule: RuleVectors} (the rules without vectors too)."""
+    export.txt for every selected rule; returns {rule: RuleVectors} (the rules without vectors too).
+    `bf16`: the operations the official code feeds BF16 receive BF16 tensors (a BF16-only port)."""
     from hypothesis import __version__ as hypothesis_version
 
     from .. import __version__
     from ..properties.suite import load_checks
-    from ..properties.target import load_target
+    from ..properties.target import Target, load_target
     from ..spec import RULES
     from ..spec.rules import select
     if level not in LEVELS:
         raise ValueError(f"level must be one of {sorted(LEVELS)} ({'; '.join(f'{k}: {v}' for k, v in LEVELS.items())})")
     load_checks()
     target = load_target(reference)
+    if bf16:            # the official domain: BF16 inputs where the official code takes them
+        from ..official import INPUT_DTYPES
+        target.input_dtypes = {**target.input_dtypes, **INPUT_DTYPES}
+    canonical = Target(_SpecQuantizers(), "spec")
+    canonical.input_dtypes = target.input_dtypes
     out = Path(out)
     for d in (out, out / INPUTS, out / EXPECTED):
         make_dir(d)
     done = {}
     for r in select(rules):
-        rv = record_rule(r.id, target, level)
+        rv = record_rule(r.id, target, level, canonical)
         done[r.id] = rv
         if not rv.records:
             continue
@@ -519,8 +565,10 @@ class _Replay:
     """A provider answering each call with the port's output for the vector of the same inputs."""
 
     def __init__(self, rule_id, records: list[Record], expected: dict[int, Record], outputs: PortOutputs,
-                 info: dict, where: str):
-        self.NAME = f"vectors:{where}"
+                 info: dict, where: str, declared: dict):
+        self.NAME = declared.get("name") or f"vectors:{where}"
+        self.VARIANTS = {k[len("variant."):]: v for k, v in declared.items() if k.startswith("variant.")}
+        self.EXTENSIONS = set(declared.get("extensions", "").split(",")) - {""}
         self.INPUT_DTYPE = info.get("input_dtype", "float32")
         self.INPUT_DTYPES = {k.partition(".")[2]: v for k, v in info.items() if k.startswith("input_dtype.")}
         self._rule, self._info = rule_id, info
@@ -558,10 +606,15 @@ class _Replay:
                 raise VectorError(self._outputs.file_error and f"{self._outputs.file_error} (vector {record.id})"
                                   or f"no output for vector {record.id} (its header at line {record.line_no} "
                                      f"of {INPUTS}/{rule_file(self._rule)})")
-            want = self._expected[record.id]
-            names = [line.split()[0] for line in want.lines if "." not in line.split()[0]]
+            want, got = self._expected[record.id], self._outputs.results[record.id]
+            names = [line.split()[0] for line in want.lines if not line.startswith("#") and "." not in line.split()[0]]
+            if not names:           # the reference rejected these inputs: the port's outputs 0, 1, … as written
+                names = [str(i) for i in range(len(got)) if str(i) in got]
             try:
-                return _result(record.head.get("result", "tuple"), self._outputs.results[record.id], names)
+                kind = want.head.get("result", "tuple")
+                if kind == "error":
+                    kind = "tuple" if len(names) > 1 else "single"
+                return _result(kind, got, names)
             except VectorError as e:
                 raise VectorError(f"vector {record.id}: {e}") from None
         answer.__name__ = op
@@ -608,6 +661,7 @@ def judge(export_dir: Path, port_dir: Path, rules: list[str] | None = None, prog
     if not port_dir.is_dir():
         raise FileNotFoundError(f"{port_dir} is not a directory of port outputs")
     load_checks()
+    declared = read_declarations(port_dir)
     chosen = [r for r in exported_rules(export_dir) if not rules or any(_matches(r, p) for p in rules)]
     if rules and not chosen:
         raise ValueError(f"no exported vectors for a rule matching {', '.join(rules)}; the export holds "
@@ -621,7 +675,7 @@ def judge(export_dir: Path, port_dir: Path, rules: list[str] | None = None, prog
         if outputs.file_error and not outputs.results and not outputs.errors:
             rows.append(Row(rule_id, f"vectors:{port_dir}", ERROR, outputs.file_error, repro))
             continue
-        target = Target(_Replay(rule_id, records, expected, outputs, info, str(port_dir)), f"vectors:{port_dir}")
+        target = Target(_Replay(rule_id, records, expected, outputs, info, str(port_dir), declared), f"vectors:{port_dir}")
         target.timeout = 0
         with only_checks(rule_id, names):
             row = run_rule(rule_id, target, profile(level, rule_id))
@@ -633,8 +687,76 @@ def judge(export_dir: Path, port_dir: Path, rules: list[str] | None = None, prog
     return rows
 
 
+PORT = "port.txt"
+
+
+def read_declarations(port_dir: Path) -> dict:
+    """OUT/port.txt, optional: `name=...`, `variant.KNOB=VALUE` (the implementation-defined choices
+    and variants the port declares, as a Python target's VARIANTS), `extensions=A,B`."""
+    path = Path(port_dir) / PORT
+    if not path.is_file():
+        return {}
+    declared = {}
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip() and not line.startswith("#"):
+            key, eq, value = line.strip().partition("=")
+            if not eq:
+                raise ValueError(f"{path} line {n}: expected key=value (name=, variant.KNOB=VALUE, extensions=)")
+            declared[key] = value
+    from ..spec.rules import check_variants
+    check_variants({k[len("variant."):]: v for k, v in declared.items() if k.startswith("variant.")})
+    return declared
+
+
 def _checks_of(path: Path) -> set[str]:
     for line in path.read_text().splitlines():
         if line.startswith("# checks: "):
             return set(line[len("# checks: "):].split(", "))
     return set()
+
+
+# ------------------------------------------------------------------------------------------------
+# A Python target as a port: answer the vectors with its operations (what a port's loop does)
+# ------------------------------------------------------------------------------------------------
+
+def parse_call(lines: list[str]) -> tuple[list, dict]:
+    """The positional and keyword arguments of a record's value lines (tensors as torch tensors)."""
+    import torch
+    values: dict = {}
+    for line in lines:
+        name, value = parse_value(line.split())
+        parent, dot, key = name.partition(".")
+        if dot and isinstance(values.get(parent), dict):
+            values[parent][key] = torch.from_numpy(value.copy()) if isinstance(value, np.ndarray) else value
+        else:
+            values[name] = torch.from_numpy(value.copy()) if isinstance(value, np.ndarray) else value
+    args = [values.pop(str(i)) for i in range(len(values)) if str(i) in values]
+    return args, values
+
+
+def answer(export_dir: Path, out_dir: Path, target, rules: list[str] | None = None):
+    """Write out_dir/RULE.txt: `target`'s outputs for every exported record of an operation it has
+    (`@ id=N error=...` where it raises), as a port would."""
+    from ..spec.rules import _matches
+    export_dir, out_dir = Path(export_dir), Path(out_dir)
+    make_dir(out_dir)
+    for rule_id in exported_rules(export_dir):
+        if rules and not any(_matches(rule_id, p) for p in rules):
+            continue
+        records, _, _ = load_rule(export_dir, rule_id)
+        text = []
+        for r in records:
+            if not target.has(r.op):
+                continue
+            args, kwargs = parse_call(r.lines)
+            try:
+                _, lines = result_lines(getattr(target, r.op)(*args, **kwargs))
+            except Exception as e:      # noqa: BLE001 -- the port rejects these inputs
+                text.append(f"@ id={r.id} error={type(e).__name__}")
+                continue
+            text += [f"@ id={r.id}", *lines]
+        if text:
+            write_text(out_dir / rule_file(rule_id), "\n".join(text) + "\n")
+    lines = [f"name={target.name}", *(f"variant.{k}={v}" for k, v in target.declared.items())]
+    lines += [f"extensions={','.join(sorted(target.extensions))}"] if target.extensions else []
+    write_text(out_dir / PORT, "\n".join(lines) + "\n")
