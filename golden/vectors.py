@@ -35,6 +35,7 @@ LEVELS = {1: "the explicit examples of every check (boundaries, @example values)
           2: "level 1 and 25 generated examples per check (derandomized: the same on every machine)",
           3: "level 1 and the ci profile's generated examples (its per-rule counts)"}
 DEFAULT_LEVEL = 2
+MAX_RECORD_CHARS = 1_000_000       # a check with a larger call (full-size layer weights) needs a live target
 INPUTS, EXPECTED, INFO = "vectors", "expected", "export.txt"
 FILE_MODE, DIR_MODE = 0o644, 0o755
 
@@ -359,6 +360,8 @@ def record_rule(rule_id: str, reference, level: int, canonical=None) -> RuleVect
                 calls += more
         bad = [o for o in statuses if o.status != PASS and not _no_examples(o)]
         unwritable = [c[2] for _, c in calls if c[1] is None]
+        unwritable += [f"{c[0]} with {_size(c) / 1e6:.0f} MB of values" for _, c in calls
+                       if c[1] is not None and _size(c) > MAX_RECORD_CHARS][:1]
         if bad:
             omitted[chk.name] = f"{bad[0].status} on the reference: {bad[0].detail.splitlines()[0] if bad[0].detail else ''}"
             continue
@@ -418,6 +421,10 @@ def _calls(chk, reference, level: int, rule_id: str):
 def _non_canonical(outcomes) -> bool:
     from ..spec.rules import KNOBS
     return any(v != KNOBS[k].canonical for o in outcomes for k, v in o.detected)
+
+
+def _size(call) -> int:
+    return sum(len(line) for line in call[1]) + sum(len(line) for line in call[3])
 
 
 def _no_examples(outcome) -> bool:
