@@ -17,8 +17,8 @@ _GRAMMAR = f"""
 ## The text records (vectors/, expected/, cases/*.txt and the files a port writes)
 
 A file is a sequence of records.  Lines are separated by `\\n`; tokens in a line by one or more
-spaces (the only separator: no `|`, `,` or JSON anywhere in a record).  Blank lines and lines
-starting with `#` are comments, also inside a record.
+spaces, the only separator (no `|`, no JSON; a comma only separates the names inside one header
+value, `checks=a,b`).  Blank lines and lines starting with `#` are comments, also inside a record.
 
 A record is a **header line** starting with `@`, followed by `key=value` fields (no spaces in a
 value), then its **value lines**, up to the next header:
@@ -132,12 +132,15 @@ def layout_text(recorded: dict, sections: list[str], level: int, layers: bool) -
     lines += _GRAMMAR.splitlines() + _OUTPUTS.splitlines()
     lines += ["", "## Operations in these vectors", "", "| op | contract |", "|---|---|"]
     lines += [f"| `{op}` | {ops.get(op, '').replace('|', '/')} |" for op in used]
-    lines += ["", "## Rules", "", "| rule | records (level 1 / later) | operations | checks not in the vectors |",
-              "|---|---|---|---|"]
+    lines += ["", "## Rules", "", "What each rule requires (the rule book is SPEC.md in the dsv4spec repository, with the "
+              "official code lines it cites; `dsv4spec rules` lists it):", "",
+              "| rule | statement | records (level 1 / later) | operations | checks not in the vectors |",
+              "|---|---|---|---|---|"]
     for rv in with_vectors:
         first = sum(1 for r in rv.records if r.head["level"] == 1)
         omitted = "; ".join(f"{k}: {v}" for k, v in rv.omitted.items()).replace("|", "/") or "none"
-        lines.append(f"| `{rv.rule_id}` | {first} / {len(rv.records) - first} | "
+        statement = " ".join(RULES[rv.rule_id].statement.split()).replace("|", "/")
+        lines.append(f"| `{rv.rule_id}` | {statement} | {first} / {len(rv.records) - first} | "
                      f"{', '.join(sorted({r.op for r in rv.records}))} | {omitted} |")
     if without:
         lines += ["", "Rules without vectors (judge them with `dsv4spec verify` through a Python or exec target):", ""]

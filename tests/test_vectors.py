@@ -137,3 +137,19 @@ def test_exported_files_are_world_readable(export):
     for path in [export, *export.rglob("*")]:
         mode = stat.S_IMODE(os.stat(path).st_mode)
         assert mode == (0o755 if path.is_dir() else 0o644), (path, oct(mode))
+
+
+def _kv_mutants():
+    from mutants import catalogue
+    from dsv4spec.spec.rules import _matches
+    return [(n, r, p) for n, r, p in catalogue() if any(_matches(r, k) for k in KV_RULES)]
+
+
+@pytest.mark.parametrize("name, rule_id, provider", _kv_mutants(), ids=[f"{n}-{r}" for n, r, _ in _kv_mutants()])
+def test_every_kv_mutant_fails_its_rule_through_the_vectors(export, tmp_path, name, rule_id, provider):
+    """Teeth: the mutants of tests/mutants that break an FP4 KV or E2M1 rule, answering the vectors
+    as a port would, are caught on that rule by the vectors alone."""
+    from dsv4spec.properties.target import Target
+    V.answer(export, tmp_path, Target(provider, name), rules=[rule_id])
+    (row,) = [r for r in V.judge(export, tmp_path, rules=[rule_id]) if r.rule_id == rule_id]
+    assert row.status == "FAIL", f"mutant {name} survived {rule_id} in the vectors: {row.status} {row.detail}"
