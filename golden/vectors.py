@@ -297,6 +297,10 @@ def only_checks(rule_id: str, names):
 # Export: record the calls of every check on the reference target
 # ------------------------------------------------------------------------------------------------
 
+class _TooLarge(BaseException):
+    """A call too large for a text record (stops the check at once; it is left to verify)."""
+
+
 class _Recording:
     """A provider that passes every operation to `inner` and keeps each call's text form."""
 
@@ -314,6 +318,9 @@ class _Recording:
                 lines = call_lines(args, kwargs)
             except Unwritable as e:
                 lines, why = None, f"{name} takes {e}"
+            if lines is not None and sum(map(len, lines)) > MAX_RECORD_CHARS:
+                self.calls.append((name, None, f"{name} with {sum(map(len, lines)) / 1e6:.0f} MB of inputs"))
+                raise _TooLarge(name)        # the check stays with verify: no need to run the rest of it
             try:
                 result = value(*args, **kwargs)
             except Exception as e:       # noqa: BLE001 -- a check that expects a raise (LAYOUT.REJECT)
@@ -362,11 +369,11 @@ def record_rule(rule_id: str, reference, level: int, canonical=None) -> RuleVect
         unwritable = [c[2] for _, c in calls if c[1] is None]
         unwritable += [f"{c[0]} with {_size(c) / 1e6:.0f} MB of values" for _, c in calls
                        if c[1] is not None and _size(c) > MAX_RECORD_CHARS][:1]
-        if bad:
-            omitted[chk.name] = f"{bad[0].status} on the reference: {bad[0].detail.splitlines()[0] if bad[0].detail else ''}"
-            continue
         if unwritable:
             omitted[chk.name] = f"needs a live target ({unwritable[0]}): run it with `dsv4spec verify`"
+            continue
+        if bad:
+            omitted[chk.name] = f"{bad[0].status} on the reference: {bad[0].detail.splitlines()[0] if bad[0].detail else ''}"
             continue
         if not calls:
             omitted[chk.name] = "makes no operation call"
@@ -628,8 +635,8 @@ class _Replay:
         return answer
 
 
-def load_rule(export_dir: Path, rule_id: str) -> tuple[list[Record], dict[int, Record], dict]:
-    """(input records, expected records by id, the header comments' fields) of one rule."""
+def load_rule(export_dir: Path, rule_id: str) -> tuple[list[Record], dict[int, Record]]:
+    """(input records, expected records by id) of one rule."""
     export_dir = Path(export_dir)
 
     def records(path):
@@ -641,7 +648,7 @@ def load_rule(export_dir: Path, rule_id: str) -> tuple[list[Record], dict[int, R
         return out
     inputs = records(export_dir / INPUTS / rule_file(rule_id))
     expected = {r.id: r for r in records(export_dir / EXPECTED / rule_file(rule_id))}
-    return inputs, expected, {}
+    return inputs, expected
 
 
 def exported_rules(export_dir: Path) -> list[str]:
@@ -675,7 +682,7 @@ def judge(export_dir: Path, port_dir: Path, rules: list[str] | None = None, prog
                          f"{', '.join(exported_rules(export_dir))}")
     rows = []
     for rule_id in chosen:
-        records, expected, _ = load_rule(export_dir, rule_id)
+        records, expected = load_rule(export_dir, rule_id)
         outputs = read_outputs(port_dir / rule_file(rule_id), {r.id: r for r in records})
         names = _checks_of(export_dir / INPUTS / rule_file(rule_id))
         repro = f"{program} golden check-vectors {export_dir} {port_dir} --rules {rule_id}"
@@ -750,7 +757,7 @@ def answer(export_dir: Path, out_dir: Path, target, rules: list[str] | None = No
     for rule_id in exported_rules(export_dir):
         if rules and not any(_matches(rule_id, p) for p in rules):
             continue
-        records, _, _ = load_rule(export_dir, rule_id)
+        records, _ = load_rule(export_dir, rule_id)
         text = []
         for r in records:
             if not target.has(r.op):
