@@ -90,6 +90,9 @@ def run(args) -> int:
         bad = [s for _, s, _ in results if s != "PASS"]
         print(f"\n{len(results) - len(bad)} of {len(results)} golden outputs PASS"
               + (f"; {len(bad)} FAIL, MISSING or ERROR (exit 1)" if bad else ""))
+        if any(s == "FAIL" for _, s, _ in results):
+            print("(a case is filed under the rule it gates; for the clause a difference breaks and the variant "
+                  "it matches, answer the vectors of `golden export` and run `golden check-vectors`)")
         return 1 if bad else 0
     from dsv4spec.properties.target import load_target
     status = 0
