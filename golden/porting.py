@@ -145,7 +145,7 @@ def layout_text(recorded: dict, sections: list[str], level: int, layers: bool) -
     if without:
         lines += ["", "Rules without vectors (judge them with `dsv4spec verify` through a Python or exec target):", ""]
         lines += [f"- `{rv.rule_id}` ({RULES[rv.rule_id].title}): "
-                  + ("; ".join(f"{k}: {v}" for k, v in rv.omitted.items()) or "no check calls an operation")
+                  + ("; ".join(f"{k}: {v}" for k, v in rv.omitted.items()) or "it has no check of its own")
                   for rv in without]
     lines += _CASES.splitlines()
     if not layers:
