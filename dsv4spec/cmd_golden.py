@@ -11,10 +11,12 @@ def register(subparsers):
         description="Golden files live in the installed package (dsv4spec/golden/data) with a manifest "
                     "of sha256 hashes. `generate --out DIR` writes them (impl's outputs, checked against spec/; "
                     "rewriting the stored ones needs --force); `manifest` checks the hashes; "
-                    "`check --target T` runs a target on the stored inputs; `export DIR` writes the "
-                    "inputs, their layout (LAYOUT.md) and text vectors for a port in another language; "
-                    "`check-outputs DIR` compares the output files that port wrote (same file names, "
-                    "out.* tensors): exit 1 when one differs or is missing.")
+                    "`check --target T` runs a target on the stored inputs; `export DIR` writes, for a port "
+                    "in another language, the text vectors of every check (vectors/RULE.txt, the reference's "
+                    "outputs in expected/), the golden cases' inputs (cases/) and LAYOUT.md describing them; "
+                    "`check-vectors DIR OUT` judges the outputs the port wrote for the vectors, rule by rule, "
+                    "with verify's checks; `check-outputs OUT` compares its outputs of the golden cases: "
+                    "exit 1 when one fails, is missing or cannot be read.")
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     g = sub.add_parser("generate", help="write every golden file and the manifest (impl's outputs, checked "
                                         "against spec/) to a directory")
@@ -23,9 +25,30 @@ def register(subparsers):
     sub.add_parser("manifest", help="check the stored files against the manifest hashes")
     c = sub.add_parser("check", help="run a target on the golden inputs and compare bit for bit")
     c.add_argument("--target", action="append", default=None, metavar="T")
-    e = sub.add_parser("export", help="write the golden inputs, LAYOUT.md and text vectors for a port")
+    e = sub.add_parser("export", help="write the text vectors, the golden cases' inputs and LAYOUT.md for a port",
+                       description="Writes DIR/vectors/RULE.txt (the inputs of every call each rule's checks "
+                                   "make on impl), DIR/expected/RULE.txt (impl's outputs), DIR/cases/ (the golden "
+                                   "cases' inputs, text and safetensors), DIR/export.txt and DIR/LAYOUT.md (read "
+                                   "it first: it states every format).  Files 0644, folders 0755.")
     e.add_argument("dir", type=Path)
-    e.add_argument("--rules", metavar="PREFIX,...", help="only the cases gating these rules")
+    e.add_argument("--rules", metavar="PREFIX,...", help="only these rules' vectors and cases")
+    e.add_argument("--level", type=int, choices=(1, 2, 3), default=2,
+                   help="1: the checks' explicit examples (every boundary); 2 (default): and 25 generated "
+                        "examples per check; 3: and the ci profile's generated examples")
+    e.add_argument("--bf16", action="store_true",
+                   help="BF16 input tensors for the operations the official code feeds BF16 (the quantizers): "
+                        "vectors for a BF16-only port (default: float32, a superset of the values)")
+    e.add_argument("--layers", action="store_true",
+                   help="also the PATH.LAYER cases (index_layer on full-size weights, about 100 MB)")
+    v = sub.add_parser("check-vectors", help="judge the outputs a port wrote for exported vectors, by rule",
+                       description="Replays every exported rule's checks on the port's outputs OUT/RULE.txt "
+                                   "(LAYOUT.md states the format): the same comparison policies, failure "
+                                   "messages and variant naming as verify.  A missing or unreadable file or "
+                                   "record is ERROR on the checks that need it; the rest is still judged.  "
+                                   "Exit 1 on any FAIL or ERROR.")
+    v.add_argument("dir", type=Path, help="the export (written by `golden export`)")
+    v.add_argument("out", type=Path, help="the port's outputs, one RULE.txt per rule it implements")
+    v.add_argument("--rules", metavar="PREFIX,...", help="only these rules (the others are not expected)")
     o = sub.add_parser("check-outputs", help="compare a port's output directory with the goldens")
     o.add_argument("dir", type=Path)
     o.add_argument("--rules", metavar="PREFIX,...", help="only the cases gating these rules (the others "
@@ -51,16 +74,25 @@ def run(args) -> int:
         return 1 if problems else 0
     rules = [p.strip() for p in (getattr(args, "rules", None) or "").split(",") if p.strip()] or None
     if args.action == "export":
-        files = store.export(args.dir, rules=rules)
-        print(f"wrote {len(files)} files to {args.dir} (read {args.dir / store.LAYOUT})")
+        done = store.export(args.dir, rules=rules, level=args.level, layers=args.layers, bf16=args.bf16)
+        files = [p for p in args.dir.rglob("*") if p.is_file()]
+        size = sum(p.stat().st_size for p in files)
+        print(f"wrote {len(files)} files, {size / 1e6:.1f} MB, to {args.dir}: vectors of "
+              f"{sum(1 for rv in done['vectors'].values() if rv.records)} rules at level {args.level}, "
+              f"{len(done['cases'])} golden cases (read {args.dir / store.LAYOUT})")
         return 0
+    if args.action == "check-vectors":
+        return _check_vectors(args, rules)
     if args.action == "check-outputs":
         results = store.check_outputs(args.dir, rules=rules)
         for rule, status, detail in results:
             print(f"{status:<8} {rule:<20} {detail}")
         bad = [s for _, s, _ in results if s != "PASS"]
         print(f"\n{len(results) - len(bad)} of {len(results)} golden outputs PASS"
-              + (f"; {len(bad)} FAIL or MISSING (exit 1)" if bad else ""))
+              + (f"; {len(bad)} FAIL, MISSING or ERROR (exit 1)" if bad else ""))
+        if any(s == "FAIL" for _, s, _ in results):
+            print("(a case is filed under the rule it gates; for the clause a difference breaks and the variant "
+                  "it matches, answer the vectors of `golden export` and run `golden check-vectors`)")
         return 1 if bad else 0
     from dsv4spec.properties.target import load_target
     status = 0
@@ -68,6 +100,27 @@ def run(args) -> int:
         print(f"# {spec}")
         status |= _print(store.check_target(load_target(spec)))
     return status
+
+
+def _check_vectors(args, rules) -> int:
+    from dsv4spec.golden import vectors
+    from dsv4spec.properties.suite import program
+    try:
+        rows = vectors.judge(args.dir, args.out, rules=rules, program=program())
+    except (FileNotFoundError, ValueError) as e:
+        print(f"dsv4spec golden check-vectors: {e}", file=sys.stderr)
+        return 2
+    for row in rows:
+        first, *rest = (row.detail or "").splitlines() or [""]
+        print(f"{row.status:<16} {row.rule_id:<24} {first}")
+        for line in rest:
+            print(f"{'':<41} {line}")
+        if row.reproduce:
+            print(f"{'':<41} reproduce: {row.reproduce}")
+    bad = [r for r in rows if r.status in ("FAIL", "ERROR")]
+    print(f"\n{sum(r.status == 'PASS' for r in rows)} of {len(rows)} rules PASS"
+          + (f"; {len(bad)} FAIL or ERROR (exit 1)" if bad else ""))
+    return 1 if bad else 0
 
 
 def _print(results) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -145,10 +146,26 @@ def compare(case: Case, got: dict[str, np.ndarray], want: dict[str, np.ndarray],
             i = int(diff[0]) // a.itemsize
             idx = tuple(int(j) for j in np.unravel_index(i, a.shape))
             order = " (rows sorted where their order is free)" if name in case.unordered else ""
+            show = _decoder(case, name, a.dtype)
             return (f"{case.name}.{name}: {diff.size} bytes differ from {against}{order}; first at {idx}: "
-                    f"got {a.reshape(-1)[i]!r}, expected {b.reshape(-1)[i]!r} "
+                    f"got {show(a.reshape(-1)[i])}, expected {show(b.reshape(-1)[i])} "
                     f"(rule {case.output_rules.get(name, case.rule)})")
     return None
+
+
+def _decoder(case: Case, name: str, dtype):
+    """How one element of an output reads in a message: its bits and fields, never a numpy repr."""
+    from ..properties.formats import e2m1_text, e4m3_text, e8m0_text, f32_text, packed_text
+    if dtype == np.uint8:
+        fields = {"packed": packed_text, "q": e4m3_text,
+                  "scales": e4m3_text if case.op == "fp4_e4m3_quantize" else e8m0_text}.get(name, e2m1_text
+                                                                                           if "codes" in name else None)
+        return lambda v: f"0x{int(v):02x}" + (f" {fields(int(v))}" if fields else "")
+    if dtype == np.float32:
+        return lambda v: f"0x{int(np.float32(v).view(np.uint32)):08x} {f32_text(int(np.float32(v).view(np.uint32)))}"
+    if dtype.kind in "iub":
+        return lambda v: str(int(v))
+    return lambda v: str(v.item() if hasattr(v, "item") else v)
 
 
 def _rows_sorted(a: np.ndarray, columns: int | None) -> np.ndarray:
@@ -186,7 +203,7 @@ def check_target(target, data: Path = DATA, names=None) -> list[tuple[str, str, 
 # ------------------------------------------------------------------------------------------------
 
 LAYOUT = "LAYOUT.md"
-VECTORS = "vectors"
+CASES = "cases"
 
 
 def selected(rules: list[str] | None = None) -> list[Case]:
@@ -205,22 +222,28 @@ def _input_names(case: Case, stored: dict) -> list[str]:
 
 
 def check_outputs(port_dir: Path, data: Path = DATA, rules: list[str] | None = None) -> list[tuple[str, str, str]]:
-    """(rule, status, detail) per golden case, comparing the files a port wrote in `port_dir` (same
-    names, `out.*` tensors) with the goldens: PASS, FAIL, or MISSING (no file, or an output absent)."""
+    """(rule, status, detail) per golden case, comparing the files a port wrote in `port_dir`
+    (`<case>.safetensors` with `out.*` tensors, or `<case>.txt` in the text form) with the goldens:
+    PASS, FAIL, MISSING (no file, or an output absent) or ERROR (a file that cannot be read: the
+    other cases are still judged)."""
     port_dir = Path(port_dir)
     if not port_dir.is_dir():
         raise FileNotFoundError(f"{port_dir} is not a directory of port outputs")
     results = []
     for case in selected(rules):
-        f = port_dir / f"{case.name}.safetensors"
-        if not f.exists():
-            results.append((case.rule, "MISSING", f"{case.name}: no {f.name} in {port_dir}"))
+        binary, text = port_dir / f"{case.name}.safetensors", port_dir / f"{case.name}.txt"
+        if not binary.exists() and not text.exists():
+            results.append((case.rule, "MISSING", f"{case.name}: neither {binary.name} nor {text.name} in {port_dir}"))
             continue
-        got = {k[4:]: v for k, v in load_file(str(f)).items() if k.startswith("out.")}
+        f = binary if binary.exists() else text
+        try:
+            got = _port_outputs(f)
+        except Exception as e:      # noqa: BLE001 -- a corrupt or truncated file is the port's, reported
+            results.append((case.rule, "ERROR", f"{case.name}: {f.name} cannot be read: {type(e).__name__}: {e}"))
+            continue
         absent = [name for name in case.outputs if name not in got]
         if absent:
-            results.append((case.rule, "MISSING", f"{case.name}: no tensor {', '.join('out.' + n for n in absent)} "
-                                                  f"in {f.name}"))
+            results.append((case.rule, "MISSING", f"{case.name}: no output {', '.join(absent)} in {f.name}"))
             continue
         _, want = load_case(case.name, data)
         problem = compare(case, got, want)
@@ -228,51 +251,71 @@ def check_outputs(port_dir: Path, data: Path = DATA, rules: list[str] | None = N
     return results
 
 
-def export(out: Path, data: Path = DATA, rules: list[str] | None = None) -> list[Path]:
-    """Write the golden inputs (tensors `in.*` only), LAYOUT.md describing every file, and one-line
-    text vectors of the element and block codecs; returns the files written."""
+def _port_outputs(f: Path) -> dict[str, np.ndarray]:
+    """The outputs in a port's file: `out.NAME` tensors of a safetensors file, or the value lines
+    (`NAME DTYPE RANK DIMS VALUES`) of a text file."""
+    if f.suffix == ".safetensors":
+        return {k[4:]: v for k, v in load_file(str(f)).items() if k.startswith("out.")}
+    from . import vectors as V
+    records, stray = V.read_records(f)
+    if stray or len(records) != 1:
+        raise ValueError(stray[0] if stray else f"expected one `@ case=NAME` header, found {len(records)}")
+    out = {}
+    for n, line in records[0][2]:
+        try:
+            name, value = V.parse_value(line.split())
+        except ValueError as e:
+            raise ValueError(f"line {n}: {e}") from None
+        out[name] = np.asarray(_numpy(value))
+    return out
+
+
+def export(out: Path, data: Path = DATA, rules: list[str] | None = None, level: int | None = None,
+           layers: bool = False, bf16: bool = False) -> dict:
+    """Write, for a port in another language: vectors/ and expected/ (every check's calls, text),
+    cases/ (the golden cases' inputs, as safetensors and as text; the layer cases, 100 MB of
+    weights, only when `layers`), export.txt and LAYOUT.md describing all of it; every file
+    world-readable.  Returns {"vectors": {rule: RuleVectors}, "cases": [Case]}."""
+    from . import vectors as V
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    written, sections = [], []
-    for case in selected(rules):
+    V.make_dir(out)
+    level = V.DEFAULT_LEVEL if level is None else level
+    recorded = V.export(out, rules=rules, level=level, bf16=bf16)
+    chosen = [c for c in cases() if _gated(c, rules) and (layers or (not c.generated and c.build is None))]
+    V.make_dir(out / CASES)
+    sections = []
+    for case in chosen:
         inputs, want = load_case(case.name, data)
         names = _input_names(case, inputs)
-        path = out / f"{case.name}.safetensors"
-        about = json.dumps({"op": case.op, "rule": case.rule, "args": case.args, "inputs": names,
-                            "outputs": list(case.outputs), "call": case.call,
-                            "positional": list(case.positional)}, sort_keys=True)
+        path = out / CASES / f"{case.name}.safetensors"
         save_file({f"in.{k}": np.ascontiguousarray(inputs[k]) for k in names}, str(path),
-                  metadata={"case": about})
-        written.append(path)
+                  metadata=_flat_about(case, names))
+        os.chmod(path, V.FILE_MODE)
+        V.write_text(out / CASES / f"{case.name}.txt", _case_text(case, inputs, names))
         sections.append(_layout(case, {k: inputs[k] for k in names}, want))
-    (out / LAYOUT).write_text(_LAYOUT_HEAD + "\n".join(sections))
-    written.append(out / LAYOUT)
-    (out / VECTORS).mkdir(exist_ok=True)
-    for name, lines in text_vectors(data).items():
-        path = out / VECTORS / f"{name}.txt"
-        path.write_text("\n".join(lines) + "\n")
-        written.append(path)
-    return written
+    from .porting import layout_text
+    V.write_text(out / LAYOUT, layout_text(recorded, sections, level, layers))
+    return {"vectors": recorded, "cases": chosen}
 
 
-_LAYOUT_HEAD = """# Golden inputs for a port
+def _gated(case: Case, rules) -> bool:
+    from ..spec.rules import _matches
+    return not rules or any(_matches(case.rule, p) for p in rules)
 
-Each `<case>.safetensors` holds the inputs of one operation as tensors `in.<name>` (little-endian,
-C order) and, in its metadata key `case` (JSON), the operation, the rule it gates, the extra
-arguments and the order of the inputs and outputs.  Run your operation on the inputs in that order, then the arguments named in `positional`, in
-that order, then the other arguments by keyword (`"call": "mapping"`: pass them as one mapping
-from name to tensor, as `index_layer(inputs, **args)` takes them, and read the outputs from the
-mapping it returns), write `<case>.safetensors` into an output
-folder with one tensor `out.<name>` per output listed (dtype and shape as listed), then run
 
-    dsv4spec golden check-outputs OUTPUT_FOLDER [--rules PREFIX,...]
+def _flat_about(case: Case, names: list[str]) -> dict[str, str]:
+    """The case's description as flat string metadata (one header JSON to parse, no JSON inside it)."""
+    return {"op": case.op, "rule": case.rule, "call": case.call, "inputs": ",".join(names),
+            "outputs": ",".join(case.outputs), "positional": ",".join(case.positional),
+            "args": " ".join(f"{k}={v}" for k, v in case.args.items())}
 
-Every listed output must be there: a missing file or tensor fails the check (select the rules your
-port implements with --rules).  `vectors/*.txt` hold one-line test vectors of the element and block
-codecs: `RULE op hex(input) -> hex(outputs)`, fp32 inputs as 8-hex-digit bit patterns, bytes as
-2-hex-digit values, one block per line.
 
-"""
+def _case_text(case: Case, inputs: dict, names: list[str]) -> str:
+    from . import vectors as V
+    lines = [line for k in names for line in V.value_lines(k, inputs[k])]
+    lines += [line for k, v in case.args.items() for line in V.value_lines(k, v)]
+    head = " ".join(f"{k}={v}" for k, v in _flat_about(case, names).items() if k != "args" and v)
+    return f"@ case={case.name} {head} lines={len(lines)}\n" + "\n".join(lines) + "\n"
 
 
 def _describe_array(name, a) -> str:
@@ -282,9 +325,10 @@ def _describe_array(name, a) -> str:
 def _layout(case: Case, inputs: dict, want: dict) -> str:
     from ..spec import RULES
     ops = _op_contract()
-    lines = [f"## {case.name}.safetensors", "", f"- operation: `{ops.get(case.op, case.op)}`",
+    lines = [f"### cases/{case.name}.safetensors, cases/{case.name}.txt", "",
+             f"- operation: `{ops.get(case.op, case.op)}`",
              f"- rule: `{case.rule}`: {RULES[case.rule].statement}",
-             f"- extra arguments: {json.dumps(case.args) if case.args else 'none'}"
+             f"- extra arguments: {' '.join(f'{k}={v}' for k, v in case.args.items()) if case.args else 'none'}"
              + (f" ({', '.join(case.positional)} positional, after the inputs)" if case.positional else "")]
     if case.call == "mapping":
         lines.append("- call: the inputs as one mapping; the outputs are its stages in path order, each gating "
@@ -305,46 +349,3 @@ def _op_contract() -> dict[str, str]:
     for family in FAMILY_MODULES:
         contract.update(getattr(importlib.import_module(f"dsv4spec.properties.{family}"), "OPS", {}))
     return contract
-
-
-def _hex(a: np.ndarray) -> str:
-    a = np.ascontiguousarray(a)
-    if a.dtype == np.float32:
-        return " ".join(f"{w:08x}" for w in a.view(np.uint32).reshape(-1))
-    return " ".join(f"{int(b):02x}" for b in a.reshape(-1))
-
-
-def text_vectors(data: Path = DATA, blocks: int = 64) -> dict[str, list[str]]:
-    """One-line vectors: the element codecs from the exact definitions in spec/formats on every
-    boundary, its neighbours and the E2M1/E4M3 grids; the block codecs from the goldens' first
-    `blocks` blocks and their stored outputs."""
-    from ..spec import formats as F
-    out = {}
-    grid = np.concatenate([F.E2M1_VALUES, np.array(F.E2M1_BOUNDARIES, np.float32), [7.0, 1e4, -0.0]]).astype(np.float32)
-    e2m1_in = np.unique(np.concatenate([grid, np.nextafter(grid, np.float32(np.inf)),
-                                        np.nextafter(grid, np.float32(-np.inf))]).astype(np.float32))
-    e2m1_in = np.concatenate([e2m1_in, -e2m1_in])
-    rule = lambda v: ("FMT.E2M1.SATURATE" if abs(v) > 6 else "FMT.E2M1.ZERO_SIGN"  # noqa: E731
-                      if np.signbit(v) and abs(v) <= 0.25 else "FMT.E2M1.RNE")
-    out["e2m1_encode"] = [f"{rule(v)} e2m1_encode {_hex(np.float32([v]))} -> {_hex(F.e2m1_encode(np.float32([v])))}"
-                          for v in e2m1_in]
-    e4m3 = F.e4m3_decode(np.arange(0x7F, dtype=np.uint8)).astype(np.float32)
-    mids = ((e4m3[1:].astype(np.float64) + e4m3[:-1]) / 2).astype(np.float32)
-    e4m3_in = np.concatenate([e4m3, mids, np.float32([464.0, 463.9, 1e6])])
-    e4m3_in = np.concatenate([e4m3_in, -e4m3_in]).astype(np.float32)
-    out["e4m3_encode"] = [f"{'FMT.E4M3.SATFINITE' if abs(v) > 448 else 'FMT.E4M3.RNE'} e4m3_encode "
-                          f"{_hex(np.float32([v]))} -> {_hex(F.e4m3_encode(np.float32([v])))}" for v in e4m3_in]
-    for case in cases():
-        if case.op not in ("fp4_e4m3_quantize", "fp4_e8m0_quantize", "fp8_quantize"):
-            continue
-        inputs, want = load_case(case.name, data)
-        x = inputs["x"]
-        n_blocks = want[case.outputs[1]].shape[-1]
-        block = x.shape[-1] // n_blocks
-        xb = x.reshape(-1, block)
-        payload = want[case.outputs[0]].reshape(xb.shape[0], -1)
-        scales = want[case.outputs[1]].reshape(-1)
-        extra = f" block={case.args['block']}" if "block" in case.args else ""
-        out[case.name] = [f"{case.rule} {case.op}{extra} {_hex(xb[i])} -> {_hex(payload[i])} | {_hex(scales[i:i + 1])}"
-                          for i in range(min(blocks, xb.shape[0]))]
-    return out
