@@ -16,6 +16,14 @@ files hold one entry a line, a rule id or prefix, then the reason:
 An entry that matches no selected rule is reported as a warning, so a stale list shows up.  The
 seed of a dev or thorough run is --dsv4spec-seed, else $DSV4SPEC_SEED, else a fresh one; it is
 printed in the header and every reproduce line, and shared by pytest-xdist workers.
+
+Hypothesis's own options keep their meaning for the project's tests and leave the suite's alone:
+the suite runs under profiles of its own (`dsv4spec-ci`, ...), applied to its checks only, so no
+profile of the user's (Hypothesis's built-in `ci` under CI=true included) changes.
+`--hypothesis-seed N` seeds a dev or thorough run as --dsv4spec-seed would (the two must agree)
+and is reported ignored for the derandomized ci profile; `--hypothesis-profile NAME` applies to
+the project's tests only, and naming one of the suite's profiles that is not registered with
+Hypothesis is refused in one line (the suite's profile is --dsv4spec-profile).
 """
 from __future__ import annotations
 
@@ -59,7 +67,7 @@ class Settings:
             raise pytest.UsageError(f"dsv4spec: {e}") from None
         for t in self.targets:
             t.timeout = get("dsv4spec_timeout") or t.timeout
-        seed = get("dsv4spec_seed")
+        seed, self.notes = _seed_option(config, self.profile, DERANDOMIZED)
         seed = seed if seed is not None else int(os.environ.get(SEED_VARIABLE) or new_seed())
         os.environ[SEED_VARIABLE] = str(seed)       # pytest-xdist workers, started later, share it
         RUN.seed = None if self.profile in DERANDOMIZED else seed
@@ -67,6 +75,24 @@ class Settings:
         self.seed = RUN.seed
         self.skip = read_entries(get("dsv4spec_skip"), "--dsv4spec-skip")
         self.xfail = read_entries(get("dsv4spec_xfail"), "--dsv4spec-xfail")
+
+
+def _seed_option(config, profile: str, derandomized) -> tuple[int | None, list[str]]:
+    """The seed --dsv4spec-seed or --hypothesis-seed asks for, and what the header says about them."""
+    ours, theirs = config.getoption("dsv4spec_seed"), config.getoption("hypothesis_seed", None)
+    if theirs is None:
+        return ours, []
+    try:
+        theirs = int(theirs)
+    except ValueError:
+        raise pytest.UsageError(f"dsv4spec: --hypothesis-seed {theirs!r}: the suite's seed is an integer; "
+                                "give an integer or --dsv4spec-seed") from None
+    if profile in derandomized:
+        return ours, [f"--hypothesis-seed {theirs} ignored by dsv4spec: profile {profile} is derandomized "
+                      "(--dsv4spec-profile dev takes a seed)"]
+    if ours is not None and ours != theirs:
+        raise pytest.UsageError(f"dsv4spec: --dsv4spec-seed {ours} and --hypothesis-seed {theirs} disagree; give one")
+    return theirs, []
 
 
 def read_entries(path: str | None, option: str) -> list[tuple[str, str, int]]:
@@ -91,9 +117,26 @@ def _matching(entries, rule_id):
     return next((e for e in entries if _matches(rule_id, e[0])), None)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
-    if config.getoption("dsv4spec_target"):
-        config.pluginmanager.register(Session(Settings(config)), "dsv4spec-session")
+    if not config.getoption("dsv4spec_target"):
+        return
+    _refuse_an_unregistered_suite_profile(config)
+    config.pluginmanager.register(Session(Settings(config)), "dsv4spec-session")
+
+
+def _refuse_an_unregistered_suite_profile(config):
+    """--hypothesis-profile dev (meaning the suite's dev) would crash Hypothesis's own plugin."""
+    from hypothesis import settings
+    from .suite import PROFILES
+    name = config.getoption("hypothesis_profile", None)
+    if name in PROFILES:
+        try:
+            settings.get_profile(name)
+        except Exception:       # noqa: BLE001 -- InvalidArgument: not registered
+            raise pytest.UsageError(f"dsv4spec: --hypothesis-profile {name}: Hypothesis has no profile {name!r} "
+                                    f"(that option selects a profile of your tests); the suite's profile is "
+                                    f"--dsv4spec-profile {name}") from None
 
 
 class Session:
@@ -104,7 +147,7 @@ class Session:
         s = self.settings
         seed = "derandomized" if s.seed is None else f"seed {s.seed}"
         return [f"dsv4spec: profile {s.profile} ({seed}); targets {', '.join(t.spec for t in s.targets)}; "
-                f"{len(s.rules)} rules"]
+                f"{len(s.rules)} rules", *(f"dsv4spec: {note}" for note in s.notes)]
 
     def pytest_collection_modifyitems(self, session, config, items):
         s = self.settings

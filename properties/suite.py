@@ -46,12 +46,25 @@ _phases = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shri
 _health = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
            HealthCheck.large_base_example]
 # print_blob is off: a report's reproduction is the printed command with its --seed, not a decorator.
-settings.register_profile("ci", phases=_phases, derandomize=True, max_examples=25, deadline=None, database=None,
-                          print_blob=False, suppress_health_check=_health)
-settings.register_profile("dev", phases=_phases, max_examples=100, deadline=None, database=None, print_blob=False,
-                          suppress_health_check=_health)
-settings.register_profile("thorough", max_examples=2000, deadline=None, database=None,
-                          print_blob=False, suppress_health_check=_health)
+# Registered under names of the suite's own (dsv4spec-ci, ...), each from Hypothesis's defaults, and
+# applied to each check by decorator, never loaded: the user's profiles (Hypothesis's built-in `ci`
+# under CI=true, their own `dev`) and the profile their tests run under stay as they were.
+_BASE = dict(phases=_phases, deadline=None, database=None, print_blob=False, suppress_health_check=_health)
+
+
+def _register(name: str, parent: str = "default", **values):
+    settings.register_profile(hypothesis_profile(name), parent=settings.get_profile(
+        parent if parent == "default" else hypothesis_profile(parent)), **values)
+
+
+def hypothesis_profile(name: str) -> str:
+    """The name under which the suite's profile `name` is registered with Hypothesis."""
+    return f"dsv4spec-{name}"
+
+
+_register("ci", **_BASE, derandomize=True, max_examples=25)
+_register("dev", **_BASE, max_examples=100)
+_register("thorough", **{**_BASE, "phases": tuple(Phase)}, max_examples=2000)
 PROFILES = ("ci", "dev", "thorough")
 DERANDOMIZED = ("ci",)
 
@@ -83,11 +96,10 @@ _examples_from_the_seed_alone()
 CI_EXAMPLES = {"FMT": 400, "FP4": 200, "FP8": 200, "IDX": 50, "IDX.VISIBLE": 400, "IDX.WEIGHT": 400,
                "POOL": 50, "POOL.SIZE": 25}
 for _n in set(CI_EXAMPLES.values()):
-    settings.register_profile(f"ci/{_n}", parent=settings.get_profile("ci"), max_examples=_n)
+    _register(f"ci/{_n}", parent="ci", max_examples=_n)
 for _p in (*PROFILES, *(f"ci/{_n}" for _n in set(CI_EXAMPLES.values()))):
     # naming a variant only asks whether a check passes: no shrinking
-    settings.register_profile(f"{_p}-noshrink", parent=settings.get_profile(_p),
-                              phases=(Phase.explicit, Phase.reuse, Phase.generate))
+    _register(f"{_p}-noshrink", parent=_p, phases=(Phase.explicit, Phase.reuse, Phase.generate))
 
 
 def profile_for(rule_id: str, profile: str) -> str:
@@ -96,6 +108,12 @@ def profile_for(rule_id: str, profile: str) -> str:
         return profile
     prefixes = [p for p in CI_EXAMPLES if rule_id == p or rule_id.startswith(p + ".")]
     return f"ci/{CI_EXAMPLES[max(prefixes, key=len)]}" if prefixes else "ci"
+
+
+def settings_for(rule_id: str, profile: str, shrink: bool = True) -> settings:
+    """The Hypothesis settings a rule's checks run under (the suite's own registered profile)."""
+    sized = profile_for(rule_id, profile)
+    return settings.get_profile(hypothesis_profile(sized if shrink else f"{sized}-noshrink"))
 
 
 class Skip(Exception):
@@ -157,7 +175,7 @@ def forall(*examples: dict, **strategies):
                 test = example(**ex)(test)
             if RUN.seed is not None:
                 test = hypothesis_seed(RUN.seed)(test)
-            test()
+            settings(RUN.settings)(test)()
         del run.__wrapped__               # the check's own signature is (target)
         return run
     return wrap
@@ -216,6 +234,7 @@ class Run:
         self.seed: int | None = None
         self.program: str | None = None
         self.isolate = False            # reproduce in a worker process too (a crash or hang stays contained)
+        self.settings = settings.get_profile(hypothesis_profile("ci"))     # of the check now running
 
 
 RUN = Run()
@@ -227,8 +246,7 @@ def new_seed() -> int:
 
 def run_check(chk: Check, target: Target, profile: str = "ci", shrink: bool = True) -> Outcome:
     """One check against one target: PASS/FAIL/ERROR/TIMEOUT/NOT_IMPLEMENTED/SKIP."""
-    sized = profile_for(chk.rule_id, profile)
-    settings.load_profile(sized if shrink else f"{sized}-noshrink")
+    RUN.settings = settings_for(chk.rule_id, profile, shrink)
     if chk.ops and not target.has(*chk.ops):
         missing = [op for op in chk.ops if not target.has(op)]
         return Outcome(NOT_IMPLEMENTED, "missing " + ", ".join(missing))

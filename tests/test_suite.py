@@ -178,3 +178,14 @@ def test_one_seed_draws_the_same_examples_whatever_modules_are_loaded(tmp_path, 
     monkeypatch.syspath_prepend(str(tmp_path))
     __import__("constants_galore")
     assert examples() == before and len(before) > 10
+
+
+def test_running_a_check_loads_no_hypothesis_profile():
+    """The suite applies its settings to its own checks; the session's default profile stays."""
+    from hypothesis import settings
+
+    from dsv4spec.properties.suite import checks_for, run_check
+    from dsv4spec.properties.target import load_target
+    before = settings.get_current_profile_name(), repr(settings.default)
+    assert run_check(checks_for("FMT.E2M1.RNE")[0], load_target("impl"), "ci").status == "PASS"
+    assert (settings.get_current_profile_name(), repr(settings.default)) == before
