@@ -97,10 +97,9 @@ def cmd_verify(args) -> int:
     unloadable = [t for t in targets if getattr(t, "load_error", "")]
     for t in unloadable:
         print(f"dsv4spec verify: error: {t.load_error}", file=sys.stderr)
-    status = 3 if unloadable else exit_status(rows, targets)
-    claiming = [t.name for t in targets if t.claims_conformance]
-    print(f"\nconformance claimed by {', '.join(claiming) or 'no target'}: "
-          + ("no FAIL, ERROR or TIMEOUT" if status == 0 else f"FAILURES (exit {status})"))
+    usage = any(getattr(t, "usage_error", False) for t in unloadable)
+    status = 2 if usage else 3 if unloadable else exit_status(rows, targets)
+    print("\n" + report.conclusion(rows, {t.name: t.claims_conformance for t in targets}, status))
     return status
 
 
@@ -265,9 +264,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run every check of the selected rules against each target and print one result "
                     "per (rule, target): PASS, FAIL, ERROR, TIMEOUT, VARIANT (passes only under a "
                     "declared non-canonical knob), n/i (operation not implemented) or skip. Exit "
-                    "status: 0 when every target that claims conformance (impl, kernels, official, and "
-                    "any third-party target with CLAIMS_CONFORMANCE = True) has no FAIL/ERROR/TIMEOUT; "
-                    "1 otherwise; 2 on a usage error; 3 when a target could not be loaded; 130 when "
+                    "status: 0 when every target that claims conformance (every target you name, unless it "
+                    "sets CLAIMS_CONFORMANCE = False) has no FAIL/ERROR/TIMEOUT; "
+                    "1 otherwise; 2 on a usage error (a target that implements no operation included); 3 when a "
+                    "target could not be loaded; 130 when "
                     "interrupted (what finished is printed). The ml_dtypes and torch targets are element "
                     "casts whose deviations are findings, not failures.",
         epilog="A target: impl, kernels, official, ml_dtypes, torch; an entry point of group "

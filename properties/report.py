@@ -108,6 +108,28 @@ def summary(rows: list[Row]) -> str:
                      for t, c in counts(rows).items())
 
 
+def conclusion(rows: list[Row], claims: dict[str, bool], status: int) -> str:
+    """The run's last line: the verdict on the targets that claim conformance, and what the others
+    got, so that it never reads green over a FAIL in the table."""
+    def problems(names):
+        found = counts([r for r in rows if r.target in names and r.status in PROBLEMS])
+        total = {s: sum(c.get(s, 0) for c in found.values()) for s in PROBLEMS}
+        return ", ".join(f"{n} {s}" for s, n in total.items() if n)
+
+    claiming = [t for t, c in claims.items() if c]
+    others = [t for t, c in claims.items() if not c]
+    bad = problems(claiming)
+    verdict = f"{bad} (exit {status})" if bad else "no FAIL, ERROR or TIMEOUT" if status == 0 \
+        else f"FAILURES (exit {status})"
+    line = f"conformance claimed by {', '.join(claiming)}: {verdict}" if claiming \
+        else f"no target claims conformance (exit {status})"
+    found = problems(others)
+    if found:
+        line += (f"; not claimed by {', '.join(others)} (CLAIMS_CONFORMANCE = False): {found}, "
+                 "findings that do not change the exit status")
+    return line
+
+
 def to_json(rows: list[Row], header: dict, interrupted: bool = False) -> str:
     return json.dumps({
         "schema_version": SCHEMA_VERSION,

@@ -6,7 +6,7 @@ metadata:
     NAME = "mylib"                      # shown in reports
     DEVICE = "cuda"                     # informative
     VARIANTS = {"e2m1_ties": "even"}    # the implementation-defined choices it declares
-    CLAIMS_CONFORMANCE = True           # its failures make `dsv4spec verify` exit 1
+    CLAIMS_CONFORMANCE = False          # only to say it does not: its failures are findings, exit 0
     EXTENSIONS = {"chunked_prefill"}    # the extensions beyond the official domain it implements
     INPUT_DTYPE = "bfloat16"            # the dtype of the values every operation receives
     INPUT_DTYPES = {"fp8_quantize": "float32"}   # per operation, overriding INPUT_DTYPE
@@ -33,7 +33,10 @@ How `--target T` is resolved (the same rule for the CLI, the pytest plugin and `
                                                 returns the target
 
 Any other function is refused with a message: it is never guessed to be a factory.  Operations a
-target lacks are NOT_IMPLEMENTED, never FAIL.
+target lacks are NOT_IMPLEMENTED, never FAIL; a target that provides none of them is a usage
+error (TargetNotFound: `--target json` names a module, not a target).  A target the user names
+claims conformance (its FAIL, ERROR or TIMEOUT make verify exit 1 and fail the pytest items)
+unless it sets CLAIMS_CONFORMANCE = False, as the element-cast targets ml_dtypes and torch do.
 
 Results are checked strictly where they come back from the target (`Target.op`): a torch tensor
 of the contract's dtype (RESULTS), on the device the inputs were given on, and laid out in the
@@ -73,6 +76,10 @@ class NotImplementedOp(AttributeError):
 
 class TargetNotFound(ValueError):
     """The target spec names nothing that exists (a usage error: exit status 2)."""
+
+
+class NothingImplemented(TargetNotFound):
+    """The target provides none of the contract's operations (a usage error: exit status 2)."""
 
 
 class TargetLoadError(Exception):
@@ -246,7 +253,7 @@ class Target:
         self.spec = spec
         self.name = name or getattr(provider, "NAME", spec)
         self.device = getattr(provider, "DEVICE", "cpu")
-        self.claims_conformance = bool(getattr(provider, "CLAIMS_CONFORMANCE", False))
+        self.claims_conformance = bool(getattr(provider, "CLAIMS_CONFORMANCE", True))
         self.declared = dict(getattr(provider, "VARIANTS", {}) or {})
         self.variants = check_variants(self.declared)
         self.extensions = frozenset(getattr(provider, "EXTENSIONS", ()) or ())
@@ -424,9 +431,18 @@ def load_target(spec: str) -> Target:
     Raises TargetNotFound (nothing of that name) or TargetLoadError (it raised while loading)."""
     ref = locate(spec)
     if ref != spec:
-        return Target(_import(ref), spec, name=spec)
+        return _implementing(Target(_import(ref), spec, name=spec))
     provider = _import(spec)
     try:
-        return Target(provider, spec)
+        target = Target(provider, spec)
     except ValueError as e:     # VARIANTS naming an unknown knob or value
         raise TargetLoadError(f"target {spec!r}: {e}") from None
+    return _implementing(target)
+
+
+def _implementing(target: Target) -> Target:
+    """The target, unless it provides none of the contract's operations."""
+    if not any(target.has(op) for op in known_ops()):
+        raise NothingImplemented(f"target {target.spec!r} provides none of the contract's operations "
+                                 f"(`dsv4spec ops` lists them by name); is it the module you meant?")
+    return target

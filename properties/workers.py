@@ -45,6 +45,7 @@ class TargetInfo:
     version: str = ""
     device: str = ""
     load_error: str = ""
+    usage_error: bool = False       # the spec names something that is not a target (exit status 2)
 
 
 def visible_gpus() -> list[str]:
@@ -104,7 +105,7 @@ def _worker(conn, cores, seed, program, timeout, isolate):
                 t.timeout = timeout
                 targets[spec] = t
             except (TargetNotFound, TargetLoadError) as e:
-                conn.send(("load_error", index, str(e)))
+                conn.send(("load_error", index, str(e), isinstance(e, TargetNotFound)))
                 continue
             conn.send(("op", None))
             conn.send(("loaded", asdict(TargetInfo(spec, t.name, t.module, t.claims_conformance, t.version, str(t.device)))))
@@ -247,9 +248,9 @@ def _drain(slot, record, infos, ready):
             slot.task = None
             return
         elif kind == "load_error":
-            _, index, why = message
+            _, index, why, usage = message
             spec = slot.task[1]
-            infos[spec].load_error = why
+            infos[spec].load_error, infos[spec].usage_error = why, usage
             record(index, Row(slot.task[2], infos[spec].name, ERROR, why))
             slot.task = None
             return

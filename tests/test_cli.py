@@ -180,3 +180,30 @@ def test_ctrl_c_prints_and_writes_what_finished(tmp_path):
     assert "FMT.E2M1.RNE  FAIL" in out and "FMT.E4M3.RNE" not in out.split("\n\n")[0]
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["interrupted"] and [r["rule"] for r in report["results"]] == ["FMT.E2M1.RNE"]
+
+
+LOSES_SIGN = ("import torch\nfrom dsv4spec.impl import e2m1_encode as _e\nNAME = 'mine'\n{claim}"
+              "def e2m1_encode(x):\n    return _e(x) & 0x7\n")
+
+
+@pytest.mark.parametrize("isolate", [False, True])
+def test_a_named_target_claims_conformance_unless_it_says_otherwise(tmp_path, isolate):
+    """No CLAIMS_CONFORMANCE: its FAIL exits 1; CLAIMS_CONFORMANCE = False: exit 0, and the last line
+    names the FAIL rather than reading 'no FAIL'."""
+    (tmp_path / "mytarget.py").write_text(LOSES_SIGN.format(claim=""))
+    args = ["verify", "--target", "mytarget", "--rules", "FMT.E2M1.RNE", "--quiet"] + ["--isolate"] * isolate
+    silent = run(*args, cwd=tmp_path)
+    assert silent.returncode == 1, silent.stdout + silent.stderr
+    assert silent.stdout.strip().splitlines()[-1].startswith("conformance claimed by mine: 1 FAIL (exit 1)")
+    (tmp_path / "mytarget.py").write_text(LOSES_SIGN.format(claim="CLAIMS_CONFORMANCE = False\n"))
+    relaxed = run(*args, cwd=tmp_path)
+    assert relaxed.returncode == 0, relaxed.stdout + relaxed.stderr
+    last = relaxed.stdout.strip().splitlines()[-1]
+    assert "no FAIL" not in last and "not claimed by mine (CLAIMS_CONFORMANCE = False): 1 FAIL" in last, last
+
+
+@pytest.mark.parametrize("isolate", [False, True])
+def test_a_target_that_implements_nothing_is_a_usage_error(isolate):
+    result = run("verify", "--target", "json", "--rules", "FMT.E2M1.RNE", *["--isolate"] * isolate)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "target 'json' provides none of the contract's operations" in result.stderr

@@ -114,3 +114,14 @@ def test_hypothesis_profile_naming_a_suite_profile_is_refused_in_one_line(tmp_pa
     assert "INTERNALERROR" not in result.stdout + result.stderr
     assert "--hypothesis-profile dev: Hypothesis has no profile 'dev'" in result.stderr
     assert "--dsv4spec-profile dev" in result.stderr
+
+
+def test_pytest_agrees_with_the_cli_on_who_claims_conformance(tmp_path):
+    (tmp_path / "lossy.py").write_text(LOSSY)
+    args = ("--dsv4spec-target", "lossy", "--dsv4spec-rules", "FP4.E2M1.ZERO_SIGN")
+    assert pytest_run(tmp_path, *args).returncode == 1
+    (tmp_path / "lossy.py").write_text(LOSSY + "CLAIMS_CONFORMANCE = False\n")
+    relaxed = pytest_run(tmp_path, *args)
+    assert relaxed.returncode == 0 and "XFAIL dsv4spec::FP4.E2M1.ZERO_SIGN[lossy]" in relaxed.stdout, relaxed.stdout
+    nothing = pytest_run(tmp_path, "--dsv4spec-target", "json")
+    assert nothing.returncode == 4 and "provides none of the contract's operations" in nothing.stderr
