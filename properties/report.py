@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import tempfile
 import xml.etree.ElementTree as ET
 
@@ -205,25 +206,56 @@ def to_markdown(rows: list[Row], header: dict | None = None) -> str:
 
 def check_writable(path: str) -> None:
     """Raise ValueError unless a report can be written at `path` (checked before a run starts)."""
-    folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         raise ValueError(f"report path {path} is a directory; expected a file name")
+    if _special(path):
+        if not os.access(path, os.W_OK):
+            raise ValueError(f"report path {path} is not writable")
+        return
+    folder = os.path.dirname(os.path.realpath(path))
     if not os.path.isdir(folder):
         raise ValueError(f"report path {path}: folder {folder} does not exist")
     if not os.access(folder, os.W_OK):
         raise ValueError(f"report path {path}: folder {folder} is not writable")
 
 
+def _special(path: str) -> bool:
+    """True for what exists and is not a regular file once links are followed (a FIFO, a device,
+    /dev/stdout): written through, never replaced."""
+    try:
+        return not stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
 def write_atomically(path: str, text: str) -> None:
-    """Write to a temporary file beside `path`, then rename: a reader never sees half a report."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".dsv4spec-", suffix=".tmp")
+    """Write a report at `path`.  A regular file (or none yet) is written to a temporary file
+    beside it and renamed over it, so a reader never sees half a report; through a symbolic link
+    that file is the link's target, and the link stays.  Anything else (a FIFO, a device,
+    /dev/stdout) is opened and written through, never replaced.  The file's mode is that of the
+    file it replaces, else 0666 less the umask (0644 as a rule), as `open` would give it."""
+    try:
+        if _special(path):
+            with open(path, "w") as f:
+                f.write(text)
+            return
+        _replace(os.path.realpath(path), text)
+    except OSError as e:
+        raise ValueError(f"cannot write report {path}: {e.strerror or e}") from None
+
+
+def _replace(path: str, text: str) -> None:
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".dsv4spec-", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)

@@ -1,0 +1,76 @@
+"""Report files: written atomically over regular files, through anything else (a symbolic link
+keeps pointing where it did; a FIFO or a device stays what it is), with the mode `open` gives."""
+import os
+import stat
+import threading
+
+import pytest
+
+from dsv4spec.properties.report import check_writable, write_atomically
+
+
+def test_a_regular_file_is_replaced_with_mode_0644(tmp_path):
+    old = os.umask(0o022)
+    try:
+        path = tmp_path / "r.json"
+        write_atomically(str(path), "one")
+        assert path.read_text() == "one" and stat.S_IMODE(path.stat().st_mode) == 0o644
+        path.chmod(0o640)
+        write_atomically(str(path), "two")
+        assert path.read_text() == "two" and stat.S_IMODE(path.stat().st_mode) == 0o640   # its own mode kept
+    finally:
+        os.umask(old)
+    assert sorted(os.listdir(tmp_path)) == ["r.json"]
+
+
+def test_a_symlink_is_written_through_and_stays_a_link(tmp_path):
+    (tmp_path / "reports").mkdir()
+    target = tmp_path / "reports" / "latest.json"
+    target.write_text("old")
+    link = tmp_path / "r.json"
+    link.symlink_to(target)
+    check_writable(str(link))
+    write_atomically(str(link), "new")
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert target.read_text() == "new"
+    dangling = tmp_path / "d.json"
+    dangling.symlink_to(tmp_path / "reports" / "fresh.json")
+    write_atomically(str(dangling), "made")
+    assert dangling.is_symlink() and (tmp_path / "reports" / "fresh.json").read_text() == "made"
+
+
+def test_a_fifo_is_written_through_not_replaced(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(open(fifo).read()))
+    reader.start()
+    check_writable(str(fifo))
+    write_atomically(str(fifo), "through the pipe")
+    reader.join(10)
+    assert got == ["through the pipe"] and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def _device(tmp_path, name, minor):
+    """A character device node like /dev/null (1, 3) or /dev/full (1, 7), in the temporary folder."""
+    node = tmp_path / name
+    try:
+        os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(1, minor))
+    except (PermissionError, OSError) as e:
+        pytest.skip(f"cannot make a device node here: {e}")
+    return node
+
+
+def test_a_null_device_is_written_through_and_stays_a_device(tmp_path):
+    null = _device(tmp_path, "null", 3)
+    check_writable(str(null))
+    write_atomically(str(null), "discarded")
+    assert stat.S_ISCHR(os.lstat(null).st_mode)
+    assert sorted(os.listdir(tmp_path)) == ["null"]
+
+
+def test_a_full_device_is_an_error_in_one_line_and_stays_a_device(tmp_path):
+    full = _device(tmp_path, "full", 7)
+    with pytest.raises(ValueError, match="cannot write report .*full: No space left on device"):
+        write_atomically(str(full), "x" * 10000)
+    assert stat.S_ISCHR(os.lstat(full).st_mode)
