@@ -84,15 +84,15 @@ def cmd_verify(args) -> int:
     progress.end()
     header = _header(args, targets, _prefixes(args.rules))
     header["wall_s"] = round(time.monotonic() - started, 1)
+    done = {(r.rule_id, r.target) for r in rows}
+    not_run = [(r, t.name) for t in targets for r in rule_ids if (r, t.name) not in done] if interrupted else []
     print(report.header_line(header))
     print(report.terminal(rows, color=sys.stdout.isatty()))
-    for path, text in ((args.json, lambda: report.to_json(rows, header, interrupted)),
-                       (args.junit, lambda: report.to_junit(rows, header)),
-                       (args.markdown, lambda: report.to_markdown(rows, header))):
+    for path, write in ((args.json, report.to_json), (args.junit, report.to_junit), (args.markdown, report.to_markdown)):
         if path:
-            report.write_atomically(path, text())
+            report.write_atomically(path, write(rows, header, interrupted, not_run))
     if interrupted:
-        print(f"\ninterrupted: {len(rows)} of {progress.total} results finished", file=sys.stderr)
+        print("\n" + "\n".join(report.interruption(not_run, len(rows))), file=sys.stderr)
         return 130
     unloadable = [t for t in targets if getattr(t, "load_error", "")]
     for t in unloadable:
@@ -140,10 +140,11 @@ def _run_verify(args, specs, rule_ids, progress):
         rows, infos = pool.run(specs, rule_ids, args.profile, jobs=args.jobs, seed=RUN.seed,
                                timeout=args.timeout, isolate=args.isolate, progress=progress)
         return rows, [infos[s] for s in specs], False
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         names = list(dict.fromkeys(r.target for r in progress.rows))
         rows = sorted(progress.rows, key=lambda r: (names.index(r.target), rule_ids.index(r.rule_id)))
-        return rows, targets or [_Unloaded(s) for s in specs], True
+        infos = getattr(e, "infos", None)       # the worker run's (workers.Interrupted)
+        return rows, targets or ([infos[s] for s in specs] if infos else [_Unloaded(s) for s in specs]), True
 
 
 class _Unloaded:

@@ -11,6 +11,7 @@ JSON (schema_version 2), one object:
                      gpus [names], date (UTC, ISO 8601), command, wall_s (the run's wall time:
                      loading the targets and running every rule, the report's writing excluded)
     interrupted      true when the run was stopped (Ctrl-C) before every result was in
+    not_run          [{rule, target}] the results an interrupted run did not reach
     counts           {target: {status: n}}
     results          [{rule, target, status, detail, reproduce, seconds, checks {check: status}}]
                      in the order rule × target of a single-process run
@@ -131,11 +132,21 @@ def conclusion(rows: list[Row], claims: dict[str, bool], status: int) -> str:
     return line
 
 
-def to_json(rows: list[Row], header: dict, interrupted: bool = False) -> str:
+def interruption(not_run: list[tuple[str, str]], finished: int) -> list[str]:
+    """What an interrupted run says in every format: how far it got and, per target, what did not run."""
+    total = finished + len(not_run)
+    lines = [f"INTERRUPTED (Ctrl-C): {finished} of {total} results finished; not run:"]
+    for target in dict.fromkeys(t for _, t in not_run):
+        lines.append(f"  {target}: " + ", ".join(r for r, t in not_run if t == target))
+    return lines
+
+
+def to_json(rows: list[Row], header: dict, interrupted: bool = False, not_run=()) -> str:
     return json.dumps({
         "schema_version": SCHEMA_VERSION,
         "header": header,
         "interrupted": interrupted,
+        "not_run": [{"rule": r, "target": t} for r, t in not_run],
         "counts": counts(rows),
         "results": [{"rule": r.rule_id, "target": r.target, "status": r.status, "detail": r.detail,
                      "reproduce": r.reproduce, "seconds": round(r.seconds, 3), "checks": r.checks}
@@ -143,20 +154,25 @@ def to_json(rows: list[Row], header: dict, interrupted: bool = False) -> str:
     }, indent=2)
 
 
-def to_junit(rows: list[Row], header: dict | None = None) -> str:
-    """One testsuite per target, one testcase per rule; a failure's text ends with its reproduce command."""
+def to_junit(rows: list[Row], header: dict | None = None, interrupted: bool = False, not_run=()) -> str:
+    """One testsuite per target, one testcase per rule; a failure's text ends with its reproduce
+    command.  An interrupted run says so in each suite's properties, and every rule it did not
+    reach is a skipped testcase "not run (interrupted)"."""
     suites = ET.Element("testsuites", name="dsv4spec")
     targets, _, _ = _matrix(rows)
-    for t in targets:
+    for t in dict.fromkeys([*targets, *(t for _, t in not_run)]):
         mine = [r for r in rows if r.target == t]
-        suite = ET.SubElement(suites, "testsuite", name=t, tests=str(len(mine)),
+        missed = [rule for rule, target in not_run if target == t]
+        suite = ET.SubElement(suites, "testsuite", name=t, tests=str(len(mine) + len(missed)),
                               failures=str(sum(r.status == FAIL for r in mine)),
                               errors=str(sum(r.status in (ERROR, TIMEOUT) for r in mine)),
-                              skipped=str(sum(r.status in (SKIP, NOT_IMPLEMENTED) for r in mine)))
-        if header:
+                              skipped=str(sum(r.status in (SKIP, NOT_IMPLEMENTED) for r in mine) + len(missed)))
+        if header or interrupted:
             props = ET.SubElement(suite, "properties")
-            for key in ("profile", "seed", "torch", "device", "date"):
+            for key in ("profile", "seed", "torch", "device", "date") if header else ():
                 ET.SubElement(props, "property", name=key, value=str(header.get(key)))
+            if interrupted:
+                ET.SubElement(props, "property", name="interrupted", value="true")
         for r in mine:
             case = ET.SubElement(suite, "testcase", classname=f"{t}.{RULES[r.rule_id].family}",
                                  name=r.rule_id, time=f"{r.seconds:.3f}")
@@ -170,13 +186,20 @@ def to_junit(rows: list[Row], header: dict | None = None) -> str:
                 ET.SubElement(case, "skipped", message=f"{r.status}: {r.detail}")
             elif r.status == VARIANT:
                 ET.SubElement(case, "system-out").text = r.detail
+        for rule_id in missed:
+            case = ET.SubElement(suite, "testcase", classname=f"{t}.{RULES[rule_id].family}", name=rule_id, time="0")
+            ET.SubElement(case, "skipped", message="not run (interrupted)")
     return ET.tostring(suites, encoding="unicode")
 
 
-def to_markdown(rows: list[Row], header: dict | None = None) -> str:
-    """The header, the rules × targets matrix, counts per target, and every failure in full."""
+def to_markdown(rows: list[Row], header: dict | None = None, interrupted: bool = False, not_run=()) -> str:
+    """The header, the rules × targets matrix, counts per target, and every failure in full; an
+    interrupted run says so first, with the rules that did not run."""
     targets, rules, cell = _matrix(rows)
     lines = ["# dsv4spec conformance report", ""]
+    if interrupted:
+        first, *rest = interruption(list(not_run), len(rows))
+        lines += [f"**{first}**", "", *(f"- {line.strip()}" for line in rest), ""]
     if header:
         lines += [f"`{header_line(header)}`", "",
                   "| target | version | device | claims conformance |", "|---|---|---|---|"]

@@ -164,6 +164,14 @@ class _Slot:
         self.kill()
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a worker run, with what is known of the targets (their names)."""
+
+    def __init__(self, infos: dict[str, TargetInfo]):
+        super().__init__()
+        self.infos = infos
+
+
 def run(specs: list[str], rule_ids: list[str], profile: str, *, jobs: int = 1, seed: int | None = None,
         timeout: float = 60.0, isolate: bool = False, progress=None) -> tuple[list[Row], dict[str, TargetInfo]]:
     """Every rule on every target in `jobs` worker processes; rows in the single-process order.
@@ -221,9 +229,11 @@ def run(specs: list[str], rule_ids: list[str], profile: str, *, jobs: int = 1, s
                 if slot.op and time.monotonic() - slot.since > limit:
                     lost(slot, TIMEOUT, f"{slot.op} did not return within {limit - GRACE_S:g} s "
                                         f"(the target's process was ended)")
-    except BaseException:              # Ctrl-C: end the workers now, whatever they are running
+    except BaseException as e:         # Ctrl-C: end the workers now, whatever they are running
         for slot in slots:
             slot.kill()
+        if isinstance(e, KeyboardInterrupt):
+            raise Interrupted(infos) from None
         raise
     for slot in slots:
         slot.stop()

@@ -163,22 +163,33 @@ def test_ops_lists_each_operation_with_the_rules_that_check_it(capsys):
     assert main(["ops", "--family", "nope"]) == 2
 
 
-def test_ctrl_c_prints_and_writes_what_finished(tmp_path):
-    """The first rule fails at once, the second hangs; Ctrl-C then ends the run with the first row."""
+@pytest.mark.parametrize("isolate", [False, True])
+def test_ctrl_c_prints_and_writes_what_finished(tmp_path, isolate):
+    """The first rule fails at once, the second hangs; Ctrl-C then ends the run with the first row,
+    and every report says it was interrupted and which rules did not run."""
     import signal
     (tmp_path / "slow.py").write_text(
         "import time, torch\nNAME = 'slow'\nCLAIMS_CONFORMANCE = True\n"
         "def e2m1_encode(x):\n    return torch.zeros(x.shape, dtype=torch.uint8)\n"
         "def e4m3_encode(x):\n    time.sleep(300)\n")
     process = subprocess.Popen([sys.executable, "-m", "dsv4spec", "verify", "--target", "slow", "--rules",
-                                "FMT.E2M1.RNE,FMT.E4M3.RNE", "--json", "r.json"], cwd=tmp_path, env=ENV,
+                                "FMT.E2M1.RNE,FMT.E4M3.RNE", "--json", "r.json", "--junit", "r.xml",
+                                "--markdown", "r.md", *["--isolate"] * isolate], cwd=tmp_path, env=ENV,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert "FAIL FMT.E2M1.RNE on slow" in process.stderr.readline()
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=60)
-    assert process.returncode == 130 and "interrupted: 1 of 2 results finished" in err
+    assert process.returncode == 130 and "INTERRUPTED (Ctrl-C): 1 of 2 results finished; not run:" in err, err
+    assert "  slow: FMT.E4M3.RNE" in err
     assert "FMT.E2M1.RNE  FAIL" in out and "FMT.E4M3.RNE" not in out.split("\n\n")[0]
     report = json.loads((tmp_path / "r.json").read_text())
+    assert report["not_run"] == [{"rule": "FMT.E4M3.RNE", "target": "slow"}]
+    markdown = (tmp_path / "r.md").read_text()
+    assert "**INTERRUPTED (Ctrl-C): 1 of 2 results finished; not run:**" in markdown
+    assert "- slow: FMT.E4M3.RNE" in markdown
+    junit = (tmp_path / "r.xml").read_text()
+    assert '<property name="interrupted" value="true" />' in junit
+    assert '<testcase classname="slow.FMT" name="FMT.E4M3.RNE" time="0"><skipped message="not run (interrupted)"' in junit
     assert report["interrupted"] and [r["rule"] for r in report["results"]] == ["FMT.E2M1.RNE"]
 
 
