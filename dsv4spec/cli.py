@@ -78,6 +78,7 @@ def cmd_verify(args) -> int:
     rule_ids, specs = _checked_verify_args(args)
     RUN.seed = None if args.profile in DERANDOMIZED else (args.seed if args.seed is not None else new_seed())
     RUN.program = program(specs)
+    RUN.debug = bool(getattr(args, "debug", False))
     progress = Progress(len(rule_ids) * len(specs), quiet=args.quiet, tty=sys.stderr.isatty())
     started = time.monotonic()
     rows, targets, interrupted = _run_verify(args, specs, rule_ids, progress)
@@ -295,7 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--markdown", metavar="F", help="write a Markdown report (matrix, counts, failures)")
     p.add_argument("--quiet", action="store_true", help="no progress on standard error")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                   help="show the traceback of an error")
+                   help="show the traceback of an error; an ERROR raised in a target lists every frame "
+                        "of the target's (else the first and the last two)")
     p.set_defaults(func=cmd_verify)
 
     from dsv4spec import cmd_bench, cmd_budget, cmd_claims, cmd_coverage, cmd_golden

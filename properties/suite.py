@@ -234,6 +234,7 @@ class Run:
         self.seed: int | None = None
         self.program: str | None = None
         self.isolate = False            # reproduce in a worker process too (a crash or hang stays contained)
+        self.debug = False              # an ERROR lists every frame of the target's, not the first and last two
         self.settings = settings.get_profile(hypothesis_profile("ci"))     # of the check now running
 
 
@@ -253,6 +254,7 @@ def run_check(chk: Check, target: Target, profile: str = "ci", shrink: bool = Tr
     if chk.extension and chk.extension not in target.extensions:
         return Outcome(SKIP, f"extension {chk.extension} not declared")
     _DETECTED.clear()
+    target.received.call = None
     start = time.perf_counter()
     try:
         # A target's numeric warnings (NaN casts and the like) are not results; the checks judge values.
@@ -272,6 +274,8 @@ def run_check(chk: Check, target: Target, profile: str = "ci", shrink: bool = Tr
         if isinstance(e, KeyboardInterrupt):
             raise
         status, detail = (FAIL if _is_assertion(e) else ERROR), _describe(e)
+        if status == ERROR or "default_rng" in detail:
+            detail = _with_origin(detail, e, target)
     return Outcome(status, detail, time.perf_counter() - start, frozenset(_DETECTED))
 
 
@@ -440,6 +444,37 @@ def _is_assertion(e: BaseException) -> bool:
 # Hypothesis's own advice is about editing a test file, which a target's author does not have.
 _INTERNAL = ("@reproduce_failure", "reproduce this test case", "Hypothesis", "settings(", "--hypothesis",
              "Verbosity")
+
+
+def _with_origin(detail: str, e: BaseException, target: Target) -> str:
+    """A detail with where in the target the exception was raised (file:line of the target's
+    frames; every frame with RUN.debug) and the inputs of the call it was raised in."""
+    frames = _target_frames(e)
+    if frames is None:          # not raised in a call into the target: the check's own draw says it
+        return detail
+    if frames and not RUN.debug and len(frames) > 3:
+        frames = [frames[0], None, *frames[-2:]]
+    where = ["raised in the target" + (" (every frame, --debug)" if RUN.debug else "") + ":"] + [
+        "  …" if f is None else f"  {f.filename}:{f.lineno} in {f.name}" + (f": {f.line}" if f.line else "")
+        for f in frames] if frames else []
+    return "\n".join([detail, *where, target.received.describe()])
+
+
+def _target_frames(e: BaseException):
+    """The frames below the suite's call into the target (the operation's own code, innermost
+    last); [] when the exception is the contract's, on a result; None when it was not raised in a
+    call into the target."""
+    import traceback
+    from . import target as target_module
+    if isinstance(e, BaseExceptionGroup):
+        e = e.exceptions[0]
+    ours = os.path.realpath(target_module.__file__)
+    frames = traceback.extract_tb(e.__traceback__)
+    entry = next((i for i, f in enumerate(frames) if f.name == "call" and os.path.realpath(f.filename) == ours), None)
+    if entry is None:
+        return None
+    mine = frames[entry + 1:]
+    return [] if not mine or os.path.realpath(mine[0].filename) == ours else mine
 
 
 def _describe(e: BaseException, limit: int = 2500, max_lines: int = 40) -> str:

@@ -247,6 +247,33 @@ class _deadline:
 # Targets
 # ------------------------------------------------------------------------------------------------
 
+class Received:
+    """The operation a target was last called with and its arguments, so that an exception raised
+    in the target is shown with the tensors it received (a check's own draw, such as a generator
+    seed, says nothing to the port's author)."""
+
+    def __init__(self):
+        self.call = None
+
+    def describe(self) -> str:
+        if self.call is None:
+            return ""
+        name, args, kwargs = self.call
+        shown = [_value(a) for a in args] + [f"{k}={_value(v)}" for k, v in kwargs.items()]
+        return f"the target received: {name}(" + ", ".join(shown) + ")"
+
+
+def _value(x) -> str:
+    import numpy as np
+    import torch
+    if isinstance(x, torch.Tensor):
+        values = x.detach().cpu()
+        values = values.float() if values.is_floating_point() else values
+        text = np.array2string(values.numpy(), threshold=16, edgeitems=2, max_line_width=100, separator=", ")
+        return f"tensor({str(x.dtype).removeprefix('torch.')}, shape {list(x.shape)}, {x.device}: {text})"
+    return repr(x) if len(repr(x)) < 200 else repr(x)[:200] + " …"
+
+
 class Target:
     def __init__(self, provider, spec: str, name: str | None = None):
         self.provider = provider
@@ -264,6 +291,7 @@ class Target:
         self.module = _module(provider)
         self.version = _version(provider)
         self.hung: dict[str, str] = {}      # operations that timed out once are not called again
+        self.received = Received()          # the last call's inputs (shared by the views of this target)
         self.input_dtypes = _input_dtypes(provider)
 
     def has(self, *ops: str) -> bool:
@@ -274,12 +302,11 @@ class Target:
         fn = getattr(self.provider, name, None)
         if not callable(fn):
             raise NotImplementedOp(name)
-        if name not in RESULTS and not self.timeout:
-            return fn
 
         def call(*args, **kwargs):
             if name in self.hung:
                 raise OperationTimeout(self.hung[name])
+            self.received.call = (name, args, kwargs)
             try:
                 with _deadline(self.timeout, name):
                     result = fn(*args, **kwargs)

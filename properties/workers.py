@@ -86,10 +86,10 @@ def _pin(cores: list[int]):
 # The worker
 # ------------------------------------------------------------------------------------------------
 
-def _worker(conn, cores, seed, program, timeout, isolate):
+def _worker(conn, cores, seed, program, timeout, isolate, debug=False):
     signal.signal(signal.SIGINT, signal.SIG_IGN)       # the supervisor handles Ctrl-C
     _pin(cores)
-    suite.RUN.seed, suite.RUN.program, suite.RUN.isolate = seed, program, isolate
+    suite.RUN.seed, suite.RUN.program, suite.RUN.isolate, suite.RUN.debug = seed, program, isolate, debug
     WATCH.report = lambda op: conn.send(("op", op))
     suite.load_checks()
     targets = {}
@@ -181,7 +181,8 @@ def run(specs: list[str], rule_ids: list[str], profile: str, *, jobs: int = 1, s
     ctx = multiprocessing.get_context("spawn")
     pinned = jobs > 1 and devices_for(jobs)[0] is None          # CPU workers share the cores out
     cores = cores_for(jobs) if pinned else [[]] * jobs
-    slots = [_Slot(ctx, d, c, seed, program, timeout, isolate) for d, c in zip(devices_for(jobs), cores)]
+    slots = [_Slot(ctx, d, c, seed, program, timeout, isolate, suite.RUN.debug)
+             for d, c in zip(devices_for(jobs), cores)]
     tasks = deque((i, spec, rule_id, profile) for i, (spec, rule_id) in
                   enumerate((s, r) for s in specs for r in rule_ids))
     rows: dict[int, Row] = {}

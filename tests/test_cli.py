@@ -218,3 +218,29 @@ def test_a_target_that_implements_nothing_is_a_usage_error(isolate):
     result = run("verify", "--target", "json", "--rules", "FMT.E2M1.RNE", *["--isolate"] * isolate)
     assert result.returncode == 2, result.stdout + result.stderr
     assert "target 'json' provides none of the contract's operations" in result.stderr
+
+
+DEEP = ("import torch\nNAME = 'deep'\n"
+        "def _third(x):\n    raise RuntimeError('shape mismatch in my kernel')\n"
+        "def _second(x):\n    return _third(x)\n"
+        "def _first(x):\n    return _second(x)\n"
+        "def fp8_quantize(x, block=128, fmt='e4m3', scale='e8m0'):\n    return _first(x)\n")
+
+
+@pytest.mark.parametrize("isolate", [False, True])
+def test_an_error_in_the_target_names_its_file_and_line_and_the_inputs(tmp_path, isolate):
+    """Not `rng=default_rng(0)`: the frames of the target's own code and the tensors it was called with,
+    in the terminal and the JSON; --debug lists every frame."""
+    (tmp_path / "deep.py").write_text(DEEP)
+    base = ["verify", "--target", "deep", "--rules", "FP8.BLOCKS", "--quiet", "--json", "r.json"]
+    result = run(*base, *["--isolate"] * isolate, cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    detail = json.loads((tmp_path / "r.json").read_text())["results"][0]["detail"]
+    path = str(tmp_path / "deep.py")
+    assert f"raised in the target:\n  {path}:10 in fp8_quantize: return _first(x)\n  …\n" in detail, detail
+    assert f"  {path}:4 in _third: raise RuntimeError('shape mismatch in my kernel')" in detail
+    assert "the target received: fp8_quantize(tensor(float32, shape [" in detail
+    assert f"{path}:4 in _third" in result.stdout
+    debug = run("--debug", *base, cwd=tmp_path)
+    detail = json.loads((tmp_path / "r.json").read_text())["results"][0]["detail"]
+    assert "(every frame, --debug)" in detail and f"{path}:8 in _first" in detail and "…" not in detail
