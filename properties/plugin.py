@@ -3,7 +3,12 @@
 is active wherever dsv4spec is installed, and does nothing without --dsv4spec-target.
 
     pytest --dsv4spec-target mypkg.fp4:Codec --dsv4spec-profile dev --dsv4spec-rules FP4,FMT \\
-           --dsv4spec-xfail known.txt --dsv4spec-skip skip.txt
+           --dsv4spec-xfail known.txt --dsv4spec-skip skip.txt [--dsv4spec-isolate]
+
+With --dsv4spec-isolate the targets run in one worker process kept for the session (as `dsv4spec
+verify --isolate`): a segfault, an abort or a hang in C code is that item's ERROR or TIMEOUT, a
+fresh worker takes the next item, and the session completes with its summary and --junitxml.
+Items are then named by the target's spec (the target is not imported in pytest's process).
 
 PASS and VARIANT pass; NOT_IMPLEMENTED and SKIP are skipped with their reason; FAIL, ERROR and
 TIMEOUT fail with the decoded counterexample and the command that reproduces them -- XFAIL on a
@@ -44,6 +49,9 @@ def pytest_addoption(parser):
     group.addoption("--dsv4spec-rules", metavar="PREFIX,...", help="only rules whose id starts with a prefix")
     group.addoption("--dsv4spec-seed", type=int, metavar="N", help="seed of the dev and thorough profiles")
     group.addoption("--dsv4spec-timeout", type=float, metavar="S", help="seconds one operation call may take")
+    group.addoption("--dsv4spec-isolate", action="store_true",
+                    help="run the targets in a worker process, as `dsv4spec verify --isolate`: a crash or a "
+                         "hang (even in C code) costs only the rule that was running, not the session")
     group.addoption("--dsv4spec-skip", metavar="FILE", help="rules to skip: `RULE-or-prefix reason` per line")
     group.addoption("--dsv4spec-xfail", metavar="FILE", help="rules expected to fail: `RULE-or-prefix reason` per line")
 
@@ -53,7 +61,7 @@ class Settings:
 
     def __init__(self, config):
         from .suite import DERANDOMIZED, PROFILES, RUN, new_seed, program
-        from .target import TargetLoadError, TargetNotFound, load_target
+        from .target import TargetLoadError, TargetNotFound, load_target, locate
         from ..spec.rules import select
         get = config.getoption
         self.profile = get("dsv4spec_profile")
@@ -61,9 +69,11 @@ class Settings:
             raise pytest.UsageError(f"--dsv4spec-profile: unknown profile {self.profile!r}; expected one of "
                                     f"{', '.join(PROFILES)}")
         prefixes = [p.strip() for p in (get("dsv4spec_rules") or "").split(",") if p.strip()] or None
+        self.isolate = get("dsv4spec_isolate")
         try:
             self.rules = [r.id for r in select(prefixes)]
-            self.targets = [load_target(spec) for spec in get("dsv4spec_target")]
+            self.targets = [Isolated(locate(spec), spec) if self.isolate else load_target(spec)
+                            for spec in get("dsv4spec_target")]
         except (ValueError, TargetNotFound, TargetLoadError) as e:
             raise pytest.UsageError(f"dsv4spec: {e}") from None
         for t in self.targets:
@@ -73,6 +83,7 @@ class Settings:
         os.environ[SEED_VARIABLE] = str(seed)       # pytest-xdist workers, started later, share it
         RUN.seed = None if self.profile in DERANDOMIZED else seed
         RUN.program = program(get("dsv4spec_target"))
+        RUN.isolate = self.isolate
         self.seed = RUN.seed
         self.skip = read_entries(get("dsv4spec_skip"), "--dsv4spec-skip")
         self.xfail = read_entries(get("dsv4spec_xfail"), "--dsv4spec-xfail")
@@ -94,6 +105,15 @@ def _seed_option(config, profile: str, derandomized) -> tuple[int | None, list[s
     if ours is not None and ours != theirs:
         raise pytest.UsageError(f"dsv4spec: --dsv4spec-seed {ours} and --hypothesis-seed {theirs} disagree; give one")
     return theirs, []
+
+
+class Isolated:
+    """A target loaded only in the worker process (--dsv4spec-isolate): named by its spec here."""
+
+    def __init__(self, _ref: str, spec: str):
+        from .target import DEFAULT_TIMEOUT_S
+        self.spec = self.name = spec
+        self.claims_conformance, self.timeout = True, DEFAULT_TIMEOUT_S
 
 
 def read_entries(path: str | None, option: str) -> list[tuple[str, str, int]]:
@@ -143,6 +163,24 @@ def _refuse_an_unregistered_suite_profile(config):
 class Session:
     def __init__(self, settings: Settings):
         self.settings = settings
+        self.pool = None
+
+    def run_rule(self, rule_id: str, target, profile: str):
+        """One rule's row, in this process or (--dsv4spec-isolate) in the session's worker."""
+        from .suite import load_checks, run_rule
+        if not self.settings.isolate:
+            load_checks()
+            return run_rule(rule_id, target, profile)
+        from . import workers
+        if self.pool is None:
+            self.pool = workers.Pool(jobs=1, seed=self.settings.seed, timeout=target.timeout, isolate=True)
+        rows, infos = self.pool.run([target.spec], [rule_id], profile)
+        target.claims_conformance = infos[target.spec].claims_conformance or bool(infos[target.spec].load_error)
+        return rows[0]
+
+    def pytest_unconfigure(self, config):
+        if self.pool is not None:
+            self.pool.close()
 
     def pytest_report_header(self, config):
         s = self.settings
@@ -161,7 +199,7 @@ class Session:
             for rule_id in s.rules:
                 name = f"{rule_id}[{target.name}]"
                 item = RuleItem.from_parent(session, name=name, nodeid=f"dsv4spec::{name}", rule_id=rule_id,
-                                            target=target, profile=s.profile)
+                                            target=target, profile=s.profile, runner=self)
                 skip, xfail = _matching(s.skip, rule_id), _matching(s.xfail, rule_id)
                 if skip:
                     item.add_marker(pytest.mark.skip(reason=skip[1]))
@@ -175,15 +213,14 @@ class RuleFailed(Exception):
 
 
 class RuleItem(pytest.Item):
-    def __init__(self, *, rule_id, target, profile, **kwargs):
+    def __init__(self, *, rule_id, target, profile, runner, **kwargs):
         super().__init__(**kwargs)
-        self.rule_id, self.target, self.profile = rule_id, target, profile
+        self.rule_id, self.target, self.profile, self.runner = rule_id, target, profile, runner
         self.row = None
 
     def runtest(self):
-        from .suite import ERROR, FAIL, NOT_IMPLEMENTED, SKIP, TIMEOUT, VARIANT, load_checks, run_rule
-        load_checks()
-        self.row = run_rule(self.rule_id, self.target, self.profile)
+        from .suite import ERROR, FAIL, NOT_IMPLEMENTED, SKIP, TIMEOUT, VARIANT
+        self.row = self.runner.run_rule(self.rule_id, self.target, self.profile)
         self.user_properties.append(("dsv4spec_status", self.row.status))
         if self.row.status in (NOT_IMPLEMENTED, SKIP):
             pytest.skip(f"{self.row.status}: {self.row.detail}")

@@ -125,3 +125,25 @@ def test_pytest_agrees_with_the_cli_on_who_claims_conformance(tmp_path):
     assert relaxed.returncode == 0 and "XFAIL dsv4spec::FP4.E2M1.ZERO_SIGN[lossy]" in relaxed.stdout, relaxed.stdout
     nothing = pytest_run(tmp_path, "--dsv4spec-target", "json")
     assert nothing.returncode == 4 and "provides none of the contract's operations" in nothing.stderr
+
+
+CRASHING = """
+import ctypes, torch
+from dsv4spec.impl import e2m1_encode, e4m3_encode
+NAME = "crashing"
+def e8m0_decode(codes):
+    ctypes.string_at(0)                                            # a segfault in C
+"""
+
+
+def test_isolate_keeps_the_session_alive_when_the_target_segfaults(tmp_path):
+    (tmp_path / "crashing.py").write_text(CRASHING)
+    result = pytest_run(tmp_path, "--dsv4spec-target", "crashing", "--dsv4spec-isolate", "--junitxml", "r.xml",
+                        "--dsv4spec-rules", "FMT.E2M1.RNE,FMT.E8M0.VALUES,FMT.E4M3.RNE")
+    out = result.stdout
+    assert result.returncode == 1, out + result.stderr
+    assert "PASSED dsv4spec::FMT.E2M1.RNE[crashing]" in out and "PASSED dsv4spec::FMT.E4M3.RNE[crashing]" in out
+    assert "FAILED dsv4spec::FMT.E8M0.VALUES[crashing]" in out
+    assert "the target's process died (signal SIGSEGV) in e8m0_decode" in out
+    assert "--rules FMT.E8M0.VALUES --profile ci --isolate" in out
+    assert "2 passed" in out and (tmp_path / "r.xml").exists()
