@@ -247,6 +247,21 @@ class _deadline:
 # Targets
 # ------------------------------------------------------------------------------------------------
 
+def _as_bfloat16(values: tuple) -> tuple:
+    """Float32 tensors whose every value BF16 holds exactly, as BF16 tensors (the same values: an
+    operation declared "bfloat16" receives BF16 whatever check calls it); others stay as they are
+    (fp32 values beyond BF16, such as scales, that a check passes on purpose)."""
+    import torch
+
+    def exact(t):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.float32:
+            return t
+        b = t.to(torch.bfloat16)
+        same = (b.float() == t) | (torch.isnan(t) & torch.isnan(b.float()))
+        return b if bool(same.all()) else t
+    return tuple(exact(v) for v in values)
+
+
 class Received:
     """The operation a target was last called with and its arguments, so that an exception raised
     in the target is shown with the tensors it received (a check's own draw, such as a generator
@@ -306,6 +321,8 @@ class Target:
         def call(*args, **kwargs):
             if name in self.hung:
                 raise OperationTimeout(self.hung[name])
+            if self.input_dtype(name) == "bfloat16":
+                args, kwargs = _as_bfloat16(args), dict(zip(kwargs, _as_bfloat16(tuple(kwargs.values()))))
             self.received.call = (name, args, kwargs)
             try:
                 with _deadline(self.timeout, name):
