@@ -10,6 +10,7 @@ metadata:
     EXTENSIONS = {"chunked_prefill"}    # the extensions beyond the official domain it implements
     INPUT_DTYPE = "bfloat16"            # the dtype of the values every operation receives
     INPUT_DTYPES = {"fp8_quantize": "float32"}   # per operation, overriding INPUT_DTYPE
+    MODELS = ("v4.1-flash",)            # the model profiles it serves (default: all)
 
 Input dtypes are "float32" (the default) or "bfloat16".  The suite generates values representable
 in the dtype an operation declares and passes it tensors of that dtype, so a BF16-only kernel is
@@ -17,6 +18,10 @@ checked as it is.  BF16 is the official domain of the quantizers (they receive B
 fp32 inputs that BF16 cannot hold lie beyond it and reach only operations declared float32 (the
 input dtype decides; no EXTENSIONS entry is needed).
 Codes, bytes and scales are uint8 whatever the declaration.
+
+A target that serves some models only (a V4.1 port) declares MODELS: a check calling one of its
+operations for another model (a `model` argument naming it) is NOT_IMPLEMENTED, and index_topk is
+asked only for the orders its models use (V4 'score', V4.1 'position'), so it need not fake the other.
 
 How `--target T` is resolved (the same rule for the CLI, the pytest plugin and `load_target`):
 
@@ -56,7 +61,7 @@ import time
 import types
 from importlib import metadata
 
-from ..spec.rules import EXTENSIONS, KNOBS, check_variants
+from ..spec.rules import EXTENSIONS, KNOBS, MODELS, check_variants
 
 BUILTIN = {
     "impl": "dsv4spec.impl",
@@ -308,6 +313,10 @@ class Target:
         self.hung: dict[str, str] = {}      # operations that timed out once are not called again
         self.received = Received()          # the last call's inputs (shared by the views of this target)
         self.input_dtypes = _input_dtypes(provider)
+        self.models = tuple(getattr(provider, "MODELS", None) or MODELS)
+        if isinstance(getattr(provider, "MODELS", None), str) or set(self.models) - set(MODELS):
+            raise ValueError(f"target {self.name}: MODELS must be a tuple of {', '.join(MODELS)}; "
+                             f"got {getattr(provider, 'MODELS')!r}")
 
     def has(self, *ops: str) -> bool:
         return all(callable(getattr(self.provider, op, None)) for op in ops)
@@ -321,6 +330,10 @@ class Target:
         def call(*args, **kwargs):
             if name in self.hung:
                 raise OperationTimeout(self.hung[name])
+            unserved = [v for v in (*args, *kwargs.values()) if isinstance(v, str) and v in MODELS
+                        and v not in self.models]
+            if unserved:
+                raise NotImplementedOp(f"{name} for {unserved[0]} (MODELS: {', '.join(self.models)})")
             if self.input_dtype(name) == "bfloat16":
                 args, kwargs = _as_bfloat16(args), dict(zip(kwargs, _as_bfloat16(tuple(kwargs.values()))))
             self.received.call = (name, args, kwargs)
@@ -339,6 +352,10 @@ class Target:
         if name.startswith("_") or name in ("provider",):
             raise AttributeError(name)
         return self.op(name)
+
+    def serves(self, *models: str) -> bool:
+        """Whether the target serves any of `models` (its MODELS; all by default)."""
+        return any(m in self.models for m in models)
 
     def input_dtype(self, op: str) -> str:
         """The dtype of the values operation `op` receives: "float32" or "bfloat16"."""

@@ -186,3 +186,32 @@ def test_running_a_check_loads_no_hypothesis_profile():
     before = settings.get_current_profile_name(), repr(settings.default)
     assert run_check(checks_for("FMT.E2M1.RNE")[0], load_target("impl"), "ci").status == "PASS"
     assert (settings.get_current_profile_name(), repr(settings.default)) == before
+
+
+def test_a_v41_only_target_is_asked_only_for_what_it_serves():
+    """MODELS = ("v4.1-flash",): index_topk is never asked for V4's 'score' order (no ERROR for
+    not faking it), and a check calling an operation for a V4 model is n/i, not ERROR."""
+    import types
+
+    import dsv4spec.impl as impl
+
+    def position_only(scores, visible, k, order):
+        if order != "position":
+            raise ValueError(f"this port has only V4.1's order, not {order!r}")
+        return impl.index_topk(scores, visible, k, order)
+
+    def v41_weights(raw_w, model):
+        if model != "v4.1-flash":
+            raise ValueError(f"this port knows only v4.1-flash, not {model}")
+        return impl.index_weights(raw_w, model)
+
+    port = Target(types.SimpleNamespace(NAME="v41", MODELS=("v4.1-flash",), index_topk=position_only,
+                                        index_weights=v41_weights), "v41")
+    for rule_id in ("IDX.TOPK.COUNT", "IDX.TOPK.ORDER", "IDX.TOPK.PAD"):
+        row = run_rule(rule_id, port)
+        assert row.status == PASS, f"{rule_id}: {row.status} {row.detail}"
+    row = run_rule("IDX.WEIGHT.SCALE", port)
+    assert row.status in (PASS, NOT_IMPLEMENTED), row
+    assert "for v4-flash (MODELS: v4.1-flash)" in row.detail or row.status == PASS, row
+    with pytest.raises(ValueError, match="MODELS must be a tuple of"):
+        Target(types.SimpleNamespace(MODELS="v4.1-flash", index_topk=position_only), "bad")
