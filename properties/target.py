@@ -120,9 +120,12 @@ RESULTS = {
     "compress": (VALUES,), "compressor_feed": (None, VALUES),
     "entry_pack": (U8,), "entry_unpack": (VALUES,),
     "rope_freqs": (VALUES,), "rope_rotate": (VALUES,), "rope_quantize": (U8, U8), "kv_qdq": (VALUES,),
+    "kv_qdq_fp4_e4m3": (VALUES,), "kv_qdq_fp8_e8m0_32": (VALUES,),
     "window_index": (INDEX,), "compressed_index": (INDEX,), "attention_index": (INDEX,),
     "pool_scan_topk": (INDEX,),
 }
+# Per-format operations a bundled one also provides: kv_qdq(x, fmt) is kv_qdq_<fmt>(x).
+SPLIT = {"kv_qdq_fp4_e4m3": ("kv_qdq", "fp4_e4m3"), "kv_qdq_fp8_e8m0_32": ("kv_qdq", "fp8_e8m0_32")}
 # Operations whose result is not a tensor (a record, an opaque state, a number, a dict of stages).
 NO_TENSOR_RESULT = {"layer_role", "compressor_state", "kv_bytes_per_token", "window_bytes_per_layer",
                     "indexer_macs_per_token", "core_attention_macs", "index_layer"}
@@ -319,11 +322,20 @@ class Target:
                              f"got {getattr(provider, 'MODELS')!r}")
 
     def has(self, *ops: str) -> bool:
-        return all(callable(getattr(self.provider, op, None)) for op in ops)
+        return all(callable(self._provided(op)) for op in ops)
+
+    def _provided(self, name: str):
+        """The provider's function for `name`; a per-format operation also from the bundled one."""
+        fn = getattr(self.provider, name, None)
+        if fn is None and name in SPLIT:
+            bundled, fmt = SPLIT[name]
+            whole = getattr(self.provider, bundled, None)
+            fn = (lambda x, *rest, **kw: whole(x, fmt, *rest, **kw)) if callable(whole) else None
+        return fn
 
     def op(self, name: str):
         """The operation `name`, with its results checked against the contract and its time limited."""
-        fn = getattr(self.provider, name, None)
+        fn = self._provided(name)
         if not callable(fn):
             raise NotImplementedOp(name)
 
