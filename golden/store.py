@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -82,7 +83,7 @@ def generate(out: Path, *, force: bool = False) -> dict:
             about["generated"] = {k: recipe.about() for k, recipe in case.generated.items()}
         # One metadata key: safetensors writes several in a random order, which would break
         # bit-for-bit regeneration.
-        save_file(tensors, str(path), metadata={"case": json.dumps(about, sort_keys=True)})
+        _save(tensors, path, metadata={"case": json.dumps(about, sort_keys=True)})
         files[path.name] = {"sha256": sha256(path), "rule": case.rule, "op": case.op}
     manifest = {"generator_version": GENERATOR_VERSION, "files": files}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
@@ -228,6 +229,14 @@ def check_outputs(port_dir: Path, data: Path = DATA, rules: list[str] | None = N
     return results
 
 
+def _save(tensors: dict, path: Path, metadata: dict) -> None:
+    """save_file, with the mode `open` gives a new file (0666 less the umask): safetensors creates 0600."""
+    save_file(tensors, str(path), metadata=metadata)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
 def export(out: Path, data: Path = DATA, rules: list[str] | None = None) -> list[Path]:
     """Write the golden inputs (tensors `in.*` only), LAYOUT.md describing every file, and one-line
     text vectors of the element and block codecs; returns the files written."""
@@ -241,8 +250,7 @@ def export(out: Path, data: Path = DATA, rules: list[str] | None = None) -> list
         about = json.dumps({"op": case.op, "rule": case.rule, "args": case.args, "inputs": names,
                             "outputs": list(case.outputs), "call": case.call,
                             "positional": list(case.positional)}, sort_keys=True)
-        save_file({f"in.{k}": np.ascontiguousarray(inputs[k]) for k in names}, str(path),
-                  metadata={"case": about})
+        _save({f"in.{k}": np.ascontiguousarray(inputs[k]) for k in names}, path, metadata={"case": about})
         written.append(path)
         sections.append(_layout(case, {k: inputs[k] for k in names}, want))
     (out / LAYOUT).write_text(_LAYOUT_HEAD + "\n".join(sections))

@@ -38,13 +38,17 @@ import warnings
 
 import pytest
 
+from .entries import matching, read_entries, stale
+
 SEED_VARIABLE = "DSV4SPEC_SEED"
 
 
 def pytest_addoption(parser):
     group = parser.getgroup("dsv4spec", "dsv4spec conformance suite")
     group.addoption("--dsv4spec-target", action="append", default=[], metavar="T",
-                    help="a target, as for `dsv4spec verify --target` (repeatable); enables the suite")
+                    help="a target, as for `dsv4spec verify --target` (repeatable; default: $DSV4SPEC_TARGET, "
+                         "comma-separated); enables the suite")
+    group.addoption("--dsv4spec-max-examples", type=int, metavar="N", help="examples per check, instead of the profile's")
     group.addoption("--dsv4spec-profile", default="ci", metavar="P", help="ci (default), dev or thorough")
     group.addoption("--dsv4spec-rules", metavar="PREFIX,...", help="only rules whose id starts with a prefix")
     group.addoption("--dsv4spec-seed", type=int, metavar="N", help="seed of the dev and thorough profiles")
@@ -73,7 +77,7 @@ class Settings:
         try:
             self.rules = [r.id for r in select(prefixes)]
             self.targets = [Isolated(locate(spec), spec) if self.isolate else load_target(spec)
-                            for spec in get("dsv4spec_target")]
+                            for spec in target_specs(config)]
         except (ValueError, TargetNotFound, TargetLoadError) as e:
             raise pytest.UsageError(f"dsv4spec: {e}") from None
         for t in self.targets:
@@ -82,11 +86,15 @@ class Settings:
         seed = seed if seed is not None else int(os.environ.get(SEED_VARIABLE) or new_seed())
         os.environ[SEED_VARIABLE] = str(seed)       # pytest-xdist workers, started later, share it
         RUN.seed = None if self.profile in DERANDOMIZED else seed
-        RUN.program = program(get("dsv4spec_target"))
+        RUN.program = program(target_specs(config))
+        RUN.max_examples = get("dsv4spec_max_examples")
         RUN.isolate = self.isolate
         self.seed = RUN.seed
-        self.skip = read_entries(get("dsv4spec_skip"), "--dsv4spec-skip")
-        self.xfail = read_entries(get("dsv4spec_xfail"), "--dsv4spec-xfail")
+        try:
+            self.skip = read_entries(get("dsv4spec_skip"), "--dsv4spec-skip")
+            self.xfail = read_entries(get("dsv4spec_xfail"), "--dsv4spec-xfail")
+        except ValueError as e:
+            raise pytest.UsageError(str(e)) from None
 
 
 def _seed_option(config, profile: str, derandomized) -> tuple[int | None, list[str]]:
@@ -116,31 +124,15 @@ class Isolated:
         self.claims_conformance, self.timeout = True, DEFAULT_TIMEOUT_S
 
 
-def read_entries(path: str | None, option: str) -> list[tuple[str, str, int]]:
-    """(rule prefix, reason, line number) of each entry of a skip or xfail file."""
-    if not path:
-        return []
-    try:
-        text = open(path).read()
-    except OSError as e:
-        raise pytest.UsageError(f"{option}: cannot read {path}: {e.strerror}") from None
-    entries = []
-    for number, line in enumerate(text.splitlines(), 1):
-        line = line.split("#", 1)[0].strip()
-        if line:
-            prefix, _, reason = line.partition(" ")
-            entries.append((prefix, reason.strip() or "listed in " + path, number))
-    return entries
-
-
-def _matching(entries, rule_id):
-    from ..spec.rules import _matches
-    return next((e for e in entries if _matches(rule_id, e[0])), None)
+def target_specs(config) -> list[str]:
+    """--dsv4spec-target, else $DSV4SPEC_TARGET (comma-separated), as array-api-tests' module variable."""
+    from .target import targets_from_environment
+    return config.getoption("dsv4spec_target") or targets_from_environment()
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
-    if not config.getoption("dsv4spec_target"):
+    if not target_specs(config):
         return
     _refuse_an_unregistered_suite_profile(config)
     config.pluginmanager.register(Session(Settings(config)), "dsv4spec-session")
@@ -191,16 +183,14 @@ class Session:
     def pytest_collection_modifyitems(self, session, config, items):
         s = self.settings
         for kind, entries in (("--dsv4spec-skip", s.skip), ("--dsv4spec-xfail", s.xfail)):
-            for prefix, _, number in entries:
-                if not any(_matching([(prefix, "", 0)], r) for r in s.rules):
-                    warnings.warn(pytest.PytestConfigWarning(
-                        f"{kind} line {number}: {prefix!r} matches none of the selected rules"))
+            for warning in stale(entries, s.rules, kind):
+                warnings.warn(pytest.PytestConfigWarning(warning))
         for target in s.targets:
             for rule_id in s.rules:
                 name = f"{rule_id}[{target.name}]"
                 item = RuleItem.from_parent(session, name=name, nodeid=f"dsv4spec::{name}", rule_id=rule_id,
                                             target=target, profile=s.profile, runner=self)
-                skip, xfail = _matching(s.skip, rule_id), _matching(s.xfail, rule_id)
+                skip, xfail = matching(s.skip, rule_id), matching(s.xfail, rule_id)
                 if skip:
                     item.add_marker(pytest.mark.skip(reason=skip[1]))
                 elif xfail:

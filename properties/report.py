@@ -1,8 +1,8 @@
 """Reports of a verify run: terminal matrix, JSON, JUnit XML, Markdown.
 
-JSON (schema_version 2), one object:
+JSON (schema_version 3; properties/report.schema.json is its JSON Schema), one object:
 
-    schema_version   2
+    schema_version   3
     header           the run: tool {name, version}, spec {rules, digest} (the digest is a sha256
                      prefix of every rule's id, status, statement and knob: equal digests, equal
                      rules), targets [{spec, name, module, version, device, claims_conformance}], profile,
@@ -16,8 +16,9 @@ JSON (schema_version 2), one object:
     results          [{rule, target, status, detail, reproduce, seconds, checks {check: status}}]
                      in the order rule × target of a single-process run
 
-status is one of PASS, FAIL, ERROR, TIMEOUT, VARIANT, NOT_IMPLEMENTED, SKIP.  Version 1 had no
-header, counts or interrupted, and held profile/targets/rules at the top level.
+status is one of PASS, FAIL, ERROR, TIMEOUT, VARIANT, n/i (not implemented), SKIP.  Version 2
+said NOT_IMPLEMENTED for n/i and had no not_run; version 1 had no header, counts or interrupted,
+and held profile/targets/rules at the top level.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ import xml.etree.ElementTree as ET
 from ..spec import RULES
 from .suite import ERROR, FAIL, NOT_IMPLEMENTED, PASS, SKIP, TIMEOUT, VARIANT, Row
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 SHORT = {PASS: "PASS", FAIL: "FAIL", ERROR: "ERROR", TIMEOUT: "TIMEOUT", VARIANT: "VARIANT",
          NOT_IMPLEMENTED: "n/i", SKIP: "skip"}
 PROBLEMS = (FAIL, ERROR, TIMEOUT)
@@ -110,21 +111,26 @@ def summary(rows: list[Row]) -> str:
                      for t, c in counts(rows).items())
 
 
-def conclusion(rows: list[Row], claims: dict[str, bool], status: int) -> str:
+def conclusion(rows: list[Row], claims: dict[str, bool], status: int, expected=frozenset()) -> str:
     """The run's last line: the verdict on the targets that claim conformance, and what the others
-    got, so that it never reads green over a FAIL in the table."""
-    def problems(names):
-        found = counts([r for r in rows if r.target in names and r.status in PROBLEMS])
+    got, so that it never reads green over a FAIL in the table (rules `expected` to fail, an xfail
+    file's, are counted apart)."""
+    def problems(names, xfail=None):        # xfail None: whether expected or not
+        found = counts([r for r in rows if r.target in names and r.status in PROBLEMS
+                        and xfail in (None, r.rule_id in expected)])
         total = {s: sum(c.get(s, 0) for c in found.values()) for s in PROBLEMS}
         return ", ".join(f"{n} {s}" for s, n in total.items() if n)
 
     claiming = [t for t, c in claims.items() if c]
     others = [t for t, c in claims.items() if not c]
-    bad = problems(claiming)
+    bad = problems(claiming, xfail=False)
     verdict = f"{bad} (exit {status})" if bad else "no FAIL, ERROR or TIMEOUT" if status == 0 \
         else f"FAILURES (exit {status})"
     line = f"conformance claimed by {', '.join(claiming)}: {verdict}" if claiming \
         else f"no target claims conformance (exit {status})"
+    known = problems(claiming, xfail=True)
+    if known:
+        line += f" ({known} expected by --xfail)"
     found = problems(others)
     if found:
         line += (f"; not claimed by {', '.join(others)} (CLAIMS_CONFORMANCE = False): {found}, "

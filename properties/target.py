@@ -72,6 +72,12 @@ BUILTIN = {
 }
 ENTRY_POINT_GROUP = "dsv4spec.targets"
 DEFAULT_TIMEOUT_S = 60.0       # one operation call; `verify --timeout` changes it
+TARGET_VARIABLE = "DSV4SPEC_TARGET"     # the targets when none is named (comma-separated), CLI and pytest alike
+
+
+def targets_from_environment() -> list[str]:
+    """The target specs $DSV4SPEC_TARGET names (as array-api-tests' ARRAY_API_TESTS_MODULE)."""
+    return [s.strip() for s in os.environ.get(TARGET_VARIABLE, "").split(",") if s.strip()]
 
 
 class NotImplementedOp(AttributeError):
@@ -491,11 +497,17 @@ def locate(spec: str) -> str:
         sys.path.append(os.getcwd())
     module = spec.partition(":")[0]
     if ":" not in spec and _find(module) is None:
-        hint = (f"; for the file {spec}, write --target {spec[:-3]}" if spec.endswith(".py") else "")
+        hint = f"; for the file {spec}, write --target {_module_of_file(spec)}" if spec.endswith(".py") else ""
         raise TargetNotFound(f"unknown target {spec!r}{hint}; built-in targets are {', '.join(BUILTIN)}; "
                              f"otherwise give an entry point of group {ENTRY_POINT_GROUP}, a module "
                              f"(pkg.module, or a file in the working directory without .py) or pkg.module:attr")
     return spec
+
+
+def _module_of_file(path: str) -> str:
+    """The module name a file in or below the working directory is imported as: ./mytarget.py is
+    mytarget, ports/fp4.py is ports.fp4."""
+    return os.path.splitext(os.path.relpath(os.path.abspath(path)))[0].replace(os.sep, ".")
 
 
 def load_target(spec: str) -> Target:

@@ -86,10 +86,11 @@ def _pin(cores: list[int]):
 # The worker
 # ------------------------------------------------------------------------------------------------
 
-def _worker(conn, cores, seed, program, timeout, isolate, debug=False):
+def _worker(conn, cores, run: dict, timeout):
     signal.signal(signal.SIGINT, signal.SIG_IGN)       # the supervisor handles Ctrl-C
     _pin(cores)
-    suite.RUN.seed, suite.RUN.program, suite.RUN.isolate, suite.RUN.debug = seed, program, isolate, debug
+    for setting, value in run.items():                 # the supervisor's RUN: seed, program, isolate, ...
+        setattr(suite.RUN, setting, value)
     WATCH.report = lambda op: conn.send(("op", op))
     suite.load_checks()
     targets = {}
@@ -194,8 +195,9 @@ class Pool:
         ctx = multiprocessing.get_context("spawn")
         pinned = jobs > 1 and devices_for(jobs)[0] is None          # CPU workers share the cores out
         cores = cores_for(jobs) if pinned else [[]] * jobs
-        self.slots = [_Slot(ctx, d, c, seed, program, timeout, isolate, suite.RUN.debug)
-                      for d, c in zip(devices_for(jobs), cores)]
+        run = dict(seed=seed, program=program, isolate=isolate, debug=suite.RUN.debug,
+                   max_examples=suite.RUN.max_examples)
+        self.slots = [_Slot(ctx, d, c, run, timeout) for d, c in zip(devices_for(jobs), cores)]
         self.infos: dict[str, TargetInfo] = {}
         self.hung: dict[str, dict[str, str]] = {}
 

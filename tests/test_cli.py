@@ -45,7 +45,8 @@ TARGETS = {
     (["verify", "--target", "nosuch.module:x"], "cannot import target module", 2),
     (["verify", "--target", "impl", "--profile", "fast"], "unknown profile", 2),
     (["verify", "--target", "mytarget:helper", "--rules", "FMT.E2M1.RNE"], "write mytarget:helper()", 2),
-    (["verify", "--target", "mytarget.py"], "write --target mytarget", 2),
+    (["verify", "--target", "mytarget.py"], "write --target mytarget;", 2),
+    (["verify", "--target", "./mytarget.py"], "for the file ./mytarget.py, write --target mytarget;", 2),
     (["verify", "--target", "impl", "--timeout", "0"], "--timeout must be a positive", 2),
     (["verify", "--target", "impl", "--jobs", "0"], "--jobs must be at least 1", 2),
     (["verify", "--target", "impl", "--seed", "abc"], "invalid int value: 'abc'", 2),
@@ -114,7 +115,7 @@ def test_reports_are_atomic_and_carry_the_header(tmp_path):
     assert result.returncode == 0, result.stderr
     report = json.loads(out.read_text())
     header = report["header"]
-    assert report["schema_version"] == 2 and header["seed"] == 3 and header["profile"] == "dev"
+    assert report["schema_version"] == 3 and header["seed"] == 3 and header["profile"] == "dev"
     assert header["tool"]["version"] == dsv4spec.__version__ and header["spec"]["rules"] > 0
     assert header["targets"][0]["spec"] == "impl" and header["torch"] and header["date"]
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".dsv4spec-")]   # no temporary left
@@ -143,7 +144,7 @@ def test_verify_exit_status_follows_claimed_conformance(tmp_path):
     bad = subprocess.run(cmd, capture_output=True, text=True, env=env)
     assert bad.returncode == 1, bad.stdout + bad.stderr
     report = json.loads((tmp_path / "r.json").read_text())
-    assert report["schema_version"] == 2
+    assert report["schema_version"] == 3
     failed = [r for r in report["results"] if r["status"] == "FAIL"]
     assert failed and all("--target badtarget --rules" in r["reproduce"] for r in failed)
     junit = (tmp_path / "r.xml").read_text()
@@ -244,3 +245,30 @@ def test_an_error_in_the_target_names_its_file_and_line_and_the_inputs(tmp_path,
     debug = run("--debug", *base, cwd=tmp_path)
     detail = json.loads((tmp_path / "r.json").read_text())["results"][0]["detail"]
     assert "(every frame, --debug)" in detail and f"{path}:8 in _first" in detail and "…" not in detail
+
+
+def test_ops_of_the_formats_family_are_the_element_codecs(capsys):
+    assert main(["ops", "--family", "formats"]) == 0
+    out = capsys.readouterr().out
+    assert "e2m1_encode(" in out and "FMT.E2M1.RNE" in out
+
+
+def test_the_cli_takes_skip_and_xfail_files_the_target_variable_and_max_examples(tmp_path):
+    """--skip: SKIP with the reason, not run; --xfail: the FAIL shown with its reason, exit 0; a stale
+    entry warned; $DSV4SPEC_TARGET names the target; --max-examples in the reproduce line; --seed
+    under the derandomized ci said ignored."""
+    (tmp_path / "mytarget.py").write_text(LOSES_SIGN.format(claim=""))
+    (tmp_path / "skip.txt").write_text("FMT.E2M1.SATURATE  not ours\n")
+    (tmp_path / "xfail.txt").write_text("# known\nFMT.E2M1.RNE  signs dropped (ticket 1)\nFMT.E2M1.ZERO_SIGN same\nNOPE.X stale\n")
+    result = subprocess.run([sys.executable, "-m", "dsv4spec", "verify", "--rules", "FMT.E2M1", "--skip", "skip.txt",
+                             "--xfail", "xfail.txt", "--max-examples", "3", "--seed", "4", "--json", "r.json"],
+                            capture_output=True, text=True, cwd=tmp_path, env={**ENV, "DSV4SPEC_TARGET": "mytarget"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = {r["rule"]: r for r in json.loads((tmp_path / "r.json").read_text())["results"]}
+    assert rows["FMT.E2M1.SATURATE"]["status"] == "SKIP" and "not ours" in rows["FMT.E2M1.SATURATE"]["detail"]
+    assert rows["FMT.E2M1.RNE"]["status"] == "FAIL"
+    assert rows["FMT.E2M1.RNE"]["detail"].startswith("expected to fail (--xfail line 2: signs dropped (ticket 1))")
+    assert "--max-examples 3" in rows["FMT.E2M1.RNE"]["reproduce"]
+    assert "--xfail line 4: 'NOPE.X' matches none of the selected rules" in result.stderr
+    assert "--seed 4 is ignored: profile ci is derandomized" in result.stderr
+    assert result.stdout.strip().splitlines()[-1].endswith("(2 FAIL expected by --xfail)")

@@ -147,3 +147,12 @@ def test_isolate_keeps_the_session_alive_when_the_target_segfaults(tmp_path):
     assert "the target's process died (signal SIGSEGV) in e8m0_decode" in out
     assert "--rules FMT.E8M0.VALUES --profile ci --isolate" in out
     assert "2 passed" in out and (tmp_path / "r.xml").exists()
+
+
+def test_the_target_variable_selects_the_target_for_pytest_too(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA",
+                             "--dsv4spec-rules", "FMT.E2M1.RNE", "--dsv4spec-max-examples", "3"],
+                            capture_output=True, text=True, cwd=tmp_path,
+                            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": HOME, "TRITON_INTERPRET": "1",
+                                 "DSV4SPEC_TARGET": "impl"})
+    assert "PASSED dsv4spec::FMT.E2M1.RNE[impl]" in result.stdout, result.stdout + result.stderr

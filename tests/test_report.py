@@ -74,3 +74,26 @@ def test_a_full_device_is_an_error_in_one_line_and_stays_a_device(tmp_path):
     with pytest.raises(ValueError, match="cannot write report .*full: No space left on device"):
         write_atomically(str(full), "x" * 10000)
     assert stat.S_ISCHR(os.lstat(full).st_mode)
+
+
+def test_exported_goldens_get_the_mode_open_gives(tmp_path):
+    from dsv4spec.golden.store import export
+    old = os.umask(0o022)
+    try:
+        written = export(tmp_path / "out", rules=["FP8.SCALE"])
+    finally:
+        os.umask(old)
+    assert written and {stat.S_IMODE(p.stat().st_mode) for p in written} == {0o644}
+
+
+def test_one_word_for_a_missing_operation_everywhere():
+    from dsv4spec.cli import Progress
+    from dsv4spec.properties import report
+    from dsv4spec.properties.suite import NOT_IMPLEMENTED, Row
+    rows = [Row("FMT.E2M1.RNE", "mine", NOT_IMPLEMENTED, "missing e2m1_encode")]
+    assert NOT_IMPLEMENTED == "n/i"
+    for text in (report.to_json(rows, {}), report.to_junit(rows), report.to_markdown(rows), report.terminal(rows)):
+        assert "n/i" in text and "NOT_IMPLEMENTED" not in text
+    progress = Progress(1, quiet=False, tty=False)
+    progress(rows[0])
+    assert progress._counts() == "1 n/i"
