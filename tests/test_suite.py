@@ -3,6 +3,7 @@ import sys
 import time
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -215,3 +216,20 @@ def test_a_v41_only_target_is_asked_only_for_what_it_serves():
     assert "for v4-flash (MODELS: v4.1-flash)" in row.detail or row.status == PASS, row
     with pytest.raises(ValueError, match="MODELS must be a tuple of"):
         Target(types.SimpleNamespace(MODELS="v4.1-flash", index_topk=position_only), "bad")
+
+
+def test_the_official_factorisation_is_an_entry_point_checked_by_the_same_rules():
+    """A target offering only index_scores_raw (raw weights in) is judged on IDX.WEIGHT.SCALE and the
+    IDX.SCORE rules; the same computation passes them."""
+    import dsv4spec.impl as impl
+    from dsv4spec.spec.models import profile
+
+    def index_scores_raw(q, k, raw_w, visible, model):      # raw_w: any heads (a shard's); the global factor
+        w = (raw_w.float() * float(np.float32(profile(model).index_weight_scale))).to(torch.bfloat16).float()
+        return impl.index_scores(q, k, w, visible, "fp32" if model == "v3.2" else "bf16")
+
+    raw_only = Target(SimpleNamespace(NAME="raw", index_scores_raw=index_scores_raw), "raw")
+    assert raw_only.has("index_scores") and profile("v4.1-flash").index_weight_scale == 2 ** -6
+    for rule_id in ("IDX.WEIGHT.SCALE", "IDX.SCORE.FORMULA", "IDX.SCORE.ROUNDING", "IDX.MASK"):
+        row = run_rule(rule_id, raw_only)
+        assert row.status == PASS, f"{rule_id}: {row.status} {row.detail}"
