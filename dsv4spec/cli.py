@@ -95,7 +95,7 @@ def cmd_verify(args) -> int:
     progress.end()
     rows = _listed(rows, targets, rule_ids, skip, xfail)
     expected = {r for r in rule_ids if matching(xfail, r)}
-    header = _header(args, targets, _prefixes(args.rules))
+    header = _header(args, targets, _prefixes(args.rules), rule_ids)
     header["wall_s"] = round(time.monotonic() - started, 1)
     done = {(r.rule_id, r.target) for r in rows}
     not_run = [(r, t.name) for t in targets for r in run_ids if (r, t.name) not in done] if interrupted else []
@@ -191,11 +191,11 @@ class _Unloaded:
         self.claims_conformance, self.module, self.version, self.device = False, "", "", ""
 
 
-def _header(args, targets, prefixes) -> dict:
+def _header(args, targets, prefixes, rule_ids) -> dict:
     import shlex
     import dsv4spec
     from dsv4spec.properties import report
-    from dsv4spec.properties.suite import RUN
+    from dsv4spec.properties.suite import RUN, examples_per_check
     from dsv4spec.properties.workers import devices_for
     from dsv4spec.spec import RULES
     devices = [f"cuda:{d}" if d is not None else report.environment()["device"] for d in devices_for(args.jobs)] \
@@ -206,6 +206,7 @@ def _header(args, targets, prefixes) -> dict:
                          "device": str(t.device),
                          "claims_conformance": t.claims_conformance} for t in targets],
             "profile": args.profile, "seed": RUN.seed, "timeout_s": args.timeout,
+            "examples_per_check": examples_per_check(rule_ids, args.profile),
             "rules": prefixes or "all", "workers": args.jobs, "worker_devices": devices,
             "isolate": bool(args.isolate), **report.environment(),
             "command": " ".join(shlex.quote(a) for a in ["dsv4spec", *sys.argv[1:]])}

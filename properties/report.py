@@ -6,7 +6,9 @@ JSON (schema_version 3; properties/report.schema.json is its JSON Schema), one o
     header           the run: tool {name, version}, spec {rules, digest} (the digest is a sha256
                      prefix of every rule's id, status, statement and knob: equal digests, equal
                      rules), targets [{spec, name, module, version, device, claims_conformance}], profile,
-                     seed (null when derandomized), timeout_s, rules (the prefixes, or "all"),
+                     seed (null when derandomized), timeout_s, examples_per_check {rule: n}
+                     (the profile's size per rule: ci is sized by measured cost), rules (the
+                     prefixes, or "all"),
                      workers, worker_devices, isolate, python, torch, device ("cpu" or "cuda"),
                      gpus [names], date (UTC, ISO 8601), command, wall_s (the run's wall time:
                      loading the targets and running every rule, the report's writing excluded)
@@ -67,8 +69,10 @@ def header_line(header: dict) -> str:
     seed = "derandomized" if header.get("seed") is None else f"seed {header['seed']}"
     where = ", ".join(header.get("gpus") or []) or header.get("device", "")
     workers = header.get("workers", 1)
+    sizes = sorted(set((header.get("examples_per_check") or {}).values()))
+    examples = f" ({sizes[0]}{'–' + str(sizes[-1]) if len(sizes) > 1 else ''} examples a check)" if sizes else ""
     return (f"dsv4spec {header['tool']['version']} · rules {header['spec']['digest']} · profile "
-            f"{header['profile']} · {seed} · torch {header.get('torch', '?')} · {where}"
+            f"{header['profile']}{examples} · {seed} · torch {header.get('torch', '?')} · {where}"
             + (f" · {workers} workers on {', '.join(header['worker_devices'])}" if workers > 1 else "")
             + (f" · {header['wall_s']:g} s" if "wall_s" in header else ""))
 
@@ -88,6 +92,9 @@ def terminal(rows: list[Row], color: bool = False) -> str:
         lines.append(rule_id.ljust(width) + "  " + "  ".join(parts))
     lines.append("")
     lines.append(summary(rows))
+    slowest = sorted((r for r in rows if r.seconds >= 1), key=lambda r: -r.seconds)[:3]
+    if slowest:
+        lines.append("slowest: " + ", ".join(f"{r.rule_id} on {r.target} {r.seconds:.1f} s" for r in slowest))
     for r in (r for r in rows if r.status in PROBLEMS):
         lines.append(f"\n{r.status} {r.rule_id} on {r.target}: {RULES[r.rule_id].title}")
         lines.extend("    " + line for line in r.detail.splitlines())

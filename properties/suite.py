@@ -118,6 +118,12 @@ def settings_for(rule_id: str, profile: str, shrink: bool = True) -> settings:
     return settings(chosen, max_examples=RUN.max_examples) if RUN.max_examples else chosen
 
 
+def examples_per_check(rule_ids: list[str], profile: str) -> dict[str, int]:
+    """The examples each check of each rule generates in a profile (--max-examples included): the
+    cost a report's header shows, since a check's time is about examples × ms per example."""
+    return {r: settings_for(r, profile).max_examples for r in rule_ids}
+
+
 class Skip(Exception):
     """The check does not apply to this target (a reason is given)."""
 

@@ -97,3 +97,21 @@ def test_one_word_for_a_missing_operation_everywhere():
     progress = Progress(1, quiet=False, tty=False)
     progress(rows[0])
     assert progress._counts() == "1 n/i"
+
+
+def test_the_header_shows_the_examples_a_check_costs_per_rule():
+    from dsv4spec.cli import main  # noqa: F401 -- the header is the CLI's
+    from dsv4spec.properties import report
+    from dsv4spec.properties.suite import examples_per_check
+    sizes = examples_per_check(["FMT.E2M1.RNE", "POOL.SIZE", "CMP.GATE"], "ci")
+    assert sizes == {"FMT.E2M1.RNE": 400, "POOL.SIZE": 25, "CMP.GATE": 25}
+    header = {"tool": {"version": "0"}, "spec": {"digest": "d"}, "profile": "ci", "seed": None,
+              "examples_per_check": sizes}
+    assert "profile ci (25–400 examples a check)" in report.header_line(header)
+
+
+def test_the_terminal_names_the_slowest_rules():
+    from dsv4spec.properties import report
+    from dsv4spec.properties.suite import PASS, Row
+    rows = [Row("FMT.E2M1.RNE", "impl", PASS, seconds=0.2), Row("POOL.SIZE", "impl", PASS, seconds=12.5)]
+    assert "slowest: POOL.SIZE on impl 12.5 s" in report.terminal(rows)
