@@ -347,8 +347,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "hang (even in C code) costs only the rule that was running")
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="spread the rules over N worker "
                    "processes (each pinned to its own GPU when several are visible); implies --isolate")
-    p.add_argument("--json", metavar="F", help="write a JSON report (schema_version 3, see "
-                                                "dsv4spec/properties/report.py)")
+    p.add_argument("--json", metavar="F", help="write a JSON report (schema_version 3; its JSON Schema: "
+                                                "dsv4spec/properties/report.schema.json)")
     p.add_argument("--junit", metavar="F", help="write a JUnit XML report")
     p.add_argument("--markdown", metavar="F", help="write a Markdown report (matrix, counts, failures)")
     p.add_argument("--quiet", action="store_true", help="no progress on standard error")

@@ -70,12 +70,13 @@ PROFILES = ("ci", "dev", "thorough")
 DERANDOMIZED = ("ci",)
 
 
-def _examples_from_the_seed_alone():
+def _examples_from_the_seed_alone() -> bool:
     """Hypothesis mixes the literals of every 'local' module that happens to be imported into its
     examples, so one seed drew different examples in the CLI, in a worker process and under
     pytest, and in a checkout versus an installed wheel: a printed seed did not reproduce.  The
     checks carry their own edge values, so the suite turns that mining off (a private hook of
-    Hypothesis; without it, nothing changes)."""
+    Hypothesis, present in the range pyproject.toml pins and tested in tests/test_suite.py;
+    without it, nothing changes).  True when the hook was found and patched."""
     import copy
     try:
         from hypothesis.internal.conjecture import providers
@@ -84,11 +85,12 @@ def _examples_from_the_seed_alone():
             getattr(empty, name).clear()
         providers._get_local_constants = lambda: empty
         providers.CONSTANTS_CACHE.cache.clear()
+        return True
     except (ImportError, AttributeError):
-        pass
+        return False
 
 
-_examples_from_the_seed_alone()
+SEED_ALONE = _examples_from_the_seed_alone()
 # Examples per check in the ci profile, by rule-id prefix (the longest matching prefix wins; 25
 # otherwise), sized by measurement.  CPU ms per generated example, impl / kernels in the Triton
 # interpreter: FMT 1–3 / 5–9; FP4 2–5 / 12–26; FP8 1–3 / 9–13; IDX.VISIBLE, IDX.WEIGHT 1 / 6;

@@ -115,3 +115,43 @@ def test_the_terminal_names_the_slowest_rules():
     from dsv4spec.properties.suite import PASS, Row
     rows = [Row("FMT.E2M1.RNE", "impl", PASS, seconds=0.2), Row("POOL.SIZE", "impl", PASS, seconds=12.5)]
     assert "slowest: POOL.SIZE on impl 12.5 s" in report.terminal(rows)
+
+
+SCHEMA = os.path.join(os.path.dirname(__import__("dsv4spec.properties.report").properties.report.__file__),
+                      "report.schema.json")
+
+
+def _validator():
+    import json
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.load(open(SCHEMA))
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+def test_the_json_report_validates_against_the_shipped_schema(tmp_path, capsys):
+    import json
+    from dsv4spec.cli import main
+    path = tmp_path / "r.json"
+    assert main(["verify", "--target", "impl", "--target", "ml_dtypes", "--rules", "FMT.E4M3,FP4.PACK", "--quiet",
+                 "--json", str(path)]) == 0
+    report = json.loads(path.read_text())
+    assert {r["status"] for r in report["results"]} >= {"PASS", "FAIL", "n/i"}      # ml_dtypes: FAIL and n/i
+    validator = _validator()
+    validator.validate(report)
+    report["results"][0]["status"] = "NOT_IMPLEMENTED"                              # version 2's word
+    assert not validator.is_valid(report)
+
+
+def test_an_interrupted_report_validates_too():
+    import json
+    from dsv4spec.properties.report import to_json
+    from dsv4spec.properties.suite import FAIL, Row
+    header = json.loads(open(SCHEMA).read())["properties"]["header"]["required"]
+    values = {"tool": {"name": "dsv4spec", "version": "0"}, "spec": {"rules": 1, "digest": "0" * 16}, "targets": [],
+              "profile": "ci", "seed": None, "timeout_s": 60.0, "examples_per_check": {"FMT.E2M1.RNE": 400},
+              "rules": "all", "workers": 1, "worker_devices": [], "isolate": False, "python": "3", "torch": "2",
+              "device": "cpu", "gpus": [], "date": "d", "command": "c"}
+    assert set(values) == set(header)
+    text = to_json([Row("FMT.E2M1.RNE", "mine", FAIL, "x")], values, True, [("FMT.E4M3.RNE", "mine")])
+    _validator().validate(json.loads(text))

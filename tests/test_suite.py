@@ -233,3 +233,15 @@ def test_the_official_factorisation_is_an_entry_point_checked_by_the_same_rules(
     for rule_id in ("IDX.WEIGHT.SCALE", "IDX.SCORE.FORMULA", "IDX.SCORE.ROUNDING", "IDX.MASK"):
         row = run_rule(rule_id, raw_only)
         assert row.status == PASS, f"{rule_id}: {row.status} {row.detail}"
+
+
+def test_the_private_hypothesis_hook_the_suite_patches_is_there_and_patched():
+    """properties/suite.py turns off Hypothesis's mining of local modules' literals through a private
+    hook; in the Hypothesis range pyproject.toml pins, the hook must exist and be patched, or a
+    printed seed stops reproducing (this test then names the change)."""
+    from hypothesis.internal.conjecture import providers
+
+    from dsv4spec.properties import suite
+    assert suite.SEED_ALONE, "hypothesis.internal.conjecture.providers no longer has the hook suite.py patches"
+    constants = providers._get_local_constants()
+    assert all(not getattr(constants, kind) for kind in ("integers", "floats", "bytes", "strings"))
