@@ -12,7 +12,8 @@ Operation contract (torch CPU tensors; a target provides any subset):
         RoPE then the codec: fmt 'fp4_e8m0' (index K), 'fp4_e4m3' (V4.1 main KV), 'fp8_e8m0_32'
         (V4.1 window: E4M3 bytes and E8M0 scale bytes per 32).
     kv_qdq_fp4_e4m3(x [..., D]) -> f32 [..., D]              one operation per format; a target's
-    kv_qdq_fp8_e8m0_32(x [..., D]) -> f32 [..., D]           kv_qdq(x, fmt) provides both
+    kv_qdq_fp8_e8m0_32(x [..., D]) -> f32 [..., D]           kv_qdq(x, fmt) (the name before the
+                                                             split) still provides both
         what main attention reads: the in-place QDQ's BF16 values.
     pool_scan_topk(q [T,H,D], k [S,D], w [T,H], visible [T], pool bool [T,S], topk) -> int [T, topk]
         a re-index that scores only pool positions; V4.1 order, −1 at the tail.
@@ -56,7 +57,6 @@ OPS = {
     "rope_quantize": "rope_quantize(x [T,D], positions [T], freqs [d/2], fmt) -> (payload u8, scales u8)",
     "kv_qdq_fp4_e4m3": "kv_qdq_fp4_e4m3(x [...,D]) -> f32: what main attention reads of an FP4 entry (BF16 values)",
     "kv_qdq_fp8_e8m0_32": "kv_qdq_fp8_e8m0_32(x [...,D]) -> f32: what main attention reads of an FP8 entry",
-    "kv_qdq": "kv_qdq(x [...,D], fmt) -> f32: both of the above by fmt (still accepted for either)",
     "pool_scan_topk": "pool_scan_topk(q, k, w, visible, pool, topk) -> int [T, topk]: scores only the pool",
     "index_layer": "index_layer(inputs, *, model, layer, start_pos=0) -> dict of named stages",
 }

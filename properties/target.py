@@ -445,10 +445,12 @@ def _version(provider) -> str:
 
 
 def known_ops() -> set[str]:
-    """Every canonical operation name (the OPS of each family module)."""
+    """Every canonical operation name (the OPS of each family module, and the bundled names that
+    provide several: kv_qdq)."""
     from .suite import FAMILY_MODULES
     return {op for family in FAMILY_MODULES
-            for op in getattr(importlib.import_module(f"{__package__}.{family}"), "OPS", {})}
+            for op in getattr(importlib.import_module(f"{__package__}.{family}"), "OPS", {})} \
+        | {bundled for bundled, _ in SPLIT.values()}
 
 
 INPUT_DTYPES = ("float32", "bfloat16")

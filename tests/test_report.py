@@ -97,6 +97,12 @@ def test_one_word_for_a_missing_operation_everywhere():
     progress = Progress(1, quiet=False, tty=False)
     progress(rows[0])
     assert progress._counts() == "1 n/i"
+    from types import SimpleNamespace
+
+    from dsv4spec.golden import store
+    from dsv4spec.properties.target import Target
+    golden = store.check_target(Target(SimpleNamespace(NAME="none", index_visible=lambda p, r: p), "none"))
+    assert golden and {status for _, status, _ in golden} == {"n/i"}
 
 
 def test_the_header_shows_the_examples_a_check_costs_per_rule():
