@@ -97,6 +97,7 @@ def cmd_verify(args) -> int:
     expected = {r for r in rule_ids if matching(xfail, r)}
     header = _header(args, targets, _prefixes(args.rules), rule_ids)
     header["wall_s"] = round(time.monotonic() - started, 1)
+    header["slowest"] = report.slowest(rows)
     done = {(r.rule_id, r.target) for r in rows}
     not_run = [(r, t.name) for t in targets for r in run_ids if (r, t.name) not in done] if interrupted else []
     print(report.header_line(header))

@@ -11,7 +11,8 @@ JSON (schema_version 3; properties/report.schema.json is its JSON Schema), one o
                      prefixes, or "all"),
                      workers, worker_devices, isolate, python, torch, device ("cpu" or "cuda"),
                      gpus [names], date (UTC, ISO 8601), command, wall_s (the run's wall time:
-                     loading the targets and running every rule, the report's writing excluded)
+                     loading the targets and running every rule, the report's writing excluded),
+                     slowest [{rule, target, seconds}] (the three longest rules, a second or more)
     interrupted      true when the run was stopped (Ctrl-C) before every result was in
     not_run          [{rule, target}] the results an interrupted run did not reach
     counts           {target: {status: n}}
@@ -74,7 +75,15 @@ def header_line(header: dict) -> str:
     return (f"dsv4spec {header['tool']['version']} · rules {header['spec']['digest']} · profile "
             f"{header['profile']}{examples} · {seed} · torch {header.get('torch', '?')} · {where}"
             + (f" · {workers} workers on {', '.join(header['worker_devices'])}" if workers > 1 else "")
-            + (f" · {header['wall_s']:g} s" if "wall_s" in header else ""))
+            + (f" · {header['wall_s']:g} s" if "wall_s" in header else "")
+            + ("; slowest: " + ", ".join(f"{r['rule']} on {r['target']} {r['seconds']:.1f} s"
+                                         for r in header["slowest"]) if header.get("slowest") else ""))
+
+
+def slowest(rows: list[Row], n: int = 3) -> list[dict]:
+    """The n rules that took longest (a second or more), for the header."""
+    return [{"rule": r.rule_id, "target": r.target, "seconds": round(r.seconds, 1)}
+            for r in sorted((r for r in rows if r.seconds >= 1), key=lambda r: -r.seconds)[:n]]
 
 
 def terminal(rows: list[Row], color: bool = False) -> str:
@@ -92,9 +101,6 @@ def terminal(rows: list[Row], color: bool = False) -> str:
         lines.append(rule_id.ljust(width) + "  " + "  ".join(parts))
     lines.append("")
     lines.append(summary(rows))
-    slowest = sorted((r for r in rows if r.seconds >= 1), key=lambda r: -r.seconds)[:3]
-    if slowest:
-        lines.append("slowest: " + ", ".join(f"{r.rule_id} on {r.target} {r.seconds:.1f} s" for r in slowest))
     for r in (r for r in rows if r.status in PROBLEMS):
         lines.append(f"\n{r.status} {r.rule_id} on {r.target}: {RULES[r.rule_id].title}")
         lines.extend("    " + line for line in r.detail.splitlines())
