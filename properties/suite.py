@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from hypothesis import HealthCheck, Phase, example, given, seed as hypothesis_seed, settings
+from hypothesis.errors import Unsatisfiable
 
 from ..spec import RULES
 from ..spec.rules import EXTENSIONS, IMPLEMENTATION_DEFINED, INFORMATIVE, KNOBS, select
@@ -265,7 +266,7 @@ def run_check(chk: Check, target: Target, profile: str = "ci", shrink: bool = Tr
     if chk.extension and chk.extension not in target.extensions:
         return Outcome(SKIP, f"extension {chk.extension} not declared")
     _DETECTED.clear()
-    target.received.call = None
+    target.received.call, target.received.unserved = None, ""
     start = time.perf_counter()
     try:
         # A target's numeric warnings (NaN casts and the like) are not results; the checks judge values.
@@ -277,6 +278,9 @@ def run_check(chk: Check, target: Target, profile: str = "ci", shrink: bool = Tr
         status, detail = PASS, ""
     except NotImplementedOp as e:
         status, detail = NOT_IMPLEMENTED, f"missing {e}"
+    except Unsatisfiable as e:      # every example asked for a model the target does not serve: n/i
+        status, detail = (NOT_IMPLEMENTED, f"missing {target.received.unserved}") if target.received.unserved \
+            else (ERROR, _describe(e))
     except Skip as e:
         status, detail = SKIP, str(e)
     except OperationTimeout as e:

@@ -19,9 +19,10 @@ fp32 inputs that BF16 cannot hold lie beyond it and reach only operations declar
 input dtype decides; no EXTENSIONS entry is needed).
 Codes, bytes and scales are uint8 whatever the declaration.
 
-A target that serves some models only (a V4.1 port) declares MODELS: a check calling one of its
-operations for another model (a `model` argument naming it) is NOT_IMPLEMENTED, and index_topk is
-asked only for the orders its models use (V4 'score', V4.1 'position'), so it need not fake the other.
+A target that serves some models only (a V4.1 port) declares MODELS: an example that would call
+one of its operations for another model (a `model` argument naming it) is not asked (a check left
+with none is NOT_IMPLEMENTED), and index_topk is asked only for the orders its models use (V4
+'score', V4.1 'position'), so it need not fake the other.
 
 How `--target T` is resolved (the same rule for the CLI, the pytest plugin and `load_target`):
 
@@ -309,6 +310,7 @@ class Received:
 
     def __init__(self):
         self.call = None
+        self.unserved = ""      # an example left out because it asked for a model the target does not serve
 
     def describe(self) -> str:
         if self.call is None:
@@ -380,7 +382,8 @@ class Target:
             unserved = [v for v in (*args, *kwargs.values()) if isinstance(v, str) and v in MODELS
                         and v not in self.models]
             if unserved:
-                raise NotImplementedOp(f"{name} for {unserved[0]} (MODELS: {', '.join(self.models)})")
+                self.received.unserved = f"{name} for {unserved[0]} (MODELS: {', '.join(self.models)})"
+                _not_asked(self.received.unserved)
             if self.input_dtype(name) == "bfloat16":
                 args, kwargs = _as_bfloat16(args), dict(zip(kwargs, _as_bfloat16(tuple(kwargs.values()))))
             self.received.call = (name, args, kwargs)

@@ -211,9 +211,11 @@ def test_a_v41_only_target_is_asked_only_for_what_it_serves():
     for rule_id in ("IDX.TOPK.COUNT", "IDX.TOPK.ORDER", "IDX.TOPK.PAD"):
         row = run_rule(rule_id, port)
         assert row.status == PASS, f"{rule_id}: {row.status} {row.detail}"
-    row = run_rule("IDX.WEIGHT.SCALE", port)
-    assert row.status in (PASS, NOT_IMPLEMENTED), row
-    assert "for v4-flash (MODELS: v4.1-flash)" in row.detail or row.status == PASS, row
+    row = run_rule("IDX.WEIGHT.SCALE", port)                  # judged on its V4.1 examples
+    assert row.status == PASS and row.checks["head_weights_carry_the_global_factor"] == PASS, row
+    v4 = Target(SimpleNamespace(NAME="v4", MODELS=("v4-pro",), index_rotate=impl.index_rotate), "v4")
+    row = run_rule("HAD.ABSENT_V41", v4)                      # nothing to ask a V4 port: n/i, not ERROR
+    assert row.status == NOT_IMPLEMENTED and "index_rotate for v4.1-flash (MODELS: v4-pro)" in row.detail, row
     with pytest.raises(ValueError, match="MODELS must be a tuple of"):
         Target(types.SimpleNamespace(MODELS="v4.1-flash", index_topk=position_only), "bad")
 
