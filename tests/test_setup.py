@@ -11,10 +11,10 @@ import dsv4spec
 HOME = Path(dsv4spec.__file__).resolve().parent.parent
 
 
-def make_n(tmp_path, **env):
-    """The commands `make test` would run on a fresh machine (no GPU: nvidia-smi not on PATH)."""
-    result = subprocess.run(["make", "-n", "-C", str(HOME), "test", f"VENV={tmp_path}/venv"], capture_output=True,
-                            text=True, env={"PATH": "/usr/bin:/bin", **env})
+def make_n(tmp_path, gpu="", **env):
+    """The commands `make test` would run on a fresh machine (HAVE_GPU given, as nvidia-smi would say)."""
+    result = subprocess.run(["make", "-n", "-C", str(HOME), "test", f"VENV={tmp_path}/venv", f"HAVE_GPU={gpu}"],
+                            capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", **env})
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -23,6 +23,7 @@ def test_without_a_gpu_make_installs_the_cpu_torch_from_its_index(tmp_path):
     assert "--index-url https://download.pytorch.org/whl/cpu torch==2.13.0" in make_n(tmp_path)
     assert "--index-url" not in make_n(tmp_path, PIP_FIND_LINKS="/opt/wheels")     # a local wheel directory
     assert "--index-url https://example.org/cu130 torch" in make_n(tmp_path, TORCH_INDEX="https://example.org/cu130")
+    assert "--index-url" not in make_n(tmp_path, gpu="yes")          # a GPU machine: pip's default (CUDA) torch
 
 
 def test_triton_is_an_extra_and_hypothesis_is_pinned():
