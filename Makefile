@@ -2,9 +2,16 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# CPU torch for tests (the H200 machine brings its own CUDA torch); triton pinned to the GPU's.
+# torch: where no NVIDIA GPU is present, the CPU build from TORCH_INDEX (PyTorch's CPU index), so
+# that pip does not fetch the multi-GB CUDA build; a GPU machine gets pip's default (CUDA) build.
+# A machine with a local wheel directory (PIP_FIND_LINKS, as an offline mirror sets) keeps pip's own
+# configuration.  Override either: make test TORCH_INDEX=https://download.pytorch.org/whl/cu130
 TORCH ?= torch==2.13.0
-DEPS := $(TORCH) triton==3.6.0 numpy ml_dtypes hypothesis pytest pytest-xdist safetensors matplotlib
+HAVE_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
+TORCH_INDEX ?= $(if $(HAVE_GPU)$(PIP_FIND_LINKS),,https://download.pytorch.org/whl/cpu)
+# Triton is the kernels' extra (pinned to the GPU's); every other rule runs without it.
+TRITON ?= triton==3.6.0
+DEPS := $(TRITON) numpy ml_dtypes "hypothesis>=6.170,<7" pytest pytest-xdist safetensors matplotlib jsonschema
 JOBS ?= auto
 VERIFY_JOBS ?= $(shell nproc)
 
@@ -13,6 +20,7 @@ VERIFY_JOBS ?= $(shell nproc)
 $(BIN)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip setuptools
+	$(BIN)/pip install --quiet $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) $(TORCH)
 	$(BIN)/pip install --quiet $(DEPS)
 	$(BIN)/pip install --quiet --no-build-isolation --no-deps -e .
 	touch $@

@@ -43,9 +43,13 @@ def cmd_ops(args) -> int:
     families = [f for f in FAMILY_MODULES if not args.family or f == args.family]
     if not families:
         raise UsageError(f"unknown family {args.family!r}; expected one of {', '.join(FAMILY_MODULES)}")
+    every = {op: doc for f in FAMILY_MODULES
+             for op, doc in getattr(importlib.import_module(f"dsv4spec.properties.{f}"), "OPS", {}).items()}
     table = {}
     for family in families:
-        ops = getattr(importlib.import_module(f"dsv4spec.properties.{family}"), "OPS", {})
+        module = importlib.import_module(f"dsv4spec.properties.{family}")
+        ops = getattr(module, "OPS", None) or {     # formats: its checks call quant's element codecs
+            op: every[op] for op in sorted({op for c in checks if c.fn.__module__ == module.__name__ for op in c.ops})}
         for op, doc in ops.items():
             rules = sorted({c.rule_id for c in checks if op in c.ops})
             table.setdefault(family, []).append({"op": op, "signature": doc, "rules": rules})
@@ -74,41 +78,67 @@ def cmd_spec(args) -> int:
 
 def cmd_verify(args) -> int:
     from dsv4spec.properties import report
+    from dsv4spec.properties.entries import matching
     from dsv4spec.properties.suite import DERANDOMIZED, RUN, exit_status, new_seed, program
-    rule_ids, specs = _checked_verify_args(args)
+    rule_ids, specs, skip, xfail = _checked_verify_args(args)
+    if args.seed is not None and args.profile in DERANDOMIZED:
+        print(f"dsv4spec verify: --seed {args.seed} is ignored: profile {args.profile} is derandomized "
+              "(--profile dev or thorough takes a seed)", file=sys.stderr)
     RUN.seed = None if args.profile in DERANDOMIZED else (args.seed if args.seed is not None else new_seed())
     RUN.program = program(specs)
-    progress = Progress(len(rule_ids) * len(specs), quiet=args.quiet, tty=sys.stderr.isatty())
+    RUN.debug = bool(getattr(args, "debug", False))
+    RUN.max_examples = args.max_examples
+    run_ids = [r for r in rule_ids if not matching(skip, r)]
+    progress = Progress(len(run_ids) * len(specs), quiet=args.quiet, tty=sys.stderr.isatty())
     started = time.monotonic()
-    rows, targets, interrupted = _run_verify(args, specs, rule_ids, progress)
+    rows, targets, interrupted = _run_verify(args, specs, run_ids, progress)
     progress.end()
-    header = _header(args, targets, _prefixes(args.rules))
+    rows = _listed(rows, targets, rule_ids, skip, xfail)
+    expected = {r for r in rule_ids if matching(xfail, r)}
+    header = _header(args, targets, _prefixes(args.rules), rule_ids)
     header["wall_s"] = round(time.monotonic() - started, 1)
+    header["slowest"] = report.slowest(rows)
+    done = {(r.rule_id, r.target) for r in rows}
+    not_run = [(r, t.name) for t in targets for r in run_ids if (r, t.name) not in done] if interrupted else []
     print(report.header_line(header))
     print(report.terminal(rows, color=sys.stdout.isatty()))
-    for path, text in ((args.json, lambda: report.to_json(rows, header, interrupted)),
-                       (args.junit, lambda: report.to_junit(rows, header)),
-                       (args.markdown, lambda: report.to_markdown(rows, header))):
+    for path, write in ((args.json, report.to_json), (args.junit, report.to_junit), (args.markdown, report.to_markdown)):
         if path:
-            report.write_atomically(path, text())
+            report.write_atomically(path, write(rows, header, interrupted, not_run))
     if interrupted:
-        print(f"\ninterrupted: {len(rows)} of {progress.total} results finished", file=sys.stderr)
+        print("\n" + "\n".join(report.interruption(not_run, len(rows))), file=sys.stderr)
         return 130
     unloadable = [t for t in targets if getattr(t, "load_error", "")]
     for t in unloadable:
         print(f"dsv4spec verify: error: {t.load_error}", file=sys.stderr)
-    status = 3 if unloadable else exit_status(rows, targets)
-    claiming = [t.name for t in targets if t.claims_conformance]
-    print(f"\nconformance claimed by {', '.join(claiming) or 'no target'}: "
-          + ("no FAIL, ERROR or TIMEOUT" if status == 0 else f"FAILURES (exit {status})"))
+    usage = any(getattr(t, "usage_error", False) for t in unloadable)
+    status = 2 if usage else 3 if unloadable else exit_status(rows, targets, expected)
+    print("\n" + report.conclusion(rows, {t.name: t.claims_conformance for t in targets}, status, expected))
     return status
+
+
+def _listed(rows, targets, rule_ids, skip, xfail):
+    """The rows with a SKIP row for each rule of the skip file and the xfail file's reason on the
+    rows of the rules it expects to fail, in the order rule × target."""
+    from dsv4spec.properties.entries import matching
+    from dsv4spec.properties.suite import FAIL, ERROR, SKIP, TIMEOUT, Row
+    names = [t.name for t in targets]
+    rows = rows + [Row(r, t, SKIP, f"--skip line {e[2]}: {e[1]}") for t in names for r in rule_ids
+                   for e in [matching(skip, r)] if e]
+    for row in rows:
+        entry = matching(xfail, row.rule_id)
+        if entry and row.status in (FAIL, ERROR, TIMEOUT):
+            row.detail = f"expected to fail (--xfail line {entry[2]}: {entry[1]})\n" + row.detail
+    order = {(t, r): i for i, (t, r) in enumerate((t, r) for t in names for r in rule_ids)}
+    return sorted(rows, key=lambda r: order.get((r.target, r.rule_id), len(order)))
 
 
 def _checked_verify_args(args) -> tuple[list[str], list[str]]:
     """The rule ids and target specs of a verify run; a usage error for anything wrong, before any run."""
     from dsv4spec.properties import report
+    from dsv4spec.properties.entries import read_entries, stale
     from dsv4spec.properties.suite import PROFILES
-    from dsv4spec.properties.target import locate
+    from dsv4spec.properties.target import locate, targets_from_environment
     from dsv4spec.spec import select
     if args.profile not in PROFILES:
         raise UsageError(f"unknown profile {args.profile!r}; expected one of {', '.join(PROFILES)}")
@@ -116,13 +146,33 @@ def _checked_verify_args(args) -> tuple[list[str], list[str]]:
         raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
     if args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
+    if args.max_examples is not None and args.max_examples < 1:
+        raise UsageError(f"--max-examples must be at least 1, got {args.max_examples}")
     rule_ids = [r.id for r in select(_prefixes(args.rules))]
     for path in filter(None, (args.json, args.junit, args.markdown)):
         report.check_writable(path)
-    specs = list(dict.fromkeys(args.target or DEFAULT_TARGETS))
+    specs = list(dict.fromkeys(args.target or targets_from_environment() or _default_targets()))
     for spec in specs:
         locate(spec)
-    return rule_ids, specs
+    skip, xfail = read_entries(args.skip, "--skip"), read_entries(args.xfail, "--xfail")
+    for kind, entries in (("--skip", skip), ("--xfail", xfail)):
+        for warning in stale(entries, rule_ids, kind):
+            print(f"dsv4spec verify: warning: {warning}", file=sys.stderr)
+    return rule_ids, specs, skip, xfail
+
+
+def _default_targets() -> list[str]:
+    """The built-in targets; without Triton (an extra: pip install 'dsv4spec[kernels]') all but kernels."""
+    import importlib.util
+    try:
+        triton = importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):
+        triton = False
+    if triton:
+        return DEFAULT_TARGETS
+    print("dsv4spec verify: kernels left out: Triton is not installed (pip install 'dsv4spec[kernels]'); "
+          "every other target and rule runs without it", file=sys.stderr)
+    return [t for t in DEFAULT_TARGETS if t != "kernels"]
 
 
 def _run_verify(args, specs, rule_ids, progress):
@@ -136,15 +186,16 @@ def _run_verify(args, specs, rule_ids, progress):
     try:
         if not workers:
             load_checks()
-            return verify(targets, _prefixes(args.rules), args.profile, progress), targets, False
+            return verify(targets, profile=args.profile, progress=progress, rule_ids=rule_ids), targets, False
         from dsv4spec.properties import workers as pool
         rows, infos = pool.run(specs, rule_ids, args.profile, jobs=args.jobs, seed=RUN.seed,
                                timeout=args.timeout, isolate=args.isolate, progress=progress)
         return rows, [infos[s] for s in specs], False
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         names = list(dict.fromkeys(r.target for r in progress.rows))
         rows = sorted(progress.rows, key=lambda r: (names.index(r.target), rule_ids.index(r.rule_id)))
-        return rows, targets or [_Unloaded(s) for s in specs], True
+        infos = getattr(e, "infos", None)       # the worker run's (workers.Interrupted)
+        return rows, targets or ([infos[s] for s in specs] if infos else [_Unloaded(s) for s in specs]), True
 
 
 class _Unloaded:
@@ -155,11 +206,11 @@ class _Unloaded:
         self.claims_conformance, self.module, self.version, self.device = False, "", "", ""
 
 
-def _header(args, targets, prefixes) -> dict:
+def _header(args, targets, prefixes, rule_ids) -> dict:
     import shlex
     import dsv4spec
     from dsv4spec.properties import report
-    from dsv4spec.properties.suite import RUN
+    from dsv4spec.properties.suite import RUN, examples_per_check
     from dsv4spec.properties.workers import devices_for
     from dsv4spec.spec import RULES
     devices = [f"cuda:{d}" if d is not None else report.environment()["device"] for d in devices_for(args.jobs)] \
@@ -170,6 +221,7 @@ def _header(args, targets, prefixes) -> dict:
                          "device": str(t.device),
                          "claims_conformance": t.claims_conformance} for t in targets],
             "profile": args.profile, "seed": RUN.seed, "timeout_s": args.timeout,
+            "examples_per_check": examples_per_check(rule_ids, args.profile),
             "rules": prefixes or "all", "workers": args.jobs, "worker_devices": devices,
             "isolate": bool(args.isolate), **report.environment(),
             "command": " ".join(shlex.quote(a) for a in ["dsv4spec", *sys.argv[1:]])}
@@ -252,7 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_rules)
 
     p = sub.add_parser("ops", help="the operations a target may implement, and the rules checking each")
-    p.add_argument("--family", metavar="F", help="one family: quant, indexer, pool, compressor, layout, budget")
+    from dsv4spec.properties.suite import FAMILY_MODULES
+    p.add_argument("--family", metavar="F", help=f"one family: {', '.join(FAMILY_MODULES)}")
     p.add_argument("--json", action="store_true", help="as JSON")
     p.set_defaults(func=cmd_ops)
 
@@ -265,9 +318,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run every check of the selected rules against each target and print one result "
                     "per (rule, target): PASS, FAIL, ERROR, TIMEOUT, VARIANT (passes only under a "
                     "declared non-canonical knob), n/i (operation not implemented) or skip. Exit "
-                    "status: 0 when every target that claims conformance (impl, kernels, official, and "
-                    "any third-party target with CLAIMS_CONFORMANCE = True) has no FAIL/ERROR/TIMEOUT; "
-                    "1 otherwise; 2 on a usage error; 3 when a target could not be loaded; 130 when "
+                    "status: 0 when every target that claims conformance (every target you name, unless it "
+                    "sets CLAIMS_CONFORMANCE = False) has no FAIL/ERROR/TIMEOUT; "
+                    "1 otherwise; 2 on a usage error (a target that implements no operation included); 3 when a "
+                    "target could not be loaded; 130 when "
                     "interrupted (what finished is printed). The ml_dtypes and torch targets are element "
                     "casts whose deviations are findings, not failures.",
         epilog="A target: impl, kernels, official, ml_dtypes, torch; an entry point of group "
@@ -277,27 +331,34 @@ def build_parser() -> argparse.ArgumentParser:
                "any language, started as a child process and called over PROTOCOL.md: exec:./myport); "
                "official-kernels:PATH (or official-kernels with $DSV4SPEC_OFFICIAL_KERNEL), your own copy "
                "of the official V4 kernel.py run as it is (a CUDA GPU and TileLang; bench/official_kernels.sh).")
-    p.add_argument("--target", action="append", metavar="T", help="a target (repeatable; default: impl, "
-                   "kernels, ml_dtypes, torch)")
+    p.add_argument("--target", action="append", metavar="T", help="a target (repeatable; default: "
+                   "$DSV4SPEC_TARGET, comma-separated, else impl, kernels, ml_dtypes, torch)")
     p.add_argument("--rules", metavar="PREFIX,...", help="rule id prefixes, e.g. FMT,FP4,FP8 or POOL.PIN")
     p.add_argument("--profile", default="ci", help="Hypothesis profile: ci (default, derandomized), "
                                                    "dev, thorough")
     p.add_argument("--seed", type=int, metavar="N", help="seed of the dev and thorough profiles "
                    "(default: a fresh one, printed; ci is derandomized)")
     from dsv4spec.properties.target import DEFAULT_TIMEOUT_S
+    p.add_argument("--max-examples", type=int, metavar="N", help="examples per check, instead of the "
+                   "profile's (ci sizes them per rule: FMT 400, FP4/FP8 200, IDX/POOL 50, else 25)")
+    p.add_argument("--skip", metavar="FILE", help="rules not to run: `RULE-or-prefix reason` per line (# comments), "
+                   "reported SKIP with the reason")
+    p.add_argument("--xfail", metavar="FILE", help="rules expected to fail, same format: their FAIL, ERROR or "
+                   "TIMEOUT is shown with the reason and does not change the exit status")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
                    help=f"seconds one operation call may take (default {DEFAULT_TIMEOUT_S:g}); beyond it: TIMEOUT")
     p.add_argument("--isolate", action="store_true", help="run targets in worker processes: a crash or a "
                    "hang (even in C code) costs only the rule that was running")
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="spread the rules over N worker "
                    "processes (each pinned to its own GPU when several are visible); implies --isolate")
-    p.add_argument("--json", metavar="F", help="write a JSON report (schema_version 2, see "
-                                                "dsv4spec/properties/report.py)")
+    p.add_argument("--json", metavar="F", help="write a JSON report (schema_version 3; its JSON Schema: "
+                                                "dsv4spec/properties/report.schema.json)")
     p.add_argument("--junit", metavar="F", help="write a JUnit XML report")
     p.add_argument("--markdown", metavar="F", help="write a Markdown report (matrix, counts, failures)")
     p.add_argument("--quiet", action="store_true", help="no progress on standard error")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                   help="show the traceback of an error")
+                   help="show the traceback of an error; an ERROR raised in a target lists every frame "
+                        "of the target's (else the first and the last two)")
     p.set_defaults(func=cmd_verify)
 
     from dsv4spec import cmd_bench, cmd_budget, cmd_claims, cmd_coverage, cmd_golden

@@ -15,6 +15,12 @@ Operation contract (torch CPU tensors in and out; a target provides any subset):
     index_scores(q [T,H,D], k [S,D], w [T,H], visible int64 [T], score_dtype="bf16") -> f32 [T,S]
         Σ_h w·ReLU(q·k); 'bf16' rounds every step (V4/V4.1; q, k, w BF16-representable),
         'fp32' none (V3.2); −inf exactly where s ≥ visible[t].
+    index_scores_raw(q [T,H,D], k [S,D], raw_w [T,H], visible [T], model: str) -> f32 [T,S]
+        the official factorisation in one call: index_scores(q, k, index_weights(raw_w, model),
+        visible) with the model's score dtype, raw_w of any head count (a shard's: the factor is the
+        model's global one), for code that scales the raw weights itself; a
+        target offering it instead of the two is checked by the same rules (IDX.WEIGHT.SCALE
+        through one-hot q and k, the IDX.SCORE rules through V4.1's exact factor 2^-6).
     index_scores_fp4(q_packed u8 [T,H,D/2], q_scales u8 [T,H,D/32], k_packed u8 [S,D/2],
                      k_scales u8 [S,D/32], w [T,H], visible [T]) -> f32 [T,S]
         index_scores of the dequantized E2M1 × E8M0 values (element 2i in the low nibble), 'bf16'.
@@ -32,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from hypothesis import strategies as st
+from hypothesis import assume, strategies as st
 
 from ..spec import indexer as spec
 from ..spec.models import PROFILES, profile
@@ -52,6 +58,8 @@ OPS = {
                          "fl32(bf16(raw · 2^-3) · q_scale · fl32(128^-0.5))",
     "index_scores": "index_scores(q [T,H,D], k [S,D], w [T,H], visible [T], score_dtype='bf16') -> f32 [T,S]",
     "index_scores_fp4": "index_scores_fp4(q_packed, q_scales, k_packed, k_scales, w, visible) -> f32 [T,S]",
+    "index_scores_raw": "index_scores_raw(q [T,H,D], k [S,D], raw_w [T,H], visible [T], model) -> f32 [T,S]: "
+                        "the official factorisation, raw weights in (instead of index_weights + index_scores)",
     "index_visible": "index_visible(positions int64 [T], ratio) -> int64 [T]: (p + 1) // ratio",
     "index_topk": "index_topk(scores [T,S], visible [T], k, order) -> int64 [T,k]: −1 at the tail",
 }
@@ -268,6 +276,23 @@ def head_weights_carry_the_global_factor(target, model, seed, rows):
     got = as_numpy(target.index_weights(_t(raw), model)).astype(np.float64)
     assert_weights(got, raw, m, f"IDX.WEIGHT.SCALE: {model} weights must be raw · "
                                 f"{m.index_weight_scale:.9g} rounded to BF16")
+
+
+@check("IDX.WEIGHT.SCALE", ops=("index_scores_raw",))
+@forall(dict(model="v4-flash", seed=0, rows=1), dict(model="v4.1-flash", seed=0, rows=1),
+        model=st.sampled_from(V4_ALL), seed=st.integers(0, 2 ** 32 - 1), rows=st.integers(1, 3))
+def raw_weights_carry_the_global_factor_into_the_scores(target, model, seed, rows):
+    """Through the official factorisation: with q[t, h] and k[s] one-hot (q·k = [h = s]), score[t, s]
+    is the scaled weight of head s alone."""
+    m = profile(model)
+    heads, dim = m.index_n_heads, m.index_head_dim
+    raw = _bf16(np.random.default_rng(seed), (rows, heads), 4.0)
+    q = np.broadcast_to(np.eye(heads, dim, dtype=np.float32), (rows, heads, dim)).copy()
+    k = np.eye(heads, dim, dtype=np.float32)
+    visible = np.full(rows, heads, dtype=np.int64)
+    got = as_numpy(target.index_scores_raw(_t(q), _t(k), _t(raw), _t(visible, torch.int64), model))
+    assert_weights(got.astype(np.float64), raw, m, f"IDX.WEIGHT.SCALE (index_scores_raw): {model} weights must "
+                   f"be raw · {m.index_weight_scale:.9g} rounded to BF16, and no other factor")
 
 
 def assert_weights(got, raw, model, what):
@@ -492,7 +517,12 @@ def _expected_order(target, order: str) -> str:
     return order if declared == "official" else declared
 
 
+# The models whose caller asks for each order (knob topk_order: V4 'score', V4.1 'position').
+ORDER_MODELS = {"score": ("v4-flash", "v4-pro"), "position": ("v4.1-flash",)}
+
+
 def _topk(target, case: RowsCase, order: str):
+    assume(target.serves(*ORDER_MODELS[order]))      # a V4.1-only target is not asked for V4's order
     return target.index_topk(_t(case.scores), _t(case.visible, torch.int64), case.k, order)
 
 

@@ -24,6 +24,7 @@ from ..spec import formats as F
 from ..spec import layout as spec
 from ..spec.rules import KNOBS
 from .compare import as_numpy, assert_bytes_equal, assert_equal
+from .formats import fit
 from .suite import check, forall
 
 OPS = {
@@ -115,6 +116,7 @@ def _kind_checks(kind: str):
     @check(rule_id, ops=("entry_pack",))
     @forall(dict(x=edge_entry(kind, [])), x=entries(kind))
     def size(target, x):
+        x = fit(target, "entry_pack", x)
         lay = layout_of(target, kind)
         out = target.entry_pack(kind, tensor(x))
         fields = ", ".join(f"{f.count} {f.format.name} ({f.nbytes} B)" for f in lay.fields.values() if f.nbytes)
@@ -126,6 +128,7 @@ def _kind_checks(kind: str):
     @check(rule_id, ops=("entry_pack", "entry_unpack"))
     @forall(*examples, x=entries(kind))
     def round_trip(target, x):
+        x = fit(target, "entry_pack", x)
         variants = variants_of(target)
         got = target.entry_unpack(kind, target.entry_pack(kind, tensor(x)))
         assert_equal(got, spec.qdq(kind, x, variants),
@@ -148,6 +151,7 @@ kind_and_entries = st.sampled_from(spec.KINDS).flatmap(lambda k: entries(k).map(
 @forall(*[dict(case=(k, edge_entry(k, [5.0, -1.5, 0.25], 3))) for k in spec.KINDS], case=kind_and_entries)
 def fields_in_declared_order(target, case):
     kind, x = case
+    x = fit(target, "entry_pack", x)
     variants = variants_of(target)
     lay = layout_of(target, kind)
     want = spec.pack(kind, x, variants)

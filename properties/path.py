@@ -11,9 +11,11 @@ Operation contract (torch CPU tensors; a target provides any subset):
     rope_quantize(x [T, D], positions int64 [T], freqs f32 [d/2], fmt) -> (payload u8, scales u8)
         RoPE then the codec: fmt 'fp4_e8m0' (index K), 'fp4_e4m3' (V4.1 main KV), 'fp8_e8m0_32'
         (V4.1 window: E4M3 bytes and E8M0 scale bytes per 32).
-    kv_qdq(x [..., D], fmt) -> f32 [..., D]                  fmt 'fp4_e4m3', 'fp8_e8m0_32' or 'fp4_e8m0'
-        what main attention reads (fp4_e4m3, fp8_e8m0_32) and the index-K cache holds (fp4_e8m0):
-        the in-place QDQ's BF16 values.
+    kv_qdq_fp4_e4m3(x [..., D]) -> f32 [..., D]              one operation per format; a target's
+    kv_qdq_fp8_e8m0_32(x [..., D]) -> f32 [..., D]           kv_qdq(x, fmt) (the name before the
+    kv_qdq_fp4_e8m0(x [..., D]) -> f32 [..., D]              split) still provides each
+        the in-place QDQ's BF16 values: what main attention reads (fp4_e4m3, fp8_e8m0_32) and what
+        the index-K cache holds (fp4_e8m0).
     window_ring(prefill, decoded) -> int [128]
         after a prefill of `prefill` tokens from 0 and `decoded` one-token steps, the position whose
         window KV each ring slot holds, −1 where none.
@@ -63,7 +65,9 @@ OPS = {
     "compressed_index": "compressed_index(seqlen, start_pos, *, model, layer) -> int [T, C]: V4 HCA list",
     "attention_index": "attention_index(window_rows, compressed_rows, seqlen, start_pos) -> int [T, W + C]",
     "rope_quantize": "rope_quantize(x [T,D], positions [T], freqs [d/2], fmt) -> (payload u8, scales u8)",
-    "kv_qdq": "kv_qdq(x [...,D], fmt) -> f32: what main attention reads / the index-K cache holds (BF16 values)",
+    "kv_qdq_fp4_e4m3": "kv_qdq_fp4_e4m3(x [...,D]) -> f32: what main attention reads of an FP4 entry (BF16 values)",
+    "kv_qdq_fp8_e8m0_32": "kv_qdq_fp8_e8m0_32(x [...,D]) -> f32: what main attention reads of an FP8 entry",
+    "kv_qdq_fp4_e8m0": "kv_qdq_fp4_e8m0(x [...,D]) -> f32: what the index-K cache holds (BF16 values)",
     "window_ring": "window_ring(prefill, decoded) -> int [128]: the position in each ring slot, −1 unwritten",
     "pool_scan_topk": "pool_scan_topk(q, k, w, visible, pool, topk) -> int [T, topk]: scores only the pool",
     "index_layer": "index_layer(inputs, *, model, layer, start_pos=0) -> dict of named stages",
@@ -178,31 +182,38 @@ def rotated_first_then_quantized(target, fmt, seed, spread, far):
 QDQ_DIMS = {"fp4_e4m3": 512, "fp8_e8m0_32": 512}
 
 
-@check("PATH.QDQ", ops=("kv_qdq",))
-@forall(dict(fmt="fp4_e4m3", seed=0, spread=12), dict(fmt="fp8_e8m0_32", seed=1, spread=12),
-        fmt=st.sampled_from(tuple(QDQ_DIMS)), seed=st.integers(0, 2 ** 32 - 1), spread=st.sampled_from((0, 6, 12)))
-def attention_reads_the_exact_dequantized_values(target, fmt, seed, spread):
-    rng = np.random.default_rng(seed)
-    rows = spec_indexer.round_bf16(rng.standard_normal((4, 512)) * 2.0 ** rng.integers(-spread, spread + 1, (4, 32)).repeat(16, 1))
-    got = as_numpy(target.kv_qdq(_t(rows), fmt)).astype(np.float64)
-    if fmt == "fp4_e4m3":
-        second = target.variant("kv_second_scale")
-        want = spec.kv_qdq_per_tensor(rows) if second == "per_tensor" else spec.kv_qdq(rows)
-    else:
-        want = spec_quant.fp8_dequantize(*spec_quant.fp8_quantize(rows, 32), 32).astype(np.float64)
-    if not spec_indexer.is_bf16(got).all():
-        raise AssertionError(f"PATH.QDQ ({fmt}): the values attention reads must be BF16 (the in-place QDQ writes BF16)")
-    assert_equal(got, want, what=f"PATH.QDQ ({fmt}, kv_second_scale={target.variant('kv_second_scale')}): "
-                                  f"x̂ = code · scale, exactly")
+def _qdq_check(fmt: str):
+    """PATH.QDQ for one format: its own operation (kv_qdq_<fmt>), so a library with one format offers it."""
+    def attention_reads_the_exact_dequantized_values(target, seed, spread):
+        rng = np.random.default_rng(seed)
+        rows = spec_indexer.round_bf16(rng.standard_normal((4, 512)) * 2.0 ** rng.integers(-spread, spread + 1, (4, 32)).repeat(16, 1))
+        got = as_numpy(target.op(f"kv_qdq_{fmt}")(_t(rows))).astype(np.float64)
+        if fmt == "fp4_e4m3":
+            second = target.variant("kv_second_scale")
+            want = spec.kv_qdq_per_tensor(rows) if second == "per_tensor" else spec.kv_qdq(rows)
+        else:
+            want = spec_quant.fp8_dequantize(*spec_quant.fp8_quantize(rows, 32), 32).astype(np.float64)
+        if not spec_indexer.is_bf16(got).all():
+            raise AssertionError(f"PATH.QDQ ({fmt}): the values attention reads must be BF16 (the in-place QDQ writes BF16)")
+        assert_equal(got, want, what=f"PATH.QDQ ({fmt}, kv_second_scale={target.variant('kv_second_scale')}): "
+                                      f"x̂ = code · scale, exactly")
+    attention_reads_the_exact_dequantized_values.__name__ = f"attention_reads_the_exact_{fmt}_values"
+    check("PATH.QDQ", ops=(f"kv_qdq_{fmt}",))(forall(
+        dict(seed=int(fmt == "fp8_e8m0_32"), spread=12), seed=st.integers(0, 2 ** 32 - 1),
+        spread=st.sampled_from((0, 6, 12)))(attention_reads_the_exact_dequantized_values))
 
 
-@check("PATH.K.CACHE", ops=("kv_qdq",))
+for _fmt in QDQ_DIMS:
+    _qdq_check(_fmt)
+
+
+@check("PATH.K.CACHE", ops=("kv_qdq_fp4_e8m0",))
 @forall(dict(seed=0, spread=12), dict(seed=1, spread=0), seed=st.integers(0, 2 ** 32 - 1),
         spread=st.sampled_from((0, 6, 12, 40)))
 def index_k_cache_holds_the_exact_dequantized_keys(target, seed, spread):
     rng = np.random.default_rng(seed)
     rows = spec_indexer.round_bf16(rng.standard_normal((4, 128)) * 2.0 ** rng.integers(-spread, spread + 1, (4, 4)).repeat(32, 1))
-    got = as_numpy(target.kv_qdq(_t(rows), "fp4_e8m0")).astype(np.float64)
+    got = as_numpy(target.op("kv_qdq_fp4_e8m0")(_t(rows))).astype(np.float64)
     if not spec_indexer.is_bf16(got).all():
         raise AssertionError("PATH.K.CACHE: the index-K cache holds BF16 values (the in-place QDQ writes BF16)")
     assert_equal(got, spec.index_k_cache(rows), what="PATH.K.CACHE: k̂ = E2M1 · 2^e per 32, exactly",

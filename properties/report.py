@@ -1,35 +1,41 @@
 """Reports of a verify run: terminal matrix, JSON, JUnit XML, Markdown.
 
-JSON (schema_version 2), one object:
+JSON (schema_version 3; properties/report.schema.json is its JSON Schema), one object:
 
-    schema_version   2
+    schema_version   3
     header           the run: tool {name, version}, spec {rules, digest} (the digest is a sha256
                      prefix of every rule's id, status, statement and knob: equal digests, equal
                      rules), targets [{spec, name, module, version, device, claims_conformance}], profile,
-                     seed (null when derandomized), timeout_s, rules (the prefixes, or "all"),
+                     seed (null when derandomized), timeout_s, examples_per_check {rule: n}
+                     (the profile's size per rule: ci is sized by measured cost), rules (the
+                     prefixes, or "all"),
                      workers, worker_devices, isolate, python, torch, device ("cpu" or "cuda"),
                      gpus [names], date (UTC, ISO 8601), command, wall_s (the run's wall time:
-                     loading the targets and running every rule, the report's writing excluded)
+                     loading the targets and running every rule, the report's writing excluded),
+                     slowest [{rule, target, seconds}] (the three longest rules, a second or more)
     interrupted      true when the run was stopped (Ctrl-C) before every result was in
+    not_run          [{rule, target}] the results an interrupted run did not reach
     counts           {target: {status: n}}
     results          [{rule, target, status, detail, reproduce, seconds, checks {check: status}}]
                      in the order rule × target of a single-process run
 
-status is one of PASS, FAIL, ERROR, TIMEOUT, VARIANT, NOT_IMPLEMENTED, SKIP.  Version 1 had no
-header, counts or interrupted, and held profile/targets/rules at the top level.
+status is one of PASS, FAIL, ERROR, TIMEOUT, VARIANT, n/i (not implemented), SKIP.  Version 2
+said NOT_IMPLEMENTED for n/i and had no not_run; version 1 had no header, counts or interrupted,
+and held profile/targets/rules at the top level.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import stat
 import tempfile
 import xml.etree.ElementTree as ET
 
 from ..spec import RULES
 from .suite import ERROR, FAIL, NOT_IMPLEMENTED, PASS, SKIP, TIMEOUT, VARIANT, Row
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 SHORT = {PASS: "PASS", FAIL: "FAIL", ERROR: "ERROR", TIMEOUT: "TIMEOUT", VARIANT: "VARIANT",
          NOT_IMPLEMENTED: "n/i", SKIP: "skip"}
 PROBLEMS = (FAIL, ERROR, TIMEOUT)
@@ -64,10 +70,20 @@ def header_line(header: dict) -> str:
     seed = "derandomized" if header.get("seed") is None else f"seed {header['seed']}"
     where = ", ".join(header.get("gpus") or []) or header.get("device", "")
     workers = header.get("workers", 1)
+    sizes = sorted(set((header.get("examples_per_check") or {}).values()))
+    examples = f" ({sizes[0]}{'–' + str(sizes[-1]) if len(sizes) > 1 else ''} examples a check)" if sizes else ""
     return (f"dsv4spec {header['tool']['version']} · rules {header['spec']['digest']} · profile "
-            f"{header['profile']} · {seed} · torch {header.get('torch', '?')} · {where}"
+            f"{header['profile']}{examples} · {seed} · torch {header.get('torch', '?')} · {where}"
             + (f" · {workers} workers on {', '.join(header['worker_devices'])}" if workers > 1 else "")
-            + (f" · {header['wall_s']:g} s" if "wall_s" in header else ""))
+            + (f" · {header['wall_s']:g} s" if "wall_s" in header else "")
+            + ("; slowest: " + ", ".join(f"{r['rule']} on {r['target']} {r['seconds']:.1f} s"
+                                         for r in header["slowest"]) if header.get("slowest") else ""))
+
+
+def slowest(rows: list[Row], n: int = 3) -> list[dict]:
+    """The n rules that took longest (a second or more), for the header."""
+    return [{"rule": r.rule_id, "target": r.target, "seconds": round(r.seconds, 1)}
+            for r in sorted((r for r in rows if r.seconds >= 1), key=lambda r: -r.seconds)[:n]]
 
 
 def terminal(rows: list[Row], color: bool = False) -> str:
@@ -108,11 +124,48 @@ def summary(rows: list[Row]) -> str:
                      for t, c in counts(rows).items())
 
 
-def to_json(rows: list[Row], header: dict, interrupted: bool = False) -> str:
+def conclusion(rows: list[Row], claims: dict[str, bool], status: int, expected=frozenset()) -> str:
+    """The run's last line: the verdict on the targets that claim conformance, and what the others
+    got, so that it never reads green over a FAIL in the table (rules `expected` to fail, an xfail
+    file's, are counted apart)."""
+    def problems(names, xfail=None):        # xfail None: whether expected or not
+        found = counts([r for r in rows if r.target in names and r.status in PROBLEMS
+                        and xfail in (None, r.rule_id in expected)])
+        total = {s: sum(c.get(s, 0) for c in found.values()) for s in PROBLEMS}
+        return ", ".join(f"{n} {s}" for s, n in total.items() if n)
+
+    claiming = [t for t, c in claims.items() if c]
+    others = [t for t, c in claims.items() if not c]
+    bad = problems(claiming, xfail=False)
+    verdict = f"{bad} (exit {status})" if bad else "no FAIL, ERROR or TIMEOUT" if status == 0 \
+        else f"FAILURES (exit {status})"
+    line = f"conformance claimed by {', '.join(claiming)}: {verdict}" if claiming \
+        else f"no target claims conformance (exit {status})"
+    known = problems(claiming, xfail=True)
+    if known:
+        line += f" ({known} expected by --xfail)"
+    found = problems(others)
+    if found:
+        line += (f"; not claimed by {', '.join(others)} (CLAIMS_CONFORMANCE = False): {found}, "
+                 "findings that do not change the exit status")
+    return line
+
+
+def interruption(not_run: list[tuple[str, str]], finished: int) -> list[str]:
+    """What an interrupted run says in every format: how far it got and, per target, what did not run."""
+    total = finished + len(not_run)
+    lines = [f"INTERRUPTED (Ctrl-C): {finished} of {total} results finished; not run:"]
+    for target in dict.fromkeys(t for _, t in not_run):
+        lines.append(f"  {target}: " + ", ".join(r for r, t in not_run if t == target))
+    return lines
+
+
+def to_json(rows: list[Row], header: dict, interrupted: bool = False, not_run=()) -> str:
     return json.dumps({
         "schema_version": SCHEMA_VERSION,
         "header": header,
         "interrupted": interrupted,
+        "not_run": [{"rule": r, "target": t} for r, t in not_run],
         "counts": counts(rows),
         "results": [{"rule": r.rule_id, "target": r.target, "status": r.status, "detail": r.detail,
                      "reproduce": r.reproduce, "seconds": round(r.seconds, 3), "checks": r.checks}
@@ -120,20 +173,25 @@ def to_json(rows: list[Row], header: dict, interrupted: bool = False) -> str:
     }, indent=2)
 
 
-def to_junit(rows: list[Row], header: dict | None = None) -> str:
-    """One testsuite per target, one testcase per rule; a failure's text ends with its reproduce command."""
+def to_junit(rows: list[Row], header: dict | None = None, interrupted: bool = False, not_run=()) -> str:
+    """One testsuite per target, one testcase per rule; a failure's text ends with its reproduce
+    command.  An interrupted run says so in each suite's properties, and every rule it did not
+    reach is a skipped testcase "not run (interrupted)"."""
     suites = ET.Element("testsuites", name="dsv4spec")
     targets, _, _ = _matrix(rows)
-    for t in targets:
+    for t in dict.fromkeys([*targets, *(t for _, t in not_run)]):
         mine = [r for r in rows if r.target == t]
-        suite = ET.SubElement(suites, "testsuite", name=t, tests=str(len(mine)),
+        missed = [rule for rule, target in not_run if target == t]
+        suite = ET.SubElement(suites, "testsuite", name=t, tests=str(len(mine) + len(missed)),
                               failures=str(sum(r.status == FAIL for r in mine)),
                               errors=str(sum(r.status in (ERROR, TIMEOUT) for r in mine)),
-                              skipped=str(sum(r.status in (SKIP, NOT_IMPLEMENTED) for r in mine)))
-        if header:
+                              skipped=str(sum(r.status in (SKIP, NOT_IMPLEMENTED) for r in mine) + len(missed)))
+        if header or interrupted:
             props = ET.SubElement(suite, "properties")
-            for key in ("profile", "seed", "torch", "device", "date"):
+            for key in ("profile", "seed", "torch", "device", "date") if header else ():
                 ET.SubElement(props, "property", name=key, value=str(header.get(key)))
+            if interrupted:
+                ET.SubElement(props, "property", name="interrupted", value="true")
         for r in mine:
             case = ET.SubElement(suite, "testcase", classname=f"{t}.{RULES[r.rule_id].family}",
                                  name=r.rule_id, time=f"{r.seconds:.3f}")
@@ -147,13 +205,20 @@ def to_junit(rows: list[Row], header: dict | None = None) -> str:
                 ET.SubElement(case, "skipped", message=f"{r.status}: {r.detail}")
             elif r.status == VARIANT:
                 ET.SubElement(case, "system-out").text = r.detail
+        for rule_id in missed:
+            case = ET.SubElement(suite, "testcase", classname=f"{t}.{RULES[rule_id].family}", name=rule_id, time="0")
+            ET.SubElement(case, "skipped", message="not run (interrupted)")
     return ET.tostring(suites, encoding="unicode")
 
 
-def to_markdown(rows: list[Row], header: dict | None = None) -> str:
-    """The header, the rules × targets matrix, counts per target, and every failure in full."""
+def to_markdown(rows: list[Row], header: dict | None = None, interrupted: bool = False, not_run=()) -> str:
+    """The header, the rules × targets matrix, counts per target, and every failure in full; an
+    interrupted run says so first, with the rules that did not run."""
     targets, rules, cell = _matrix(rows)
     lines = ["# dsv4spec conformance report", ""]
+    if interrupted:
+        first, *rest = interruption(list(not_run), len(rows))
+        lines += [f"**{first}**", "", *(f"- {line.strip()}" for line in rest), ""]
     if header:
         lines += [f"`{header_line(header)}`", "",
                   "| target | version | device | claims conformance |", "|---|---|---|---|"]
@@ -183,25 +248,56 @@ def to_markdown(rows: list[Row], header: dict | None = None) -> str:
 
 def check_writable(path: str) -> None:
     """Raise ValueError unless a report can be written at `path` (checked before a run starts)."""
-    folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         raise ValueError(f"report path {path} is a directory; expected a file name")
+    if _special(path):
+        if not os.access(path, os.W_OK):
+            raise ValueError(f"report path {path} is not writable")
+        return
+    folder = os.path.dirname(os.path.realpath(path))
     if not os.path.isdir(folder):
         raise ValueError(f"report path {path}: folder {folder} does not exist")
     if not os.access(folder, os.W_OK):
         raise ValueError(f"report path {path}: folder {folder} is not writable")
 
 
+def _special(path: str) -> bool:
+    """True for what exists and is not a regular file once links are followed (a FIFO, a device,
+    /dev/stdout): written through, never replaced."""
+    try:
+        return not stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
 def write_atomically(path: str, text: str) -> None:
-    """Write to a temporary file beside `path`, then rename: a reader never sees half a report."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".dsv4spec-", suffix=".tmp")
+    """Write a report at `path`.  A regular file (or none yet) is written to a temporary file
+    beside it and renamed over it, so a reader never sees half a report; through a symbolic link
+    that file is the link's target, and the link stays.  Anything else (a FIFO, a device,
+    /dev/stdout) is opened and written through, never replaced.  The file's mode is that of the
+    file it replaces, else 0666 less the umask (0644 as a rule), as `open` would give it."""
+    try:
+        if _special(path):
+            with open(path, "w") as f:
+                f.write(text)
+            return
+        _replace(os.path.realpath(path), text)
+    except OSError as e:
+        raise ValueError(f"cannot write report {path}: {e.strerror or e}") from None
+
+
+def _replace(path: str, text: str) -> None:
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".dsv4spec-", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)

@@ -29,13 +29,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from hypothesis import HealthCheck, Phase, example, given, seed as hypothesis_seed, settings
+from hypothesis.errors import Unsatisfiable
 
 from ..spec import RULES
 from ..spec.rules import EXTENSIONS, IMPLEMENTATION_DEFINED, INFORMATIVE, KNOBS, select
 from .target import DEFAULT_TIMEOUT_S as DEFAULT_TIMEOUT, NotImplementedOp, OperationTimeout, Target
 
 PASS, FAIL, ERROR, TIMEOUT = "PASS", "FAIL", "ERROR", "TIMEOUT"
-NOT_IMPLEMENTED, SKIP, VARIANT = "NOT_IMPLEMENTED", "SKIP", "VARIANT"
+# One word for a missing operation everywhere (matrix, progress, JSON, JUnit, pytest): n/i.
+NOT_IMPLEMENTED, SKIP, VARIANT = "n/i", "SKIP", "VARIANT"
 # When a rule has several checks, the worst outcome is the rule's.
 SEVERITY = [PASS, VARIANT, SKIP, NOT_IMPLEMENTED, TIMEOUT, FAIL, ERROR]
 
@@ -46,22 +48,36 @@ _phases = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shri
 _health = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
            HealthCheck.large_base_example]
 # print_blob is off: a report's reproduction is the printed command with its --seed, not a decorator.
-settings.register_profile("ci", phases=_phases, derandomize=True, max_examples=25, deadline=None, database=None,
-                          print_blob=False, suppress_health_check=_health)
-settings.register_profile("dev", phases=_phases, max_examples=100, deadline=None, database=None, print_blob=False,
-                          suppress_health_check=_health)
-settings.register_profile("thorough", max_examples=2000, deadline=None, database=None,
-                          print_blob=False, suppress_health_check=_health)
+# Registered under names of the suite's own (dsv4spec-ci, ...), each from Hypothesis's defaults, and
+# applied to each check by decorator, never loaded: the user's profiles (Hypothesis's built-in `ci`
+# under CI=true, their own `dev`) and the profile their tests run under stay as they were.
+_BASE = dict(phases=_phases, deadline=None, database=None, print_blob=False, suppress_health_check=_health)
+
+
+def _register(name: str, parent: str = "default", **values):
+    settings.register_profile(hypothesis_profile(name), parent=settings.get_profile(
+        parent if parent == "default" else hypothesis_profile(parent)), **values)
+
+
+def hypothesis_profile(name: str) -> str:
+    """The name under which the suite's profile `name` is registered with Hypothesis."""
+    return f"dsv4spec-{name}"
+
+
+_register("ci", **_BASE, derandomize=True, max_examples=25)
+_register("dev", **_BASE, max_examples=100)
+_register("thorough", **{**_BASE, "phases": tuple(Phase)}, max_examples=2000)
 PROFILES = ("ci", "dev", "thorough")
 DERANDOMIZED = ("ci",)
 
 
-def _examples_from_the_seed_alone():
+def _examples_from_the_seed_alone() -> bool:
     """Hypothesis mixes the literals of every 'local' module that happens to be imported into its
     examples, so one seed drew different examples in the CLI, in a worker process and under
     pytest, and in a checkout versus an installed wheel: a printed seed did not reproduce.  The
     checks carry their own edge values, so the suite turns that mining off (a private hook of
-    Hypothesis; without it, nothing changes)."""
+    Hypothesis, present in the range pyproject.toml pins and tested in tests/test_suite.py;
+    without it, nothing changes).  True when the hook was found and patched."""
     import copy
     try:
         from hypothesis.internal.conjecture import providers
@@ -70,11 +86,12 @@ def _examples_from_the_seed_alone():
             getattr(empty, name).clear()
         providers._get_local_constants = lambda: empty
         providers.CONSTANTS_CACHE.cache.clear()
+        return True
     except (ImportError, AttributeError):
-        pass
+        return False
 
 
-_examples_from_the_seed_alone()
+SEED_ALONE = _examples_from_the_seed_alone()
 # Examples per check in the ci profile, by rule-id prefix (the longest matching prefix wins; 25
 # otherwise), sized by measurement.  CPU ms per generated example, impl / kernels in the Triton
 # interpreter: FMT 1–3 / 5–9; FP4 2–5 / 12–26; FP8 1–3 / 9–13; IDX.VISIBLE, IDX.WEIGHT 1 / 6;
@@ -83,11 +100,10 @@ _examples_from_the_seed_alone()
 CI_EXAMPLES = {"FMT": 400, "FP4": 200, "FP8": 200, "IDX": 50, "IDX.VISIBLE": 400, "IDX.WEIGHT": 400,
                "POOL": 50, "POOL.SIZE": 25}
 for _n in set(CI_EXAMPLES.values()):
-    settings.register_profile(f"ci/{_n}", parent=settings.get_profile("ci"), max_examples=_n)
+    _register(f"ci/{_n}", parent="ci", max_examples=_n)
 for _p in (*PROFILES, *(f"ci/{_n}" for _n in set(CI_EXAMPLES.values()))):
     # naming a variant only asks whether a check passes: no shrinking
-    settings.register_profile(f"{_p}-noshrink", parent=settings.get_profile(_p),
-                              phases=(Phase.explicit, Phase.reuse, Phase.generate))
+    _register(f"{_p}-noshrink", parent=_p, phases=(Phase.explicit, Phase.reuse, Phase.generate))
 
 
 def profile_for(rule_id: str, profile: str) -> str:
@@ -96,6 +112,19 @@ def profile_for(rule_id: str, profile: str) -> str:
         return profile
     prefixes = [p for p in CI_EXAMPLES if rule_id == p or rule_id.startswith(p + ".")]
     return f"ci/{CI_EXAMPLES[max(prefixes, key=len)]}" if prefixes else "ci"
+
+
+def settings_for(rule_id: str, profile: str, shrink: bool = True) -> settings:
+    """The Hypothesis settings a rule's checks run under (the suite's own registered profile)."""
+    sized = profile_for(rule_id, profile)
+    chosen = settings.get_profile(hypothesis_profile(sized if shrink else f"{sized}-noshrink"))
+    return settings(chosen, max_examples=RUN.max_examples) if RUN.max_examples else chosen
+
+
+def examples_per_check(rule_ids: list[str], profile: str) -> dict[str, int]:
+    """The examples each check of each rule generates in a profile (--max-examples included): the
+    cost a report's header shows, since a check's time is about examples × ms per example."""
+    return {r: settings_for(r, profile).max_examples for r in rule_ids}
 
 
 class Skip(Exception):
@@ -157,7 +186,7 @@ def forall(*examples: dict, **strategies):
                 test = example(**ex)(test)
             if RUN.seed is not None:
                 test = hypothesis_seed(RUN.seed)(test)
-            test()
+            settings(RUN.settings)(test)()
         del run.__wrapped__               # the check's own signature is (target)
         return run
     return wrap
@@ -216,6 +245,9 @@ class Run:
         self.seed: int | None = None
         self.program: str | None = None
         self.isolate = False            # reproduce in a worker process too (a crash or hang stays contained)
+        self.debug = False              # an ERROR lists every frame of the target's, not the first and last two
+        self.max_examples: int | None = None    # examples per check, overriding the profile's (--max-examples)
+        self.settings = settings.get_profile(hypothesis_profile("ci"))     # of the check now running
 
 
 RUN = Run()
@@ -227,14 +259,14 @@ def new_seed() -> int:
 
 def run_check(chk: Check, target: Target, profile: str = "ci", shrink: bool = True) -> Outcome:
     """One check against one target: PASS/FAIL/ERROR/TIMEOUT/NOT_IMPLEMENTED/SKIP."""
-    sized = profile_for(chk.rule_id, profile)
-    settings.load_profile(sized if shrink else f"{sized}-noshrink")
+    RUN.settings = settings_for(chk.rule_id, profile, shrink)
     if chk.ops and not target.has(*chk.ops):
         missing = [op for op in chk.ops if not target.has(op)]
         return Outcome(NOT_IMPLEMENTED, "missing " + ", ".join(missing))
     if chk.extension and chk.extension not in target.extensions:
         return Outcome(SKIP, f"extension {chk.extension} not declared")
     _DETECTED.clear()
+    target.received.call, target.received.unserved = None, ""
     start = time.perf_counter()
     try:
         # A target's numeric warnings (NaN casts and the like) are not results; the checks judge values.
@@ -246,6 +278,9 @@ def run_check(chk: Check, target: Target, profile: str = "ci", shrink: bool = Tr
         status, detail = PASS, ""
     except NotImplementedOp as e:
         status, detail = NOT_IMPLEMENTED, f"missing {e}"
+    except Unsatisfiable as e:      # every example asked for a model the target does not serve: n/i
+        status, detail = (NOT_IMPLEMENTED, f"missing {target.received.unserved}") if target.received.unserved \
+            else (ERROR, _describe(e))
     except Skip as e:
         status, detail = SKIP, str(e)
     except OperationTimeout as e:
@@ -254,6 +289,8 @@ def run_check(chk: Check, target: Target, profile: str = "ci", shrink: bool = Tr
         if isinstance(e, KeyboardInterrupt):
             raise
         status, detail = (FAIL if _is_assertion(e) else ERROR), _describe(e)
+        if status == ERROR or "default_rng" in detail:
+            detail = _with_origin(detail, e, target)
     return Outcome(status, detail, time.perf_counter() - start, frozenset(_DETECTED))
 
 
@@ -353,6 +390,8 @@ def reproduce_command(target_spec: str, rule_id: str, profile: str, seed: int | 
         parts += ["--seed", str(seed)]
     if timeout is not None and timeout != DEFAULT_TIMEOUT:
         parts += ["--timeout", f"{timeout:g}"]
+    if RUN.max_examples:
+        parts += ["--max-examples", str(RUN.max_examples)]
     if RUN.isolate if isolate is None else isolate:
         parts.append("--isolate")
     return " ".join([parts[0]] + [shlex.quote(p) for p in parts[1:]])
@@ -392,9 +431,10 @@ def _home_if_local(module: str) -> str | None:
 
 
 def verify(targets: list[Target], prefixes: list[str] | None = None, profile: str = "ci",
-           progress=None) -> list[Row]:
-    """Every selected rule on every target, in this process, target by target."""
-    rules = select(prefixes)
+           progress=None, rule_ids: list[str] | None = None) -> list[Row]:
+    """Every selected rule (by prefixes, or the rule_ids given) on every target, in this process,
+    target by target."""
+    rules = [RULES[r] for r in rule_ids] if rule_ids is not None else select(prefixes)
     load_checks()
     rows = []
     for t in targets:
@@ -406,10 +446,11 @@ def verify(targets: list[Target], prefixes: list[str] | None = None, profile: st
     return rows
 
 
-def exit_status(rows: list[Row], targets: list[Target]) -> int:
-    """0 when every target that claims conformance has no FAIL, ERROR or TIMEOUT."""
+def exit_status(rows: list[Row], targets: list[Target], expected=frozenset()) -> int:
+    """0 when every target that claims conformance has no FAIL, ERROR or TIMEOUT (on a rule not
+    listed as `expected` to fail: an xfail file's)."""
     claiming = {t.name for t in targets if t.claims_conformance}
-    bad = [r for r in rows if r.target in claiming and r.status in (FAIL, ERROR, TIMEOUT)]
+    bad = [r for r in rows if r.target in claiming and r.status in (FAIL, ERROR, TIMEOUT) and r.rule_id not in expected]
     return 1 if bad else 0
 
 
@@ -422,6 +463,37 @@ def _is_assertion(e: BaseException) -> bool:
 # Hypothesis's own advice is about editing a test file, which a target's author does not have.
 _INTERNAL = ("@reproduce_failure", "reproduce this test case", "Hypothesis", "settings(", "--hypothesis",
              "Verbosity")
+
+
+def _with_origin(detail: str, e: BaseException, target: Target) -> str:
+    """A detail with where in the target the exception was raised (file:line of the target's
+    frames; every frame with RUN.debug) and the inputs of the call it was raised in."""
+    frames = _target_frames(e)
+    if frames is None:          # not raised in a call into the target: the check's own draw says it
+        return detail
+    if frames and not RUN.debug and len(frames) > 3:
+        frames = [frames[0], None, *frames[-2:]]
+    where = ["raised in the target" + (" (every frame, --debug)" if RUN.debug else "") + ":"] + [
+        "  …" if f is None else f"  {f.filename}:{f.lineno} in {f.name}" + (f": {f.line}" if f.line else "")
+        for f in frames] if frames else []
+    return "\n".join([detail, *where, target.received.describe()])
+
+
+def _target_frames(e: BaseException):
+    """The frames below the suite's call into the target (the operation's own code, innermost
+    last); [] when the exception is the contract's, on a result; None when it was not raised in a
+    call into the target."""
+    import traceback
+    from . import target as target_module
+    if isinstance(e, BaseExceptionGroup):
+        e = e.exceptions[0]
+    ours = os.path.realpath(target_module.__file__)
+    frames = traceback.extract_tb(e.__traceback__)
+    entry = next((i for i, f in enumerate(frames) if f.name == "call" and os.path.realpath(f.filename) == ours), None)
+    if entry is None:
+        return None
+    mine = frames[entry + 1:]
+    return [] if not mine or os.path.realpath(mine[0].filename) == ours else mine
 
 
 def _describe(e: BaseException, limit: int = 2500, max_lines: int = 40) -> str:

@@ -6,10 +6,11 @@ metadata:
     NAME = "mylib"                      # shown in reports
     DEVICE = "cuda"                     # informative
     VARIANTS = {"e2m1_ties": "even"}    # the implementation-defined choices it declares
-    CLAIMS_CONFORMANCE = True           # its failures make `dsv4spec verify` exit 1
+    CLAIMS_CONFORMANCE = False          # only to say it does not: its failures are findings, exit 0
     EXTENSIONS = {"chunked_prefill"}    # the extensions beyond the official domain it implements
     INPUT_DTYPE = "bfloat16"            # the dtype of the values every operation receives
     INPUT_DTYPES = {"fp8_quantize": "float32"}   # per operation, overriding INPUT_DTYPE
+    MODELS = ("v4.1-flash",)            # the model profiles it serves (default: all)
 
 Input dtypes are "float32" (the default) or "bfloat16".  The suite generates values representable
 in the dtype an operation declares and passes it tensors of that dtype, so a BF16-only kernel is
@@ -17,6 +18,11 @@ checked as it is.  BF16 is the official domain of the quantizers (they receive B
 fp32 inputs that BF16 cannot hold lie beyond it and reach only operations declared float32 (the
 input dtype decides; no EXTENSIONS entry is needed).
 Codes, bytes and scales are uint8 whatever the declaration.
+
+A target that serves some models only (a V4.1 port) declares MODELS: an example that would call
+one of its operations for another model (a `model` argument naming it) is not asked (a check left
+with none is NOT_IMPLEMENTED), and index_topk is asked only for the orders its models use (V4
+'score', V4.1 'position'), so it need not fake the other.
 
 How `--target T` is resolved (the same rule for the CLI, the pytest plugin and `load_target`):
 
@@ -38,7 +44,10 @@ How `--target T` is resolved (the same rule for the CLI, the pytest plugin and `
                                                 and called over PROTOCOL.md (exec_target.py)
 
 Any other function is refused with a message: it is never guessed to be a factory.  Operations a
-target lacks are NOT_IMPLEMENTED, never FAIL.
+target lacks are NOT_IMPLEMENTED, never FAIL; a target that provides none of them is a usage
+error (TargetNotFound: `--target json` names a module, not a target).  A target the user names
+claims conformance (its FAIL, ERROR or TIMEOUT make verify exit 1 and fail the pytest items)
+unless it sets CLAIMS_CONFORMANCE = False, as the element-cast targets ml_dtypes and torch do.
 
 Results are checked strictly where they come back from the target (`Target.op`): a torch tensor
 of the contract's dtype (RESULTS), on the device the inputs were given on, and laid out in the
@@ -58,7 +67,7 @@ import time
 import types
 from importlib import metadata
 
-from ..spec.rules import EXTENSIONS, KNOBS, check_variants
+from ..spec.rules import EXTENSIONS, KNOBS, MODELS, check_variants
 
 BUILTIN = {
     "impl": "dsv4spec.impl",
@@ -69,6 +78,12 @@ BUILTIN = {
 }
 ENTRY_POINT_GROUP = "dsv4spec.targets"
 DEFAULT_TIMEOUT_S = 60.0       # one operation call; `verify --timeout` changes it
+TARGET_VARIABLE = "DSV4SPEC_TARGET"     # the targets when none is named (comma-separated), CLI and pytest alike
+
+
+def targets_from_environment() -> list[str]:
+    """The target specs $DSV4SPEC_TARGET names (as array-api-tests' ARRAY_API_TESTS_MODULE)."""
+    return [s.strip() for s in os.environ.get(TARGET_VARIABLE, "").split(",") if s.strip()]
 
 
 class NotImplementedOp(AttributeError):
@@ -78,6 +93,10 @@ class NotImplementedOp(AttributeError):
 
 class TargetNotFound(ValueError):
     """The target spec names nothing that exists (a usage error: exit status 2)."""
+
+
+class NothingImplemented(TargetNotFound):
+    """The target provides none of the contract's operations (a usage error: exit status 2)."""
 
 
 class TargetLoadError(Exception):
@@ -109,15 +128,19 @@ RESULTS = {
     "fp8_quantize": (U8, U8), "fp8_dequantize": (VALUES,), "fp8_qdq": (VALUES,),
     "hadamard": (VALUES,), "index_rotate": (VALUES,), "index_weights": (VALUES,),
     "index_weights_v32": (VALUES,),
-    "index_scores": (VALUES,), "index_scores_fp4": (VALUES,), "index_visible": (INDEX,),
+    "index_scores": (VALUES,), "index_scores_fp4": (VALUES,), "index_scores_raw": (VALUES,), "index_visible": (INDEX,),
     "index_topk": (INDEX,), "candidate_blocks": (BOOL,), "reindex_topk": (INDEX,),
     "compress": (VALUES,), "compressor_feed": (None, VALUES),
     "entry_pack": (U8,), "entry_unpack": (VALUES,),
     "rope_freqs": (VALUES,), "rope_rotate": (VALUES,), "rope_quantize": (U8, U8), "kv_qdq": (VALUES,),
+    "kv_qdq_fp4_e4m3": (VALUES,), "kv_qdq_fp8_e8m0_32": (VALUES,), "kv_qdq_fp4_e8m0": (VALUES,),
     "window_index": (INDEX,), "compressed_index": (INDEX,), "attention_index": (INDEX,),
     "window_ring": (INDEX,),
     "pool_scan_topk": (INDEX,),
 }
+# Per-format operations a bundled one also provides: kv_qdq(x, fmt) is kv_qdq_<fmt>(x).
+SPLIT = {"kv_qdq_fp4_e4m3": ("kv_qdq", "fp4_e4m3"), "kv_qdq_fp8_e8m0_32": ("kv_qdq", "fp8_e8m0_32"),
+         "kv_qdq_fp4_e8m0": ("kv_qdq", "fp4_e8m0")}
 # Operations whose result is not a tensor (a record, an opaque state, a number, a dict of stages).
 NO_TENSOR_RESULT = {"layer_role", "compressor_state", "kv_bytes_per_token", "window_bytes_per_layer",
                     "indexer_macs_per_token", "core_attention_macs", "index_layer"}
@@ -247,13 +270,82 @@ class _deadline:
 # Targets
 # ------------------------------------------------------------------------------------------------
 
+def _scores_from_raw(raw_scores):
+    """index_scores(q, k, w, visible, 'bf16') through index_scores_raw(q, k, raw_w, visible, model):
+    V4.1's factor is 2^-6 exactly (IDX.WEIGHT.SCALE), so raw_w = 64·w gives back w exactly and the
+    target's own factorisation is judged by the same score rules.  The 'fp32' scores (V3.2) have no
+    such exact preimage: those examples are not asked for (or, outside Hypothesis, n/i)."""
+    import torch
+
+    def index_scores(q, k, w, visible, score_dtype="bf16"):
+        if score_dtype != "bf16":
+            _not_asked(f"index_scores with score_dtype {score_dtype!r} through index_scores_raw (V4.1's factor only)")
+        raw = w * 64.0
+        if not bool(torch.isfinite(raw.to(torch.bfloat16)).all()):
+            _not_asked("index_scores through index_scores_raw: 64·w beyond BF16")
+        return raw_scores(q, k, raw, visible, "v4.1-flash")
+    return index_scores
+
+
+def _not_asked(why: str):
+    """Leave out an example the target cannot be asked (Hypothesis's reject), else NOT_IMPLEMENTED."""
+    from hypothesis import reject
+    from hypothesis.control import currently_in_test_context
+    if currently_in_test_context():
+        reject()
+    raise NotImplementedOp(why)
+
+
+def _as_bfloat16(values: tuple) -> tuple:
+    """Float32 tensors whose every value BF16 holds exactly, as BF16 tensors (the same values: an
+    operation declared "bfloat16" receives BF16 whatever check calls it); others stay as they are
+    (fp32 values beyond BF16, such as scales, that a check passes on purpose)."""
+    import torch
+
+    def exact(t):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.float32:
+            return t
+        b = t.to(torch.bfloat16)
+        same = (b.float() == t) | (torch.isnan(t) & torch.isnan(b.float()))
+        return b if bool(same.all()) else t
+    return tuple(exact(v) for v in values)
+
+
+class Received:
+    """The operation a target was last called with and its arguments, so that an exception raised
+    in the target is shown with the tensors it received (a check's own draw, such as a generator
+    seed, says nothing to the port's author)."""
+
+    def __init__(self):
+        self.call = None
+        self.unserved = ""      # an example left out because it asked for a model the target does not serve
+
+    def describe(self) -> str:
+        if self.call is None:
+            return ""
+        name, args, kwargs = self.call
+        shown = [_value(a) for a in args] + [f"{k}={_value(v)}" for k, v in kwargs.items()]
+        return f"the target received: {name}(" + ", ".join(shown) + ")"
+
+
+def _value(x) -> str:
+    import numpy as np
+    import torch
+    if isinstance(x, torch.Tensor):
+        values = x.detach().cpu()
+        values = values.float() if values.is_floating_point() else values
+        text = np.array2string(values.numpy(), threshold=16, edgeitems=2, max_line_width=100, separator=", ")
+        return f"tensor({str(x.dtype).removeprefix('torch.')}, shape {list(x.shape)}, {x.device}: {text})"
+    return repr(x) if len(repr(x)) < 200 else repr(x)[:200] + " …"
+
+
 class Target:
     def __init__(self, provider, spec: str, name: str | None = None):
         self.provider = provider
         self.spec = spec
         self.name = name or getattr(provider, "NAME", spec)
         self.device = getattr(provider, "DEVICE", "cpu")
-        self.claims_conformance = bool(getattr(provider, "CLAIMS_CONFORMANCE", False))
+        self.claims_conformance = bool(getattr(provider, "CLAIMS_CONFORMANCE", True))
         self.declared = dict(getattr(provider, "VARIANTS", {}) or {})
         self.variants = check_variants(self.declared)
         self.extensions = frozenset(getattr(provider, "EXTENSIONS", ()) or ())
@@ -264,22 +356,45 @@ class Target:
         self.module = _module(provider)
         self.version = _version(provider)
         self.hung: dict[str, str] = {}      # operations that timed out once are not called again
+        self.received = Received()          # the last call's inputs (shared by the views of this target)
         self.input_dtypes = _input_dtypes(provider)
+        self.models = tuple(getattr(provider, "MODELS", None) or MODELS)
+        if isinstance(getattr(provider, "MODELS", None), str) or set(self.models) - set(MODELS):
+            raise ValueError(f"target {self.name}: MODELS must be a tuple of {', '.join(MODELS)}; "
+                             f"got {getattr(provider, 'MODELS')!r}")
 
     def has(self, *ops: str) -> bool:
-        return all(callable(getattr(self.provider, op, None)) for op in ops)
+        return all(callable(self._provided(op)) for op in ops)
+
+    def _provided(self, name: str):
+        """The provider's function for `name`; a per-format operation also from the bundled one,
+        and index_scores from the official factorisation (index_scores_raw)."""
+        fn = getattr(self.provider, name, None)
+        if fn is None and name == "index_scores" and callable(getattr(self.provider, "index_scores_raw", None)):
+            return _scores_from_raw(self.provider.index_scores_raw)
+        if fn is None and name in SPLIT:
+            bundled, fmt = SPLIT[name]
+            whole = getattr(self.provider, bundled, None)
+            fn = (lambda x, *rest, **kw: whole(x, fmt, *rest, **kw)) if callable(whole) else None
+        return fn
 
     def op(self, name: str):
         """The operation `name`, with its results checked against the contract and its time limited."""
-        fn = getattr(self.provider, name, None)
+        fn = self._provided(name)
         if not callable(fn):
             raise NotImplementedOp(name)
-        if name not in RESULTS and not self.timeout:
-            return fn
 
         def call(*args, **kwargs):
             if name in self.hung:
                 raise OperationTimeout(self.hung[name])
+            unserved = [v for v in (*args, *kwargs.values()) if isinstance(v, str) and v in MODELS
+                        and v not in self.models]
+            if unserved:
+                self.received.unserved = f"{name} for {unserved[0]} (MODELS: {', '.join(self.models)})"
+                _not_asked(self.received.unserved)
+            if self.input_dtype(name) == "bfloat16":
+                args, kwargs = _as_bfloat16(args), dict(zip(kwargs, _as_bfloat16(tuple(kwargs.values()))))
+            self.received.call = (name, args, kwargs)
             try:
                 with _deadline(self.timeout, name):
                     result = fn(*args, **kwargs)
@@ -295,6 +410,10 @@ class Target:
         if name.startswith("_") or name in ("provider",):
             raise AttributeError(name)
         return self.op(name)
+
+    def serves(self, *models: str) -> bool:
+        """Whether the target serves any of `models` (its MODELS; all by default)."""
+        return any(m in self.models for m in models)
 
     def input_dtype(self, op: str) -> str:
         """The dtype of the values operation `op` receives: "float32" or "bfloat16"."""
@@ -337,10 +456,12 @@ def _version(provider) -> str:
 
 
 def known_ops() -> set[str]:
-    """Every canonical operation name (the OPS of each family module)."""
+    """Every canonical operation name (the OPS of each family module, and the bundled names that
+    provide several: kv_qdq)."""
     from .suite import FAMILY_MODULES
     return {op for family in FAMILY_MODULES
-            for op in getattr(importlib.import_module(f"{__package__}.{family}"), "OPS", {})}
+            for op in getattr(importlib.import_module(f"{__package__}.{family}"), "OPS", {})} \
+        | {bundled for bundled, _ in SPLIT.values()}
 
 
 INPUT_DTYPES = ("float32", "bfloat16")
@@ -438,11 +559,17 @@ def locate(spec: str) -> str:
         sys.path.append(os.getcwd())
     module = spec.partition(":")[0]
     if ":" not in spec and _find(module) is None:
-        hint = (f"; for the file {spec}, write --target {spec[:-3]}" if spec.endswith(".py") else "")
+        hint = f"; for the file {spec}, write --target {_module_of_file(spec)}" if spec.endswith(".py") else ""
         raise TargetNotFound(f"unknown target {spec!r}{hint}; built-in targets are {', '.join(BUILTIN)}; "
                              f"otherwise give an entry point of group {ENTRY_POINT_GROUP}, a module "
                              f"(pkg.module, or a file in the working directory without .py) or pkg.module:attr")
     return spec
+
+
+def _module_of_file(path: str) -> str:
+    """The module name a file in or below the working directory is imported as: ./mytarget.py is
+    mytarget, ports/fp4.py is ports.fp4."""
+    return os.path.splitext(os.path.relpath(os.path.abspath(path)))[0].replace(os.sep, ".")
 
 
 def load_target(spec: str) -> Target:
@@ -460,9 +587,18 @@ def load_target(spec: str) -> Target:
         except ok.KernelUnavailable as e:
             raise TargetLoadError(str(e)) from None
     if ref != spec:
-        return Target(_import(ref), spec, name=spec)
+        return _implementing(Target(_import(ref), spec, name=spec))
     provider = _import(spec)
     try:
-        return Target(provider, spec)
+        target = Target(provider, spec)
     except ValueError as e:     # VARIANTS naming an unknown knob or value
         raise TargetLoadError(f"target {spec!r}: {e}") from None
+    return _implementing(target)
+
+
+def _implementing(target: Target) -> Target:
+    """The target, unless it provides none of the contract's operations."""
+    if not any(target.has(op) for op in known_ops()):
+        raise NothingImplemented(f"target {target.spec!r} provides none of the contract's operations "
+                                 f"(`dsv4spec ops` lists them by name); is it the module you meant?")
+    return target

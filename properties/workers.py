@@ -45,6 +45,7 @@ class TargetInfo:
     version: str = ""
     device: str = ""
     load_error: str = ""
+    usage_error: bool = False       # the spec names something that is not a target (exit status 2)
 
 
 def visible_gpus() -> list[str]:
@@ -85,10 +86,11 @@ def _pin(cores: list[int]):
 # The worker
 # ------------------------------------------------------------------------------------------------
 
-def _worker(conn, cores, seed, program, timeout, isolate):
+def _worker(conn, cores, run: dict, timeout):
     signal.signal(signal.SIGINT, signal.SIG_IGN)       # the supervisor handles Ctrl-C
     _pin(cores)
-    suite.RUN.seed, suite.RUN.program, suite.RUN.isolate = seed, program, isolate
+    for setting, value in run.items():                 # the supervisor's RUN: seed, program, isolate, ...
+        setattr(suite.RUN, setting, value)
     WATCH.report = lambda op: conn.send(("op", op))
     suite.load_checks()
     targets = {}
@@ -104,7 +106,7 @@ def _worker(conn, cores, seed, program, timeout, isolate):
                 t.timeout = timeout
                 targets[spec] = t
             except (TargetNotFound, TargetLoadError) as e:
-                conn.send(("load_error", index, str(e)))
+                conn.send(("load_error", index, str(e), isinstance(e, TargetNotFound)))
                 continue
             conn.send(("op", None))
             conn.send(("loaded", asdict(TargetInfo(spec, t.name, t.module, t.claims_conformance, t.version, str(t.device)))))
@@ -163,70 +165,105 @@ class _Slot:
         self.kill()
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a worker run, with what is known of the targets (their names)."""
+
+    def __init__(self, infos: dict[str, TargetInfo]):
+        super().__init__()
+        self.infos = infos
+
+
 def run(specs: list[str], rule_ids: list[str], profile: str, *, jobs: int = 1, seed: int | None = None,
         timeout: float = 60.0, isolate: bool = False, progress=None) -> tuple[list[Row], dict[str, TargetInfo]]:
     """Every rule on every target in `jobs` worker processes; rows in the single-process order.
     `isolate` (asked for by the user) adds --isolate to every reproduce line; a crash or hang row
     has it anyway."""
-    program = suite.RUN.program or suite.program()
-    ctx = multiprocessing.get_context("spawn")
-    pinned = jobs > 1 and devices_for(jobs)[0] is None          # CPU workers share the cores out
-    cores = cores_for(jobs) if pinned else [[]] * jobs
-    slots = [_Slot(ctx, d, c, seed, program, timeout, isolate) for d, c in zip(devices_for(jobs), cores)]
-    tasks = deque((i, spec, rule_id, profile) for i, (spec, rule_id) in
-                  enumerate((s, r) for s in specs for r in rule_ids))
-    rows: dict[int, Row] = {}
-    infos = {spec: TargetInfo(spec, spec) for spec in specs}
-    hung: dict[str, dict[str, str]] = {spec: {} for spec in specs}
-
-    def record(index, row):
-        rows[index] = row
-        if progress:
-            progress(row)
-
-    def lost(slot, status, why):
-        index, spec, rule_id, _ = slot.task
-        if slot.op == LOADING:          # it would die the same way for every rule
-            infos[spec].load_error = f"target {spec!r} could not be loaded: {why}"
-        elif status == TIMEOUT:
-            hung[spec][slot.op] = why
-        slot.kill()
-        repro = suite.reproduce_command(spec, rule_id, profile, seed, timeout, isolate=True)
-        record(index, Row(rule_id, infos[spec].name, status, why, repro))
-        slot.task = None
-
+    pool = Pool(jobs=jobs, seed=seed, timeout=timeout, isolate=isolate)
     try:
-        while tasks or any(s.task for s in slots):
-            for slot in slots:
-                while slot.task is None and tasks:
-                    task = tasks.popleft()
-                    index, spec, rule_id, _ = task
-                    if infos[spec].load_error:
-                        record(index, Row(rule_id, infos[spec].name, ERROR, infos[spec].load_error))
-                        continue
-                    slot.give(task, hung[spec])
-            busy = [s for s in slots if s.task]
-            ready = wait([s.conn for s in busy] + [s.process.sentinel for s in busy], timeout=0.5)
-            for slot in busy:
-                _drain(slot, record, infos, ready)
-                if slot.task is None:
-                    continue
-                if not slot.process.is_alive():
-                    code = slot.process.exitcode
-                    cause = f"signal {signal.Signals(-code).name}" if code and code < 0 else f"exit status {code}"
-                    lost(slot, ERROR, f"the target's process died ({cause}) in {slot.op or 'the check code'}")
-                    continue
-                limit = LOAD_LIMIT_S if slot.op == LOADING else timeout + GRACE_S
-                if slot.op and time.monotonic() - slot.since > limit:
-                    lost(slot, TIMEOUT, f"{slot.op} did not return within {limit - GRACE_S:g} s "
-                                        f"(the target's process was ended)")
-    except BaseException:              # Ctrl-C: end the workers now, whatever they are running
-        for slot in slots:
+        return pool.run(specs, rule_ids, profile, progress)
+    finally:
+        pool.close()
+
+
+class Pool:
+    """Worker processes kept between runs (the pytest route runs one rule at a time through one);
+    a worker keeps the targets it loaded, and a dead or killed one is replaced at the next task."""
+
+    def __init__(self, *, jobs: int = 1, seed: int | None = None, timeout: float = 60.0, isolate: bool = False):
+        self.seed, self.timeout, self.isolate = seed, timeout, isolate
+        program = suite.RUN.program or suite.program()
+        ctx = multiprocessing.get_context("spawn")
+        pinned = jobs > 1 and devices_for(jobs)[0] is None          # CPU workers share the cores out
+        cores = cores_for(jobs) if pinned else [[]] * jobs
+        run = dict(seed=seed, program=program, isolate=isolate, debug=suite.RUN.debug,
+                   max_examples=suite.RUN.max_examples)
+        self.slots = [_Slot(ctx, d, c, run, timeout) for d, c in zip(devices_for(jobs), cores)]
+        self.infos: dict[str, TargetInfo] = {}
+        self.hung: dict[str, dict[str, str]] = {}
+
+    def close(self):
+        for slot in self.slots:
+            slot.stop()
+
+    def run(self, specs: list[str], rule_ids: list[str], profile: str,
+            progress=None) -> tuple[list[Row], dict[str, TargetInfo]]:
+        slots, timeout, seed = self.slots, self.timeout, self.seed
+        tasks = deque((i, spec, rule_id, profile) for i, (spec, rule_id) in
+                      enumerate((s, r) for s in specs for r in rule_ids))
+        rows: dict[int, Row] = {}
+        infos, hung = self.infos, self.hung
+        for spec in specs:
+            infos.setdefault(spec, TargetInfo(spec, spec))
+            hung.setdefault(spec, {})
+
+        def record(index, row):
+            rows[index] = row
+            if progress:
+                progress(row)
+
+        def lost(slot, status, why):
+            index, spec, rule_id, _ = slot.task
+            if slot.op == LOADING:          # it would die the same way for every rule
+                infos[spec].load_error = f"target {spec!r} could not be loaded: {why}"
+            elif status == TIMEOUT:
+                hung[spec][slot.op] = why
             slot.kill()
-        raise
-    for slot in slots:
-        slot.stop()
-    return [rows[i] for i in sorted(rows)], infos
+            repro = suite.reproduce_command(spec, rule_id, profile, seed, timeout, isolate=True)
+            record(index, Row(rule_id, infos[spec].name, status, why, repro))
+            slot.task = None
+
+        try:
+            while tasks or any(s.task for s in slots):
+                for slot in slots:
+                    while slot.task is None and tasks:
+                        task = tasks.popleft()
+                        index, spec, rule_id, _ = task
+                        if infos[spec].load_error:
+                            record(index, Row(rule_id, infos[spec].name, ERROR, infos[spec].load_error))
+                            continue
+                        slot.give(task, hung[spec])
+                busy = [s for s in slots if s.task]
+                ready = wait([s.conn for s in busy] + [s.process.sentinel for s in busy], timeout=0.5)
+                for slot in busy:
+                    _drain(slot, record, infos, ready)
+                    if slot.task is None:
+                        continue
+                    if not slot.process.is_alive():
+                        code = slot.process.exitcode
+                        cause = f"signal {signal.Signals(-code).name}" if code and code < 0 else f"exit status {code}"
+                        lost(slot, ERROR, f"the target's process died ({cause}) in {slot.op or 'the check code'}")
+                        continue
+                    limit = LOAD_LIMIT_S if slot.op == LOADING else timeout + GRACE_S
+                    if slot.op and time.monotonic() - slot.since > limit:
+                        lost(slot, TIMEOUT, f"{slot.op} did not return within {limit - GRACE_S:g} s "
+                                            f"(the target's process was ended)")
+        except BaseException as e:         # Ctrl-C: end the workers now, whatever they are running
+            for slot in slots:
+                slot.kill()
+            if isinstance(e, KeyboardInterrupt):
+                raise Interrupted(infos) from None
+            raise
+        return [rows[i] for i in sorted(rows)], {spec: infos[spec] for spec in specs}
 
 
 def _drain(slot, record, infos, ready):
@@ -247,9 +284,9 @@ def _drain(slot, record, infos, ready):
             slot.task = None
             return
         elif kind == "load_error":
-            _, index, why = message
+            _, index, why, usage = message
             spec = slot.task[1]
-            infos[spec].load_error = why
+            infos[spec].load_error, infos[spec].usage_error = why, usage
             record(index, Row(slot.task[2], infos[spec].name, ERROR, why))
             slot.task = None
             return

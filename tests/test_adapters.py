@@ -1,5 +1,7 @@
 """dsv4spec.adapters converts the common encodings exactly and refuses what it cannot; results the
 suite receives are checked strictly, with a message naming what was expected."""
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -92,3 +94,52 @@ def test_fp32_scale_bytes_and_column_scales_are_refused():
 def test_every_operation_has_a_result_contract():
     from dsv4spec.properties.target import NO_TENSOR_RESULT, RESULTS, known_ops
     assert known_ops() == set(RESULTS) | NO_TENSOR_RESULT
+
+
+def test_e2m1_codes_of_every_value_keep_the_sign_of_zero():
+    codes = np.arange(16, dtype=np.uint8)
+    values = torch.tensor(F.e2m1_decode(codes), dtype=torch.float32)
+    assert A.e2m1_codes(values).tolist() == list(range(16))
+    assert A.e2m1_codes(torch.tensor([-0.0, 0.0], dtype=torch.bfloat16)).tolist() == [8, 0]
+    with pytest.raises(ValueError, match="0.75 is not an E2M1 value"):
+        A.e2m1_codes(torch.tensor([1.0, 0.75]))
+
+
+def test_e8m0_from_words_unpacks_four_scales_lowest_byte_first():
+    words = torch.tensor([[0x7F7E7D7C, -1]], dtype=torch.int32)            # -1: four 0xFF bytes
+    assert A.e8m0_from_words(words).tolist() == [[0x7C, 0x7D, 0x7E, 0x7F, 255, 255, 255, 255]]
+    with pytest.raises(ValueError, match="expected an int32 tensor"):
+        A.e8m0_from_words(torch.zeros(2, dtype=torch.int64))
+
+
+def test_a_payload_scales_row_splits_and_joins_back():
+    row = torch.arange(2 * 10, dtype=torch.int64).to(torch.uint8).reshape(2, 10)
+    payload, scales = A.split_row(row, 8)
+    assert payload.shape == (2, 8) and scales.shape == (2, 2) and torch.equal(A.join_row(payload, scales), row)
+    with pytest.raises(ValueError, match="inside a row of 10 bytes"):
+        A.split_row(row, 10)
+
+
+def test_rows_of_128_become_blocks_and_back():
+    x = torch.arange(256 * 3, dtype=torch.float32).reshape(256, 3)
+    blocks = A.as_blocks(x)
+    assert blocks.shape == (2, 128, 3) and torch.equal(blocks[1, 0], x[128]) and torch.equal(A.from_blocks(blocks), x)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        A.as_blocks(x[:100])
+
+
+def test_block_ids_become_the_pool_mask():
+    mask = A.pool_mask(torch.tensor([[0, 2, -1], [-1, -1, -1]], dtype=torch.int32), width=20, block_size=8)
+    assert mask.dtype == torch.bool and mask.shape == (2, 20)
+    assert mask[0].nonzero().flatten().tolist() == list(range(8)) + list(range(16, 20)) and not mask[1].any()
+    with pytest.raises(ValueError, match=r"in \[-1, 3\)"):
+        A.pool_mask(torch.tensor([[3]]), width=20)
+
+
+def test_kv_qdq_is_offered_per_format_and_the_bundled_name_still_works():
+    from dsv4spec.impl import path as impl_path
+    one = Target(SimpleNamespace(NAME="fp8 only", kv_qdq_fp8_e8m0_32=lambda x: impl_path.kv_qdq(x, "fp8_e8m0_32")), "fp8")
+    row = run_rule("PATH.QDQ", one)
+    assert row.status == PASS and "1 of 2 checks ran" in row.detail, row
+    both = Target(SimpleNamespace(NAME="bundled", kv_qdq=impl_path.kv_qdq), "bundled")
+    assert run_rule("PATH.QDQ", both).status == PASS and both.has("kv_qdq_fp4_e4m3", "kv_qdq_fp8_e8m0_32")

@@ -45,7 +45,8 @@ TARGETS = {
     (["verify", "--target", "nosuch.module:x"], "cannot import target module", 2),
     (["verify", "--target", "impl", "--profile", "fast"], "unknown profile", 2),
     (["verify", "--target", "mytarget:helper", "--rules", "FMT.E2M1.RNE"], "write mytarget:helper()", 2),
-    (["verify", "--target", "mytarget.py"], "write --target mytarget", 2),
+    (["verify", "--target", "mytarget.py"], "write --target mytarget;", 2),
+    (["verify", "--target", "./mytarget.py"], "for the file ./mytarget.py, write --target mytarget;", 2),
     (["verify", "--target", "impl", "--timeout", "0"], "--timeout must be a positive", 2),
     (["verify", "--target", "impl", "--jobs", "0"], "--jobs must be at least 1", 2),
     (["verify", "--target", "impl", "--seed", "abc"], "invalid int value: 'abc'", 2),
@@ -114,7 +115,7 @@ def test_reports_are_atomic_and_carry_the_header(tmp_path):
     assert result.returncode == 0, result.stderr
     report = json.loads(out.read_text())
     header = report["header"]
-    assert report["schema_version"] == 2 and header["seed"] == 3 and header["profile"] == "dev"
+    assert report["schema_version"] == 3 and header["seed"] == 3 and header["profile"] == "dev"
     assert header["tool"]["version"] == dsv4spec.__version__ and header["spec"]["rules"] > 0
     assert header["targets"][0]["spec"] == "impl" and header["torch"] and header["date"]
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".dsv4spec-")]   # no temporary left
@@ -143,7 +144,7 @@ def test_verify_exit_status_follows_claimed_conformance(tmp_path):
     bad = subprocess.run(cmd, capture_output=True, text=True, env=env)
     assert bad.returncode == 1, bad.stdout + bad.stderr
     report = json.loads((tmp_path / "r.json").read_text())
-    assert report["schema_version"] == 2
+    assert report["schema_version"] == 3
     failed = [r for r in report["results"] if r["status"] == "FAIL"]
     assert failed and all("--target badtarget --rules" in r["reproduce"] for r in failed)
     junit = (tmp_path / "r.xml").read_text()
@@ -163,20 +164,111 @@ def test_ops_lists_each_operation_with_the_rules_that_check_it(capsys):
     assert main(["ops", "--family", "nope"]) == 2
 
 
-def test_ctrl_c_prints_and_writes_what_finished(tmp_path):
-    """The first rule fails at once, the second hangs; Ctrl-C then ends the run with the first row."""
+@pytest.mark.parametrize("isolate", [False, True])
+def test_ctrl_c_prints_and_writes_what_finished(tmp_path, isolate):
+    """The first rule fails at once, the second hangs; Ctrl-C then ends the run with the first row,
+    and every report says it was interrupted and which rules did not run."""
     import signal
     (tmp_path / "slow.py").write_text(
         "import time, torch\nNAME = 'slow'\nCLAIMS_CONFORMANCE = True\n"
         "def e2m1_encode(x):\n    return torch.zeros(x.shape, dtype=torch.uint8)\n"
         "def e4m3_encode(x):\n    time.sleep(300)\n")
     process = subprocess.Popen([sys.executable, "-m", "dsv4spec", "verify", "--target", "slow", "--rules",
-                                "FMT.E2M1.RNE,FMT.E4M3.RNE", "--json", "r.json"], cwd=tmp_path, env=ENV,
+                                "FMT.E2M1.RNE,FMT.E4M3.RNE", "--json", "r.json", "--junit", "r.xml",
+                                "--markdown", "r.md", *["--isolate"] * isolate], cwd=tmp_path, env=ENV,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert "FAIL FMT.E2M1.RNE on slow" in process.stderr.readline()
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=60)
-    assert process.returncode == 130 and "interrupted: 1 of 2 results finished" in err
+    assert process.returncode == 130 and "INTERRUPTED (Ctrl-C): 1 of 2 results finished; not run:" in err, err
+    assert "  slow: FMT.E4M3.RNE" in err
     assert "FMT.E2M1.RNE  FAIL" in out and "FMT.E4M3.RNE" not in out.split("\n\n")[0]
     report = json.loads((tmp_path / "r.json").read_text())
+    assert report["not_run"] == [{"rule": "FMT.E4M3.RNE", "target": "slow"}]
+    markdown = (tmp_path / "r.md").read_text()
+    assert "**INTERRUPTED (Ctrl-C): 1 of 2 results finished; not run:**" in markdown
+    assert "- slow: FMT.E4M3.RNE" in markdown
+    junit = (tmp_path / "r.xml").read_text()
+    assert '<property name="interrupted" value="true" />' in junit
+    assert '<testcase classname="slow.FMT" name="FMT.E4M3.RNE" time="0"><skipped message="not run (interrupted)"' in junit
     assert report["interrupted"] and [r["rule"] for r in report["results"]] == ["FMT.E2M1.RNE"]
+
+
+LOSES_SIGN = ("import torch\nfrom dsv4spec.impl import e2m1_encode as _e\nNAME = 'mine'\n{claim}"
+              "def e2m1_encode(x):\n    return _e(x) & 0x7\n")
+
+
+@pytest.mark.parametrize("isolate", [False, True])
+def test_a_named_target_claims_conformance_unless_it_says_otherwise(tmp_path, isolate):
+    """No CLAIMS_CONFORMANCE: its FAIL exits 1; CLAIMS_CONFORMANCE = False: exit 0, and the last line
+    names the FAIL rather than reading 'no FAIL'."""
+    (tmp_path / "mytarget.py").write_text(LOSES_SIGN.format(claim=""))
+    args = ["verify", "--target", "mytarget", "--rules", "FMT.E2M1.RNE", "--quiet"] + ["--isolate"] * isolate
+    silent = run(*args, cwd=tmp_path)
+    assert silent.returncode == 1, silent.stdout + silent.stderr
+    assert silent.stdout.strip().splitlines()[-1].startswith("conformance claimed by mine: 1 FAIL (exit 1)")
+    (tmp_path / "mytarget.py").write_text(LOSES_SIGN.format(claim="CLAIMS_CONFORMANCE = False\n"))
+    relaxed = run(*args, cwd=tmp_path)
+    assert relaxed.returncode == 0, relaxed.stdout + relaxed.stderr
+    last = relaxed.stdout.strip().splitlines()[-1]
+    assert "no FAIL" not in last and "not claimed by mine (CLAIMS_CONFORMANCE = False): 1 FAIL" in last, last
+
+
+@pytest.mark.parametrize("isolate", [False, True])
+def test_a_target_that_implements_nothing_is_a_usage_error(isolate):
+    result = run("verify", "--target", "json", "--rules", "FMT.E2M1.RNE", *["--isolate"] * isolate)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "target 'json' provides none of the contract's operations" in result.stderr
+
+
+DEEP = ("import torch\nNAME = 'deep'\n"
+        "def _third(x):\n    raise RuntimeError('shape mismatch in my kernel')\n"
+        "def _second(x):\n    return _third(x)\n"
+        "def _first(x):\n    return _second(x)\n"
+        "def fp8_quantize(x, block=128, fmt='e4m3', scale='e8m0'):\n    return _first(x)\n")
+
+
+@pytest.mark.parametrize("isolate", [False, True])
+def test_an_error_in_the_target_names_its_file_and_line_and_the_inputs(tmp_path, isolate):
+    """Not `rng=default_rng(0)`: the frames of the target's own code and the tensors it was called with,
+    in the terminal and the JSON; --debug lists every frame."""
+    (tmp_path / "deep.py").write_text(DEEP)
+    base = ["verify", "--target", "deep", "--rules", "FP8.BLOCKS", "--quiet", "--json", "r.json"]
+    result = run(*base, *["--isolate"] * isolate, cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    detail = json.loads((tmp_path / "r.json").read_text())["results"][0]["detail"]
+    path = str(tmp_path / "deep.py")
+    assert f"raised in the target:\n  {path}:10 in fp8_quantize: return _first(x)\n  …\n" in detail, detail
+    assert f"  {path}:4 in _third: raise RuntimeError('shape mismatch in my kernel')" in detail
+    assert "the target received: fp8_quantize(tensor(float32, shape [" in detail
+    assert f"{path}:4 in _third" in result.stdout
+    debug = run("--debug", *base, cwd=tmp_path)
+    detail = json.loads((tmp_path / "r.json").read_text())["results"][0]["detail"]
+    assert "(every frame, --debug)" in detail and f"{path}:8 in _first" in detail and "…" not in detail
+
+
+def test_ops_of_the_formats_family_are_the_element_codecs(capsys):
+    assert main(["ops", "--family", "formats"]) == 0
+    out = capsys.readouterr().out
+    assert "e2m1_encode(" in out and "FMT.E2M1.RNE" in out
+
+
+def test_the_cli_takes_skip_and_xfail_files_the_target_variable_and_max_examples(tmp_path):
+    """--skip: SKIP with the reason, not run; --xfail: the FAIL shown with its reason, exit 0; a stale
+    entry warned; $DSV4SPEC_TARGET names the target; --max-examples in the reproduce line; --seed
+    under the derandomized ci said ignored."""
+    (tmp_path / "mytarget.py").write_text(LOSES_SIGN.format(claim=""))
+    (tmp_path / "skip.txt").write_text("FMT.E2M1.SATURATE  not ours\n")
+    (tmp_path / "xfail.txt").write_text("# known\nFMT.E2M1.RNE  signs dropped (ticket 1)\nFMT.E2M1.ZERO_SIGN same\nNOPE.X stale\n")
+    result = subprocess.run([sys.executable, "-m", "dsv4spec", "verify", "--rules", "FMT.E2M1", "--skip", "skip.txt",
+                             "--xfail", "xfail.txt", "--max-examples", "3", "--seed", "4", "--json", "r.json"],
+                            capture_output=True, text=True, cwd=tmp_path, env={**ENV, "DSV4SPEC_TARGET": "mytarget"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = {r["rule"]: r for r in json.loads((tmp_path / "r.json").read_text())["results"]}
+    assert rows["FMT.E2M1.SATURATE"]["status"] == "SKIP" and "not ours" in rows["FMT.E2M1.SATURATE"]["detail"]
+    assert rows["FMT.E2M1.RNE"]["status"] == "FAIL"
+    assert rows["FMT.E2M1.RNE"]["detail"].startswith("expected to fail (--xfail line 2: signs dropped (ticket 1))")
+    assert "--max-examples 3" in rows["FMT.E2M1.RNE"]["reproduce"]
+    assert "--xfail line 4: 'NOPE.X' matches none of the selected rules" in result.stderr
+    assert "--seed 4 is ignored: profile ci is derandomized" in result.stderr
+    assert result.stdout.strip().splitlines()[-1].endswith("(2 FAIL expected by --xfail)")

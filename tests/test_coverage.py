@@ -67,10 +67,8 @@ def test_the_coverage_command_rejects_an_unknown_profile(capsys):
 
 def test_ci_is_sized_per_rule():
     """Cheap codec rules run hundreds of examples a check in ci, the costly pool rules fewer."""
-    from hypothesis import settings
-
-    from dsv4spec.properties.suite import profile_for
-    sizes = {r: settings.get_profile(profile_for(r, "ci")).max_examples
+    from dsv4spec.properties.suite import profile_for, settings_for
+    sizes = {r: settings_for(r, "ci").max_examples
              for r in ("FMT.E2M1.ZERO_SIGN", "FP4.KV.SCALE", "IDX.TOPK.PAD", "POOL.SIZE", "CMP.GATE")}
     assert sizes == {"FMT.E2M1.ZERO_SIGN": 400, "FP4.KV.SCALE": 200, "IDX.TOPK.PAD": 50, "POOL.SIZE": 25,
                      "CMP.GATE": 25}

@@ -56,3 +56,103 @@ def test_xdist_workers_share_one_printed_seed(tmp_path):
                         "--dsv4spec-profile", "dev")
     header = re.search(r"profile dev \(seed (\d+)\)", result.stdout).group(1)
     assert set(re.findall(r"--seed (\d+)", result.stdout)) == {header}, result.stdout
+
+
+USER_TEST = """
+from hypothesis import given, settings, strategies as st
+SEEN = []
+@given(st.integers())
+def test_counted(x):
+    SEEN.append(x)
+def test_the_users_profile_is_untouched():
+    print(f"USER EXAMPLES {len(SEEN)} PROFILE {settings.get_current_profile_name()} MAX {settings().max_examples}")
+"""
+
+
+def test_the_suite_changes_no_hypothesis_profile_of_the_users(tmp_path):
+    """Under CI=true Hypothesis loads its built-in `ci` profile for the user's tests (100 examples);
+    the suite beside them must neither re-register it nor load a profile of its own."""
+    (tmp_path / "test_user.py").write_text(USER_TEST)
+    result = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-s", "-q", "test_user.py",
+                             "--dsv4spec-target", "impl", "--dsv4spec-rules", "FMT.E2M1.RNE"],
+                            capture_output=True, text=True, cwd=tmp_path,
+                            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": HOME, "TRITON_INTERPRET": "1", "CI": "true"})
+    assert "USER EXAMPLES 100 PROFILE ci MAX 100" in result.stdout, result.stdout + result.stderr
+    assert result.returncode == 0
+
+
+def test_importing_the_suite_registers_only_profiles_of_its_own():
+    probe = ("from hypothesis import settings\n"
+             "before = {k: repr(v) for k, v in settings._profiles.items()}; current = settings.get_current_profile_name()\n"
+             "import dsv4spec.properties.suite\n"
+             "after = {k: repr(v) for k, v in settings._profiles.items()}\n"
+             "assert all(after[k] == v for k, v in before.items()), 'changed'\n"
+             "assert all(k.startswith('dsv4spec-') for k in set(after) - set(before)), sorted(after)\n"
+             "assert settings.get_current_profile_name() == current\n"
+             "print('ok')\n")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": HOME, "CI": "true"})
+    assert result.stdout.strip() == "ok", result.stderr
+
+
+def test_hypothesis_seed_is_honoured_in_dev_and_said_ignored_in_ci(tmp_path):
+    (tmp_path / "lossy.py").write_text(LOSSY)
+    dev = pytest_run(tmp_path, "--dsv4spec-target", "lossy", "--dsv4spec-rules", "FP4.E2M1.ZERO_SIGN",
+                     "--dsv4spec-profile", "dev", "--hypothesis-seed", "7")
+    assert "profile dev (seed 7)" in dev.stdout and "--seed 7" in dev.stdout, dev.stdout
+    ci = pytest_run(tmp_path, "--dsv4spec-target", "lossy", "--dsv4spec-rules", "FP4.E2M1.ZERO_SIGN",
+                    "--hypothesis-seed", "7")
+    assert "--hypothesis-seed 7 ignored by dsv4spec: profile ci is derandomized" in ci.stdout, ci.stdout
+    both = pytest_run(tmp_path, "--dsv4spec-target", "lossy", "--dsv4spec-profile", "dev", "--dsv4spec-seed", "3",
+                      "--hypothesis-seed", "7")
+    assert both.returncode == 4 and "disagree" in both.stderr and "INTERNALERROR" not in both.stdout + both.stderr
+
+
+def test_hypothesis_profile_naming_a_suite_profile_is_refused_in_one_line(tmp_path):
+    result = pytest_run(tmp_path, "--dsv4spec-target", "impl", "--hypothesis-profile", "dev")
+    assert result.returncode == 4, result.stdout + result.stderr
+    assert "INTERNALERROR" not in result.stdout + result.stderr
+    assert "--hypothesis-profile dev: Hypothesis has no profile 'dev'" in result.stderr
+    assert "--dsv4spec-profile dev" in result.stderr
+
+
+def test_pytest_agrees_with_the_cli_on_who_claims_conformance(tmp_path):
+    (tmp_path / "lossy.py").write_text(LOSSY)
+    args = ("--dsv4spec-target", "lossy", "--dsv4spec-rules", "FP4.E2M1.ZERO_SIGN")
+    assert pytest_run(tmp_path, *args).returncode == 1
+    (tmp_path / "lossy.py").write_text(LOSSY + "CLAIMS_CONFORMANCE = False\n")
+    relaxed = pytest_run(tmp_path, *args)
+    assert relaxed.returncode == 0 and "XFAIL dsv4spec::FP4.E2M1.ZERO_SIGN[lossy]" in relaxed.stdout, relaxed.stdout
+    nothing = pytest_run(tmp_path, "--dsv4spec-target", "json")
+    assert nothing.returncode == 4 and "provides none of the contract's operations" in nothing.stderr
+
+
+CRASHING = """
+import ctypes, torch
+from dsv4spec.impl import e2m1_encode, e4m3_encode
+NAME = "crashing"
+def e8m0_decode(codes):
+    ctypes.string_at(0)                                            # a segfault in C
+"""
+
+
+def test_isolate_keeps_the_session_alive_when_the_target_segfaults(tmp_path):
+    (tmp_path / "crashing.py").write_text(CRASHING)
+    result = pytest_run(tmp_path, "--dsv4spec-target", "crashing", "--dsv4spec-isolate", "--junitxml", "r.xml",
+                        "--dsv4spec-rules", "FMT.E2M1.RNE,FMT.E8M0.VALUES,FMT.E4M3.RNE")
+    out = result.stdout
+    assert result.returncode == 1, out + result.stderr
+    assert "PASSED dsv4spec::FMT.E2M1.RNE[crashing]" in out and "PASSED dsv4spec::FMT.E4M3.RNE[crashing]" in out
+    assert "FAILED dsv4spec::FMT.E8M0.VALUES[crashing]" in out
+    assert "the target's process died (signal SIGSEGV) in e8m0_decode" in out
+    assert "--rules FMT.E8M0.VALUES --profile ci --isolate" in out
+    assert "2 passed" in out and (tmp_path / "r.xml").exists()
+
+
+def test_the_target_variable_selects_the_target_for_pytest_too(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA",
+                             "--dsv4spec-rules", "FMT.E2M1.RNE", "--dsv4spec-max-examples", "3"],
+                            capture_output=True, text=True, cwd=tmp_path,
+                            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": HOME, "TRITON_INTERPRET": "1",
+                                 "DSV4SPEC_TARGET": "impl"})
+    assert "PASSED dsv4spec::FMT.E2M1.RNE[impl]" in result.stdout, result.stdout + result.stderr

@@ -2,6 +2,7 @@
 import torch
 
 from dsv4spec.impl import indexer as ref
+from dsv4spec.spec.models import profile
 
 from . import mutant
 
@@ -116,6 +117,17 @@ MUTANTS = {
                                             index_topk=lambda s, v, k, o: _topk(s, v, k, o, highest_ties=True)),
                                      "IDX.TOPK.TIES"),
 }
+
+
+def _scale_after_relu(q, k, raw_w, visible, model):
+    """softmax_scale on the ReLU'd score and the head factor on the raw weights (a serving fork's
+    factorisation): equal in real arithmetic, rounded differently."""
+    m = profile(model)
+    w = _bf16(raw_w.float() * m.index_n_heads ** -0.5)
+    return _bf16(ref.index_scores(q, k, w, visible) * m.index_head_dim ** -0.5)
+
+
+MUTANTS["scale_after_relu"] = (mutant("scale_after_relu", index_scores_raw=_scale_after_relu), "IDX.WEIGHT.SCALE")
 
 
 def catalogue() -> list[tuple]:
