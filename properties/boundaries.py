@@ -122,3 +122,21 @@ FP8_MIDPOINTS = {block: e4m3_midpoints(block, (-3, 0, 5)) for block in (32, 64)}
 E2M1_SATURATE = ulps([6.0], (-1, 0, 1))
 E2M1_ZERO_SIGN = -ulps([0.25])
 E4M3_SATFINITE = np.concatenate([ulps([448.0], (0, 1)), ulps([464.0])])   # below 448 is rounding (FMT.E4M3.RNE)
+
+
+def range_class(block: int, floor: float, s: float, saturate: bool) -> np.ndarray:
+    """The range class: a floor block (amax just below the floor, amax/s below 3 too) holding E2M1
+    ties of the floor scale s, fp32 subnormals among them; with `saturate`, a block whose scale
+    saturates at 448 holding the ties of 448."""
+    ties = np.asarray(F.E2M1_BOUNDARIES + F.E2M1_MAGNITUDES[1:-1], dtype=np.float64)
+    below = float(np.nextafter(F32(floor), F32(0)))
+    blocks = [np.array([below, *(ties[ties < 6] * s), 2.0 ** -149, -2.0 ** -140, 2.0 ** -127], dtype=F32),
+              np.array([2.9 * s, *(ties[ties <= 2.5] * s), -2.0 ** -130, 2.0 ** -128], dtype=F32)]
+    if saturate:
+        blocks.append(np.array([2785.0, *(ties * 448.0), -0.75 * 448.0], dtype=F32))
+        blocks.append(np.array([3.0e38, *(-ties * 448.0)], dtype=F32))
+    return lay_out([b[:block] for b in blocks], block, per_row=2)
+
+
+KV_RANGE = range_class(KV, 6 * 2.0 ** -9, 2.0 ** -9, saturate=True)
+IDX_RANGE = range_class(IDX, 6 * 2.0 ** -126, 2.0 ** -126, saturate=False)

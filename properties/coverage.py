@@ -373,6 +373,23 @@ def idx_floor() -> list[Boundary]:
             Boundary("amax an fp32 subnormal", "range", _any_block(_idx, lambda b: (b.amax > 0) & (b.amax < 2.0 ** -126)))]
 
 
+def payload_range(view, floor: float, where: str, kv: bool) -> list[Boundary]:
+    """The range class in a payload rule: a floor block whose amax/s is below 3 (the floor, not the
+    unfloored scale, decides its codes); for the indexer codec (scale down to 2^-126) fp32-subnormal
+    elements with a nonzero code; for the KV codec a saturated block (amax/6 > 464) with an
+    element on an E2M1 tie."""
+    out = [Boundary(f"{where}a floor block with nonzero codes and amax/s < 3", "range", _any_block(
+        view, lambda b: (b.amax < floor) & (b.amax / b.s >= 0.25) & (b.amax / b.s < 3)))]
+    if not kv:
+        out.append(Boundary(f"{where}an fp32-subnormal element with |x|/s ≥ 0.25", "range", _any_block(
+            view, lambda b: (np.abs(b.x) < 2.0 ** -126) & (np.abs(b.ratio) >= 0.25))))
+    else:
+        out.append(Boundary(f"{where}a saturated block (amax/6 > 464) with |x|/s on an E2M1 tie", "range",
+                            _any_block(view, lambda b: (b.amax > 6 * 464.0)[..., None]
+                                       & np.isin(np.abs(b.ratio), np.asarray(E2M1_POINTS, F32)))))
+    return out
+
+
 def fp8_floor() -> list[Boundary]:
     return [around("amax at the floor fl32(1e-4)", "range", F32(1e-4), amax_hit(_fp8))[1],
             Boundary("an all-zero block", "range", _any_block(_fp8, lambda b: b.amax == 0)),
@@ -724,13 +741,14 @@ def _boundaries() -> dict[str, list[Boundary]]:
                                 np.any(c.args[0][..., 0::2] != c.args[0][..., 1::2]) for c in of(calls, "fp4_pack"))),
                             Boundary("a quantizer's first byte holding two different codes", "layout", _any_block(
                                 _idx, lambda b: F.e2m1_encode(b.ratio[:, :, 0]) != F.e2m1_encode(b.ratio[:, :, 1])))],
-        "FP4.E2M1.RNE": e2m1_rounding(_kv, "KV: ", beside=False) + e2m1_rounding(_idx, "indexer: "),
+        "FP4.E2M1.RNE": e2m1_rounding(_kv, "KV: ", beside=False) + e2m1_rounding(_idx, "indexer: ")
+        + payload_range(_kv, 6 * 2.0 ** -9, "KV: ", True) + payload_range(_idx, 6 * 2.0 ** -126, "indexer: ", False),
         "FP4.E2M1.ZERO_SIGN": zero_sign(_fp4),
         "FP4.KV.SCALE": kv_scale(),
         "FP4.KV.FLOOR": kv_floor(),
         "FP4.KV.SATURATE": kv_saturate(),
         "FP4.KV.DIVIDE": kv_divide() + [b for b in e2m1_rounding(_kv, "KV: ", with_layout=False)
-                                         if "exactly" not in b.name],
+                                         if "exactly" not in b.name] + payload_range(_kv, 6 * 2.0 ** -9, "", True),
         "FP4.KV.CLAMP": kv_clamp(),
         "FP4.IDX.SCALE": pow2_scale(_idx, 6.0, -120, 120) + above_floor(_idx, 6 * 2.0 ** -126, "6·2^-126"),
         "FP4.IDX.FLOOR": idx_floor(),

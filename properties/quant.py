@@ -110,7 +110,12 @@ def amax_edges(top: float) -> list[float]:
 # ---------------------------------------------------------------------------------------------
 
 KINDS = ("normal", "ties", "amax_edge", "zero", "single", "subnormal", "tiny", "huge", "grid",
-         "log2_edge", "div_recip", "negzero")
+         "log2_edge", "div_recip", "negzero", "floor", "saturated")
+# The range class, by block size: the amax floor and the scale a floor block gets (16: V4.1 main
+# KV, E4M3; 32: indexer, E8M0; otherwise act_quant); a saturated block's scale (E4M3's 448).
+FLOOR_OF_BLOCK = {16: (6 * 2.0 ** -9, 2.0 ** -9), 32: (6 * 2.0 ** -126, 2.0 ** -126)}
+FP8_FLOOR_SCALE = (1e-4, 2.0 ** -22)
+SATURATED_SCALE, SATURATION_AMAX = 448.0, 6 * 464.0
 
 
 def make_block(kind: str, block: int, k: int, seed: int, top: float = 6.0) -> np.ndarray:
@@ -149,6 +154,16 @@ def make_block(kind: str, block: int, k: int, seed: int, top: float = 6.0) -> np
     elif kind == "div_recip":
         pool = DIV_VS_RECIPROCAL + DIV_VS_RECIPROCAL_BF16
         x = padded(pool[rng.integers(len(pool))], block) * (1.0 if rng.random() < 0.5 else scale)
+    elif kind == "floor":           # below the amax floor: E2M1 ties and values of the floor scale, subnormals
+        floor, s = FLOOR_OF_BLOCK.get(block, FP8_FLOOR_SCALE)
+        ceiling = rng.choice([1.5, 3.0, 6.0])          # amax/s below 3 tells the floor from no floor
+        points = np.array([v for v in F.E2M1_BOUNDARIES + F.E2M1_MAGNITUDES if v < ceiling])
+        x = signs * rng.choice(points, block) * s
+        x[rng.random(block) < 0.25] = signs[0] * rng.integers(0, 1 << 23) * 2.0 ** -149
+        x = np.clip(x, -np.nextafter(floor, 0), np.nextafter(floor, 0))
+    elif kind == "saturated":       # amax/6 above 464: the scale saturates at 448, values on its ties
+        x = signs * rng.choice(F.E2M1_BOUNDARIES + F.E2M1_MAGNITUDES, block) * SATURATED_SCALE
+        x[rng.integers(block)] = np.nextafter(SATURATION_AMAX, np.inf) * np.exp2(rng.uniform(0, 30))
     elif kind == "negzero":         # negative values that round to zero, −0, and one amax
         x = -rng.uniform(0, 0.26, block) * scale
         x[rng.integers(block)] = -0.0
@@ -382,27 +397,29 @@ _TIES_IDX = dict(x=np.concatenate([padded(TIES_AT_SCALE_1, IDX)[None], padded(TI
 
 
 @check("FP4.E2M1.RNE", ops=("fp4_e4m3_quantize",))
-@forall(_TIES_KV, dict(x=B.E2M1_KV_TIES), x=codec_input(KV, kinds=("ties",), k_range=(-9, 8)))
+@forall(_TIES_KV, dict(x=B.E2M1_KV_TIES), dict(x=B.KV_RANGE),
+        x=codec_input(KV, kinds=("ties", "ties", "floor", "saturated"), k_range=(-9, 8)))
 def fp4_e4m3_rounds_ties_to_even(target, x):
     _kv_payload(target, x, "FP4.E2M1.RNE: fp4_e4m3_quantize codes")
 
 
 @check("FP4.E2M1.RNE", ops=("fp4_e8m0_quantize",))
-@forall(_TIES_IDX, dict(x=B.E2M1_IDX), x=codec_input(IDX, kinds=("ties", "grid", "normal"), k_range=(-100, 100)))
+@forall(_TIES_IDX, dict(x=B.E2M1_IDX), dict(x=B.IDX_RANGE),
+        x=codec_input(IDX, kinds=("ties", "grid", "normal", "floor", "subnormal"), k_range=(-100, 100)))
 def fp4_e8m0_rounds_ties_to_even(target, x):
     _idx_payload(target, x, "FP4.E2M1.RNE: fp4_e8m0_quantize codes")
 
 
 @check("FP4.E2M1.ZERO_SIGN", ops=("fp4_e4m3_quantize",))
 @forall(dict(x=padded([6.0, -0.0, -0.1, -0.25, -1e-30], KV)[None]), dict(x=B.NEGATIVE_ZERO_KV),
-        x=codec_input(KV, kinds=("negzero",), k_range=(-9, 8)))
+        x=codec_input(KV, kinds=("negzero", "negzero", "floor", "saturated"), k_range=(-9, 8)))
 def fp4_e4m3_keeps_negative_zero(target, x):
     _kv_payload(target, x, "FP4.E2M1.ZERO_SIGN: fp4_e4m3_quantize codes of zeros", "zero_sign")
 
 
 @check("FP4.E2M1.ZERO_SIGN", ops=("fp4_e8m0_quantize",))
 @forall(dict(x=padded([6.0, -0.0, -0.1, -0.25, -1e-30], IDX)[None]), dict(x=B.NEGATIVE_ZERO_IDX),
-        x=codec_input(IDX, kinds=("negzero", "zero"), k_range=(-100, 100)))
+        x=codec_input(IDX, kinds=("negzero", "zero", "floor", "subnormal"), k_range=(-100, 100)))
 def fp4_e8m0_keeps_negative_zero(target, x):
     _idx_payload(target, x, "FP4.E2M1.ZERO_SIGN: fp4_e8m0_quantize codes of zeros", "zero_sign")
 
@@ -457,16 +474,16 @@ def fp4_e4m3_scale_saturates(target, x):
 
 @check("FP4.KV.DIVIDE", ops=("fp4_e4m3_quantize",))
 @forall(*[dict(x=padded(v, KV)[None]) for v in DIV_VS_RECIPROCAL + DIV_VS_RECIPROCAL_BF16],
-        dict(x=padded(SMALL_KV_BLOCK, KV)[None]), dict(x=B.E2M1_KV),
-        x=codec_input(KV, kinds=("div_recip", "normal", "amax_edge"), k_range=(-12, 8)))
+        dict(x=padded(SMALL_KV_BLOCK, KV)[None]), dict(x=B.E2M1_KV), dict(x=B.KV_RANGE),
+        x=codec_input(KV, kinds=("div_recip", "normal", "amax_edge", "floor", "saturated"), k_range=(-12, 8)))
 def fp4_e4m3_divides_by_the_rounded_scale(target, x):
     _kv_payload(target, x, "FP4.KV.DIVIDE: fp4_e4m3_quantize codes", ties=_own_ties(target))
 
 
 @check("FP4.KV.CLAMP", ops=("fp4_e4m3_quantize",))
 @forall(dict(x=padded(KV_SCALE_OVERFLOW, KV)[None]), dict(x=padded([5.0, -5.0, 4.9], KV)[None]),
-        dict(x=padded([1e4, -3500.0, 3136.0, 100.0], KV)[None]), dict(x=B.E2M1_KV),
-        x=codec_input(KV, kinds=("amax_edge", "huge", "normal"), k_range=(-6, 14)))
+        dict(x=padded([1e4, -3500.0, 3136.0, 100.0], KV)[None]), dict(x=B.E2M1_KV), dict(x=B.KV_RANGE),
+        x=codec_input(KV, kinds=("amax_edge", "huge", "normal", "saturated"), k_range=(-6, 14)))
 def fp4_e4m3_clamps_before_the_cast(target, x):
     _kv_payload(target, x, "FP4.KV.CLAMP: fp4_e4m3_quantize codes of |x/s| > 6", "clamp")
 
