@@ -39,21 +39,34 @@ class Call:
     op: str
     args: tuple          # numpy arrays (tensors converted) and plain Python values
     kwargs: dict
+    drawn: int | None = None   # the number of the randomly drawn example that made it (from 1); 0: an
+    check: str = ""            # explicit @example; None: a fixed sweep.  The check that made it
 
 
 class Recorder(Target):
-    """A view of a target that records the inputs of every operation call, then makes it."""
+    """A view of a target that records the inputs of every operation call, then makes it, and
+    which of them a randomly drawn example made (suite.forall calls example_starts)."""
 
     def __init__(self, target: Target):
         self.__dict__.update(target.__dict__)
         self.calls: list[Call] = []
+        self.check = ""
+        self.drawn: int | None = None
+        self.draws = 0
+
+    def example_starts(self, explicit: bool):
+        if explicit:
+            self.drawn = 0
+        else:
+            self.draws += 1
+            self.drawn = self.draws
 
     def op(self, name: str):
         fn = Target.op(self, name)
 
         def recorded(*args, **kwargs):
             self.calls.append(Call(name, tuple(_plain(a) for a in args),
-                                   {k: _plain(v) for k, v in kwargs.items()}))
+                                   {k: _plain(v) for k, v in kwargs.items()}, self.drawn, self.check))
             return fn(*args, **kwargs)
         return recorded
 
@@ -815,23 +828,65 @@ REQUIRED = ("FMT", "FP4", "FP8", "IDX", "POOL")      # families whose ci coverag
 # Running
 # ---------------------------------------------------------------------------------------------
 
+RANDOM_REACH = 1 / 50       # each boundary reached by at least this share of a check's drawn examples
+
+
 @dataclass
 class RuleCoverage:
     rule_id: str
     reached: list[Boundary]
     missed: list[Boundary]
     calls: int
+    drawn: dict = None      # boundary name -> the largest share of one check's drawn examples reaching it
+    by_examples: frozenset = frozenset()    # names of the boundaries explicit @examples reach
+
+    def random_rate(self, b: Boundary) -> float:
+        return (self.drawn or {}).get(b.name, 0.0)
+
+    def reached_by(self, b: Boundary) -> str:
+        """'drawn' (random draws reach it), 'examples' (explicit @examples only) or 'sweep' (a
+        fixed, exhaustive sweep only)."""
+        return "drawn" if self.random_rate(b) > 0 else "examples" if b.name in self.by_examples else "sweep"
+
+
+def _per_drawn_example(calls) -> dict[str, list[list[Call]]]:
+    """{check: [the calls of each of its drawn examples]}."""
+    out: dict[str, dict[int, list[Call]]] = {}
+    for c in calls:
+        if c.drawn:
+            out.setdefault(c.check, {}).setdefault(c.drawn, []).append(c)
+    return {check: list(by.values()) for check, by in out.items()}
+
+
+def random_rates(listed, calls, sample: int = 100) -> dict[str, float]:
+    """Per boundary, the largest share of one check's drawn examples that reach it on their own
+    (at most `sample` examples a check, evenly spaced; 0 when no drawn example reaches it)."""
+    drawn = [c for c in calls if c.drawn]
+    examples = {check: ex[::max(1, len(ex) // sample)] for check, ex in _per_drawn_example(calls).items()}
+    rates = {}
+    for b in listed:
+        if not b.reached(drawn):
+            rates[b.name] = 0.0
+            continue
+        rates[b.name] = max((sum(bool(b.reached(e)) for e in ex) / len(ex) for ex in examples.values() if ex),
+                            default=0.0)
+    return rates
 
 
 def rule_coverage(rule_id: str, target: Target | None = None, profile: str = "ci") -> RuleCoverage:
-    """Run every check of the rule against the target (impl by default) and evaluate its boundaries."""
+    """Run every check of the rule against the target (impl by default) and evaluate its boundaries,
+    on every input and on the randomly drawn examples alone."""
     recorder = Recorder(target or load_target("impl"))
     for chk in checks_for(rule_id):
+        recorder.check, recorder.drawn = chk.name, None      # None until an example starts: a sweep
         run_check(chk, recorder, profile)
     listed = boundaries(rule_id)
     hit = [b.reached(recorder.calls) for b in listed]
+    explicit = [c for c in recorder.calls if c.drawn == 0]
     return RuleCoverage(rule_id, [b for b, h in zip(listed, hit) if h],
-                        [b for b, h in zip(listed, hit) if not h], len(recorder.calls))
+                        [b for b, h in zip(listed, hit) if not h], len(recorder.calls),
+                        random_rates(listed, recorder.calls),
+                        frozenset(b.name for b, h in zip(listed, hit) if h and b.reached(explicit)))
 
 
 def coverage(prefixes=None, target: Target | None = None, profile: str = "ci", progress=None) -> list[RuleCoverage]:
@@ -845,15 +900,28 @@ def coverage(prefixes=None, target: Target | None = None, profile: str = "ci", p
 
 
 def render(results: list[RuleCoverage], show_reached: bool = False) -> str:
+    """Per rule: the boundaries reached (by any input; by random draws; by at least 1/50 of one
+    check's drawn examples), then each one missed, reached only by explicit examples or fixed
+    sweeps, or drawn too rarely, and with --reached every one with its random rate."""
     lines = []
     for rc in results:
         total = len(rc.reached) + len(rc.missed)
-        lines.append(f"{rc.rule_id:<22} {len(rc.reached):>3}/{total:<3} boundaries reached ({rc.calls} calls)")
+        by_draws = [b for b in rc.reached if rc.random_rate(b) > 0]
+        often = [b for b in by_draws if rc.random_rate(b) >= RANDOM_REACH]
+        lines.append(f"{rc.rule_id:<22} {len(rc.reached):>3}/{total:<3} boundaries reached, "
+                     f"{len(by_draws):>3} by random draws, {len(often):>3} in ≥ 1/50 of the draws ({rc.calls} calls)")
         for b in sorted(rc.missed, key=lambda b: LEVELS.index(b.level)):
-            lines.append(f"    MISSED  [{b.level}] {b.name}")
-        if show_reached:
-            for b in rc.reached:
-                lines.append(f"    reached [{b.level}] {b.name}")
+            lines.append(f"    MISSED        [{b.level}] {b.name}")
+        for b in rc.reached:
+            rate = rc.random_rate(b)
+            if rate == 0:
+                lines.append(f"    {rc.reached_by(b) + ' only':<13} [{b.level}] {b.name}")
+            elif rate < RANDOM_REACH or show_reached:
+                lines.append(f"    {'drawn ' if rate >= RANDOM_REACH else 'rarely'} {rate:6.1%} [{b.level}] {b.name}")
+    reached = sum(len(rc.reached) for rc in results)
+    drawn = sum(1 for rc in results for b in rc.reached if rc.random_rate(b) > 0)
+    often = sum(1 for rc in results for b in rc.reached if rc.random_rate(b) >= RANDOM_REACH)
     missed = sum(len(rc.missed) for rc in results)
-    lines.append(f"\n{len(results)} rules, {sum(len(rc.reached) for rc in results)} boundaries reached, {missed} missed")
+    lines.append(f"\n{len(results)} rules, {reached} boundaries reached ({drawn} by random draws, {often} in "
+                 f"≥ 1/50 of them), {missed} missed")
     return "\n".join(lines)

@@ -147,7 +147,12 @@ def forall(*examples: dict, **strategies):
     def wrap(fn):
         @functools.wraps(fn)
         def run(target):
+            started = getattr(target, "example_starts", None)     # coverage's recorder: explicit or drawn
+            seen = iter(range(1, 1 << 62))
+
             def inner(**drawn):
+                if started:
+                    started(explicit=next(seen) <= len(examples))   # Phase.explicit runs them first
                 fn(target, **drawn)
             inner.__name__ = inner.__qualname__ = fn.__name__    # Hypothesis names it in a falsifying example
             inner.__signature__ = inspect.Signature(
