@@ -297,8 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="show the traceback of an error")
     p.set_defaults(func=cmd_verify)
 
-    from dsv4spec import cmd_bench, cmd_budget, cmd_claims, cmd_coverage, cmd_golden
-    for module in (cmd_budget, cmd_claims, cmd_golden, cmd_coverage, cmd_bench):
+    from dsv4spec import cmd_bench, cmd_budget, cmd_claims, cmd_coverage, cmd_golden, cmd_mutate
+    for module in (cmd_budget, cmd_claims, cmd_golden, cmd_coverage, cmd_bench, cmd_mutate):
         module.register(sub)
     return parser
 
