@@ -73,7 +73,7 @@ def cmd_spec(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from dsv4spec.properties import report
+    from dsv4spec.properties import causes, report
     from dsv4spec.properties.suite import DERANDOMIZED, RUN, exit_status, new_seed, program
     rule_ids, specs = _checked_verify_args(args)
     RUN.seed = None if args.profile in DERANDOMIZED else (args.seed if args.seed is not None else new_seed())
@@ -82,6 +82,7 @@ def cmd_verify(args) -> int:
     started = time.monotonic()
     rows, targets, interrupted = _run_verify(args, specs, rule_ids, progress)
     progress.end()
+    rows = causes.annotate(rows)       # one cause, one verdict: the others "same cause as …"
     header = _header(args, targets, _prefixes(args.rules))
     header["wall_s"] = round(time.monotonic() - started, 1)
     print(report.header_line(header))
