@@ -180,7 +180,11 @@ class _Sites(ast.NodeVisitor):
         self.generic_visit(node)
 
     def visit_BinOp(self, node):
-        if isinstance(node.op, (ast.Mult, ast.Div)):
+        nodes = list(ast.walk(node))
+        computed = any(isinstance(n, (ast.Name, ast.Call, ast.Attribute, ast.Subscript)) for n in nodes)
+        sizes = any(isinstance(n, ast.Attribute) and n.attr in ("shape", "ndim") or isinstance(n, ast.Call)
+                    and _call_name(n) in ("len", "int", "numel", "size") for n in nodes)
+        if isinstance(node.op, (ast.Mult, ast.Div)) and computed and not sizes:   # values, not sizes
             for fmt in ("bf16", "e4m3"):
                 self._add(node, "cast", f"{ast.unparse(node)} -> {fmt}({ast.unparse(node)}) (added)",
                           lambda n, fmt=fmt: ast.copy_location(ast.Call(
@@ -215,7 +219,9 @@ class _Sites(ast.NodeVisitor):
                 n.args[1], n.args[2] = n.args[2], n.args[1]
                 return n
             self._add(node, "where", f"{text} -> {ast.unparse(make(node))}", make)
-        removable = name in _CASTS_REMOVED or (name == "to" and node.args and any(
+        builtin = isinstance(node.func, ast.Name) and node.func.id in ("float", "round", "int") \
+            and all(isinstance(a, ast.Constant) for a in node.args)
+        removable = not builtin and name in _CASTS_REMOVED or (name == "to" and node.args and any(
             isinstance(a, ast.Attribute) and a.attr in _FLOAT_DTYPES for a in node.args))
         if removable:
             inner = node.func.value if isinstance(node.func, ast.Attribute) and not node.args or name == "to" \
@@ -289,11 +295,15 @@ def all_mutants(modules=MODULES, operators=OPERATORS) -> list[Mutant]:
 
 def _round_bf16(t):
     import torch
+    if isinstance(t, float):
+        return torch.tensor(t).bfloat16().item()
     return t.to(torch.bfloat16).to(t.dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
 
 
 def _round_e4m3(t):
     import torch
+    if isinstance(t, float):
+        return torch.tensor(t).clamp(-448, 448).to(torch.float8_e4m3fn).item()
     if isinstance(t, torch.Tensor) and t.is_floating_point():
         return t.float().clamp(-448, 448).to(torch.float8_e4m3fn).to(t.dtype)
     return t
@@ -422,7 +432,10 @@ def verdict(rule_id: str, target, profile: str = "ci") -> str:
     return "PASS"
 
 
-def run_mutant(mutant: Mutant, prefixes=None, profile: str = "ci", limit_s: int = 120) -> Result:
+RULE_LIMIT_S = 600          # wall seconds one rule may take on one mutant (a hang is TIMEOUT, killed)
+
+
+def run_mutant(mutant: Mutant, prefixes=None, profile: str = "ci", limit_s: int = RULE_LIMIT_S) -> Result:
     start = time.perf_counter()
     rules = rules_for(mutant, prefixes)
     if not rules:

@@ -7,7 +7,12 @@ official decision from its neighbour.  Coverage runs a rule's checks against a t
 recording proxy that keeps every input the checks pass to an operation, then evaluates, per
 boundary, a predicate over the recorded inputs in spec terms ("some element's |x|/s is exactly
 0.75", "one fp32 ulp below", "in a row ≥ 1 at an odd block index").  Levels, as in TestFloat:
-element, scale, range, layout.
+element, scale, range, layout.  The recorder also knows which inputs a randomly drawn example made
+(suite.forall tells it), so per rule the listing says which boundaries random draws reach, and in
+what share of one check's drawn examples (at least 1/50 is the goal), apart from what only the
+explicit @examples or a fixed sweep reach.  The HAD, CMP, LAYOUT, BUDGET, LAYER, ROPE and PATH rules
+list the argument-level inputs where their clauses decide (a ratio, an incomplete group, decode
+after the ring wrapped, each layout kind …).
 
     dsv4spec coverage --profile ci --rules FP4,POOL
 """
@@ -800,6 +805,173 @@ def _boundaries() -> dict[str, list[Boundary]]:
     }
 
 
+# ---------------------------------------------------------------------------------------------
+# The other families: the inputs where each clause decides (argument levels, not element values)
+# ---------------------------------------------------------------------------------------------
+
+def arg(c: Call, i: int, name: str):
+    return c.args[i] if len(c.args) > i else c.kwargs.get(name)
+
+
+def seen(op: str, name: str, level: str, pred) -> Boundary:
+    """Some call of `op` satisfies pred(call)."""
+    return Boundary(name, level, lambda calls: any(bool(pred(c)) for c in of(calls, op)))
+
+
+def _rows(c, i=0):
+    x = np.asarray(arg(c, i, "x"))
+    return x.reshape(-1, x.shape[-1]).shape[0] if x.ndim else 0
+
+
+def had_boundaries() -> dict[str, list[Boundary]]:
+    def bf16_midpoint(c):           # an exact H·x/√128 one fp32 ulp from a BF16 midpoint
+        x = np.asarray(arg(c, 0, "x"), dtype=np.float64)
+        n = x.shape[-1]
+        h = np.array([[(-1) ** bin(i & j).count("1") for j in range(n)] for i in range(n)]) / np.sqrt(n)
+        y = F32(x @ h.T)
+        return np.any((F.f32_bits(np.abs(y)) & 0xFFFF) == 0x8000)
+    rows = seen("hadamard", "several rows at once", "layout", lambda c: _rows(c) >= 2)
+    return {"HAD.MATRIX": [seen("hadamard", "a basis vector (one column of H)", "element", lambda c: np.any(
+                               (np.abs(np.asarray(c.args[0])) > 0).sum(-1) == 1)), rows,
+                           *[seen("index_rotate", f"index_rotate for {m}", "range", lambda c, m=m: arg(c, 1, "model") == m)
+                             for m in ("v3.2", "v4-flash")]],
+            "HAD.ROUNDING": [seen("hadamard", "an fp32 result on a BF16 midpoint", "element", bf16_midpoint), rows],
+            "HAD.ABSENT_V41": [seen("index_rotate", "index_rotate for v4.1-flash", "range",
+                                    lambda c: arg(c, 1, "model") == "v4.1-flash")]}
+
+
+def cmp_boundaries() -> dict[str, list[Boundary]]:
+    def S(c):
+        return np.asarray(arg(c, 0, "x")).shape[1]
+
+    def ratio(c):
+        return int(arg(c, 99, "ratio"))
+    groups = [seen("compress", "S a multiple of the ratio", "layout", lambda c: S(c) % ratio(c) == 0 and S(c) > 0),
+              seen("compress", "S not a multiple of the ratio (an incomplete last group)", "layout",
+                   lambda c: S(c) % ratio(c) != 0 and S(c) > ratio(c)),
+              seen("compress", "S below the ratio (no complete group)", "range", lambda c: 0 < S(c) < ratio(c)),
+              seen("compress", "batch ≥ 2", "layout", lambda c: np.asarray(arg(c, 0, "x")).shape[0] >= 2)]
+    by_ratio = {r: seen("compress", f"ratio {r}", "range", lambda c, r=r: ratio(c) == r) for r in (1, 4, 128)}
+    feed = [seen("compressor_feed", "a feed of one token (decode)", "layout",
+                 lambda c: np.asarray(arg(c, 1, "x")).shape[1] == 1),
+            seen("compressor_feed", "a feed of several tokens (a chunk)", "layout",
+                 lambda c: np.asarray(arg(c, 1, "x")).shape[1] > 1)]
+    return {"CMP.GROUPS": groups + feed[:1], "CMP.CAUSAL": groups[:2] + [by_ratio[4]],
+            "CMP.OVERLAP": [by_ratio[4], groups[0]], "CMP.APE": [by_ratio[4], by_ratio[128]],
+            "CMP.GATE": [by_ratio[4], by_ratio[128], groups[3]], "CMP.RATIO1": [by_ratio[1]],
+            "CMP.NORM": [by_ratio[4], by_ratio[128]], "CMP.ROPE": [by_ratio[4], by_ratio[128], groups[0]],
+            "CMP.STREAM": feed + [by_ratio[4], by_ratio[128]]}
+
+
+def layout_boundaries() -> dict[str, list[Boundary]]:
+    from ..spec import layout as L
+
+    def kind_of(kind, op="entry_pack"):
+        return seen(op, f"{op} of {kind}", "layout", lambda c: arg(c, 0, "kind") == kind)
+
+    def rows(kind):
+        return seen("entry_pack", f"several {kind} entries at once", "layout",
+                    lambda c: arg(c, 0, "kind") == kind and _rows(c, 1) >= 2)
+    rule_kind = {"LAYOUT.V4.MAIN": "v4_main_kv", "LAYOUT.INDEX_K": "fp4_index_k", "LAYOUT.V41.MAIN": "v41_main_kv",
+                 "LAYOUT.V41.SWA": "v41_swa_kv", "LAYOUT.V32.INDEX_K": "v32_index_k"}
+    out = {rule: [kind_of(k), kind_of(k, "entry_unpack"), rows(k)] for rule, k in rule_kind.items() if k in L.KINDS}
+    out["LAYOUT.ORDER"] = [kind_of(k) for k in L.KINDS]
+    out["LAYOUT.UNPACK"] = [kind_of(k, "entry_unpack") for k in L.KINDS]
+    out["LAYOUT.REJECT"] = [seen("entry_unpack", "an entry of the wrong byte count", "range", lambda c: np.asarray(
+        arg(c, 1, "data")).shape[-1] != L.LAYOUTS[arg(c, 0, "kind")].nbytes if arg(c, 0, "kind") in L.LAYOUTS else True)]
+    return out
+
+
+def budget_boundaries() -> dict[str, list[Boundary]]:
+    from ..spec.pool import POOL_CAPACITY
+    models = V4_ALL                 # the budget rules apply to V4 and V4.1
+
+    def each_model(op, rule_models=models):
+        return [seen(op, f"{op} of {m}", "range", lambda c, m=m: arg(c, 0, "model") == m) for m in rule_models]
+
+    def context(op, i=1):
+        return [seen(op, f"context ≤ {POOL_CAPACITY} (every position a candidate)", "range",
+                     lambda c: 0 < int(arg(c, i, "context")) <= POOL_CAPACITY),
+                seen(op, f"context > {POOL_CAPACITY} (the pool caps the work)", "range",
+                     lambda c: int(arg(c, i, "context")) > POOL_CAPACITY)]
+    return {"BUDGET.KV_BYTES": each_model("kv_bytes_per_token"),
+            "BUDGET.WINDOW": each_model("window_bytes_per_layer"),
+            "BUDGET.INDEX_WORK": each_model("indexer_macs_per_token") + context("indexer_macs_per_token"),
+            "BUDGET.ATTN_WORK": each_model("core_attention_macs") + context("core_attention_macs", 2)}
+
+
+def layer_boundaries() -> dict[str, list[Boundary]]:
+    def layers(models):
+        return [seen("layer_role", f"layer 0 of {m}", "layout", lambda c, m=m: arg(c, 0, "model") == m and
+                     int(arg(c, 1, "layer")) == 0) for m in models] + [
+                seen("layer_role", f"layers 1 … 3 of {m} (the first pattern)", "layout", lambda c, m=m: arg(
+                    c, 0, "model") == m and 1 <= int(arg(c, 1, "layer")) <= 3) for m in models] + [
+                seen("layer_role", f"a layer ≥ 40 of {m}", "layout", lambda c, m=m: arg(c, 0, "model") == m
+                     and int(arg(c, 1, "layer")) >= 40) for m in models]
+    return {"LAYER.V4": layers(("v4-flash", "v4-pro")), "LAYER.V41": layers(("v4.1-flash",))}
+
+
+def rope_boundaries() -> dict[str, list[Boundary]]:
+    def positions(c):
+        return np.asarray(arg(c, 1, "positions"))
+
+    def width(c):
+        return np.asarray(arg(c, 0, "x")).shape[-1], 2 * np.asarray(arg(c, 2, "freqs")).size
+    rotate = [seen("rope_rotate", "position 0 (the identity)", "range", lambda c: np.any(positions(c) == 0)),
+              seen("rope_rotate", "a position ≥ 2^16 (a large angle)", "range", lambda c: np.any(positions(c) >= 2 ** 16)),
+              seen("rope_rotate", "several positions at once", "layout", lambda c: np.unique(positions(c)).size >= 2)]
+    slice_ = [seen("rope_rotate", "channels before the rotated ones", "layout", lambda c: width(c)[0] > width(c)[1])]
+    from ..spec import rope as spec_rope
+    from ..spec.models import profile
+
+    def compressed(c):              # YaRN is on exactly the layers with a compress ratio
+        return bool(spec_rope.layer_rope(profile(arg(c, 0, "model")), int(arg(c, 1, "layer")))[1])
+    uses = {"ROPE.THETA": [seen("rope_freqs", f"a {kind} layer", "range", lambda c, r=r: compressed(c) == r)
+                           for kind, r in (("compressed", True), ("window-only", False))],
+            "ROPE.YARN": [seen("rope_freqs", f"rope_freqs of {m}", "range", lambda c, m=m: arg(c, 0, "model") == m)
+                          for m in ("v4-flash", "v4.1-flash")],
+            "ROPE.SHARED": [seen("rope_freqs", "a use other than the main q", "layout", lambda c: arg(c, 2, "use")
+                                 not in (None, "q"))]}
+    layer = [seen("index_layer", "a layer from position 0 (prefill)", "range", lambda c: int(arg(c, 99, "start_pos") or 0) == 0),
+             seen("index_layer", "a layer at a later start position (decode)", "range",
+                  lambda c: int(arg(c, 99, "start_pos") or 0) > 0)]
+    return {"ROPE.PAIRS": rotate, "ROPE.ROUNDING": rotate[1:2] + rotate[2:], "ROPE.SLICE": slice_,
+            "ROPE.POSITIONS": layer, **uses}
+
+
+def path_boundaries() -> dict[str, list[Boundary]]:
+    def start(c):
+        return int(arg(c, 1, "start_pos"))
+
+    def seqlen(c):
+        return int(arg(c, 0, "seqlen"))
+    window = [seen("window_index", "prefill longer than the window (128)", "range", lambda c: start(c) == 0 and seqlen(c) > 128),
+              seen("window_index", "prefill within the window", "range", lambda c: start(c) == 0 and 0 < seqlen(c) <= 128),
+              seen("window_index", "decode before the ring fills (start < 128)", "range", lambda c: 0 < start(c) < 128),
+              seen("window_index", "decode after the ring wrapped (start ≥ 128)", "range", lambda c: start(c) >= 128)]
+    hca = [seen("compressed_index", "decode at a start position not a multiple of the ratio", "range",
+                lambda c: start(c) > 0 and start(c) % 128 != 0),
+           seen("compressed_index", "prefill from 0", "range", lambda c: start(c) == 0)]
+    layer = [seen("index_layer", f"an index_layer of {m}", "range", lambda c, m=m: arg(c, 99, "model") == m)
+             for m in ("v4-flash", "v4.1-flash")]
+    return {"PATH.WINDOW": window, "PATH.HCA": hca,
+            "PATH.CONCAT": [seen("attention_index", "decode (one row)", "layout", lambda c: int(arg(c, 2, "seqlen")) == 1),
+                            seen("attention_index", "prefill (several rows)", "layout", lambda c: int(arg(c, 2, "seqlen")) > 1)],
+            "PATH.QDQ": [seen("kv_qdq", "several rows at once", "layout", lambda c: _rows(c) >= 2)],
+            **{rule: layer for rule in ("PATH.Q.PROJ", "PATH.K.PROJ", "PATH.K.NORM", "PATH.HADAMARD", "PATH.W.PROJ",
+                                        "PATH.LAYER")},
+            "PATH.ORDER": layer + [seen("rope_quantize", "rope_quantize at a position > 0", "range",
+                                        lambda c: np.any(np.asarray(arg(c, 1, "positions")) > 0))]}
+
+
+def other_families() -> dict[str, list[Boundary]]:
+    out = {}
+    for part in (had_boundaries, cmp_boundaries, layout_boundaries, budget_boundaries, layer_boundaries,
+                 rope_boundaries, path_boundaries):
+        out.update(part())
+    return out
+
+
 def bf16_boundaries() -> list[Boundary]:
     def low(pred, name, level="element"):
         return Boundary(name, level, lambda calls: any(
@@ -820,7 +992,7 @@ def boundaries(rule_id: str) -> list[Boundary]:
     return BOUNDARIES.get(rule_id, [])
 
 
-BOUNDARIES = _boundaries()
+BOUNDARIES = {**_boundaries(), **other_families()}
 REQUIRED = ("FMT", "FP4", "FP8", "IDX", "POOL")      # families whose ci coverage must be complete
 
 
@@ -914,10 +1086,13 @@ def render(results: list[RuleCoverage], show_reached: bool = False) -> str:
             lines.append(f"    MISSED        [{b.level}] {b.name}")
         for b in rc.reached:
             rate = rc.random_rate(b)
-            if rate == 0:
+            if show_reached:
+                how = f"random draws {rate:.1%}" if rate else f"{rc.reached_by(b)} only"
+                lines.append(f"    reached [{b.level}] {b.name}  ({how})")
+            elif rate == 0:
                 lines.append(f"    {rc.reached_by(b) + ' only':<13} [{b.level}] {b.name}")
-            elif rate < RANDOM_REACH or show_reached:
-                lines.append(f"    {'drawn ' if rate >= RANDOM_REACH else 'rarely'} {rate:6.1%} [{b.level}] {b.name}")
+            elif rate < RANDOM_REACH:
+                lines.append(f"    rarely {rate:6.1%} [{b.level}] {b.name}")
     reached = sum(len(rc.reached) for rc in results)
     drawn = sum(1 for rc in results for b in rc.reached if rc.random_rate(b) > 0)
     often = sum(1 for rc in results for b in rc.reached if rc.random_rate(b) >= RANDOM_REACH)

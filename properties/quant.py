@@ -111,11 +111,10 @@ def amax_edges(top: float) -> list[float]:
 
 KINDS = ("normal", "ties", "amax_edge", "zero", "single", "subnormal", "tiny", "huge", "grid",
          "log2_edge", "div_recip", "negzero", "floor", "saturated", "ties_beside", "amax_point",
-         "floor_point", "saturation_point")
-# The range class, by block size: the amax floor and the scale a floor block gets (16: V4.1 main
-# KV, E4M3; 32: indexer, E8M0; otherwise act_quant); a saturated block's scale (E4M3's 448).
-FLOOR_OF_BLOCK = {16: (6 * 2.0 ** -9, 2.0 ** -9), 32: (6 * 2.0 ** -126, 2.0 ** -126)}
-FP8_FLOOR_SCALE = (1e-4, 2.0 ** -22)
+         "floor_point", "saturation_point", "grid_beside")
+# The range class, by codec (codec_of): the amax floor and the scale a floor block gets; a saturated
+# block's scale (E4M3's 448).
+FLOOR_OF_CODEC = {"kv": (6 * 2.0 ** -9, 2.0 ** -9), "idx": (6 * 2.0 ** -126, 2.0 ** -126), "fp8": (1e-4, 2.0 ** -22)}
 SATURATED_SCALE, SATURATION_AMAX = 448.0, 6 * 464.0
 
 
@@ -174,7 +173,7 @@ def make_block(kind: str, block: int, k: int, seed: int, top: float = 6.0) -> np
         pool = pools[rng.integers(2)]
         x = padded(pool[rng.integers(len(pool))], block) * (1.0 if rng.random() < 0.5 else scale)
     elif kind == "floor":           # below the amax floor: E2M1 ties and values of the floor scale, subnormals
-        floor, s = FLOOR_OF_BLOCK.get(block, FP8_FLOOR_SCALE)
+        floor, s = FLOOR_OF_CODEC[codec_of(block, top)]
         ceiling = rng.choice([1.5, 3.0, 6.0])          # amax/s below 3 tells the floor from no floor
         points = np.array([v for v in F.E2M1_BOUNDARIES + F.E2M1_MAGNITUDES if v < ceiling])
         x = signs * rng.choice(points, block) * s
@@ -185,6 +184,9 @@ def make_block(kind: str, block: int, k: int, seed: int, top: float = 6.0) -> np
         x[rng.integers(block)] = np.nextafter(SATURATION_AMAX, np.inf) * np.exp2(rng.uniform(0, 30))
     elif kind == "ties_beside":     # amax top·2^k (scale 2^k), values on E2M1 ties and one ulp beside
         x = signs * np.array([_pick(rng, B.E2M1_TIE_GROUPS) for _ in range(block)]) * scale
+        x[rng.integers(block)] = top * scale
+    elif kind == "grid_beside":     # amax top·2^k, values on E4M3 midpoints of every class and one ulp beside
+        x = signs * np.array([_pick(rng, B.E4M3_MIDPOINT_GROUPS) for _ in range(block)]) * scale
         x[rng.integers(block)] = top * scale
     elif kind in ("amax_point", "floor_point"):   # amax on one of the scale's (the floor's) boundaries
         points = (B.AMAX_POINTS if kind == "amax_point" else B.FLOOR_POINTS)[codec_of(block, top)]
@@ -646,8 +648,8 @@ _FP8_TIES = [240.0, 1.0625, 1.1875, 17.0, -17.0, 2.0 ** -10, 3 * 2.0 ** -10, 232
 @check("FP8.SCALE", ops=("fp8_quantize",))
 @forall(dict(case=(32, np.array(amax_edges(448.0), F32).reshape(-1, 1) * np.eye(32, dtype=F32)[0])),
         dict(case=(64, padded(FLOAT_LOG2_EDGE, 64)[None] * 2 ** 5)), dict(case=(32, B.FP8_SCALE)),
-        case=with_block(_FP8_BLOCKS, kinds=("normal", "amax_edge", "single", "log2_edge", "grid", "huge"),
-                        k_range=(-10, 120), top=448.0, max_blocks=2))
+        case=with_block(_FP8_BLOCKS, kinds=("normal", "amax_edge", "single", "log2_edge", "grid", "huge",
+                                            *["amax_point"] * 6), k_range=(-10, 120), top=448.0, max_blocks=2))
 def fp8_scale_is_pow2_ceil(target, case):
     block, x = case
     x = into_range(fit(target, "fp8_quantize", x), block, F32(1e-4))  # at or above the amax floor
@@ -657,8 +659,8 @@ def fp8_scale_is_pow2_ceil(target, case):
 @check("FP8.FLOOR", ops=("fp8_quantize",))
 @forall(dict(case=(32, np.zeros((2, 64), F32))), dict(case=(128, padded([-0.0, 2.0 ** -149, 9.9e-5], 128)[None])),
         dict(case=(64, B.FP8_FLOOR)),
-        case=with_block(_FP8_BLOCKS, kinds=("zero", "subnormal", "tiny", "single"), k_range=(-60, -14),
-                        max_blocks=2))
+        case=with_block(_FP8_BLOCKS, kinds=("zero", "subnormal", "tiny", "single", "floor_point", "floor_point"),
+                        k_range=(-60, -14), top=448.0, max_blocks=2))
 def fp8_amax_floor(target, case):
     block, x = case
     x = fit(target, "fp8_quantize", x)
@@ -668,8 +670,8 @@ def fp8_amax_floor(target, case):
 
 @check("FP8.E4M3", ops=("fp8_quantize",))
 @forall(dict(case=(32, padded(_FP8_TIES, 32)[None])), dict(case=(32, B.FP8_MIDPOINTS[32])),
-        case=with_block(_FP8_BLOCKS, kinds=("grid", "normal", "amax_edge", "subnormal", "negzero"),
-                        k_range=(-30, 30), top=448.0, max_blocks=2))
+        case=with_block(_FP8_BLOCKS, kinds=("grid", "normal", "amax_edge", "subnormal", "negzero", "grid_beside",
+                                            "grid_beside"), k_range=(-30, 30), top=448.0, max_blocks=2))
 def fp8_values_are_e4m3_of_x_over_s(target, case):
     block, x = case
     x, t = fed(target, "fp8_quantize", x)
@@ -716,8 +718,8 @@ def fp8_blocks_of_each_model(target, shape, rng):
 
 
 @check("FP8.V4_INPLACE", ops=("fp8_qdq",))
-@forall(dict(case=(64, B.FP8_MIDPOINTS[64])), case=with_block([64, 32], kinds=("normal", "grid", "amax_edge"), k_range=(-10, 10), top=448.0,
-                        max_blocks=2))
+@forall(dict(case=(64, B.FP8_MIDPOINTS[64])), case=with_block([64, 32], kinds=("normal", "grid", "amax_edge", "grid_beside"),
+                                                             k_range=(-10, 10), top=448.0, max_blocks=2))
 def fp8_qdq_rounds_through_e4m3(target, case):
     """Both official kernel revisions conform: a target that declares none is held to either, and
     the one it matches is reported (suite.detected)."""
