@@ -27,6 +27,8 @@ def register(subparsers):
     p.add_argument("--profile", default="ci", help="Hypothesis profile (default ci)")
     p.add_argument("--json", metavar="FILE", help="write every result and the scores as JSON")
     p.add_argument("--markdown", metavar="FILE", help="write the report (scores, survivors) as Markdown")
+    p.add_argument("--merge", nargs="+", metavar="JSON", help="run nothing: report the results of earlier --json "
+                   "files (shards run apart), the equivalence file applied again")
     p.set_defaults(func=run)
 
 
@@ -48,6 +50,9 @@ def run(args) -> int:
         except (ValueError, AssertionError):
             raise UsageError(f"--shard expects K/N with 1 ≤ K ≤ N, got {args.shard!r}") from None
         shard = (k, n)
+    if args.merge:
+        results = M.from_json(open(path).read() for path in args.merge)
+        return _report(M, args, results, "dsv4spec mutate --merge " + " ".join(args.merge))
     mutants = M.select_mutants(modules, operators, shard, args.id)
     if args.list:
         for m in mutants:
@@ -63,6 +68,10 @@ def run(args) -> int:
 
     results = M.run(mutants, prefixes, args.profile, args.jobs, progress)
     command = "dsv4spec mutate " + " ".join(sys.argv[2:]) if len(sys.argv) > 1 and sys.argv[1] == "mutate" else ""
+    return _report(M, args, results, command)
+
+
+def _report(M, args, results, command) -> int:
     if args.json:
         with open(args.json, "w") as f:
             f.write(M.to_json(results))

@@ -583,6 +583,20 @@ def to_json(results: list[Result]) -> str:
                       indent=1, ensure_ascii=False)
 
 
+def from_json(texts) -> list[Result]:
+    """The results of earlier runs (their --json files, e.g. one per shard), the equivalence file
+    applied again (a mutant marked since counts as equivalent), each mutant once (the last wins)."""
+    equivalent = load_equivalent()
+    out: dict[str, Result] = {}
+    for text in texts:
+        for r in json.loads(text)["results"]:
+            result = Result(**{**r, "mutant": Mutant(**r["mutant"])})
+            if result.mutant.id in equivalent:
+                result.status, result.reason = "equivalent", equivalent[result.mutant.id]
+            out[result.mutant.id] = result
+    return list(out.values())
+
+
 def select_mutants(modules=MODULES, operators=OPERATORS, shard: tuple[int, int] | None = None,
                    ids=None) -> list[Mutant]:
     mutants = all_mutants(modules, operators)

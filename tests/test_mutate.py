@@ -66,3 +66,11 @@ def test_the_mutate_command_lists(capsys):
     assert main(["mutate", "--modules", "impl.quant", "--operators", "axis", "--list"]) == 0
     out = capsys.readouterr().out
     assert "[axis]" in out and out.strip().endswith("3 mutants")
+
+
+def test_shards_merge_and_the_equivalence_file_applies_again():
+    marked = next(iter(M.load_equivalent()))
+    survived = M.Result(_by_id(marked), "survived", ran=["FMT.E4M3.VALUES"])
+    killed = M.Result(_by_id(SAMPLE[0][0]), "killed", "FMT.E4M3.VALUES", "FAIL", ["FMT.E4M3.VALUES"])
+    merged = M.from_json([M.to_json([survived]), M.to_json([killed])])
+    assert [(r.mutant.id, r.status) for r in merged] == [(marked, "equivalent"), (SAMPLE[0][0], "killed")]
