@@ -179,6 +179,7 @@ def _e4m3_midpoint_classes():
 E4M3_MIDPOINT_CLASSES = _e4m3_midpoint_classes()
 E2M1_TIE_GROUPS = each_beside(F.E2M1_BOUNDARIES + (6.0,))
 E4M3_MIDPOINT_GROUPS = [g for c in E4M3_MIDPOINT_CLASSES for g in beside(c)]
+E4M3_TOP_GROUPS = beside([448.0])[:2]         # the largest E4M3 and one ulp below (above: saturation)
 AMAX_POINTS = {      # codec -> amax groups on the scale's decision boundaries
     "kv": [g for c in E4M3_MIDPOINT_CLASSES for g in beside(c * 6)] + beside([6 * 448.0])[:2]
           + [ulps([6 * 2.0 ** -9], (1,))],

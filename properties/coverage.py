@@ -985,7 +985,8 @@ def bf16_boundaries() -> list[Boundary]:
             low(lambda b: np.any(((b & 0x7FFFFFFF) > 0x7F7F7FFF) & ((b & 0x7FFFFFFF) < 0x7F800000)),
                 "rounds past the largest BF16 to Inf", "range"),
             low(lambda b: np.any(((b & 0x7F800000) == 0) & ((b & 0x7FFFFF) != 0)), "an fp32 subnormal", "range"),
-            low(lambda b: np.any((b & 0x7FFFFFFF) > 0x7F800000), "NaN", "range")]
+            low(lambda b: np.any((b & 0x7FFFFFFF) > 0x7F800000), "NaN", "range"),
+            low(lambda b: np.any((b & 0x7FFFFFFF) == 0x7F800001), "the NaN with only the lowest payload bit", "range")]
 
 
 def boundaries(rule_id: str) -> list[Boundary]:

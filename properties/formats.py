@@ -279,9 +279,10 @@ def _check_bf16(target, x, what):
 
 @check("FMT.BF16.RNE", ops=("bf16_round",))
 def bf16_round_every_pattern_and_its_midpoints(target):
-    """All 65536 BF16 patterns, each with the low halves 0, 0x7FFF, 0x8000, 0x8001, 0xFFFF."""
+    """All 65536 BF16 patterns, each with the low halves 0, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF (low half 1
+    on 0x7F80: the NaN whose payload is only the lowest bit, which a NaN test on the upper bits misses)."""
     high = np.arange(1 << 16, dtype=np.int64) << 16
-    x = F.f32_from_bits(np.concatenate([high + low for low in (0, 0x7FFF, 0x8000, 0x8001, 0xFFFF)]))
+    x = F.f32_from_bits(np.concatenate([high + low for low in (0, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF)]))
     _check_bf16(target, x, "FMT.BF16.RNE: bf16_round")
 
 

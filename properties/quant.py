@@ -186,7 +186,7 @@ def make_block(kind: str, block: int, k: int, seed: int, top: float = 6.0) -> np
         x = signs * np.array([_pick(rng, B.E2M1_TIE_GROUPS) for _ in range(block)]) * scale
         x[rng.integers(block)] = top * scale
     elif kind == "grid_beside":     # amax top·2^k, values on E4M3 midpoints of every class and one ulp beside
-        x = signs * np.array([_pick(rng, B.E4M3_MIDPOINT_GROUPS) for _ in range(block)]) * scale
+        x = signs * np.array([_pick(rng, B.E4M3_MIDPOINT_GROUPS + B.E4M3_TOP_GROUPS) for _ in range(block)]) * scale
         x[rng.integers(block)] = top * scale
     elif kind in ("amax_point", "floor_point"):   # amax on one of the scale's (the floor's) boundaries
         points = (B.AMAX_POINTS if kind == "amax_point" else B.FLOOR_POINTS)[codec_of(block, top)]
@@ -649,7 +649,7 @@ _FP8_TIES = [240.0, 1.0625, 1.1875, 17.0, -17.0, 2.0 ** -10, 3 * 2.0 ** -10, 232
 @forall(dict(case=(32, np.array(amax_edges(448.0), F32).reshape(-1, 1) * np.eye(32, dtype=F32)[0])),
         dict(case=(64, padded(FLOAT_LOG2_EDGE, 64)[None] * 2 ** 5)), dict(case=(32, B.FP8_SCALE)),
         case=with_block(_FP8_BLOCKS, kinds=("normal", "amax_edge", "single", "log2_edge", "grid", "huge",
-                                            *["amax_point"] * 6), k_range=(-10, 120), top=448.0, max_blocks=2))
+                                            *["amax_point"] * 12), k_range=(-10, 120), top=448.0, max_blocks=2))
 def fp8_scale_is_pow2_ceil(target, case):
     block, x = case
     x = into_range(fit(target, "fp8_quantize", x), block, F32(1e-4))  # at or above the amax floor
