@@ -61,7 +61,13 @@ def run(args) -> int:
         return 0
     prefixes = _prefixes(args.rules)
 
+    done_so_far = []
+
     def progress(done, total, result):
+        done_so_far.append(result)
+        if args.json and (done % 10 == 0 or done == total):   # a cut-off run still leaves its results
+            with open(args.json, "w") as f:
+                f.write(M.to_json(done_so_far))
         where = f"{result.rule} {result.verdict}" if result.status == "killed" else ""
         print(f"[{done}/{total}] {result.status:<9} {result.seconds:5.1f}s {result.mutant.path}:{result.mutant.line} "
               f"[{result.mutant.operator}] {result.mutant.change[:70]} {where}", file=sys.stderr, flush=True)
