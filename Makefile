@@ -32,6 +32,7 @@ verify: $(BIN)/.installed
 thorough: $(BIN)/.installed
 	$(BIN)/dsv4spec verify --profile thorough --jobs $(VERIFY_JOBS) --json thorough.json --markdown thorough.md
 	$(BIN)/dsv4spec coverage --profile thorough
+	TRITON_INTERPRET=1 $(BIN)/dsv4spec mutate --jobs $(VERIFY_JOBS) --json mutate.json --markdown mutate.md
 
 test: $(BIN)/.installed
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -n $(JOBS) -q tests

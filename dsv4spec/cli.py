@@ -77,7 +77,7 @@ def cmd_spec(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from dsv4spec.properties import report
+    from dsv4spec.properties import causes, report
     from dsv4spec.properties.entries import matching
     from dsv4spec.properties.suite import DERANDOMIZED, RUN, exit_status, new_seed, program
     rule_ids, specs, skip, xfail = _checked_verify_args(args)
@@ -94,6 +94,7 @@ def cmd_verify(args) -> int:
     rows, targets, interrupted = _run_verify(args, specs, run_ids, progress)
     progress.end()
     rows = _listed(rows, targets, rule_ids, skip, xfail)
+    rows = causes.annotate(rows)       # one cause, one verdict: the others "same cause as …"
     expected = {r for r in rule_ids if matching(xfail, r)}
     header = _header(args, targets, _prefixes(args.rules), rule_ids)
     header["wall_s"] = round(time.monotonic() - started, 1)
@@ -361,8 +362,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "of the target's (else the first and the last two)")
     p.set_defaults(func=cmd_verify)
 
-    from dsv4spec import cmd_bench, cmd_budget, cmd_claims, cmd_coverage, cmd_golden
-    for module in (cmd_budget, cmd_claims, cmd_golden, cmd_coverage, cmd_bench):
+    from dsv4spec import cmd_bench, cmd_budget, cmd_claims, cmd_coverage, cmd_golden, cmd_mutate
+    for module in (cmd_budget, cmd_claims, cmd_golden, cmd_coverage, cmd_bench, cmd_mutate):
         module.register(sub)
     return parser
 

@@ -122,3 +122,72 @@ FP8_MIDPOINTS = {block: e4m3_midpoints(block, (-3, 0, 5)) for block in (32, 64)}
 E2M1_SATURATE = ulps([6.0], (-1, 0, 1))
 E2M1_ZERO_SIGN = -ulps([0.25])
 E4M3_SATFINITE = np.concatenate([ulps([448.0], (0, 1)), ulps([464.0])])   # below 448 is rounding (FMT.E4M3.RNE)
+
+
+def range_class(block: int, floor: float, s: float, saturate: bool) -> np.ndarray:
+    """The range class: a floor block (amax just below the floor, amax/s below 3 too) holding E2M1
+    ties of the floor scale s, fp32 subnormals among them; with `saturate`, a block whose scale
+    saturates at 448 holding the ties of 448."""
+    ties = np.asarray(F.E2M1_BOUNDARIES + F.E2M1_MAGNITUDES[1:-1], dtype=np.float64)
+    below = float(np.nextafter(F32(floor), F32(0)))
+    blocks = [np.array([below, *(ties[ties < 6] * s), 2.0 ** -149, -2.0 ** -140, 2.0 ** -127], dtype=F32),
+              np.array([2.9 * s, *(ties[ties <= 2.5] * s), -2.0 ** -130, 2.0 ** -128], dtype=F32)]
+    if saturate:
+        blocks.append(np.array([2785.0, *(ties * 448.0), -0.75 * 448.0], dtype=F32))
+        blocks.append(np.array([3.0e38, *(-ties * 448.0)], dtype=F32))
+    return lay_out([b[:block] for b in blocks], block, per_row=2)
+
+
+KV_RANGE = range_class(KV, 6 * 2.0 ** -9, 2.0 ** -9, saturate=True)
+IDX_RANGE = range_class(IDX, 6 * 2.0 ** -126, 2.0 ** -126, saturate=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Groups of points for random draws (properties/quant.py's block kinds): a strategy picks a group,
+# then a point in it, so each listed boundary (properties/coverage.py) is drawn often, not only by
+# an @example.  Each group is one boundary: exactly on it, or one ulp below, or one above.
+# ---------------------------------------------------------------------------------------------
+
+def beside(values) -> list[np.ndarray]:
+    """Three groups: the values exactly, one fp32 ulp below, one above."""
+    return [ulps(values, (d,)) for d in (-1, 0, 1)]
+
+
+def each_beside(values) -> list[np.ndarray]:
+    """Three groups for each value (each its own boundary)."""
+    return [g for v in values for g in beside([v])]
+
+
+def just_above_pow2(recip: float, ks) -> np.ndarray:
+    """amaxes whose product with fl32(recip) is one ulp above a power of two 2^k."""
+    out = []
+    for k in ks:
+        v = F.f32_from_bits(F.f32_bits(np.array([2.0 ** k], F32)) + 1)[0]
+        for a in ulps([float(v) / recip], range(-3, 4)):
+            if F32(a) * F32(recip) == v:
+                out.append(a)
+                break
+    return np.array(out, dtype=F32)
+
+
+def _e4m3_midpoint_classes():
+    grid = np.abs(F.e4m3_decode(np.arange(0x7F, dtype=np.uint8))).astype(np.float64)
+    mid, lower = (grid[1:] + grid[:-1]) / 2, np.arange(0x7E)
+    return [mid[((lower < 8) == sub) & (lower % 2 == parity)] for sub in (True, False) for parity in (0, 1)]
+
+
+E4M3_MIDPOINT_CLASSES = _e4m3_midpoint_classes()
+E2M1_TIE_GROUPS = each_beside(F.E2M1_BOUNDARIES + (6.0,))
+E4M3_MIDPOINT_GROUPS = [g for c in E4M3_MIDPOINT_CLASSES for g in beside(c)]
+E4M3_TOP_GROUPS = beside([448.0])[:2]         # the largest E4M3 and one ulp below (above: saturation)
+AMAX_POINTS = {      # codec -> amax groups on the scale's decision boundaries
+    "kv": [g for c in E4M3_MIDPOINT_CLASSES for g in beside(c * 6)] + beside([6 * 448.0])[:2]
+          + [ulps([6 * 2.0 ** -9], (1,))],
+    "idx": each_beside([6.0 * 2.0 ** k for k in IDX_SCALE_KS]) + [just_above_pow2(1 / 6, (-100, -9, 0, 9, 100))]
+           + [ulps([6 * 2.0 ** -126], (d,)) for d in (0, 1)],
+    "fp8": each_beside([448.0 * 2.0 ** k for k in FP8_SCALE_KS]) + [just_above_pow2(1 / 448, (-20, -9, 0, 9, 100))]
+           + [ulps([F32(1e-4)], (d,)) for d in (0, 1)],
+}
+FLOOR_POINTS = {"kv": [ulps([6 * 2.0 ** -9], (d,)) for d in (-1, 0)], "idx": [ulps([6 * 2.0 ** -126], (-1,))],
+                "fp8": [ulps([F32(1e-4)], (-1,))]}
+SATURATION_POINTS = [ulps([6 * 448.0], (1,))] + beside([6 * 464.0])

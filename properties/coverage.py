@@ -7,7 +7,12 @@ official decision from its neighbour.  Coverage runs a rule's checks against a t
 recording proxy that keeps every input the checks pass to an operation, then evaluates, per
 boundary, a predicate over the recorded inputs in spec terms ("some element's |x|/s is exactly
 0.75", "one fp32 ulp below", "in a row ≥ 1 at an odd block index").  Levels, as in TestFloat:
-element, scale, range, layout.
+element, scale, range, layout.  The recorder also knows which inputs a randomly drawn example made
+(suite.forall tells it), so per rule the listing says which boundaries random draws reach, and in
+what share of one check's drawn examples (at least 1/50 is the goal), apart from what only the
+explicit @examples or a fixed sweep reach.  The HAD, CMP, LAYOUT, BUDGET, LAYER, ROPE and PATH rules
+list the argument-level inputs where their clauses decide (a ratio, an incomplete group, decode
+after the ring wrapped, each layout kind …).
 
     dsv4spec coverage --profile ci --rules FP4,POOL
 """
@@ -39,21 +44,34 @@ class Call:
     op: str
     args: tuple          # numpy arrays (tensors converted) and plain Python values
     kwargs: dict
+    drawn: int | None = None   # the number of the randomly drawn example that made it (from 1); 0: an
+    check: str = ""            # explicit @example; None: a fixed sweep.  The check that made it
 
 
 class Recorder(Target):
-    """A view of a target that records the inputs of every operation call, then makes it."""
+    """A view of a target that records the inputs of every operation call, then makes it, and
+    which of them a randomly drawn example made (suite.forall calls example_starts)."""
 
     def __init__(self, target: Target):
         self.__dict__.update(target.__dict__)
         self.calls: list[Call] = []
+        self.check = ""
+        self.drawn: int | None = None
+        self.draws = 0
+
+    def example_starts(self, explicit: bool):
+        if explicit:
+            self.drawn = 0
+        else:
+            self.draws += 1
+            self.drawn = self.draws
 
     def op(self, name: str):
         fn = Target.op(self, name)
 
         def recorded(*args, **kwargs):
             self.calls.append(Call(name, tuple(_plain(a) for a in args),
-                                   {k: _plain(v) for k, v in kwargs.items()}))
+                                   {k: _plain(v) for k, v in kwargs.items()}, self.drawn, self.check))
             return fn(*args, **kwargs)
         return recorded
 
@@ -371,6 +389,23 @@ def idx_floor() -> list[Boundary]:
     return [around("amax at the floor 6·2^-126", "range", floor, amax_hit(_idx))[1],
             Boundary("an all-zero block", "range", _any_block(_idx, lambda b: b.amax == 0)),
             Boundary("amax an fp32 subnormal", "range", _any_block(_idx, lambda b: (b.amax > 0) & (b.amax < 2.0 ** -126)))]
+
+
+def payload_range(view, floor: float, where: str, kv: bool) -> list[Boundary]:
+    """The range class in a payload rule: a floor block whose amax/s is below 3 (the floor, not the
+    unfloored scale, decides its codes); for the indexer codec (scale down to 2^-126) fp32-subnormal
+    elements with a nonzero code; for the KV codec a saturated block (amax/6 > 464) with an
+    element on an E2M1 tie."""
+    out = [Boundary(f"{where}a floor block with nonzero codes and amax/s < 3", "range", _any_block(
+        view, lambda b: (b.amax < floor) & (b.amax / b.s >= 0.25) & (b.amax / b.s < 3)))]
+    if not kv:
+        out.append(Boundary(f"{where}an fp32-subnormal element with |x|/s ≥ 0.25", "range", _any_block(
+            view, lambda b: (np.abs(b.x) < 2.0 ** -126) & (np.abs(b.ratio) >= 0.25))))
+    else:
+        out.append(Boundary(f"{where}a saturated block (amax/6 > 464) with |x|/s on an E2M1 tie", "range",
+                            _any_block(view, lambda b: (b.amax > 6 * 464.0)[..., None]
+                                       & np.isin(np.abs(b.ratio), np.asarray(E2M1_POINTS, F32)))))
+    return out
 
 
 def fp8_floor() -> list[Boundary]:
@@ -738,13 +773,14 @@ def _boundaries() -> dict[str, list[Boundary]]:
                                 np.any(c.args[0][..., 0::2] != c.args[0][..., 1::2]) for c in of(calls, "fp4_pack"))),
                             Boundary("a quantizer's first byte holding two different codes", "layout", _any_block(
                                 _idx, lambda b: F.e2m1_encode(b.ratio[:, :, 0]) != F.e2m1_encode(b.ratio[:, :, 1])))],
-        "FP4.E2M1.RNE": e2m1_rounding(_kv, "KV: ", beside=False) + e2m1_rounding(_idx, "indexer: "),
+        "FP4.E2M1.RNE": e2m1_rounding(_kv, "KV: ", beside=False) + e2m1_rounding(_idx, "indexer: ")
+        + payload_range(_kv, 6 * 2.0 ** -9, "KV: ", True) + payload_range(_idx, 6 * 2.0 ** -126, "indexer: ", False),
         "FP4.E2M1.ZERO_SIGN": zero_sign(_fp4),
         "FP4.KV.SCALE": kv_scale(),
         "FP4.KV.FLOOR": kv_floor(),
         "FP4.KV.SATURATE": kv_saturate(),
         "FP4.KV.DIVIDE": kv_divide() + [b for b in e2m1_rounding(_kv, "KV: ", with_layout=False)
-                                         if "exactly" not in b.name],
+                                         if "exactly" not in b.name] + payload_range(_kv, 6 * 2.0 ** -9, "", True),
         "FP4.KV.CLAMP": kv_clamp(),
         "FP4.IDX.SCALE": pow2_scale(_idx, 6.0, -120, 120) + above_floor(_idx, 6 * 2.0 ** -126, "6·2^-126"),
         "FP4.IDX.FLOOR": idx_floor(),
@@ -784,6 +820,173 @@ def _boundaries() -> dict[str, list[Boundary]]:
     }
 
 
+# ---------------------------------------------------------------------------------------------
+# The other families: the inputs where each clause decides (argument levels, not element values)
+# ---------------------------------------------------------------------------------------------
+
+def arg(c: Call, i: int, name: str):
+    return c.args[i] if len(c.args) > i else c.kwargs.get(name)
+
+
+def seen(op: str, name: str, level: str, pred) -> Boundary:
+    """Some call of `op` satisfies pred(call)."""
+    return Boundary(name, level, lambda calls: any(bool(pred(c)) for c in of(calls, op)))
+
+
+def _rows(c, i=0):
+    x = np.asarray(arg(c, i, "x"))
+    return x.reshape(-1, x.shape[-1]).shape[0] if x.ndim else 0
+
+
+def had_boundaries() -> dict[str, list[Boundary]]:
+    def bf16_midpoint(c):           # an exact H·x/√128 one fp32 ulp from a BF16 midpoint
+        x = np.asarray(arg(c, 0, "x"), dtype=np.float64)
+        n = x.shape[-1]
+        h = np.array([[(-1) ** bin(i & j).count("1") for j in range(n)] for i in range(n)]) / np.sqrt(n)
+        y = F32(x @ h.T)
+        return np.any((F.f32_bits(np.abs(y)) & 0xFFFF) == 0x8000)
+    rows = seen("hadamard", "several rows at once", "layout", lambda c: _rows(c) >= 2)
+    return {"HAD.MATRIX": [seen("hadamard", "a basis vector (one column of H)", "element", lambda c: np.any(
+                               (np.abs(np.asarray(c.args[0])) > 0).sum(-1) == 1)), rows,
+                           *[seen("index_rotate", f"index_rotate for {m}", "range", lambda c, m=m: arg(c, 1, "model") == m)
+                             for m in ("v3.2", "v4-flash")]],
+            "HAD.ROUNDING": [seen("hadamard", "an fp32 result on a BF16 midpoint", "element", bf16_midpoint), rows],
+            "HAD.ABSENT_V41": [seen("index_rotate", "index_rotate for v4.1-flash", "range",
+                                    lambda c: arg(c, 1, "model") == "v4.1-flash")]}
+
+
+def cmp_boundaries() -> dict[str, list[Boundary]]:
+    def S(c):
+        return np.asarray(arg(c, 0, "x")).shape[1]
+
+    def ratio(c):
+        return int(arg(c, 99, "ratio"))
+    groups = [seen("compress", "S a multiple of the ratio", "layout", lambda c: S(c) % ratio(c) == 0 and S(c) > 0),
+              seen("compress", "S not a multiple of the ratio (an incomplete last group)", "layout",
+                   lambda c: S(c) % ratio(c) != 0 and S(c) > ratio(c)),
+              seen("compress", "S below the ratio (no complete group)", "range", lambda c: 0 < S(c) < ratio(c)),
+              seen("compress", "batch ≥ 2", "layout", lambda c: np.asarray(arg(c, 0, "x")).shape[0] >= 2)]
+    by_ratio = {r: seen("compress", f"ratio {r}", "range", lambda c, r=r: ratio(c) == r) for r in (1, 4, 128)}
+    feed = [seen("compressor_feed", "a feed of one token (decode)", "layout",
+                 lambda c: np.asarray(arg(c, 1, "x")).shape[1] == 1),
+            seen("compressor_feed", "a feed of several tokens (a chunk)", "layout",
+                 lambda c: np.asarray(arg(c, 1, "x")).shape[1] > 1)]
+    return {"CMP.GROUPS": groups + feed[:1], "CMP.CAUSAL": groups[:2] + [by_ratio[4]],
+            "CMP.OVERLAP": [by_ratio[4], groups[0]], "CMP.APE": [by_ratio[4], by_ratio[128]],
+            "CMP.GATE": [by_ratio[4], by_ratio[128], groups[3]], "CMP.RATIO1": [by_ratio[1]],
+            "CMP.NORM": [by_ratio[4], by_ratio[128]], "CMP.ROPE": [by_ratio[4], by_ratio[128], groups[0]],
+            "CMP.STREAM": feed + [by_ratio[4], by_ratio[128]]}
+
+
+def layout_boundaries() -> dict[str, list[Boundary]]:
+    from ..spec import layout as L
+
+    def kind_of(kind, op="entry_pack"):
+        return seen(op, f"{op} of {kind}", "layout", lambda c: arg(c, 0, "kind") == kind)
+
+    def rows(kind):
+        return seen("entry_pack", f"several {kind} entries at once", "layout",
+                    lambda c: arg(c, 0, "kind") == kind and _rows(c, 1) >= 2)
+    rule_kind = {"LAYOUT.V4.MAIN": "v4_main_kv", "LAYOUT.INDEX_K": "fp4_index_k", "LAYOUT.V41.MAIN": "v41_main_kv",
+                 "LAYOUT.V41.SWA": "v41_swa_kv", "LAYOUT.V32.INDEX_K": "v32_index_k"}
+    out = {rule: [kind_of(k), kind_of(k, "entry_unpack"), rows(k)] for rule, k in rule_kind.items() if k in L.KINDS}
+    out["LAYOUT.ORDER"] = [kind_of(k) for k in L.KINDS]
+    out["LAYOUT.UNPACK"] = [kind_of(k, "entry_unpack") for k in L.KINDS]
+    out["LAYOUT.REJECT"] = [seen("entry_unpack", "an entry of the wrong byte count", "range", lambda c: np.asarray(
+        arg(c, 1, "data")).shape[-1] != L.LAYOUTS[arg(c, 0, "kind")].nbytes if arg(c, 0, "kind") in L.LAYOUTS else True)]
+    return out
+
+
+def budget_boundaries() -> dict[str, list[Boundary]]:
+    from ..spec.pool import POOL_CAPACITY
+    models = V4_ALL                 # the budget rules apply to V4 and V4.1
+
+    def each_model(op, rule_models=models):
+        return [seen(op, f"{op} of {m}", "range", lambda c, m=m: arg(c, 0, "model") == m) for m in rule_models]
+
+    def context(op, i=1):
+        return [seen(op, f"context ≤ {POOL_CAPACITY} (every position a candidate)", "range",
+                     lambda c: 0 < int(arg(c, i, "context")) <= POOL_CAPACITY),
+                seen(op, f"context > {POOL_CAPACITY} (the pool caps the work)", "range",
+                     lambda c: int(arg(c, i, "context")) > POOL_CAPACITY)]
+    return {"BUDGET.KV_BYTES": each_model("kv_bytes_per_token"),
+            "BUDGET.WINDOW": each_model("window_bytes_per_layer"),
+            "BUDGET.INDEX_WORK": each_model("indexer_macs_per_token") + context("indexer_macs_per_token"),
+            "BUDGET.ATTN_WORK": each_model("core_attention_macs") + context("core_attention_macs", 2)}
+
+
+def layer_boundaries() -> dict[str, list[Boundary]]:
+    def layers(models):
+        return [seen("layer_role", f"layer 0 of {m}", "layout", lambda c, m=m: arg(c, 0, "model") == m and
+                     int(arg(c, 1, "layer")) == 0) for m in models] + [
+                seen("layer_role", f"layers 1 … 3 of {m} (the first pattern)", "layout", lambda c, m=m: arg(
+                    c, 0, "model") == m and 1 <= int(arg(c, 1, "layer")) <= 3) for m in models] + [
+                seen("layer_role", f"a layer ≥ 40 of {m}", "layout", lambda c, m=m: arg(c, 0, "model") == m
+                     and int(arg(c, 1, "layer")) >= 40) for m in models]
+    return {"LAYER.V4": layers(("v4-flash", "v4-pro")), "LAYER.V41": layers(("v4.1-flash",))}
+
+
+def rope_boundaries() -> dict[str, list[Boundary]]:
+    def positions(c):
+        return np.asarray(arg(c, 1, "positions"))
+
+    def width(c):
+        return np.asarray(arg(c, 0, "x")).shape[-1], 2 * np.asarray(arg(c, 2, "freqs")).size
+    rotate = [seen("rope_rotate", "position 0 (the identity)", "range", lambda c: np.any(positions(c) == 0)),
+              seen("rope_rotate", "a position ≥ 2^16 (a large angle)", "range", lambda c: np.any(positions(c) >= 2 ** 16)),
+              seen("rope_rotate", "several positions at once", "layout", lambda c: np.unique(positions(c)).size >= 2)]
+    slice_ = [seen("rope_rotate", "channels before the rotated ones", "layout", lambda c: width(c)[0] > width(c)[1])]
+    from ..spec import rope as spec_rope
+    from ..spec.models import profile
+
+    def compressed(c):              # YaRN is on exactly the layers with a compress ratio
+        return bool(spec_rope.layer_rope(profile(arg(c, 0, "model")), int(arg(c, 1, "layer")))[1])
+    uses = {"ROPE.THETA": [seen("rope_freqs", f"a {kind} layer", "range", lambda c, r=r: compressed(c) == r)
+                           for kind, r in (("compressed", True), ("window-only", False))],
+            "ROPE.YARN": [seen("rope_freqs", f"rope_freqs of {m}", "range", lambda c, m=m: arg(c, 0, "model") == m)
+                          for m in ("v4-flash", "v4.1-flash")],
+            "ROPE.SHARED": [seen("rope_freqs", "a use other than the main q", "layout", lambda c: arg(c, 2, "use")
+                                 not in (None, "q"))]}
+    layer = [seen("index_layer", "a layer from position 0 (prefill)", "range", lambda c: int(arg(c, 99, "start_pos") or 0) == 0),
+             seen("index_layer", "a layer at a later start position (decode)", "range",
+                  lambda c: int(arg(c, 99, "start_pos") or 0) > 0)]
+    return {"ROPE.PAIRS": rotate, "ROPE.ROUNDING": rotate[1:2] + rotate[2:], "ROPE.SLICE": slice_,
+            "ROPE.POSITIONS": layer, **uses}
+
+
+def path_boundaries() -> dict[str, list[Boundary]]:
+    def start(c):
+        return int(arg(c, 1, "start_pos"))
+
+    def seqlen(c):
+        return int(arg(c, 0, "seqlen"))
+    window = [seen("window_index", "prefill longer than the window (128)", "range", lambda c: start(c) == 0 and seqlen(c) > 128),
+              seen("window_index", "prefill within the window", "range", lambda c: start(c) == 0 and 0 < seqlen(c) <= 128),
+              seen("window_index", "decode before the ring fills (start < 128)", "range", lambda c: 0 < start(c) < 128),
+              seen("window_index", "decode after the ring wrapped (start ≥ 128)", "range", lambda c: start(c) >= 128)]
+    hca = [seen("compressed_index", "decode at a start position not a multiple of the ratio", "range",
+                lambda c: start(c) > 0 and start(c) % 128 != 0),
+           seen("compressed_index", "prefill from 0", "range", lambda c: start(c) == 0)]
+    layer = [seen("index_layer", f"an index_layer of {m}", "range", lambda c, m=m: arg(c, 99, "model") == m)
+             for m in ("v4-flash", "v4.1-flash")]
+    return {"PATH.WINDOW": window, "PATH.HCA": hca,
+            "PATH.CONCAT": [seen("attention_index", "decode (one row)", "layout", lambda c: int(arg(c, 2, "seqlen")) == 1),
+                            seen("attention_index", "prefill (several rows)", "layout", lambda c: int(arg(c, 2, "seqlen")) > 1)],
+            "PATH.QDQ": [seen("kv_qdq", "several rows at once", "layout", lambda c: _rows(c) >= 2)],
+            **{rule: layer for rule in ("PATH.Q.PROJ", "PATH.K.PROJ", "PATH.K.NORM", "PATH.HADAMARD", "PATH.W.PROJ",
+                                        "PATH.LAYER")},
+            "PATH.ORDER": layer + [seen("rope_quantize", "rope_quantize at a position > 0", "range",
+                                        lambda c: np.any(np.asarray(arg(c, 1, "positions")) > 0))]}
+
+
+def other_families() -> dict[str, list[Boundary]]:
+    out = {}
+    for part in (had_boundaries, cmp_boundaries, layout_boundaries, budget_boundaries, layer_boundaries,
+                 rope_boundaries, path_boundaries):
+        out.update(part())
+    return out
+
+
 def bf16_boundaries() -> list[Boundary]:
     def low(pred, name, level="element"):
         return Boundary(name, level, lambda calls: any(
@@ -797,14 +1000,15 @@ def bf16_boundaries() -> list[Boundary]:
             low(lambda b: np.any(((b & 0x7FFFFFFF) > 0x7F7F7FFF) & ((b & 0x7FFFFFFF) < 0x7F800000)),
                 "rounds past the largest BF16 to Inf", "range"),
             low(lambda b: np.any(((b & 0x7F800000) == 0) & ((b & 0x7FFFFF) != 0)), "an fp32 subnormal", "range"),
-            low(lambda b: np.any((b & 0x7FFFFFFF) > 0x7F800000), "NaN", "range")]
+            low(lambda b: np.any((b & 0x7FFFFFFF) > 0x7F800000), "NaN", "range"),
+            low(lambda b: np.any((b & 0x7FFFFFFF) == 0x7F800001), "the NaN with only the lowest payload bit", "range")]
 
 
 def boundaries(rule_id: str) -> list[Boundary]:
     return BOUNDARIES.get(rule_id, [])
 
 
-BOUNDARIES = _boundaries()
+BOUNDARIES = {**_boundaries(), **other_families()}
 REQUIRED = ("FMT", "FP4", "FP8", "IDX", "POOL")      # families whose ci coverage must be complete
 
 
@@ -812,23 +1016,65 @@ REQUIRED = ("FMT", "FP4", "FP8", "IDX", "POOL")      # families whose ci coverag
 # Running
 # ---------------------------------------------------------------------------------------------
 
+RANDOM_REACH = 1 / 50       # each boundary reached by at least this share of a check's drawn examples
+
+
 @dataclass
 class RuleCoverage:
     rule_id: str
     reached: list[Boundary]
     missed: list[Boundary]
     calls: int
+    drawn: dict = None      # boundary name -> the largest share of one check's drawn examples reaching it
+    by_examples: frozenset = frozenset()    # names of the boundaries explicit @examples reach
+
+    def random_rate(self, b: Boundary) -> float:
+        return (self.drawn or {}).get(b.name, 0.0)
+
+    def reached_by(self, b: Boundary) -> str:
+        """'drawn' (random draws reach it), 'examples' (explicit @examples only) or 'sweep' (a
+        fixed, exhaustive sweep only)."""
+        return "drawn" if self.random_rate(b) > 0 else "examples" if b.name in self.by_examples else "sweep"
+
+
+def _per_drawn_example(calls) -> dict[str, list[list[Call]]]:
+    """{check: [the calls of each of its drawn examples]}."""
+    out: dict[str, dict[int, list[Call]]] = {}
+    for c in calls:
+        if c.drawn:
+            out.setdefault(c.check, {}).setdefault(c.drawn, []).append(c)
+    return {check: list(by.values()) for check, by in out.items()}
+
+
+def random_rates(listed, calls, sample: int = 100) -> dict[str, float]:
+    """Per boundary, the largest share of one check's drawn examples that reach it on their own
+    (at most `sample` examples a check, evenly spaced; 0 when no drawn example reaches it)."""
+    drawn = [c for c in calls if c.drawn]
+    examples = {check: ex[::max(1, len(ex) // sample)] for check, ex in _per_drawn_example(calls).items()}
+    rates = {}
+    for b in listed:
+        if not b.reached(drawn):
+            rates[b.name] = 0.0
+            continue
+        rates[b.name] = max((sum(bool(b.reached(e)) for e in ex) / len(ex) for ex in examples.values() if ex),
+                            default=0.0)
+    return rates
 
 
 def rule_coverage(rule_id: str, target: Target | None = None, profile: str = "ci") -> RuleCoverage:
-    """Run every check of the rule against the target (impl by default) and evaluate its boundaries."""
+    """Run every check of the rule against the target (impl by default) and evaluate its boundaries,
+    on every input and on the randomly drawn examples alone."""
     recorder = Recorder(target or load_target("impl"))
     for chk in checks_for(rule_id):
+        recorder.check, recorder.drawn = chk.name, None      # None until an example starts: a sweep
         run_check(chk, recorder, profile)
     listed = boundaries(rule_id)
     hit = [b.reached(recorder.calls) for b in listed]
+    explicit = [c for c in recorder.calls if c.drawn == 0]
     return RuleCoverage(rule_id, [b for b, h in zip(listed, hit) if h],
-                        [b for b, h in zip(listed, hit) if not h], len(recorder.calls))
+                        [b for b, h in zip(listed, hit) if not h], len(recorder.calls),
+                        random_rates(listed, recorder.calls),
+                        frozenset(b.name for b, h in zip(listed, hit) if h and b.reached(explicit)))
 
 
 def coverage(prefixes=None, target: Target | None = None, profile: str = "ci", progress=None) -> list[RuleCoverage]:
@@ -842,15 +1088,31 @@ def coverage(prefixes=None, target: Target | None = None, profile: str = "ci", p
 
 
 def render(results: list[RuleCoverage], show_reached: bool = False) -> str:
+    """Per rule: the boundaries reached (by any input; by random draws; by at least 1/50 of one
+    check's drawn examples), then each one missed, reached only by explicit examples or fixed
+    sweeps, or drawn too rarely, and with --reached every one with its random rate."""
     lines = []
     for rc in results:
         total = len(rc.reached) + len(rc.missed)
-        lines.append(f"{rc.rule_id:<22} {len(rc.reached):>3}/{total:<3} boundaries reached ({rc.calls} calls)")
+        by_draws = [b for b in rc.reached if rc.random_rate(b) > 0]
+        often = [b for b in by_draws if rc.random_rate(b) >= RANDOM_REACH]
+        lines.append(f"{rc.rule_id:<22} {len(rc.reached):>3}/{total:<3} boundaries reached, "
+                     f"{len(by_draws):>3} by random draws, {len(often):>3} in ≥ 1/50 of the draws ({rc.calls} calls)")
         for b in sorted(rc.missed, key=lambda b: LEVELS.index(b.level)):
-            lines.append(f"    MISSED  [{b.level}] {b.name}")
-        if show_reached:
-            for b in rc.reached:
-                lines.append(f"    reached [{b.level}] {b.name}")
+            lines.append(f"    MISSED        [{b.level}] {b.name}")
+        for b in rc.reached:
+            rate = rc.random_rate(b)
+            if show_reached:
+                how = f"random draws {rate:.1%}" if rate else f"{rc.reached_by(b)} only"
+                lines.append(f"    reached [{b.level}] {b.name}  ({how})")
+            elif rate == 0:
+                lines.append(f"    {rc.reached_by(b) + ' only':<13} [{b.level}] {b.name}")
+            elif rate < RANDOM_REACH:
+                lines.append(f"    rarely {rate:6.1%} [{b.level}] {b.name}")
+    reached = sum(len(rc.reached) for rc in results)
+    drawn = sum(1 for rc in results for b in rc.reached if rc.random_rate(b) > 0)
+    often = sum(1 for rc in results for b in rc.reached if rc.random_rate(b) >= RANDOM_REACH)
     missed = sum(len(rc.missed) for rc in results)
-    lines.append(f"\n{len(results)} rules, {sum(len(rc.reached) for rc in results)} boundaries reached, {missed} missed")
+    lines.append(f"\n{len(results)} rules, {reached} boundaries reached ({drawn} by random draws, {often} in "
+                 f"≥ 1/50 of them), {missed} missed")
     return "\n".join(lines)

@@ -127,8 +127,17 @@ def edge_f32(edges, *, lo=None, hi=None):
     return st.one_of(pick, anywhere)
 
 
-def f32_arrays(elements, max_size: int = 64):
-    return st.lists(elements, min_size=1, max_size=max_size).map(lambda v: np.array(v, dtype=np.float32))
+def f32_arrays(elements, max_size: int = 64, min_size: int = 16):
+    """Arrays of the elements, at least min_size of them, so that each example draws many edges."""
+    return st.lists(elements, min_size=min_size, max_size=max_size).map(lambda v: np.array(v, dtype=np.float32))
+
+
+def grouped_f32(groups, *, signed: bool = True):
+    """fp32 values from groups of points (each group one boundary): a group uniformly, then a point,
+    then (signed) a sign."""
+    groups = [[float(v) for v in g] for g in groups if len(g)]
+    value = st.sampled_from(groups).flatmap(st.sampled_from)
+    return value.flatmap(lambda v: st.sampled_from([v, -v])) if signed else value
 
 
 # ---------------------------------------------------------------------------------------------
@@ -169,14 +178,15 @@ def e2m1_encode_every_boundary(target):
 
 
 @check("FMT.E2M1.RNE", ops=("e2m1_encode",))
-@forall(dict(x=E2M1_TIES_AT_SCALE_1), x=f32_arrays(edge_f32(E2M1_EDGES, lo=-6.0, hi=6.0)))
+@forall(dict(x=E2M1_TIES_AT_SCALE_1), x=f32_arrays(st.one_of(edge_f32(E2M1_EDGES, lo=-6.0, hi=6.0),
+                                                       grouped_f32(B.E2M1_TIE_GROUPS[:-1]))))
 def e2m1_encode_rounds_to_nearest_even(target, x):
     _check_e2m1_encode(target, x, "FMT.E2M1.RNE: e2m1_encode")
 
 
 @check("FMT.E2M1.SATURATE", ops=("e2m1_encode",))
 @forall(dict(x=np.array([6.25, 7.0, -7.0, 8.0, 12.0, 1e30, -3.4e38], dtype=np.float32)), dict(x=B.E2M1_SATURATE),
-        x=f32_arrays(st.one_of(edge_f32(E2M1_EDGES[E2M1_EDGES > 6], lo=6.0),
+        x=f32_arrays(st.one_of(edge_f32(E2M1_EDGES[E2M1_EDGES > 6], lo=6.0), grouped_f32(B.E2M1_TIE_GROUPS[-3:]),
                                st.floats(min_value=6.0, width=32, exclude_min=True, allow_infinity=False))
                      .flatmap(lambda v: st.sampled_from([v, -v]))))
 def e2m1_encode_saturates(target, x):
@@ -185,7 +195,8 @@ def e2m1_encode_saturates(target, x):
 
 @check("FMT.E2M1.ZERO_SIGN", ops=("e2m1_encode",))
 @forall(dict(x=np.array([-0.0, -0.25, -0.1, -2.0 ** -149, 0.0], dtype=np.float32)), dict(x=B.E2M1_ZERO_SIGN),
-        x=f32_arrays(edge_f32(np.array([-0.0, -0.25, -2.0 ** -149, -1e-30]), lo=-0.25, hi=0.0)))
+        x=f32_arrays(st.one_of(edge_f32(np.array([-0.0, -0.25, -2.0 ** -149, -1e-30]), lo=-0.25, hi=0.0),
+                               grouped_f32([[0.0], *B.beside([0.25])], signed=False).map(lambda v: -v))))
 def e2m1_encode_keeps_negative_zero(target, x):
     _check_e2m1_encode(target, x, "FMT.E2M1.ZERO_SIGN: e2m1_encode of −0.25 ≤ x ≤ 0", zero_sign=True)
 
@@ -221,7 +232,7 @@ def e4m3_encode_every_boundary(target):
 @check("FMT.E4M3.RNE", ops=("e4m3_encode",))
 @forall(dict(x=np.array([2.0 ** -10, 3 * 2.0 ** -10, 2.0 ** -149, -2.0 ** -149, -0.0, 0.0,
                          1.0625, 1.1875, 0.01, 0.05 / 6, 464.0, -464.0], dtype=np.float32)),
-        x=f32_arrays(edge_f32(E4M3_EDGES, lo=-464.0, hi=464.0)))
+        x=f32_arrays(st.one_of(edge_f32(E4M3_EDGES, lo=-464.0, hi=464.0), grouped_f32(B.E4M3_MIDPOINT_GROUPS))))
 def e4m3_encode_rounds_to_nearest_even(target, x):
     _check_e4m3_encode(target, x, "FMT.E4M3.RNE: e4m3_encode")
 
@@ -231,7 +242,8 @@ def e4m3_encode_rounds_to_nearest_even(target, x):
         dict(x=B.E4M3_SATFINITE),
         x=f32_arrays(st.one_of(st.floats(min_value=464.0, exclude_min=True, width=32),
                                st.floats(max_value=-464.0, exclude_max=True, width=32),
-                               st.sampled_from([464.00003, 479.99997, 480.0, 2785.0 / 6]))))
+                               st.sampled_from([464.00003, 479.99997, 480.0, 2785.0 / 6]),
+                               grouped_f32([*B.beside([448.0])[1:], *B.beside([464.0])[:2], [np.inf], [np.nan]]))))
 def e4m3_encode_saturates(target, x):
     _check_e4m3_encode(target, x, "FMT.E4M3.SATFINITE: e4m3_encode of |x| > 464")
 
@@ -267,9 +279,10 @@ def _check_bf16(target, x, what):
 
 @check("FMT.BF16.RNE", ops=("bf16_round",))
 def bf16_round_every_pattern_and_its_midpoints(target):
-    """All 65536 BF16 patterns, each with the low halves 0, 0x7FFF, 0x8000, 0x8001, 0xFFFF."""
+    """All 65536 BF16 patterns, each with the low halves 0, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF (low half 1
+    on 0x7F80: the NaN whose payload is only the lowest bit, which a NaN test on the upper bits misses)."""
     high = np.arange(1 << 16, dtype=np.int64) << 16
-    x = F.f32_from_bits(np.concatenate([high + low for low in (0, 0x7FFF, 0x8000, 0x8001, 0xFFFF)]))
+    x = F.f32_from_bits(np.concatenate([high + low for low in (0, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF)]))
     _check_bf16(target, x, "FMT.BF16.RNE: bf16_round")
 
 

@@ -116,7 +116,29 @@ def amax_edges(top: float) -> list[float]:
 # ---------------------------------------------------------------------------------------------
 
 KINDS = ("normal", "ties", "amax_edge", "zero", "single", "subnormal", "tiny", "huge", "grid",
-         "log2_edge", "div_recip", "negzero")
+         "log2_edge", "div_recip", "negzero", "floor", "saturated", "ties_beside", "amax_point",
+         "floor_point", "saturation_point", "grid_beside")
+# The range class, by codec (codec_of): the amax floor and the scale a floor block gets; a saturated
+# block's scale (E4M3's 448).
+FLOOR_OF_CODEC = {"kv": (6 * 2.0 ** -9, 2.0 ** -9), "idx": (6 * 2.0 ** -126, 2.0 ** -126), "fp8": (1e-4, 2.0 ** -22)}
+SATURATED_SCALE, SATURATION_AMAX = 448.0, 6 * 464.0
+
+
+def codec_of(block: int, top: float) -> str:
+    return "fp8" if top == 448.0 else "kv" if block == KV else "idx"
+
+
+def _amax_among(rng, block: int, amax, filler: float = 1.0) -> np.ndarray:
+    """A block whose amax is `amax` (at a random position and sign) among smaller values."""
+    x = rng.uniform(-filler, filler, block) * amax
+    x[rng.integers(block)] = amax * rng.choice([-1.0, 1.0])
+    return x
+
+
+def _pick(rng, groups) -> float:
+    """A point of one of the groups (each group one boundary), the group uniformly."""
+    group = groups[rng.integers(len(groups))]
+    return float(group[rng.integers(len(group))])
 
 
 def make_block(kind: str, block: int, k: int, seed: int, top: float = 6.0) -> np.ndarray:
@@ -153,10 +175,34 @@ def make_block(kind: str, block: int, k: int, seed: int, top: float = 6.0) -> np
     elif kind == "log2_edge":
         x = padded(FLOAT_LOG2_EDGE, block) * scale
     elif kind == "div_recip":
-        pool = DIV_VS_RECIPROCAL + DIV_VS_RECIPROCAL_BF16
+        pools = (DIV_VS_RECIPROCAL[1:], DIV_VS_RECIPROCAL[:1] + DIV_VS_RECIPROCAL_BF16)   # subnormal, normal scale
+        pool = pools[rng.integers(2)]
         x = padded(pool[rng.integers(len(pool))], block) * (1.0 if rng.random() < 0.5 else scale)
-    elif kind == "negzero":         # negative values that round to zero, −0, and one amax
+    elif kind == "floor":           # below the amax floor: E2M1 ties and values of the floor scale, subnormals
+        floor, s = FLOOR_OF_CODEC[codec_of(block, top)]
+        ceiling = rng.choice([1.5, 3.0, 6.0])          # amax/s below 3 tells the floor from no floor
+        points = np.array([v for v in F.E2M1_BOUNDARIES + F.E2M1_MAGNITUDES if v < ceiling])
+        x = signs * rng.choice(points, block) * s
+        x[rng.random(block) < 0.25] = signs[0] * rng.integers(0, 1 << 23) * 2.0 ** -149
+        x = np.clip(x, -np.nextafter(floor, 0), np.nextafter(floor, 0))
+    elif kind == "saturated":       # amax/6 above 464: the scale saturates at 448, values on its ties
+        x = signs * rng.choice(F.E2M1_BOUNDARIES + F.E2M1_MAGNITUDES, block) * SATURATED_SCALE
+        x[rng.integers(block)] = np.nextafter(SATURATION_AMAX, np.inf) * np.exp2(rng.uniform(0, 30))
+    elif kind == "ties_beside":     # amax top·2^k (scale 2^k), values on E2M1 ties and one ulp beside
+        x = signs * np.array([_pick(rng, B.E2M1_TIE_GROUPS) for _ in range(block)]) * scale
+        x[rng.integers(block)] = top * scale
+    elif kind == "grid_beside":     # amax top·2^k, values on E4M3 midpoints of every class and one ulp beside
+        x = signs * np.array([_pick(rng, B.E4M3_MIDPOINT_GROUPS + B.E4M3_TOP_GROUPS) for _ in range(block)]) * scale
+        x[rng.integers(block)] = top * scale
+    elif kind in ("amax_point", "floor_point"):   # amax on one of the scale's (the floor's) boundaries
+        points = (B.AMAX_POINTS if kind == "amax_point" else B.FLOOR_POINTS)[codec_of(block, top)]
+        x = _amax_among(rng, block, _pick(rng, points), rng.choice([0.5, 1.0]))
+    elif kind == "saturation_point":
+        x = _amax_among(rng, block, _pick(rng, B.SATURATION_POINTS))
+    elif kind == "negzero":         # negative values that round to zero, −0, the −0.25 tie, and one amax
         x = -rng.uniform(0, 0.26, block) * scale
+        x[rng.integers(block, size=3)] = -np.array([_pick(rng, B.beside([0.25])) for _ in range(3)]) * scale
+        x[rng.integers(block)] = -2.0 ** max(k - 130, -149)
         x[rng.integers(block)] = -0.0
         x[rng.integers(block)] = top * scale
     else:
@@ -388,27 +434,30 @@ _TIES_IDX = dict(x=np.concatenate([padded(TIES_AT_SCALE_1, IDX)[None], padded(TI
 
 
 @check("FP4.E2M1.RNE", ops=("fp4_e4m3_quantize",))
-@forall(_TIES_KV, dict(x=B.E2M1_KV_TIES), x=codec_input(KV, kinds=("ties",), k_range=(-9, 8)))
+@forall(_TIES_KV, dict(x=B.E2M1_KV_TIES), dict(x=B.KV_RANGE),
+        x=codec_input(KV, kinds=("ties", "ties", "floor", "saturated"), k_range=(-9, 8)))
 def fp4_e4m3_rounds_ties_to_even(target, x):
     _kv_payload(target, x, "FP4.E2M1.RNE: fp4_e4m3_quantize codes")
 
 
 @check("FP4.E2M1.RNE", ops=("fp4_e8m0_quantize",))
-@forall(_TIES_IDX, dict(x=B.E2M1_IDX), x=codec_input(IDX, kinds=("ties", "grid", "normal"), k_range=(-100, 100)))
+@forall(_TIES_IDX, dict(x=B.E2M1_IDX), dict(x=B.IDX_RANGE),
+        x=codec_input(IDX, kinds=("ties", "ties_beside", "ties_beside", "grid", "normal", "floor", "subnormal"),
+                      k_range=(-100, 100)))
 def fp4_e8m0_rounds_ties_to_even(target, x):
     _idx_payload(target, x, "FP4.E2M1.RNE: fp4_e8m0_quantize codes")
 
 
 @check("FP4.E2M1.ZERO_SIGN", ops=("fp4_e4m3_quantize",))
 @forall(dict(x=padded([6.0, -0.0, -0.1, -0.25, -1e-30], KV)[None]), dict(x=B.NEGATIVE_ZERO_KV),
-        x=codec_input(KV, kinds=("negzero",), k_range=(-9, 8)))
+        x=codec_input(KV, kinds=("negzero", "negzero", "floor", "saturated"), k_range=(-9, 8)))
 def fp4_e4m3_keeps_negative_zero(target, x):
     _kv_payload(target, x, "FP4.E2M1.ZERO_SIGN: fp4_e4m3_quantize codes of zeros", "zero_sign")
 
 
 @check("FP4.E2M1.ZERO_SIGN", ops=("fp4_e8m0_quantize",))
 @forall(dict(x=padded([6.0, -0.0, -0.1, -0.25, -1e-30], IDX)[None]), dict(x=B.NEGATIVE_ZERO_IDX),
-        x=codec_input(IDX, kinds=("negzero", "zero"), k_range=(-100, 100)))
+        x=codec_input(IDX, kinds=("negzero", "zero", "floor", "subnormal"), k_range=(-100, 100)))
 def fp4_e8m0_keeps_negative_zero(target, x):
     _idx_payload(target, x, "FP4.E2M1.ZERO_SIGN: fp4_e8m0_quantize codes of zeros", "zero_sign")
 
@@ -433,7 +482,7 @@ _KV_SCALE_EXAMPLES = [dict(x=padded(SMALL_KV_BLOCK, KV)[None]),
 
 @check("FP4.KV.SCALE", ops=("fp4_e4m3_quantize",))
 @forall(*_KV_SCALE_EXAMPLES, dict(x=B.KV_SCALE), dict(x=B.KV_FLOOR), dict(x=_AT_448_SCALE), x=codec_input(KV, kinds=("normal", "amax_edge", "grid", "single", "ties",
-                                                        "div_recip", "log2_edge"), k_range=(-6, 8)))
+                                                        "div_recip", "log2_edge", *["amax_point"] * 7), k_range=(-6, 8)))
 def fp4_e4m3_scale_is_nearest_e4m3_of_amax_over_6(target, x):
     x = into_range(fit(target, "fp4_e4m3_quantize", x), KV, KV_FLOOR, 2688.0)   # from the floor (subnormal scales too) to 448
     _kv_scales(target, x, "FP4.KV.SCALE: fp4_e4m3_quantize scale bytes")
@@ -442,7 +491,7 @@ def fp4_e4m3_scale_is_nearest_e4m3_of_amax_over_6(target, x):
 @check("FP4.KV.FLOOR", ops=("fp4_e4m3_quantize",))
 @forall(dict(x=np.zeros((2, 2 * KV), F32)), dict(x=padded([6 * 2.0 ** -9, -0.0, 2.0 ** -149], KV)[None]),
         dict(x=padded([0.0115966796875, 2.0 ** -133, -0.005859375], KV)[None]), dict(x=B.KV_FLOOR),
-        x=codec_input(KV, kinds=("zero", "tiny", "subnormal", "single"), k_range=(-40, -8)))
+        x=codec_input(KV, kinds=("zero", "tiny", "subnormal", "single", "floor_point", "floor_point"), k_range=(-40, -8)))
 def fp4_e4m3_scale_floor(target, x):
     """Blocks at or below the floor only: their scale is 2^-9 whatever the rounding of amax/6."""
     x = into_range(fit(target, "fp4_e4m3_quantize", x), KV, 0.0, KV_FLOOR, keep_zero=True)
@@ -454,7 +503,7 @@ def fp4_e4m3_scale_floor(target, x):
         dict(x=padded([2800.0, -2784.0, 3.3895313892515355e38, 2816.0], KV)[None]),  # BF16: amax/6 > 464
         dict(x=padded([464 * 6.0, 464 * 6.0 + 0.01, 3e38], KV)[None]), dict(x=B.KV_SATURATE),
         dict(x=_AT_448[2:, None] * np.eye(KV, dtype=F32)[0]),
-        x=codec_input(KV, kinds=("huge", "amax_edge"), k_range=(9, 120)))
+        x=codec_input(KV, kinds=("huge", "amax_edge", "saturation_point", "saturation_point"), k_range=(9, 120)))
 def fp4_e4m3_scale_saturates(target, x):
     """Blocks with amax/6 above 448 only: below, the scale's rounding is FP4.KV.SCALE's."""
     x = into_range(fit(target, "fp4_e4m3_quantize", x), KV, float(_AT_448[2]))
@@ -463,16 +512,17 @@ def fp4_e4m3_scale_saturates(target, x):
 
 @check("FP4.KV.DIVIDE", ops=("fp4_e4m3_quantize",))
 @forall(*[dict(x=padded(v, KV)[None]) for v in DIV_VS_RECIPROCAL + DIV_VS_RECIPROCAL_BF16],
-        dict(x=padded(SMALL_KV_BLOCK, KV)[None]), dict(x=B.E2M1_KV),
-        x=codec_input(KV, kinds=("div_recip", "normal", "amax_edge"), k_range=(-12, 8)))
+        dict(x=padded(SMALL_KV_BLOCK, KV)[None]), dict(x=B.E2M1_KV), dict(x=B.KV_RANGE),
+        x=codec_input(KV, kinds=("div_recip", "normal", "amax_edge", "floor", "saturated", "ties_beside",
+                                 "ties_beside"), k_range=(-12, 8)))
 def fp4_e4m3_divides_by_the_rounded_scale(target, x):
     _kv_payload(target, x, "FP4.KV.DIVIDE: fp4_e4m3_quantize codes", ties=_own_ties(target))
 
 
 @check("FP4.KV.CLAMP", ops=("fp4_e4m3_quantize",))
 @forall(dict(x=padded(KV_SCALE_OVERFLOW, KV)[None]), dict(x=padded([5.0, -5.0, 4.9], KV)[None]),
-        dict(x=padded([1e4, -3500.0, 3136.0, 100.0], KV)[None]), dict(x=B.E2M1_KV),
-        x=codec_input(KV, kinds=("amax_edge", "huge", "normal"), k_range=(-6, 14)))
+        dict(x=padded([1e4, -3500.0, 3136.0, 100.0], KV)[None]), dict(x=B.E2M1_KV), dict(x=B.KV_RANGE),
+        x=codec_input(KV, kinds=("amax_edge", "huge", "normal", "saturated", "ties_beside"), k_range=(-6, 14)))
 def fp4_e4m3_clamps_before_the_cast(target, x):
     _kv_payload(target, x, "FP4.KV.CLAMP: fp4_e4m3_quantize codes of |x/s| > 6", "clamp")
 
@@ -485,8 +535,8 @@ def fp4_e4m3_clamps_before_the_cast(target, x):
 @check("FP4.IDX.SCALE", ops=("fp4_e8m0_quantize",))
 @forall(dict(x=padded(FLOAT_LOG2_EDGE, IDX)[None]), dict(x=B.IDX_SCALE),
         dict(x=np.array(amax_edges(6.0), F32).reshape(-1, 1) * np.eye(IDX, dtype=F32)[0]),
-        x=codec_input(IDX, kinds=("normal", "amax_edge", "single", "log2_edge", "grid", "huge"),
-                      k_range=(-120, 120)))
+        x=codec_input(IDX, kinds=("normal", "amax_edge", "single", "log2_edge", "grid", "huge",
+                                  *["amax_point"] * 6), k_range=(-120, 120)))
 def fp4_e8m0_scale_is_pow2_ceil(target, x):
     x = fit(target, "fp4_e8m0_quantize", x)
     x = np.where(np.abs(x).max(-1, keepdims=True) >= 6 * 2.0 ** -126, x, F32(1.0))   # above the floor
@@ -499,7 +549,7 @@ def fp4_e8m0_scale_is_pow2_ceil(target, x):
         # amax in (3, 6)·2^-126: the floor gives byte 1, as does no floor at all (amax·fl32(1/6) is
         # then a subnormal in (2^-127, 2^-126]); a byte one too low is neither
         dict(x=np.array([5, 4, 3.5, -5.5], F32)[:, None] * 2.0 ** -126 * np.eye(IDX, dtype=F32)[0]),
-        x=codec_input(IDX, kinds=("zero", "subnormal", "tiny"), k_range=(-140, -120)))
+        x=codec_input(IDX, kinds=("zero", "subnormal", "tiny", "floor_point"), k_range=(-140, -120)))
 def fp4_e8m0_amax_floor(target, x):
     x = fit(target, "fp4_e8m0_quantize", x)
     x = np.where(np.abs(x).max(-1, keepdims=True) < 6 * 2.0 ** -126, x, F32(0.0))
@@ -604,8 +654,8 @@ _FP8_TIES = [240.0, 1.0625, 1.1875, 17.0, -17.0, 2.0 ** -10, 3 * 2.0 ** -10, 232
 @check("FP8.SCALE", ops=("fp8_quantize",))
 @forall(dict(case=(32, np.array(amax_edges(448.0), F32).reshape(-1, 1) * np.eye(32, dtype=F32)[0])),
         dict(case=(64, padded(FLOAT_LOG2_EDGE, 64)[None] * 2 ** 5)), dict(case=(32, B.FP8_SCALE)),
-        case=with_block(_FP8_BLOCKS, kinds=("normal", "amax_edge", "single", "log2_edge", "grid", "huge"),
-                        k_range=(-10, 120), top=448.0, max_blocks=2))
+        case=with_block(_FP8_BLOCKS, kinds=("normal", "amax_edge", "single", "log2_edge", "grid", "huge",
+                                            *["amax_point"] * 12), k_range=(-10, 120), top=448.0, max_blocks=2))
 def fp8_scale_is_pow2_ceil(target, case):
     block, x = case
     x = into_range(fit(target, "fp8_quantize", x), block, F32(1e-4))  # at or above the amax floor
@@ -615,8 +665,8 @@ def fp8_scale_is_pow2_ceil(target, case):
 @check("FP8.FLOOR", ops=("fp8_quantize",))
 @forall(dict(case=(32, np.zeros((2, 64), F32))), dict(case=(128, padded([-0.0, 2.0 ** -149, 9.9e-5], 128)[None])),
         dict(case=(64, B.FP8_FLOOR)),
-        case=with_block(_FP8_BLOCKS, kinds=("zero", "subnormal", "tiny", "single"), k_range=(-60, -14),
-                        max_blocks=2))
+        case=with_block(_FP8_BLOCKS, kinds=("zero", "subnormal", "tiny", "single", "floor_point", "floor_point"),
+                        k_range=(-60, -14), top=448.0, max_blocks=2))
 def fp8_amax_floor(target, case):
     block, x = case
     x = fit(target, "fp8_quantize", x)
@@ -626,8 +676,8 @@ def fp8_amax_floor(target, case):
 
 @check("FP8.E4M3", ops=("fp8_quantize",))
 @forall(dict(case=(32, padded(_FP8_TIES, 32)[None])), dict(case=(32, B.FP8_MIDPOINTS[32])),
-        case=with_block(_FP8_BLOCKS, kinds=("grid", "normal", "amax_edge", "subnormal", "negzero"),
-                        k_range=(-30, 30), top=448.0, max_blocks=2))
+        case=with_block(_FP8_BLOCKS, kinds=("grid", "normal", "amax_edge", "subnormal", "negzero", "grid_beside",
+                                            "grid_beside"), k_range=(-30, 30), top=448.0, max_blocks=2))
 def fp8_values_are_e4m3_of_x_over_s(target, case):
     block, x = case
     x, t = fed(target, "fp8_quantize", x)
@@ -674,8 +724,8 @@ def fp8_blocks_of_each_model(target, shape, rng):
 
 
 @check("FP8.V4_INPLACE", ops=("fp8_qdq",))
-@forall(dict(case=(64, B.FP8_MIDPOINTS[64])), case=with_block([64, 32], kinds=("normal", "grid", "amax_edge"), k_range=(-10, 10), top=448.0,
-                        max_blocks=2))
+@forall(dict(case=(64, B.FP8_MIDPOINTS[64])), case=with_block([64, 32], kinds=("normal", "grid", "amax_edge", "grid_beside"),
+                                                             k_range=(-10, 10), top=448.0, max_blocks=2))
 def fp8_qdq_rounds_through_e4m3(target, case):
     """Both official kernel revisions conform: a target that declares none is held to either, and
     the one it matches is reported (suite.detected)."""

@@ -173,12 +173,14 @@ def forall(*examples: dict, **strategies):
     The target is bound outside Hypothesis (it must never see it); each dict in `examples` is a
     permanent @example.  The run's seed (RUN.seed) seeds every check of a randomized profile.
     """
-    def wrap(fn):
-        @functools.wraps(fn)
+    def wrap(body):
+        @functools.wraps(body)
         def run(target):
+            fn = _announced(body, target, len(examples))
+            # inner's source is what Hypothesis hashes into a derandomized profile's draws: keep it as is
             def inner(**drawn):
                 fn(target, **drawn)
-            inner.__name__ = inner.__qualname__ = fn.__name__    # Hypothesis names it in a falsifying example
+            inner.__name__ = inner.__qualname__ = body.__name__  # Hypothesis names it in a falsifying example
             inner.__signature__ = inspect.Signature(
                 [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in strategies])
             test = given(**strategies)(inner)
@@ -190,6 +192,20 @@ def forall(*examples: dict, **strategies):
         del run.__wrapped__               # the check's own signature is (target)
         return run
     return wrap
+
+
+def _announced(fn, target, explicit: int):
+    """fn, telling a target that listens (coverage's recorder: target.example_starts) whether each
+    example is one of the `explicit` @examples (Phase.explicit runs them first) or a drawn one."""
+    started = getattr(target, "example_starts", None)
+    if started is None:
+        return fn
+    count = iter(range(1, 1 << 62))
+
+    def announced(target, **drawn):
+        started(explicit=next(count) <= explicit)
+        return fn(target, **drawn)
+    return announced
 
 
 def check(rule_id: str, *, ops: tuple[str, ...] = (), extension: str | None = None):

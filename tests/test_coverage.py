@@ -9,6 +9,7 @@ from dsv4spec.properties.suite import load_checks
 from dsv4spec.properties.target import load_target
 from dsv4spec.spec import select
 
+RANDOM_REQUIRED = ("FMT", "FP4", "FP8")      # families whose random draws reach every boundary often
 REQUIRED_RULES = sorted({c.rule_id for c in load_checks() if c.rule_id.split(".")[0] in C.REQUIRED})
 
 
@@ -24,6 +25,10 @@ def test_ci_reaches_every_boundary_of_fmt_fp4_fp8_idx_pool():
     results = C.coverage(list(C.REQUIRED), profile="ci")
     assert {rc.rule_id for rc in results} == set(REQUIRED_RULES)
     assert {rc.rule_id: [b.name for b in rc.missed] for rc in results if rc.missed} == {}
+    # random draws, not only @example, hit every drawable boundary of the codec rules in ≥ 1/50 of them
+    rare = {rc.rule_id: [b.name for b in rc.reached if rc.reached_by(b) != "sweep" and rc.random_rate(b) < C.RANDOM_REACH]
+            for rc in results if rc.rule_id.split(".")[0] in RANDOM_REQUIRED}
+    assert {k: v for k, v in rare.items() if v} == {}
 
 
 def test_the_recorder_sees_what_the_checks_pass():
@@ -75,3 +80,25 @@ def test_ci_is_sized_per_rule():
     assert profile_for("FP4.KV.SCALE", "thorough") == "thorough"
     run = C.rule_coverage("FMT.E2M1.ZERO_SIGN")
     assert 300 < run.calls <= 400 + 3                   # the generated examples and the explicit ones
+
+
+def test_random_reach_counts_the_drawn_examples_of_each_check():
+    """A boundary's random rate is the largest share of one check's drawn examples that reach it;
+    explicit examples and sweeps count for reach, never for the rate."""
+    tie = np.array([0.75], np.float32)
+    other = np.array([1.0], np.float32)
+    calls = [C.Call("e2m1_encode", (tie,), {}, None, "sweep"), C.Call("e2m1_encode", (tie,), {}, 0, "a"),
+             *[C.Call("e2m1_encode", (tie if i % 4 == 0 else other,), {}, i, "a") for i in range(1, 41)],
+             *[C.Call("e2m1_encode", (other,), {}, i, "b") for i in range(1, 11)]]
+    listed = [b for b in C.boundaries("FMT.E2M1.RNE") if b.name.startswith("|x|/s at the E2M1 tie 0.75")]
+    rates = C.random_rates(listed, calls)
+    assert rates == {"|x|/s at the E2M1 tie 0.75: exactly": 0.25, "|x|/s at the E2M1 tie 0.75: 1 ulp below": 0.0,
+                     "|x|/s at the E2M1 tie 0.75: 1 ulp above": 0.0}
+
+
+def test_the_recorder_tells_drawn_examples_from_explicit_ones_and_sweeps():
+    run = C.rule_coverage("FMT.E2M1.ZERO_SIGN")
+    exactly = next(b for b in run.reached if b.name == "x = −0")
+    assert run.random_rate(exactly) >= C.RANDOM_REACH and run.reached_by(exactly) == "drawn"
+    decode = C.rule_coverage("FMT.E2M1.VALUES")
+    assert [decode.reached_by(b) for b in decode.reached] == ["sweep"]

@@ -538,3 +538,62 @@ CAUGHT += [
     ("fp8_linear_scales_after_the_sum", "FP8.LINEAR"),
     ("fp8_linear_scale_not_pow2", "FP8.LINEAR"),
 ]
+
+
+# ---------------------------------------------------------------------------------------------
+# The range class (issue 22): BF16 inputs reach fp32's whole exponent range, and the official GPU
+# kernel keeps subnormal elements, floor blocks and saturated scales.  Each mutant below keeps
+# every scale byte right and gets only the payload of such blocks wrong.
+# ---------------------------------------------------------------------------------------------
+
+def _flush_subnormal_inputs(x):
+    """Inputs below 2^-126 flushed to a zero of their sign (GPU fast-math's denormals-are-zero)."""
+    x = x.float()
+    return torch.where(x.abs() < 2.0 ** -126, x * 0.0, x)
+
+
+def idx_floor_block_against_unfloored_scale(x):
+    """Indexer FP4 whose floor clamps the stored exponent byte, not amax: the byte of a floor block
+    is 2^-126, its codes divided by the unclamped 2^ceil(log2(amax·fl32(1/6))) (a subnormal)."""
+    packed, scales = impl.fp4_e8m0_quantize(x)
+    xb = x.float().reshape(*x.shape[:-1], -1, 32)
+    amax = xb.abs().amax(-1)
+    e = torch.where(amax > 0, impl._ceil_log2(torch.where(amax > 0, amax * F32_RECIPROCAL_6, 1.0)), 0)
+    e = torch.where(e < -126, e.clamp(min=-149), torch.full_like(e, 0))
+    ratio = (xb / impl._pow2(e).unsqueeze(-1)).clamp(-6.0, 6.0)
+    codes = impl.fp4_pack(impl.e2m1_encode(ratio.contiguous()).flatten(-2))
+    floor_block = (e < 0).repeat_interleave(16, -1)
+    return torch.where(floor_block, codes, packed), scales
+
+
+def kv_saturated_block_against_464(x):
+    """V4.1 main KV with satfinite emulated by clamping amax/6 at 464 in fp32 (the largest value the
+    cast rounds to 448), and that clamped value, not the cast's 448, dividing the saturated blocks:
+    the bytes stay 0x7E and whatever clips stays ±6; the elements in between round 3.5% low."""
+    packed, scales = impl.fp4_e4m3_quantize(x)
+    xb = x.float().reshape(*x.shape[:-1], -1, 16)
+    ratio = (xb / 464.0).clamp(-6.0, 6.0)
+    codes = impl.fp4_pack(impl.e2m1_encode(ratio.contiguous()).flatten(-2))
+    saturated = (scales == 0x7E).unsqueeze(-1).expand(*scales.shape, 8).reshape(packed.shape)
+    return torch.where(saturated, codes, packed), scales
+
+
+MUTANTS.update({
+    "fp4_flushes_subnormal_inputs": mutant(
+        "fp4_flushes_subnormal_inputs",
+        fp4_e4m3_quantize=lambda x: impl.fp4_e4m3_quantize(_flush_subnormal_inputs(impl._values(
+            "fp4_e4m3_quantize", x, 16, finite=True))),
+        fp4_e8m0_quantize=lambda x: impl.fp4_e8m0_quantize(_flush_subnormal_inputs(impl._values(
+            "fp4_e8m0_quantize", x, 32, finite=True)))),
+    "idx_floor_block_against_unfloored_scale": mutant(
+        "idx_floor_block_against_unfloored_scale", fp4_e8m0_quantize=idx_floor_block_against_unfloored_scale),
+    "kv_saturated_block_against_464": mutant(
+        "kv_saturated_block_against_464", fp4_e4m3_quantize=kv_saturated_block_against_464),
+})
+
+CAUGHT += [
+    ("fp4_flushes_subnormal_inputs", "FP4.E2M1.RNE"),
+    ("idx_floor_block_against_unfloored_scale", "FP4.E2M1.RNE"),
+    ("kv_saturated_block_against_464", "FP4.E2M1.RNE"),
+    ("kv_saturated_block_against_464", "FP4.KV.DIVIDE"),
+]

@@ -1,0 +1,76 @@
+"""Machine-made mutants (dsv4spec/mutate.py): stable ids, mutated copies loaded in memory, the
+rules a mutant runs, and a fixed small sample that the suite must kill (`make thorough` runs all)."""
+import torch
+
+from dsv4spec import mutate as M
+from dsv4spec.cli import main
+from dsv4spec.impl import quant as impl_quant
+
+SAMPLE = [   # (mutant id, the rule that kills it first): a fixed sample of operators, fast to kill
+    ("impl.quant:e4m3_decode:compare:codes >= 128 -> codes > 128#1", "FMT.E4M3.VALUES"),
+    ("impl.quant:e8m0_decode:where:torch.where(codes == 255, float('nan'), _pow2(codes - 127)) -> "
+     "torch.where(codes == 255, _pow2(codes - 127), float('nan'))#1", "FMT.E8M0.VALUES"),
+    ("impl.quant:E2M1_TABLE:const:1.5 -> 1.5000001192092896 (next fp32 up)#1", "FMT.E2M1.VALUES"),
+]
+
+
+def _by_id(mutant_id):
+    return next(m for m in M.mutants_of(mutant_id.split(":")[0]) if m.id == mutant_id)
+
+
+def test_ids_are_unique_and_carry_no_line_number():
+    for module in ("impl.quant", "official.pool"):
+        mutants = M.mutants_of(module)
+        assert len({m.id for m in mutants}) == len(mutants) > 20
+        assert all(f":{m.line}" not in m.id.split(":")[1] for m in mutants)
+    assert {m.operator for m in M.mutants_of("impl.quant")} == set(M.OPERATORS)
+
+
+def test_a_mutated_copy_changes_only_its_own_module():
+    mutant = _by_id("impl.quant:e2m1_encode:compare:magnitude >= boundary -> magnitude > boundary#1")
+    module = M.mutated_module(mutant)
+    x = torch.tensor([0.75, 1.75, 3.5, 1.0])
+    assert module.e2m1_encode(x).tolist() == [1, 3, 5, 2]        # ties rounded down, not to even
+    assert impl_quant.e2m1_encode(x).tolist() == [2, 4, 6, 2]    # the original untouched
+    assert M.mutant_target(mutant).op("e2m1_encode")(x).tolist() == [1, 3, 5, 2]
+
+
+def test_a_mutant_runs_the_rules_its_edit_reaches():
+    rules = M.rules_for(_by_id(SAMPLE[1][0]))
+    assert "FMT.E8M0.VALUES" in rules and "FP4.DEQUANT" in rules
+    assert not [r for r in rules if r.startswith(("IDX", "POOL", "FMT.E2M1"))]
+
+
+def test_the_fixed_sample_is_killed_on_its_rule():
+    for mutant_id, rule_id in SAMPLE:
+        result = M.run_mutant(_by_id(mutant_id), ["FMT"])
+        assert (result.status, result.rule) == ("killed", rule_id), result
+
+
+def test_every_equivalent_mutant_exists_and_has_a_reason():
+    marked = M.load_equivalent()
+    known = {m.id for module in {i.split(":")[0] for i in marked} for m in M.mutants_of(module)}
+    assert [i for i in marked if i not in known] == []
+    assert all(reason.strip() for reason in marked.values())
+
+
+def test_the_report_scores_and_lists_survivors():
+    killed = M.Result(_by_id(SAMPLE[0][0]), "killed", "FMT.E4M3.VALUES", "FAIL", ["FMT.E4M3.VALUES"])
+    survived = M.Result(_by_id(SAMPLE[2][0]), "survived", ran=["FMT.E2M1.VALUES"])
+    text = M.render([killed, survived])
+    assert "score 50.0%" in text and "impl/quant.py:" in text and SAMPLE[2][0] in text
+    assert "| FMT | 1 | 1 | 0 | 0 | 50.0% |" in M.markdown([killed, survived])
+
+
+def test_the_mutate_command_lists(capsys):
+    assert main(["mutate", "--modules", "impl.quant", "--operators", "axis", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "[axis]" in out and out.strip().endswith("3 mutants")
+
+
+def test_shards_merge_and_the_equivalence_file_applies_again():
+    marked = next(iter(M.load_equivalent()))
+    survived = M.Result(_by_id(marked), "survived", ran=["FMT.E4M3.VALUES"])
+    killed = M.Result(_by_id(SAMPLE[0][0]), "killed", "FMT.E4M3.VALUES", "FAIL", ["FMT.E4M3.VALUES"])
+    merged = M.from_json([M.to_json([survived]), M.to_json([killed])])
+    assert [(r.mutant.id, r.status) for r in merged] == [(marked, "equivalent"), (SAMPLE[0][0], "killed")]
