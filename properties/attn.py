@@ -1,0 +1,343 @@
+"""Checks of sparse attention (ATTN.*).
+
+Operation contract (torch CPU tensors; a target provides any subset):
+
+    sparse_attention(q [T, H, D], kv [N, D], sink f32 [H], indices int [T, K], scale: float, *, model: str)
+        -> f32 [T, H, D], BF16 values: the kernel `sparse_attn` for one batch; q and kv BF16 values;
+        an index is −1 or a row of kv; model picks the running max's start (−inf V4, −1e30 V4.1).
+    attention_scale(model: str, layer: int) -> float       the softmax_scale the layer passes
+    attention_q(q [T, H, D], *, model: str) -> f32          the main q after wq_b, before RoPE
+    attention_output(o [T, H, D], positions int64 [T], freqs f32 [d/2]) -> f32
+        the attention output's last 2·len(freqs) channels de-rotated (the conjugate table).
+
+How checks isolate one rule.  Every sparse_attention check compares with spec.attn.bounds, the
+official float64 value and its derived tolerance, on inputs built so that only the clause under
+test can move the result past it: dot products exact in fp32 (small integers over 8), a "star" row
+(kv row 0) whose score is every head's row max, listed first unless the check is about the order,
+value channels 1..H that the scores do not read (q is 0 there), set one-sided to the sign of the
+difference a mistake would make (`_one_sided`).  The other ATTN rules admit every list-order
+blocking (the knob attn_order); ATTN.PROB.ORDER alone holds the official blocks of 64.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from hypothesis import strategies as st
+
+from ..spec import attn as spec
+from ..spec import rope as spec_rope
+from ..spec.indexer import is_bf16, round_bf16
+from ..spec.models import PROFILES, profile
+from ..spec.rules import V41
+from .compare import as_numpy, assert_equal
+from .suite import check, forall
+
+OPS = {
+    "sparse_attention": "sparse_attention(q [T,H,D], kv [N,D], sink f32 [H], indices int [T,K], scale, *, model) "
+                        "-> f32 [T,H,D] BF16 values: online softmax over blocks of 64, sink in the denominator",
+    "attention_scale": "attention_scale(model, layer) -> float: the softmax_scale passed to the kernel",
+    "attention_q": "attention_q(q [T,H,D], *, model) -> f32: V4 rescales each head to unit RMS (BF16 ops); V4.1 q",
+    "attention_output": "attention_output(o [T,H,D], positions int64 [T], freqs f32 [d/2]) -> f32: the RoPE "
+                        "tail de-rotated by the conjugate table",
+}
+
+V4_MODELS = tuple(m for m in PROFILES if m != "v3.2")
+STAR_K0 = 32.0                     # the star row's channel 0: its score is every head's max
+
+
+@dataclass
+class Case:
+    model: str
+    q: np.ndarray
+    kv: np.ndarray
+    sink: np.ndarray
+    indices: np.ndarray
+    scale: float
+
+    @property
+    def init(self) -> float:
+        return spec.running_max_init(profile(self.model))
+
+    def bounds(self, order: str):
+        return spec.bounds(self.q, self.kv, self.sink, self.indices, self.scale, self.init, order)
+
+    def describe(self) -> str:
+        T, H, D = self.q.shape
+        return (f"{self.model}, T={T} H={H} D={D} K={self.indices.shape[1]} N={self.kv.shape[0]}, "
+                f"scale={self.scale!r}, {int((self.indices == -1).sum())} entries −1")
+
+
+def _smallints(rng, shape, top=15):
+    return rng.integers(-top, top + 1, shape) / 8.0
+
+
+def make_case(seed: int, model: str, T: int, H: int, D: int, K: int, *, max_at: int = 0, invalid: float = 0.0,
+              leading: int = 0, duplicates: int = 0, sink: str = "near", scale: float | None = None) -> Case:
+    """A determined input: small-integer q and kv (exact dots), the star row 0 at list position max_at
+    (−1 entries: a fraction `invalid` after it, the first `leading` entries), `duplicates` entries
+    repeating an earlier one (the star first), and the sink placed relative to each head's max."""
+    rng = np.random.default_rng(seed)
+    N = max(K + 8, 16)
+    q = _smallints(rng, (T, H, D))
+    q[..., 0] = rng.integers(24, 65, (T, H)) / 8.0
+    q[..., 1:1 + H] = 0.0                                   # value channels: no part in any score
+    kv = _smallints(rng, (N, D))
+    kv[:, 0] = _smallints(rng, N, 8)
+    kv[0, 0] = STAR_K0
+    indices = np.stack([rng.permutation(np.arange(1, N))[:K] for _ in range(T)])
+    at = min(max_at, K - 1)
+    indices[:, at] = 0
+    if invalid:
+        drop = rng.random((T, K)) < invalid
+        drop[:, :at + 1] = False
+        indices[drop] = -1
+    if leading:
+        indices[:, :min(leading, K)] = -1
+        if leading < K:
+            indices[:, leading] = 0
+    if duplicates:
+        sources = [at, *rng.integers(0, K, duplicates - 1)]
+        targets = rng.permutation([p for p in range(K) if p != at])[:duplicates]
+        for src, dst in zip(sources, targets):
+            indices[:, dst] = indices[:, src]
+    scale = spec.softmax_scale(profile(model)) if scale is None else scale
+    case = Case(model, round_bf16(q), round_bf16(kv), np.zeros(H), indices, float(np.float32(scale)))
+    case.sink = _sink(case, sink, rng)
+    return case
+
+
+def _sink(case: Case, kind: str, rng) -> np.ndarray:
+    s = spec.scores(case.q, case.kv, case.indices, case.scale)
+    M = np.max(np.where(np.isfinite(s), s, -1e30), axis=(0, 2))            # per head, over tokens
+    offset = {"near": 0.0, "below": -60.0, "above": 30.0, "far_above": 120.0}[kind]
+    jitter = rng.integers(-8, 9, M.shape) / 16.0 if kind == "near" else 0.0
+    return np.float32(M + offset + jitter).astype(np.float64)
+
+
+def _one_sided(case: Case, official, other):
+    """Set value channel 1 + h of each listed row to the sign (for token 0, head h) of the
+    difference official − other of that row's weight, so that a mistake moves channel 1 + h far."""
+    T, H, D = case.q.shape
+    diff = np.nan_to_num(np.asarray(official) - np.asarray(other))[0]          # [H, K]
+    for h in range(min(H, D - 1)):
+        for j, row in enumerate(case.indices[0]):
+            if row > 0 and diff[h, j] != 0:
+                case.kv[row, 1 + h] = np.sign(diff[h, j])
+    return case
+
+
+def _weights(case: Case, maxima: str):
+    """Each listed entry's numerator weight: official (against the running max of its block), at
+    the global max, or unrounded."""
+    s = spec.scores(case.q, case.kv, case.indices, case.scale)
+    m = spec.running_maxima(s, case.init)
+    M = m[..., -1:]
+    with np.errstate(invalid="ignore", over="ignore"):
+        if maxima == "running":
+            return spec.probabilities(s, m) * np.exp(m - M)
+        if maxima == "global":
+            return spec.probabilities(s, M)
+        return np.exp(s - M)
+
+
+def _order(target, rule_order: bool = False) -> str:
+    value = target.variant("attn_order")
+    if value == "split":
+        return "any"
+    return "blocks64" if rule_order and value == "blocks64" else "list"
+
+
+def _t(x, dtype=torch.float32):
+    return torch.tensor(np.asarray(x), dtype=dtype)
+
+
+def run(target, case: Case) -> np.ndarray:
+    out = target.sparse_attention(_t(case.q), _t(case.kv), _t(case.sink), _t(case.indices, torch.int64),
+                                  case.scale, model=case.model)
+    return as_numpy(out).astype(np.float64)
+
+
+def judge(target, case: Case, what: str, order: str | None = None, got=None):
+    got = run(target, case) if got is None else got
+    T, H, D = case.q.shape
+    if got.shape != (T, H, D):
+        raise AssertionError(f"{what}: output shape {got.shape}, expected {(T, H, D)}")
+    lo, hi = case.bounds(order or _order(target))
+    ok = spec.admitted(got, lo, hi)
+    bad = np.argwhere(~ok)
+    if bad.size:
+        t, h, c = (int(i) for i in bad[0])
+        o = spec.reference(case.q, case.kv, case.sink, case.indices, case.scale, case.init)
+        raise AssertionError(
+            f"{what}: {len(bad)} of {ok.size} outputs outside the admitted BF16 interval; at token {t} head {h} "
+            f"channel {c}: got {got[t, h, c]!r}, official {round_bf16(o[t, h, c])!r} (exact {o[t, h, c]!r}), "
+            f"admitted [{round_bf16(lo[t, h, c])!r}, {round_bf16(hi[t, h, c])!r}]; {case.describe()}")
+    return got
+
+
+shapes = dict(T=st.integers(1, 3), H=st.integers(1, 20), D=st.sampled_from((16, 32, 64)),
+              K=st.sampled_from((1, 2, 63, 64, 65, 100, 128, 130, 200)), seed=st.integers(0, 2 ** 32 - 1))
+LATE = dict(shapes, model=st.sampled_from(V4_MODELS), max_at=st.sampled_from((64, 100, 128, 199)))
+EDGE = [dict(T=1, H=1, D=32, K=1, seed=0), dict(T=2, H=3, D=64, K=130, seed=1),
+        dict(T=1, H=20, D=64, K=65, seed=2), dict(T=3, H=16, D=16, K=200, seed=3)]
+
+
+# ------------------------------------------------------------------------------------------------
+# the lists
+# ------------------------------------------------------------------------------------------------
+@check("ATTN.GATHER", ops=("sparse_attention",))
+@forall(*[dict(ex, model="v4.1-flash", invalid=0.3) for ex in EDGE], **shapes,
+        model=st.sampled_from(V4_MODELS), invalid=st.sampled_from((0.0, 0.1, 0.5, 0.9)))
+def minus_one_entries_contribute_nothing(target, T, H, D, K, seed, model, invalid):
+    judge(target, make_case(seed, model, T, H, D, K, invalid=invalid),
+          "ATTN.GATHER: rows named by the list; −1 adds nothing to the numerator or the denominator")
+
+
+@check("ATTN.DUPLICATES", ops=("sparse_attention",))
+@forall(dict(T=1, H=2, D=32, K=2, seed=0, model="v4-flash", duplicates=1),
+        dict(T=2, H=17, D=64, K=130, seed=5, model="v4.1-flash", duplicates=40),
+        **shapes, model=st.sampled_from(V4_MODELS), duplicates=st.integers(1, 40))
+def an_index_listed_twice_is_attended_twice(target, T, H, D, K, seed, model, duplicates):
+    if K < 2:
+        K = 2
+    judge(target, make_case(seed, model, T, H, D, K, duplicates=duplicates),
+          "ATTN.DUPLICATES: every entry counts, repeated rows included (no de-duplication)")
+
+
+@check("ATTN.INIT", ops=("sparse_attention",))
+@forall(dict(T=1, H=3, D=32, K=200, seed=0, model="v4.1-flash", leading=122),
+        dict(T=2, H=1, D=16, K=64, seed=1, model="v4.1-flash", leading=64),
+        dict(T=1, H=4, D=32, K=130, seed=2, model="v4-flash", leading=0),
+        **shapes, model=st.sampled_from(V4_MODELS), leading=st.sampled_from((0, 1, 63, 64, 100, 127, 128)))
+def running_max_start(target, T, H, D, K, seed, model, leading):
+    """V4.1: a leading stretch of −1 (the filling window ring) leaves no trace; V4 lists start valid."""
+    leading = 0 if model not in V41 else leading
+    judge(target, make_case(seed, model, T, H, D, max(K, leading + 1), leading=leading),
+          f"ATTN.INIT: the running max starts at {'−1e30' if model in V41 else '−inf'}; {leading} leading −1 entries")
+
+
+@check("ATTN.INIT", ops=("sparse_attention",))
+@forall(dict(T=1, H=1, D=16, K=64, seed=0), dict(T=2, H=17, D=64, K=130, seed=1), **shapes)
+def v41_row_without_a_valid_entry_is_zero(target, T, H, D, K, seed):
+    case = make_case(seed, "v4.1-flash", T, H, D, K)
+    case.indices[0] = -1
+    got = run(target, case)
+    assert_equal(got[0], np.zeros_like(got[0]),
+                 what="ATTN.INIT: V4.1, a row whose entries are all −1 gives 0 (the running max starts at −1e30)")
+    judge(target, case, "ATTN.INIT: V4.1, the other rows", got=got)
+
+
+# ------------------------------------------------------------------------------------------------
+# scores and probabilities
+# ------------------------------------------------------------------------------------------------
+@check("ATTN.SCORE", ops=("sparse_attention",))
+@forall(dict(T=1, H=2, D=64, K=64, seed=0, model="v4-flash", scale=0.125),
+        dict(T=2, H=5, D=32, K=130, seed=1, model="v4.1-flash", scale=0.03125),
+        **shapes, model=st.sampled_from(V4_MODELS), scale=st.sampled_from((None, 0.125, 0.03125, 0.1, 0.25)))
+def scores_are_fp32_dots_times_the_scale(target, T, H, D, K, seed, model, scale):
+    judge(target, make_case(seed, model, T, H, D, K, scale=scale),
+          f"ATTN.SCORE: s = fl32(fl32(q·k)·scale), scale {scale or 'softmax_scale'}, never rounded to BF16")
+
+
+@check("ATTN.PROB.BF16", ops=("sparse_attention",))
+@forall(*[dict(ex, model="v4-flash") for ex in EDGE], **shapes, model=st.sampled_from(V4_MODELS))
+def probabilities_rounded_to_bf16_for_the_second_product(target, T, H, D, K, seed, model):
+    case = make_case(seed, model, T, H, D, K, sink="below")
+    _one_sided(case, _weights(case, "running"), _weights(case, "exact"))
+    judge(target, case, "ATTN.PROB.BF16: bf16(exp(s − m)) times the KV rows; the fp32 value in the sum only")
+
+
+@check("ATTN.PROB.ORDER", ops=("sparse_attention",))
+@forall(dict(T=1, H=4, D=64, K=128, seed=0, model="v4.1-flash", max_at=64),
+        dict(T=1, H=17, D=32, K=200, seed=1, model="v4-flash", max_at=199),
+        **LATE)
+def probabilities_rounded_against_the_running_max(target, T, H, D, K, seed, model, max_at):
+    case = make_case(seed, model, T, H, D, max(K, max_at + 1), max_at=max_at, sink="below")
+    _one_sided(case, _weights(case, "running"), _weights(case, "global"))
+    judge(target, case, f"ATTN.PROB.ORDER: blocks of 64 in list order, the row max at entry {max_at}: "
+          "early probabilities rounded against the running max", order=_order(target, rule_order=True))
+
+
+@check("ATTN.RESCALE", ops=("sparse_attention",))
+@forall(dict(T=1, H=2, D=32, K=128, seed=0, model="v4-flash", max_at=64),
+        dict(T=2, H=16, D=64, K=200, seed=1, model="v4.1-flash", max_at=150),
+        **LATE)
+def accumulators_rescaled_when_the_max_grows(target, T, H, D, K, seed, model, max_at):
+    judge(target, make_case(seed, model, T, H, D, max(K, max_at + 1), max_at=max_at),
+          f"ATTN.RESCALE: the row max at entry {max_at}: both fp32 accumulators times exp(m_old − m_new)")
+
+
+@check("ATTN.SINK", ops=("sparse_attention",))
+@forall(*[dict(ex, model="v4.1-flash", sink=k) for ex, k in zip(EDGE, ("near", "below", "above", "far_above"))],
+        **shapes, model=st.sampled_from(V4_MODELS), sink=st.sampled_from(("near", "near", "below", "above", "far_above")))
+def sink_in_the_denominator_only(target, T, H, D, K, seed, model, sink):
+    judge(target, make_case(seed, model, T, H, D, K, sink=sink),
+          f"ATTN.SINK: exp(sink − M) added to the denominator only (sink {sink} the row max)")
+
+
+@check("ATTN.OUTPUT", ops=("sparse_attention",))
+@forall(*[dict(ex, model="v4-flash") for ex in EDGE], **shapes, model=st.sampled_from(V4_MODELS))
+def output_divided_and_written_bf16(target, T, H, D, K, seed, model):
+    case = make_case(seed, model, T, H, D, K, invalid=0.2)
+    got = run(target, case)
+    if not is_bf16(got).all():
+        raise AssertionError("ATTN.OUTPUT: the output must hold BF16 values (acc / sum, rounded once)")
+    judge(target, case, "ATTN.OUTPUT: o = bf16(N / L)", got=got)
+
+
+# ------------------------------------------------------------------------------------------------
+# the layer around the kernel
+# ------------------------------------------------------------------------------------------------
+@check("ATTN.SCALE", ops=("attention_scale",))
+@forall(model=st.sampled_from(V4_MODELS))
+def softmax_scale_is_head_dim_to_the_minus_half(target, model):
+    m = profile(model)
+    want = m.head_dim ** -0.5
+    for layer in sorted({m.compress_ratios.index(r) for r in set(m.compress_ratios)}):
+        got = float(target.attention_scale(model, layer))
+        if not abs(got / want - 1) <= 2.0 ** -23:
+            raise AssertionError(f"ATTN.SCALE: {model} layer {layer} (ratio {m.ratio(layer)}): softmax_scale "
+                                 f"{got!r}, expected head_dim^-0.5 = {want!r} (no YaRN factor)")
+
+
+@check("ATTN.Q_NORM", ops=("attention_q",))
+@forall(dict(model="v4-flash", seed=0, spread=4), dict(model="v4.1-flash", seed=1, spread=4),
+        model=st.sampled_from(V4_MODELS), seed=st.integers(0, 2 ** 32 - 1), spread=st.integers(0, 6))
+def v4_rescales_each_head_of_q(target, model, seed, spread):
+    rng = np.random.default_rng(seed)
+    q = round_bf16(rng.standard_normal((3, 4, 512)) * 2.0 ** rng.integers(-spread, spread + 1, (3, 4, 1)))
+    got = as_numpy(target.attention_q(_t(q), model=model)).astype(np.float64)
+    m = profile(model)
+    if model in V41:
+        assert_equal(got, q, what="ATTN.Q_NORM: V4.1 passes the main q unchanged (no per-head RMS rescale)")
+        return
+    mean = round_bf16(q * q).mean(-1, keepdims=True)
+    want = q / np.sqrt(mean + m.norm_eps)
+    tol = spec.q_rescale_tolerance(q, m)
+    bad = np.argwhere(~(np.abs(got - want) <= tol))
+    if bad.size:
+        i = tuple(int(x) for x in bad[0])
+        raise AssertionError(f"ATTN.Q_NORM: V4 rescales each head to unit RMS; {len(bad)} of {q.size} off, at {i}: "
+                             f"got {got[i]!r}, expected {want[i]!r} ± {tol[i]:.3g}")
+
+
+@check("ATTN.DEROTATE", ops=("attention_output",))
+@forall(dict(seed=0, layer=2, far=False), dict(seed=1, layer=0, far=True),
+        seed=st.integers(0, 2 ** 32 - 1), layer=st.sampled_from((0, 2, 3)), far=st.booleans())
+def output_rope_tail_rotated_back(target, seed, layer, far):
+    rng = np.random.default_rng(seed)
+    o = round_bf16(rng.standard_normal((4, 3, 512)))
+    positions = rng.integers(1, 2 ** 20 if far else 4096, 4)
+    freqs = spec_rope.frequencies_fp32(profile("v4-flash"), layer)
+    got = as_numpy(target.attention_output(_t(o), _t(positions, torch.int64), _t(freqs))).astype(np.float64)
+    assert_equal(got[..., :448], o[..., :448], what="ATTN.DEROTATE: channels 0..447 pass unchanged")
+    conj = spec.derotation_freqs(freqs)
+    ref = spec_rope.rotate_exact(o, positions, conj)
+    tol = spec_rope.rotate_tolerance(o, positions, conj)
+    bad = np.argwhere(~(np.abs(got - ref) <= tol))
+    if bad.size:
+        i = tuple(int(x) for x in bad[0])
+        raise AssertionError(f"ATTN.DEROTATE: the last 64 channels turn by −p·f (conjugate); {len(bad)} off, "
+                             f"at {i}: got {got[i]!r}, expected {ref[i]!r} ± {tol[i]:.3g}")
