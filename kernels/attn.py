@@ -31,6 +31,7 @@ __all__ = ["sparse_attention"]
 
 BLOCK_H = 16
 SM_TARGET = 128            # programs below which the output channels are split (decode)
+STAGES = 2                 # software pipelining of the list's blocks on the GPU
 
 
 @triton.jit
@@ -43,9 +44,32 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _sparse_attention_kernel(q_ptr, kv_ptr, sink_ptr, idx_ptr, out_ptr, H, K, N, scale, init,
+def _block(q, acc, total, m, start, t, idx_ptr, kv_ptr, K, scale, dims, dv, D: tl.constexpr,
+           BLOCK_K: tl.constexpr, BLOCK_DV: tl.constexpr, IEEE: tl.constexpr):
+    """One block of 64 list entries: gather, score, running max, both sums rescaled."""
+    entry = start + tl.arange(0, BLOCK_K)
+    idx = tl.load(idx_ptr + t * K + entry, mask=entry < K, other=-1)
+    valid = idx != -1
+    row = tl.where(valid, idx, 0).to(tl.int64)
+    keys = tl.load(kv_ptr + row[:, None] * D + dims[None, :], mask=valid[:, None], other=0.0)
+    s = _dot(q, tl.trans(keys), IEEE) * scale
+    s = tl.where(valid[None, :], s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, 1))
+    rescale = tl.exp(m - m_new)
+    p = tl.exp(s - m_new[:, None])
+    total = total * rescale + tl.sum(p, 1)
+    if BLOCK_DV == D:
+        values = keys                                 # K = V: the same rows
+    else:
+        values = tl.load(kv_ptr + row[:, None] * D + dv[None, :], mask=valid[:, None], other=0.0)
+    acc = acc * rescale[:, None] + _dot(_bf16_round(p).to(tl.bfloat16), values, IEEE)
+    return acc, total, m_new
+
+
+@triton.jit
+def _sparse_attention_kernel(q_ptr, kv_ptr, sink_ptr, idx_ptr, out_ptr, H, K, scale, init,
                              D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
-                             BLOCK_DV: tl.constexpr, IEEE: tl.constexpr):
+                             BLOCK_DV: tl.constexpr, IEEE: tl.constexpr, STAGES: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     head_ok = heads < H
@@ -55,23 +79,16 @@ def _sparse_attention_kernel(q_ptr, kv_ptr, sink_ptr, idx_ptr, out_ptr, H, K, N,
     acc = tl.zeros((BLOCK_H, BLOCK_DV), dtype=tl.float32)
     total = tl.zeros((BLOCK_H,), dtype=tl.float32)
     m = tl.full((BLOCK_H,), 0.0, tl.float32) + init
-    start = 0
-    while start < K:                       # (the interpreter cannot range over run-time scalars)
-        entry = start + tl.arange(0, BLOCK_K)
-        idx = tl.load(idx_ptr + t * K + entry, mask=entry < K, other=-1)
-        valid = idx != -1
-        row = tl.where(valid, idx, 0).to(tl.int64)
-        keys = tl.load(kv_ptr + row[:, None] * D + dims[None, :], mask=valid[:, None], other=0.0)
-        s = _dot(q, tl.trans(keys), IEEE) * scale
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        rescale = tl.exp(m - m_new)
-        p = tl.exp(s - m_new[:, None])
-        total = total * rescale + tl.sum(p, 1)
-        values = tl.load(kv_ptr + row[:, None] * D + dv[None, :], mask=valid[:, None], other=0.0)
-        acc = acc * rescale[:, None] + _dot(_bf16_round(p).to(tl.bfloat16), values, IEEE)
-        m = m_new
-        start += BLOCK_K
+    if STAGES > 0:
+        for start in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+            acc, total, m = _block(q, acc, total, m, start, t, idx_ptr, kv_ptr, K, scale, dims, dv, D, BLOCK_K,
+                                   BLOCK_DV, IEEE)
+    else:                                  # the interpreter cannot range over run-time scalars
+        start = 0
+        while start < K:
+            acc, total, m = _block(q, acc, total, m, start, t, idx_ptr, kv_ptr, K, scale, dims, dv, D, BLOCK_K,
+                                   BLOCK_DV, IEEE)
+            start += BLOCK_K
     sink = tl.load(sink_ptr + heads, mask=head_ok, other=0.0)
     total = total + tl.exp(sink - m)
     o = _bf16_round(acc / total[:, None])
@@ -99,6 +116,12 @@ def sparse_attention(q, kv, sink, indices, scale, *, model: str) -> torch.Tensor
     return out.float().cpu()
 
 
+def config(D: int, dv: int) -> dict:
+    """The compile-time arguments of one launch (the sm_90 compile test builds these)."""
+    return dict(D=D, BLOCK_H=BLOCK_H, BLOCK_K=spec.BLOCK, BLOCK_DV=dv, IEEE=INTERPRETED,
+                STAGES=0 if INTERPRETED else STAGES, num_warps=4 if D <= 128 else 8)
+
+
 def launch(q, kv, sink, indices, scale: float, init: float, block_dv: int | None = None) -> torch.Tensor:
     """Device tensors in (q [T, H, D] BF16, kv [N, D] BF16, sink [H] fp32, indices [T, K] int32),
     the BF16 output [T, H, D] out; D a power of two ≥ 16."""
@@ -112,7 +135,6 @@ def launch(q, kv, sink, indices, scale: float, init: float, block_dv: int | None
     if T == 0:
         return out
     _sparse_attention_kernel[(T, groups, D // dv)](
-        q.contiguous(), kv.contiguous(), sink.float().contiguous(), indices.contiguous(), out, H, K,
-        kv.shape[0], scale, init, D=D, BLOCK_H=BLOCK_H, BLOCK_K=spec.BLOCK, BLOCK_DV=dv,
-        IEEE=INTERPRETED, num_warps=4 if D <= 128 else 8, num_stages=1 if INTERPRETED else 2)
+        q.contiguous(), kv.contiguous(), sink.float().contiguous(), indices.contiguous(), out, H, K, scale, init,
+        **config(D, dv))
     return out

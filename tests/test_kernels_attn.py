@@ -1,6 +1,12 @@
 """The sparse-attention kernel against impl (run under TRITON_INTERPRET=1 without a GPU): bit for
 bit on the probes and at V4.1's decode shape, its output-channel split equal to the unsplit
-kernel, and every ATTN rule it implements passing."""
+kernel, every ATTN rule it implements passing, and an sm_90 compile (no GPU needed) at the
+launch configurations."""
+import os
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 import torch
@@ -69,3 +75,30 @@ def test_bad_head_dim_is_named():
     with pytest.raises(ValueError, match="power of two"):
         kernels.sparse_attention(torch.zeros(1, 2, 24), torch.zeros(4, 24), torch.zeros(2), torch.tensor([[0]]), 0.1,
                                  model="v4-flash")
+
+
+COMPILE_SM90 = textwrap.dedent("""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from dsv4spec.kernels import attn as K
+    assert not K.INTERPRETED
+    for D, dv in ((512, 512), (512, 128), (512, 64), (64, 64)):
+        cfg = K.config(D, dv)
+        warps = cfg.pop("num_warps")
+        signature = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "sink_ptr": "*fp32", "idx_ptr": "*i32",
+                     "out_ptr": "*bf16", "H": "i32", "K": "i32", "scale": "fp32", "init": "fp32",
+                     **{name: "constexpr" for name in cfg}}
+        src = triton.compiler.ASTSource(fn=K._sparse_attention_kernel, signature=signature, constexprs=cfg)
+        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+        shared = compiled.metadata.shared
+        assert len(compiled.asm["cubin"]) > 0 and shared <= 232448, (D, dv, shared)
+        print("compiled", D, dv, shared, compiled.n_spills if hasattr(compiled, "n_spills") else "")
+""")
+
+
+def test_kernel_compiles_for_sm90_at_its_launch_configurations():
+    pytest.importorskip("triton.backends.nvidia")
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    done = subprocess.run([sys.executable, "-c", COMPILE_SM90], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    assert done.stdout.count("compiled") == 4, done.stdout
