@@ -9,6 +9,8 @@ Operations (contract in dsv4spec.properties.attn):
     attention_q(q [T, H, D], *, model) -> f32    V4: each head rescaled to unit RMS (BF16 ops); V4.1: q
     attention_output(o [T, H, D], positions int64 [T], freqs f32 [d/2]) -> f32
         the last 2·len(freqs) channels de-rotated by the conjugate table.
+    attention_layer(inputs: dict, *, model, layer, start_pos) -> dict of stages
+        index_layer's stages, then the attention's (see attention_layer).
 """
 from __future__ import annotations
 
@@ -16,9 +18,11 @@ import torch
 
 from ..spec import attn as spec
 from .indexer import _bf16, _bf16_values, _tensor
-from .rope import rope_table
+from .path import _bf16_input, _input, index_layer, kv_qdq
+from .quant import fp8_qdq
+from .rope import rope_freqs, rope_rotate, rope_table
 
-__all__ = ["sparse_attention", "attention_scale", "attention_q", "attention_output"]
+__all__ = ["sparse_attention", "attention_scale", "attention_q", "attention_output", "attention_layer"]
 
 
 def _model(op: str, model: str):
@@ -108,3 +112,67 @@ def attention_output(o, positions, freqs) -> torch.Tensor:
     out[..., -rd::2] = _bf16(a * cos + b * sin)
     out[..., -rd + 1::2] = _bf16(b * cos - a * sin)
     return out
+
+
+# ------------------------------------------------------------------------------------------------
+# the layer: from the index path's lists to the de-rotated output (teacher-forced)
+# ------------------------------------------------------------------------------------------------
+def window_kv_qdq(x: torch.Tensor, model: str) -> torch.Tensor:
+    """What attention reads of the window KV: V4 FP8 E8M0/64 on the 448 NoPE channels (RoPE tail
+    BF16), V4.1 FP8 E8M0/32 on the whole vector."""
+    if model in spec.V4:
+        return torch.cat([fp8_qdq(x[..., :-64].contiguous(), 64), x[..., -64:]], -1)
+    return fp8_qdq(x, 32)
+
+
+def compressed_kv_qdq(x: torch.Tensor, model: str) -> torch.Tensor:
+    """What attention reads of a compressed entry: V4 as its window KV, V4.1 FP4 E4M3/16 (PATH.QDQ)."""
+    return window_kv_qdq(x, model) if model in spec.V4 else kv_qdq(x, "fp4_e4m3")
+
+
+def attention_layer(inputs: dict, *, model: str, layer: int, start_pos: int = 0) -> dict:
+    """index_layer's stages, then the attention's, each from the stage before:
+
+    q_norm (attention_q of the input q_attn), q_attn_rot (RoPE at the tokens' positions), kv_rot and
+    kv_window (the new tokens' kv_normed rotated, then QDQ), cmp_rot and cmp (prefill on a layer that
+    compresses its KV: the entries kv_entries rotated at j·ratio, then QDQ; otherwise the cache
+    kv_cache as attention reads it), kv ([window rows | compressed rows]; decode: the ring
+    window_cache with the new row at start_pos % 128), o (sparse attention over the lists
+    `indices`, the sink `sink`), o_derot (attention_output)."""
+    op = "attention_layer"
+    m = _model(op, model)
+    out = index_layer(inputs, model=model, layer=layer, start_pos=start_pos)
+    T = out["window_idx"].shape[0]
+    positions = torch.arange(start_pos, start_pos + T)
+    freqs = rope_freqs(model, layer, "q")
+    q = _bf16_input(op, inputs, "q_attn", (T, None, m.head_dim))
+    sink = _input(op, inputs, "sink", (q.shape[1],)).float()
+    out["q_norm"] = attention_q(q, model=model)
+    out["q_attn_rot"] = rope_rotate(out["q_norm"], positions, freqs)
+    kv_new = _bf16_input(op, inputs, "kv_normed", (T, m.head_dim))
+    out["kv_rot"] = rope_rotate(kv_new, positions, rope_freqs(model, layer, "window_kv"))
+    out["kv_window"] = window_kv_qdq(out["kv_rot"], model)
+    if start_pos == 0:
+        rows = out["kv_window"]
+    else:
+        rows = _bf16_input(op, inputs, "window_cache", (m.window, m.head_dim)).clone()
+        rows[start_pos % m.window] = out["kv_window"][0]
+    ratio = m.ratio(layer)
+    if ratio:
+        E = (start_pos + T) // ratio
+        if start_pos == 0 and compresses_here(m, layer):
+            entries = _bf16_input(op, inputs, "kv_entries", (E, m.head_dim))
+            out["cmp_rot"] = rope_rotate(entries, torch.arange(E) * ratio, rope_freqs(model, layer, "compressed_kv"))
+            out["cmp"] = compressed_kv_qdq(out["cmp_rot"], model)
+        else:
+            out["cmp"] = _bf16_input(op, inputs, "kv_cache", (E, m.head_dim))
+        rows = torch.cat([rows, out["cmp"]])
+    out["kv"] = rows
+    out["o"] = sparse_attention(out["q_attn_rot"], rows, sink, out["indices"], spec.softmax_scale(m), model=model)
+    out["o_derot"] = attention_output(out["o"], positions, freqs)
+    return out
+
+
+def compresses_here(m, layer: int) -> bool:
+    """Whether the layer writes its own compressed KV (V4: every compressed layer; V4.1: the KV sources)."""
+    return m.ratio(layer) > 0 and (m.name in spec.V4 or layer in m.kv_source_layers)

@@ -14,9 +14,11 @@ import torch
 
 from ..spec import attn as spec
 from ..spec.models import profile
-from .rope import apply_rotary_emb, freqs_cis
+from .path import index_layer, kv_qdq
+from .quant import fp8_qdq
+from .rope import apply_rotary_emb, freqs_cis, rope_freqs
 
-__all__ = ["sparse_attention", "attention_scale", "attention_q", "attention_output"]
+__all__ = ["sparse_attention", "attention_scale", "attention_q", "attention_output", "attention_layer"]
 
 
 def _sparse_attn(q, kv, attn_sink, topk_idxs, softmax_scale, init):
@@ -78,3 +80,52 @@ def attention_output(o, positions, freqs) -> torch.Tensor:
     y = o.to(torch.bfloat16)
     apply_rotary_emb(y[..., -rd:], freqs_cis(positions, freqs.float()).conj())
     return y.float()
+
+
+def _qdq(x: torch.Tensor, model: str, compressed: bool) -> torch.Tensor:
+    """V4: act_quant(kv[..., :-rd], 64) in place (window L506, compressor L372); V4.1: act_quant(kv, 32)
+    for the window (L707), fp4_act_quant(latent, 16, E4M3) for compressed entries (L760)."""
+    if model in spec.V4:
+        x[..., :-64] = fp8_qdq(x[..., :-64].contiguous(), 64).to(torch.bfloat16)
+        return x
+    return (kv_qdq(x, "fp4_e4m3") if compressed else fp8_qdq(x, 32)).to(torch.bfloat16)
+
+
+def attention_layer(inputs: dict, *, model: str, layer: int, start_pos: int = 0) -> dict:
+    m = spec.model_of(model)
+    out = index_layer(inputs, model=model, layer=layer, start_pos=start_pos)
+    T = inputs["kv_normed"].shape[0]
+    table = freqs_cis(torch.arange(start_pos, start_pos + T), rope_freqs(model, layer))
+    q = inputs["q_attn"].to(torch.bfloat16).clone()
+    if model in spec.V4:
+        q *= torch.rsqrt(q.square().mean(-1, keepdim=True) + m.norm_eps)
+    out["q_norm"] = q.float()
+    apply_rotary_emb(q[..., -64:], table)
+    out["q_attn_rot"] = q.float()
+    kv = inputs["kv_normed"].to(torch.bfloat16).clone()
+    apply_rotary_emb(kv[..., -64:], table)
+    out["kv_rot"] = kv.float()
+    kv = _qdq(kv, model, False)
+    out["kv_window"] = kv.float()
+    if start_pos:
+        ring = inputs["window_cache"].to(torch.bfloat16).clone()
+        ring[start_pos % m.window] = kv[0]
+        kv = ring
+    ratio = m.ratio(layer)
+    if ratio:
+        E = (start_pos + T) // ratio
+        if start_pos == 0 and (model in spec.V4 or layer in m.kv_source_layers):
+            latent = inputs["kv_entries"].to(torch.bfloat16).clone()
+            apply_rotary_emb(latent[..., -64:], freqs_cis(torch.arange(E) * ratio, rope_freqs(model, layer)))
+            out["cmp_rot"] = latent.float()
+            latent = _qdq(latent, model, True)
+        else:
+            latent = inputs["kv_cache"].to(torch.bfloat16)
+        out["cmp"] = latent.float()
+        kv = torch.cat([kv, latent])
+    out["kv"] = kv.float()
+    o = sparse_attention(q.float(), kv.float(), inputs["sink"].float(), out["indices"], attention_scale(model, layer),
+                         model=model)
+    out["o"] = o
+    out["o_derot"] = attention_output(o, torch.arange(start_pos, start_pos + T), rope_freqs(model, layer))
+    return out

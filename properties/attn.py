@@ -341,3 +341,184 @@ def output_rope_tail_rotated_back(target, seed, layer, far):
         i = tuple(int(x) for x in bad[0])
         raise AssertionError(f"ATTN.DEROTATE: the last 64 channels turn by −p·f (conjugate); {len(bad)} off, "
                              f"at {i}: got {got[i]!r}, expected {ref[i]!r} ± {tol[i]:.3g}")
+
+
+# ------------------------------------------------------------------------------------------------
+# the layer: index_layer's stages, then the attention's
+# ------------------------------------------------------------------------------------------------
+OPS["attention_layer"] = ("attention_layer(inputs: dict, *, model, layer, start_pos) -> dict: index_layer's stages, "
+                          "then q_norm, q_attn_rot, kv_rot, kv_window, cmp_rot, cmp, kv, o, o_derot")
+LAYER_HEADS = 16
+
+
+def attention_layer_case(case):
+    """A path LayerCase with the attention's inputs added: q_attn [T, 16, 512] (heads of unlike
+    RMS), sink [16], kv_normed [T, 512], and window_cache (decode), kv_entries (prefill on a layer
+    that writes its compressed KV) or kv_cache."""
+    from .path import LayerCase, _normal_bf16
+    m = profile(case.model)
+    rng = np.random.default_rng(1000 + case.layer + case.start_pos)
+    T, D, ratio = case.seqlen, m.head_dim, m.ratio(case.layer)
+    extra = {"q_attn": _normal_bf16(rng, (T, LAYER_HEADS, D)) * np.float32(2.0) ** rng.integers(-3, 4, (1, LAYER_HEADS, 1)),
+             "sink": rng.standard_normal(LAYER_HEADS).astype(np.float32),
+             "kv_normed": _normal_bf16(rng, (T, D))}
+    if case.start_pos:
+        extra["window_cache"] = _normal_bf16(rng, (m.window, D))
+    if ratio:
+        E = (case.start_pos + T) // ratio
+        name = "kv_entries" if case.start_pos == 0 and _compresses_here(m, case.layer) else "kv_cache"
+        extra[name] = _normal_bf16(rng, (E, D))
+    return LayerCase(case.label + ", with attention", case.model, case.layer, case.start_pos,
+                     case.inputs + tuple(extra.items()))
+
+
+def _compresses_here(m, layer: int) -> bool:
+    return m.ratio(layer) > 0 and (m.name not in V41 or layer in m.kv_source_layers)
+
+
+_LAYER_CASES: list = []
+_LAYER_RUNS: dict = {}
+
+
+def attention_layer_cases():
+    if not _LAYER_CASES:
+        from .path import layer_cases
+        _LAYER_CASES.extend(attention_layer_case(c) for c in layer_cases())
+    return _LAYER_CASES
+
+
+def run_attention_layer(target, case) -> dict:
+    key = (id(target.provider), case.label)
+    if key not in _LAYER_RUNS or _LAYER_RUNS[key][0] is not target.provider:
+        out = target.attention_layer(case.torch_inputs(), model=case.model, layer=case.layer, start_pos=case.start_pos)
+        _LAYER_RUNS[key] = (target.provider, {k: as_numpy(v) for k, v in out.items()})
+    return _LAYER_RUNS[key][1]
+
+
+def _stage(out, name, case) -> np.ndarray:
+    if name not in out:
+        raise AssertionError(f"stage {name!r} missing from the layer's outputs [{case!r}]")
+    return np.asarray(out[name], dtype=np.float64) if out[name].dtype.kind == "f" else np.asarray(out[name])
+
+
+def _same(got, want, what, case):
+    assert_equal(np.asarray(got, np.float64), np.asarray(want, np.float64), what=f"{what} [{case!r}]")
+
+
+def _qdq(x, model: str, compressed: bool) -> np.ndarray:
+    from ..spec import path as spec_path
+    from ..spec import quant as spec_quant
+    if model not in V41:
+        return np.concatenate([spec_quant.fp8_qdq(x[..., :-64], 64), x[..., -64:]], -1)
+    return spec_path.kv_qdq(x) if compressed else spec_quant.fp8_qdq(x, 32)
+
+
+def _judge_q_norm(target, case, out):
+    q = case.arrays()["q_attn"].astype(np.float64)
+    m = profile(case.model)
+    got = _stage(out, "q_norm", case)
+    if case.model in V41:
+        return _same(got, q, "ATTN.Q_NORM: V4.1 leaves the main q as wq_b wrote it", case)
+    want = q / np.sqrt(round_bf16(q * q).mean(-1, keepdims=True) + m.norm_eps)
+    if not (np.abs(got - want) <= spec.q_rescale_tolerance(q, m)).all():
+        raise AssertionError(f"ATTN.Q_NORM: V4 rescales each head of the main q to unit RMS [{case!r}]")
+
+
+def _rotation(name, source, use, positions):
+    def judge(target, case, out):
+        from .path import _judge_rotation
+        x = _stage(out, source, case) if source in out else case.arrays()[source].astype(np.float64)
+        _judge_rotation(target, case, x, _stage(out, name, case), positions(case), use,
+                        f"ROPE.POSITIONS: {name} = RoPE({source}) [{case!r}]")
+    return judge
+
+
+def _judge_qdq(name, source, compressed):
+    def judge(target, case, out):
+        _same(_stage(out, name, case), _qdq(_stage(out, source, case), case.model, compressed),
+              f"PATH.QDQ: {name}, {source} as attention reads it", case)
+    return judge
+
+
+def _window_rows(case, out):
+    m = profile(case.model)
+    new = _stage(out, "kv_window", case)
+    if case.start_pos == 0:
+        return new
+    ring = case.arrays()["window_cache"].astype(np.float64).copy()
+    ring[case.start_pos % m.window] = new[0]
+    return ring
+
+
+def _judge_kv(target, case, out):
+    rows = [_window_rows(case, out)]
+    if profile(case.model).ratio(case.layer):
+        rows.append(_stage(out, "cmp", case) if "cmp_rot" in out or "kv_entries" in case.arrays()
+                    else case.arrays()["kv_cache"].astype(np.float64))
+    _same(_stage(out, "kv", case), np.concatenate(rows),
+          "ATTN.GATHER: the rows attention reads, [window rows | compressed rows] (decode: the new row in "
+          "ring slot start_pos mod 128)", case)
+
+
+def _judge_o(target, case, out):
+    m = profile(case.model)
+    q, kv = _stage(out, "q_attn_rot", case), _stage(out, "kv", case)
+    sink, idx = case.arrays()["sink"].astype(np.float64), _stage(out, "indices", case).astype(np.int64)
+    lo, hi = spec.bounds(q, kv, sink, idx, spec.softmax_scale(m), spec.running_max_init(m), _order(target, True))
+    ok = spec.admitted(_stage(out, "o", case), lo, hi)
+    if not ok.all():
+        raise AssertionError(f"ATTN.PROB.ORDER: the layer's sparse attention, {int((~ok).sum())} of {ok.size} outputs "
+                             f"outside the admitted interval [{case!r}]")
+
+
+def _judge_o_derot(target, case, out):
+    """The conjugate rotation at p is the rotation at −p (fl32(−p)·f = −fl32(p·f) exactly): judged as
+    index_layer's rotations are, on the target's own table."""
+    from .path import _judge_rotation
+    _judge_rotation(target, case, _stage(out, "o", case), _stage(out, "o_derot", case), -case.positions, "q",
+                    f"ATTN.DEROTATE: o_derot, the last 64 channels of o turned by −p·f [{case!r}]")
+
+
+def _compressing(case) -> bool:
+    return case.start_pos == 0 and _compresses_here(profile(case.model), case.layer)
+
+
+def _entry_positions(case):
+    return np.arange(case.arrays()["kv_entries"].shape[0]) * profile(case.model).ratio(case.layer)
+
+
+ATTN_STAGES = (
+    ("q_norm", "ATTN.Q_NORM", lambda case: True, _judge_q_norm),
+    ("q_attn_rot", "ROPE.POSITIONS", lambda case: True, _rotation("q_attn_rot", "q_norm", "q", lambda c: c.positions)),
+    ("kv_rot", "ROPE.POSITIONS", lambda case: True,
+     _rotation("kv_rot", "kv_normed", "window_kv", lambda c: c.positions)),
+    ("kv_window", "PATH.QDQ", lambda case: True, _judge_qdq("kv_window", "kv_rot", False)),
+    ("cmp_rot", "ROPE.POSITIONS", _compressing, _rotation("cmp_rot", "kv_entries", "compressed_kv", _entry_positions)),
+    ("cmp", "PATH.QDQ", _compressing, _judge_qdq("cmp", "cmp_rot", True)),
+    ("kv", "ATTN.GATHER", lambda case: True, _judge_kv),
+    ("o", "ATTN.PROB.ORDER", lambda case: True, _judge_o),
+    ("o_derot", "ATTN.DEROTATE", lambda case: True, _judge_o_derot),
+)
+
+
+def first_broken_attention_stage(target, case):
+    """(stage, rule, message) of the first stage, index path first, that breaks its rule, or None."""
+    from .path import STAGES, _kind
+    out = run_attention_layer(target, case)
+    stages = [(s.name, s.rule_id, s.judge) for s in STAGES if _kind(case) in s.kinds]
+    stages += [(name, rule_id, judge) for name, rule_id, applies, judge in ATTN_STAGES if applies(case)]
+    for name, rule_id, judge in stages:
+        try:
+            judge(target, case, out)
+        except AssertionError as e:
+            return name, rule_id, str(e)
+    return None
+
+
+@check("ATTN.LAYER", ops=("attention_layer",))
+def every_attention_stage_on_the_stage_before(target):
+    for case in attention_layer_cases():
+        broken = first_broken_attention_stage(target, case)
+        if broken:
+            stage, rule_id, message = broken
+            raise AssertionError(f"ATTN.LAYER: first broken stage {stage!r} ({rule_id}) [{case!r}]\n{message}")

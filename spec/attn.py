@@ -377,3 +377,17 @@ rule("ATTN.Q_NORM", "V4 rescales each head of the main q to unit RMS; V4.1 does 
      tolerance="|got − q·r*| ≤ 3·|q|·ulp(r*) + ulp(q·r*) for V4 (the mean's fp32 sum and the rsqrt "
                "one BF16 ulp each); exact identity for V4.1",
      sources=("V4-model L498", "V41-model L770-772 (q from wq_b, then RoPE)"))
+
+rule("ATTN.LAYER", "Every stage of a layer's attention, each on the stage before it",
+     """A layer operation returns index_layer's stages (PATH.LAYER) and then, by name: the main q
+     after V4's rescale (q_norm), rotated (q_attn_rot); the new tokens' window KV rotated (kv_rot)
+     and as attention reads it (kv_window); on a layer that writes its compressed KV in prefill,
+     the entries rotated at j·ratio (cmp_rot) and read (cmp); the rows attention gathers from, [window
+     rows | compressed rows] with decode's new row in ring slot start_pos mod 128 (kv); the sparse
+     attention output (o) and its de-rotation (o_derot).  Each is judged by its own rule on the
+     target's own output of the stage before (teacher forcing); the report names the first stage
+     that breaks a rule.  The checks run 16 of the layer's heads (ATTN.HEADS: heads are
+     independent).""",
+     applies_to=V4_ALL, policy="tolerance", tolerance="each stage's own rule's tolerance",
+     sources=("V4-model L483-534 (Attention.forward)", "V41-model L700-781 (_window_kv, _compress_kv, forward)",
+              "V4-model L372, L506 (FP8/64 on the NoPE channels)", "V41-model L707, L760 (FP8/32; FP4 E4M3/16)"))

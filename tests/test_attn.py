@@ -14,6 +14,7 @@ from dsv4spec.properties.target import Target
 from dsv4spec.spec import RULES
 from dsv4spec.spec import attn as spec
 from dsv4spec.spec.models import profile
+from mutants import attn as attn_mutants
 from mutants import mutant
 
 V41, V4 = profile("v4.1-flash"), profile("v4-flash")
@@ -139,6 +140,19 @@ def test_derotation_undoes_the_rotation():
     pos, f = torch.tensor([0, 9, 4000]), impl.rope_freqs("v4-flash", 2)
     back = impl.attention_output(impl.rope_rotate(o, pos, f), pos, f)
     assert (back - o).abs().max() <= 2 ** -6 * o.abs().max()
+
+
+@pytest.mark.parametrize("name", sorted(attn_mutants.LAYER_STAGE))
+def test_the_layer_check_names_the_planted_stage(name):
+    provider = attn_mutants.MUTANTS[name][0]
+    case = checks.attention_layer_cases()[0]                  # V4 CSA, prefill: every stage
+    stage, _, _ = checks.first_broken_attention_stage(Target(provider, name), case)
+    assert stage == attn_mutants.LAYER_STAGE[name]
+
+
+def test_the_layer_check_passes_official_on_a_decode_case():
+    case = checks.attention_layer_cases()[-1]                 # V4.1 re-index, decode at 16400
+    assert checks.first_broken_attention_stage(Target(official, "official"), case) is None
 
 
 @pytest.mark.parametrize("call, message", [

@@ -1,5 +1,6 @@
 """Sparse attention mutants: one realistic mistake each, with the rule that must report it."""
 import math
+from unittest import mock
 
 import torch
 
@@ -33,7 +34,7 @@ def _attention(q, kv, sink, indices, scale, *, model, sink_mode="denominator", i
         s_all = torch.einsum("thd,tkd->thk", q, kv[indices.clamp_min(0)]) * scale
         final = s_all.masked_fill(~valid[:, None, :], float("-inf")).amax(-1)
     acc, total = torch.zeros(T, H, D), torch.zeros(T, H)
-    m = torch.full((T, H), ref.spec.running_max_init(ref.profile(model)) if init is None else init)
+    m = torch.full((T, H), ref.spec.running_max_init(ref.spec.model_of(model)) if init is None else init)
     for start in range(0, indices.shape[1], ref.spec.BLOCK):
         idx = indices[:, start:start + ref.spec.BLOCK]
         valid = idx != -1
@@ -69,7 +70,7 @@ def _variant(**options):
 
 def _scale_with_yarn_mscale(model, layer):
     """DeepSeek-V3's attention factor (0.1·ln(16) + 1)² carried over to the compressed layers."""
-    factor = (0.1 * math.log(16) + 1) ** 2 if ref.profile(model).ratio(layer) else 1.0
+    factor = (0.1 * math.log(16) + 1) ** 2 if ref.spec.model_of(model).ratio(layer) else 1.0
     return ref.attention_scale(model, layer) * factor
 
 
@@ -83,6 +84,21 @@ def _q_norm_never(q, *, model):
 
 def _derotate_plus(o, positions, freqs):
     return ref.attention_output(o, positions, -freqs)
+
+
+def _layer_with(**patches):
+    """impl's attention_layer with one of its steps done another way (every other stage follows
+    from the target's own broken one, as the teacher-forced check expects)."""
+    def attention_layer(inputs, *, model, layer, start_pos=0):
+        with mock.patch.multiple(ref, **patches):
+            return ref.attention_layer(inputs, model=model, layer=layer, start_pos=start_pos)
+    return attention_layer
+
+
+# the stage each layer mutant breaks first (tests/test_attn.py asserts the check names it)
+LAYER_STAGE = {"layer_q_not_rescaled_on_v4": "q_norm", "layer_window_kv_not_quantized": "kv_window",
+               "layer_compressed_kv_not_quantized": "cmp", "layer_attention_without_sink": "o",
+               "layer_output_not_derotated": "o_derot"}
 
 
 def _m(name, rule_id, **ops):
@@ -105,6 +121,15 @@ MUTANTS = dict([
     _m("derotation_by_plus_p", "ATTN.DEROTATE", attention_output=_derotate_plus),
     _m("q_rescaled_on_v41", "ATTN.Q_NORM", attention_q=_q_norm_always),
     _m("q_not_rescaled_on_v4", "ATTN.Q_NORM", attention_q=_q_norm_never),
+    _m("layer_q_not_rescaled_on_v4", "ATTN.LAYER", attention_layer=_layer_with(attention_q=lambda q, *, model: q)),
+    _m("layer_window_kv_not_quantized", "ATTN.LAYER",
+       attention_layer=_layer_with(window_kv_qdq=lambda x, model: x)),
+    _m("layer_compressed_kv_not_quantized", "ATTN.LAYER",
+       attention_layer=_layer_with(compressed_kv_qdq=lambda x, model: x)),
+    _m("layer_attention_without_sink", "ATTN.LAYER",
+       attention_layer=_layer_with(sparse_attention=_variant(sink_mode="none"))),
+    _m("layer_output_not_derotated", "ATTN.LAYER",
+       attention_layer=_layer_with(attention_output=lambda o, positions, freqs: o)),
 ])
 
 
