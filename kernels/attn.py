@@ -10,8 +10,8 @@ Then the sink in the denominator, the division and the BF16 output.
 
 Splitting the output channels over programs (BLOCK_DV < D, chosen when tokens × head groups are
 too few to fill the GPU, i.e. at decode) repeats the scores in every slice program; they are the
-same computation on the same data, so the running maxima, and hence every rounding, are those of
-the unsplit kernel.  The list is never split (that would round against other maxima: the
+same computation on the same data, so the running maxima, and hence the probabilities' roundings,
+are those of the unsplit kernel (only the second product's tile shape changes).  The list is never split (that would round against other maxima: the
 attn_order=split variant).
 
 Exactness: BF16 roundings by the quant kernels' integer arithmetic (`_bf16_round`, identical on

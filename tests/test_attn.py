@@ -96,7 +96,7 @@ def _blocked(q, kv, sink, indices, scale, *, model, width=64, split=False, rever
 
 
 KERNEL_RULES = [r for r in sorted(RULES) if r.startswith("ATTN.") and r not in
-                ("ATTN.HEADS", "ATTN.SCALE", "ATTN.Q_NORM", "ATTN.DEROTATE")]
+                ("ATTN.HEADS", "ATTN.SCALE", "ATTN.Q_NORM", "ATTN.DEROTATE", "ATTN.LAYER")]
 
 
 @pytest.mark.parametrize("shape", [dict(width=32), dict(width=128), dict(reverse_sum=True)],
