@@ -18,7 +18,7 @@ value channels 1..H that the scores do not read (q is 0 there), set one-sided to
 difference a mistake would make (`_one_sided`).  ATTN.PROB.ORDER alone holds the official blocks
 of 64 (the knob attn_order), ATTN.PROB.BF16 admits any list-order blocking; the other checks admit
 any rounding of each probability within one BF16 rounding, place the sink far below the row max
-(ATTN.SINK places it), and round the output to BF16 before comparing (ATTN.OUTPUT does not), so a
+(exp(sink − M) is 0 in fp32; ATTN.SINK places it), and round the output to BF16 before comparing (ATTN.OUTPUT does not), so a
 mistake in those clauses is reported on its own rule.
 """
 from __future__ import annotations
@@ -77,7 +77,7 @@ def _smallints(rng, shape, top=15):
 
 
 def make_case(seed: int, model: str, T: int, H: int, D: int, K: int, *, max_at: int = 0, invalid: float = 0.0,
-              leading: int = 0, duplicates: int = 0, sink: str = "below", scale: float | None = None) -> Case:
+              leading: int = 0, duplicates: int = 0, sink: str = "absent", scale: float | None = None) -> Case:
     """A determined input: small-integer q and kv (exact dots), the star row 0 at list position max_at
     (−1 entries: a fraction `invalid` after it, the first `leading` entries), `duplicates` entries
     repeating an earlier one (the star first), and the sink placed relative to each head's max."""
@@ -114,7 +114,9 @@ def make_case(seed: int, model: str, T: int, H: int, D: int, K: int, *, max_at: 
 def _sink(case: Case, kind: str, rng) -> np.ndarray:
     s = spec.scores(case.q, case.kv, case.indices, case.scale)
     M = np.max(np.where(np.isfinite(s), s, -1e30), axis=(0, 2))            # per head, over tokens
-    offset = {"near": 0.0, "below": -60.0, "above": 30.0, "far_above": 120.0}[kind]
+    # absent: exp(sink − M) underflows to 0 in fp32 (the checks of other rules); below: far below
+    # every score but still a term
+    offset = {"near": 0.0, "below": -60.0, "above": 30.0, "far_above": 120.0, "absent": -200.0}[kind]
     jitter = rng.integers(-8, 9, M.shape) / 16.0 if kind == "near" else 0.0
     return np.float32(M + offset + jitter).astype(np.float64)
 
@@ -251,7 +253,7 @@ def scores_are_fp32_dots_times_the_scale(target, T, H, D, K, seed, model, scale)
 @check("ATTN.PROB.BF16", ops=("sparse_attention",))
 @forall(*[dict(ex, model="v4-flash") for ex in EDGE], **shapes, model=st.sampled_from(V4_MODELS))
 def probabilities_rounded_to_bf16_for_the_second_product(target, T, H, D, K, seed, model):
-    case = make_case(seed, model, T, H, D, K, sink="below")
+    case = make_case(seed, model, T, H, D, K)
     _one_sided(case, _weights(case, "running"), _weights(case, "exact"))
     judge(target, case, "ATTN.PROB.BF16: bf16(exp(s − m)) times the KV rows; the fp32 value in the sum only",
           order=_order(target, "bf16"))
@@ -262,7 +264,7 @@ def probabilities_rounded_to_bf16_for_the_second_product(target, T, H, D, K, see
         dict(T=1, H=17, D=32, K=200, seed=1, model="v4-flash", max_at=199),
         **LATE)
 def probabilities_rounded_against_the_running_max(target, T, H, D, K, seed, model, max_at):
-    case = make_case(seed, model, T, H, D, max(K, max_at + 1), max_at=max_at, sink="below")
+    case = make_case(seed, model, T, H, D, max(K, max_at + 1), max_at=max_at)
     _one_sided(case, _weights(case, "running"), _weights(case, "global"))
     judge(target, case, f"ATTN.PROB.ORDER: blocks of 64 in list order, the row max at entry {max_at}: "
           "early probabilities rounded against the running max", order=_order(target, "order"))
@@ -288,7 +290,7 @@ def sink_in_the_denominator_only(target, T, H, D, K, seed, model, sink):
 @check("ATTN.OUTPUT", ops=("sparse_attention",))
 @forall(*[dict(ex, model="v4-flash") for ex in EDGE], **shapes, model=st.sampled_from(V4_MODELS))
 def output_divided_and_written_bf16(target, T, H, D, K, seed, model):
-    case = make_case(seed, model, T, H, D, K, invalid=0.2)
+    case = make_case(seed, model, T, H, D, K)
     got = run(target, case)
     if not is_bf16(got).all():
         raise AssertionError("ATTN.OUTPUT: the output must hold BF16 values (acc / sum, rounded once)")
