@@ -57,9 +57,11 @@ def copy_ceiling(torch, rep):
     return 2 * x.numel() / t / 1e12
 
 
-def inputs(torch, tokens: int, decode: bool, seed: int = 0):
+def inputs(torch, tokens: int, decode: bool, seed: int = 0, v4_order: bool = False):
     """q [T, 64, 512], kv [POOL, 512] BF16, sink [64], indices [T, 640] int32: window entries
-    (decode: the ring listed oldest first with 100 slots still empty, i.e. −1) then 512 compressed."""
+    (decode: the ring listed oldest first with 100 slots still empty, i.e. −1, as V4.1 lists it; with
+    v4_order the −1 last, as V4 lists it, so that V4's official kernel, whose running max starts at
+    −inf, sees a valid first block) then 512 compressed."""
     from dsv4spec.spec.models import profile
     m = profile("v4.1-flash")
     g = torch.Generator(device="cuda").manual_seed(seed)
@@ -69,7 +71,8 @@ def inputs(torch, tokens: int, decode: bool, seed: int = 0):
     sink = torch.randn(H, device="cuda", generator=g)
     ring = torch.arange(W, device="cuda").repeat(tokens, 1)
     if decode:
-        ring = torch.where(torch.arange(W, device="cuda") < 100, -1, ring)
+        empty = torch.arange(W, device="cuda") >= W - 100 if v4_order else torch.arange(W, device="cuda") < 100
+        ring = torch.where(empty, -1, ring)
     compressed = W + torch.rand(tokens, POOL - W, device="cuda", generator=g).argsort(-1)[:, :k].sort(-1).values
     return q, kv, sink, torch.cat([ring, compressed], -1).int(), m
 
@@ -123,7 +126,7 @@ def official_kernel(path):
 
 def run_row(torch, KA, case, tokens, decode, rep, copy, skip_torch, official, check_tokens):
     from dsv4spec.spec import attn as spec
-    q, kv, sink, idx, m = inputs(torch, tokens, decode)
+    q, kv, sink, idx, m = inputs(torch, tokens, decode, v4_order=official is not None)
     scale = spec.softmax_scale(m)
     fn = lambda: KA.launch(q, kv, sink, idx, scale, spec.V41_INIT)      # noqa: E731
     out = fn()
