@@ -17,10 +17,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..spec import attn as spec_attn
 from ..spec import formats as F
 from ..spec import indexer as spec_indexer
 from ..spec import pool as spec_pool
 from ..spec import quant as Q
+from ..spec.models import profile
 
 _MASK = np.uint64(0xFFFFFFFFFFFFFFFF)
 
@@ -165,7 +167,7 @@ def fp4_operands(seed: int, rows: int, heads: int, keys: int, dim: int = 128):
 @functools.lru_cache(maxsize=1)
 def _cases() -> tuple[Case, ...]:
     from .layers import path_cases          # layers builds on the helpers of this module
-    return (*codec_cases(), *indexer_cases(), *path_cases())
+    return (*codec_cases(), *indexer_cases(), *path_cases(), *attention_cases())
 
 
 def built(case: Case) -> Case:
@@ -219,12 +221,78 @@ def indexer_cases() -> list[Case]:
 
 
 # ---------------------------------------------------------------------------------------------
+# Sparse attention: rows of small integers over 8 (exact fp32 dots), each token's row redrawn until
+# every output is one BF16 value under spec.attn's tolerance (so no exp or summation order can
+# move a bit)
+# ---------------------------------------------------------------------------------------------
+ATTN_ROWS = 160
+
+
+def _attention_row(seed: int, heads: int, dim: int, width: int, pattern: str):
+    """One token's q [H, D] and list [K]: kv row 0 (the star) is every head's max at the pattern's
+    position; 'first', 'late' (block 2), 'duplicates', 'sprinkled' (−1 entries), 'leading' (a first
+    block of 64 all −1), 'none' (all −1)."""
+    q = (random_bits(seed, (heads, dim), 5) - 15).astype(np.float64) / 8
+    q[:, 0] = (24 + random_bits(seed + 1, heads, 5)) / 8
+    keys = random_bits(seed + 2, ATTN_ROWS - 1, 40) * ATTN_ROWS + np.arange(ATTN_ROWS - 1)
+    order = 1 + np.argsort(keys, kind="stable")
+    row = order[:width].astype(np.int64)
+    at = {"late": 140, "leading": 64}.get(pattern, 0)
+    row[at] = 0
+    if pattern == "duplicates":
+        row[1:9] = row[0]
+        row[40:60] = row[20:40]
+    if pattern == "sprinkled":
+        row[1:][random_bits(seed + 3, width - 1, 3)[: width - 1] < 3] = -1
+    if pattern == "leading":
+        row[:64] = -1
+    if pattern == "none":
+        row[:] = -1
+    return q, row
+
+
+def attention_case(name: str, model: str, patterns, seed: int, heads: int = 2, dim: int = 16,
+                   width: int = 150) -> Case:
+    m = profile(model)
+    kv = (random_bits(seed, (ATTN_ROWS, dim), 5) - 15).astype(np.float64) / 8
+    kv[:, 0] = (random_bits(seed + 1, ATTN_ROWS, 5) - 15) / 16
+    kv[0, 0] = 32.0
+    sink = np.array([1.0, -2.5] * heads)[:heads]
+    scale, init = spec_attn.softmax_scale(m), spec_attn.running_max_init(m)
+    qs, rows = [], []
+    for t, pattern in enumerate(patterns):
+        for tries in range(200):
+            q, row = _attention_row(seed + 1000 * (t + 1) + 7 * tries, heads, dim, width, pattern)
+            lo, hi = spec_attn.bounds(q[None], kv, sink, row[None], scale, init)
+            if np.array_equal(F.f32_bits(spec_indexer.round_bf16(lo)), F.f32_bits(spec_indexer.round_bf16(hi))):
+                break
+        else:
+            raise RuntimeError(f"{name}: no determined row for pattern {pattern!r}")
+        qs.append(q)
+        rows.append(row)
+    inputs = {"q": np.array(qs, np.float32), "kv": kv.astype(np.float32), "sink": sink.astype(np.float32),
+              "indices": np.array(rows, np.int64)}
+    return Case(name, "ATTN.PROB.ORDER", "sparse_attention", inputs, {"scale": scale, "model": model},
+                positional=("scale",))
+
+
+def attention_cases() -> list[Case]:
+    return [attention_case("sparse_attention_v4", "v4-flash", ("first", "late", "duplicates", "sprinkled"), 41),
+            attention_case("sparse_attention_v41", "v4.1-flash",
+                           ("first", "late", "duplicates", "sprinkled", "leading", "none"), 42)]
+
+
+# ---------------------------------------------------------------------------------------------
 # spec/'s exact definition of each golden operation (the generator checks impl against it)
 # ---------------------------------------------------------------------------------------------
 
 def _index_scores_fp4(q_packed, q_scales, k_packed, k_scales, w, visible):
     q, k = Q.fp4_e8m0_dequantize(q_packed, q_scales), Q.fp4_e8m0_dequantize(k_packed, k_scales)
     return spec_indexer.index_scores(q, k, w, visible, "bf16")
+
+
+def _sparse_attention(q, kv, sink, indices, scale, model):
+    return spec_attn.sparse_attention(q, kv, sink, indices, scale, profile(model))
 
 
 SPEC = {
@@ -235,6 +303,7 @@ SPEC = {
     "index_scores": spec_indexer.index_scores,
     "index_topk": spec_indexer.index_topk,       # scores of a row are distinct: one valid top-k
     "candidate_blocks": spec_pool.candidate_blocks,
+    "sparse_attention": _sparse_attention,
 }
 
 

@@ -11,6 +11,7 @@ from .layout import *  # noqa: F401,F403
 from .budget import *  # noqa: F401,F403
 from .rope import *  # noqa: F401,F403
 from .path import *  # noqa: F401,F403
+from .attn import *  # noqa: F401,F403
 
 NAME = "impl"
 DEVICE = "cpu"

@@ -17,6 +17,7 @@ from .quant import *  # noqa: E402,F401,F403
 from .indexer import *  # noqa: E402,F401,F403
 from .pool import *  # noqa: E402,F401,F403
 from .path import *  # noqa: E402,F401,F403
+from .attn import *  # noqa: E402,F401,F403
 
 NAME = "kernels"
 DEVICE = "cpu (Triton interpreter)" if INTERPRET else "cuda"   # where the kernels run (informative)

@@ -12,6 +12,7 @@ from .pool import *  # noqa: F401,F403
 from .compressor import *  # noqa: F401,F403
 from .rope import *  # noqa: F401,F403
 from .path import *  # noqa: F401,F403
+from .attn import *  # noqa: F401,F403
 from . import quant as _quant
 
 NAME = "official"

@@ -41,7 +41,7 @@ NOT_IMPLEMENTED, SKIP, VARIANT = "n/i", "SKIP", "VARIANT"
 # When a rule has several checks, the worst outcome is the rule's.
 SEVERITY = [PASS, VARIANT, SKIP, NOT_IMPLEMENTED, TIMEOUT, FAIL, ERROR]
 
-FAMILY_MODULES = ("formats", "quant", "indexer", "pool", "compressor", "layout", "budget", "rope", "path")
+FAMILY_MODULES = ("formats", "quant", "indexer", "pool", "compressor", "layout", "budget", "rope", "path", "attn")
 
 # The explain phase can take minutes on a failing stateful check; reports already decode the failure.
 _phases = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink)

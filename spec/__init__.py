@@ -4,8 +4,8 @@ Importing this package declares every rule; `RULES` and `KNOBS` then hold the wh
 """
 from . import rules, models
 from .rules import RULES, KNOBS, Rule, Knob, select
-from . import formats, quant, indexer, pool, compressor, layout, budget, rope, path  # noqa: F401  (declare rules)
+from . import formats, quant, indexer, pool, compressor, layout, budget, rope, path, attn  # noqa: F401  (declare rules)
 
-FAMILIES = ("FMT", "FP4", "FP8", "HAD", "IDX", "POOL", "LAYER", "CMP", "LAYOUT", "BUDGET", "ROPE", "PATH")
+FAMILIES = ("FMT", "FP4", "FP8", "HAD", "IDX", "POOL", "LAYER", "CMP", "LAYOUT", "BUDGET", "ROPE", "PATH", "ATTN")
 
 __all__ = ["rules", "models", "RULES", "KNOBS", "Rule", "Knob", "select", "FAMILIES"]

@@ -14,7 +14,7 @@ def mutant(name: str, base=impl, variants=None, **overrides) -> SimpleNamespace:
                            EXTENSIONS=getattr(base, "EXTENSIONS", ()), **ops)
 
 
-FAMILIES = ("quant", "indexer", "pool", "compressor", "layout", "budget", "rope", "path")
+FAMILIES = ("quant", "indexer", "pool", "compressor", "layout", "budget", "rope", "path", "attn")
 
 
 def catalogue() -> list[tuple]:

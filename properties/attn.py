@@ -1,0 +1,534 @@
+"""Checks of sparse attention (ATTN.*).
+
+Operation contract (torch CPU tensors; a target provides any subset):
+
+    sparse_attention(q [T, H, D], kv [N, D], sink f32 [H], indices int [T, K], scale: float, *, model: str)
+        -> f32 [T, H, D], BF16 values: the kernel `sparse_attn` for one batch; q and kv BF16 values;
+        an index is −1 or a row of kv; model picks the running max's start (−inf V4, −1e30 V4.1).
+    attention_scale(model: str, layer: int) -> float       the softmax_scale the layer passes
+    attention_q(q [T, H, D], *, model: str) -> f32          the main q after wq_b, before RoPE
+    attention_output(o [T, H, D], positions int64 [T], freqs f32 [d/2]) -> f32
+        the attention output's last 2·len(freqs) channels de-rotated (the conjugate table).
+
+How checks isolate one rule.  Every sparse_attention check compares with spec.attn.bounds, the
+official float64 value and its derived tolerance, on inputs built so that only the clause under
+test can move the result past it: dot products exact in fp32 (small integers over 8), a "star" row
+(kv row 0) whose score is every head's row max, listed first unless the check is about the order,
+value channels 1..H that the scores do not read (q is 0 there), set one-sided to the sign of the
+difference a mistake would make (`_one_sided`).  ATTN.PROB.ORDER alone holds the official blocks
+of 64 (the knob attn_order), ATTN.PROB.BF16 admits any list-order blocking; the other checks admit
+any rounding of each probability within one BF16 rounding, place the sink far below the row max
+(exp(sink − M) is 0 in fp32; ATTN.SINK places it), and round the output to BF16 before comparing (ATTN.OUTPUT does not), so a
+mistake in those clauses is reported on its own rule.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from hypothesis import strategies as st
+
+from ..spec import attn as spec
+from ..spec import rope as spec_rope
+from ..spec.indexer import is_bf16, round_bf16
+from ..spec.models import PROFILES, profile
+from ..spec.rules import V41
+from .compare import as_numpy, assert_equal
+from .suite import check, forall
+
+OPS = {
+    "sparse_attention": "sparse_attention(q [T,H,D], kv [N,D], sink f32 [H], indices int [T,K], scale, *, model) "
+                        "-> f32 [T,H,D] BF16 values: online softmax over blocks of 64, sink in the denominator",
+    "attention_scale": "attention_scale(model, layer) -> float: the softmax_scale passed to the kernel",
+    "attention_q": "attention_q(q [T,H,D], *, model) -> f32: V4 rescales each head to unit RMS (BF16 ops); V4.1 q",
+    "attention_output": "attention_output(o [T,H,D], positions int64 [T], freqs f32 [d/2]) -> f32: the RoPE "
+                        "tail de-rotated by the conjugate table",
+}
+
+V4_MODELS = tuple(m for m in PROFILES if m != "v3.2")
+STAR_K0 = 32.0                     # the star row's channel 0: its score is every head's max
+
+
+@dataclass
+class Case:
+    model: str
+    q: np.ndarray
+    kv: np.ndarray
+    sink: np.ndarray
+    indices: np.ndarray
+    scale: float
+
+    @property
+    def init(self) -> float:
+        return spec.running_max_init(profile(self.model))
+
+    def bounds(self, order: str):
+        return spec.bounds(self.q, self.kv, self.sink, self.indices, self.scale, self.init, order)
+
+    def describe(self) -> str:
+        T, H, D = self.q.shape
+        return (f"{self.model}, T={T} H={H} D={D} K={self.indices.shape[1]} N={self.kv.shape[0]}, "
+                f"scale={self.scale!r}, {int((self.indices == -1).sum())} entries −1")
+
+
+def _smallints(rng, shape, top=15):
+    return rng.integers(-top, top + 1, shape) / 8.0
+
+
+def make_case(seed: int, model: str, T: int, H: int, D: int, K: int, *, max_at: int = 0, invalid: float = 0.0,
+              leading: int = 0, duplicates: int = 0, sink: str = "absent", scale: float | None = None) -> Case:
+    """A determined input: small-integer q and kv (exact dots), the star row 0 at list position max_at
+    (−1 entries: a fraction `invalid` after it, the first `leading` entries), `duplicates` entries
+    repeating an earlier one (the star first), and the sink placed relative to each head's max."""
+    rng = np.random.default_rng(seed)
+    N = max(K + 8, 16)
+    q = _smallints(rng, (T, H, D))
+    q[..., 0] = rng.integers(24, 65, (T, H)) / 8.0
+    q[..., 1:1 + H] = 0.0                                   # value channels: no part in any score
+    kv = _smallints(rng, (N, D))
+    kv[:, 0] = _smallints(rng, N, 8)
+    kv[0, 0] = STAR_K0
+    indices = np.stack([rng.permutation(np.arange(1, N))[:K] for _ in range(T)])
+    at = min(max_at, K - 1)
+    indices[:, at] = 0
+    if invalid:
+        drop = rng.random((T, K)) < invalid
+        drop[:, :at + 1] = False
+        indices[drop] = -1
+    if leading:
+        indices[:, :min(leading, K)] = -1
+        if leading < K:
+            indices[:, leading] = 0
+    if duplicates:
+        sources = [at, *rng.integers(0, K, duplicates - 1)]
+        targets = rng.permutation([p for p in range(K) if p != at])[:duplicates]
+        for src, dst in zip(sources, targets):
+            indices[:, dst] = indices[:, src]
+    scale = spec.softmax_scale(profile(model)) if scale is None else scale
+    case = Case(model, round_bf16(q), round_bf16(kv), np.zeros(H), indices, float(np.float32(scale)))
+    case.sink = _sink(case, sink, rng)
+    return case
+
+
+def _sink(case: Case, kind: str, rng) -> np.ndarray:
+    s = spec.scores(case.q, case.kv, case.indices, case.scale)
+    M = np.max(np.where(np.isfinite(s), s, -1e30), axis=(0, 2))            # per head, over tokens
+    # absent: exp(sink − M) underflows to 0 in fp32 (the checks of other rules); below: far below
+    # every score but still a term
+    offset = {"near": 0.0, "below": -60.0, "above": 30.0, "far_above": 120.0, "absent": -200.0}[kind]
+    jitter = rng.integers(-8, 9, M.shape) / 16.0 if kind == "near" else 0.0
+    return np.float32(M + offset + jitter).astype(np.float64)
+
+
+def _one_sided(case: Case, official, other):
+    """Set value channel 1 + h of each listed row to the sign (for token 0, head h) of the
+    difference official − other of that row's weight, so that a mistake moves channel 1 + h far."""
+    T, H, D = case.q.shape
+    diff = np.nan_to_num(np.asarray(official) - np.asarray(other))[0]          # [H, K]
+    for h in range(min(H, D - 1)):
+        for j, row in enumerate(case.indices[0]):
+            if row > 0 and diff[h, j] != 0:
+                case.kv[row, 1 + h] = np.sign(diff[h, j])
+    return case
+
+
+def _weights(case: Case, maxima: str):
+    """Each listed entry's numerator weight: official (against the running max of its block), at
+    the global max, or unrounded."""
+    s = spec.scores(case.q, case.kv, case.indices, case.scale)
+    m = spec.running_maxima(s, case.init)
+    M = m[..., -1:]
+    with np.errstate(invalid="ignore", over="ignore"):
+        if maxima == "running":
+            return spec.probabilities(s, m) * np.exp(m - M)
+        if maxima == "global":
+            return spec.probabilities(s, M)
+        return np.exp(s - M)
+
+
+def _order(target, clause: str = "other") -> str:
+    """The blocking a check admits: ATTN.PROB.ORDER the official one (unless another is declared),
+    ATTN.PROB.BF16 any list-order blocking, the other rules any rounding of each probability."""
+    value = target.variant("attn_order")
+    if value == "split" or clause == "other":
+        return "any"
+    return "blocks64" if clause == "order" and value == "blocks64" else "list"
+
+
+def _t(x, dtype=torch.float32):
+    return torch.tensor(np.asarray(x), dtype=dtype)
+
+
+def run(target, case: Case) -> np.ndarray:
+    out = target.sparse_attention(_t(case.q), _t(case.kv), _t(case.sink), _t(case.indices, torch.int64),
+                                  case.scale, model=case.model)
+    return as_numpy(out).astype(np.float64)
+
+
+def judge(target, case: Case, what: str, order: str | None = None, got=None, rounded: bool = False):
+    """got inside the admitted interval; unless `rounded` (ATTN.OUTPUT), after its own BF16 rounding."""
+    got = run(target, case) if got is None else got
+    got = got if rounded else round_bf16(got)
+    T, H, D = case.q.shape
+    if got.shape != (T, H, D):
+        raise AssertionError(f"{what}: output shape {got.shape}, expected {(T, H, D)}")
+    lo, hi = case.bounds(order or _order(target))
+    ok = spec.admitted(got, lo, hi)
+    bad = np.argwhere(~ok)
+    if bad.size:
+        t, h, c = (int(i) for i in bad[0])
+        o = spec.reference(case.q, case.kv, case.sink, case.indices, case.scale, case.init)
+        raise AssertionError(
+            f"{what}: {len(bad)} of {ok.size} outputs outside the admitted BF16 interval; at token {t} head {h} "
+            f"channel {c}: got {got[t, h, c]!r}, official {round_bf16(o[t, h, c])!r} (exact {o[t, h, c]!r}), "
+            f"admitted [{round_bf16(lo[t, h, c])!r}, {round_bf16(hi[t, h, c])!r}]; {case.describe()}")
+    return got
+
+
+shapes = dict(T=st.integers(1, 3), H=st.integers(1, 20), D=st.sampled_from((16, 32, 64)),
+              K=st.sampled_from((1, 2, 63, 64, 65, 100, 128, 130, 200)), seed=st.integers(0, 2 ** 32 - 1))
+LATE = dict(shapes, model=st.sampled_from(V4_MODELS), max_at=st.sampled_from((64, 100, 128, 199)))
+EDGE = [dict(T=1, H=1, D=32, K=1, seed=0), dict(T=2, H=3, D=64, K=130, seed=1),
+        dict(T=1, H=20, D=64, K=65, seed=2), dict(T=3, H=16, D=16, K=200, seed=3)]
+
+
+# ------------------------------------------------------------------------------------------------
+# the lists
+# ------------------------------------------------------------------------------------------------
+@check("ATTN.GATHER", ops=("sparse_attention",))
+@forall(*[dict(ex, model="v4.1-flash", invalid=0.3) for ex in EDGE], **shapes,
+        model=st.sampled_from(V4_MODELS), invalid=st.sampled_from((0.0, 0.1, 0.5, 0.9)))
+def minus_one_entries_contribute_nothing(target, T, H, D, K, seed, model, invalid):
+    judge(target, make_case(seed, model, T, H, D, K, invalid=invalid),
+          "ATTN.GATHER: rows named by the list; −1 adds nothing to the numerator or the denominator")
+
+
+@check("ATTN.DUPLICATES", ops=("sparse_attention",))
+@forall(dict(T=1, H=2, D=32, K=2, seed=0, model="v4-flash", duplicates=1),
+        dict(T=2, H=17, D=64, K=130, seed=5, model="v4.1-flash", duplicates=40),
+        **shapes, model=st.sampled_from(V4_MODELS), duplicates=st.integers(1, 40))
+def an_index_listed_twice_is_attended_twice(target, T, H, D, K, seed, model, duplicates):
+    if K < 2:
+        K = 2
+    judge(target, make_case(seed, model, T, H, D, K, duplicates=duplicates),
+          "ATTN.DUPLICATES: every entry counts, repeated rows included (no de-duplication)")
+
+
+@check("ATTN.INIT", ops=("sparse_attention",))
+@forall(dict(T=1, H=3, D=32, K=200, seed=0, model="v4.1-flash", leading=122),
+        dict(T=2, H=1, D=16, K=64, seed=1, model="v4.1-flash", leading=64),
+        dict(T=1, H=4, D=32, K=130, seed=2, model="v4-flash", leading=0),
+        **shapes, model=st.sampled_from(V4_MODELS), leading=st.sampled_from((0, 1, 63, 64, 100, 127, 128)))
+def running_max_start(target, T, H, D, K, seed, model, leading):
+    """V4.1: a leading stretch of −1 (the filling window ring) leaves no trace; V4 lists start valid."""
+    leading = 0 if model not in V41 else leading
+    judge(target, make_case(seed, model, T, H, D, max(K, leading + 1), leading=leading),
+          f"ATTN.INIT: the running max starts at {'−1e30' if model in V41 else '−inf'}; {leading} leading −1 entries")
+
+
+@check("ATTN.INIT", ops=("sparse_attention",))
+@forall(dict(T=1, H=1, D=16, K=64, seed=0), dict(T=2, H=17, D=64, K=130, seed=1), **shapes)
+def v41_row_without_a_valid_entry_is_zero(target, T, H, D, K, seed):
+    case = make_case(seed, "v4.1-flash", T, H, D, K)
+    case.indices[0] = -1
+    got = run(target, case)
+    assert_equal(got[0], np.zeros_like(got[0]),
+                 what="ATTN.INIT: V4.1, a row whose entries are all −1 gives 0 (the running max starts at −1e30)")
+    judge(target, case, "ATTN.INIT: V4.1, the other rows", got=got)
+
+
+# ------------------------------------------------------------------------------------------------
+# scores and probabilities
+# ------------------------------------------------------------------------------------------------
+@check("ATTN.SCORE", ops=("sparse_attention",))
+@forall(dict(T=1, H=2, D=64, K=64, seed=0, model="v4-flash", scale=0.125),
+        dict(T=2, H=5, D=32, K=130, seed=1, model="v4.1-flash", scale=0.03125),
+        **shapes, model=st.sampled_from(V4_MODELS), scale=st.sampled_from((None, 0.125, 0.03125, 0.1, 0.25)))
+def scores_are_fp32_dots_times_the_scale(target, T, H, D, K, seed, model, scale):
+    judge(target, make_case(seed, model, T, H, D, K, scale=scale),
+          f"ATTN.SCORE: s = fl32(fl32(q·k)·scale), scale {scale or 'softmax_scale'}, never rounded to BF16")
+
+
+@check("ATTN.PROB.BF16", ops=("sparse_attention",))
+@forall(*[dict(ex, model="v4-flash") for ex in EDGE], **shapes, model=st.sampled_from(V4_MODELS))
+def probabilities_rounded_to_bf16_for_the_second_product(target, T, H, D, K, seed, model):
+    case = make_case(seed, model, T, H, D, K)
+    _one_sided(case, _weights(case, "running"), _weights(case, "exact"))
+    judge(target, case, "ATTN.PROB.BF16: bf16(exp(s − m)) times the KV rows; the fp32 value in the sum only",
+          order=_order(target, "bf16"))
+
+
+@check("ATTN.PROB.ORDER", ops=("sparse_attention",))
+@forall(dict(T=1, H=4, D=64, K=128, seed=0, model="v4.1-flash", max_at=64),
+        dict(T=1, H=17, D=32, K=200, seed=1, model="v4-flash", max_at=199),
+        **LATE)
+def probabilities_rounded_against_the_running_max(target, T, H, D, K, seed, model, max_at):
+    case = make_case(seed, model, T, H, D, max(K, max_at + 1), max_at=max_at)
+    _one_sided(case, _weights(case, "running"), _weights(case, "global"))
+    judge(target, case, f"ATTN.PROB.ORDER: blocks of 64 in list order, the row max at entry {max_at}: "
+          "early probabilities rounded against the running max", order=_order(target, "order"))
+
+
+@check("ATTN.RESCALE", ops=("sparse_attention",))
+@forall(dict(T=1, H=2, D=32, K=128, seed=0, model="v4-flash", max_at=64),
+        dict(T=2, H=16, D=64, K=200, seed=1, model="v4.1-flash", max_at=150),
+        **LATE)
+def accumulators_rescaled_when_the_max_grows(target, T, H, D, K, seed, model, max_at):
+    judge(target, make_case(seed, model, T, H, D, max(K, max_at + 1), max_at=max_at),
+          f"ATTN.RESCALE: the row max at entry {max_at}: both fp32 accumulators times exp(m_old − m_new)")
+
+
+@check("ATTN.SINK", ops=("sparse_attention",))
+@forall(*[dict(ex, model="v4.1-flash", sink=k) for ex, k in zip(EDGE, ("near", "below", "above", "far_above"))],
+        **shapes, model=st.sampled_from(V4_MODELS), sink=st.sampled_from(("near", "near", "below", "above", "far_above")))
+def sink_in_the_denominator_only(target, T, H, D, K, seed, model, sink):
+    judge(target, make_case(seed, model, T, H, D, K, sink=sink),
+          f"ATTN.SINK: exp(sink − M) added to the denominator only (sink {sink} the row max)")
+
+
+@check("ATTN.OUTPUT", ops=("sparse_attention",))
+@forall(*[dict(ex, model="v4-flash") for ex in EDGE], **shapes, model=st.sampled_from(V4_MODELS))
+def output_divided_and_written_bf16(target, T, H, D, K, seed, model):
+    case = make_case(seed, model, T, H, D, K)
+    got = run(target, case)
+    if not is_bf16(got).all():
+        raise AssertionError("ATTN.OUTPUT: the output must hold BF16 values (acc / sum, rounded once)")
+    judge(target, case, "ATTN.OUTPUT: o = bf16(N / L)", got=got, rounded=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# the layer around the kernel
+# ------------------------------------------------------------------------------------------------
+@check("ATTN.SCALE", ops=("attention_scale",))
+@forall(model=st.sampled_from(V4_MODELS))
+def softmax_scale_is_head_dim_to_the_minus_half(target, model):
+    m = profile(model)
+    want = m.head_dim ** -0.5
+    for layer in sorted({m.compress_ratios.index(r) for r in set(m.compress_ratios)}):
+        got = float(target.attention_scale(model, layer))
+        if not abs(got / want - 1) <= 2.0 ** -23:
+            raise AssertionError(f"ATTN.SCALE: {model} layer {layer} (ratio {m.ratio(layer)}): softmax_scale "
+                                 f"{got!r}, expected head_dim^-0.5 = {want!r} (no YaRN factor)")
+
+
+@check("ATTN.Q_NORM", ops=("attention_q",))
+@forall(dict(model="v4-flash", seed=0, spread=4), dict(model="v4.1-flash", seed=1, spread=4),
+        model=st.sampled_from(V4_MODELS), seed=st.integers(0, 2 ** 32 - 1), spread=st.integers(0, 6))
+def v4_rescales_each_head_of_q(target, model, seed, spread):
+    rng = np.random.default_rng(seed)
+    q = round_bf16(rng.standard_normal((3, 4, 512)) * 2.0 ** rng.integers(-spread, spread + 1, (3, 4, 1)))
+    got = as_numpy(target.attention_q(_t(q), model=model)).astype(np.float64)
+    m = profile(model)
+    if model in V41:
+        assert_equal(got, q, what="ATTN.Q_NORM: V4.1 passes the main q unchanged (no per-head RMS rescale)")
+        return
+    mean = round_bf16(q * q).mean(-1, keepdims=True)
+    want = q / np.sqrt(mean + m.norm_eps)
+    tol = spec.q_rescale_tolerance(q, m)
+    bad = np.argwhere(~(np.abs(got - want) <= tol))
+    if bad.size:
+        i = tuple(int(x) for x in bad[0])
+        raise AssertionError(f"ATTN.Q_NORM: V4 rescales each head to unit RMS; {len(bad)} of {q.size} off, at {i}: "
+                             f"got {got[i]!r}, expected {want[i]!r} ± {tol[i]:.3g}")
+
+
+@check("ATTN.DEROTATE", ops=("attention_output",))
+@forall(dict(seed=0, layer=2, far=False), dict(seed=1, layer=0, far=True),
+        seed=st.integers(0, 2 ** 32 - 1), layer=st.sampled_from((0, 2, 3)), far=st.booleans())
+def output_rope_tail_rotated_back(target, seed, layer, far):
+    rng = np.random.default_rng(seed)
+    o = round_bf16(rng.standard_normal((4, 3, 512)))
+    positions = rng.integers(1, 2 ** 20 if far else 4096, 4)
+    freqs = spec_rope.frequencies_fp32(profile("v4-flash"), layer)
+    got = as_numpy(target.attention_output(_t(o), _t(positions, torch.int64), _t(freqs))).astype(np.float64)
+    assert_equal(got[..., :448], o[..., :448], what="ATTN.DEROTATE: channels 0..447 pass unchanged")
+    conj = spec.derotation_freqs(freqs)
+    ref = spec_rope.rotate_exact(o, positions, conj)
+    tol = spec_rope.rotate_tolerance(o, positions, conj)
+    bad = np.argwhere(~(np.abs(got - ref) <= tol))
+    if bad.size:
+        i = tuple(int(x) for x in bad[0])
+        raise AssertionError(f"ATTN.DEROTATE: the last 64 channels turn by −p·f (conjugate); {len(bad)} off, "
+                             f"at {i}: got {got[i]!r}, expected {ref[i]!r} ± {tol[i]:.3g}")
+
+
+# ------------------------------------------------------------------------------------------------
+# the layer: index_layer's stages, then the attention's
+# ------------------------------------------------------------------------------------------------
+OPS["attention_layer"] = ("attention_layer(inputs: dict, *, model, layer, start_pos) -> dict: index_layer's stages, "
+                          "then q_norm, q_attn_rot, kv_rot, kv_window, cmp_rot, cmp, kv, o, o_derot")
+LAYER_HEADS = 16
+
+
+def attention_layer_case(case):
+    """A path LayerCase with the attention's inputs added: q_attn [T, 16, 512] (heads of unlike
+    RMS), sink [16], kv_normed [T, 512], and window_cache (decode), kv_entries (prefill on a layer
+    that writes its compressed KV) or kv_cache."""
+    from .path import LayerCase, _normal_bf16
+    m = profile(case.model)
+    rng = np.random.default_rng(1000 + case.layer + case.start_pos)
+    T, D, ratio = case.seqlen, m.head_dim, m.ratio(case.layer)
+    extra = {"q_attn": _normal_bf16(rng, (T, LAYER_HEADS, D)) * np.float32(2.0) ** rng.integers(-3, 4, (1, LAYER_HEADS, 1)),
+             "sink": rng.standard_normal(LAYER_HEADS).astype(np.float32),
+             "kv_normed": _normal_bf16(rng, (T, D))}
+    if case.start_pos:
+        extra["window_cache"] = _normal_bf16(rng, (m.window, D))
+    if ratio:
+        E = (case.start_pos + T) // ratio
+        name = "kv_entries" if case.start_pos == 0 and _compresses_here(m, case.layer) else "kv_cache"
+        extra[name] = _normal_bf16(rng, (E, D))
+    return LayerCase(case.label + ", with attention", case.model, case.layer, case.start_pos,
+                     case.inputs + tuple(extra.items()))
+
+
+def _compresses_here(m, layer: int) -> bool:
+    return m.ratio(layer) > 0 and (m.name not in V41 or layer in m.kv_source_layers)
+
+
+_LAYER_CASES: list = []
+_LAYER_RUNS: dict = {}
+
+
+def attention_layer_cases():
+    if not _LAYER_CASES:
+        from .path import layer_cases
+        _LAYER_CASES.extend(attention_layer_case(c) for c in layer_cases())
+    return _LAYER_CASES
+
+
+def run_attention_layer(target, case) -> dict:
+    key = (id(target.provider), case.label)
+    if key not in _LAYER_RUNS or _LAYER_RUNS[key][0] is not target.provider:
+        out = target.attention_layer(case.torch_inputs(), model=case.model, layer=case.layer, start_pos=case.start_pos)
+        _LAYER_RUNS[key] = (target.provider, {k: as_numpy(v) for k, v in out.items()})
+    return _LAYER_RUNS[key][1]
+
+
+def _stage(out, name, case) -> np.ndarray:
+    if name not in out:
+        raise AssertionError(f"stage {name!r} missing from the layer's outputs [{case!r}]")
+    return np.asarray(out[name], dtype=np.float64) if out[name].dtype.kind == "f" else np.asarray(out[name])
+
+
+def _same(got, want, what, case):
+    assert_equal(np.asarray(got, np.float64), np.asarray(want, np.float64), what=f"{what} [{case!r}]")
+
+
+def _qdq(x, model: str, compressed: bool) -> np.ndarray:
+    from ..spec import path as spec_path
+    from ..spec import quant as spec_quant
+    if model not in V41:
+        return np.concatenate([spec_quant.fp8_qdq(x[..., :-64], 64), x[..., -64:]], -1)
+    return spec_path.kv_qdq(x) if compressed else spec_quant.fp8_qdq(x, 32)
+
+
+def _judge_q_norm(target, case, out):
+    q = case.arrays()["q_attn"].astype(np.float64)
+    m = profile(case.model)
+    got = _stage(out, "q_norm", case)
+    if case.model in V41:
+        return _same(got, q, "ATTN.Q_NORM: V4.1 leaves the main q as wq_b wrote it", case)
+    want = q / np.sqrt(round_bf16(q * q).mean(-1, keepdims=True) + m.norm_eps)
+    if not (np.abs(got - want) <= spec.q_rescale_tolerance(q, m)).all():
+        raise AssertionError(f"ATTN.Q_NORM: V4 rescales each head of the main q to unit RMS [{case!r}]")
+
+
+def _rotation(name, source, use, positions):
+    def judge(target, case, out):
+        from .path import _judge_rotation
+        x = _stage(out, source, case) if source in out else case.arrays()[source].astype(np.float64)
+        _judge_rotation(target, case, x, _stage(out, name, case), positions(case), use,
+                        f"ROPE.POSITIONS: {name} = RoPE({source}) [{case!r}]")
+    return judge
+
+
+def _judge_qdq(name, source, compressed):
+    def judge(target, case, out):
+        _same(_stage(out, name, case), _qdq(_stage(out, source, case), case.model, compressed),
+              f"PATH.QDQ: {name}, {source} as attention reads it", case)
+    return judge
+
+
+def _window_rows(case, out):
+    m = profile(case.model)
+    new = _stage(out, "kv_window", case)
+    if case.start_pos == 0:
+        return new
+    ring = case.arrays()["window_cache"].astype(np.float64).copy()
+    ring[case.start_pos % m.window] = new[0]
+    return ring
+
+
+def _judge_kv(target, case, out):
+    rows = [_window_rows(case, out)]
+    if profile(case.model).ratio(case.layer):
+        rows.append(_stage(out, "cmp", case) if "cmp_rot" in out or "kv_entries" in case.arrays()
+                    else case.arrays()["kv_cache"].astype(np.float64))
+    _same(_stage(out, "kv", case), np.concatenate(rows),
+          "ATTN.GATHER: the rows attention reads, [window rows | compressed rows] (decode: the new row in "
+          "ring slot start_pos mod 128)", case)
+
+
+def _judge_o(target, case, out):
+    m = profile(case.model)
+    q, kv = _stage(out, "q_attn_rot", case), _stage(out, "kv", case)
+    sink, idx = case.arrays()["sink"].astype(np.float64), _stage(out, "indices", case).astype(np.int64)
+    lo, hi = spec.bounds(q, kv, sink, idx, spec.softmax_scale(m), spec.running_max_init(m), _order(target, "order"))
+    ok = spec.admitted(_stage(out, "o", case), lo, hi)
+    if not ok.all():
+        raise AssertionError(f"ATTN.PROB.ORDER: the layer's sparse attention, {int((~ok).sum())} of {ok.size} outputs "
+                             f"outside the admitted interval [{case!r}]")
+
+
+def _judge_o_derot(target, case, out):
+    """The conjugate rotation at p is the rotation at −p (fl32(−p)·f = −fl32(p·f) exactly): judged as
+    index_layer's rotations are, on the target's own table."""
+    from .path import _judge_rotation
+    _judge_rotation(target, case, _stage(out, "o", case), _stage(out, "o_derot", case), -case.positions, "q",
+                    f"ATTN.DEROTATE: o_derot, the last 64 channels of o turned by −p·f [{case!r}]")
+
+
+def _compressing(case) -> bool:
+    return case.start_pos == 0 and _compresses_here(profile(case.model), case.layer)
+
+
+def _entry_positions(case):
+    return np.arange(case.arrays()["kv_entries"].shape[0]) * profile(case.model).ratio(case.layer)
+
+
+ATTN_STAGES = (
+    ("q_norm", "ATTN.Q_NORM", lambda case: True, _judge_q_norm),
+    ("q_attn_rot", "ROPE.POSITIONS", lambda case: True, _rotation("q_attn_rot", "q_norm", "q", lambda c: c.positions)),
+    ("kv_rot", "ROPE.POSITIONS", lambda case: True,
+     _rotation("kv_rot", "kv_normed", "window_kv", lambda c: c.positions)),
+    ("kv_window", "PATH.QDQ", lambda case: True, _judge_qdq("kv_window", "kv_rot", False)),
+    ("cmp_rot", "ROPE.POSITIONS", _compressing, _rotation("cmp_rot", "kv_entries", "compressed_kv", _entry_positions)),
+    ("cmp", "PATH.QDQ", _compressing, _judge_qdq("cmp", "cmp_rot", True)),
+    ("kv", "ATTN.GATHER", lambda case: True, _judge_kv),
+    ("o", "ATTN.PROB.ORDER", lambda case: True, _judge_o),
+    ("o_derot", "ATTN.DEROTATE", lambda case: True, _judge_o_derot),
+)
+
+
+def first_broken_attention_stage(target, case):
+    """(stage, rule, message) of the first stage, index path first, that breaks its rule, or None."""
+    from .path import STAGES, _kind
+    out = run_attention_layer(target, case)
+    stages = [(s.name, s.rule_id, s.judge) for s in STAGES if _kind(case) in s.kinds]
+    stages += [(name, rule_id, judge) for name, rule_id, applies, judge in ATTN_STAGES if applies(case)]
+    for name, rule_id, judge in stages:
+        try:
+            judge(target, case, out)
+        except AssertionError as e:
+            return name, rule_id, str(e)
+    return None
+
+
+@check("ATTN.LAYER", ops=("attention_layer",))
+def every_attention_stage_on_the_stage_before(target):
+    for case in attention_layer_cases():
+        broken = first_broken_attention_stage(target, case)
+        if broken:
+            stage, rule_id, message = broken
+            raise AssertionError(f"ATTN.LAYER: first broken stage {stage!r} ({rule_id}) [{case!r}]\n{message}")

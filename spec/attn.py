@@ -1,0 +1,394 @@
+"""Sparse attention (ATTN.*): from the index lists to the attention output.
+
+The layer's attention (V4-model L483-534, V41-model L765-781) takes the main q [T, H, 512], the KV
+rows kv = [window KV | compressed KV] (K = V, one latent head), the learned sink [H] (fp32) and the
+concatenated index list [T, K] (PATH.CONCAT), and calls the kernel `sparse_attn` (V4-kernel
+L277-367; V4.1 as ported, V41-kernel L296-403):
+
+    s_j  = fl32(fl32(q · kv[i_j]) · scale),  scale = fl32(head_dim^-0.5)      (−inf where i_j = −1)
+    the list is cut into blocks of 64 in list order; block t has the running max
+    m_t  = max(m_{t−1}, max_{j in t} s_j),   m_0 = −inf (V4) or −1e30 (V4.1)
+    p_j  = bf16(exp(s_j − m_t))              j in block t: rounded against the RUNNING max
+    N    = Σ_t exp(m_t − M) Σ_{j in t} p_j · kv[i_j]       (fp32, rescaled by exp(m_{t−1} − m_t))
+    L    = Σ_j exp(s_j − M) + exp(sink − M)   (the fp32 probabilities, before their rounding)
+    o    = bf16(N / L),                       M = the last running max
+
+then de-rotates the RoPE tail of o with the conjugate (apply_rotary_emb(..., inverse=True)).
+
+Exactness.  `reference` computes the equations above in float64 with the official rounding of
+every p_j (blocks of 64 in list order); that is the definition.  A conforming result is one BF16
+value of the interval [bf16(o* − E), bf16(o* + E)] where E (`tolerance`) bounds every other
+rounding a correct kernel makes: the fp32 dot products (zero when every partial sum is exact),
+the scale product, fp32 exp and its argument, the rescales, the fp32 sums in any order, the
+division, and flushed subnormals; where another blocking than the official one is admitted (the
+`attn_order` knob) or the official rounding of p_j lies within that error of a BF16 midpoint, the
+term of p_j widens to 2^-7 of its weight (two BF16 roundings apart).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .indexer import bf16_quantum, round_bf16
+from .models import Model, profile
+from .rules import INFORMATIVE, V4, V4_ALL, V41, knob, rule
+
+BLOCK = 64                      # indices per block of the online softmax (V4-kernel L290)
+PAD_HEADS = 16                  # V4's launcher pads fewer heads to 16 (V4-kernel L359-367)
+V41_INIT = float(np.float32(-1e30))          # V4.1's running max starts finite (K41:352-355)
+EXP_OVERFLOW = 128 * math.log(2)             # fp32 exp(x) is inf above this (≈ 88.72)
+EXP_UNDETERMINED = 0.01                      # sink − M this close to the overflow: either result
+U32 = 2.0 ** -23                             # per fp32 operation, generously (tensor cores included)
+
+SOURCE_KERNEL = "V4-kernel L277-352 (sparse_attn_kernel: blocks of 64, online softmax, sink)"
+
+
+def kernel(lines: str, note: str) -> str:
+    return f"V4-kernel {lines} ({note})"
+
+
+SOURCE_LAUNCH = "V4-kernel L355-367 (sparse_attn: heads padded to 16, then narrowed)"
+SOURCE_V41_KERNEL = "V41-kernel L296-403 (sparse_attn, as ported K41:296-403)"
+SOURCE_V4_CALL = "V4-model L528-534 (sparse_attn(q, kv, attn_sink, topk_idxs, softmax_scale), then inverse RoPE)"
+SOURCE_V41_CALL = "V41-model L780-781 (the same call, then inverse RoPE)"
+SOURCE_SCALE = "V4-model L464 (softmax_scale = head_dim ** -0.5)"
+SOURCE_V41_SCALE = "V41-model L651 (softmax_scale = head_dim**-0.5)"
+
+ATTN_ORDER = knob("attn_order", "blocks64", {
+    "list_order": "blocks of another width, still in list order (another tile width)",
+    "split": "chunks of the list reduced separately and merged (split-K / flash-decoding): each "
+             "probability rounded against its chunk's running max",
+}, """Which running max each probability is rounded against before the second product: the
+official kernel's blocks of 64 in list order, or another blocking.  Checks of the other ATTN rules
+admit every list-order blocking; ATTN.PROB.ORDER holds the official one.""")
+
+
+def running_max_init(model: Model) -> float:
+    """m_0: −inf in V4's kernel, −1e30 (fp32) in V4.1's."""
+    if model.name in V41:
+        return V41_INIT
+    if model.name in V4:
+        return -math.inf
+    raise ValueError(f"{model.name}: its sparse attention is outside these rules; expected a V4 or V4.1 model")
+
+
+def softmax_scale(model: Model) -> float:
+    """head_dim^-0.5 on every layer, as the fp32 constant the kernel multiplies by; no YaRN factor."""
+    return float(np.float32(model.head_dim ** -0.5))
+
+
+# ------------------------------------------------------------------------------------------------
+# the definition
+# ------------------------------------------------------------------------------------------------
+def _gathered(kv, indices) -> tuple[np.ndarray, np.ndarray]:
+    """(rows [T, K, D] with −1 read as 0, valid [T, K])."""
+    kv, indices = np.asarray(kv, dtype=np.float64), np.asarray(indices, dtype=np.int64)
+    valid = indices != -1
+    return np.where(valid[..., None], kv[np.where(valid, indices, 0)], 0.0), valid
+
+
+def scores(q, kv, indices, scale) -> np.ndarray:
+    """s [T, H, K] = scale · (q · kv[i]) in float64, −inf where i = −1."""
+    rows, valid = _gathered(kv, indices)
+    s = np.einsum("thd,tkd->thk", np.asarray(q, dtype=np.float64), rows) * float(np.float32(scale))
+    return np.where(valid[:, None, :], s, -np.inf)
+
+
+def running_maxima(s, init: float) -> np.ndarray:
+    """m [T, H, K]: the running max of each element's block of 64 (list order), starting at init."""
+    T, H, K = s.shape
+    nb = -(-K // BLOCK)
+    padded = np.full((T, H, nb * BLOCK), -np.inf)
+    padded[..., :K] = s
+    block_max = padded.reshape(T, H, nb, BLOCK).max(-1)
+    m = np.maximum.accumulate(np.concatenate([np.full((T, H, 1), init), block_max], -1), -1)[..., 1:]
+    return np.repeat(m, BLOCK, -1)[..., :K]
+
+
+def _exp(x) -> np.ndarray:
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.exp(x)
+
+
+def probabilities(s, m) -> np.ndarray:
+    """p_j = bf16(exp(s_j − m_j)) against the given maxima (NaN where both are −inf)."""
+    with np.errstate(invalid="ignore"):
+        return round_bf16(_exp(s - m))
+
+
+def _parts(q, kv, sink, indices, scale, init):
+    rows, valid = _gathered(kv, indices)
+    s = scores(q, kv, indices, scale)
+    m = running_maxima(s, init)
+    M = m[..., -1:] if s.shape[-1] else np.full(s.shape[:2] + (1,), init)
+    with np.errstate(invalid="ignore", over="ignore"):
+        shift = _exp(m - M)                                   # exp(m_t − M): the rescales' product
+        weight = probabilities(s, m) * shift                  # [T, H, K]
+        sink_arg = np.asarray(sink, dtype=np.float64)[None, :, None] - M
+        sink_term = np.where(sink_arg > EXP_OVERFLOW, np.inf, _exp(sink_arg))
+        denominator = np.nansum(_exp(s - M), -1, keepdims=True) + sink_term
+    nan_rows = (m[..., :1] == -np.inf) if s.shape[-1] else np.zeros_like(M, dtype=bool)   # V4: exp(−inf + inf)
+    return rows, s, m, M, weight, denominator, sink_term, nan_rows
+
+
+def reference(q, kv, sink, indices, scale, init: float) -> np.ndarray:
+    """o* [T, H, D] before the final BF16 rounding (float64; NaN on rows V4's kernel makes NaN)."""
+    rows, s, m, M, weight, denominator, _, nan_rows = _parts(q, kv, sink, indices, scale, init)
+    with np.errstate(invalid="ignore"):
+        numerator = np.einsum("thk,tkd->thd", np.nan_to_num(weight, nan=0.0), rows)
+        o = numerator / denominator
+    return np.where(nan_rows, np.nan, o)
+
+
+def sparse_attention(q, kv, sink, indices, scale, model: Model) -> np.ndarray:
+    """bf16(o*): the official output, where it is determined (see `bounds`)."""
+    return round_bf16(reference(q, kv, sink, indices, scale, running_max_init(model)))
+
+
+# ------------------------------------------------------------------------------------------------
+# the comparison policy
+# ------------------------------------------------------------------------------------------------
+def _lowest_bit(x) -> np.ndarray:
+    """The largest power of two dividing each value (inf for 0): every value is a multiple of it."""
+    m, e = np.frexp(np.asarray(x, dtype=np.float64))
+    n = (np.abs(m) * 2.0 ** 53).astype(np.int64)
+    return np.where(n != 0, np.ldexp((n & -n).astype(np.float64), e - 53), np.inf)
+
+
+def _dot_error(q, rows) -> np.ndarray:
+    """|fl32(q·k) − q·k| bound [T, H, K]: 0 when every product is a multiple of the smallest product
+    quantum and the sum of magnitudes stays below 2^22 of it (all partial sums exact in fp32, with two
+    bits to spare for a tensor core's alignment); else D·2^-23·Σ|q_i k_i|."""
+    q, rows = np.asarray(q, dtype=np.float64), np.asarray(rows, dtype=np.float64)
+    mag = np.einsum("thd,tkd->thk", np.abs(q), np.abs(rows))
+    unit = _lowest_bit(q).min(-1)[..., None] * _lowest_bit(rows).min(-1)[:, None, :]
+    exact = (mag == 0) | (mag < 2.0 ** 22 * unit)
+    return np.where(exact, 0.0, q.shape[-1] * U32 * mag)
+
+
+def bounds(q, kv, sink, indices, scale, init: float, order: str = "blocks64"):
+    """(lo, hi) [T, H, D]: the admitted BF16 outputs are those of [bf16(lo), bf16(hi)].
+
+    order: 'blocks64' the official rounding; 'list' any blocking in list order (an element whose
+    list prefix already holds the row max is rounded against that max under every blocking);
+    'any' any chunking (every element below the max may be rounded against another max)."""
+    if order not in ("blocks64", "list", "any"):
+        raise ValueError(f"order must be 'blocks64', 'list' or 'any', got {order!r}")
+    rows, s, m, M, weight, denominator, sink_term, nan_rows = _parts(q, kv, sink, indices, scale, init)
+    o = reference(q, kv, sink, indices, scale, init)
+    valid = np.isfinite(s)
+    with np.errstate(invalid="ignore", over="ignore"):
+        ds = np.where(valid, float(np.float32(scale)) * _dot_error(q, rows) + np.abs(s) * U32, 0.0)
+        ds_max = ds.max(-1, keepdims=True) if s.shape[-1] else np.zeros_like(M)
+        real = np.where(valid & (m > V41_INIT), m, np.nan)                 # maxima of real scores
+        first = np.nanmin(np.where(np.isnan(real), np.inf, real), -1, keepdims=True)
+        blocks = -(-s.shape[-1] // BLOCK) + 1
+        rescale = blocks * 4 * U32 + np.where(np.isfinite(first), M - first, 0.0) * 2 * U32
+        arg = np.where(valid, np.abs(s - m), 0.0)
+        eps = 1.01 * (ds + ds_max) + 4 * U32 + arg * 2 * U32 + rescale          # per weight, relative
+        exact_w = np.where(valid, _exp(s - M), 0.0)                             # exp(s_j − M)
+        p_exact = _exp(s - m)
+        undetermined = valid & (round_bf16(p_exact * (1 - eps)) != round_bf16(p_exact * (1 + eps)))
+        if order == "blocks64":
+            band = undetermined
+        elif order == "list":
+            prefix = np.maximum.accumulate(np.where(valid, s, -np.inf), -1)
+            band = undetermined | (valid & (prefix < M))
+        else:
+            band = undetermined | (valid & (s < M))
+        K = s.shape[-1]
+        gamma = (K + blocks + 2) * U32
+        per = np.nan_to_num(weight) * (eps + gamma) + np.where(band, 2.0 ** -7 * exact_w, 0.0)
+        numerator_error = np.einsum("thk,tkd->thd", per, np.abs(rows)) + 2.0 ** -110 * np.einsum(
+            "thk,tkd->thd", valid * 1.0, np.abs(rows))
+        sink_eps = 4 * U32 + np.abs(np.asarray(sink, dtype=np.float64)[None, :, None] - M) * 2 * U32
+        denominator_eps = (gamma + 1.01 * np.nanmax(np.where(valid, 2 * ds_max + 4 * U32 + arg * 2 * U32, 0.0),
+                                                    -1, keepdims=True, initial=0.0)
+                           + np.where(np.isfinite(sink_term), sink_term * sink_eps, 0.0) / denominator)
+        E = numerator_error / denominator + np.abs(o) * (2 * denominator_eps + 4 * U32) + 2.0 ** -126
+        E = np.where(np.isinf(denominator) | nan_rows, 0.0, E)
+        near = np.abs(np.asarray(sink, dtype=np.float64)[None, :, None] - M - EXP_OVERFLOW) < EXP_UNDETERMINED
+        E = np.where(near, np.inf, E)
+    return o - E, o + E
+
+
+def admitted(got, lo, hi) -> np.ndarray:
+    """Elements of got that are BF16 values inside [bf16(lo), bf16(hi)] (NaN where lo is NaN)."""
+    got = np.asarray(got, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        inside = (got >= round_bf16(lo)) & (got <= round_bf16(hi)) & (round_bf16(got) == got)
+        return np.where(np.isnan(lo), np.isnan(got), inside)
+
+
+# ------------------------------------------------------------------------------------------------
+# the q before attention and the output after it
+# ------------------------------------------------------------------------------------------------
+def q_rescale(q, model: Model) -> np.ndarray:
+    """V4: each head of the main q times bf16(rsqrt(bf16(mean(bf16(q²))) + eps)), BF16 steps
+    (a BF16 tensor's ops); V4.1: unchanged."""
+    q = np.asarray(q, dtype=np.float64)
+    if model.name in V41:
+        return q
+    running_max_init(model)
+    mean = round_bf16(round_bf16(q * q).mean(-1, keepdims=True))
+    r = round_bf16(1.0 / np.sqrt(round_bf16(mean + model.norm_eps)))
+    return round_bf16(q * r)
+
+
+def q_rescale_tolerance(q, model: Model) -> np.ndarray:
+    """V4: the mean's fp32 sum and the rsqrt may each land one BF16 ulp away: |got − q·r*| ≤
+    |q|·3·ulp(r*) + ulp(q·r*).  V4.1: 0 (identity)."""
+    q = np.asarray(q, dtype=np.float64)
+    if model.name in V41:
+        return np.zeros_like(q)
+    mean = round_bf16(q * q).mean(-1, keepdims=True)
+    r = 1.0 / np.sqrt(mean + model.norm_eps)
+    return np.abs(q) * 3 * bf16_quantum(r) + bf16_quantum(2 * np.abs(q) * r)
+
+
+def derotation_freqs(freqs) -> np.ndarray:
+    """The conjugate table: angles fl32(p·(−f)) = −fl32(p·f) exactly, so de-rotating is rotating by −f."""
+    return -np.asarray(freqs, dtype=np.float32)
+
+
+def model_of(name: str) -> Model:
+    m = profile(name)
+    running_max_init(m)
+    return m
+
+
+# ------------------------------------------------------------------------------------------------
+# rules
+# ------------------------------------------------------------------------------------------------
+_TOL = """the interval [bf16(o* − E), bf16(o* + E)] around the official float64 value o*: E sums,
+over the listed rows, each weight times |v| times (the fp32 score error, 0 when the dot's partial
+sums are exact with two bits to spare and else D·2^-23·Σ|q·k|, plus 2^-23·|s| for the scale product; fp32 exp within
+4·2^-23 plus 2·2^-23 of its argument; the rescales' 4·2^-23 per block plus 2·2^-23·(M − m_1);
+(K + blocks + 2)·2^-23 for fp32 sums in any order; 2^-110 of |v| for probabilities flushed to 0),
+the denominator's own error times |o*|, the division (4·2^-23, an approximate GPU division
+included), and 2^-126 for a flushed subnormal output.  A probability whose official BF16 rounding is within
+that error of a midpoint, or whose running max differs under another list-order blocking (its list
+prefix does not yet hold the row max), may be one BF16 rounding away: 2^-7 of its exact weight.
+Why this admits every block and accumulation order yet fails the mistakes: on the checks' inputs
+the dot products are exact and the row max comes first, so every list-order blocking rounds every
+probability against the same max and E is ~K·2^-23 of the output, while fp32 probabilities move
+each weight by up to 2^-8 (one-sided on the probes), a missing sink or a sink in the numerator by
+its weight exp(sink − M)/L (the probes give it ≥ 1/8), and a wrong scale every exponent."""
+
+rule("ATTN.GATHER", "The list names KV rows; −1 contributes nothing",
+     """Entry j of a query's list selects row kv[i_j] of [window KV | compressed KV] for both the
+     score and the value; an entry −1 (anywhere in the list) has score −inf and its row is read as
+     0, so it adds nothing to the numerator or the denominator.  Any other index is a valid row.""",
+     applies_to=V4_ALL, policy="tolerance", tolerance=_TOL,
+     sources=(SOURCE_KERNEL, kernel("L322-327", "−1 reads 0, scores −inf"), SOURCE_V41_KERNEL, SOURCE_V4_CALL,
+              SOURCE_V41_CALL))
+
+rule("ATTN.SCORE", "Scores are fp32 dot products of BF16 q and KV, times the scale passed in",
+     """s_j = fl32(fl32(q · kv[i_j]) · scale) with q and kv BF16 (tensor-core products, fp32
+     accumulation), scale the fp32 value of the `scale` argument; the scores are never rounded to
+     BF16.""",
+     applies_to=V4_ALL, policy="tolerance", tolerance=_TOL,
+     sources=(kernel("L328-330", "gemm into fp32 acc_s, then *= scale"), "V41-kernel L365-368 (as ported)"))
+
+rule("ATTN.SCALE", "softmax_scale = head_dim^-0.5 = 512^-0.5, no YaRN factor",
+     """Every attention layer passes softmax_scale = head_dim^-0.5 (512^-0.5 ≈ 0.0442) to the
+     kernel, V4 and V4.1 alike, with or without compression: no YaRN attention factor (DeepSeek-V3's
+     mscale = 0.1·ln(factor) + 1, squared into its scale) enters, although the compressed layers'
+     RoPE uses YaRN.""",
+     applies_to=V4_ALL, policy="tolerance", tolerance="2^-23 relative: the fp32 constant",
+     sources=(SOURCE_SCALE, SOURCE_V41_SCALE, "V4-model L199-229 (YaRN changes the frequencies only)"))
+
+rule("ATTN.INIT", "The running max starts at −inf (V4) or −1e30 (V4.1)",
+     """V4.1's kernel starts the running max at −1e30: a first block of 64 entries all −1 adds
+     exp(−inf + 1e30) = 0 and leaves no trace, and a row with no valid entry gives 0 (the sink term
+     exp(sink + 1e30) = inf in the denominator).  V4's kernel starts at −inf: such a block would make
+     the row NaN (exp(−inf + inf)), but V4's lists always begin with a valid window entry
+     (get_window_topk_idxs), so V4 is checked only on lists whose first entry is valid.  V4.1's
+     decode lists do begin with −1 while the window ring fills (the ring listed oldest first).""",
+     applies_to=V4_ALL, policy="tolerance", tolerance="that of ATTN.GATHER; exact 0 for rows without a valid entry",
+     sources=("V4-kernel L318 (T.fill(scores_max, -T.infinity))", "V41-kernel L352-355 (−1e30, as ported)",
+              "V4-model L255-265 (the window list starts valid)", "V41-model L409-426 (ring oldest first; −1 while filling)"))
+
+rule("ATTN.PROB.BF16", "Probabilities are rounded to BF16 for the second product, not for the sum",
+     """The probabilities exp(s_j − m_t) enter the denominator in fp32 and are rounded to BF16
+     (RNE) before the product with the KV rows (tensor-core P·V, fp32 accumulation); neither the
+     fp32 probabilities nor a sum of the rounded ones is the official result.""",
+     applies_to=V4_ALL, policy="tolerance", tolerance=_TOL,
+     sources=(kernel("L336-343", "reduce_sum of the fp32 acc_s, then T.copy to the BF16 acc_s_cast"),
+              "V41-kernel L377 (as ported)"))
+
+rule("ATTN.PROB.ORDER", "Each probability is rounded against the running max of its block of 64, in list order",
+     """Block t holds list entries 64t .. 64t + 63; p_j = bf16(exp(s_j − m_t)) with m_t the running
+     max after block t (not the final max M), and the rounded value is later rescaled by
+     exp(m_t − M) in fp32.  The exact result therefore depends on the list order and the block
+     width: a list whose max comes in a later block rounds its early probabilities differently
+     from one rounded against M.""",
+     applies_to=V4_ALL, policy="tolerance", knob="attn_order",
+     tolerance="that of ATTN.GATHER with no widening for another blocking (only for undetermined roundings)",
+     sources=(kernel("L290, L321-343", "blocks of 64 in list order, the running max"), "V41-kernel L328, L377 (as ported)"))
+
+rule("ATTN.RESCALE", "fp32 accumulators rescaled by exp(m_{t−1} − m_t) when the max grows",
+     """The sum of probabilities and the output accumulator are fp32, and both are multiplied by
+     exp(m_{t−1} − m_t) before block t is added; the final max M is the last running max.""",
+     applies_to=V4_ALL, policy="tolerance", tolerance=_TOL,
+     sources=(kernel("L331-343", "scores_scale = exp(prev − new) on sum_exp and acc_o"),))
+
+rule("ATTN.SINK", "The sink adds exp(sink − M) to the denominator only",
+     """After the last block the per-head sink (fp32, not scaled by softmax_scale) adds
+     exp(sink_h − M) to the denominator; it has no value row and adds nothing to the numerator.  A
+     sink far below every score changes nothing; one far above drives the output to 0 (exp
+     overflows to inf in fp32 for sink − M > 88.72, giving exactly 0).""",
+     applies_to=V4_ALL, policy="tolerance", tolerance=_TOL,
+     sources=(kernel("L345-346", "sum_exp += exp(attn_sink − scores_max)"), "V41-kernel L382-383 (as ported)"))
+
+rule("ATTN.HEADS", "Heads are independent; V4 pads fewer than 16 to 16",
+     """V4's launcher pads q with zero heads and the sink with zeros up to 16 heads and drops them
+     after; every reduction of the kernel is per head, so the padding is not observable: a head's
+     output depends only on its own q, its sink, the KV and the list.  Stated for completeness;
+     the checks run 1 to 20 heads.""",
+     applies_to=V4_ALL, policy="tolerance", status=INFORMATIVE, sources=(SOURCE_LAUNCH,))
+
+rule("ATTN.OUTPUT", "The output is the numerator divided by the denominator, written BF16",
+     """o = N / L in fp32 (a division, per element), rounded once to BF16: the output tensor holds
+     BF16 values.""",
+     applies_to=V4_ALL, policy="tolerance", tolerance=_TOL,
+     sources=(kernel("L347-350", "acc_o /= sum_exp, copied to the BF16 output"), SOURCE_V41_KERNEL))
+
+rule("ATTN.DUPLICATES", "No de-duplication: an index listed twice is attended twice",
+     """The kernel handles each list entry independently: a row named by two entries contributes
+     two scores to the denominator and twice its value to the numerator (the indexer's lists have
+     no duplicates, but a concatenated window and compressed list, or a port's list, may).""",
+     applies_to=V4_ALL, policy="tolerance", tolerance=_TOL,
+     sources=(kernel("L322-327", "each entry on its own"), "V41-model L409-426 (order within a row does not matter)"))
+
+rule("ATTN.DEROTATE", "The output's RoPE tail is de-rotated with the conjugate at the query's position",
+     """After sparse attention the last 64 channels of each head of o are rotated by e^(−i·p·f_i)
+     (apply_rotary_emb(o[..., -64:], freqs_cis, inverse=True): the conjugate table), p the
+     query's position and f the layer's table; channels 0-447 pass unchanged.  This is the check
+     of ROPE.INVERSE.""",
+     applies_to=V4_ALL, policy="tolerance", tolerance="that of ROPE.ROUNDING, with the conjugate angle",
+     sources=("V4-model L534", "V41-model L781", "V4-model L232-244 (inverse: freqs_cis.conj())"))
+
+rule("ATTN.Q_NORM", "V4 rescales each head of the main q to unit RMS; V4.1 does not",
+     """V4 multiplies each head of q = wq_b(qr) (BF16) by rsqrt(mean(q²) + norm_eps) before RoPE,
+     in BF16 tensor ops (square, mean, add, rsqrt, product each rounded to BF16); V4.1's
+     Attention.forward has no such step (q goes from wq_b straight to RoPE).""",
+     applies_to=V4_ALL, policy="tolerance",
+     tolerance="|got − q·r*| ≤ 3·|q|·ulp(r*) + ulp(q·r*) for V4 (the mean's fp32 sum and the rsqrt "
+               "one BF16 ulp each); exact identity for V4.1",
+     sources=("V4-model L498", "V41-model L770-772 (q from wq_b, then RoPE)"))
+
+rule("ATTN.LAYER", "Every stage of a layer's attention, each on the stage before it",
+     """A layer operation returns index_layer's stages (PATH.LAYER) and then, by name: the main q
+     after V4's rescale (q_norm), rotated (q_attn_rot); the new tokens' window KV rotated (kv_rot)
+     and as attention reads it (kv_window); on a layer that writes its compressed KV in prefill,
+     the entries rotated at j·ratio (cmp_rot) and read (cmp); the rows attention gathers from, [window
+     rows | compressed rows] with decode's new row in ring slot start_pos mod 128 (kv); the sparse
+     attention output (o) and its de-rotation (o_derot).  Each is judged by its own rule on the
+     target's own output of the stage before (teacher forcing); the report names the first stage
+     that breaks a rule.  The checks run 16 of the layer's heads (ATTN.HEADS: heads are
+     independent).""",
+     applies_to=V4_ALL, policy="tolerance", tolerance="each stage's own rule's tolerance",
+     sources=("V4-model L483-534 (Attention.forward)", "V41-model L700-781 (_window_kv, _compress_kv, forward)",
+              "V4-model L372, L506 (FP8/64 on the NoPE channels)", "V41-model L707, L760 (FP8/32; FP4 E4M3/16)"))

@@ -1,0 +1,137 @@
+"""Sparse attention mutants: one realistic mistake each, with the rule that must report it."""
+import math
+from unittest import mock
+
+import torch
+
+from dsv4spec.impl import attn as ref
+
+from . import mutant
+
+
+def _bf16(x):
+    return x.to(torch.bfloat16).float()
+
+
+def _attention(q, kv, sink, indices, scale, *, model, sink_mode="denominator", init=None, probs="bf16",
+               maxima="running", dedupe=False, gather="masked", scores="fp32", fixed_scale=None,
+               rescale_acc=True, output="bf16"):
+    """impl's online softmax with one step done another way."""
+    q, kv, sink, indices, scale = ref.check_attention_inputs("sparse_attention", q, kv, sink, indices, scale)
+    if fixed_scale is not None:
+        scale = torch.tensor(fixed_scale, dtype=torch.float32)
+    if dedupe:
+        indices = indices.clone()
+        for row in indices:
+            seen = set()
+            for j, i in enumerate(row.tolist()):
+                if i in seen:
+                    row[j] = -1
+                seen.add(i)
+    T, H, D = q.shape
+    if maxima == "global":                      # every probability rounded against the final max
+        valid = indices != -1
+        s_all = torch.einsum("thd,tkd->thk", q, kv[indices.clamp_min(0)]) * scale
+        final = s_all.masked_fill(~valid[:, None, :], float("-inf")).amax(-1)
+    acc, total = torch.zeros(T, H, D), torch.zeros(T, H)
+    m = torch.full((T, H), ref.spec.running_max_init(ref.spec.model_of(model)) if init is None else init)
+    for start in range(0, indices.shape[1], ref.spec.BLOCK):
+        idx = indices[:, start:start + ref.spec.BLOCK]
+        valid = idx != -1
+        rows = kv[idx.clamp_min(0)] * (valid[..., None] if gather == "masked" else 1.0)
+        s = torch.einsum("thd,tbd->thb", q, rows) * scale
+        s = _bf16(s) if scores == "bf16" else s
+        if gather == "masked":
+            s = s.masked_fill(~valid[:, None, :], float("-inf"))
+        m_new = torch.maximum(m, s.amax(-1))
+        rescale = torch.exp(m - m_new)
+        if maxima == "global":
+            p = torch.exp(s - m_new[..., None])
+            pv = _bf16(torch.exp(s - final[..., None])) * torch.exp(final - m_new)[..., None]
+        else:
+            p = torch.exp(s - m_new[..., None])
+            pv = p if probs == "fp32" else _bf16(p)
+        total = total * rescale + p.sum(-1)
+        acc = (acc * rescale[..., None] if rescale_acc else acc) + torch.einsum("thb,tbd->thd", pv, rows)
+        m = m_new
+    sink_term = torch.exp(sink[None, :] - m)
+    if sink_mode != "none":
+        total = total + sink_term
+    if sink_mode == "numerator":
+        acc = acc + sink_term[..., None]
+    out = acc / total[..., None]
+    return out if output == "fp32" else _bf16(out)
+
+
+def _variant(**options):
+    return lambda q, kv, sink, indices, scale, *, model: _attention(q, kv, sink, indices, scale, model=model,
+                                                                    **options)
+
+
+def _scale_with_yarn_mscale(model, layer):
+    """DeepSeek-V3's attention factor (0.1·ln(16) + 1)² carried over to the compressed layers."""
+    factor = (0.1 * math.log(16) + 1) ** 2 if ref.spec.model_of(model).ratio(layer) else 1.0
+    return ref.attention_scale(model, layer) * factor
+
+
+def _q_norm_always(q, *, model):
+    return ref.attention_q(q, model="v4-flash")
+
+
+def _q_norm_never(q, *, model):
+    return ref.attention_q(q, model="v4.1-flash")
+
+
+def _derotate_plus(o, positions, freqs):
+    return ref.attention_output(o, positions, -freqs)
+
+
+def _layer_with(**patches):
+    """impl's attention_layer with one of its steps done another way (every other stage follows
+    from the target's own broken one, as the teacher-forced check expects)."""
+    def attention_layer(inputs, *, model, layer, start_pos=0):
+        with mock.patch.multiple(ref, **patches):
+            return ref.attention_layer(inputs, model=model, layer=layer, start_pos=start_pos)
+    return attention_layer
+
+
+# the stage each layer mutant breaks first (tests/test_attn.py asserts the check names it)
+LAYER_STAGE = {"layer_q_not_rescaled_on_v4": "q_norm", "layer_window_kv_not_quantized": "kv_window",
+               "layer_compressed_kv_not_quantized": "cmp", "layer_attention_without_sink": "o",
+               "layer_output_not_derotated": "o_derot"}
+
+
+def _m(name, rule_id, **ops):
+    return name, (mutant(name, **ops), rule_id)
+
+
+MUTANTS = dict([
+    _m("minus_one_reads_row_0", "ATTN.GATHER", sparse_attention=_variant(gather="clamped")),
+    _m("duplicates_removed", "ATTN.DUPLICATES", sparse_attention=_variant(dedupe=True)),
+    _m("running_max_from_minus_inf_on_v41", "ATTN.INIT", sparse_attention=_variant(init=float("-inf"))),
+    _m("scores_rounded_to_bf16", "ATTN.SCORE", sparse_attention=_variant(scores="bf16")),
+    _m("scale_argument_ignored", "ATTN.SCORE", sparse_attention=_variant(fixed_scale=512 ** -0.5)),
+    _m("yarn_factor_in_the_scale", "ATTN.SCALE", attention_scale=_scale_with_yarn_mscale),
+    _m("fp32_probabilities", "ATTN.PROB.BF16", sparse_attention=_variant(probs="fp32")),
+    _m("probabilities_rounded_against_the_global_max", "ATTN.PROB.ORDER", sparse_attention=_variant(maxima="global")),
+    _m("output_accumulator_not_rescaled", "ATTN.RESCALE", sparse_attention=_variant(rescale_acc=False)),
+    _m("no_sink", "ATTN.SINK", sparse_attention=_variant(sink_mode="none")),
+    _m("sink_in_the_numerator", "ATTN.SINK", sparse_attention=_variant(sink_mode="numerator")),
+    _m("output_left_fp32", "ATTN.OUTPUT", sparse_attention=_variant(output="fp32")),
+    _m("derotation_by_plus_p", "ATTN.DEROTATE", attention_output=_derotate_plus),
+    _m("q_rescaled_on_v41", "ATTN.Q_NORM", attention_q=_q_norm_always),
+    _m("q_not_rescaled_on_v4", "ATTN.Q_NORM", attention_q=_q_norm_never),
+    _m("layer_q_not_rescaled_on_v4", "ATTN.LAYER", attention_layer=_layer_with(attention_q=lambda q, *, model: q)),
+    _m("layer_window_kv_not_quantized", "ATTN.LAYER",
+       attention_layer=_layer_with(window_kv_qdq=lambda x, model: x)),
+    _m("layer_compressed_kv_not_quantized", "ATTN.LAYER",
+       attention_layer=_layer_with(compressed_kv_qdq=lambda x, model: x)),
+    _m("layer_attention_without_sink", "ATTN.LAYER",
+       attention_layer=_layer_with(sparse_attention=_variant(sink_mode="none"))),
+    _m("layer_output_not_derotated", "ATTN.LAYER",
+       attention_layer=_layer_with(attention_output=lambda o, positions, freqs: o)),
+])
+
+
+def catalogue() -> list[tuple]:
+    return [(name, rule_id, provider) for name, (provider, rule_id) in MUTANTS.items()]

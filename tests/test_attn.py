@@ -1,0 +1,173 @@
+"""Sparse attention: the definition by hand, the policy's claims (other blockings and accumulation
+orders pass, the official blocks of 64 alone pass ATTN.PROB.ORDER), edge cases, clear errors."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import dsv4spec.impl as impl
+import dsv4spec.official as official
+from dsv4spec.properties import attn as checks
+from dsv4spec.properties.suite import FAIL, PASS, VARIANT, run_rule
+from dsv4spec.properties.target import Target
+from dsv4spec.spec import RULES
+from dsv4spec.spec import attn as spec
+from dsv4spec.spec.models import profile
+from mutants import attn as attn_mutants
+from mutants import mutant
+
+V41, V4 = profile("v4.1-flash"), profile("v4-flash")
+
+
+def test_one_block_by_hand():
+    # two rows, scores 0 and ln 2 (scale 1): p = (1/2, 1) against the max, sink 0 adds e^(0 − ln 2) = 1/2
+    q = np.array([[[1.0, 0.0]]])
+    kv = np.array([[0.0, 3.0], [math.log(2), 5.0]])
+    o = spec.reference(q, kv, np.array([0.0]), np.array([[0, 1]]), 1.0, spec.V41_INIT)
+    p0 = float(spec.round_bf16(np.exp(-float(np.float32(math.log(2))))))      # bf16(1/2) = 1/2
+    denominator = 0.5 + 1.0 + 0.5
+    assert o[0, 0, 1] == pytest.approx((p0 * 3.0 + 5.0) / denominator, rel=1e-6)
+
+
+def test_early_probabilities_are_rounded_against_the_running_max():
+    s = np.full((1, 1, 130), -5.0)
+    s[0, 0, 0], s[0, 0, 70] = -1.0, 2.0
+    m = spec.running_maxima(s, -np.inf)
+    assert np.all(m[..., :64] == -1.0) and np.all(m[..., 64:] == 2.0)
+
+
+def test_v4_first_block_without_a_valid_entry_is_nan_and_v41_is_not():
+    q = np.ones((1, 2, 4))
+    kv = np.ones((3, 4))
+    idx = np.full((1, 70), -1)
+    idx[0, 65] = 2
+    assert np.isnan(spec.reference(q, kv, np.zeros(2), idx, 0.5, -np.inf)).all()
+    o = spec.reference(q, kv, np.zeros(2), idx, 0.5, spec.V41_INIT)
+    assert np.allclose(o, 1 / (1 + np.exp(-2.0)))
+    assert np.all(spec.reference(q, kv, np.zeros(2), np.full((1, 5), -1), 0.5, spec.V41_INIT) == 0)
+
+
+def test_sink_far_above_overflows_to_zero():
+    q, kv = np.ones((1, 1, 4)), np.ones((2, 4))
+    o = spec.reference(q, kv, np.array([200.0]), np.array([[0, 1]]), 0.5, spec.V41_INIT)
+    assert np.all(o == 0)
+
+
+def test_scale_has_no_yarn_factor():
+    for m in (V4, V41):
+        assert spec.softmax_scale(m) == float(np.float32(512 ** -0.5))
+
+
+def _blocked(q, kv, sink, indices, scale, *, model, width=64, split=False, reverse_sum=False):
+    """A conforming kernel of another shape: blocks of `width` (list order), or the list split in
+    two halves reduced separately and merged (split-K), or the block sums added in reverse."""
+    q, kv, sink, indices, scale = impl.attn.check_attention_inputs("sparse_attention", q, kv, sink, indices, scale)
+    # a split kernel needs a finite start: a chunk may hold no valid entry
+    init = spec.V41_INIT if split else spec.running_max_init(profile(model))
+
+    def reduce(idx):
+        T, H, D = q.shape
+        acc, total, m = torch.zeros(T, H, D), torch.zeros(T, H), torch.full((T, H), init)
+        for start in range(0, idx.shape[1], width):
+            blk = idx[:, start:start + width]
+            valid = blk != -1
+            rows = kv[blk.clamp_min(0)] * valid[..., None]
+            s = (torch.einsum("thd,tbd->thb", q, rows) * scale).masked_fill(~valid[:, None, :], float("-inf"))
+            m_new = torch.maximum(m, s.amax(-1))
+            r = torch.exp(m - m_new)
+            p = torch.exp(s - m_new[..., None])
+            part = p.flip(-1).sum(-1) if reverse_sum else p.sum(-1)
+            total = total * r + part
+            acc = acc * r[..., None] + torch.einsum("thb,tbd->thd", p.bfloat16().float(), rows)
+            m = m_new
+        return acc, total, m
+
+    if split and indices.shape[1] > 1:
+        half = indices.shape[1] // 2
+        (a1, t1, m1), (a2, t2, m2) = reduce(indices[:, :half]), reduce(indices[:, half:])
+        m = torch.maximum(m1, m2)
+        r1, r2 = torch.nan_to_num(torch.exp(m1 - m)), torch.nan_to_num(torch.exp(m2 - m))
+        acc, total = a1 * r1[..., None] + a2 * r2[..., None], t1 * r1 + t2 * r2
+    else:
+        acc, total, m = reduce(indices)
+    total = total + torch.exp(sink[None, :] - m)
+    return (acc / total[..., None]).bfloat16().float()
+
+
+KERNEL_RULES = [r for r in sorted(RULES) if r.startswith("ATTN.") and r not in
+                ("ATTN.HEADS", "ATTN.SCALE", "ATTN.Q_NORM", "ATTN.DEROTATE", "ATTN.LAYER")]
+
+
+@pytest.mark.parametrize("shape", [dict(width=32), dict(width=128), dict(reverse_sum=True)],
+                         ids=["width32", "width128", "reversed_sums"])
+def test_other_list_order_blockings_pass_every_rule_but_the_order(shape):
+    target = mutant("other_blocking", sparse_attention=lambda *a, **k: _blocked(*a, **k, **shape))
+    for rule_id in KERNEL_RULES:
+        status = run_rule(rule_id, Target(target, "other_blocking")).status
+        want = FAIL if rule_id == "ATTN.PROB.ORDER" and "width" in shape else PASS
+        assert status == want, (rule_id, status)
+    declared = mutant("declared", variants={"attn_order": "list_order"},
+                      sparse_attention=lambda *a, **k: _blocked(*a, **k, **shape))
+    assert run_rule("ATTN.PROB.ORDER", Target(declared, "declared")).status in (VARIANT, PASS)
+
+
+def test_a_split_kernel_passes_when_it_declares_it():
+    split = lambda *a, **k: _blocked(*a, **k, split=True)      # noqa: E731
+    declared = Target(mutant("split", variants={"attn_order": "split"}, sparse_attention=split), "split")
+    for rule_id in KERNEL_RULES:
+        assert run_rule(rule_id, declared).status in (PASS, VARIANT), rule_id
+
+
+@pytest.mark.parametrize("model", ["v4-flash", "v4.1-flash"])
+def test_impl_equals_official_on_the_probes(model):
+    for kw in (dict(), dict(max_at=100, invalid=0.3), dict(duplicates=9), dict(sink="far_above")):
+        if model == "v4.1-flash":
+            kw = dict(kw, leading=64) if not kw else kw
+        case = checks.make_case(7, model, 2, 5, 32, 130, **kw)
+        assert np.array_equal(checks.run(impl, case), checks.run(official, case))
+
+
+def test_fewer_than_16_heads_are_not_observable():
+    case = checks.make_case(3, "v4-flash", 1, 20, 32, 100)
+    full = checks.run(official, case)
+    case.q, case.sink = case.q[:, :5], case.sink[:5]
+    assert np.array_equal(checks.run(official, case), full[:, :5])
+
+
+def test_derotation_undoes_the_rotation():
+    o = torch.randn(3, 2, 512).bfloat16().float()
+    pos, f = torch.tensor([0, 9, 4000]), impl.rope_freqs("v4-flash", 2)
+    back = impl.attention_output(impl.rope_rotate(o, pos, f), pos, f)
+    assert (back - o).abs().max() <= 2 ** -6 * o.abs().max()
+
+
+@pytest.mark.parametrize("name", sorted(attn_mutants.LAYER_STAGE))
+def test_the_layer_check_names_the_planted_stage(name):
+    provider = attn_mutants.MUTANTS[name][0]
+    case = checks.attention_layer_cases()[0]                  # V4 CSA, prefill: every stage
+    stage, _, _ = checks.first_broken_attention_stage(Target(provider, name), case)
+    assert stage == attn_mutants.LAYER_STAGE[name]
+
+
+def test_the_layer_check_passes_official_on_a_decode_case():
+    case = checks.attention_layer_cases()[-1]                 # V4.1 re-index, decode at 16400
+    assert checks.first_broken_attention_stage(Target(official, "official"), case) is None
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: impl.sparse_attention(torch.zeros(1, 2, 8), torch.zeros(4, 8), torch.zeros(2),
+                                   torch.tensor([[0, 4]]), 0.1, model="v4-flash"), "−1 or rows 0..3"),
+    (lambda: impl.sparse_attention(torch.zeros(1, 2, 8), torch.zeros(4, 6), torch.zeros(2),
+                                   torch.tensor([[0]]), 0.1, model="v4-flash"), "head dim 8"),
+    (lambda: impl.sparse_attention(torch.zeros(1, 2, 8), torch.zeros(4, 8), torch.zeros(3),
+                                   torch.tensor([[0]]), 0.1, model="v4-flash"), "one value per head"),
+    (lambda: impl.sparse_attention(torch.zeros(1, 2, 8), torch.zeros(4, 8), torch.zeros(2),
+                                   torch.tensor([[0]]), 0.1, model="v3.2"), "V4 or V4.1"),
+    (lambda: impl.sparse_attention(torch.zeros(1, 2, 8), torch.zeros(4, 8), torch.zeros(2),
+                                   torch.tensor([[0]]), -1.0, model="v4-flash"), "positive float"),
+    (lambda: impl.attention_scale("v4-flash", 99), "layers 0..43"),
+])
+def test_bad_input_is_named(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
