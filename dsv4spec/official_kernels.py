@@ -53,6 +53,7 @@ import sys
 import torch
 
 from dsv4spec.adapters import as_bytes
+from dsv4spec.spec.rules import V4, V41
 
 ENV = "DSV4SPEC_OFFICIAL_KERNEL"
 NAME = "official-kernels"
@@ -152,10 +153,14 @@ def _fp8_linear(k, x, w, w_scale, block):
     return c.float().reshape(*x.shape[:-1], n).to(x.device)
 
 
-def _sparse_attention(k, q, kv, sink, indices, softmax_scale):
+def _sparse_attention(k, q, kv, sink, indices, softmax_scale, *, model=None):
+    """The suite's q [T,H,D], kv [N,D], indices [T,K] as the kernel's batch of one ([1,T,H,D],
+    [1,N,D], [1,T,K]); model is the suite's (MODELS keeps the other model's examples away)."""
+    batch = q.dim() == 3
+    q, kv, indices = (q[None], kv[None], indices[None]) if batch else (q, kv, indices)
     o = k.kernel.sparse_attn(k.bf16(q), k.bf16(kv), sink.to(k.device, torch.float32).contiguous(),
                              indices.to(k.device, torch.int32).contiguous(), softmax_scale)
-    return o.float().to(q.device)
+    return (o[0] if batch else o).float().to(q.device)
 
 
 # suite operation -> (the kernel.py function it calls, the adapter[, the parameter the function
@@ -208,13 +213,17 @@ class OfficialKernels:
     def __init__(self, module, path: str, digest: str):
         self.kernel, self.path = module, path
         self.__version__ = f"kernel.py sha256 {digest[:12]}"
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        # a TileLang file runs on the GPU; a stand-in without TileLang (the tests') where its inputs are
+        self.device = torch.device("cuda" if hasattr(module, "tilelang") and torch.cuda.is_available() else "cpu")
         self.DEVICE = self.device.type
         self.served = {}
         for op, (function, adapter, *needs) in OPERATIONS.items():
             if _serves(getattr(module, function, None), needs[0] if needs else None):
                 setattr(self, op, _bound(adapter, self, op))
                 self.served[op] = function
+        # V4's fp4_act_quant has no scale_dtype (E8M0 only): the file's model is the one its kernels
+        # are, and only that model's examples reach it (the running max of sparse_attn, fp8_gemm's block)
+        self.MODELS = V41 if "fp4_e4m3_quantize" in self.served else V4
 
     def __repr__(self):
         return f"OfficialKernels({self.path!r}: {', '.join(self.served) or 'nothing'})"

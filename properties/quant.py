@@ -798,6 +798,7 @@ def assert_fp8_linear(got, x, w, w_scale, block: int, what: str, shape=None):
 def fp8_linear_is_block_scaled(target, seed, model, shape, spread):
     """shape = (rows, K blocks, N blocks) at the model's block size; spread 8 puts runs of 32 up to
     2^16 apart, so some act_quant values are E4M3 subnormals."""
+    target.asked_for(model)
     rows, kb, nb = shape
     block = Q.FP8_LINEAR_BLOCK[model]
     rng = np.random.default_rng(seed)

@@ -411,6 +411,13 @@ class Target:
             raise AttributeError(name)
         return self.op(name)
 
+    def asked_for(self, model: str):
+        """Leave out an example for a model the target does not serve (its MODELS), where the model
+        decides an argument (a block size) rather than being passed."""
+        if model not in self.models:
+            self.received.unserved = f"{model} (MODELS: {', '.join(self.models)})"
+            _not_asked(self.received.unserved)
+
     def serves(self, *models: str) -> bool:
         """Whether the target serves any of `models` (its MODELS; all by default)."""
         return any(m in self.models for m in models)
