@@ -259,16 +259,15 @@ def rule_file(rule_id: str) -> str:
 # ------------------------------------------------------------------------------------------------
 
 def _profiles():
-    from hypothesis import Phase, settings
-    from ..properties.suite import CI_EXAMPLES
-    ci = settings.get_profile("ci")
+    from hypothesis import Phase
+    from ..properties.suite import CI_EXAMPLES, register_profile
     phases = {1: (Phase.explicit,), 2: (Phase.explicit, Phase.generate)}
-    settings.register_profile("vectors-1", parent=ci, phases=phases[1])
-    settings.register_profile("vectors-2", parent=ci, phases=phases[2], max_examples=25)
+    register_profile("vectors-1", parent="ci", phases=phases[1])
+    register_profile("vectors-2", parent="ci", phases=phases[2], max_examples=25)
     for n in {25, *CI_EXAMPLES.values()}:
-        settings.register_profile(f"vectors-3/{n}", parent=ci, phases=phases[2], max_examples=n)
+        register_profile(f"vectors-3/{n}", parent="ci", phases=phases[2], max_examples=n)
     for name in ["vectors-1", "vectors-2", *(f"vectors-3/{n}" for n in {25, *CI_EXAMPLES.values()})]:
-        settings.register_profile(f"{name}-noshrink", parent=settings.get_profile(name))
+        register_profile(f"{name}-noshrink", parent=name)
 
 
 def profile(level: int, rule_id: str) -> str:

@@ -54,7 +54,8 @@ _health = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_
 _BASE = dict(phases=_phases, deadline=None, database=None, print_blob=False, suppress_health_check=_health)
 
 
-def _register(name: str, parent: str = "default", **values):
+def register_profile(name: str, parent: str = "default", **values):
+    """Register the suite's profile `name` (a child of its profile `parent`) under its own name."""
     settings.register_profile(hypothesis_profile(name), parent=settings.get_profile(
         parent if parent == "default" else hypothesis_profile(parent)), **values)
 
@@ -64,9 +65,9 @@ def hypothesis_profile(name: str) -> str:
     return f"dsv4spec-{name}"
 
 
-_register("ci", **_BASE, derandomize=True, max_examples=25)
-_register("dev", **_BASE, max_examples=100)
-_register("thorough", **{**_BASE, "phases": tuple(Phase)}, max_examples=2000)
+register_profile("ci", **_BASE, derandomize=True, max_examples=25)
+register_profile("dev", **_BASE, max_examples=100)
+register_profile("thorough", **{**_BASE, "phases": tuple(Phase)}, max_examples=2000)
 PROFILES = ("ci", "dev", "thorough")
 DERANDOMIZED = ("ci",)
 
@@ -100,10 +101,10 @@ SEED_ALONE = _examples_from_the_seed_alone()
 CI_EXAMPLES = {"FMT": 400, "FP4": 200, "FP8": 200, "IDX": 50, "IDX.VISIBLE": 400, "IDX.WEIGHT": 400,
                "POOL": 50, "POOL.SIZE": 25}
 for _n in set(CI_EXAMPLES.values()):
-    _register(f"ci/{_n}", parent="ci", max_examples=_n)
+    register_profile(f"ci/{_n}", parent="ci", max_examples=_n)
 for _p in (*PROFILES, *(f"ci/{_n}" for _n in set(CI_EXAMPLES.values()))):
     # naming a variant only asks whether a check passes: no shrinking
-    _register(f"{_p}-noshrink", parent=_p, phases=(Phase.explicit, Phase.reuse, Phase.generate))
+    register_profile(f"{_p}-noshrink", parent=_p, phases=(Phase.explicit, Phase.reuse, Phase.generate))
 
 
 def profile_for(rule_id: str, profile: str) -> str:
