@@ -430,6 +430,27 @@ def nonfinite(ops) -> list[Boundary]:
             Boundary("a non-finite value in a row ≥ 1, block ≥ 1", "layout", has(lambda x: ~np.isfinite(x), True))]
 
 
+def fp8_linear_shapes() -> list[Boundary]:
+    """FP8.LINEAR decides per block: each model's block, K of several blocks (a scale product per
+    K block), N of one and of several weight blocks, and act_quant quotients below E4M3's normal
+    range (448·|x|/amax < 2^-6 implies x/s < 2^-6, s being amax/448 rounded up to a power of two)."""
+    def linear(pred):
+        return lambda calls: any(pred(np.asarray(c.args[0], np.float64), np.asarray(c.args[1]), c.args[3])
+                                 for c in of(calls, "fp8_linear"))
+
+    def subnormal_quotients(x, w, block):
+        xb = np.abs(x).reshape(-1, block)
+        amax = xb.max(1, keepdims=True)
+        r = 448.0 * xb / np.where(amax > 0, amax, 1.0)
+        return bool(((r > 0) & (r < 2.0 ** -6)).any())
+    return [*(Boundary(f"block {b} ({model})", "layout", linear(lambda x, w, block, b=b: block == b))
+              for b, model in ((128, "V4"), (32, "V4.1"))),
+            Boundary("K of several blocks", "layout", linear(lambda x, w, block: x.shape[-1] >= 2 * block)),
+            Boundary("N of one weight block", "layout", linear(lambda x, w, block: w.shape[0] == block)),
+            Boundary("N of several weight blocks", "layout", linear(lambda x, w, block: w.shape[0] > block)),
+            Boundary("act_quant quotients that are E4M3 subnormals", "element", linear(subnormal_quotients))]
+
+
 def blocks_of(op, shapes) -> list[Boundary]:
     def reached(n, block, dtype_bf16):
         def pred(calls):
@@ -795,6 +816,7 @@ def _boundaries() -> dict[str, list[Boundary]]:
         "FP8.V4_INPLACE": [b for b in e4m3_rounding(lambda calls: codec_blocks(calls, ("fp8_qdq",)))
                            if "subnormal" not in b.name],
         "FP8.NONFINITE": nonfinite(("fp8_quantize",)),
+        "FP8.LINEAR": fp8_linear_shapes(),
         "IDX.VISIBLE": visible_boundaries(),
         "IDX.MASK": mask_boundaries(),
         "IDX.SCORE.FORMULA": score_formula(),

@@ -96,9 +96,10 @@ SEED_ALONE = _examples_from_the_seed_alone()
 # Examples per check in the ci profile, by rule-id prefix (the longest matching prefix wins; 25
 # otherwise), sized by measurement.  CPU ms per generated example, impl / kernels in the Triton
 # interpreter: FMT 1–3 / 5–9; FP4 2–5 / 12–26; FP8 1–3 / 9–13; IDX.VISIBLE, IDX.WEIGHT 1 / 6;
-# the other IDX 1–20 / 16–75; POOL 1–8 / 55–68 (POOL.SIZE 480); HAD.MATRIX 54 / 110.  About 3 s of
+# the other IDX 1–20 / 16–75; POOL 1–8 / 55–68 (POOL.SIZE 480); HAD.MATRIX 54 / 110; FP8.LINEAR
+# about 300 (impl, one K-block GEMM of real width an example).  About 3 s of
 # interpreted kernel time per rule, so that `make test` stays well under 10 minutes on 2 cores.
-CI_EXAMPLES = {"FMT": 400, "FP4": 200, "FP8": 200, "IDX": 50, "IDX.VISIBLE": 400, "IDX.WEIGHT": 400,
+CI_EXAMPLES = {"FMT": 400, "FP4": 200, "FP8": 200, "FP8.LINEAR": 50, "IDX": 50, "IDX.VISIBLE": 400, "IDX.WEIGHT": 400,
                "POOL": 50, "POOL.SIZE": 25}
 for _n in set(CI_EXAMPLES.values()):
     register_profile(f"ci/{_n}", parent="ci", max_examples=_n)
