@@ -56,6 +56,10 @@ from ..spec.models import profile
 
 __all__ = ["hadamard", "index_rotate", "index_weights", "index_weights_v32", "index_scores", "index_scores_fp4",
            "index_visible", "index_topk"]
+# Operations of the indexer family's contract (properties.indexer.OPS) with no kernel here, and why.
+NOT_PROVIDED = {"index_scores_raw": "an alternative entry point for a target whose score kernel takes the raw head "
+                                    "weights (the official factorisation); kernels, like impl, provides index_weights "
+                                    "and index_scores, which the same rules judge"}
 
 SCORE_DTYPES = ("bf16", "fp32")
 ORDERS = ("score", "position")

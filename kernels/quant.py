@@ -61,6 +61,10 @@ __all__ = [
     "fp8_dequantize",
     "fp8_qdq",
 ]
+# Operations of the quant family's contract (properties.quant.OPS) with no kernel here, and why.
+NOT_PROVIDED = {"fp8_linear": "the block-scaled FP8 GEMM (the index q projection, FP8.LINEAR) has no Triton kernel: "
+                              "kernels/quant.py covers the element formats and the KV cache's codecs"}
+
 
 INTERPRETED = INTERPRET
 E4M3_BLOCK = 16

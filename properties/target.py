@@ -125,7 +125,7 @@ RESULTS = {
     "e8m0_decode": (VALUES,), "bf16_round": (VALUES,), "fp4_pack": (U8,), "fp4_unpack": (U8,),
     "fp4_e4m3_quantize": (U8, U8), "fp4_e4m3_dequantize": (VALUES,),
     "fp4_e8m0_quantize": (U8, U8), "fp4_e8m0_dequantize": (VALUES,),
-    "fp8_quantize": (U8, U8), "fp8_dequantize": (VALUES,), "fp8_qdq": (VALUES,),
+    "fp8_quantize": (U8, U8), "fp8_dequantize": (VALUES,), "fp8_qdq": (VALUES,), "fp8_linear": (VALUES,),
     "hadamard": (VALUES,), "index_rotate": (VALUES,), "index_weights": (VALUES,),
     "index_weights_v32": (VALUES,),
     "index_scores": (VALUES,), "index_scores_fp4": (VALUES,), "index_scores_raw": (VALUES,), "index_visible": (INDEX,),
@@ -137,13 +137,15 @@ RESULTS = {
     "window_index": (INDEX,), "compressed_index": (INDEX,), "attention_index": (INDEX,),
     "window_ring": (INDEX,),
     "pool_scan_topk": (INDEX,),
+    "sparse_attention": (VALUES,), "attention_q": (VALUES,), "attention_output": (VALUES,),
 }
 # Per-format operations a bundled one also provides: kv_qdq(x, fmt) is kv_qdq_<fmt>(x).
 SPLIT = {"kv_qdq_fp4_e4m3": ("kv_qdq", "fp4_e4m3"), "kv_qdq_fp8_e8m0_32": ("kv_qdq", "fp8_e8m0_32"),
          "kv_qdq_fp4_e8m0": ("kv_qdq", "fp4_e8m0")}
 # Operations whose result is not a tensor (a record, an opaque state, a number, a dict of stages).
 NO_TENSOR_RESULT = {"layer_role", "compressor_state", "kv_bytes_per_token", "window_bytes_per_layer",
-                    "indexer_macs_per_token", "core_attention_macs", "index_layer"}
+                    "indexer_macs_per_token", "core_attention_macs", "index_layer",
+                    "attention_scale", "attention_layer"}
 # Converters to name when a result misses its contract (dsv4spec.adapters).
 HINTS = {
     "uint8": "dsv4spec.adapters.as_bytes (float8/float4/e8m0/int8 views), e8m0_from_pow2 (fp32 scales)",
@@ -164,6 +166,8 @@ SHAPES = {
     "e2m1_encode": _SAME, "e2m1_decode": _SAME, "e4m3_encode": _SAME, "e4m3_decode": _SAME,
     "e8m0_decode": _SAME, "bf16_round": _SAME, "hadamard": _SAME, "index_rotate": _SAME,
     "fp8_qdq": _SAME, "index_visible": _SAME, "index_weights_v32": _SAME,
+    "sparse_attention": _SAME, "attention_q": _SAME, "attention_output": _SAME,
+    "fp8_linear": lambda a, *_: _lead(a[0], a[1].shape[0]),
     "fp4_pack": lambda a, *_: _lead(a[0], a[0].shape[-1] // 2),
     "fp4_unpack": lambda a, *_: _lead(a[0], a[0].shape[-1] * 2),
     "fp4_e4m3_quantize": _blocks(16), "fp4_e8m0_quantize": _blocks(32),

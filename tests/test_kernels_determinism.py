@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import dsv4spec.kernels as kernels
+from dsv4spec.kernels import attn as KA
 from dsv4spec.kernels import indexer as KI
 from dsv4spec.kernels import path as KPATH
 from dsv4spec.kernels import pool as KP
@@ -82,6 +83,8 @@ def indexer_cases(rng):
         "hadamard": (KI.hadamard, (x,)),
         "index_rotate": (KI.index_rotate, (x, "v4-flash")),
         "index_weights": (KI.index_weights, (bf16_values(rng, (T, 64)), "v4-flash")),
+        "index_weights_v32": (KI.index_weights_v32, (bf16_values(rng, (T * 4, 64)),
+                                                     torch.from_numpy(rng.random((T * 4, 64)).astype(np.float32)))),
         "index_visible": (KI.index_visible, (torch.from_numpy(rng.integers(0, 1 << 40, 4096)), 4)),
     }
 
@@ -118,9 +121,19 @@ def path_cases(rng):
                                                 for t in KPATH.rope_quantize(*a, fmt)), (x, positions, freqs))}
 
 
+def attn_cases(rng):
+    # GPU: a prefill's tokens over many programs, 2048 entries (32 blocks of 64); interpreter: 3 blocks
+    T, H, D, N, K = (256, 64, 512, 8192, 2048) if GPU else (2, 4, 64, 200, 130)
+    q, kv = bf16_values(rng, (T, H, D)), bf16_values(rng, (N, D))
+    sink = torch.from_numpy(rng.standard_normal(H).astype(np.float32))
+    idx = torch.from_numpy(rng.integers(-1, N, (T, K)))   # −1 entries and repeated rows among them
+    return {"sparse_attention": (lambda *a: KA.sparse_attention(*a, model="v4-flash"),
+                                 (q, kv, sink, idx, D ** -0.5))}
+
+
 def all_cases():
     rng = np.random.default_rng(2026)
-    return {**quant_cases(rng), **indexer_cases(rng), **pool_cases(rng), **path_cases(rng)}
+    return {**quant_cases(rng), **indexer_cases(rng), **pool_cases(rng), **path_cases(rng), **attn_cases(rng)}
 
 
 def exported_ops() -> set:
