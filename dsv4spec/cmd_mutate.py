@@ -29,6 +29,8 @@ def register(subparsers):
     p.add_argument("--markdown", metavar="FILE", help="write the report (scores, survivors) as Markdown")
     p.add_argument("--merge", nargs="+", metavar="JSON", help="run nothing: report the results of earlier --json "
                    "files (shards run apart), the equivalence file applied again")
+    p.add_argument("--resume", nargs="+", metavar="JSON", help="run only the mutants these earlier --json files "
+                   "(a cut-off run's included) do not hold, and report them all together")
     p.set_defaults(func=run)
 
 
@@ -54,6 +56,9 @@ def run(args) -> int:
         results = M.from_json(open(path).read() for path in args.merge)
         return _report(M, args, results, "dsv4spec mutate --merge " + " ".join(args.merge))
     mutants = M.select_mutants(modules, operators, shard, args.id)
+    earlier = M.from_json(open(path).read() for path in args.resume) if args.resume else []
+    done_ids = {r.mutant.id for r in earlier}
+    mutants = [m for m in mutants if m.id not in done_ids]
     if args.list:
         for m in mutants:
             print(f"{m.path}:{m.line}  [{m.operator}] {m.change}\n    {m.id}")
@@ -61,7 +66,7 @@ def run(args) -> int:
         return 0
     prefixes = _prefixes(args.rules)
 
-    done_so_far = []
+    done_so_far = list(earlier)
 
     def progress(done, total, result):
         done_so_far.append(result)
@@ -72,7 +77,7 @@ def run(args) -> int:
         print(f"[{done}/{total}] {result.status:<9} {result.seconds:5.1f}s {result.mutant.path}:{result.mutant.line} "
               f"[{result.mutant.operator}] {result.mutant.change[:70]} {where}", file=sys.stderr, flush=True)
 
-    results = M.run(mutants, prefixes, args.profile, args.jobs, progress)
+    results = earlier + M.run(mutants, prefixes, args.profile, args.jobs, progress)
     command = "dsv4spec mutate " + " ".join(sys.argv[2:]) if len(sys.argv) > 1 and sys.argv[1] == "mutate" else ""
     return _report(M, args, results, command)
 

@@ -37,9 +37,9 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-MODULES = ("impl.quant", "impl.indexer", "impl.pool", "impl.compressor", "impl.layout", "impl.budget",
-           "impl.rope", "impl.path", "official.quant", "official.indexer", "official.pool",
-           "official.compressor", "official.rope", "official.path")
+MODULES = ("impl.quant", "impl.indexer", "impl.pool", "impl.compressor", "impl.layout",
+           "impl.budget", "impl.rope", "impl.path", "impl.attn", "official.quant", "official.indexer",
+           "official.pool", "official.compressor", "official.rope", "official.path", "official.attn")
 OPERATORS = ("const", "compare", "minmax", "cast", "where", "axis")
 EQUIVALENT_FILE = Path(__file__).resolve().parents[1] / "tests" / "mutants" / "EQUIVALENT.toml"
 KILLED = ("FAIL", "ERROR", "TIMEOUT")
