@@ -41,7 +41,7 @@ def parse_args(argv=None):
 
 # ----------------------------------------------------------------------------------------------
 # Inputs: mixed magnitudes 1e-6..3000 with random signs, zero blocks, tie blocks, and the edge
-# vectors of conventions.md at the start.
+# vectors on the codecs' decision boundaries at the start.
 # ----------------------------------------------------------------------------------------------
 
 EDGE_BLOCKS_16 = [

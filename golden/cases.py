@@ -75,7 +75,7 @@ def mixed_magnitudes(seed: int, shape, e_lo: int = -20, e_hi: int = 11) -> np.nd
 
 
 # ---------------------------------------------------------------------------------------------
-# Edge rows: blocks built on each codec's decision boundaries (conventions.md, edge vectors)
+# Edge rows: blocks built on each codec's decision boundaries (spec/formats.py, spec/quant.py)
 # ---------------------------------------------------------------------------------------------
 
 def _pow2(k: int) -> float:

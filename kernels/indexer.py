@@ -1,4 +1,4 @@
-"""Triton kernels of the indexer family (official-rules.md §4, §5.1).
+"""Triton kernels of the indexer family (V4-model L380-432, V41-model L488-610).
 
 Operations (CPU tensors in and out; CUDA when present, the Triton interpreter otherwise):
 
@@ -431,7 +431,7 @@ def _score_inputs(op: str, q, k, w, visible, bf16: bool):
 def index_scores(q, k, w, visible, score_dtype: str = "bf16") -> torch.Tensor:
     """I[t,s] = sum_h w[t,h] * ReLU(q[t,h] . k[s]) for s < visible[t], -inf elsewhere (f32 [T,S]).
 
-    score_dtype "bf16" rounds as the V4/V4.1 reference does (official-rules.md §4.1): each head's
+    score_dtype "bf16" rounds as the V4/V4.1 reference does (V4-model L420-421, V41-model L555-557): each head's
     dot to BF16, the weighted ReLU to BF16, the head sum (fp32 accumulation) to BF16.  "fp32"
     keeps every step in fp32.
     """
@@ -453,8 +453,8 @@ def index_scores(q, k, w, visible, score_dtype: str = "bf16") -> torch.Tensor:
 def index_scores_fp4(q_packed, q_scales, k_packed, k_scales, w, visible) -> torch.Tensor:
     """index_scores(dequant(q), dequant(k), w, visible, "bf16") read from FP4 E2M1 + E8M0/32.
 
-    Packed bytes hold element 2i in the low nibble; scale byte b is 2^(b-127) (official-rules.md
-    §1, §2.3).  Each E2M1 x E8M0 product is exact in BF16, so the in-register dequantization and
+    Packed bytes hold element 2i in the low nibble; scale byte b is 2^(b-127) (V4-kernel
+    L161-164, L193; spec/formats.py).  Each E2M1 x E8M0 product is exact in BF16, so the in-register dequantization and
     BF16 MMA compute exactly the dequantized operands' products.
     """
     op = "index_scores_fp4"
@@ -527,7 +527,7 @@ def _elementwise(kernel, x: torch.Tensor, out_dtype: torch.dtype, *args) -> torc
 
 
 def hadamard(x) -> torch.Tensor:
-    """bf16(H x / sqrt(128)) over the last dimension: Sylvester H, no signs (official-rules.md §3).
+    """bf16(H x / sqrt(128)) over the last dimension: Sylvester H, no signs (V4-model L247-251).
 
     x holds BF16 values (float32 or bfloat16); the result is float32 holding BF16 values, equal
     bit for bit to impl's fp32 butterfly."""

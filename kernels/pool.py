@@ -1,4 +1,4 @@
-"""Triton kernels of the V4.1 candidate pool (official-rules.md §5.1) and the re-index top-k.
+"""Triton kernels of the V4.1 candidate pool (V41-model L583-610, select_candidate_blocks) and the re-index top-k.
 
     candidate_blocks(scores [T,W], compress_lens [T], topk_blocks=2048, block_size=8) -> bool [T,W]
     reindex_topk(q [T,H,D], k [S,D], w [T,H], visible [T], pool bool [T,S], topk)     -> i64 [T,topk]

@@ -1,7 +1,7 @@
 """official.compressor: the compressor operations as the official code computes them.
 
-Transcribed from the V4 `Compressor` (official-rules.md §6.1) and the V4.1 one (§6.2), with the
-BF16 steps of §11.2: the activations are BF16 and are widened to fp32 for the fp32 wkv / wgate /
+Transcribed from the V4 `Compressor` (V4-model L279-377) and the V4.1 one (V41-model L429-485),
+with their BF16 steps (V4-model L196, L362, L367; V41-model L485, L758): the activations are BF16 and are widened to fp32 for the fp32 wkv / wgate /
 ape (V4.1 ratio 1: a BF16 Linear instead, no fp32); the pooled vector is cast back to BF16
 (`norm(kv.to(dtype))`); RMSNorm computes in fp32 and returns BF16; RoPE multiplies in complex
 fp32 and writes the BF16 entry in place.  One prefill from position 0, then one token per call

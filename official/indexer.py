@@ -1,6 +1,6 @@
 """official.indexer: the indexer operations as the official code computes them.
 
-Transcribed from the V4 / V4.1 `Indexer` and `rotate_activation` (official-rules.md §3, §4): every
+Transcribed from the V4 / V4.1 `Indexer` and `rotate_activation` (V4-model L247-251, L380-432; V41-model L488-580): every
 tensor of the score is BF16 (einsum, ReLU, the weighted product, the head sum), the prefill mask
 is filled with −inf, and top-k is torch.topk with whatever ties it picks — sorted by score in V4,
 unsorted then sorted by position in V4.1 — returned as int32 with −1 for the invisible slots.

@@ -1,6 +1,6 @@
 """official.pool: the pool operations as the official code computes them.
 
-select_candidate_blocks (official-rules.md §5.1, V4.1 upstream L583–610) on the BF16 scores of
+select_candidate_blocks (V41-model L583–610) on the BF16 scores of
 the candidate source; a re-index layer's scores masked to the candidates and its V4.1 top-k
 (§4.2); the layer roles as the V4 / V4.1 Attention constructors decide them (§4.1, §5.2).
 """

@@ -1,6 +1,6 @@
 """official.quant: the FP4 / FP8 codecs and their element casts as the official kernels compute them.
 
-A transcription, in torch, of the TileLang quantizers (official-rules.md §1, §2; V4-kernel
+A transcription, in torch, of the TileLang quantizers (V4-kernel L22-27, L77-96, L161-177;
 `act_quant_kernel` and `fp4_quant_kernel`, V4.1 `fp4_act_quant(..., scale_dtype=float8_e4m3fn)`),
 in their order of operations:
 

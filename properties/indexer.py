@@ -461,7 +461,7 @@ class RowsCase:
                 f"visible={self.visible.tolist()}, k={self.k})")
 
 
-# 'minus_inf' (a visible entry scoring −inf) is outside the official domain (official-rules.md §11.1):
+# 'minus_inf' (a visible entry scoring −inf) is outside the official domain (SPEC.md, The official domain):
 # kept for the kernel tests, never drawn by a check.
 ROW_KINDS = ("normal", "relu_zero", "equal", "few_values", "unmasked")
 

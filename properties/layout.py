@@ -47,7 +47,7 @@ def layout_of(target, kind: str) -> spec.Layout:
 
 # --- inputs ---------------------------------------------------------------------------------------
 
-# Blocks that sit on codec edges (conventions.md "edge vectors"): E2M1 ties at scale 1 (amax 6),
+# Blocks that sit on codec edges: E2M1 ties at scale 1 (amax 6),
 # the floating-log2 edge 96.00000762939453, a small E4M3/16 block, division vs reciprocal, an E4M3
 # scale that saturates (amax 2785), an all-zero block, a single nonzero element.
 EDGE_BLOCKS = [

@@ -74,7 +74,7 @@ KV, IDX = Q.FP4_KV_BLOCK, Q.FP4_IDX_BLOCK
 FP8_BLOCK_SHAPES = ((448, 64), (512, 32), (128, 128))      # V4 main KV, V4.1 SWA, V3.2 indexer
 
 # ---------------------------------------------------------------------------------------------
-# Edge vectors (conventions.md "Edge vectors every codec test should carry")
+# Edge vectors on the codecs' decision boundaries
 # ---------------------------------------------------------------------------------------------
 
 

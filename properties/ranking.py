@@ -1,4 +1,4 @@
-"""Tie-aware validity of top-k results and candidate pools (conventions.md 'How good suites compare').
+"""Tie-aware validity of top-k results and candidate pools.
 
 Index lists are never compared.  A top-k row is valid when its entries are eligible positions
 (visible, and inside the pool where there is one), −1 appears only as trailing padding, the

@@ -1,4 +1,4 @@
-"""Budgets against the hand derivations of official-rules.md §7.3, the BUDGET checks, the CLI."""
+"""Budgets against hand derivations from the model configs, the BUDGET checks, the CLI."""
 import json
 import subprocess
 import sys

@@ -24,7 +24,7 @@ TIES = [6, .75, 1.75, 3.5, .25, 1.25, 2.5, 5, -.75, -1.75, -3.5, -.25, -1.25, -2
 
 
 def edge_input(n_blocks16: int, seed: int) -> np.ndarray:
-    """[n_blocks16 * 16] fp32: the conventions.md edge vectors, then mixed magnitudes."""
+    """[n_blocks16 * 16] fp32: edge vectors on the codecs' decision boundaries, then mixed magnitudes."""
     rng = np.random.default_rng(seed)
     n = 16 * n_blocks16
     x = (10.0 ** rng.uniform(-6, 3.5, n) * rng.choice([-1, 1], n)).astype(np.float32)

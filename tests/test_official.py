@@ -42,7 +42,7 @@ def test_official_quantizers_take_bf16_only():
 
 
 def test_official_nonfinite_as_the_kernels_make_it():
-    # official-rules.md §1, §11.1: the max reduction skips NaN; an Inf makes the E8M0 scale +Inf
+    # V4-kernel L22-27, L161-164: the max reduction skips NaN; an Inf makes the E8M0 scale +Inf
     # (fast_log2_ceil(Inf) = 128, byte 0xFF) and saturates the E4M3 scale at 448 (0x7E).
     x = torch.tensor([[1.0] * 15 + [float("nan")] + [float("inf")] + [0.5] * 15], dtype=torch.bfloat16)
     _, idx_scales = official.fp4_e8m0_quantize(x)

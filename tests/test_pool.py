@@ -1,5 +1,5 @@
 """Candidate pool and layer roles: impl passes every POOL/LAYER rule; hand-derived vectors; role
-tables from official-rules.md §5.2 and §7.2; bad input is refused clearly."""
+tables counted by hand from the configs (the LAYER rules' sources); bad input is refused clearly."""
 import numpy as np
 import pytest
 import torch
@@ -20,7 +20,7 @@ def _prefill(rows: int):
 
 
 def test_twenty_row_prefill_keeps_62_unreachable_positions():
-    """official-rules.md §5.1: row t (compress_lens t+1, W = 20) keeps blocks 0..t//8, i.e.
+    """V41-model L583-610: row t (compress_lens t+1, W = 20) keeps blocks 0..t//8, i.e.
     min(20, 8·(t//8 + 1)) positions; minus the t+1 reachable ones: 28 + 28 + 6 = 62."""
     scores, lens = _prefill(20)
     for pool in (spec.candidate_blocks(scores, lens),
@@ -61,7 +61,7 @@ def test_ranking_checker_sees_each_clause():
 
 
 def test_v41_role_table():
-    """official-rules.md §5.2, row by row."""
+    """The V4.1 roles from its config (LAYER.V41's sources), row by row."""
     roles = spec.layer_roles(V4_1_FLASH)
     kinds = [r.kind for r in roles]
     assert [i for i, k in enumerate(kinds) if k == "window"] == [0, 1, 40, 41, 42]
@@ -97,7 +97,7 @@ def test_role_invariants_over_all_layers(model):
 
 
 def test_v4_counts():
-    """official-rules.md §7.2: V4-Flash 21 CSA + 20 HCA; V4-Pro 30 CSA + 31 HCA (MTP excluded)."""
+    """From the configs' compress_ratios: V4-Flash 21 CSA + 20 HCA; V4-Pro 30 CSA + 31 HCA (MTP excluded)."""
     for model, csa, hca in ((V4_FLASH, 21, 20), (V4_PRO, 30, 31)):
         kinds = [r.kind for r in spec.layer_roles(model)[: model.n_layers]]
         assert (kinds.count("csa"), kinds.count("hca")) == (csa, hca)

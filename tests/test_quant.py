@@ -70,7 +70,7 @@ def test_impl_element_ops_match_spec_on_random_fp32_patterns():
 
 
 # ---------------------------------------------------------------------------------------------
-# Edge vectors of conventions.md, derived by hand
+# Edge vectors on the codecs' decision boundaries, derived by hand
 # ---------------------------------------------------------------------------------------------
 
 def test_float_log2_edge():
