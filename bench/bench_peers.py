@@ -36,13 +36,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 OFFICIAL_ENV = "DSV4SPEC_OFFICIAL_KERNEL"
 FLAGGEMS_ENV = "DSV4SPEC_FLAGGEMS"
+BUDGET_ENV = "DSV4SPEC_FLAGGEMS_S"
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peer_flaggems.py")
 TOPK_SHAPES = [(1, 1 << 16, 2048), (1, 1 << 20, 512), (1, 1 << 20, 2048), (64, 1 << 18, 2048),
                (64, 1 << 20, 2048), (1024, 1 << 16, 2048), (1024, 1 << 15, 512)]
 TOPK_QUICK = [(1, 1 << 16, 2048), (16, 1 << 18, 2048)]
 CODECS = [("fp4_e8m0_quantize", 32), ("fp4_e4m3_quantize", 16), ("fp8_quantize", 32), ("fp8_quantize", 64),
           ("fp8_quantize", 128)]
-SECTIONS = ("codecs", "topk")
+SECTIONS = ("topk", "codecs")      # in the order they run
 
 
 def parse_args(argv=None):
@@ -57,8 +58,8 @@ def parse_args(argv=None):
                          f"default ${OFFICIAL_ENV})")
     ap.add_argument("--flaggems", default=os.environ.get(FLAGGEMS_ENV) or None, metavar="DIR",
                     help=f"the folder FlagGems was installed into with pip --target (default ${FLAGGEMS_ENV})")
-    ap.add_argument("--flaggems-budget", type=float, default=90.0, metavar="S",
-                    help="seconds for all FlagGems child processes together (default 90)")
+    ap.add_argument("--flaggems-budget", type=float, default=float(os.environ.get(BUDGET_ENV, 60)), metavar="S",
+                    help=f"seconds for all FlagGems child processes together (default ${BUDGET_ENV} or 60)")
     ap.add_argument("--skip-torch", action="store_true", help="skip the torch peer")
     args = ap.parse_args(argv)
     unknown = set(filter(None, args.only.split(","))) - set(SECTIONS)
@@ -157,22 +158,24 @@ def mismatches(torch, ours, theirs) -> list[int]:
             for a, b in zip(as_bytes_all(ours), as_bytes_all(theirs))]
 
 
-def run_codecs(torch, D, official, why_not, rep, quick, copy_TBps, skip_torch):
+def run_codecs(torch, D, official, why_not, rep, tokens, copy_TBps, skip_torch, device="cuda"):
     from bench_quant import make_input, torch_baselines
-    tokens = 1 << 16 if quick else 1 << 20
-    x = make_input(torch, (tokens, 128), torch.bfloat16, seed=7)
-    baselines = {} if skip_torch else torch_baselines(torch)
+
+    from dsv4spec.cmd_bench import _count
+    x = make_input(torch, (tokens, 128), torch.bfloat16, seed=7, device=device)
+    baselines = {} if skip_torch else torch_baselines(torch, device)
     rows = []
     for op, block in CODECS:
         ours = (lambda: getattr(D, op)(x)) if op.startswith("fp4") else (lambda: D.fp8_quantize(x, block))
         mine = ours()
         out_bytes = sum(t.numel() for t in as_bytes_all(mine))
         moved = x.numel() * 2 + out_bytes
-        row = dict(case=f"{op} /{block} bf16 {tokens >> 10}Kx128".replace("1024Kx", "1Mx"), kind="codec",
-                   bytes=moved, ours=timed(torch, ours, rep), peers={})
+        row = dict(case=f"{op} /{block} bf16 {_count(tokens)}x128", kind="codec",
+                   bytes=moved, ours=timed(torch, ours, rep, device), peers={})
         if not skip_torch:
             base = baselines[op]
-            row["peers"]["torch"] = timed(torch, (lambda: base(x, block)) if op == "fp8_quantize" else (lambda: base(x)), rep)
+            row["peers"]["torch"] = timed(torch, (lambda: base(x, block)) if op == "fp8_quantize" else (lambda: base(x)),
+                                          rep, device)
         row["vs_copy"] = moved / (row["ours"]["graph_us"] or row["ours"]["eager_us"]) / 1e6 / copy_TBps
         call = official_codec(torch, official, op, block) if official is not None else None
         if call is None:
@@ -181,7 +184,7 @@ def run_codecs(torch, D, official, why_not, rep, quick, copy_TBps, skip_torch):
             row["validity"] = "bits not compared: official absent"
         else:
             differ = mismatches(torch, mine, call(x))
-            row["peers"]["official"] = dict(timed(torch, lambda: call(x), rep), differing=differ)
+            row["peers"]["official"] = dict(timed(torch, lambda: call(x), rep, device), differing=differ)
             row["validity"] = ("bit-exact against official" if differ == [0, 0] else
                                f"INVALID: {differ[0]} payload / {differ[1]} scale bytes differ from official")
         rows.append(row)
@@ -264,23 +267,23 @@ def _signal_name(n: int) -> str:
         return f"signal {n}"
 
 
-def run_topk(torch, D, flaggems, rep, quick, copy_TBps, skip_torch, budget_s):
+def run_topk(torch, D, flaggems, rep, shapes, copy_TBps, skip_torch, budget_s, device="cuda"):
     from bench_indexer import topk_validity
-    shapes = TOPK_QUICK if quick else TOPK_SHAPES
     rows = []
     for R, N, k in shapes:
-        x, nv = topk_input(torch, R, N)
+        x, nv = topk_input(torch, R, N, device=device)
         ours = lambda: D.index_topk(x, nv, k, "position")   # noqa: E731
         row = dict(case=f"top-k {R}x{N} k={k} (position), device API", kind="topk", shape=shape_name((R, N, k)),
                    bytes=R * N * 4, validity=topk_validity(torch, x, nv, ours(), k, "position"),
-                   ours=timed(torch, ours, rep), peers={})
+                   ours=timed(torch, ours, rep, device), peers={})
         if not skip_torch:
-            row["peers"]["torch"] = timed(torch, lambda: torch.topk(x, k, dim=1, sorted=False), rep)
+            row["peers"]["torch"] = timed(torch, lambda: torch.topk(x, k, dim=1, sorted=False), rep, device)
         row["vs_copy"] = row["bytes"] / (row["ours"]["graph_us"] or row["ours"]["eager_us"]) / 1e6 / copy_TBps
         rows.append(row)
         del x, nv
-        torch.cuda.empty_cache()
-    theirs = run_flaggems(flaggems, shapes, rep, budget_s)
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    theirs = run_flaggems(flaggems, shapes, rep, budget_s, device)
     for row in rows:
         got = theirs[row["shape"]]
         if got.get("validity", "valid").startswith("valid") or "eager_us" not in got:
@@ -334,6 +337,29 @@ def markdown(result) -> str:
     return "\n".join(lines) + "\n"
 
 
+def run_section(torch, D, section, args, copy):
+    if section == "topk":
+        if not args.flaggems:
+            print(f"bench_peers: FlagGems absent: no --flaggems DIR (or ${FLAGGEMS_ENV})", flush=True)
+        return run_topk(torch, D, args.flaggems, args.rep, TOPK_QUICK if args.quick else TOPK_SHAPES, copy,
+                        args.skip_torch, args.flaggems_budget)
+    official, why_not = official_module(args.official)
+    if official is None:
+        print(f"bench_peers: official kernels absent: {why_not}", flush=True)
+    return run_codecs(torch, D, official, why_not, args.rep, 1 << 16 if args.quick else 1 << 20, copy, args.skip_torch)
+
+
+def write(folder, result, md=None):
+    if not folder:
+        return
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "bench_peers.json"), "w") as f:
+        f.write(json.dumps(result, indent=1))
+    if md is not None:
+        with open(os.path.join(folder, "bench_peers.md"), "w") as f:
+            f.write(md)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     from dsv4spec.cmd_bench import cuda_torch
@@ -348,33 +374,23 @@ def main(argv=None) -> int:
     copy = copy_ceiling(torch, args.rep)
     print(f"copy ceiling: {copy:.2f} TB/s", flush=True)
     rows = []
-    if "codecs" in only:
-        official, why_not = official_module(args.official)
-        if official is None:
-            print(f"bench_peers: official kernels absent: {why_not}", flush=True)
-        try:
-            rows += run_codecs(torch, D, official, why_not, args.rep, args.quick, copy, args.skip_torch)
-        except Exception as e:  # noqa: BLE001 -- report and go on with the other section
-            rows.append(dict(case="codecs", kind="codec", ours={}, peers={}, validity=f"ERROR {type(e).__name__}: {e}"[:300]))
-    if "topk" in only:
-        if not args.flaggems:
-            print(f"bench_peers: FlagGems absent: no --flaggems DIR (or ${FLAGGEMS_ENV})", flush=True)
-        try:
-            rows += run_topk(torch, D, args.flaggems, args.rep, args.quick, copy, args.skip_torch,
-                             args.flaggems_budget)
-        except Exception as e:  # noqa: BLE001
-            rows.append(dict(case="top-k", kind="topk", ours={}, peers={}, validity=f"ERROR {type(e).__name__}: {e}"[:300]))
-    for r in rows:
-        print(json.dumps(r), flush=True)
     result = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=__import__("triton").__version__,
-                  host=platform.node(), quick=args.quick, copy_TBps=copy, rows=rows, seconds=time.time() - t0)
+                  host=platform.node(), quick=args.quick, copy_TBps=copy, rows=rows)
+    for section in SECTIONS:       # each section's rows printed and written as soon as it ends
+        if section not in only:
+            continue
+        try:
+            new = run_section(torch, D, section, args, copy)
+        except Exception as e:  # noqa: BLE001 -- report and go on with the other section
+            new = [dict(case=section, kind=section, ours={}, peers={}, validity=f"ERROR {type(e).__name__}: {e}"[:300])]
+        for r in new:
+            print(json.dumps(r), flush=True)
+        rows += new
+        result["seconds"] = time.time() - t0
+        write(args.out, result)
     md = markdown(result)
     print(md)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        for name, text in (("bench_peers.json", json.dumps(result, indent=1)), ("bench_peers.md", md)):
-            with open(os.path.join(args.out, name), "w") as f:
-                f.write(text)
+    write(args.out, result, md)
     return 0 if all(r["validity"].startswith(("valid", "bit-exact", "bits not compared", "–")) for r in rows) else 1
 
 

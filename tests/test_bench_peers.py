@@ -116,3 +116,40 @@ def test_the_child_checks_its_shapes():
     done = subprocess.run([sys.executable, "bench/peer_flaggems.py", "--site", ".", "--shapes", "1x64"],
                           capture_output=True, text=True)
     assert done.returncode == 2 and "expected RxNxK" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.fixture
+def interpreter():
+    from dsv4spec.kernels import INTERPRET
+    if not INTERPRET:
+        pytest.skip("the CPU smoke run takes CPU tensors (the interpreter); on a GPU the bench runs itself")
+
+
+def test_codec_rows_on_the_cpu_with_a_stand_in_kernel_file(interpreter):
+    """The codec rows end to end under the interpreter: ours against the stand-in kernel.py (the
+    official computation in CPU torch, same signatures) bit for bit, and torch's baseline timed."""
+    import torch
+    from dsv4spec.kernels import device as D
+    official, why = PEERS.official_module("tests/fake_official_kernel")
+    assert why is None
+    rows = PEERS.run_codecs(torch, D, official, None, 1, 64, 4.0, False, device="cpu")
+    got = {r["case"]: r for r in rows}
+    assert list(got) == ["fp4_e8m0_quantize /32 bf16 64x128", "fp4_e4m3_quantize /16 bf16 64x128",
+                         "fp8_quantize /32 bf16 64x128", "fp8_quantize /64 bf16 64x128", "fp8_quantize /128 bf16 64x128"]
+    for r in rows:
+        assert set(r["peers"]) == {"torch", "official"} and r["ours"]["eager_us"] > 0
+    assert [r["validity"] for r in rows if "e4m3" not in r["case"]] == ["bit-exact against official"] * 4
+    e4m3 = next(r for r in rows if "e4m3" in r["case"])
+    assert "no such call" in e4m3["peers"]["official"]["skipped"]
+    assert "bits not compared" in e4m3["validity"]
+
+
+def test_topk_rows_on_the_cpu_with_a_stand_in_flaggems(interpreter, tmp_path):
+    import torch
+    from dsv4spec.kernels import device as D
+    site = fake_flaggems(tmp_path, {2: "segv"})
+    rows = PEERS.run_topk(torch, D, site, 1, [(1, 4096, 16), (2, 4096, 16)], 4.0, False, 60.0, device="cpu")
+    assert [r["validity"] for r in rows] == ["valid", "valid"]
+    assert rows[0]["peers"]["flaggems"]["validity"] == "valid"
+    assert rows[1]["peers"]["flaggems"] == {"error": "the child process died of SIGSEGV"}
+    assert PEERS.best_peer(rows[0], "eager")[0] in ("torch", "flaggems")
