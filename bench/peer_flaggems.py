@@ -84,7 +84,7 @@ def main(argv=None) -> int:
             by_position = torch.where(picks >= 0, picks.long(), n + k).sort(1).values
             by_position = torch.where(by_position >= n, -1, by_position)
             validity = topk_validity(torch, x, nv, by_position, k, "position")
-            eager, graph, note = eager_and_graph(torch, fn, args.rep, args.device)
+            eager, graph, note = eager_and_graph(torch, fn, args.rep, args.device, ours=False)
             line = dict(shape=name, eager_us=eager, graph_us=graph, validity=validity, **({"note": note} if note else {}))
         except Exception as e:  # noqa: BLE001 -- report the shape, then leave: the context may be poisoned
             print(json.dumps(dict(shape=name, error=f"{type(e).__name__}: {e}"[:300])), flush=True)

@@ -139,6 +139,16 @@ def test_codec_rows_on_the_cpu_with_a_stand_in_kernel_file(interpreter):
     for r in rows:
         assert set(r["peers"]) == {"torch", "official"} and r["ours"]["eager_us"] > 0
     assert [r["validity"] for r in rows if "e4m3" not in r["case"]] == ["bit-exact against official"] * 4
+    class Broken:                  # the stand-in with one scale byte changed: the comparison must see it
+        def act_quant(x, block, fmt, dtype):
+            q, s = official.act_quant(x, block, fmt, dtype)
+            s = s.view(torch.uint8).clone()
+            s.view(-1)[5] ^= 1
+            return q, s.view(dtype)
+        fp4_act_quant = official.fp4_act_quant
+    broken = PEERS.run_codecs(torch, D, Broken, None, 1, 64, 4.0, True, device="cpu")
+    assert [r["validity"] for r in broken if r["case"].startswith("fp8")] == \
+        ["INVALID: 0 payload / 1 scale bytes differ from official"] * 3
     e4m3 = next(r for r in rows if "e4m3" in r["case"])
     assert "no such call" in e4m3["peers"]["official"]["skipped"]
     assert "bits not compared" in e4m3["validity"]
