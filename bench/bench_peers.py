@@ -11,7 +11,9 @@ Rows (issue 23, ../shared/reference/performance.md §10):
 - row top-k, position order, on BF16-valued fp32 scores: device.index_topk against torch.topk
   (sorted=False) and FlagGems' DSA top-k bucket_sort_topk (--flaggems, the folder it was
   installed into; run in child processes, bench/peer_flaggems.py, since it can fault and poison
-  the CUDA context; every pick set judged against torch.topk's score multiset).
+  the CUDA context; every pick set judged against torch.topk's score multiset);
+- ops: the torch.library operators (dsv4spec.kernels.ops) against the direct device calls on small
+  inputs, where the dispatcher's host cost shows (device time and host µs per call).
 
 Every call is timed eagerly (as a user calls it: the device API never reads back) and replayed
 from a CUDA graph (device time), each with triton.testing.do_bench's median.  A row's ratios: the
@@ -43,7 +45,7 @@ TOPK_SHAPES = [(1, 1 << 16, 2048), (1, 1 << 20, 512), (1, 1 << 20, 2048), (64, 1
 TOPK_QUICK = [(1, 1 << 16, 2048), (16, 1 << 18, 2048)]
 CODECS = [("fp4_e8m0_quantize", 32), ("fp4_e4m3_quantize", 16), ("fp8_quantize", 32), ("fp8_quantize", 64),
           ("fp8_quantize", 128)]
-SECTIONS = ("topk", "codecs")      # in the order they run
+SECTIONS = ("topk", "codecs", "ops")      # in the order they run
 
 
 def parse_args(argv=None):
@@ -297,6 +299,54 @@ def run_topk(torch, D, flaggems, rep, shapes, copy_TBps, skip_torch, budget_s, d
 
 
 # ----------------------------------------------------------------------------------------------
+# the torch.library operators against the direct calls
+# ----------------------------------------------------------------------------------------------
+def host_us(torch, fn, calls=200, device="cuda") -> float:
+    """Host µs per call of fn over `calls` calls in a row (what a launch-bound caller pays)."""
+    fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def ops_calls(torch, D, device="cuda", small=False):
+    """(name, direct call, operator call) on small inputs, where the host's cost shows."""
+    ops = torch.ops.dsv4spec
+    x = torch.randn(16, 128, device=device).bfloat16()
+    n = 4096 if small else 1 << 16
+    scores, nv = topk_input(torch, 1, n, device=device)
+    lens = torch.full((1,), n, dtype=torch.int32, device=device)
+    k = 16 if small else 2048
+    return [("fp8_quantize /128 bf16 16x128", lambda: D.fp8_quantize(x, 128), lambda: ops.fp8_quantize(x, 128)),
+            ("fp4_e8m0_quantize /32 bf16 16x128", lambda: D.fp4_e8m0_quantize(x), lambda: ops.fp4_e8m0_quantize(x)),
+            (f"index_topk 1x{n} k={k}", lambda: D.index_topk(scores, nv, k, "position"),
+             lambda: ops.index_topk(scores, nv, k, "position")),
+            (f"candidate_list [1, {n}]", lambda: D.candidate_list(scores, lens, k, 8),
+             lambda: ops.candidate_list(scores, lens, k, 8))]
+
+
+def run_ops(torch, D, rep, device="cuda", small=False, calls=200):
+    """The dispatcher's cost: each operator against its direct call, device time (do_bench, eager
+    and graph) and host µs per call."""
+    from dsv4spec.kernels import ops as _  # noqa: F401 -- registers torch.ops.dsv4spec
+    rows = []
+    for name, direct, op in ops_calls(torch, D, device, small):
+        same = same_outputs(direct(), op())
+        ours = dict(timed(torch, direct, rep, device, ours=True), host_us=host_us(torch, direct, calls, device))
+        theirs = dict(timed(torch, op, rep, device), host_us=host_us(torch, op, calls, device))
+        rows.append(dict(case=f"torch.library op vs direct call: {name}", kind="ops", ours=ours,
+                         peers={"custom op": theirs},
+                         host_overhead_us=theirs["host_us"] - ours["host_us"],
+                         validity="same bits as the direct call" if same else "INVALID: the operator's bits differ"))
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------
 # the ratio to the best peer, per column
 # ----------------------------------------------------------------------------------------------
 def best_peer(row: dict, column: str):
@@ -346,6 +396,8 @@ def run_section(torch, D, section, args, copy):
             print(f"bench_peers: FlagGems absent: no --flaggems DIR (or ${FLAGGEMS_ENV})", flush=True)
         return run_topk(torch, D, args.flaggems, args.rep, TOPK_QUICK if args.quick else TOPK_SHAPES, copy,
                         args.skip_torch, args.flaggems_budget)
+    if section == "ops":
+        return run_ops(torch, D, args.rep)
     official, why_not = official_module(args.official)
     if official is None:
         print(f"bench_peers: official kernels absent: {why_not}", flush=True)
@@ -394,7 +446,8 @@ def main(argv=None) -> int:
     md = markdown(result)
     print(md)
     write(args.out, result, md)
-    return 0 if all(r["validity"].startswith(("valid", "bit-exact", "bits not compared", "–")) for r in rows) else 1
+    return 0 if all(r["validity"].startswith(("valid", "bit-exact", "bits not compared", "same bits", "–"))
+                    for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -2,8 +2,12 @@
 
 One run measures the ceilings (device-to-device copy, dense BF16 matmul), the plain torch version of
 each operation and our kernel, for every row of the performance table (bench/bench_quant.py,
-bench/bench_indexer.py and bench/bench_path.py do the measuring; each checks its results against the
-spec before timing).
+bench/bench_indexer.py, bench/bench_path.py, bench/bench_attn.py and bench/bench_peers.py do the
+measuring; each checks its results before timing).  The peers, in the same run: torch; the official
+TileLang kernels of your own inference/kernel.py (--official; bits compared); FlagGems' DSA top-k
+(--flaggems; in child processes, since it can fault).  Every row has an eager column (the call as a
+user makes it) and a graph column (replayed from a CUDA graph), the best peer and our ratio to it
+in each, and each column is judged against its goal (met / not met).
 It prints a table and writes bench.json, bench.md and PNG plots.  `--record DIR` also stores the run
 as DIR/<date>.json and .md; `--readme` regenerates README.md's performance table from the latest
 recorded run (no GPU needed).
@@ -295,8 +299,8 @@ def _peers_row(r: dict) -> dict:
                 graph_us=ours.get("graph_us"), torch_us=torch_.get("eager_us"), torch_graph_us=torch_.get("graph_us"),
                 rate=f"{r['bytes'] / seconds / 1e6:.2f} TB/s" if seconds and r.get("bytes") else "–",
                 vs_torch=torch_["eager_us"] / ours["eager_us"] if torch_.get("eager_us") and ours.get("eager_us") else None,
-                vs_ceiling=r.get("vs_copy", float("nan")), ceiling="copy", validity=r["validity"],
-                peers=r.get("peers", {}))
+                vs_ceiling=r.get("vs_copy"), ceiling="copy", validity=r["validity"], peers=r.get("peers", {}),
+                **({"host_overhead_us": r["host_overhead_us"]} if "host_overhead_us" in r else {}))
 
 
 def peers_of(row: dict) -> dict:
@@ -455,7 +459,7 @@ def plots(result: dict, out: Path) -> None:
     rows = result["rows"]
     fig, axes = plt.subplots(1, 2, figsize=(16, max(4, 0.28 * len(rows))), sharey=True)
     names = [r["case"] for r in rows]
-    axes[0].barh(names, [100 * r["vs_ceiling"] for r in rows])
+    axes[0].barh(names, [100 * (r.get("vs_ceiling") or 0) for r in rows])
     axes[0].set_xlabel("% of the ceiling (copy or bf16 GEMM) measured in the same run")
     axes[1].barh(names, [r.get("vs_torch") or 0 for r in rows])
     axes[1].axvline(1.0, color="k", lw=0.8)

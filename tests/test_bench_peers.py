@@ -163,3 +163,17 @@ def test_topk_rows_on_the_cpu_with_a_stand_in_flaggems(interpreter, tmp_path):
     assert rows[0]["peers"]["flaggems"]["validity"] == "valid"
     assert rows[1]["peers"]["flaggems"] == {"error": "the child process died of SIGSEGV"}
     assert PEERS.best_peer(rows[0], "eager")[0] in ("torch", "flaggems")
+
+
+def test_ops_rows_on_the_cpu(interpreter):
+    """The torch.library operators against the direct calls: same bits, both timed (device and
+    host), the host overhead recorded; the rows join dsv4spec bench's table without a goal."""
+    import torch
+    from dsv4spec.kernels import device as D
+    rows = PEERS.run_ops(torch, D, 1, device="cpu", small=True, calls=1)
+    assert [r["validity"] for r in rows] == ["same bits as the direct call"] * 4
+    assert all(r["ours"]["host_us"] > 0 and r["peers"]["custom op"]["host_us"] > 0 for r in rows)
+    table = B.combine({"peers": dict(gpu="G", torch="t", triton="tr", copy_TBps=4.0, rows=rows)})
+    assert {r["meets_goal"] for r in table["rows"]} == {None}
+    assert all(r["host_overhead_us"] == pytest.approx(src["host_overhead_us"]) for r, src in zip(table["rows"], rows))
+    assert all(cells[8] == "–" for cells in B.table_rows(table))         # no ceiling for these rows
