@@ -12,11 +12,12 @@
 # and, from PEERS_DIR (default /work/shared/reference/gpu-peers), the TileLang archives, the FlagGems
 # wheel and the SQLAlchemy wheel it imports to .peers/.  run unpacks TileLang into a temporary folder
 # (PYTHONPATH), installs FlagGems there with pip --target (no index), and runs
-#   dsv4spec bench --only peers  --official .official/kernel.py --flaggems SITE/fgsite   (PEERS_S, default 140 s)
-#   dsv4spec bench --only attn   --official .official/kernel.py                         (ATTN_S, default 55 s)
+#   dsv4spec bench --only peers  --official .official/kernel.py --flaggems SITE/fgsite   (PEERS_S, default 150 s)
+#   dsv4spec bench --only attn   --official .official/kernel.py                         (ATTN_S, default 60 s)
 # OUTDIR receives log.txt and peers/, attn/ (bench.json, bench.md, parts/ of each run).
 # QUICK=1 runs the smaller shapes; REP (default 50) is do_bench's time per timing in ms; FLAGGEMS_S
-# (default 60) bounds the FlagGems child processes together; SKIP_INSTALL=1 skips `pip install -e .`.
+# (default 60) bounds the FlagGems child processes together; SKIP_INSTALL=1 skips `pip install -e .`;
+# PYTHON (default python3) is the interpreter.
 set -uo pipefail
 case "${1:-}" in
 prepare)                        # official_kernels.sh's (kernel.py, TileLang), then FlagGems' wheels
@@ -33,6 +34,7 @@ run)
 esac
 
 mkdir -p "$out"
+py=${PYTHON:-python3}
 out=$(cd "$out" && pwd)
 log="$out/log.txt"
 : > "$log"
@@ -48,25 +50,25 @@ done
 [ "$tl_ok" = 1 ] && export PYTHONPATH=$site/tlsite${PYTHONPATH:+:$PYTHONPATH}
 wheels=(.peers/flag_gems-*.whl .peers/sqlalchemy-*.whl)
 if [ -f "${wheels[0]}" ] && [ -f "${wheels[1]}" ] && \
-   python -m pip install -q --no-index --no-deps --target "$site/fgsite" "${wheels[@]}" >> "$log" 2>&1; then
+   "$py" -m pip install -q --no-index --no-deps --target "$site/fgsite" "${wheels[@]}" >> "$log" 2>&1; then
   flaggems=(--flaggems "$site/fgsite")
 else say "no FlagGems (.peers/flag_gems-*.whl and sqlalchemy-*.whl, or their install failed): its cells are skipped"; fi
 export TRITON_INTERPRET=0 DSV4SPEC_FLAGGEMS_S=${FLAGGEMS_S:-60}
 if [ -z "${SKIP_INSTALL:-}" ]; then
-  python -m pip install --quiet --no-build-isolation --no-deps -e . >> "$log" 2>&1 || { say "pip install -e . failed"; exit 1; }
+  "$py" -m pip install --quiet --no-build-isolation --no-deps -e . >> "$log" 2>&1 || { say "pip install -e . failed"; exit 1; }
 fi
-python -c "import torch, triton; print('torch', torch.__version__, '· triton', triton.__version__, '·', torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA device')" 2>&1 | tee -a "$log"
-python -c "import tilelang; print('tilelang', tilelang.__version__)" 2>&1 | tail -1 | tee -a "$log"
+"$py" -c "import torch, triton; print('torch', torch.__version__, '· triton', triton.__version__, '·', torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA device')" 2>&1 | tee -a "$log"
+"$py" -c "import tilelang; print('tilelang', tilelang.__version__)" 2>&1 | tail -1 | tee -a "$log"
 [ -f .official/kernel.py ] && sha256sum .official/kernel.py | tee -a "$log"
 quick=(); [ -n "${QUICK:-}" ] && quick=(--quick)
 
 start=$SECONDS
-timeout "${PEERS_S:-140}" python -m dsv4spec bench --only peers "${quick[@]}" --rep "${REP:-50}" "${official[@]}" \
+timeout "${PEERS_S:-150}" "$py" -m dsv4spec bench --only peers "${quick[@]}" --rep "${REP:-50}" "${official[@]}" \
   "${flaggems[@]}" --out "$out/peers" > "$out/peers.txt" 2>&1
 say "bench peers: exit $? in $((SECONDS - start)) s"
 grep -vE '^\{' "$out/peers.txt" | tail -40 | tee -a "$log"
 start=$SECONDS
-timeout "${ATTN_S:-55}" python -m dsv4spec bench --only attn "${quick[@]}" --rep "${REP:-50}" "${official[@]}" \
+timeout "${ATTN_S:-60}" "$py" -m dsv4spec bench --only attn "${quick[@]}" --rep "${REP:-50}" "${official[@]}" \
   --out "$out/attn" > "$out/attn.txt" 2>&1
 say "bench attn: exit $? in $((SECONDS - start)) s"
 grep -vE '^\{' "$out/attn.txt" | tail -15 | tee -a "$log"
