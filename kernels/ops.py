@@ -11,7 +11,8 @@ the kernels.  The signatures are device.py's, with two changes that the operator
 reindex_topk takes the pool as two tensors (pool_idx, pool_count: what pool_positions returns),
 and the defaults are spelled out.  The outputs are new tensors (no operator mutates or aliases
 its inputs).  Calling an operator costs the dispatcher's overhead on the host on top of the
-direct call (bench/bench_peers.py measures it: its `ops` rows).
+direct call (bench/bench_peers.py measures it: its `ops` rows); inside a compiled graph replayed
+from a CUDA graph (torch.compile(mode="reduce-overhead")) the host cost is gone.
 """
 from __future__ import annotations
 
@@ -21,16 +22,22 @@ from . import device as D
 
 NAMESPACE = "dsv4spec"
 _U8, _F32, _I32, _I64 = torch.uint8, torch.float32, torch.int32, torch.int64
+# Defined through a Library with one kernel per device type, not torch.library.custom_op: the
+# latter's Python wrapper (autograd, dispatch) adds some 50 µs per call on a loaded host, this path
+# about 10 µs (bench/bench_peers.py's ops rows measure it on the GPU's host).
+_LIB = torch.library.Library(NAMESPACE, "DEF")
 
 
 def _op(name: str, fake):
-    """Register device.<name> as dsv4spec::<name> with the fake implementation `fake`."""
-    direct = getattr(D, name)
-
-    def register(signature):
-        op = torch.library.custom_op(f"{NAMESPACE}::{name}", signature, mutates_args=())
-        op.register_fake(fake)
-        op.__doc__ = direct.__doc__
+    """Define dsv4spec::<name> from the typed function below (its schema inferred from the
+    annotations), its kernel for CUDA and CPU tensors (the interpreter), and `fake`."""
+    def register(fn):
+        _LIB.define(name + torch.library.infer_schema(fn, mutates_args=()))
+        for key in ("CUDA", "CPU"):
+            _LIB.impl(name, fn, key)
+        torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=_LIB)
+        op = getattr(torch.ops.dsv4spec, name)
+        op.__doc__ = getattr(D, name).__doc__
         return op
     return register
 
