@@ -12,11 +12,13 @@
 # and, from PEERS_DIR (default /work/shared/reference/gpu-peers), the TileLang archives, the FlagGems
 # wheel and the SQLAlchemy wheel it imports to .peers/.  run unpacks TileLang into a temporary folder
 # (PYTHONPATH), installs FlagGems there with pip --target (no index), and runs
-#   dsv4spec bench --only peers  --official .official/kernel.py --flaggems SITE/fgsite   (PEERS_S, default 150 s)
-#   dsv4spec bench --only attn   --official .official/kernel.py                         (ATTN_S, default 60 s)
-# OUTDIR receives log.txt and peers/, attn/ (bench.json, bench.md, parts/ of each run).
+#   dsv4spec bench --only peers  --official .official/kernel.py --flaggems SITE/fgsite   (PEERS_S, default 135 s)
+#   dsv4spec bench --only attn --quick --official .official/kernel.py                  (ATTN_S, default 45 s)
+#   pytest tests/test_kernels_ops.py (the operators compiled with inductor, no sync)     (TESTS_S, default 40 s)
+# OUTDIR receives log.txt, peers/ and attn/ (bench.json, bench.md, parts/ of each run), peers.txt,
+# attn.txt and pytest_ops.txt.  ATTN_FULL=1 runs every attention shape (about 20 s more).
 # QUICK=1 runs the smaller shapes; REP (default 50) is do_bench's time per timing in ms; FLAGGEMS_S
-# (default 60) bounds the FlagGems child processes together; SKIP_INSTALL=1 skips `pip install -e .`;
+# (default 50) bounds the FlagGems child processes together; SKIP_INSTALL=1 skips `pip install -e .`;
 # PYTHON (default python3) is the interpreter.
 set -uo pipefail
 case "${1:-}" in
@@ -53,7 +55,7 @@ if [ -f "${wheels[0]}" ] && [ -f "${wheels[1]}" ] && \
    "$py" -m pip install -q --no-index --no-deps --target "$site/fgsite" "${wheels[@]}" >> "$log" 2>&1; then
   flaggems=(--flaggems "$site/fgsite")
 else say "no FlagGems (.peers/flag_gems-*.whl and sqlalchemy-*.whl, or their install failed): its cells are skipped"; fi
-export TRITON_INTERPRET=0 DSV4SPEC_FLAGGEMS_S=${FLAGGEMS_S:-60}
+export TRITON_INTERPRET=0 DSV4SPEC_FLAGGEMS_S=${FLAGGEMS_S:-50}
 if [ -z "${SKIP_INSTALL:-}" ]; then
   "$py" -m pip install --quiet --no-build-isolation --no-deps -e . >> "$log" 2>&1 || { say "pip install -e . failed"; exit 1; }
 fi
@@ -63,13 +65,18 @@ fi
 quick=(); [ -n "${QUICK:-}" ] && quick=(--quick)
 
 start=$SECONDS
-timeout "${PEERS_S:-150}" "$py" -m dsv4spec bench --only peers "${quick[@]}" --rep "${REP:-50}" "${official[@]}" \
+timeout "${PEERS_S:-135}" "$py" -m dsv4spec bench --only peers "${quick[@]}" --rep "${REP:-50}" "${official[@]}" \
   "${flaggems[@]}" --out "$out/peers" > "$out/peers.txt" 2>&1
 say "bench peers: exit $? in $((SECONDS - start)) s"
 grep -vE '^\{' "$out/peers.txt" | tail -40 | tee -a "$log"
+attn_quick=(--quick); [ -n "${ATTN_FULL:-}" ] && attn_quick=("${quick[@]}")
 start=$SECONDS
-timeout "${ATTN_S:-60}" "$py" -m dsv4spec bench --only attn "${quick[@]}" --rep "${REP:-50}" "${official[@]}" \
+timeout "${ATTN_S:-45}" "$py" -m dsv4spec bench --only attn "${attn_quick[@]}" --rep "${REP:-50}" "${official[@]}" \
   --out "$out/attn" > "$out/attn.txt" 2>&1
 say "bench attn: exit $? in $((SECONDS - start)) s"
 grep -vE '^\{' "$out/attn.txt" | tail -15 | tee -a "$log"
+start=$SECONDS
+timeout "${TESTS_S:-40}" "$py" -m pytest -q -n 0 -p no:cacheprovider -rs tests/test_kernels_ops.py > "$out/pytest_ops.txt" 2>&1
+say "pytest tests/test_kernels_ops.py: exit $? in $((SECONDS - start)) s"
+grep -E "^(FAILED|ERROR)" "$out/pytest_ops.txt" | cut -c1-200 | tee -a "$log"; tail -1 "$out/pytest_ops.txt" | tee -a "$log"
 rm -rf "$site"
