@@ -390,18 +390,22 @@ def markdown(result) -> str:
     return "\n".join(lines) + "\n"
 
 
+# where and how large main() runs (a test runs it on the CPU, small, by changing these)
+DEVICE, CODEC_TOKENS, OPS_SMALL, OPS_CALLS = "cuda", {False: 1 << 20, True: 1 << 16}, False, 200
+
+
 def run_section(torch, D, section, args, copy):
     if section == "topk":
         if not args.flaggems:
             print(f"bench_peers: FlagGems absent: no --flaggems DIR (or ${FLAGGEMS_ENV})", flush=True)
         return run_topk(torch, D, args.flaggems, args.rep, TOPK_QUICK if args.quick else TOPK_SHAPES, copy,
-                        args.skip_torch, args.flaggems_budget)
+                        args.skip_torch, args.flaggems_budget, DEVICE)
     if section == "ops":
-        return run_ops(torch, D, args.rep)
+        return run_ops(torch, D, args.rep, DEVICE, OPS_SMALL, OPS_CALLS)
     official, why_not = official_module(args.official)
     if official is None:
         print(f"bench_peers: official kernels absent: {why_not}", flush=True)
-    return run_codecs(torch, D, official, why_not, args.rep, 1 << 16 if args.quick else 1 << 20, copy, args.skip_torch)
+    return run_codecs(torch, D, official, why_not, args.rep, CODEC_TOKENS[args.quick], copy, args.skip_torch, DEVICE)
 
 
 def write(folder, result, md=None):

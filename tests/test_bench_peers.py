@@ -1,6 +1,7 @@
 """bench/bench_peers.py without a GPU: the FlagGems child processes (a stand-in package that
 segfaults, raises, hangs, answers wrong or is missing), the ratio to the best peer per column,
 the Markdown, the argument checks and the refusal without a GPU.  No timing is judged."""
+import json
 import subprocess
 import sys
 import textwrap
@@ -177,3 +178,31 @@ def test_ops_rows_on_the_cpu(interpreter):
     assert {r["meets_goal"] for r in table["rows"]} == {None}
     assert all(r["host_overhead_us"] == pytest.approx(src["host_overhead_us"]) for r, src in zip(table["rows"], rows))
     assert all(cells[8] == "–" for cells in B.table_rows(table))         # no ceiling for these rows
+
+
+def test_the_whole_run_on_the_cpu_feeds_dsv4spec_bench(interpreter, tmp_path, monkeypatch, capsys):
+    """bench_peers.main end to end at toy sizes (the GPU's clock and copy ceiling stood in for):
+    every section's rows, bench_peers.json and .md written, and dsv4spec bench's combine and
+    publish take the part as it is."""
+    import bench_attn              # (bench/ is on sys.path: bench_peers put it there)
+    import torch
+    monkeypatch.setattr(B, "cuda_torch", lambda script: torch)
+    monkeypatch.setattr(bench_attn, "copy_ceiling", lambda torch_, rep: 4.0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "CPU stand-in")
+    monkeypatch.setattr(PEERS, "DEVICE", "cpu")
+    monkeypatch.setattr(PEERS, "CODEC_TOKENS", {True: 32})
+    monkeypatch.setattr(PEERS, "TOPK_QUICK", [(1, 4096, 16)])
+    monkeypatch.setattr(PEERS, "OPS_SMALL", True)
+    monkeypatch.setattr(PEERS, "OPS_CALLS", 1)
+    site = fake_flaggems(tmp_path, {})
+    out = tmp_path / "parts"
+    code = PEERS.main(["--quick", "--rep", "1", "--out", str(out), "--official", "tests/fake_official_kernel",
+                       "--flaggems", site, "--flaggems-budget", "60"])
+    assert code == 0, capsys.readouterr().out[-3000:]
+    part = json.loads((out / "bench_peers.json").read_text())
+    assert [r["kind"] for r in part["rows"]] == ["topk"] + ["ops"] * 4 + ["codec"] * 5
+    assert part["rows"][0]["peers"]["flaggems"]["validity"] == "valid"
+    assert "| top-k 1x4096 k=16 (position), device API |" in (out / "bench_peers.md").read_text()
+    result = B.combine({"peers": part})
+    assert result["gpu"] == "CPU stand-in" and len(result["rows"]) == 10
+    assert B.publish(result, tmp_path / "pub", None) == 0 and (tmp_path / "pub" / "bench.md").exists()
