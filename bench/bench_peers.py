@@ -54,7 +54,7 @@ def parse_args(argv=None):
     ap.add_argument("--out", default=None, help="folder for bench_peers.json and bench_peers.md")
     ap.add_argument("--rep", type=int, default=50, help="do_bench repetition time per timing (ms; default 50)")
     ap.add_argument("--quick", action="store_true", help="smaller shapes (a smoke run, not the goals)")
-    ap.add_argument("--only", default="", help=f"comma list among {','.join(SECTIONS)} (default: both)")
+    ap.add_argument("--only", default="", help=f"comma list among {','.join(SECTIONS)} (default: all)")
     ap.add_argument("--official", default=os.environ.get(OFFICIAL_ENV) or None, metavar="PATH",
                     help=f"your copy of the official inference/kernel.py, or its folder (needs TileLang; "
                          f"default ${OFFICIAL_ENV})")
