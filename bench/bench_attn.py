@@ -9,6 +9,8 @@ of 1, 32 and 128 tokens and prefill chunks of 1024 and 4096 tokens:
 - where `--official DIR` holds the official inference/kernel.py and tilelang imports, the official
   sparse_attn on the same inputs (time and bit comparison).
 
+The peers are timed eagerly and, where they can be captured, replayed from a CUDA graph too.
+
 Ratios: torch / kernel (speed-up), official / kernel, and the kernel's rate of gathered KV bytes
 (T·K·D·2 per call) against the copy ceiling (goal at decode: ≥ 60 %).  Validity: the first tokens
 of each row against spec.attn's interval (the float64 definition and its tolerance), every token
@@ -45,7 +47,7 @@ def parse_args(argv=None):
     ap.add_argument("--rep", type=int, default=100, help="do_bench rep (ms)")
     ap.add_argument("--quick", action="store_true", help="decode 1 and 32, prefill 1024 only")
     ap.add_argument("--official", default=None,
-                    help="folder with the official inference/kernel.py (needs tilelang) to time its sparse_attn")
+                    help="the official inference/kernel.py, or its folder (needs tilelang), to time its sparse_attn")
     ap.add_argument("--skip-torch", action="store_true", help="skip the torch baseline")
     ap.add_argument("--check-tokens", type=int, default=2, help="tokens per row judged by spec.attn (float64)")
     return ap.parse_args(argv)
@@ -118,16 +120,28 @@ def validity(torch, out, q, kv, sink, idx, scale, check_tokens):
 
 
 def official_kernel(path):
-    """The official sparse_attn from DIR/kernel.py, or None when it or tilelang cannot be imported."""
+    """The official sparse_attn from PATH (kernel.py, or a folder holding it), or None when it or
+    tilelang cannot be imported."""
     if not path:
         return None
     try:
-        spec_ = importlib.util.spec_from_file_location("official_kernel", os.path.join(path, "kernel.py"))
+        file = path if os.path.isfile(path) else os.path.join(path, "kernel.py")
+        spec_ = importlib.util.spec_from_file_location("official_kernel", file)
         module = importlib.util.module_from_spec(spec_)
         spec_.loader.exec_module(module)
         return module.sparse_attn
     except Exception as e:  # noqa: BLE001 -- optional: report and go on
         print(f"official kernel not available: {type(e).__name__}: {e}", file=sys.stderr)
+        return None
+
+
+def graph_or_none(torch, fn, rep, want=None):
+    """µs of fn replayed from a CUDA graph; None (after a line saying why) when it cannot be captured."""
+    try:
+        return replay_us(torch, fn, rep, want)
+    except Exception as e:  # noqa: BLE001 -- a peer that cannot be captured has no graph time
+        torch.cuda.synchronize()
+        print(f"bench_attn: not captured in a CUDA graph: {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
         return None
 
 
@@ -147,13 +161,15 @@ def run_row(torch, KA, case, tokens, decode, rep, copy, skip_torch, official, ch
                TBps=gathered / seconds / 1e12, vs_copy=gathered / seconds / 1e12 / copy,
                validity=validity(torch, out, q, kv, sink, idx, scale, check_tokens))
     if not skip_torch:
-        tt = bench(lambda: torch_attention(torch, q, kv, sink, idx, scale), rep)
-        row.update(torch_us=tt * 1e6, speedup_vs_torch=tt / t)
+        gather = lambda: torch_attention(torch, q, kv, sink, idx, scale)   # noqa: E731
+        tt = bench(gather, rep)
+        row.update(torch_us=tt * 1e6, speedup_vs_torch=tt / t, torch_graph_us=graph_or_none(torch, gather, rep))
     if official is not None:
         run = lambda: official(q[None], kv[None], sink, idx[None], scale)   # noqa: E731
         theirs = run()
         to = bench(run, rep)
         row.update(official_us=to * 1e6, speedup_vs_official=to / t,
+                   official_graph_us=graph_or_none(torch, run, rep, theirs),
                    official_same_bits=bool(torch.equal(theirs[0], out)),
                    official_differing=int((theirs[0] != out).sum()),
                    official_max_ulps=float(((theirs[0].float() - out.float()).abs()

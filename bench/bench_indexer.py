@@ -152,6 +152,19 @@ def scores_validity(torch, got, ref_and_scale):
 # ----------------------------------------------------------------------------------------------
 # cases
 # ----------------------------------------------------------------------------------------------
+def torch_graph(torch, fn, rep, skip_torch):
+    """µs of torch's baseline fn replayed from a CUDA graph (the graph column's torch peer); None
+    when skipped or when it cannot be captured."""
+    if skip_torch:
+        return None
+    try:
+        return bench(capture(torch, fn)[0].replay, rep) * 1e6
+    except RuntimeError as e:
+        print(f"torch baseline not captured ({str(e)[:200]})", flush=True)
+        torch.cuda.synchronize()
+        return None
+
+
 def run_topk(torch, KT, rep, ceil, quick, skip_torch):
     shapes = [(1, 1 << 20, 512), (1, 1 << 20, 2048), (64, 1 << 20, 2048), (1024, 1 << 16, 2048)]
     if quick:
@@ -173,6 +186,8 @@ def run_topk(torch, KT, rep, ceil, quick, skip_torch):
             nbytes = R * N * 4
             rows.append(dict(case=f"top-k {R}x{N} k={k} ({order})", kernel_us=t * 1e6,
                              graph_us=tg, torch_us=tt and tt * 1e6,
+                             torch_graph_us=torch_graph(torch, lambda: torch.topk(x, k, dim=1, sorted=False), rep,
+                                                        skip_torch),
                              TBps=nbytes / t / 1e12, vs_torch=tt and tt / t,
                              vs_ceiling=nbytes / t / 1e12 / ceil["copy_TBps"],
                              validity=validity if tg is not None else "INVALID graph replay; " + validity))
@@ -196,7 +211,9 @@ def run_context(torch, KT, rep, ceil, quick, skip_torch):
                 validity = "INVALID graph replay; " + validity
             tt = None if skip_torch else bench(lambda: torch.topk(x, 2048, dim=1, sorted=False), rep)
             rows.append(dict(case=f"top-k {R}x{N} k=2048 (context {N})", context=N, kernel_us=t * 1e6,
-                             graph_us=tg, torch_us=tt and tt * 1e6, TBps=R * N * 4 / t / 1e12,
+                             graph_us=tg, torch_us=tt and tt * 1e6,
+                             torch_graph_us=torch_graph(torch, lambda: torch.topk(x, 2048, dim=1, sorted=False), rep,
+                                                        skip_torch), TBps=R * N * 4 / t / 1e12,
                              vs_torch=tt and tt / t,
                              vs_ceiling=R * N * 4 / t / 1e12 / ceil["copy_TBps"], validity=validity))
             del x
@@ -339,7 +356,7 @@ def decode_step(torch, KI, KP, rep, ceil, quick, skip_torch, g):
         print(f"torch's decode step, eager: {te * 1e6:.1f} us", flush=True)
         try:
             tt = replay_us(torch, naive, rep)
-            row.update(torch_us=tt, vs_torch=tt / row["graph_us"], torch_graph=True)
+            row.update(torch_us=tt, vs_torch=tt / row["graph_us"], torch_graph=True, torch_eager_us=te * 1e6)
         except RuntimeError as e:  # not capturable: eager against eager, as the other rows
             print(f"torch's decode step not captured ({str(e)[:200]}): compared eager", flush=True)
             torch.cuda.synchronize()
@@ -375,7 +392,10 @@ def run_blocks(torch, KP, rep, ceil, quick, skip_torch):
             lambda: torch.topk(x.view(R, W // 8, 8).amax(-1), 2048, dim=1, sorted=False), rep)
         nbytes = R * W * 4
         rows.append(dict(case=f"block select [{R}, {W}] -> 2048 block indices", kernel_us=t * 1e6,
-                         graph_us=tg, torch_us=tt and tt * 1e6, TBps=nbytes / t / 1e12,
+                         graph_us=tg, torch_us=tt and tt * 1e6,
+                         torch_graph_us=torch_graph(
+                             torch, lambda: torch.topk(x.view(R, W // 8, 8).amax(-1), 2048, dim=1, sorted=False), rep,
+                             skip_torch), TBps=nbytes / t / 1e12,
                          vs_torch=tt and tt / t, vs_ceiling=nbytes / t / 1e12 / ceil["copy_TBps"],
                          validity=validity))
         del x, out

@@ -54,25 +54,25 @@ EDGE_BLOCKS_16 = [
 ]
 
 
-def make_input(torch, shape, dtype, seed):
-    g = torch.Generator(device="cuda").manual_seed(seed)
+def make_input(torch, shape, dtype, seed, device="cuda"):
+    g = torch.Generator(device=device).manual_seed(seed)
     n = 1
     for d in shape:
         n *= d
-    exponent = torch.rand(n, device="cuda", generator=g) * 9.48 - 6.0      # 1e-6 .. 3000
-    sign = torch.where(torch.rand(n, device="cuda", generator=g) < 0.5, -1.0, 1.0)
+    exponent = torch.rand(n, device=device, generator=g) * 9.48 - 6.0      # 1e-6 .. 3000
+    sign = torch.where(torch.rand(n, device=device, generator=g) < 0.5, -1.0, 1.0)
     x = sign * torch.pow(10.0, exponent)
     blocks = x.view(-1, 16)
-    zero_rows = torch.rand(blocks.shape[0], device="cuda", generator=g) < 0.01
+    zero_rows = torch.rand(blocks.shape[0], device=device, generator=g) < 0.01
     blocks[zero_rows] = 0.0
-    tie_rows = torch.rand(blocks.shape[0], device="cuda", generator=g) < 0.01
-    ties = torch.tensor(EDGE_BLOCKS_16[0], device="cuda")
-    scale = torch.pow(2.0, torch.randint(-8, 8, (int(tie_rows.sum()), 1), device="cuda",
+    tie_rows = torch.rand(blocks.shape[0], device=device, generator=g) < 0.01
+    ties = torch.tensor(EDGE_BLOCKS_16[0], device=device)
+    scale = torch.pow(2.0, torch.randint(-8, 8, (int(tie_rows.sum()), 1), device=device,
                                          generator=g).float())
     blocks[tie_rows] = ties * scale
     for i, vec in enumerate(EDGE_BLOCKS_16):
         blocks[i] = 0.0
-        blocks[i, :len(vec)] = torch.tensor(vec, device="cuda")
+        blocks[i, :len(vec)] = torch.tensor(vec, device=device)
     return x.view(shape).to(dtype)
 
 
@@ -80,7 +80,7 @@ def make_input(torch, shape, dtype, seed):
 # Plain-torch baselines (the straightforward expression of each rule; timing reference only)
 # ----------------------------------------------------------------------------------------------
 
-def torch_baselines(torch):
+def torch_baselines(torch, device="cuda"):
     bounds = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
     inclusive = (False, True, False, True, False, True, False)
 
@@ -119,7 +119,7 @@ def torch_baselines(torch):
         return y.to(torch.float8_e4m3fn).view(torch.uint8), (e + 127).to(torch.uint8)
 
     table = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0.0, -.5, -1, -1.5, -2, -3, -4, -6],
-                         device="cuda")
+                         device=device)
 
     def fp4_deq(packed, scale_values, block):
         p = packed.view(-1, block // 2).long()

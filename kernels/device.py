@@ -37,6 +37,8 @@ Shapes and dtypes, per function:
     reindex_topk(q bf16 [T,H,D], k bf16 [S,D], w bf16 [T,H], pool, topk) -> int64 [T, topk]
 
 Inputs must be contiguous (index_topk and candidate_list accept rows with a stride).
+dsv4spec.kernels.ops registers these functions as torch custom operators (torch.ops.dsv4spec.*)
+that torch.compile traces.
 """
 from __future__ import annotations
 
