@@ -18,7 +18,7 @@ import torch
 
 from ..spec import attn as spec
 from .indexer import _bf16, _bf16_values, _tensor
-from .path import _bf16_input, _input, index_layer, kv_qdq
+from .path import bf16_layer_input, index_layer, kv_qdq, layer_input
 from .quant import fp8_qdq
 from .rope import rope_freqs, rope_rotate, rope_table
 
@@ -145,27 +145,27 @@ def attention_layer(inputs: dict, *, model: str, layer: int, start_pos: int = 0)
     T = out["window_idx"].shape[0]
     positions = torch.arange(start_pos, start_pos + T)
     freqs = rope_freqs(model, layer, "q")
-    q = _bf16_input(op, inputs, "q_attn", (T, None, m.head_dim))
-    sink = _input(op, inputs, "sink", (q.shape[1],)).float()
+    q = bf16_layer_input(op, inputs, "q_attn", (T, None, m.head_dim))
+    sink = layer_input(op, inputs, "sink", (q.shape[1],)).float()
     out["q_norm"] = attention_q(q, model=model)
     out["q_attn_rot"] = rope_rotate(out["q_norm"], positions, freqs)
-    kv_new = _bf16_input(op, inputs, "kv_normed", (T, m.head_dim))
+    kv_new = bf16_layer_input(op, inputs, "kv_normed", (T, m.head_dim))
     out["kv_rot"] = rope_rotate(kv_new, positions, rope_freqs(model, layer, "window_kv"))
     out["kv_window"] = window_kv_qdq(out["kv_rot"], model)
     if start_pos == 0:
         rows = out["kv_window"]
     else:
-        rows = _bf16_input(op, inputs, "window_cache", (m.window, m.head_dim)).clone()
+        rows = bf16_layer_input(op, inputs, "window_cache", (m.window, m.head_dim)).clone()
         rows[start_pos % m.window] = out["kv_window"][0]
     ratio = m.ratio(layer)
     if ratio:
         E = (start_pos + T) // ratio
         if start_pos == 0 and compresses_here(m, layer):
-            entries = _bf16_input(op, inputs, "kv_entries", (E, m.head_dim))
+            entries = bf16_layer_input(op, inputs, "kv_entries", (E, m.head_dim))
             out["cmp_rot"] = rope_rotate(entries, torch.arange(E) * ratio, rope_freqs(model, layer, "compressed_kv"))
             out["cmp"] = compressed_kv_qdq(out["cmp_rot"], model)
         else:
-            out["cmp"] = _bf16_input(op, inputs, "kv_cache", (E, m.head_dim))
+            out["cmp"] = bf16_layer_input(op, inputs, "kv_cache", (E, m.head_dim))
         rows = torch.cat([rows, out["cmp"]])
     out["kv"] = rows
     out["o"] = sparse_attention(out["q_attn_rot"], rows, sink, out["indices"], spec.softmax_scale(m), model=model)

@@ -34,7 +34,8 @@ from ..spec import rope as spec_rope
 from ..spec.indexer import is_bf16, round_bf16
 from ..spec.models import PROFILES, profile
 from ..spec.rules import V41
-from .compare import as_numpy, assert_equal
+from .compare import as_numpy, assert_equal, assert_within
+from .path import STAGES, LayerCase, judge_rotation, layer_cases, layer_kind, normal_bf16
 from .suite import check, forall
 
 OPS = {
@@ -325,12 +326,7 @@ def v4_rescales_each_head_of_q(target, model, seed, spread):
         return
     mean = round_bf16(q * q).mean(-1, keepdims=True)
     want = q / np.sqrt(mean + m.norm_eps)
-    tol = spec.q_rescale_tolerance(q, m)
-    bad = np.argwhere(~(np.abs(got - want) <= tol))
-    if bad.size:
-        i = tuple(int(x) for x in bad[0])
-        raise AssertionError(f"ATTN.Q_NORM: V4 rescales each head to unit RMS; {len(bad)} of {q.size} off, at {i}: "
-                             f"got {got[i]!r}, expected {want[i]!r} ± {tol[i]:.3g}")
+    assert_within(got, want, spec.q_rescale_tolerance(q, m), what="ATTN.Q_NORM: V4 rescales each head to unit RMS")
 
 
 @check("ATTN.DEROTATE", ops=("attention_output",))
@@ -345,12 +341,8 @@ def output_rope_tail_rotated_back(target, seed, layer, far):
     assert_equal(got[..., :448], o[..., :448], what="ATTN.DEROTATE: channels 0..447 pass unchanged")
     conj = spec.derotation_freqs(freqs)
     ref = spec_rope.rotate_exact(o, positions, conj)
-    tol = spec_rope.rotate_tolerance(o, positions, conj)
-    bad = np.argwhere(~(np.abs(got - ref) <= tol))
-    if bad.size:
-        i = tuple(int(x) for x in bad[0])
-        raise AssertionError(f"ATTN.DEROTATE: the last 64 channels turn by −p·f (conjugate); {len(bad)} off, "
-                             f"at {i}: got {got[i]!r}, expected {ref[i]!r} ± {tol[i]:.3g}")
+    assert_within(got, ref, spec_rope.rotate_tolerance(o, positions, conj),
+                  what="ATTN.DEROTATE: the last 64 channels turn by −p·f (conjugate)")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -365,19 +357,18 @@ def attention_layer_case(case):
     """A path LayerCase with the attention's inputs added: q_attn [T, 16, 512] (heads of unlike
     RMS), sink [16], kv_normed [T, 512], and window_cache (decode), kv_entries (prefill on a layer
     that writes its compressed KV) or kv_cache."""
-    from .path import LayerCase, _normal_bf16
     m = profile(case.model)
     rng = np.random.default_rng(1000 + case.layer + case.start_pos)
     T, D, ratio = case.seqlen, m.head_dim, m.ratio(case.layer)
-    extra = {"q_attn": _normal_bf16(rng, (T, LAYER_HEADS, D)) * np.float32(2.0) ** rng.integers(-3, 4, (1, LAYER_HEADS, 1)),
+    extra = {"q_attn": normal_bf16(rng, (T, LAYER_HEADS, D)) * np.float32(2.0) ** rng.integers(-3, 4, (1, LAYER_HEADS, 1)),
              "sink": rng.standard_normal(LAYER_HEADS).astype(np.float32),
-             "kv_normed": _normal_bf16(rng, (T, D))}
+             "kv_normed": normal_bf16(rng, (T, D))}
     if case.start_pos:
-        extra["window_cache"] = _normal_bf16(rng, (m.window, D))
+        extra["window_cache"] = normal_bf16(rng, (m.window, D))
     if ratio:
         E = (case.start_pos + T) // ratio
         name = "kv_entries" if case.start_pos == 0 and _compresses_here(m, case.layer) else "kv_cache"
-        extra[name] = _normal_bf16(rng, (E, D))
+        extra[name] = normal_bf16(rng, (E, D))
     return LayerCase(case.label + ", with attention", case.model, case.layer, case.start_pos,
                      case.inputs + tuple(extra.items()))
 
@@ -392,7 +383,6 @@ _LAYER_RUNS: dict = {}
 
 def attention_layer_cases():
     if not _LAYER_CASES:
-        from .path import layer_cases
         _LAYER_CASES.extend(attention_layer_case(c) for c in layer_cases())
     return _LAYER_CASES
 
@@ -436,9 +426,8 @@ def _judge_q_norm(target, case, out):
 
 def _rotation(name, source, use, positions):
     def judge(target, case, out):
-        from .path import _judge_rotation
         x = _stage(out, source, case) if source in out else case.arrays()[source].astype(np.float64)
-        _judge_rotation(target, case, x, _stage(out, name, case), positions(case), use,
+        judge_rotation(target, case, x, _stage(out, name, case), positions(case), use,
                         f"ROPE.POSITIONS: {name} = RoPE({source}) [{case!r}]")
     return judge
 
@@ -484,8 +473,7 @@ def _judge_o(target, case, out):
 def _judge_o_derot(target, case, out):
     """The conjugate rotation at p is the rotation at −p (fl32(−p)·f = −fl32(p·f) exactly): judged as
     index_layer's rotations are, on the target's own table."""
-    from .path import _judge_rotation
-    _judge_rotation(target, case, _stage(out, "o", case), _stage(out, "o_derot", case), -case.positions, "q",
+    judge_rotation(target, case, _stage(out, "o", case), _stage(out, "o_derot", case), -case.positions, "q",
                     f"ATTN.DEROTATE: o_derot, the last 64 channels of o turned by −p·f [{case!r}]")
 
 
@@ -513,9 +501,8 @@ ATTN_STAGES = (
 
 def first_broken_attention_stage(target, case):
     """(stage, rule, message) of the first stage, index path first, that breaks its rule, or None."""
-    from .path import STAGES, _kind
     out = run_attention_layer(target, case)
-    stages = [(s.name, s.rule_id, s.judge) for s in STAGES if _kind(case) in s.kinds]
+    stages = [(s.name, s.rule_id, s.judge) for s in STAGES if layer_kind(case) in s.kinds]
     stages += [(name, rule_id, judge) for name, rule_id, applies, judge in ATTN_STAGES if applies(case)]
     for name, rule_id, judge in stages:
         try:
