@@ -30,12 +30,14 @@ import torch
 from hypothesis import strategies as st
 
 from ..spec import attn as spec
+from ..spec import path as spec_path
+from ..spec import pool as spec_pool
 from ..spec import rope as spec_rope
 from ..spec.indexer import is_bf16, round_bf16
 from ..spec.models import PROFILES, profile
 from ..spec.rules import V41
 from .compare import as_numpy, assert_equal, assert_within
-from .path import STAGES, LayerCase, judge_rotation, layer_cases, layer_kind, normal_bf16
+from .path import STAGES, LayerCase, judge_rotation, layer_cases, layer_kind, make_layer_case, normal_bf16
 from .suite import check, forall
 
 OPS = {
@@ -348,7 +350,8 @@ def output_rope_tail_rotated_back(target, seed, layer, far):
 # ------------------------------------------------------------------------------------------------
 # the layer: index_layer's stages, then the attention's
 # ------------------------------------------------------------------------------------------------
-OPS["attention_layer"] = ("attention_layer(inputs: dict, *, model, layer, start_pos) -> dict: index_layer's stages, "
+OPS["attention_layer"] = ("attention_layer(inputs: dict, *, model, layer, start_pos) -> dict: index_layer's stages "
+                          "(a V4.1 reuse layer: window_idx, and indices from the input source_topk), "
                           "then q_norm, q_attn_rot, kv_rot, kv_window, cmp_rot, cmp, kv, o, o_derot")
 LAYER_HEADS = 16
 
@@ -377,13 +380,52 @@ def _compresses_here(m, layer: int) -> bool:
     return m.ratio(layer) > 0 and (m.name not in V41 or layer in m.kv_source_layers)
 
 
+def reuse_layer_case(model: str, layer: int, seqlen: int, start_pos: int = 0, seed: int = 0) -> LayerCase:
+    """A V4.1 layer that reuses its index source's lists (LAYER.V41): x, and the source's top-k
+    source_topk [T, min(index_topk, E)] (distinct visible entries, ascending, −1 at the tail)."""
+    m = profile(model)
+    role = spec_pool.layer_role(m, layer)
+    if role.kind != "reuse":
+        raise ValueError(f"reuse_layer_case: layer {layer} of {model} is a {role.kind!r} layer, not a reuse layer")
+    rng = np.random.default_rng(seed)
+    ratio, positions = m.ratio(layer), spec_path.token_positions(seqlen, start_pos)
+    k = min(m.index_topk, (start_pos + seqlen) // ratio)
+    topk = np.full((seqlen, k), -1, dtype=np.int64)
+    for t, visible in enumerate((positions + 1) // ratio):
+        chosen = np.sort(rng.permutation(visible)[:k])
+        topk[t, :chosen.size] = chosen
+    label = (f"{model} layer {layer} (reuse of layer {role.topk_source}'s lists, ratio {ratio}), seqlen {seqlen}, "
+             f"start_pos {start_pos}, seed {seed}")
+    return LayerCase(label, model, layer, start_pos,
+                     (("x", normal_bf16(rng, (seqlen, m.dim))), ("source_topk", topk)))
+
+
+# the layer kinds and steps beyond path.layer_cases' (model, layer, seqlen, start_pos, seed)
+KIND_CASES = (
+    ("v4-flash", 2, 1, 27, 11),             # CSA, decode
+    ("v4-flash", 3, 1, 300, 12),            # HCA, decode, ring wrapped
+    ("v4-flash", 0, 1, 100, 13),            # window only, decode, ring filling
+    ("v4.1-flash", 0, 10, 0, 14),           # window only, prefill
+    ("v4.1-flash", 1, 1, 200, 15),          # window only, decode
+    ("v4.1-flash", 2, 1, 9, 16),            # ratio-2 index source, decode
+    ("v4.1-flash", 21, 12, 0, 17),          # reuse of layer 20 (lists and KV), prefill
+    ("v4.1-flash", 5, 1, 30, 18),           # reuse of layer 2, decode
+    ("v4.1-flash", 25, 1, 40, 19),          # reuse of layer 24's lists and layer 20's KV, decode
+)
+
+
+def kind_cases() -> list:
+    return [(reuse_layer_case if spec_pool.layer_role(profile(model), layer).kind == "reuse" else make_layer_case)(
+        model, layer, seqlen, start_pos, seed) for model, layer, seqlen, start_pos, seed in KIND_CASES]
+
+
 _LAYER_CASES: list = []
 _LAYER_RUNS: dict = {}
 
 
 def attention_layer_cases():
     if not _LAYER_CASES:
-        _LAYER_CASES.extend(attention_layer_case(c) for c in layer_cases())
+        _LAYER_CASES.extend(attention_layer_case(c) for c in (*layer_cases(), *kind_cases()))
     return _LAYER_CASES
 
 
@@ -499,10 +541,22 @@ ATTN_STAGES = (
 )
 
 
+def _judge_reused_indices(target, case, out):
+    window = _stage(out, "window_idx", case).astype(np.int64)
+    want = spec_path.attention_index(window, case.arrays()["source_topk"], case.seqlen, case.start_pos)
+    _same(_stage(out, "indices", case), want, "PATH.CONCAT: [window | the index source's top-k + "
+          f"{spec_path.kv_offset(case.seqlen, case.start_pos)}] (a reuse layer's lists)", case)
+
+
+REUSE_STAGES = tuple((s.name, s.rule_id, s.judge) for s in STAGES if s.name == "window_idx") + (
+    ("indices", "PATH.CONCAT", _judge_reused_indices),)
+
+
 def first_broken_attention_stage(target, case):
     """(stage, rule, message) of the first stage, index path first, that breaks its rule, or None."""
     out = run_attention_layer(target, case)
     stages = [(s.name, s.rule_id, s.judge) for s in STAGES if layer_kind(case) in s.kinds]
+    stages += REUSE_STAGES if layer_kind(case) == "reuse" else ()
     stages += [(name, rule_id, judge) for name, rule_id, applies, judge in ATTN_STAGES if applies(case)]
     for name, rule_id, judge in stages:
         try:

@@ -282,8 +282,8 @@ class LayerCase:
     def torch_inputs(self) -> dict:
         out = {}
         for name, a in self.inputs:
-            dtype = torch.bool if a.dtype == np.bool_ else torch.uint8 if a.dtype == np.uint8 else torch.float32
-            out[name] = torch.from_numpy(a.astype(a.dtype if dtype != torch.float32 else np.float32))
+            keep = a.dtype == np.bool_ or a.dtype.kind in "iu"            # masks, bytes, index lists
+            out[name] = torch.from_numpy(a if keep else a.astype(np.float32))
         return out
 
     @property
