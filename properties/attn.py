@@ -79,16 +79,35 @@ def _smallints(rng, shape, top=15):
     return rng.integers(-top, top + 1, shape) / 8.0
 
 
+def fit_sizes(target, H: int, D: int, K: int) -> tuple[int, int, int]:
+    """(H, D, the list's width) as sparse_attention of `target` takes them (its SHAPES): a size it
+    lists as is, else the next listed one (the largest, past them all); a multiple it asks for by
+    rounding up.  A list of K entries is then widened with −1 (nothing) to the width."""
+    def fit(n, sizes):
+        if isinstance(sizes, int):
+            return -(-n // sizes) * sizes
+        return min((s for s in sizes if s >= n), default=max(sizes)) if sizes and n not in sizes else n
+    limits = target.shape_limits("sparse_attention") if target is not None else {}
+    return tuple(fit(n, limits.get(dim)) for dim, n in (("H", H), ("D", D), ("K", K)))
+
+
+SCORE_CHANNELS = 64                # q reads at most the first 64 channels: the star stays the max at any D
+
+
 def make_case(seed: int, model: str, T: int, H: int, D: int, K: int, *, max_at: int = 0, invalid: float = 0.0,
-              leading: int = 0, duplicates: int = 0, sink: str = "absent", scale: float | None = None) -> Case:
+              leading: int = 0, duplicates: int = 0, sink: str = "absent", scale: float | None = None,
+              target=None) -> Case:
     """A determined input: small-integer q and kv (exact dots), the star row 0 at list position max_at
     (−1 entries: a fraction `invalid` after it, the first `leading` entries), `duplicates` entries
-    repeating an earlier one (the star first), and the sink placed relative to each head's max."""
+    repeating an earlier one (the star first), and the sink placed relative to each head's max; at
+    the sizes `target` takes (fit_sizes)."""
+    H, D, width = fit_sizes(target, H, D, K)
     rng = np.random.default_rng(seed)
     N = max(K + 8, 16)
     q = _smallints(rng, (T, H, D))
     q[..., 0] = rng.integers(24, 65, (T, H)) / 8.0
     q[..., 1:1 + H] = 0.0                                   # value channels: no part in any score
+    q[..., SCORE_CHANNELS:] = 0.0
     kv = _smallints(rng, (N, D))
     kv[:, 0] = _smallints(rng, N, 8)
     kv[0, 0] = STAR_K0
@@ -108,6 +127,7 @@ def make_case(seed: int, model: str, T: int, H: int, D: int, K: int, *, max_at: 
         targets = rng.permutation([p for p in range(K) if p != at])[:duplicates]
         for src, dst in zip(sources, targets):
             indices[:, dst] = indices[:, src]
+    indices = np.pad(indices, ((0, 0), (0, width - K)), constant_values=-1)
     scale = spec.softmax_scale(profile(model)) if scale is None else scale
     case = Case(model, round_bf16(q), round_bf16(kv), np.zeros(H), indices, float(np.float32(scale)))
     case.sink = _sink(case, sink, rng)
@@ -203,7 +223,7 @@ EDGE = [dict(T=1, H=1, D=32, K=1, seed=0), dict(T=2, H=3, D=64, K=130, seed=1),
 @forall(*[dict(ex, model="v4.1-flash", invalid=0.3) for ex in EDGE], **shapes,
         model=st.sampled_from(V4_MODELS), invalid=st.sampled_from((0.0, 0.1, 0.5, 0.9)))
 def minus_one_entries_contribute_nothing(target, T, H, D, K, seed, model, invalid):
-    judge(target, make_case(seed, model, T, H, D, K, invalid=invalid),
+    judge(target, make_case(seed, model, T, H, D, K, invalid=invalid, target=target),
           "ATTN.GATHER: rows named by the list; −1 adds nothing to the numerator or the denominator")
 
 
@@ -214,7 +234,7 @@ def minus_one_entries_contribute_nothing(target, T, H, D, K, seed, model, invali
 def an_index_listed_twice_is_attended_twice(target, T, H, D, K, seed, model, duplicates):
     if K < 2:
         K = 2
-    judge(target, make_case(seed, model, T, H, D, K, duplicates=duplicates),
+    judge(target, make_case(seed, model, T, H, D, K, duplicates=duplicates, target=target),
           "ATTN.DUPLICATES: every entry counts, repeated rows included (no de-duplication)")
 
 
@@ -226,14 +246,14 @@ def an_index_listed_twice_is_attended_twice(target, T, H, D, K, seed, model, dup
 def running_max_start(target, T, H, D, K, seed, model, leading):
     """V4.1: a leading stretch of −1 (the filling window ring) leaves no trace; V4 lists start valid."""
     leading = 0 if model not in V41 else leading
-    judge(target, make_case(seed, model, T, H, D, max(K, leading + 1), leading=leading),
+    judge(target, make_case(seed, model, T, H, D, max(K, leading + 1), leading=leading, target=target),
           f"ATTN.INIT: the running max starts at {'−1e30' if model in V41 else '−inf'}; {leading} leading −1 entries")
 
 
 @check("ATTN.INIT", ops=("sparse_attention",))
 @forall(dict(T=1, H=1, D=16, K=64, seed=0), dict(T=2, H=17, D=64, K=130, seed=1), **shapes)
 def v41_row_without_a_valid_entry_is_zero(target, T, H, D, K, seed):
-    case = make_case(seed, "v4.1-flash", T, H, D, K)
+    case = make_case(seed, "v4.1-flash", T, H, D, K, target=target)
     case.indices[0] = -1
     got = run(target, case)
     assert_equal(got[0], np.zeros_like(got[0]),
@@ -249,14 +269,14 @@ def v41_row_without_a_valid_entry_is_zero(target, T, H, D, K, seed):
         dict(T=2, H=5, D=32, K=130, seed=1, model="v4.1-flash", scale=0.03125),
         **shapes, model=st.sampled_from(V4_MODELS), scale=st.sampled_from((None, 0.125, 0.03125, 0.1, 0.25)))
 def scores_are_fp32_dots_times_the_scale(target, T, H, D, K, seed, model, scale):
-    judge(target, make_case(seed, model, T, H, D, K, scale=scale),
+    judge(target, make_case(seed, model, T, H, D, K, scale=scale, target=target),
           f"ATTN.SCORE: s = fl32(fl32(q·k)·scale), scale {scale or 'softmax_scale'}, never rounded to BF16")
 
 
 @check("ATTN.PROB.BF16", ops=("sparse_attention",))
 @forall(*[dict(ex, model="v4-flash") for ex in EDGE], **shapes, model=st.sampled_from(V4_MODELS))
 def probabilities_rounded_to_bf16_for_the_second_product(target, T, H, D, K, seed, model):
-    case = make_case(seed, model, T, H, D, K)
+    case = make_case(seed, model, T, H, D, K, target=target)
     _one_sided(case, _weights(case, "running"), _weights(case, "exact"))
     judge(target, case, "ATTN.PROB.BF16: bf16(exp(s − m)) times the KV rows; the fp32 value in the sum only",
           order=_order(target, "bf16"))
@@ -267,7 +287,7 @@ def probabilities_rounded_to_bf16_for_the_second_product(target, T, H, D, K, see
         dict(T=1, H=17, D=32, K=200, seed=1, model="v4-flash", max_at=199),
         **LATE)
 def probabilities_rounded_against_the_running_max(target, T, H, D, K, seed, model, max_at):
-    case = make_case(seed, model, T, H, D, max(K, max_at + 1), max_at=max_at)
+    case = make_case(seed, model, T, H, D, max(K, max_at + 1), max_at=max_at, target=target)
     _one_sided(case, _weights(case, "running"), _weights(case, "global"))
     judge(target, case, f"ATTN.PROB.ORDER: blocks of 64 in list order, the row max at entry {max_at}: "
           "early probabilities rounded against the running max", order=_order(target, "order"))
@@ -278,7 +298,7 @@ def probabilities_rounded_against_the_running_max(target, T, H, D, K, seed, mode
         dict(T=2, H=16, D=64, K=200, seed=1, model="v4.1-flash", max_at=150),
         **LATE)
 def accumulators_rescaled_when_the_max_grows(target, T, H, D, K, seed, model, max_at):
-    judge(target, make_case(seed, model, T, H, D, max(K, max_at + 1), max_at=max_at),
+    judge(target, make_case(seed, model, T, H, D, max(K, max_at + 1), max_at=max_at, target=target),
           f"ATTN.RESCALE: the row max at entry {max_at}: both fp32 accumulators times exp(m_old − m_new)")
 
 
@@ -286,14 +306,14 @@ def accumulators_rescaled_when_the_max_grows(target, T, H, D, K, seed, model, ma
 @forall(*[dict(ex, model="v4.1-flash", sink=k) for ex, k in zip(EDGE, ("near", "below", "above", "far_above"))],
         **shapes, model=st.sampled_from(V4_MODELS), sink=st.sampled_from(("near", "near", "below", "above", "far_above")))
 def sink_in_the_denominator_only(target, T, H, D, K, seed, model, sink):
-    judge(target, make_case(seed, model, T, H, D, K, sink=sink),
+    judge(target, make_case(seed, model, T, H, D, K, sink=sink, target=target),
           f"ATTN.SINK: exp(sink − M) added to the denominator only (sink {sink} the row max)")
 
 
 @check("ATTN.OUTPUT", ops=("sparse_attention",))
 @forall(*[dict(ex, model="v4-flash") for ex in EDGE], **shapes, model=st.sampled_from(V4_MODELS))
 def output_divided_and_written_bf16(target, T, H, D, K, seed, model):
-    case = make_case(seed, model, T, H, D, K)
+    case = make_case(seed, model, T, H, D, K, target=target)
     got = run(target, case)
     if not is_bf16(got).all():
         raise AssertionError("ATTN.OUTPUT: the output must hold BF16 values (acc / sum, rounded once)")
