@@ -209,6 +209,11 @@ def judge(target, case: Case, what: str, order: str | None = None, got=None, rou
     return got
 
 
+def judge_case(target, seed: int, model: str, T: int, H: int, D: int, K: int, *, what: str, **options):
+    """judge on make_case's input, at the sizes the target takes."""
+    return judge(target, make_case(seed, model, T, H, D, K, target=target, **options), what)
+
+
 shapes = dict(T=st.integers(1, 3), H=st.integers(1, 20), D=st.sampled_from((16, 32, 64)),
               K=st.sampled_from((1, 2, 63, 64, 65, 100, 128, 130, 200)), seed=st.integers(0, 2 ** 32 - 1))
 LATE = dict(shapes, model=st.sampled_from(V4_MODELS), max_at=st.sampled_from((64, 100, 128, 199)))
@@ -223,8 +228,8 @@ EDGE = [dict(T=1, H=1, D=32, K=1, seed=0), dict(T=2, H=3, D=64, K=130, seed=1),
 @forall(*[dict(ex, model="v4.1-flash", invalid=0.3) for ex in EDGE], **shapes,
         model=st.sampled_from(V4_MODELS), invalid=st.sampled_from((0.0, 0.1, 0.5, 0.9)))
 def minus_one_entries_contribute_nothing(target, T, H, D, K, seed, model, invalid):
-    judge(target, make_case(seed, model, T, H, D, K, invalid=invalid, target=target),
-          "ATTN.GATHER: rows named by the list; −1 adds nothing to the numerator or the denominator")
+    judge_case(target, seed, model, T, H, D, K, invalid=invalid,
+               what="ATTN.GATHER: rows named by the list; −1 adds nothing to the numerator or the denominator")
 
 
 @check("ATTN.DUPLICATES", ops=("sparse_attention",))
@@ -234,8 +239,8 @@ def minus_one_entries_contribute_nothing(target, T, H, D, K, seed, model, invali
 def an_index_listed_twice_is_attended_twice(target, T, H, D, K, seed, model, duplicates):
     if K < 2:
         K = 2
-    judge(target, make_case(seed, model, T, H, D, K, duplicates=duplicates, target=target),
-          "ATTN.DUPLICATES: every entry counts, repeated rows included (no de-duplication)")
+    judge_case(target, seed, model, T, H, D, K, duplicates=duplicates,
+               what="ATTN.DUPLICATES: every entry counts, repeated rows included (no de-duplication)")
 
 
 @check("ATTN.INIT", ops=("sparse_attention",))
@@ -246,8 +251,9 @@ def an_index_listed_twice_is_attended_twice(target, T, H, D, K, seed, model, dup
 def running_max_start(target, T, H, D, K, seed, model, leading):
     """V4.1: a leading stretch of −1 (the filling window ring) leaves no trace; V4 lists start valid."""
     leading = 0 if model not in V41 else leading
-    judge(target, make_case(seed, model, T, H, D, max(K, leading + 1), leading=leading, target=target),
-          f"ATTN.INIT: the running max starts at {'−1e30' if model in V41 else '−inf'}; {leading} leading −1 entries")
+    judge_case(target, seed, model, T, H, D, max(K, leading + 1), leading=leading,
+               what=f"ATTN.INIT: the running max starts at {'−1e30' if model in V41 else '−inf'}; "
+                    f"{leading} leading −1 entries")
 
 
 @check("ATTN.INIT", ops=("sparse_attention",))
@@ -264,13 +270,16 @@ def v41_row_without_a_valid_entry_is_zero(target, T, H, D, K, seed):
 # ------------------------------------------------------------------------------------------------
 # scores and probabilities
 # ------------------------------------------------------------------------------------------------
+SCALES = (None, 0.125, 0.03125, 0.1, 0.25)         # None: the model's softmax_scale
+
+
 @check("ATTN.SCORE", ops=("sparse_attention",))
 @forall(dict(T=1, H=2, D=64, K=64, seed=0, model="v4-flash", scale=0.125),
         dict(T=2, H=5, D=32, K=130, seed=1, model="v4.1-flash", scale=0.03125),
-        **shapes, model=st.sampled_from(V4_MODELS), scale=st.sampled_from((None, 0.125, 0.03125, 0.1, 0.25)))
+        **shapes, model=st.sampled_from(V4_MODELS), scale=st.sampled_from(SCALES))
 def scores_are_fp32_dots_times_the_scale(target, T, H, D, K, seed, model, scale):
-    judge(target, make_case(seed, model, T, H, D, K, scale=scale, target=target),
-          f"ATTN.SCORE: s = fl32(fl32(q·k)·scale), scale {scale or 'softmax_scale'}, never rounded to BF16")
+    judge_case(target, seed, model, T, H, D, K, scale=scale,
+               what=f"ATTN.SCORE: s = fl32(fl32(q·k)·scale), scale {scale or 'softmax_scale'}, never rounded to BF16")
 
 
 @check("ATTN.PROB.BF16", ops=("sparse_attention",))
@@ -298,16 +307,16 @@ def probabilities_rounded_against_the_running_max(target, T, H, D, K, seed, mode
         dict(T=2, H=16, D=64, K=200, seed=1, model="v4.1-flash", max_at=150),
         **LATE)
 def accumulators_rescaled_when_the_max_grows(target, T, H, D, K, seed, model, max_at):
-    judge(target, make_case(seed, model, T, H, D, max(K, max_at + 1), max_at=max_at, target=target),
-          f"ATTN.RESCALE: the row max at entry {max_at}: both fp32 accumulators times exp(m_old − m_new)")
+    judge_case(target, seed, model, T, H, D, max(K, max_at + 1), max_at=max_at,
+               what=f"ATTN.RESCALE: the row max at entry {max_at}: both fp32 accumulators times exp(m_old − m_new)")
 
 
 @check("ATTN.SINK", ops=("sparse_attention",))
 @forall(*[dict(ex, model="v4.1-flash", sink=k) for ex, k in zip(EDGE, ("near", "below", "above", "far_above"))],
         **shapes, model=st.sampled_from(V4_MODELS), sink=st.sampled_from(("near", "near", "below", "above", "far_above")))
 def sink_in_the_denominator_only(target, T, H, D, K, seed, model, sink):
-    judge(target, make_case(seed, model, T, H, D, K, sink=sink, target=target),
-          f"ATTN.SINK: exp(sink − M) added to the denominator only (sink {sink} the row max)")
+    judge_case(target, seed, model, T, H, D, K, sink=sink,
+               what=f"ATTN.SINK: exp(sink − M) added to the denominator only (sink {sink} the row max)")
 
 
 @check("ATTN.OUTPUT", ops=("sparse_attention",))

@@ -283,7 +283,7 @@ class LayerCase:
         out = {}
         for name, a in self.inputs:
             keep = a.dtype == np.bool_ or a.dtype.kind in "iu"            # masks, bytes, index lists
-            out[name] = torch.from_numpy(a if keep else a.astype(np.float32))
+            out[name] = torch.from_numpy(a.copy() if keep else a.astype(np.float32))
         return out
 
     @property
