@@ -28,7 +28,9 @@ What it serves, under the suite's operation names (OPERATIONS; every other opera
                                 128×128 blocks only
     sparse_attention(q, kv, sink, indices, softmax_scale)
                                 sparse_attn(q, kv, sink, indices, softmax_scale) on BF16 q [b, s, h, d]
-                                and kv [b, n, d], fp32 sink [h], int32 indices [b, s, k]
+                                and kv [b, n, d], fp32 sink [h], int32 indices [b, s, k], at the
+                                sizes SHAPES declares (head dim 512, heads in 16s, lists in 64s):
+                                the ATTN checks draw their examples there
 
 The last two are the operation names of the FP8-linear and sparse-attention rules; if those
 rules name them otherwise, rename the keys of OPERATIONS.
@@ -209,6 +211,10 @@ class OfficialKernels:
     CLAIMS_CONFORMANCE = True
     VARIANTS: dict = {}
     INPUT_DTYPE = "bfloat16"        # the kernels take BF16 activations
+    # sparse_attn_kernel (V4-kernel L276-352) compiles for head dim 512 (the model's; at 16 TileLang
+    # finds "No valid warp partition" for its GEMMs on the H200), heads in 16s (its launcher pads
+    # fewer than 16, L358-363) and, as run here, lists in whole blocks of 64
+    SHAPES = {"sparse_attention": {"D": (512,), "H": 16, "K": 64}}
 
     def __init__(self, module, path: str, digest: str):
         self.kernel, self.path = module, path

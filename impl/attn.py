@@ -17,8 +17,10 @@ from __future__ import annotations
 import torch
 
 from ..spec import attn as spec
+from ..spec import pool as spec_pool
+from ..spec.models import profile
 from .indexer import _bf16, _bf16_values, _tensor
-from .path import _bf16_input, _input, index_layer, kv_qdq
+from .path import attention_index, bf16_layer_input, index_layer, kv_qdq, layer_input, window_index
 from .quant import fp8_qdq
 from .rope import rope_freqs, rope_rotate, rope_table
 
@@ -131,7 +133,8 @@ def compressed_kv_qdq(x: torch.Tensor, model: str) -> torch.Tensor:
 
 
 def attention_layer(inputs: dict, *, model: str, layer: int, start_pos: int = 0) -> dict:
-    """index_layer's stages, then the attention's, each from the stage before:
+    """index_layer's stages (a V4.1 reuse layer: window_idx, and indices from the index source's
+    top-k `source_topk`), then the attention's, each from the stage before:
 
     q_norm (attention_q of the input q_attn), q_attn_rot (RoPE at the tokens' positions), kv_rot and
     kv_window (the new tokens' kv_normed rotated, then QDQ), cmp_rot and cmp (prefill on a layer that
@@ -141,36 +144,52 @@ def attention_layer(inputs: dict, *, model: str, layer: int, start_pos: int = 0)
     `indices`, the sink `sink`), o_derot (attention_output)."""
     op = "attention_layer"
     m = _model(op, model)
-    out = index_layer(inputs, model=model, layer=layer, start_pos=start_pos)
+    out = _lists(op, inputs, model, layer, start_pos)
     T = out["window_idx"].shape[0]
     positions = torch.arange(start_pos, start_pos + T)
     freqs = rope_freqs(model, layer, "q")
-    q = _bf16_input(op, inputs, "q_attn", (T, None, m.head_dim))
-    sink = _input(op, inputs, "sink", (q.shape[1],)).float()
+    q = bf16_layer_input(op, inputs, "q_attn", (T, None, m.head_dim))
+    sink = layer_input(op, inputs, "sink", (q.shape[1],)).float()
     out["q_norm"] = attention_q(q, model=model)
     out["q_attn_rot"] = rope_rotate(out["q_norm"], positions, freqs)
-    kv_new = _bf16_input(op, inputs, "kv_normed", (T, m.head_dim))
+    kv_new = bf16_layer_input(op, inputs, "kv_normed", (T, m.head_dim))
     out["kv_rot"] = rope_rotate(kv_new, positions, rope_freqs(model, layer, "window_kv"))
     out["kv_window"] = window_kv_qdq(out["kv_rot"], model)
-    if start_pos == 0:
-        rows = out["kv_window"]
-    else:
-        rows = _bf16_input(op, inputs, "window_cache", (m.window, m.head_dim)).clone()
-        rows[start_pos % m.window] = out["kv_window"][0]
+    ring = None if start_pos == 0 else bf16_layer_input(op, inputs, "window_cache", (m.window, m.head_dim))
     ratio = m.ratio(layer)
     if ratio:
         E = (start_pos + T) // ratio
         if start_pos == 0 and compresses_here(m, layer):
-            entries = _bf16_input(op, inputs, "kv_entries", (E, m.head_dim))
+            entries = bf16_layer_input(op, inputs, "kv_entries", (E, m.head_dim))
             out["cmp_rot"] = rope_rotate(entries, torch.arange(E) * ratio, rope_freqs(model, layer, "compressed_kv"))
             out["cmp"] = compressed_kv_qdq(out["cmp_rot"], model)
         else:
-            out["cmp"] = _bf16_input(op, inputs, "kv_cache", (E, m.head_dim))
-        rows = torch.cat([rows, out["cmp"]])
-    out["kv"] = rows
-    out["o"] = sparse_attention(out["q_attn_rot"], rows, sink, out["indices"], spec.softmax_scale(m), model=model)
+            out["cmp"] = bf16_layer_input(op, inputs, "kv_cache", (E, m.head_dim))
+    out["kv"] = attended_rows(out["kv_window"], ring, out.get("cmp"), start_pos)
+    out["o"] = sparse_attention(out["q_attn_rot"], out["kv"], sink, out["indices"], spec.softmax_scale(m), model=model)
     out["o_derot"] = attention_output(out["o"], positions, freqs)
     return out
+
+
+def attended_rows(new: torch.Tensor, ring, compressed, start_pos: int) -> torch.Tensor:
+    """The rows the lists index: [window rows | compressed rows]; the window rows are the new
+    tokens' (prefill) or the ring with the new row written to slot start_pos mod its size (decode)."""
+    if ring is not None:
+        ring = ring.clone()
+        ring[start_pos % ring.shape[0]] = new[0]
+    rows = new if ring is None else ring
+    return rows if compressed is None else torch.cat([rows, compressed])
+
+
+def _lists(op: str, inputs: dict, model: str, layer: int, start_pos: int) -> dict:
+    """index_layer's stages; a V4.1 layer that reuses its index source's lists (LAYER.V41) has only
+    window_idx and indices, [window | the source's top-k source_topk + offset]."""
+    if spec_pool.layer_role(profile(model), layer).kind != "reuse":
+        return index_layer(inputs, model=model, layer=layer, start_pos=start_pos)
+    T = bf16_layer_input(op, inputs, "kv_normed", (None, profile(model).head_dim)).shape[0]
+    window = window_index(T, start_pos)
+    topk = _tensor(op, "source_topk", layer_input(op, inputs, "source_topk", (T, None)), integer=True)
+    return {"window_idx": window, "indices": attention_index(window, topk, T, start_pos)}
 
 
 def compresses_here(m, layer: int) -> bool:

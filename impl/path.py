@@ -164,7 +164,7 @@ def pool_scan_topk(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, visible: t
 # ------------------------------------------------------------------------------------------------
 # one layer's path
 # ------------------------------------------------------------------------------------------------
-def _input(op: str, inputs: dict, name: str, shape: tuple) -> torch.Tensor:
+def layer_input(op: str, inputs: dict, name: str, shape: tuple) -> torch.Tensor:
     if name not in inputs:
         raise ValueError(f"{op}: inputs lack {name!r} (expected shape {list(shape)})")
     x = _tensor(op, name, inputs[name], len(shape))
@@ -173,9 +173,9 @@ def _input(op: str, inputs: dict, name: str, shape: tuple) -> torch.Tensor:
     return x
 
 
-def _bf16_input(op: str, inputs: dict, name: str, shape: tuple) -> torch.Tensor:
+def bf16_layer_input(op: str, inputs: dict, name: str, shape: tuple) -> torch.Tensor:
     """A finite BF16-valued input (activations and weights), as float32."""
-    x = _input(op, inputs, name, shape)
+    x = layer_input(op, inputs, name, shape)
     if not x.is_floating_point():
         raise TypeError(f"{op}: {name} must be float32 or bfloat16, got {x.dtype}")
     x = x.float()
@@ -190,7 +190,7 @@ def index_layer(inputs: dict, *, model: str, layer: int, start_pos: int = 0) -> 
     m = profile(model)
     ratio = _ratio(op, model, layer)
     role = spec_pool.layer_role(m, layer)
-    x = _bf16_input(op, inputs, "x", (None, m.dim))
+    x = bf16_layer_input(op, inputs, "x", (None, m.dim))
     T = x.shape[0]
     _counts(op, T, start_pos)
     end_pos = start_pos + T
@@ -209,10 +209,10 @@ def index_layer(inputs: dict, *, model: str, layer: int, start_pos: int = 0) -> 
                          f"expected a layer that runs its own indexer")
     H, D, E = m.index_n_heads, m.index_head_dim, end_pos // ratio
     freqs = rope_freqs(model, layer, "index_q")
-    qr = _bf16_input(op, inputs, "qr", (T, m.q_lora_rank))
+    qr = bf16_layer_input(op, inputs, "qr", (T, m.q_lora_rank))
     b = FP8_LINEAR_BLOCK[model]
-    wq_b = _input(op, inputs, "wq_b", (H * D, m.q_lora_rank))
-    wq_b_scale = _input(op, inputs, "wq_b_scale", (-(-H * D // b), m.q_lora_rank // b))
+    wq_b = layer_input(op, inputs, "wq_b", (H * D, m.q_lora_rank))
+    wq_b_scale = layer_input(op, inputs, "wq_b_scale", (-(-H * D // b), m.q_lora_rank // b))
     q = fp8_linear(qr, wq_b, wq_b_scale, b).view(T, H, D)
     q_rot = rope_rotate(q, positions, freqs)
     out.update(q=q, q_rot=q_rot)
@@ -222,23 +222,23 @@ def index_layer(inputs: dict, *, model: str, layer: int, start_pos: int = 0) -> 
 
     k_positions = _k_positions(E, ratio)
     if role.kind == "csa":
-        entry = _bf16_input(op, inputs, "index_entry", (E, D))
+        entry = bf16_layer_input(op, inputs, "index_entry", (E, D))
         out["k_rot"] = rope_rotate(entry, k_positions, rope_freqs(model, layer, "index_k"))
         out["k_had"] = hadamard(out["k_rot"])
         out["k_packed"], out["k_scales"] = fp4_e8m0_quantize(out["k_had"])
     elif role.kind == "reindex":
-        out["k_packed"] = _input(op, inputs, "k_packed", (E, D // 2))
-        out["k_scales"] = _input(op, inputs, "k_scales", (E, D // 32))
+        out["k_packed"] = layer_input(op, inputs, "k_packed", (E, D // 2))
+        out["k_scales"] = layer_input(op, inputs, "k_scales", (E, D // 32))
     else:
-        latent = _bf16_input(op, inputs, "latent", (E, m.head_dim))
-        wk = _bf16_input(op, inputs, "wk", (D, m.head_dim))
-        k_norm = _bf16_input(op, inputs, "k_norm", (D,))
+        latent = bf16_layer_input(op, inputs, "latent", (E, m.head_dim))
+        wk = bf16_layer_input(op, inputs, "wk", (D, m.head_dim))
+        k_norm = bf16_layer_input(op, inputs, "k_norm", (D,))
         k = _project(latent, wk)
         normed = _rms_norm(k, k_norm, m.norm_eps)
         out.update(k=k, k_normed=normed, k_rot=rope_rotate(normed, k_positions, rope_freqs(model, layer, "index_k")))
         out["k_packed"], out["k_scales"] = fp4_e8m0_quantize(out["k_rot"])
 
-    weights_proj = _bf16_input(op, inputs, "weights_proj", (H, m.dim))
+    weights_proj = bf16_layer_input(op, inputs, "weights_proj", (H, m.dim))
     out["w_raw"] = _project(x, weights_proj)
     out["weights"] = index_weights(out["w_raw"], model)
     visible = torch.div(positions + 1, ratio, rounding_mode="floor")
@@ -250,7 +250,7 @@ def index_layer(inputs: dict, *, model: str, layer: int, start_pos: int = 0) -> 
     if role.kind == "candidate_source":
         out["candidates"] = candidate_blocks(scores, visible, m.candidate_topk_blocks, m.candidate_block_size)
     if role.kind == "reindex":
-        candidates = _tensor(op, "candidates", _input(op, inputs, "candidates", (T, E)), boolean=True)
+        candidates = _tensor(op, "candidates", layer_input(op, inputs, "candidates", (T, E)), boolean=True)
         eligible = eligible & candidates
         scores = scores.masked_fill(~eligible, float("-inf"))
     out["topk"] = _topk_from(scores, eligible, k_top, "score" if model in spec.V4 else "position")

@@ -14,7 +14,8 @@ import torch
 
 from ..spec import attn as spec
 from ..spec.models import profile
-from .path import index_layer, kv_qdq
+from ..spec.pool import layer_role
+from .path import index_layer, kv_qdq, window_index
 from .quant import fp8_qdq
 from .rope import apply_rotary_emb, freqs_cis, rope_freqs
 
@@ -93,8 +94,14 @@ def _qdq(x: torch.Tensor, model: str, compressed: bool) -> torch.Tensor:
 
 def attention_layer(inputs: dict, *, model: str, layer: int, start_pos: int = 0) -> dict:
     m = spec.model_of(model)
-    out = index_layer(inputs, model=model, layer=layer, start_pos=start_pos)
     T = inputs["kv_normed"].shape[0]
+    if layer_role(m, layer).kind == "reuse":     # V41-model L725-726: the index source's published lists
+        window, topk = window_index(T, start_pos), inputs["source_topk"]
+        offset = T if start_pos == 0 else m.window            # kv.size(1): the window rows before the entries
+        out = {"window_idx": window,
+               "indices": torch.cat([window.expand(T, -1), torch.where(topk >= 0, topk + offset, -1)], -1).int()}
+    else:
+        out = index_layer(inputs, model=model, layer=layer, start_pos=start_pos)
     table = freqs_cis(torch.arange(start_pos, start_pos + T), rope_freqs(model, layer))
     q = inputs["q_attn"].to(torch.bfloat16).clone()
     if model in spec.V4:

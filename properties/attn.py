@@ -30,11 +30,14 @@ import torch
 from hypothesis import strategies as st
 
 from ..spec import attn as spec
+from ..spec import path as spec_path
+from ..spec import pool as spec_pool
 from ..spec import rope as spec_rope
 from ..spec.indexer import is_bf16, round_bf16
 from ..spec.models import PROFILES, profile
 from ..spec.rules import V41
-from .compare import as_numpy, assert_equal
+from .compare import as_numpy, assert_equal, assert_within
+from .path import STAGES, LayerCase, judge_rotation, layer_cases, layer_kind, make_layer_case, normal_bf16
 from .suite import check, forall
 
 OPS = {
@@ -76,16 +79,35 @@ def _smallints(rng, shape, top=15):
     return rng.integers(-top, top + 1, shape) / 8.0
 
 
+def fit_sizes(target, H: int, D: int, K: int) -> tuple[int, int, int]:
+    """(H, D, the list's width) as sparse_attention of `target` takes them (its SHAPES): a size it
+    lists as is, else the next listed one (the largest, past them all); a multiple it asks for by
+    rounding up.  A list of K entries is then widened with −1 (nothing) to the width."""
+    def fit(n, sizes):
+        if isinstance(sizes, int):
+            return -(-n // sizes) * sizes
+        return min((s for s in sizes if s >= n), default=max(sizes)) if sizes and n not in sizes else n
+    limits = target.shape_limits("sparse_attention") if target is not None else {}
+    return tuple(fit(n, limits.get(dim)) for dim, n in (("H", H), ("D", D), ("K", K)))
+
+
+SCORE_CHANNELS = 64                # q reads at most the first 64 channels: the star stays the max at any D
+
+
 def make_case(seed: int, model: str, T: int, H: int, D: int, K: int, *, max_at: int = 0, invalid: float = 0.0,
-              leading: int = 0, duplicates: int = 0, sink: str = "absent", scale: float | None = None) -> Case:
+              leading: int = 0, duplicates: int = 0, sink: str = "absent", scale: float | None = None,
+              target=None) -> Case:
     """A determined input: small-integer q and kv (exact dots), the star row 0 at list position max_at
     (−1 entries: a fraction `invalid` after it, the first `leading` entries), `duplicates` entries
-    repeating an earlier one (the star first), and the sink placed relative to each head's max."""
+    repeating an earlier one (the star first), and the sink placed relative to each head's max; at
+    the sizes `target` takes (fit_sizes)."""
+    H, D, width = fit_sizes(target, H, D, K)
     rng = np.random.default_rng(seed)
     N = max(K + 8, 16)
     q = _smallints(rng, (T, H, D))
     q[..., 0] = rng.integers(24, 65, (T, H)) / 8.0
     q[..., 1:1 + H] = 0.0                                   # value channels: no part in any score
+    q[..., SCORE_CHANNELS:] = 0.0
     kv = _smallints(rng, (N, D))
     kv[:, 0] = _smallints(rng, N, 8)
     kv[0, 0] = STAR_K0
@@ -105,6 +127,7 @@ def make_case(seed: int, model: str, T: int, H: int, D: int, K: int, *, max_at: 
         targets = rng.permutation([p for p in range(K) if p != at])[:duplicates]
         for src, dst in zip(sources, targets):
             indices[:, dst] = indices[:, src]
+    indices = np.pad(indices, ((0, 0), (0, width - K)), constant_values=-1)
     scale = spec.softmax_scale(profile(model)) if scale is None else scale
     case = Case(model, round_bf16(q), round_bf16(kv), np.zeros(H), indices, float(np.float32(scale)))
     case.sink = _sink(case, sink, rng)
@@ -186,6 +209,11 @@ def judge(target, case: Case, what: str, order: str | None = None, got=None, rou
     return got
 
 
+def judge_case(target, seed: int, model: str, T: int, H: int, D: int, K: int, *, what: str, **options):
+    """judge on make_case's input, at the sizes the target takes."""
+    return judge(target, make_case(seed, model, T, H, D, K, target=target, **options), what)
+
+
 shapes = dict(T=st.integers(1, 3), H=st.integers(1, 20), D=st.sampled_from((16, 32, 64)),
               K=st.sampled_from((1, 2, 63, 64, 65, 100, 128, 130, 200)), seed=st.integers(0, 2 ** 32 - 1))
 LATE = dict(shapes, model=st.sampled_from(V4_MODELS), max_at=st.sampled_from((64, 100, 128, 199)))
@@ -200,8 +228,8 @@ EDGE = [dict(T=1, H=1, D=32, K=1, seed=0), dict(T=2, H=3, D=64, K=130, seed=1),
 @forall(*[dict(ex, model="v4.1-flash", invalid=0.3) for ex in EDGE], **shapes,
         model=st.sampled_from(V4_MODELS), invalid=st.sampled_from((0.0, 0.1, 0.5, 0.9)))
 def minus_one_entries_contribute_nothing(target, T, H, D, K, seed, model, invalid):
-    judge(target, make_case(seed, model, T, H, D, K, invalid=invalid),
-          "ATTN.GATHER: rows named by the list; −1 adds nothing to the numerator or the denominator")
+    judge_case(target, seed, model, T, H, D, K, invalid=invalid,
+               what="ATTN.GATHER: rows named by the list; −1 adds nothing to the numerator or the denominator")
 
 
 @check("ATTN.DUPLICATES", ops=("sparse_attention",))
@@ -211,8 +239,8 @@ def minus_one_entries_contribute_nothing(target, T, H, D, K, seed, model, invali
 def an_index_listed_twice_is_attended_twice(target, T, H, D, K, seed, model, duplicates):
     if K < 2:
         K = 2
-    judge(target, make_case(seed, model, T, H, D, K, duplicates=duplicates),
-          "ATTN.DUPLICATES: every entry counts, repeated rows included (no de-duplication)")
+    judge_case(target, seed, model, T, H, D, K, duplicates=duplicates,
+               what="ATTN.DUPLICATES: every entry counts, repeated rows included (no de-duplication)")
 
 
 @check("ATTN.INIT", ops=("sparse_attention",))
@@ -223,14 +251,15 @@ def an_index_listed_twice_is_attended_twice(target, T, H, D, K, seed, model, dup
 def running_max_start(target, T, H, D, K, seed, model, leading):
     """V4.1: a leading stretch of −1 (the filling window ring) leaves no trace; V4 lists start valid."""
     leading = 0 if model not in V41 else leading
-    judge(target, make_case(seed, model, T, H, D, max(K, leading + 1), leading=leading),
-          f"ATTN.INIT: the running max starts at {'−1e30' if model in V41 else '−inf'}; {leading} leading −1 entries")
+    judge_case(target, seed, model, T, H, D, max(K, leading + 1), leading=leading,
+               what=f"ATTN.INIT: the running max starts at {'−1e30' if model in V41 else '−inf'}; "
+                    f"{leading} leading −1 entries")
 
 
 @check("ATTN.INIT", ops=("sparse_attention",))
 @forall(dict(T=1, H=1, D=16, K=64, seed=0), dict(T=2, H=17, D=64, K=130, seed=1), **shapes)
 def v41_row_without_a_valid_entry_is_zero(target, T, H, D, K, seed):
-    case = make_case(seed, "v4.1-flash", T, H, D, K)
+    case = make_case(seed, "v4.1-flash", T, H, D, K, target=target)
     case.indices[0] = -1
     got = run(target, case)
     assert_equal(got[0], np.zeros_like(got[0]),
@@ -241,19 +270,22 @@ def v41_row_without_a_valid_entry_is_zero(target, T, H, D, K, seed):
 # ------------------------------------------------------------------------------------------------
 # scores and probabilities
 # ------------------------------------------------------------------------------------------------
+SCALES = (None, 0.125, 0.03125, 0.1, 0.25)         # None: the model's softmax_scale
+
+
 @check("ATTN.SCORE", ops=("sparse_attention",))
 @forall(dict(T=1, H=2, D=64, K=64, seed=0, model="v4-flash", scale=0.125),
         dict(T=2, H=5, D=32, K=130, seed=1, model="v4.1-flash", scale=0.03125),
-        **shapes, model=st.sampled_from(V4_MODELS), scale=st.sampled_from((None, 0.125, 0.03125, 0.1, 0.25)))
+        **shapes, model=st.sampled_from(V4_MODELS), scale=st.sampled_from(SCALES))
 def scores_are_fp32_dots_times_the_scale(target, T, H, D, K, seed, model, scale):
-    judge(target, make_case(seed, model, T, H, D, K, scale=scale),
-          f"ATTN.SCORE: s = fl32(fl32(q·k)·scale), scale {scale or 'softmax_scale'}, never rounded to BF16")
+    judge_case(target, seed, model, T, H, D, K, scale=scale,
+               what=f"ATTN.SCORE: s = fl32(fl32(q·k)·scale), scale {scale or 'softmax_scale'}, never rounded to BF16")
 
 
 @check("ATTN.PROB.BF16", ops=("sparse_attention",))
 @forall(*[dict(ex, model="v4-flash") for ex in EDGE], **shapes, model=st.sampled_from(V4_MODELS))
 def probabilities_rounded_to_bf16_for_the_second_product(target, T, H, D, K, seed, model):
-    case = make_case(seed, model, T, H, D, K)
+    case = make_case(seed, model, T, H, D, K, target=target)
     _one_sided(case, _weights(case, "running"), _weights(case, "exact"))
     judge(target, case, "ATTN.PROB.BF16: bf16(exp(s − m)) times the KV rows; the fp32 value in the sum only",
           order=_order(target, "bf16"))
@@ -264,7 +296,7 @@ def probabilities_rounded_to_bf16_for_the_second_product(target, T, H, D, K, see
         dict(T=1, H=17, D=32, K=200, seed=1, model="v4-flash", max_at=199),
         **LATE)
 def probabilities_rounded_against_the_running_max(target, T, H, D, K, seed, model, max_at):
-    case = make_case(seed, model, T, H, D, max(K, max_at + 1), max_at=max_at)
+    case = make_case(seed, model, T, H, D, max(K, max_at + 1), max_at=max_at, target=target)
     _one_sided(case, _weights(case, "running"), _weights(case, "global"))
     judge(target, case, f"ATTN.PROB.ORDER: blocks of 64 in list order, the row max at entry {max_at}: "
           "early probabilities rounded against the running max", order=_order(target, "order"))
@@ -275,22 +307,22 @@ def probabilities_rounded_against_the_running_max(target, T, H, D, K, seed, mode
         dict(T=2, H=16, D=64, K=200, seed=1, model="v4.1-flash", max_at=150),
         **LATE)
 def accumulators_rescaled_when_the_max_grows(target, T, H, D, K, seed, model, max_at):
-    judge(target, make_case(seed, model, T, H, D, max(K, max_at + 1), max_at=max_at),
-          f"ATTN.RESCALE: the row max at entry {max_at}: both fp32 accumulators times exp(m_old − m_new)")
+    judge_case(target, seed, model, T, H, D, max(K, max_at + 1), max_at=max_at,
+               what=f"ATTN.RESCALE: the row max at entry {max_at}: both fp32 accumulators times exp(m_old − m_new)")
 
 
 @check("ATTN.SINK", ops=("sparse_attention",))
 @forall(*[dict(ex, model="v4.1-flash", sink=k) for ex, k in zip(EDGE, ("near", "below", "above", "far_above"))],
         **shapes, model=st.sampled_from(V4_MODELS), sink=st.sampled_from(("near", "near", "below", "above", "far_above")))
 def sink_in_the_denominator_only(target, T, H, D, K, seed, model, sink):
-    judge(target, make_case(seed, model, T, H, D, K, sink=sink),
-          f"ATTN.SINK: exp(sink − M) added to the denominator only (sink {sink} the row max)")
+    judge_case(target, seed, model, T, H, D, K, sink=sink,
+               what=f"ATTN.SINK: exp(sink − M) added to the denominator only (sink {sink} the row max)")
 
 
 @check("ATTN.OUTPUT", ops=("sparse_attention",))
 @forall(*[dict(ex, model="v4-flash") for ex in EDGE], **shapes, model=st.sampled_from(V4_MODELS))
 def output_divided_and_written_bf16(target, T, H, D, K, seed, model):
-    case = make_case(seed, model, T, H, D, K)
+    case = make_case(seed, model, T, H, D, K, target=target)
     got = run(target, case)
     if not is_bf16(got).all():
         raise AssertionError("ATTN.OUTPUT: the output must hold BF16 values (acc / sum, rounded once)")
@@ -325,12 +357,7 @@ def v4_rescales_each_head_of_q(target, model, seed, spread):
         return
     mean = round_bf16(q * q).mean(-1, keepdims=True)
     want = q / np.sqrt(mean + m.norm_eps)
-    tol = spec.q_rescale_tolerance(q, m)
-    bad = np.argwhere(~(np.abs(got - want) <= tol))
-    if bad.size:
-        i = tuple(int(x) for x in bad[0])
-        raise AssertionError(f"ATTN.Q_NORM: V4 rescales each head to unit RMS; {len(bad)} of {q.size} off, at {i}: "
-                             f"got {got[i]!r}, expected {want[i]!r} ± {tol[i]:.3g}")
+    assert_within(got, want, spec.q_rescale_tolerance(q, m), what="ATTN.Q_NORM: V4 rescales each head to unit RMS")
 
 
 @check("ATTN.DEROTATE", ops=("attention_output",))
@@ -345,18 +372,15 @@ def output_rope_tail_rotated_back(target, seed, layer, far):
     assert_equal(got[..., :448], o[..., :448], what="ATTN.DEROTATE: channels 0..447 pass unchanged")
     conj = spec.derotation_freqs(freqs)
     ref = spec_rope.rotate_exact(o, positions, conj)
-    tol = spec_rope.rotate_tolerance(o, positions, conj)
-    bad = np.argwhere(~(np.abs(got - ref) <= tol))
-    if bad.size:
-        i = tuple(int(x) for x in bad[0])
-        raise AssertionError(f"ATTN.DEROTATE: the last 64 channels turn by −p·f (conjugate); {len(bad)} off, "
-                             f"at {i}: got {got[i]!r}, expected {ref[i]!r} ± {tol[i]:.3g}")
+    assert_within(got, ref, spec_rope.rotate_tolerance(o, positions, conj),
+                  what="ATTN.DEROTATE: the last 64 channels turn by −p·f (conjugate)")
 
 
 # ------------------------------------------------------------------------------------------------
 # the layer: index_layer's stages, then the attention's
 # ------------------------------------------------------------------------------------------------
-OPS["attention_layer"] = ("attention_layer(inputs: dict, *, model, layer, start_pos) -> dict: index_layer's stages, "
+OPS["attention_layer"] = ("attention_layer(inputs: dict, *, model, layer, start_pos) -> dict: index_layer's stages "
+                          "(a V4.1 reuse layer: window_idx, and indices from the input source_topk), "
                           "then q_norm, q_attn_rot, kv_rot, kv_window, cmp_rot, cmp, kv, o, o_derot")
 LAYER_HEADS = 16
 
@@ -365,19 +389,18 @@ def attention_layer_case(case):
     """A path LayerCase with the attention's inputs added: q_attn [T, 16, 512] (heads of unlike
     RMS), sink [16], kv_normed [T, 512], and window_cache (decode), kv_entries (prefill on a layer
     that writes its compressed KV) or kv_cache."""
-    from .path import LayerCase, _normal_bf16
     m = profile(case.model)
     rng = np.random.default_rng(1000 + case.layer + case.start_pos)
     T, D, ratio = case.seqlen, m.head_dim, m.ratio(case.layer)
-    extra = {"q_attn": _normal_bf16(rng, (T, LAYER_HEADS, D)) * np.float32(2.0) ** rng.integers(-3, 4, (1, LAYER_HEADS, 1)),
+    extra = {"q_attn": normal_bf16(rng, (T, LAYER_HEADS, D)) * np.float32(2.0) ** rng.integers(-3, 4, (1, LAYER_HEADS, 1)),
              "sink": rng.standard_normal(LAYER_HEADS).astype(np.float32),
-             "kv_normed": _normal_bf16(rng, (T, D))}
+             "kv_normed": normal_bf16(rng, (T, D))}
     if case.start_pos:
-        extra["window_cache"] = _normal_bf16(rng, (m.window, D))
+        extra["window_cache"] = normal_bf16(rng, (m.window, D))
     if ratio:
         E = (case.start_pos + T) // ratio
         name = "kv_entries" if case.start_pos == 0 and _compresses_here(m, case.layer) else "kv_cache"
-        extra[name] = _normal_bf16(rng, (E, D))
+        extra[name] = normal_bf16(rng, (E, D))
     return LayerCase(case.label + ", with attention", case.model, case.layer, case.start_pos,
                      case.inputs + tuple(extra.items()))
 
@@ -386,14 +409,52 @@ def _compresses_here(m, layer: int) -> bool:
     return m.ratio(layer) > 0 and (m.name not in V41 or layer in m.kv_source_layers)
 
 
+def reuse_layer_case(model: str, layer: int, seqlen: int, start_pos: int = 0, seed: int = 0) -> LayerCase:
+    """A V4.1 layer that reuses its index source's lists (LAYER.V41): x, and the source's top-k
+    source_topk [T, min(index_topk, E)] (distinct visible entries, ascending, −1 at the tail)."""
+    m = profile(model)
+    role = spec_pool.layer_role(m, layer)
+    if role.kind != "reuse":
+        raise ValueError(f"reuse_layer_case: layer {layer} of {model} is a {role.kind!r} layer, not a reuse layer")
+    rng = np.random.default_rng(seed)
+    ratio, positions = m.ratio(layer), spec_path.token_positions(seqlen, start_pos)
+    k = min(m.index_topk, (start_pos + seqlen) // ratio)
+    topk = np.full((seqlen, k), -1, dtype=np.int64)
+    for t, visible in enumerate((positions + 1) // ratio):
+        chosen = np.sort(rng.permutation(visible)[:k])
+        topk[t, :chosen.size] = chosen
+    label = (f"{model} layer {layer} (reuse of layer {role.topk_source}'s lists, ratio {ratio}), seqlen {seqlen}, "
+             f"start_pos {start_pos}, seed {seed}")
+    return LayerCase(label, model, layer, start_pos,
+                     (("x", normal_bf16(rng, (seqlen, m.dim))), ("source_topk", topk)))
+
+
+# the layer kinds and steps beyond path.layer_cases' (model, layer, seqlen, start_pos, seed)
+KIND_CASES = (
+    ("v4-flash", 2, 1, 27, 11),             # CSA, decode
+    ("v4-flash", 3, 1, 300, 12),            # HCA, decode, ring wrapped
+    ("v4-flash", 0, 1, 100, 13),            # window only, decode, ring filling
+    ("v4.1-flash", 0, 10, 0, 14),           # window only, prefill
+    ("v4.1-flash", 1, 1, 200, 15),          # window only, decode
+    ("v4.1-flash", 2, 1, 9, 16),            # ratio-2 index source, decode
+    ("v4.1-flash", 21, 12, 0, 17),          # reuse of layer 20 (lists and KV), prefill
+    ("v4.1-flash", 5, 1, 30, 18),           # reuse of layer 2, decode
+    ("v4.1-flash", 25, 1, 40, 19),          # reuse of layer 24's lists and layer 20's KV, decode
+)
+
+
+def kind_cases() -> list:
+    return [(reuse_layer_case if spec_pool.layer_role(profile(model), layer).kind == "reuse" else make_layer_case)(
+        model, layer, seqlen, start_pos, seed) for model, layer, seqlen, start_pos, seed in KIND_CASES]
+
+
 _LAYER_CASES: list = []
 _LAYER_RUNS: dict = {}
 
 
 def attention_layer_cases():
     if not _LAYER_CASES:
-        from .path import layer_cases
-        _LAYER_CASES.extend(attention_layer_case(c) for c in layer_cases())
+        _LAYER_CASES.extend(attention_layer_case(c) for c in (*layer_cases(), *kind_cases()))
     return _LAYER_CASES
 
 
@@ -436,9 +497,8 @@ def _judge_q_norm(target, case, out):
 
 def _rotation(name, source, use, positions):
     def judge(target, case, out):
-        from .path import _judge_rotation
         x = _stage(out, source, case) if source in out else case.arrays()[source].astype(np.float64)
-        _judge_rotation(target, case, x, _stage(out, name, case), positions(case), use,
+        judge_rotation(target, case, x, _stage(out, name, case), positions(case), use,
                         f"ROPE.POSITIONS: {name} = RoPE({source}) [{case!r}]")
     return judge
 
@@ -484,8 +544,7 @@ def _judge_o(target, case, out):
 def _judge_o_derot(target, case, out):
     """The conjugate rotation at p is the rotation at −p (fl32(−p)·f = −fl32(p·f) exactly): judged as
     index_layer's rotations are, on the target's own table."""
-    from .path import _judge_rotation
-    _judge_rotation(target, case, _stage(out, "o", case), _stage(out, "o_derot", case), -case.positions, "q",
+    judge_rotation(target, case, _stage(out, "o", case), _stage(out, "o_derot", case), -case.positions, "q",
                     f"ATTN.DEROTATE: o_derot, the last 64 channels of o turned by −p·f [{case!r}]")
 
 
@@ -511,11 +570,22 @@ ATTN_STAGES = (
 )
 
 
+def _judge_reused_indices(target, case, out):
+    window = _stage(out, "window_idx", case).astype(np.int64)
+    want = spec_path.attention_index(window, case.arrays()["source_topk"], case.seqlen, case.start_pos)
+    _same(_stage(out, "indices", case), want, "PATH.CONCAT: [window | the index source's top-k + "
+          f"{spec_path.kv_offset(case.seqlen, case.start_pos)}] (a reuse layer's lists)", case)
+
+
+REUSE_STAGES = tuple((s.name, s.rule_id, s.judge) for s in STAGES if s.name == "window_idx") + (
+    ("indices", "PATH.CONCAT", _judge_reused_indices),)
+
+
 def first_broken_attention_stage(target, case):
     """(stage, rule, message) of the first stage, index path first, that breaks its rule, or None."""
-    from .path import STAGES, _kind
     out = run_attention_layer(target, case)
-    stages = [(s.name, s.rule_id, s.judge) for s in STAGES if _kind(case) in s.kinds]
+    stages = [(s.name, s.rule_id, s.judge) for s in STAGES if layer_kind(case) in s.kinds]
+    stages += REUSE_STAGES if layer_kind(case) == "reuse" else ()
     stages += [(name, rule_id, judge) for name, rule_id, applies, judge in ATTN_STAGES if applies(case)]
     for name, rule_id, judge in stages:
         try:

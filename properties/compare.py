@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..spec.indexer import is_bf16
+
 
 def as_numpy(x) -> np.ndarray:
     """A torch tensor or array-like as a numpy array (bf16 widened exactly to float32)."""
@@ -88,3 +90,18 @@ def assert_close(actual, expected, *, what: str, atol: float, rtol: float, limit
     for flat in bad[:limit]:
         lines.append(f"  at {_index(flat, a.shape)}: got {af[flat]!r}, expected {ef[flat]!r}")
     raise AssertionError("\n".join(lines))
+
+
+def assert_within(got, expected, tol, *, what: str, bf16: bool = False, note: str = ""):
+    """|got − expected| ≤ tol elementwise (NaN fails), after got's shape and (bf16) its BF16 values;
+    the message counts the misses and shows the first, then `note`."""
+    got = np.asarray(got, np.float64)
+    if got.shape != np.shape(expected):
+        raise AssertionError(f"{what}: shape {got.shape}, expected {np.shape(expected)}{note}")
+    if bf16 and not is_bf16(got).all():
+        raise AssertionError(f"{what}: not BF16-representable{note}")
+    bad = np.argwhere(~(np.abs(got - expected) <= tol))
+    if bad.size:
+        i = tuple(int(v) for v in bad[0])
+        raise AssertionError(f"{what}: {len(bad)} of {got.size} off; at {i}: got {got[i]!r}, expected "
+                             f"{expected[i]!r} ± {tol[i]:.3g}{note}")

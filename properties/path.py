@@ -53,7 +53,7 @@ from ..spec import pool as spec_pool
 from ..spec import quant as spec_quant
 from ..spec import rope as spec_rope
 from ..spec.models import profile
-from .compare import as_numpy, assert_bytes_equal, assert_equal
+from .compare import as_numpy, assert_bytes_equal, assert_equal, assert_within
 from .indexer import assert_weights, expected_scores, make_score_case, ScoreCase
 from .quant import assert_fp8_linear, fp8_weight
 from .pool import reindex_cases, wide_reindex_case
@@ -282,8 +282,8 @@ class LayerCase:
     def torch_inputs(self) -> dict:
         out = {}
         for name, a in self.inputs:
-            dtype = torch.bool if a.dtype == np.bool_ else torch.uint8 if a.dtype == np.uint8 else torch.float32
-            out[name] = torch.from_numpy(a.astype(a.dtype if dtype != torch.float32 else np.float32))
+            keep = a.dtype == np.bool_ or a.dtype.kind in "iu"            # masks, bytes, index lists
+            out[name] = torch.from_numpy(a.copy() if keep else a.astype(np.float32))
         return out
 
     @property
@@ -295,7 +295,7 @@ class LayerCase:
         return spec.token_positions(self.seqlen, self.start_pos)
 
 
-def _normal_bf16(rng, shape, scale=1.0, shift=0.0):
+def normal_bf16(rng, shape, scale=1.0, shift=0.0):
     """Normal inputs made BF16 by rounding their fp32 bits (inputs only: no rule reads this rounding)."""
     bits = (rng.standard_normal(shape) * scale + shift).astype(np.float32).view(np.uint32)
     bits = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
@@ -309,24 +309,24 @@ def make_layer_case(model: str, layer: int, seqlen: int, start_pos: int = 0, see
     role = spec_pool.layer_role(m, layer)
     ratio = m.ratio(layer)
     H, D = m.index_n_heads, m.index_head_dim
-    inputs = {"x": _normal_bf16(rng, (seqlen, m.dim))}
+    inputs = {"x": normal_bf16(rng, (seqlen, m.dim))}
     if role.kind not in ("window", "hca"):
         E = (start_pos + seqlen) // ratio
         b = spec_quant.FP8_LINEAR_BLOCK[model]
         wq_b, wq_b_scale = fp8_weight(rng, H * D, m.q_lora_rank, b, exponents=(-14, -12))
-        inputs.update(qr=_normal_bf16(rng, (seqlen, m.q_lora_rank)), wq_b=wq_b, wq_b_scale=wq_b_scale,
-                      weights_proj=_normal_bf16(rng, (H, m.dim), m.dim ** -0.5))
+        inputs.update(qr=normal_bf16(rng, (seqlen, m.q_lora_rank)), wq_b=wq_b, wq_b_scale=wq_b_scale,
+                      weights_proj=normal_bf16(rng, (H, m.dim), m.dim ** -0.5))
         if role.kind == "csa":
-            inputs["index_entry"] = _normal_bf16(rng, (E, D))
+            inputs["index_entry"] = normal_bf16(rng, (E, D))
         elif role.kind == "reindex":
-            k_packed, k_scales = spec_quant.fp4_e8m0_quantize(_normal_bf16(rng, (E, D)))
+            k_packed, k_scales = spec_quant.fp4_e8m0_quantize(normal_bf16(rng, (E, D)))
             visible = spec_indexer.index_visible(spec.token_positions(seqlen, start_pos), ratio)
             source = np.where(spec_indexer.visibility_mask(visible, E), rng.permutation(seqlen * E).reshape(seqlen, E) + 1.0, -np.inf)
             inputs.update(k_packed=k_packed, k_scales=k_scales,
                           candidates=spec_pool.candidate_blocks(source, visible, m.candidate_topk_blocks, m.candidate_block_size))
         else:
-            inputs.update(latent=_normal_bf16(rng, (E, m.head_dim)), wk=_normal_bf16(rng, (D, m.head_dim), m.head_dim ** -0.5),
-                          k_norm=_normal_bf16(rng, (D,), 0.1, 1.0))
+            inputs.update(latent=normal_bf16(rng, (E, m.head_dim)), wk=normal_bf16(rng, (D, m.head_dim), m.head_dim ** -0.5),
+                          k_norm=normal_bf16(rng, (D,), 0.1, 1.0))
     label = f"{model} layer {layer} ({role.kind}, ratio {ratio}), seqlen {seqlen}, start_pos {start_pos}, seed {seed}"
     return LayerCase(label, model, layer, start_pos, tuple(inputs.items()))
 
@@ -379,19 +379,10 @@ def _need(out: dict, name: str, case: LayerCase) -> np.ndarray:
 
 
 def _close(got, ref, tol, what: str, case: LayerCase, bf16: bool = True):
-    got = np.asarray(got, np.float64)
-    if got.shape != np.shape(ref):
-        raise AssertionError(f"{what}: shape {got.shape}, expected {np.shape(ref)} [{case!r}]")
-    if bf16 and not spec_indexer.is_bf16(got).all():
-        raise AssertionError(f"{what}: not BF16-representable [{case!r}]")
-    bad = np.argwhere(~(np.abs(got - ref) <= tol))
-    if bad.size:
-        i = tuple(int(v) for v in bad[0])
-        raise AssertionError(f"{what}: {len(bad)} of {got.size} off; at {i}: got {got[i]!r}, expected {ref[i]!r} "
-                             f"± {tol[i]:.3g} [{case!r}]")
+    assert_within(got, ref, tol, what=what, bf16=bf16, note=f" [{case!r}]")
 
 
-def _kind(case) -> str:
+def layer_kind(case) -> str:
     return spec_pool.layer_role(profile(case.model), case.layer).kind
 
 
@@ -410,7 +401,7 @@ def _table(target, case: LayerCase, use: str):
     return spec_rope.frequencies_fp32(profile(case.model), case.layer).astype(np.float64), True
 
 
-def _judge_rotation(target, case, x, got, positions, use: str, what: str):
+def judge_rotation(target, case, x, got, positions, use: str, what: str):
     freqs, slack = _table(target, case, use)
     tol = spec_rope.rotate_tolerance(x, positions, freqs)
     if slack:   # a table one fp32 rounding away turns pair i by up to p·f_i·2^-20 more
@@ -421,13 +412,13 @@ def _judge_rotation(target, case, x, got, positions, use: str, what: str):
 
 
 def _judge_q_rot(target, case, out):
-    _judge_rotation(target, case, _need(out, "q", case), _need(out, "q_rot", case), case.positions, "index_q",
+    judge_rotation(target, case, _need(out, "q", case), _need(out, "q_rot", case), case.positions, "index_q",
                     "ROPE.POSITIONS: index q rotated at its token positions")
 
 
 def _k_input(case, out):
     """The stage RoPE rotates for the index K: V4 the given entry, V4.1 sources k_normed."""
-    return case.arrays()["index_entry"] if _kind(case) == "csa" else _need(out, "k_normed", case)
+    return case.arrays()["index_entry"] if layer_kind(case) == "csa" else _need(out, "k_normed", case)
 
 
 def _entries(case) -> int:
@@ -436,7 +427,7 @@ def _entries(case) -> int:
 
 def _judge_k_rot(target, case, out):
     positions = spec_rope.compressed_positions(_entries(case), profile(case.model).ratio(case.layer))
-    _judge_rotation(target, case, _k_input(case, out), _need(out, "k_rot", case), positions, "index_k",
+    judge_rotation(target, case, _k_input(case, out), _need(out, "k_rot", case), positions, "index_k",
                     "ROPE.POSITIONS: index K entry j rotated at j·ratio")
 
 
@@ -522,7 +513,7 @@ def _judge_topk(target, case, out):
     scores = _need(out, "scores", case)
     eligible = spec_indexer.visibility_mask(_visible(case), scores.shape[1])
     rule = "IDX.TOPK.SELECTION"
-    if _kind(case) == "reindex":
+    if layer_kind(case) == "reindex":
         eligible = eligible & case.arrays()["candidates"]
         rule = "POOL.REINDEX"
     k = min(m.index_topk, _entries(case))
@@ -544,7 +535,7 @@ def _judge_compressed(target, case, out):
 
 def _judge_indices(target, case, out):
     window = _ints(_need(out, "window_idx", case))
-    kind = _kind(case)
+    kind = layer_kind(case)
     if kind == "window":
         assert_equal(_ints(_need(out, "indices", case)), window, what=f"PATH.CONCAT: window only [{case!r}]")
         return
@@ -581,7 +572,7 @@ def first_broken_stage(target, case: LayerCase):
     """(stage, rule, message) of the first stage that breaks its rule, or None."""
     out = run_layer(target, case)
     for stage in STAGES:
-        if _kind(case) not in stage.kinds:
+        if layer_kind(case) not in stage.kinds:
             continue
         try:
             stage.judge(target, case, out)
@@ -595,7 +586,7 @@ def _stage_check(rule_id: str):
 
     def run(target):
         for case in layer_cases():
-            mine = [stage for stage in stages if _kind(case) in stage.kinds]
+            mine = [stage for stage in stages if layer_kind(case) in stage.kinds]
             if mine:                      # a case without such a stage never runs the layer
                 out = run_layer(target, case)
                 for stage in mine:

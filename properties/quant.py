@@ -38,9 +38,9 @@ from hypothesis import strategies as st
 
 from ..spec import formats as F
 from ..spec import quant as Q
-from ..spec.indexer import bf16_quantum, is_bf16
+from ..spec.indexer import bf16_quantum
 from ..spec.rules import KNOBS
-from .compare import as_numpy, assert_bytes_equal, assert_equal, assert_same_shape
+from .compare import as_numpy, assert_bytes_equal, assert_equal, assert_same_shape, assert_within
 from . import boundaries as B
 from .formats import (e2m1_text, e4m3_text, e8m0_text, fed, fit, packed_text, spec_knobs, tensor)
 from .suite import check, detected, forall
@@ -778,16 +778,8 @@ def assert_fp8_linear(got, x, w, w_scale, block: int, what: str, shape=None):
     tol = bf16_quantum(np.abs(exact) + err) + err
     if shape is not None:
         exact, tol = exact.reshape(shape), tol.reshape(shape)
-    got = as_numpy(got).astype(np.float64)
-    if got.shape != exact.shape:
-        raise AssertionError(f"{what}: shape {got.shape}, expected {exact.shape}")
-    if not is_bf16(got).all():
-        raise AssertionError(f"{what}: not BF16-representable (the FP8 GEMM writes BF16)")
-    bad = np.argwhere(~(np.abs(got - exact) <= tol))
-    if bad.size:
-        i = tuple(int(v) for v in bad[0])
-        raise AssertionError(f"{what}: {len(bad)} of {got.size} off; at {i}: got {got[i]!r}, expected "
-                             f"{exact[i]!r} ± {tol[i]:.3g} (Σ_k s_k·S_k of the act_quant-ed x, block {block})")
+    assert_within(as_numpy(got), exact, tol, what=what, bf16=True,
+                  note=f" (the FP8 GEMM writes BF16: Σ_k s_k·S_k of the act_quant-ed x, block {block})")
 
 
 @check("FP8.LINEAR", ops=("fp8_linear",))

@@ -11,6 +11,7 @@ metadata:
     INPUT_DTYPE = "bfloat16"            # the dtype of the values every operation receives
     INPUT_DTYPES = {"fp8_quantize": "float32"}   # per operation, overriding INPUT_DTYPE
     MODELS = ("v4.1-flash",)            # the model profiles it serves (default: all)
+    SHAPES = {"sparse_attention": {"D": (512,), "H": 16, "K": 64}}   # per operation, the sizes it takes
 
 Input dtypes are "float32" (the default) or "bfloat16".  The suite generates values representable
 in the dtype an operation declares and passes it tensors of that dtype, so a BF16-only kernel is
@@ -23,6 +24,12 @@ A target that serves some models only (a V4.1 port) declares MODELS: an example 
 one of its operations for another model (a `model` argument naming it) is not asked (a check left
 with none is NOT_IMPLEMENTED), and index_topk is asked only for the orders its models use (V4
 'score', V4.1 'position'), so it need not fake the other.
+
+A kernel compiled for some sizes only declares SHAPES: per operation, per dimension of its contract
+(`dsv4spec ops` names them), a tuple of the sizes it takes or an int that each size must be a
+multiple of.  The checks then draw their examples at those sizes (a list widened with −1 entries,
+which contribute nothing, heads and head dims as declared), so a rule is judged where the kernel
+can run; a clause that needs a size the target refuses is NOT_IMPLEMENTED.
 
 How `--target T` is resolved (the same rule for the CLI, the pytest plugin and `load_target`):
 
@@ -362,6 +369,7 @@ class Target:
         self.hung: dict[str, str] = {}      # operations that timed out once are not called again
         self.received = Received()          # the last call's inputs (shared by the views of this target)
         self.input_dtypes = _input_dtypes(provider)
+        self.shapes = _shapes(provider)
         self.models = tuple(getattr(provider, "MODELS", None) or MODELS)
         if isinstance(getattr(provider, "MODELS", None), str) or set(self.models) - set(MODELS):
             raise ValueError(f"target {self.name}: MODELS must be a tuple of {', '.join(MODELS)}; "
@@ -430,6 +438,10 @@ class Target:
         """The dtype of the values operation `op` receives: "float32" or "bfloat16"."""
         return self.input_dtypes.get(op, self.input_dtypes[None])
 
+    def shape_limits(self, op: str) -> dict:
+        """{dimension: tuple of sizes, or the int each size is a multiple of} that `op` declares."""
+        return self.shapes.get(op, {})
+
     def variant(self, knob: str) -> str:
         """The value of a knob the checks must expect from this target."""
         if knob not in KNOBS:
@@ -487,6 +499,19 @@ def _input_dtypes(provider) -> dict:
             where = f"INPUT_DTYPES[{op!r}]" if op else "INPUT_DTYPE"
             raise ValueError(f"{where} must be one of {INPUT_DTYPES} (a string), got {dtype!r}")
     return declared
+
+
+def _shapes(provider) -> dict:
+    """{op: {dimension: sizes}} from a provider's SHAPES, validated."""
+    declared = getattr(provider, "SHAPES", None) or {}
+    for op, dims in (declared.items() if isinstance(declared, dict) else [(None, None)]):
+        for dim, sizes in (dims.items() if isinstance(dims, dict) else [(None, None)]):
+            ok = (isinstance(sizes, int) and sizes > 0) or (
+                isinstance(sizes, tuple) and sizes and all(isinstance(n, int) and n > 0 for n in sizes))
+            if not ok:
+                raise ValueError(f"SHAPES must map each operation to {{dimension: a tuple of sizes, or the int "
+                                 f"each size is a multiple of}}; got {op!r}: {dims!r}")
+    return {op: dict(dims) for op, dims in declared.items()}
 
 
 def _import(ref: str):

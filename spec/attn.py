@@ -380,7 +380,9 @@ rule("ATTN.Q_NORM", "V4 rescales each head of the main q to unit RMS; V4.1 does 
      sources=("V4-model L498", "V41-model L770-772 (q from wq_b, then RoPE)"))
 
 rule("ATTN.LAYER", "Every stage of a layer's attention, each on the stage before it",
-     """A layer operation returns index_layer's stages (PATH.LAYER) and then, by name: the main q
+     """A layer operation returns index_layer's stages (PATH.LAYER; a V4.1 layer that reuses its
+     index source's lists instead returns window_idx and indices, the window list and the source's
+     top-k source_topk shifted by the window rows, PATH.CONCAT) and then, by name: the main q
      after V4's rescale (q_norm), rotated (q_attn_rot); the new tokens' window KV rotated (kv_rot)
      and as attention reads it (kv_window); on a layer that writes its compressed KV in prefill,
      the entries rotated at j·ratio (cmp_rot) and read (cmp); the rows attention gathers from, [window
@@ -391,4 +393,5 @@ rule("ATTN.LAYER", "Every stage of a layer's attention, each on the stage before
      independent).""",
      applies_to=V4_ALL, policy="tolerance", tolerance="each stage's own rule's tolerance",
      sources=("V4-model L483-534 (Attention.forward)", "V41-model L700-781 (_window_kv, _compress_kv, forward)",
+              "V41-model L725-726, L763 (a layer that is not a source reads the published top-k and compressed KV)",
               "V4-model L372, L506 (FP8/64 on the NoPE channels)", "V41-model L707, L760 (FP8/32; FP4 E4M3/16)"))

@@ -72,6 +72,8 @@ GLOSSARY: dict[str, str] = {
     "kv_window": "ATTN.LAYER's stage: the window KV as attention reads it (after the in-place QDQ).",
     "cmp_rot": "ATTN.LAYER's stage: the compressed entries rotated at j·ratio.",
     "o_derot": "ATTN.LAYER's stage: the attention output with its RoPE tail de-rotated (ATTN.DEROTATE).",
+    "window_idx": "PATH.LAYER's stage: each token's window list (PATH.WINDOW).",
+    "source_topk": "ATTN.LAYER's input on a V4.1 reuse layer: the top-k its index source took (entries, −1 at the tail).",
     "fp8_block_size": "V4.1's FP8 block, 32: act_quant's block and the side of the weight's square scale blocks (V4: block_size, 128).",
     "fp8_gemm": "the official TileLang GEMM of E4M3 operands with block scales: per K block an fp32 dot times both scales, summed in fp32, written BF16.",
     "fp8_linear_error": "FP8.LINEAR's tolerance per output element (stated in full under FP8.LINEAR).",

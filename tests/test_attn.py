@@ -150,9 +150,31 @@ def test_the_layer_check_names_the_planted_stage(name):
     assert stage == attn_mutants.LAYER_STAGE[name]
 
 
+def _layer_case(model, layer, start_pos):
+    return next(c for c in checks.attention_layer_cases()
+                if (c.model, c.layer, c.start_pos) == (model, layer, start_pos))
+
+
+@pytest.mark.parametrize("name", sorted(attn_mutants.STAGE_PLANTS))
+def test_the_layer_check_names_the_stage_of_each_part_where_a_mistake_is_planted(name):
+    provider, stage, where = attn_mutants.STAGE_PLANTS[name]
+    broken = checks.first_broken_attention_stage(Target(provider, name), _layer_case(*attn_mutants.PLANT_CASES[where]))
+    assert broken is not None and broken[0] == stage, broken
+
+
+@pytest.mark.parametrize("where", sorted(attn_mutants.PLANT_CASES))
+def test_the_plants_cases_pass_impl(where):
+    assert checks.first_broken_attention_stage(Target(impl, "impl"), _layer_case(*attn_mutants.PLANT_CASES[where])) is None
+
+
 def test_the_layer_check_passes_official_on_a_decode_case():
-    case = checks.attention_layer_cases()[-1]                 # V4.1 re-index, decode at 16400
+    case = _layer_case("v4.1-flash", 24, 16400)               # V4.1 re-index, decode at 16400
     assert checks.first_broken_attention_stage(Target(official, "official"), case) is None
+
+
+@pytest.mark.parametrize("model, layer, start_pos", [(c[0], c[1], c[3]) for c in checks.KIND_CASES])
+def test_every_layer_kind_passes_official(model, layer, start_pos):
+    assert checks.first_broken_attention_stage(Target(official, "official"), _layer_case(model, layer, start_pos)) is None
 
 
 @pytest.mark.parametrize("call, message", [

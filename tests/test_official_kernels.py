@@ -82,10 +82,32 @@ def test_fp8_linear_quantizes_the_activation_and_restores_the_default_dtype(fake
 
 
 def test_sparse_attention_passes_the_official_layout(fake):
-    q, kv = bf16(1, 2, 16, 64, seed=3), bf16(1, 10, 64, seed=4)
-    idx = torch.tensor([[[0, 1, 2, -1], [3, 4, -1, -1]]])
-    out = fake.sparse_attention(q, kv, torch.zeros(16), idx, 64 ** -0.5)
+    q, kv = bf16(1, 2, 16, 512, seed=3), bf16(1, 10, 512, seed=4)
+    idx = torch.full((1, 2, 64), -1)
+    idx[0, 0, :3], idx[0, 1, :2] = torch.tensor([0, 1, 2]), torch.tensor([3, 4])
+    out = fake.sparse_attention(q, kv, torch.zeros(16), idx, 512 ** -0.5)
     assert out.shape == q.shape and out.dtype == torch.float32
+    with pytest.raises(RuntimeError, match="No valid warp partition"):     # as TileLang at D = 16
+        fake.sparse_attention(q[..., :16], kv[..., :16], torch.zeros(16), idx, 0.25)
+
+
+@pytest.mark.parametrize("shapes", [{"sparse_attention": {"D": 0}}, {"sparse_attention": {"D": ()}},
+                                    {"sparse_attention": (512,)}, {"sparse_attention": {"H": 16.0}}])
+def test_declared_sizes_are_validated(shapes):
+    from types import SimpleNamespace
+    from dsv4spec.properties.target import Target
+    with pytest.raises(ValueError, match="SHAPES must map each operation"):
+        Target(SimpleNamespace(SHAPES=shapes, sparse_attention=lambda *a, **k: None), "bad")
+
+
+def test_the_attention_checks_run_at_the_sizes_the_kernel_declares(fake):
+    assert fake.shape_limits("sparse_attention") == {"D": (512,), "H": 16, "K": 64}
+    from dsv4spec.properties import attn as checks
+    case = checks.make_case(3, "v4-flash", 2, 5, 16, 100, target=fake)
+    assert case.q.shape == (2, 16, 512) and case.indices.shape == (2, 128) and (case.indices[:, 100:] == -1).all()
+    for rule_id in ("ATTN.GATHER", "ATTN.SINK", "ATTN.PROB.ORDER", "ATTN.OUTPUT"):
+        row = run_rule(rule_id, fake)
+        assert row.status == PASS, (rule_id, row.status, row.detail)
 
 
 def test_the_environment_variable_names_the_file(monkeypatch):

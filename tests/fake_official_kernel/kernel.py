@@ -1,8 +1,9 @@
-"""A stand-in for the official V4 inference/kernel.py with the same four function signatures, in CPU
+"""A stand-in for the official V4 inference/kernel.py with the same function signatures, in CPU
 torch (no TileLang), for testing the official-kernels target's wiring.  It mimics the initial V4
 revision: the in-place act_quant casts clamp(x/s) through BF16, not FP8."""
 import torch
 
+from dsv4spec.official import attn as official_attn
 from dsv4spec.official import quant as Q
 
 
@@ -41,13 +42,12 @@ def fp8_gemm(a, a_s, b, b_s, scale_dtype=torch.float32):
 
 
 def sparse_attn(q, kv, attn_sink, topk_idxs, softmax_scale):
-    """fp32: softmax over the gathered rows (−1 skipped) with the sink in the denominator."""
+    """The official computation (dsv4spec.official.attn, V4: running max from −inf), refusing the
+    sizes the TileLang kernel does not compile as it does: head dims other than 512 ("No valid warp
+    partition"), heads not a multiple of 16 once the launcher has padded fewer than 16, lists not a
+    multiple of 64."""
     b, s, h, d = q.shape
-    idx = topk_idxs.long()
-    rows = kv.float()[torch.arange(b)[:, None, None], idx.clamp(min=0)]            # [b, s, k, d]
-    scores = torch.einsum("bshd,bskd->bshk", q.float(), rows) * softmax_scale
-    scores = scores.masked_fill((idx < 0)[:, :, None, :], float("-inf"))
-    top = torch.maximum(scores.amax(-1, keepdim=True), attn_sink[None, None, :, None])
-    p = torch.exp(scores - top)
-    p = p / (p.sum(-1, keepdim=True) + torch.exp(attn_sink[None, None, :, None] - top))
-    return torch.einsum("bshk,bskd->bshd", p, rows).to(q.dtype)
+    if d != 512 or (h > 16 and h % 16) or topk_idxs.shape[-1] % 64:
+        raise RuntimeError(f"No valid warp partition (stand-in): h={h} d={d} topk={topk_idxs.shape[-1]}")
+    return torch.stack([official_attn.sparse_attention(q[i].float(), kv[i].float(), attn_sink, topk_idxs[i],
+                                                       softmax_scale, model="v4-flash") for i in range(b)]).to(q.dtype)

@@ -1,12 +1,17 @@
 """Sparse attention mutants: one realistic mistake each, with the rule that must report it."""
+import contextlib
 import math
 from unittest import mock
 
 import torch
 
 from dsv4spec.impl import attn as ref
+from dsv4spec.impl import path as path_ref
+from dsv4spec.impl import rope as rope_ref
 
 from . import mutant
+from . import path as path_mutants
+from .quant import fp8_linear_without_act_quant
 
 
 def _bf16(x):
@@ -131,6 +136,60 @@ MUTANTS = dict([
     _m("layer_output_not_derotated", "ATTN.LAYER",
        attention_layer=_layer_with(attention_output=lambda o, positions, freqs: o)),
 ])
+
+
+def _planted(path_helpers=None, **attn_helpers):
+    """impl's attention_layer with helpers of impl/path.py (the index path) and of impl/attn.py
+    replaced while it runs."""
+    def attention_layer(inputs, *, model, layer, start_pos=0):
+        with contextlib.ExitStack() as stack:
+            for module, helpers in ((path_ref, path_helpers), (ref, attn_helpers)):
+                if helpers:
+                    stack.enter_context(mock.patch.multiple(module, **helpers))
+            return ref.attention_layer(inputs, model=model, layer=layer, start_pos=start_pos)
+    return attention_layer
+
+
+def _freqs_doubled_for(wrong_use):
+    def rope_freqs(model, layer, use="q"):
+        freqs = rope_ref.rope_freqs(model, layer, use)
+        return freqs * 2 if use == wrong_use else freqs
+    return rope_freqs
+
+
+_attended_rows = ref.attended_rows
+
+
+def _compressed_first(new, ring, compressed, start_pos):
+    rows = _attended_rows(new, ring, None, start_pos)
+    return rows if compressed is None else torch.cat([compressed, rows])
+
+
+def _ring_slot_after(new, ring, compressed, start_pos):
+    return _attended_rows(new, ring, compressed, start_pos + 1)
+
+
+# Mutants planted at one stage of each part of the layer, for the test that the layer check names
+# that stage (tests/test_attn.py): not in the catalogue, since each breaks a rule that its own
+# family's mutants cover.  name -> (provider, the stage named, the case: PLANT_CASES)
+STAGE_PLANTS = {name: (mutant(name, attention_layer=layer), stage, where) for name, layer, stage, where in (
+    ("index_q_projection_in_bf16", _planted({"fp8_linear": fp8_linear_without_act_quant}), "q", "prefill"),
+    ("head_weights_accumulated_in_bf16", _planted({"_project": path_mutants._bf16_accumulation}), "w_raw", "prefill"),
+    ("index_q_rope_at_twice_the_angle", _planted({"rope_freqs": _freqs_doubled_for("index_q")}), "q_rot", "prefill"),
+    ("hadamard_skipped", _planted({"hadamard": lambda x: x.clone()}), "q_had", "prefill"),
+    ("unfilled_ring_slots_as_row_0", _planted({"window_index": lambda s, p: path_mutants._window(s, p, unfilled=0)}),
+     "window_idx", "decode"),
+    ("lists_without_offset", _planted({"attention_index": path_mutants._concat_no_offset}), "indices", "prefill"),
+    ("main_q_rope_at_twice_the_angle", _planted(rope_freqs=_freqs_doubled_for("q")), "q_attn_rot", "prefill"),
+    ("window_kv_rope_at_twice_the_angle", _planted(rope_freqs=_freqs_doubled_for("window_kv")), "kv_rot", "prefill"),
+    ("compressed_kv_rope_at_twice_the_angle", _planted(rope_freqs=_freqs_doubled_for("compressed_kv")), "cmp_rot",
+     "prefill"),
+    ("compressed_rows_before_the_window", _planted(attended_rows=_compressed_first), "kv", "prefill"),
+    ("new_row_in_the_next_ring_slot", _planted(attended_rows=_ring_slot_after), "kv", "decode"),
+    ("reused_lists_without_offset", _planted(attention_index=path_mutants._concat_no_offset), "indices", "reuse"),
+)}
+# (model, layer, start_pos) of each plant's case in properties.attn.attention_layer_cases()
+PLANT_CASES = {"prefill": ("v4-flash", 2, 0), "decode": ("v4-flash", 2, 27), "reuse": ("v4.1-flash", 5, 30)}
 
 
 def catalogue() -> list[tuple]:
