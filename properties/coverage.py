@@ -1297,7 +1297,8 @@ def random_rates(listed, calls, sample: int = 100) -> dict[str, float]:
     return rates
 
 
-def rule_coverage(rule_id: str, target: Target | None = None, profile: str = "ci", memo: dict | None = None) -> RuleCoverage:
+def rule_coverage(rule_id: str, target: Target | None = None, profile: str = "ci",
+                  memo: dict | None = None) -> RuleCoverage:
     """Run every check of the rule against the target (impl by default) and evaluate its boundaries,
     on every input and on the randomly drawn examples alone (`memo`: layer results shared by the
     rules of one run)."""
