@@ -10,14 +10,17 @@ boundary, a predicate over the recorded inputs in spec terms ("some element's |x
 element, scale, range, layout.  The recorder also knows which inputs a randomly drawn example made
 (suite.forall tells it), so per rule the listing says which boundaries random draws reach, and in
 what share of one check's drawn examples (at least 1/50 is the goal), apart from what only the
-explicit @examples or a fixed sweep reach.  The HAD, CMP, LAYOUT, BUDGET, LAYER, ROPE and PATH rules
-list the argument-level inputs where their clauses decide (a ratio, an incomplete group, decode
-after the ring wrapped, each layout kind …).
+explicit @examples or a fixed sweep reach.  The HAD, CMP, LAYOUT, BUDGET, LAYER, ROPE, PATH and ATTN
+rules list the argument-level inputs where their clauses decide (a ratio, an incomplete group,
+decode after the ring wrapped, each layout kind, a −1 in a later block of 64, the sink above the
+exp overflow …).  properties/clauses.py lists each rule's clauses beside the check and the mutants
+that fail when one alone changes (--clauses).
 
     dsv4spec coverage --profile ci --rules FP4,POOL
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,7 +29,7 @@ from ..spec import formats as F
 from ..spec import indexer as spec_indexer
 from ..spec import pool as spec_pool
 from ..spec import quant as Q
-from ..spec.rules import V4_ALL, select
+from ..spec.rules import V4, V4_ALL, V41, select
 from .compare import as_numpy
 from .suite import checks_for, run_check
 from .target import Target, load_target
@@ -52,8 +55,13 @@ class Recorder(Target):
     """A view of a target that records the inputs of every operation call, then makes it, and
     which of them a randomly drawn example made (suite.forall calls example_starts)."""
 
-    def __init__(self, target: Target):
+    def __init__(self, target: Target, memo: dict | None = None):
         self.__dict__.update(target.__dict__)
+        # A provider of its own: a check that caches a target's results by provider (path.run_layer)
+        # calls this one's operations afresh, so every rule's recording holds its own inputs; the
+        # layer operations' results are kept in `memo` (one coverage run's), keyed by their inputs.
+        self.provider = _SameProvider(target.provider)
+        self.memo = {} if memo is None else memo
         self.calls: list[Call] = []
         self.check = ""
         self.drawn: int | None = None
@@ -70,10 +78,41 @@ class Recorder(Target):
         fn = Target.op(self, name)
 
         def recorded(*args, **kwargs):
-            self.calls.append(Call(name, tuple(_plain(a) for a in args),
-                                   {k: _plain(v) for k, v in kwargs.items()}, self.drawn, self.check))
-            return fn(*args, **kwargs)
+            call = Call(name, tuple(_plain(a) for a in args), {k: _plain(v) for k, v in kwargs.items()},
+                        self.drawn, self.check)
+            self.calls.append(call)
+            if name not in MEMO_OPS:
+                return fn(*args, **kwargs)
+            key = (name, _digest(call.args), _digest(call.kwargs))
+            if key not in self.memo:
+                self.memo[key] = fn(*args, **kwargs)
+            return self.memo[key]
         return recorded
+
+
+MEMO_OPS = ("index_layer", "attention_layer")      # a layer at real shapes: seconds a call
+
+
+def _digest(a):
+    """A hashable digest of an operation's inputs (arrays by dtype, shape and bytes)."""
+    if isinstance(a, dict):
+        return tuple((k, _digest(v)) for k, v in sorted(a.items()))
+    if isinstance(a, (tuple, list)):
+        return tuple(_digest(v) for v in a)
+    if isinstance(a, np.ndarray) or hasattr(a, "detach"):
+        a = np.ascontiguousarray(_plain(a))
+        return a.dtype.str, a.shape, hashlib.sha1(a.tobytes()).hexdigest()
+    return a
+
+
+class _SameProvider:
+    """The provider's operations and attributes under another identity."""
+
+    def __init__(self, provider):
+        self.__dict__["_provider"] = provider
+
+    def __getattr__(self, name):
+        return getattr(self._provider, name)
 
 
 def _plain(a):
@@ -568,7 +607,8 @@ def score_formula() -> list[Boundary]:
             Boundary("a negative dot with a negative weight (ReLU after the weight would keep it)", "element",
                      dots(lambda d, w: (d < 0) & (w < 0))),
             Boundary("a positive dot with a negative weight", "element", dots(lambda d, w: (d > 0) & (w < 0))),
-            Boundary("both score dtypes", "layout", lambda calls: {d for _, d in _score_calls(calls)} >= {"bf16", "fp32"})]
+            *(Boundary(f"score dtype {dtype}", "layout", lambda calls, dtype=dtype: bool(_score_calls(calls, dtype)))
+              for dtype in ("bf16", "fp32"))]
 
 
 def score_rounding() -> list[Boundary]:
@@ -623,9 +663,10 @@ def fp4_scores() -> list[Boundary]:
 
 
 def tp_boundaries() -> list[Boundary]:
-    def shards(calls):
-        heads = {np.asarray(c.args[0]).shape[1] for c, _ in _score_calls(calls, "bf16")}
-        return any(h * n in heads for h in heads for n in (2, 4) if h >= 2)
+    def shards(calls):              # two calls of ≥ 2 heads each over the same keys: shards of one score
+        parts = [c for c, _ in _score_calls(calls, "bf16") if np.asarray(c.args[0]).shape[1] >= 2]
+        return any(np.array_equal(a.args[1], b.args[1]) and np.array_equal(a.args[3], b.args[3])
+                   for i, a in enumerate(parts) for b in parts[i + 1:])
     return [Boundary("heads split into shards of ≥ 2 heads", "layout", shards),
             Boundary("a negative weight inside a shard", "element", lambda calls: any(
                 np.any(np.asarray(c.args[2]) < 0) for c, _ in _score_calls(calls, "bf16")))]
@@ -744,10 +785,10 @@ def pool_boundaries() -> list[Boundary]:
                 lambda t, r, n, kb: n > 8 and np.any(np.all(np.isneginf(r[:n - n % 8].reshape(-1, 8)), axis=1))))]
 
 
-def reindex_boundaries() -> list[Boundary]:
+def reindex_boundaries(op: str = "reindex_topk") -> list[Boundary]:
     def rows(pred):
         def reached(calls):
-            for c in of(calls, "reindex_topk"):
+            for c in of(calls, op):
                 visible, pool, k = np.asarray(c.args[3]), np.asarray(c.args[4], dtype=bool), int(c.args[5])
                 eligible = pool & spec_indexer.visibility_mask(visible, pool.shape[1])
                 if any(pred(eligible[t], pool[t], k) for t in range(pool.shape[0])):
@@ -810,7 +851,9 @@ def _boundaries() -> dict[str, list[Boundary]]:
         "FP8.SCALE": pow2_scale(_fp8, 448.0, -22, 118) + above_floor(_fp8, F32(1e-4), "fl32(1e-4)"),
         "FP8.FLOOR": fp8_floor(),
         # |x|/s never exceeds 448 under a power-of-two ceil scale: no "1 ulp above" there.
-        "FP8.E4M3": e4m3_rounding(_fp8) + around("|x|/s at 448", "element", 448.0, ratio_hit(_fp8))[:2],
+        "FP8.E4M3": e4m3_rounding(_fp8) + around("|x|/s at 448", "element", 448.0, ratio_hit(_fp8))[:2]
+        + [Boundary("a floor block (amax < fl32(1e-4)) with |x|/s ≥ 2^-10 (nonzero codes)", "range", _any_block(
+            _fp8, lambda b: (b.amax > 0) & (b.amax < F32(1e-4)) & (b.amax / b.s >= 2.0 ** -10)))],
         "FP8.DEQUANT": dequant("fp8_dequantize", e8m0_scales),
         "FP8.BLOCKS": blocks_of("fp8_quantize", ((448, 64), (512, 32), (128, 128))),
         "FP8.V4_INPLACE": [b for b in e4m3_rounding(lambda calls: codec_blocks(calls, ("fp8_qdq",)))
@@ -860,19 +903,26 @@ def _rows(c, i=0):
     return x.reshape(-1, x.shape[-1]).shape[0] if x.ndim else 0
 
 
+def _sylvester(n: int) -> np.ndarray:
+    return np.array([[(-1) ** bin(i & j).count("1") for j in range(n)] for i in range(n)], dtype=np.float64)
+
+
 def had_boundaries() -> dict[str, list[Boundary]]:
-    def bf16_midpoint(c):           # an exact H·x/√128 one fp32 ulp from a BF16 midpoint
+    def not_bf16(c):                # an exact H·x/√128 that BF16 cannot hold: the rounding decides
         x = np.asarray(arg(c, 0, "x"), dtype=np.float64)
-        n = x.shape[-1]
-        h = np.array([[(-1) ** bin(i & j).count("1") for j in range(n)] for i in range(n)]) / np.sqrt(n)
-        y = F32(x @ h.T)
-        return np.any((F.f32_bits(np.abs(y)) & 0xFFFF) == 0x8000)
+        y = F32((x @ _sylvester(x.shape[-1]).T) / np.sqrt(x.shape[-1]))
+        return np.any(F.bf16_round(y) != y)
+
+    def spread(c):                  # nonzero inputs 2^20 apart: the tolerance's ‖x‖₁ term is not all
+        a = np.abs(np.asarray(arg(c, 0, "x"), dtype=np.float64))
+        return np.any(a.max(-1) >= 2.0 ** 20 * np.where(a > 0, a, np.inf).min(-1))
     rows = seen("hadamard", "several rows at once", "layout", lambda c: _rows(c) >= 2)
     return {"HAD.MATRIX": [seen("hadamard", "a basis vector (one column of H)", "element", lambda c: np.any(
                                (np.abs(np.asarray(c.args[0])) > 0).sum(-1) == 1)), rows,
                            *[seen("index_rotate", f"index_rotate for {m}", "range", lambda c, m=m: arg(c, 1, "model") == m)
                              for m in ("v3.2", "v4-flash")]],
-            "HAD.ROUNDING": [seen("hadamard", "an fp32 result on a BF16 midpoint", "element", bf16_midpoint), rows],
+            "HAD.ROUNDING": [seen("hadamard", "an fp32 result BF16 cannot hold", "element", not_bf16),
+                             seen("hadamard", "inputs of exponents 2^20 apart in one row", "range", spread), rows],
             "HAD.ABSENT_V41": [seen("index_rotate", "index_rotate for v4.1-flash", "range",
                                     lambda c: arg(c, 1, "model") == "v4.1-flash")]}
 
@@ -888,14 +938,34 @@ def cmp_boundaries() -> dict[str, list[Boundary]]:
                    lambda c: S(c) % ratio(c) != 0 and S(c) > ratio(c)),
               seen("compress", "S below the ratio (no complete group)", "range", lambda c: 0 < S(c) < ratio(c)),
               seen("compress", "batch ≥ 2", "layout", lambda c: np.asarray(arg(c, 0, "x")).shape[0] >= 2)]
-    by_ratio = {r: seen("compress", f"ratio {r}", "range", lambda c, r=r: ratio(c) == r) for r in (1, 4, 128)}
+    by_ratio = {r: seen("compress", f"ratio {r}", "range", lambda c, r=r: ratio(c) == r) for r in (1, 2, 4, 128)}
     feed = [seen("compressor_feed", "a feed of one token (decode)", "layout",
                  lambda c: np.asarray(arg(c, 1, "x")).shape[1] == 1),
             seen("compressor_feed", "a feed of several tokens (a chunk)", "layout",
                  lambda c: np.asarray(arg(c, 1, "x")).shape[1] > 1)]
-    return {"CMP.GROUPS": groups + feed[:1], "CMP.CAUSAL": groups[:2] + [by_ratio[4]],
+    def feeds(calls):               # (ratio, model, [tokens of each feed]) per compressor_state
+        out = []
+        for c in calls:
+            if c.op == "compressor_state":
+                out.append((int(c.kwargs.get("ratio", 0)), c.kwargs.get("model"), []))
+            elif c.op == "compressor_feed" and out:
+                out[-1][2].append(np.asarray(arg(c, 1, "x")).shape[1])
+        return out
+
+    def fed(name, level, pred):
+        return Boundary(name, level, lambda calls: any(sizes and pred(m, model, sizes) for m, model, sizes in feeds(calls)))
+    state = [fed("decode from before group 0 completes (a prefill shorter than the ratio)", "range",
+                 lambda m, model, n: n[0] < m and len(n) > m - n[0]),
+             fed("a prefill ending inside a group, the group completed in decode", "layout",
+                 lambda m, model, n: n[0] > m and n[0] % m != 0 and sum(n) - n[0] >= m - n[0] % m),
+             fed("a prefill ending on a group boundary, then decode", "layout",
+                 lambda m, model, n: n[0] >= m and n[0] % m == 0 and len(n) > 1),
+             fed("V4 ratio 4: two groups completed in decode (the window half shifted)", "layout",
+                 lambda m, model, n: m == 4 and model in V4 and sum(n) - n[0] >= 8),
+             *(fed(f"a state of ratio {r}", "range", lambda m, model, n, r=r: m == r) for r in (2, 4, 128))]
+    return {"CMP.STATE": state, "CMP.GROUPS": groups + feed[:1], "CMP.CAUSAL": groups[:2] + [by_ratio[4]],
             "CMP.OVERLAP": [by_ratio[4], groups[0]], "CMP.APE": [by_ratio[4], by_ratio[128]],
-            "CMP.GATE": [by_ratio[4], by_ratio[128], groups[3]], "CMP.RATIO1": [by_ratio[1]],
+            "CMP.GATE": [by_ratio[2], by_ratio[128], groups[3]], "CMP.RATIO1": [by_ratio[1]],
             "CMP.NORM": [by_ratio[4], by_ratio[128]], "CMP.ROPE": [by_ratio[4], by_ratio[128], groups[0]],
             "CMP.STREAM": feed + [by_ratio[4], by_ratio[128]]}
 
@@ -957,6 +1027,18 @@ def rope_boundaries() -> dict[str, list[Boundary]]:
     rotate = [seen("rope_rotate", "position 0 (the identity)", "range", lambda c: np.any(positions(c) == 0)),
               seen("rope_rotate", "a position ≥ 2^16 (a large angle)", "range", lambda c: np.any(positions(c) >= 2 ** 16)),
               seen("rope_rotate", "several positions at once", "layout", lambda c: np.unique(positions(c)).size >= 2)]
+
+    def pair(which):                # a unit vector on channel 2i or 2i+1 of the rotated slice
+        def pred(c):
+            x, rd = np.asarray(arg(c, 0, "x")), 2 * np.asarray(arg(c, 2, "freqs")).size
+            nz = np.nonzero(x[..., -rd:].reshape(-1, rd))[1]
+            return nz.size and which(nz)
+        return pred
+    pairs = [seen("rope_rotate", "the first pair (channels 0, 1 of the slice)", "element", pair(lambda j: np.any(j // 2 == 0))),
+             seen("rope_rotate", "the last pair (channels 62, 63 of the slice)", "element", pair(lambda j: np.any(j // 2 == 31))),
+             seen("rope_rotate", "an odd channel (the imaginary part)", "element", pair(lambda j: np.any(j % 2 == 1))),
+             seen("rope_rotate", "a channel of the second half (i + 32 under half-split pairing)", "element",
+                  pair(lambda j: np.any(j >= 32)))]
     slice_ = [seen("rope_rotate", "channels before the rotated ones", "layout", lambda c: width(c)[0] > width(c)[1])]
     from ..spec import rope as spec_rope
     from ..spec.models import profile
@@ -972,8 +1054,14 @@ def rope_boundaries() -> dict[str, list[Boundary]]:
     layer = [seen("index_layer", "a layer from position 0 (prefill)", "range", lambda c: int(arg(c, 99, "start_pos") or 0) == 0),
              seen("index_layer", "a layer at a later start position (decode)", "range",
                   lambda c: int(arg(c, 99, "start_pos") or 0) > 0)]
-    return {"ROPE.PAIRS": rotate, "ROPE.ROUNDING": rotate[1:2] + rotate[2:], "ROPE.SLICE": slice_,
+    return {"ROPE.PAIRS": pairs + rotate[1:2], "ROPE.ROUNDING": rotate[1:2] + rotate[2:], "ROPE.SLICE": slice_,
             "ROPE.POSITIONS": layer, **uses}
+
+
+def _blocks_apart(c) -> bool:
+    x = np.abs(np.asarray(arg(c, 0, "x"), np.float64)).reshape(-1, 512)
+    amax = x.reshape(x.shape[0], -1, 16).max(-1)
+    return bool(np.any(amax.max(-1) >= 2.0 ** 12 * np.where(amax > 0, amax, np.inf).min(-1)))
 
 
 def path_boundaries() -> dict[str, list[Boundary]]:
@@ -991,20 +1079,145 @@ def path_boundaries() -> dict[str, list[Boundary]]:
            seen("compressed_index", "prefill from 0", "range", lambda c: start(c) == 0)]
     layer = [seen("index_layer", f"an index_layer of {m}", "range", lambda c, m=m: arg(c, 99, "model") == m)
              for m in ("v4-flash", "v4.1-flash")]
-    return {"PATH.WINDOW": window, "PATH.HCA": hca,
+    def ring(name, pred):
+        return seen("window_ring", name, "range", lambda c: pred(int(arg(c, 0, "prefill")), int(arg(c, 1, "decoded"))))
+    rings = [ring("a prefill of at most 128 (no slot overwritten)", lambda p, d: p <= 128),
+             ring("a prefill longer than 128 (the ring wrapped in the prefill)", lambda p, d: p > 128),
+             ring("a prefill within 2 of 128", lambda p, d: abs(p - 128) <= 2),
+             ring("decode that wraps the ring (p + d crosses a multiple of 128)", lambda p, d: d > 0 and (p - 1) // 128
+                  != (p + d - 1) // 128),
+             ring("no decode step", lambda p, d: d == 0)]
+
+    def k_rows(name, level, pred):
+        return seen("kv_qdq_fp4_e8m0", name, level, lambda c: pred(np.abs(np.asarray(arg(c, 0, "x"), np.float64))))
+
+    def amaxes(a):
+        return a.reshape(a.shape[0] if a.ndim > 1 else 1, -1, 32).max(-1)
+    k_cache = [k_rows("several keys", "layout", lambda a: a.ndim > 1 and a.shape[0] >= 2),
+               k_rows("blocks of 32 whose amax is 2^12 apart in one key", "scale",
+                      lambda a: np.any(amaxes(a).max(-1) >= 2.0 ** 12 * np.where(amaxes(a) > 0, amaxes(a), np.inf).min(-1))),
+               k_rows("a block with amax below 2^-30", "range", lambda a: np.any((amaxes(a) > 0) & (amaxes(a) < 2.0 ** -30)))]
+    return {"PATH.WINDOW.RING": rings, "PATH.K.CACHE": k_cache, "PATH.POOL_SCAN": [b for b in reindex_boundaries("pool_scan_topk") if b.name != "an empty pool row"],
+            "PATH.WINDOW": window, "PATH.HCA": hca,
             "PATH.CONCAT": [seen("attention_index", "decode (one row)", "layout", lambda c: int(arg(c, 2, "seqlen")) == 1),
                             seen("attention_index", "prefill (several rows)", "layout", lambda c: int(arg(c, 2, "seqlen")) > 1)],
-            "PATH.QDQ": [seen("kv_qdq", "several rows at once", "layout", lambda c: _rows(c) >= 2)],
-            **{rule: layer for rule in ("PATH.Q.PROJ", "PATH.K.PROJ", "PATH.K.NORM", "PATH.HADAMARD", "PATH.W.PROJ",
-                                        "PATH.LAYER")},
+            "PATH.QDQ": [seen(f"kv_qdq_{fmt}", f"kv_qdq_{fmt} of several rows", "layout", lambda c: _rows(c) >= 2)
+                         for fmt in ("fp4_e4m3", "fp8_e8m0_32")] + [
+                seen(f"kv_qdq_{fmt}", f"kv_qdq_{fmt} of blocks 2^12 apart in one row", "scale", _blocks_apart)
+                for fmt in ("fp4_e4m3", "fp8_e8m0_32")],
+            **{rule: layer for rule in ("PATH.Q.PROJ", "PATH.HADAMARD", "PATH.W.PROJ", "PATH.LAYER")},
+            **{rule: layer[1:] for rule in ("PATH.K.PROJ", "PATH.K.NORM")},          # V4.1's index K
             "PATH.ORDER": layer + [seen("rope_quantize", "rope_quantize at a position > 0", "range",
                                         lambda c: np.any(np.asarray(arg(c, 1, "positions")) > 0))]}
+
+
+def attn_boundaries() -> dict[str, list[Boundary]]:
+    """Where the sparse-attention clauses decide (spec/attn.py): −1 anywhere in a list, a row listed
+    twice, V4.1's first block all −1, the row max in a later block of 64, the sink against the row
+    max M (above the fp32 exp overflow, near M, far below), and each model."""
+    from ..spec import attn as spec_attn
+    from ..spec import rope as spec_rope
+    from ..spec.models import profile
+
+    def kernel(name, level, pred):
+        return seen("sparse_attention", name, level, lambda c: pred(np.asarray(c.args[3]), c))
+
+    def model(c):
+        return arg(c, 5, "model")
+
+    def row_max_at(c):                  # per (token, head): the list position of the row max
+        s = spec_attn.scores(*(np.asarray(c.args[i], np.float64) for i in (0, 1, 3)), float(c.args[4]))
+        return np.argmax(np.where(np.isfinite(s), s, -np.inf), axis=-1), s
+
+    def sink_offset(c):                 # sink − M per (token, head)
+        _, s = row_max_at(c)
+        M = np.max(np.where(np.isfinite(s), s, -np.inf), axis=-1)
+        with np.errstate(invalid="ignore"):
+            return np.asarray(c.args[2], np.float64)[None, :] - M
+    models = [kernel(f"sparse_attention of {m}", "range", lambda i, c, m=m: model(c) == m) for m in ("v4-flash", "v4.1-flash")]
+    blocks = [kernel("a list of several blocks of 64", "layout", lambda i, c: i.shape[1] > spec_attn.BLOCK),
+              kernel("a list whose last block is partial (K not a multiple of 64)", "layout",
+                     lambda i, c: i.shape[1] % spec_attn.BLOCK != 0)]
+
+    def leading(i):                     # −1 entries before the first valid one, per row
+        valid = i != -1
+        return np.where(valid.any(1), valid.argmax(1), i.shape[1])
+    gather = [kernel("a −1 entry after a valid one", "element", lambda i, c: np.any(
+                  (i == -1) & (np.arange(i.shape[1]) > leading(i)[:, None]))),
+              kernel("a −1 entry in a later block of 64", "layout", lambda i, c: np.any(i[:, spec_attn.BLOCK:] == -1)),
+              kernel("a list without −1", "element", lambda i, c: np.any((i != -1).all(1)))]
+
+    def twice(i):
+        return any(np.unique(r[r >= 0]).size < (r >= 0).sum() for r in i)
+    init = [kernel("V4.1: a first block of 64 entries all −1", "range",
+                   lambda i, c: model(c) in V41 and np.any(leading(i) >= spec_attn.BLOCK)),
+            kernel("V4.1: fewer than 64 leading −1 entries", "range",
+                   lambda i, c: model(c) in V41 and np.any((leading(i) > 0) & (leading(i) < spec_attn.BLOCK))),
+            kernel("V4.1: a row without a valid entry", "range",
+                   lambda i, c: model(c) in V41 and np.any((i == -1).all(1))),
+            kernel("V4: a list that starts valid", "range", lambda i, c: model(c) in V4 and np.any(i[:, 0] >= 0))]
+    later = [kernel("the row max in a later block of 64 than the first", "element",
+                    lambda i, c: np.any(row_max_at(c)[0] >= spec_attn.BLOCK)),
+             kernel("the row max on the first entry of a later block", "element",
+                    lambda i, c: np.any((row_max_at(c)[0] >= spec_attn.BLOCK) & (row_max_at(c)[0] % spec_attn.BLOCK == 0)))]
+    fl_scale = float(np.float32(512 ** -0.5))
+    score = [kernel("the scale 512^-0.5", "scale", lambda i, c: float(c.args[4]) == fl_scale),
+             kernel("a scale other than 512^-0.5 (the argument, not a constant)", "scale",
+                    lambda i, c: float(c.args[4]) != fl_scale)]
+    over = spec_attn.EXP_OVERFLOW
+    sink = [kernel(f"sink − M > {over:.2f} (exp overflows: the output is 0)", "range",
+                   lambda i, c: np.any(sink_offset(c) > over + spec_attn.EXP_UNDETERMINED)),
+            kernel("0 < sink − M ≤ 88 (the sink outweighs the scores)", "range",
+                   lambda i, c: np.any((sink_offset(c) > 0) & (sink_offset(c) <= 88))),
+            kernel("|sink − M| ≤ 1 (the sink a term like the scores)", "element", lambda i, c: np.any(np.abs(sink_offset(c)) <= 1)),
+            kernel("sink − M < −30 (a sink far below every score)", "range", lambda i, c: np.any(sink_offset(c) < -30))]
+    shape = [kernel("several tokens and heads", "layout", lambda i, c: np.asarray(c.args[0]).shape[0] >= 2
+                    and np.asarray(c.args[0]).shape[1] >= 2)]
+
+    def scale_layers(compressed):
+        return seen("attention_scale", f"attention_scale of a {'compressed' if compressed else 'window-only'} layer",
+                    "range", lambda c: bool(profile(arg(c, 0, "model")).ratio(int(arg(c, 1, "layer")))) == compressed)
+
+    def q_model(m):
+        return seen("attention_q", f"attention_q of {m}", "range", lambda c: arg(c, 1, "model") == m)
+
+    def heads_of_unequal_rms(c):
+        q = np.asarray(arg(c, 0, "q"), np.float64)
+        rms = np.sqrt((q * q).mean(-1))
+        return np.any(rms.max(-1) >= 4 * np.maximum(rms.min(-1), 1e-30))
+
+    def derot(name, level, pred):
+        return seen("attention_output", name, level, lambda c: pred(np.asarray(arg(c, 1, "positions")),
+                                                                    np.asarray(arg(c, 2, "freqs"))))
+    window_table = spec_rope.frequencies_fp32(profile("v4-flash"), 0)
+    derotate = [derot("a position ≥ 2^16 (a large angle)", "range", lambda p, f: np.any(p >= 2 ** 16)),
+                derot("several positions at once", "layout", lambda p, f: np.unique(p).size >= 2),
+                derot("a window-only layer's table", "range", lambda p, f: np.array_equal(f, window_table)),
+                derot("a compressed layer's table (YaRN)", "range", lambda p, f: not np.array_equal(f, window_table))]
+    layer = [seen("attention_layer", f"attention_layer of {m}", "range", lambda c, m=m: arg(c, 1, "model") == m)
+             for m in ("v4-flash", "v4.1-flash")]
+    layer += [seen("attention_layer", "attention_layer in prefill (start_pos 0)", "range",
+                   lambda c: int(arg(c, 3, "start_pos") or 0) == 0),
+              seen("attention_layer", "attention_layer in decode (start_pos > 0)", "range",
+                   lambda c: int(arg(c, 3, "start_pos") or 0) > 0)]
+    return {"ATTN.GATHER": gather + blocks[:1] + models, "ATTN.DUPLICATES": [
+                kernel("a row listed twice", "element", lambda i, c: twice(i)),
+                kernel("a row listed twice, in different blocks of 64", "layout", lambda i, c: i.shape[1] > spec_attn.BLOCK
+                       and twice(i) and any(np.intersect1d(r[:spec_attn.BLOCK][r[:spec_attn.BLOCK] >= 0],
+                                                           r[spec_attn.BLOCK:]).size for r in i))] + models,
+            "ATTN.INIT": init, "ATTN.SCORE": score + models, "ATTN.PROB.BF16": blocks + models,
+            "ATTN.PROB.ORDER": later + models, "ATTN.RESCALE": later[:1] + blocks[:1] + models,
+            "ATTN.SINK": sink + models, "ATTN.OUTPUT": shape + blocks[1:] + models,
+            "ATTN.SCALE": [scale_layers(True), scale_layers(False)],
+            "ATTN.Q_NORM": [q_model("v4-flash"), q_model("v4.1-flash"),
+                            seen("attention_q", "heads of unequal RMS (4× apart)", "scale", heads_of_unequal_rms)],
+            "ATTN.DEROTATE": derotate, "ATTN.LAYER": layer}
 
 
 def other_families() -> dict[str, list[Boundary]]:
     out = {}
     for part in (had_boundaries, cmp_boundaries, layout_boundaries, budget_boundaries, layer_boundaries,
-                 rope_boundaries, path_boundaries):
+                 rope_boundaries, path_boundaries, attn_boundaries):
         out.update(part())
     return out
 
@@ -1032,6 +1245,7 @@ def boundaries(rule_id: str) -> list[Boundary]:
 
 BOUNDARIES = {**_boundaries(), **other_families()}
 REQUIRED = ("FMT", "FP4", "FP8", "IDX", "POOL")      # families whose ci coverage must be complete
+OTHER = ("HAD", "CMP", "LAYOUT", "BUDGET", "LAYER", "ROPE", "PATH", "ATTN")   # the argument-level ones
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1083,10 +1297,12 @@ def random_rates(listed, calls, sample: int = 100) -> dict[str, float]:
     return rates
 
 
-def rule_coverage(rule_id: str, target: Target | None = None, profile: str = "ci") -> RuleCoverage:
+def rule_coverage(rule_id: str, target: Target | None = None, profile: str = "ci",
+                  memo: dict | None = None) -> RuleCoverage:
     """Run every check of the rule against the target (impl by default) and evaluate its boundaries,
-    on every input and on the randomly drawn examples alone."""
-    recorder = Recorder(target or load_target("impl"))
+    on every input and on the randomly drawn examples alone (`memo`: layer results shared by the
+    rules of one run)."""
+    recorder = Recorder(target or load_target("impl"), memo)
     for chk in checks_for(rule_id):
         recorder.check, recorder.drawn = chk.name, None      # None until an example starts: a sweep
         run_check(chk, recorder, profile)
@@ -1100,19 +1316,22 @@ def rule_coverage(rule_id: str, target: Target | None = None, profile: str = "ci
 
 
 def coverage(prefixes=None, target: Target | None = None, profile: str = "ci", progress=None) -> list[RuleCoverage]:
-    out = []
+    out, memo = [], {}
+    target = target or load_target("impl")
     for r in select(prefixes):
         if r.id in BOUNDARIES:
-            out.append(rule_coverage(r.id, target, profile))
+            out.append(rule_coverage(r.id, target, profile, memo))
             if progress:
                 progress(out[-1])
     return out
 
 
-def render(results: list[RuleCoverage], show_reached: bool = False) -> str:
+def render(results: list[RuleCoverage], show_reached: bool = False, show_clauses: bool = False) -> str:
     """Per rule: the boundaries reached (by any input; by random draws; by at least 1/50 of one
     check's drawn examples), then each one missed, reached only by explicit examples or fixed
-    sweeps, or drawn too rarely, and with --reached every one with its random rate."""
+    sweeps, or drawn too rarely, with --reached every one with its random rate, and with
+    --clauses the statement's clauses beside the check and the mutants that fail when one changes."""
+    from . import clauses as CL
     lines = []
     for rc in results:
         total = len(rc.reached) + len(rc.missed)
@@ -1131,6 +1350,8 @@ def render(results: list[RuleCoverage], show_reached: bool = False) -> str:
                 lines.append(f"    {rc.reached_by(b) + ' only':<13} [{b.level}] {b.name}")
             elif rate < RANDOM_REACH:
                 lines.append(f"    rarely {rate:6.1%} [{b.level}] {b.name}")
+        if show_clauses:
+            lines += CL.render(rc.rule_id, [chk.name for chk in checks_for(rc.rule_id)])
     reached = sum(len(rc.reached) for rc in results)
     drawn = sum(1 for rc in results for b in rc.reached if rc.random_rate(b) > 0)
     often = sum(1 for rc in results for b in rc.reached if rc.random_rate(b) >= RANDOM_REACH)

@@ -117,6 +117,9 @@ def make_score_case(kind: str, seed: int, T: int, H: int, D: int, S: int, fp32: 
     elif kind == "wide_exponents":
         q = q * 2.0 ** rng.integers(-30, 30, (T, H, D))
         k = k * 2.0 ** rng.integers(-30, 30, (S, D))
+    elif kind == "absorb":                   # positive dots, head 0's 2^9 times the others' (w = 1): a
+        q, k, w = np.abs(q), np.abs(k), np.ones((T, H))     # BF16 running sum would absorb the small heads
+        q[:, 0] *= 2.0 ** 9
     visible = rng.integers(0, S + 1, T)
     visible[rng.integers(0, T)] = S
     return ScoreCase(f"{kind}/seed={seed}", rnd(q), rnd(k), rnd(w), visible.astype(np.int64))
@@ -334,7 +337,7 @@ def score_is_weighted_sum_of_relu_dots(target, case, score_dtype):
 @check("IDX.SCORE.ROUNDING", ops=("index_scores",))
 # a head's fp32 dot on the other side of a BF16 midpoint (found by a thorough run of the official code)
 @forall(dict(case=cancellation_case()), dict(case=make_score_case("wide_exponents", 35, 5, 32, 16, 35)),
-        dict(case=absorption_case()), case=score_cases())
+        dict(case=absorption_case()), case=score_cases(kinds=("absorb",) + SCORE_KINDS))
 def bf16_score_rounds_every_step(target, case):
     ref, tol = expected_scores(target, case)
     _assert_scores(_scores(target, case), ref, tol, "IDX.SCORE.ROUNDING (index_score_tolerance)", case)
@@ -386,6 +389,11 @@ def head_shards_sum_to_the_full_score(target, case, shards):
 # ------------------------------------------------------------------------------------------------
 # IDX: visibility, mask, chunks
 # ------------------------------------------------------------------------------------------------
+# decode positions 2 before to 1 after a multiple of 128 (so of every ratio): p + 1 on a multiple of
+# the ratio, one position before and one after, drawn often
+NEAR_MULTIPLES_OF_128 = st.builds(lambda m, d: max(0, 128 * m + d), st.integers(0, 8000), st.sampled_from((-2, -1, 0, 1)))
+
+
 def _visible_rows(target, positions, ratio, what):
     got = target.index_visible(_t(positions, torch.int64), ratio)
     assert_equal(got, spec.index_visible(positions, ratio),
@@ -394,7 +402,7 @@ def _visible_rows(target, positions, ratio, what):
 
 @check("IDX.VISIBLE", ops=("index_visible",))
 @forall(dict(ratio=4, T=9, decode=0), dict(ratio=128, T=3, decode=126), ratio=st.sampled_from((1, 2, 4, 128)),
-        T=st.integers(1, 16), decode=st.integers(0, 10 ** 6))
+        T=st.integers(1, 16), decode=st.one_of(st.integers(0, 10 ** 6), NEAR_MULTIPLES_OF_128))
 def visible_count_in_prefill_and_decode(target, ratio, T, decode):
     _visible_rows(target, np.arange(T), ratio, "one prefill chunk from position 0")
     for p in (decode, decode + 1, decode + ratio - 1):        # decode: one token, end_pos = p + 1
@@ -463,7 +471,7 @@ class RowsCase:
 
 # 'minus_inf' (a visible entry scoring −inf) is outside the official domain (SPEC.md, The official domain):
 # kept for the kernel tests, never drawn by a check.
-ROW_KINDS = ("normal", "relu_zero", "equal", "few_values", "unmasked")
+ROW_KINDS = ("normal", "relu_zero", "equal", "few_values", "unmasked", "wide_range")
 
 
 def make_rows(kind: str, seed: int, T: int, S: int, k: int) -> RowsCase:
@@ -475,6 +483,8 @@ def make_rows(kind: str, seed: int, T: int, S: int, k: int) -> RowsCase:
         scores = np.full((T, S), spec.round_bf16(rng.standard_normal()))
     elif kind == "few_values":
         scores = rng.integers(-2, 3, (T, S)) * 0.25
+    elif kind == "wide_range":               # BF16 exponents 2^±40: beyond fp16's range and below its subnormals
+        scores = spec.round_bf16(scores * 2.0 ** rng.integers(-40, 41, (T, S)))
     elif kind == "minus_inf":                # −inf inside the visible range (all −inf in row 0)
         scores = np.where(rng.random((T, S)) < 0.5, -np.inf, scores)
         scores[0] = -np.inf

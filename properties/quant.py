@@ -677,7 +677,7 @@ def fp8_amax_floor(target, case):
 @check("FP8.E4M3", ops=("fp8_quantize",))
 @forall(dict(case=(32, padded(_FP8_TIES, 32)[None])), dict(case=(32, B.FP8_MIDPOINTS[32])),
         case=with_block(_FP8_BLOCKS, kinds=("grid", "normal", "amax_edge", "subnormal", "negzero", "grid_beside",
-                                            "grid_beside"), k_range=(-30, 30), top=448.0, max_blocks=2))
+                                            "grid_beside", "floor"), k_range=(-30, 30), top=448.0, max_blocks=2))
 def fp8_values_are_e4m3_of_x_over_s(target, case):
     block, x = case
     x, t = fed(target, "fp8_quantize", x)

@@ -20,7 +20,7 @@ def _bf16(x):
 
 def _attention(q, kv, sink, indices, scale, *, model, sink_mode="denominator", init=None, probs="bf16",
                maxima="running", dedupe=False, gather="masked", scores="fp32", fixed_scale=None,
-               rescale_acc=True, output="bf16"):
+               rescale_acc=True, output="bf16", rescale_total=True, block=None, sink_scaled=False):
     """impl's online softmax with one step done another way."""
     q, kv, sink, indices, scale = ref.check_attention_inputs("sparse_attention", q, kv, sink, indices, scale)
     if fixed_scale is not None:
@@ -38,10 +38,13 @@ def _attention(q, kv, sink, indices, scale, *, model, sink_mode="denominator", i
         valid = indices != -1
         s_all = torch.einsum("thd,tkd->thk", q, kv[indices.clamp_min(0)]) * scale
         final = s_all.masked_fill(~valid[:, None, :], float("-inf")).amax(-1)
+    if sink_scaled:                             # the sink treated as a score: times softmax_scale
+        sink = sink * scale
+    block = block or ref.spec.BLOCK
     acc, total = torch.zeros(T, H, D), torch.zeros(T, H)
     m = torch.full((T, H), ref.spec.running_max_init(ref.spec.model_of(model)) if init is None else init)
-    for start in range(0, indices.shape[1], ref.spec.BLOCK):
-        idx = indices[:, start:start + ref.spec.BLOCK]
+    for start in range(0, indices.shape[1], block):
+        idx = indices[:, start:start + block]
         valid = idx != -1
         rows = kv[idx.clamp_min(0)] * (valid[..., None] if gather == "masked" else 1.0)
         s = torch.einsum("thd,tbd->thb", q, rows) * scale
@@ -56,7 +59,7 @@ def _attention(q, kv, sink, indices, scale, *, model, sink_mode="denominator", i
         else:
             p = torch.exp(s - m_new[..., None])
             pv = p if probs == "fp32" else _bf16(p)
-        total = total * rescale + p.sum(-1)
+        total = (total * rescale if rescale_total else total) + p.sum(-1)
         acc = (acc * rescale[..., None] if rescale_acc else acc) + torch.einsum("thb,tbd->thd", pv, rows)
         m = m_new
     sink_term = torch.exp(sink[None, :] - m)
@@ -77,6 +80,11 @@ def _scale_with_yarn_mscale(model, layer):
     """DeepSeek-V3's attention factor (0.1·ln(16) + 1)² carried over to the compressed layers."""
     factor = (0.1 * math.log(16) + 1) ** 2 if ref.spec.model_of(model).ratio(layer) else 1.0
     return ref.attention_scale(model, layer) * factor
+
+
+def _scale_of_the_nope_dims(model, layer):
+    """448^-0.5: the scale of the NoPE channels alone, not of the whole 512-dim head."""
+    return 448 ** -0.5
 
 
 def _q_norm_always(q, *, model):
@@ -117,9 +125,13 @@ MUTANTS = dict([
     _m("scores_rounded_to_bf16", "ATTN.SCORE", sparse_attention=_variant(scores="bf16")),
     _m("scale_argument_ignored", "ATTN.SCORE", sparse_attention=_variant(fixed_scale=512 ** -0.5)),
     _m("yarn_factor_in_the_scale", "ATTN.SCALE", attention_scale=_scale_with_yarn_mscale),
+    _m("scale_of_the_nope_dims", "ATTN.SCALE", attention_scale=_scale_of_the_nope_dims),
     _m("fp32_probabilities", "ATTN.PROB.BF16", sparse_attention=_variant(probs="fp32")),
     _m("probabilities_rounded_against_the_global_max", "ATTN.PROB.ORDER", sparse_attention=_variant(maxima="global")),
     _m("output_accumulator_not_rescaled", "ATTN.RESCALE", sparse_attention=_variant(rescale_acc=False)),
+    _m("denominator_not_rescaled", "ATTN.RESCALE", sparse_attention=_variant(rescale_total=False)),
+    _m("probabilities_in_blocks_of_32", "ATTN.PROB.ORDER", sparse_attention=_variant(block=32)),
+    _m("sink_scaled_by_softmax_scale", "ATTN.SINK", sparse_attention=_variant(sink_scaled=True)),
     _m("no_sink", "ATTN.SINK", sparse_attention=_variant(sink_mode="none")),
     _m("sink_in_the_numerator", "ATTN.SINK", sparse_attention=_variant(sink_mode="numerator")),
     _m("output_left_fp32", "ATTN.OUTPUT", sparse_attention=_variant(output="fp32")),

@@ -591,7 +591,23 @@ MUTANTS.update({
         "kv_saturated_block_against_464", fp4_e4m3_quantize=kv_saturated_block_against_464),
 })
 
+def fp8_floor_block_against_unfloored_scale(x, block):
+    """act_quant whose floor clamps the stored exponent byte, not amax: a floor block (amax below
+    fl32(1e-4)) keeps the right byte, its codes divided by 2^ceil(log2(amax·fl32(1/448)))."""
+    q, scales = impl.fp8_quantize(x, block)
+    xb = x.float().reshape(*x.shape[:-1], -1, block)
+    amax = xb.abs().amax(-1)
+    floor_block = (amax > 0) & (amax < impl.FP8_AMAX_FLOOR)
+    e = impl._ceil_log2(torch.where(floor_block, amax, 1.0) * (torch.tensor(1.0) / torch.tensor(448.0)))
+    codes = impl.e4m3_encode((xb / impl._pow2(e).unsqueeze(-1)).clamp(-448.0, 448.0).contiguous()).flatten(-2)
+    return torch.where(floor_block.repeat_interleave(block, -1), codes, q), scales
+
+
+MUTANTS["fp8_floor_block_against_unfloored_scale"] = mutant(
+    "fp8_floor_block_against_unfloored_scale", fp8_quantize=fp8_floor_block_against_unfloored_scale)
+
 CAUGHT += [
+    ("fp8_floor_block_against_unfloored_scale", "FP8.E4M3"),
     ("fp4_flushes_subnormal_inputs", "FP4.E2M1.RNE"),
     ("idx_floor_block_against_unfloored_scale", "FP4.E2M1.RNE"),
     ("kv_saturated_block_against_464", "FP4.E2M1.RNE"),

@@ -1,0 +1,283 @@
+"""The clauses of each rule's statement, each beside the check that fails when that clause alone
+changes and the catalogue mutants (tests/mutants) that change it.
+
+A clause is quoted from the rule's statement in spec/ (its words, whitespace aside: a test holds
+every quote to its statement); `mutants` names the catalogue entries that break exactly that
+clause, each of which tests/test_mutants.py requires to FAIL on the rule; `check` is the rule's
+check that fails (None: the rule has one check).  A clause without a mutant is a gap: nothing
+shows that a change of it alone is caught.  `dsv4spec coverage --clauses` prints the listing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Clause:
+    text: str                    # the statement's words
+    mutants: tuple[str, ...]     # catalogue mutants that change this clause alone
+    check: str | None = None     # the check that fails (None: the rule's only check)
+
+
+def c(text: str, *mutants: str, check: str | None = None) -> Clause:
+    return Clause(text, mutants, check)
+
+
+CLAUSES: dict[str, tuple[Clause, ...]] = {
+    # ---- FMT -------------------------------------------------------------------------------------
+    "FMT.E2M1.VALUES": (c("code 8 is −0", "e2m1_decode_positive_zero"),),
+    "FMT.E2M1.RNE": (c("an exact tie goes to the even code", "e2m1_ties_toward_zero", "e2m1_ties_away_from_zero",
+                       check="e2m1_encode_every_boundary"),),
+    "FMT.E2M1.SATURATE": (c("A finite x with |x| > 6 encodes to ±6", "e2m1_no_clamp"),),
+    "FMT.E2M1.ZERO_SIGN": (c("−0 and every negative x that rounds to magnitude 0 (x ≥ −0.25) encode to code 0x8 (−0)",
+                             "e2m1_zero_sign_lost", "e2m1_sign_from_less_than_zero"),),
+    "FMT.E4M3.VALUES": (c("(−1)^s · m · 2^-9 for e = 0", "e4m3_decode_no_subnormals"),),
+    "FMT.E4M3.RNE": (
+        c("encodes to the nearest E4M3 value", "e4m3_truncating", check="e4m3_encode_every_boundary"),
+        c("(subnormals 2^-9 · m included)", "e4m3_flushes_subnormals", check="e4m3_encode_every_boundary")),
+    "FMT.E4M3.SATFINITE": (
+        c("A value with |x| > 464 (including ±Inf) encodes to ±448 (0x7E/0xFE)", "e4m3_nan_on_overflow",
+          check="e4m3_encode_saturates"),
+        c("464 itself is a tie and rounds to the even 448", "e4m3_464_tie_to_nan", check="e4m3_encode_saturates")),
+    "FMT.E8M0.VALUES": (c("b = 0 is 2^-127, an fp32 subnormal", "e8m0_decode_zero_is_zero"),),
+    "FMT.CEIL_LOG2": (
+        c("exactly 2^k gives k and 2^k·(1 + 2^-23) gives k + 1", "e8m0_ocp_floor", check="ceil_log2_of_the_fp4_scale"),
+        c("It is computed from the bits, never through a floating log2", "e8m0_float_log2_ceil",
+          check="ceil_log2_of_the_fp4_scale")),
+    "FMT.BF16.RNE": (c("(round to nearest, ties to even; overflow to ±Inf)", "bf16_truncating", "bf16_ties_away",
+                       check="bf16_round_every_pattern_and_its_midpoints"),),
+    # ---- FP4 -------------------------------------------------------------------------------------
+    "FP4.PACK.NIBBLE": (c("p[i] = c[2i] | c[2i+1] << 4", "swapped_nibbles", check="fp4_pack_puts_the_even_element_low"),),
+    "FP4.E2M1.RNE": (
+        c("exact ties to the even code", "e2m1_ties_toward_zero", "e2m1_ties_away_from_zero",
+          "e2m1_ties_toward_zero_and_positive_zero", check="fp4_e8m0_rounds_ties_to_even"),
+        c("the scaled value r = clamp(x/s, −6, 6)", "fp4_ratio_through_bf16", "fp4_flushes_subnormal_inputs",
+          "idx_floor_block_against_unfloored_scale", check="fp4_e8m0_rounds_ties_to_even"),
+        c("the scaled value r = clamp(x/s, −6, 6)", "kv_saturated_block_against_464", check="fp4_e4m3_rounds_ties_to_even")),
+    "FP4.E2M1.ZERO_SIGN": (c("is stored as code 0x8 (−0)", "e2m1_zero_sign_lost", "e2m1_ties_toward_zero_and_positive_zero",
+                             check="fp4_e8m0_keeps_negative_zero"),),
+    "FP4.KV.SCALE": (
+        c("s is rounded to nearest, not up", "kv_scale_rounded_up"),
+        c("s = E4M3_RNE(fl32(amax / 6))", "kv_scale_ties_up", "kv_scale_ties_away", "kv_subnormal_scale_ties_away"),
+        c("(the correctly rounded fp32 quotient, then FMT.E4M3.RNE)", "kv_scale_reciprocal_6")),
+    "FP4.KV.FLOOR": (c("amax is clamped below at 6·2^-9 before the division", "kv_scale_floor_2^-6"),),
+    "FP4.KV.SATURATE": (c("When amax/6 > 464 the scale saturates to 448 (byte 0x7E), never NaN", "e4m3_nan_on_overflow"),),
+    "FP4.KV.DIVIDE": (
+        c("not x · fl32(1/s)", "kv_reciprocal"),
+        c("the correctly rounded IEEE fp32 division", "kv_bf16_quotient", "kv_divide_in_bf16"),
+        c("with s the ROUNDED E4M3 scale", "kv_saturated_block_against_464")),
+    "FP4.KV.CLAMP": (c("an element whose ratio |x|/s exceeds 6 is stored as ±6", "e2m1_no_clamp"),),
+    "FP4.IDX.SCALE": (
+        c("s = 2^FMT.CEIL_LOG2(v)", "e8m0_ocp_floor", "e8m0_float_log2_ceil", "e8m0_scale_one_too_low"),
+        c("v = fl32(amax · fl32(1/6))", "idx_amax_in_bf16")),
+    "FP4.IDX.FLOOR": (c("amax is clamped below at 6·2^-126", "idx_amax_floor_1e-4", "e8m0_scale_one_too_low",
+                        "idx_floor_min_normal"),),
+    "FP4.DEQUANT": (
+        c("x̂ = FP4_TABLE[code] · s in fp32", "fp4_dequant_scale_halved", check="fp4_e4m3_dequantize_is_exact"),
+        c("with s the decoded E4M3 or E8M0 scale of the element's block", "fp4_dequant_pow2_by_bits",
+          check="fp4_e8m0_dequantize_is_exact")),
+    "FP4.NONFINITE": (c("A NaN or ±Inf in a quantizer's input changes nothing outside its own block",
+                        "fp4_nonfinite_poisons_row", "fp4_nan_poisons_row", check="fp4_e8m0_nonfinite_stays_in_its_block"),
+                      c("Raising ValueError on such input instead is an allowed choice (nonfinite_input=reject), "
+                        "detected and reported", "nonfinite_rejected_against_declaration",
+                        check="fp4_e8m0_nonfinite_stays_in_its_block")),
+    # ---- FP8 -------------------------------------------------------------------------------------
+    "FP8.SCALE": (c("s = 2^FMT.CEIL_LOG2(v) (scale_fmt = 'ue8m0')", "e8m0_ocp_floor", "fp8_ocp_mx_port"),
+                  c("v = fl32(amax · fl32(1/448))", "fp8_amax_in_bf16")),
+    "FP8.FLOOR": (c("amax is clamped below at fl32(1e-4)", "fp8_amax_floor_1e-8", "fp8_ocp_mx_port"),),
+    "FP8.E4M3": (
+        c("q = FMT.E4M3.RNE(clamp(fl32(x / s), −448, 448))", "e4m3_truncating", "fp8_ratio_through_bf16",
+          "fp8_flushes_subnormals"),
+        c("q = FMT.E4M3.RNE(clamp(fl32(x / s), −448, 448))", "fp8_floor_block_against_unfloored_scale")),
+    "FP8.DEQUANT": (c("x̂ = E4M3 value · 2^(byte − 127) in fp32", "fp8_dequant_scale_halved", "fp8_dequant_pow2_by_bits"),),
+    "FP8.BLOCKS": (c("One scale per block of the last dimension", "fp8_block_ignored", "fp8_one_scale_per_row"),),
+    "FP8.V4_INPLACE": (c("the in-place QDQ writes back E4M3_RNE(clamp(x/s, ±448)) · s", "fp8_qdq_through_e5m2",
+                         "fp8_qdq_bf16_against_declaration", "fp8_qdq_ratio_through_bf16"),),
+    "FP8.NONFINITE": (c("every block without NaN or ±Inf is quantized exactly as without them", "fp8_nonfinite_poisons_row"),
+                      c("raising ValueError instead is allowed (nonfinite_input=reject)",
+                        "nonfinite_rejected_against_declaration")),
+    "FP8.LINEAR": (
+        c("x is first act_quant-ed per block of b along K", "fp8_linear_without_act_quant"),
+        c("each block's sum is multiplied by the product of its two scales", "fp8_linear_scales_after_the_sum"),
+        c("the weight is E4M3 [N, K] with one E8M0 scale per b×b block", "fp8_linear_scale_not_pow2")),
+    # ---- IDX -------------------------------------------------------------------------------------
+    "IDX.WEIGHT.SCALE": (
+        c("bf16(fl32(weights_proj(x)[t, h] · fl32(128^-0.5 · n^-0.5)))", "weight_factor_missing", "weight_factor_bf16",
+          check="head_weights_carry_the_global_factor"),
+        c("the official double rounding or a single rounding of the exact product, nothing else", "scale_after_relu",
+          check="raw_weights_carry_the_global_factor_into_the_scores")),
+    "IDX.WEIGHT.V32": (
+        c("never rounded to BF16", "v32_weights_in_bf16"),
+        c("which carries q's scale", "v32_weights_without_q_scale")),
+    "IDX.SCORE.FORMULA": (c("the ReLU applies to each head's dot product before the (signed) head weight multiplies it",
+                            "relu_after_weight", "relu_of_head_sum"),),
+    "IDX.SCORE.ROUNDING": (
+        c("p_h = bf16(r_h·w_h)", "fp32_then_one_cast"),
+        c("I = bf16(Σ_h p_h accumulated in fp32)", "head_sum_in_bf16")),
+    "IDX.SCORE.V32_FP32": (c("no step rounds to BF16", "v32_rounded_to_bf16"),),
+    "IDX.SCORE.FP4": (c("the BF16 score of the dequantized values", "fp4_k_nibbles_swapped"),),
+    "IDX.SCORE.TP": (c("the weight factor uses the global head count, never the local one", "weight_factor_local_heads"),),
+    "IDX.VISIBLE": (c("visible(p) = (p + 1) // ratio", "visible_p_floor", "visible_p_plus_2",
+                      check="visible_count_in_prefill_and_decode"),),
+    "IDX.MASK": (c("Every score at s ≥ visible[t] is −inf", "masked_scores_zero", "masked_scores_finfo_min"),),
+    "IDX.CHUNK": (c("the row of a query computed alone (decode: the first end_pos//ratio entries, none masked) equals "
+                    "that query's row of a one-chunk prefill", "decode_drops_newest", check="decode_row_equals_prefill_row"),),
+    "IDX.TOPK.COUNT": (c("row t holds min(k, visible[t]) valid indices", "no_minus_one", "topk_ties_keep_fewer"),),
+    "IDX.TOPK.PAD": (c("it never appears before a valid index", "minus_one_first"),
+                     c("−1 marks the slots left when visible[t] < k", "pads_with_index_zero")),
+    "IDX.TOPK.ORDER": (c("V4.1 returns them in strictly ascending position order", "v4_order_in_v41"),),
+    "IDX.TOPK.SELECTION": (c("the multiset of the min(k, visible) largest visible reference scores", "topk_of_magnitude",
+                             "topk_of_fp16_scores"),),
+    "IDX.TOPK.TIES": (c("A target declaring topk_ties=lowest_index must take the lowest tied positions",
+                        "ties_highest_declared_lowest"),),
+    # ---- POOL ------------------------------------------------------------------------------------
+    "POOL.BLOCK_SCORE": (c("a block's score is the maximum of its 8 entries", "block_score_first_position"),),
+    "POOL.PIN_NEWEST": (c("the block (compress_lens − 1) // 8 of the newest reachable position gets score +inf",
+                          "newest_not_pinned", "newest_block_n_div_8"),),
+    "POOL.PIN_EMPTY": (c("(0 − 1) // 8 = −1 under floor division: no block is pinned", "truncating_division"),),
+    "POOL.PIN_COUNTS": (c("it is not an extra block", "pinned_as_2049th"),),
+    "POOL.TOPK_BLOCKS": (c("ties among equal maxima are implementation-defined, topk_ties",
+                           "block_ties_highest_declared_lowest"),),
+    "POOL.DROP_INF": (c("A selected block whose score is −inf (no reachable position) is not in the pool",
+                        "minus_inf_blocks_kept", "pads_with_zero"),),
+    "POOL.MASK": (c("the union of the kept blocks' 8 positions", "best_position_only"),),
+    "POOL.SIZE": (c("A pool holds at most 2048 · 8 = 16384 positions", "twice_the_blocks"),),
+    "POOL.ALL_REACHABLE": (c("every one of them is in the pool if and only if ceil(N/8) ≤ 2048, i.e. N ≤ 16384",
+                             "prunes_one_block_early", "capacity_in_whole_blocks"),),
+    "POOL.REINDEX": (c("No position outside the pool is ever selected", "reindex_ignores_pool"),),
+    # ---- HAD -------------------------------------------------------------------------------------
+    "HAD.MATRIX": (
+        c("H the Sylvester (natural-order) Hadamard matrix H[i, j] = (−1)^popcount(i AND j)",
+          "hadamard_random_signs", check="hadamard_maps_basis_vectors_to_scaled_columns"),
+        c("scale 128^-0.5", "hadamard_unnormalized", check="hadamard_maps_basis_vectors_to_scaled_columns")),
+    "HAD.ROUNDING": (c("Each output element is BF16-representable", "hadamard_not_rounded"),),
+    "HAD.ABSENT_V41": (c("index_rotate(x, 'v4.1-flash') returns x unchanged", "hadamard_in_v41"),),
+    # ---- LAYER -----------------------------------------------------------------------------------
+    "LAYER.V4": (c("a ratio-128 (HCA) layer has no indexer", "hca_with_indexer"),),
+    "LAYER.V41": (c("24, 28, 32, 36 read layer 20's KV and index K, mask their own scores to layer 20's pool",
+                    "reindex_as_reuse"),),
+    # ---- CMP -------------------------------------------------------------------------------------
+    "CMP.GROUPS": (c("An incomplete group emits nothing", "cmp-partial-group-emitted",
+                     check="prefill_emits_one_entry_per_complete_group"),),
+    "CMP.CAUSAL": (c("Entry j depends only on tokens at positions < (j+1)·m", "cmp-overlap-looks-ahead"),),
+    "CMP.OVERLAP": (
+        c("slots 0-3 are group j-1's tokens through the FIRST d channels, slots 4-7 are group j's tokens "
+          "through the SECOND d channels", "cmp-overlap-halves-swapped"),
+        c("Group 0 has no previous group: its slots 0-3 hold kv = 0 and score = -inf", "cmp-group0-previous-score-0")),
+    "CMP.APE": (c("wgate·x_t + ape[t mod m]", "cmp-ape-dropped"),),
+    "CMP.GATE": (c("sum over the window's slots of softmax(score)·kv", "cmp-mean-pool"),),
+    "CMP.RATIO1": (c("entry_t = RoPE(RMSNorm(wkv·x_t), position t)", "cmp-ratio1-unnormalized"),),
+    "CMP.NORM": (
+        c("y = w · p / sqrt(mean(p^2) + eps)", "cmp-norm-skipped"),
+        c("eps = norm_eps of the model (1e-6 for V4, 1e-20 for V4.1)", "cmp-eps-1e-6-everywhere")),
+    "CMP.ROPE": (c("the position of the FIRST token of the group", "cmp-rope-at-last-token"),),
+    "CMP.STREAM": (c("for V4 ratio 4, the previous group's window half", "cmp-feed-forgets-previous-window",
+                     check="prefill_then_decode_matches_prefill"),),
+    "CMP.STATE": (
+        c("an fp32 kv state and an fp32 score state", "cmp-state-in-bf16"),
+        c("kv 0 and score −inf before anything is written", "cmp-state-scores-from-0")),
+    # ---- LAYOUT ----------------------------------------------------------------------------------
+    "LAYOUT.V4.MAIN": (c("The 584th byte pads the scales to 8 B", "layout-v4-pad-byte-missing", check="size"),),
+    "LAYOUT.INDEX_K": (c("with one E8M0 scale per 32 (4 B): 68 bytes", "layout-index-k-scales-padded-to-8", check="size"),),
+    "LAYOUT.V41.MAIN": (c("RoPE dims included, is FP4 E2M1 (256 B) with one E4M3 scale per 16 (32 B): 288 bytes",
+                          "layout-v41-rope-bf16-undeclared", "layout-v41-rope-bf16-declared-fp4", check="size"),),
+    "LAYOUT.V41.SWA": (c("(post-RoPE, RoPE dims included) is FP8 E4M3 (512 B)", "layout-swa-rope-kept-bf16", check="size"),),
+    "LAYOUT.V32.INDEX_K": (c("its one power-of-two scale (per 128) stored as an FP32 (4 B)",
+                             "layout-v32-scale-as-e8m0-byte", check="size"),),
+    "LAYOUT.ORDER": (c("BF16 and FP32 elements little-endian", "layout-bf16-tail-big-endian"),),
+    "LAYOUT.UNPACK": (c("E2M1 or E4M3 value times the scale", "layout-unpack-e8m0-bias-126"),),
+    "LAYOUT.REJECT": (c("or that holds a NaN scale", "layout-unpack-accepts-nan-scales"),),
+    # ---- BUDGET ----------------------------------------------------------------------------------
+    "BUDGET.KV_BYTES": (
+        c("/ compress ratio", "budget-hca-counted-at-ratio-4"),
+        c("HCA layers store no index K", "budget-index-k-on-hca-layers"),
+        c("only the KV source layers 2, 8, 14, 20 store KV", "budget-sharing-ignored")),
+    "BUDGET.WINDOW": (c("128·528 = 67584 B in V4.1 (the SWA layout)", "budget-v41-window-in-v4-layout"),),
+    "BUDGET.INDEX_WORK": (c("never the candidate source 20", "budget-pool-at-layer-20"),),
+    "BUDGET.ATTN_WORK": (c("(q·k and p·v over the shared 512-dim K = V)", "budget-attention-qk-only"),),
+    # ---- ROPE ------------------------------------------------------------------------------------
+    "ROPE.THETA": (c("θ = compress_rope_theta = 160000 when the layer's compress ratio is > 0", "base_10000_on_compressed"),),
+    "ROPE.YARN": (c("On a layer with a compress ratio, f_i is multiplied by ramp_i/16 + (1 − ramp_i)", "yarn_missing"),),
+    "ROPE.SHARED": (c("An indexer does not have a RoPE configuration of its own", "indexer_without_yarn"),),
+    "ROPE.PAIRS": (
+        c("interleaved, not the half-split 'NeoX' pairing (i, i + 32)", "half_split_pairing"),
+        c("multiplied by e^(+i·p·f_i)", "conjugate_rotation")),
+    "ROPE.SLICE": (c("RoPE rotates x[..., −64:] of every head", "rotates_first_64"),),
+    "ROPE.ROUNDING": (c("written back as BF16", "rotation_left_fp32"),),
+    "ROPE.POSITIONS": (c("Compressed entry j (main KV, index K) is rotated at j·ratio", "k_rope_at_j"),),
+    # ---- PATH ------------------------------------------------------------------------------------
+    "PATH.WINDOW": (
+        c("row i lists the positions max(0, i−127) … i", "window_127", "window_129"),
+        c("−1 for the 128 − min(p+1, 128) slots not yet filled", "ring_unfilled_zero")),
+    "PATH.HCA": (c("offset = s in prefill, 128 in decode", "hca_without_offset"),),
+    "PATH.CONCAT": (c("valid compressed indices shifted by the offset of the compressed block", "concat_without_offset"),),
+    "PATH.ORDER": (c("rotated first and quantized second", "quantize_before_rope", check="rotated_first_then_quantized"),),
+    "PATH.QDQ": (
+        c("x̂ equals dequantize(quantize(x)) bit for bit", "qdq_skipped", check="attention_reads_the_exact_fp4_e4m3_values"),
+        c("(E4M3 scale per 16)", "nvfp4_second_scale", check="attention_reads_the_exact_fp4_e4m3_values")),
+    "PATH.K.CACHE": (c("so k̂ is dequantize(quantize(k)) bit for bit", "index_k_cache_unquantized"),),
+    "PATH.WINDOW.RING": (c("each to slot p mod 128", "window_ring_in_prefill_order"),),
+    "PATH.POOL_SCAN": (c("the pinned partial newest block included", "pool_scan_skips_partial_block",
+                         check="pinned_partial_block_is_scanned"),),
+    "PATH.Q.PROJ": (c("bf16(ŵ · qr) of the dequantized weight — a BF16 projection — is not it",
+                      "q_projection_in_bf16", "q_projection_scales_after_the_sum"),),
+    "PATH.K.PROJ": (c("the index key of compressed entry j is bf16(wk · latent_j)", "k_projection_accumulates_in_bf16"),),
+    "PATH.K.NORM": (c("k_normed = bf16(w · k / sqrt(mean(k²) + eps))", "k_before_its_norm"),),
+    "PATH.HADAMARD": (c("In V4 the FP4 stage quantizes Hadamard(q_rot) and Hadamard(k_rot)", "hadamard_skipped_in_v4"),),
+    "PATH.W.PROJ": (c("The raw head weights are bf16(weights_proj · x)", "linear_accumulates_in_bf16"),),
+    "PATH.LAYER": (c("Each is judged by its own rule on the target's own output of the stage before",
+                     "layer_k_before_its_norm", "layer_q_projection_in_bf16"),),
+    # ---- ATTN ------------------------------------------------------------------------------------
+    "ATTN.GATHER": (c("an entry −1 (anywhere in the list) has score −inf and its row is read as 0",
+                      "minus_one_reads_row_0"),),
+    "ATTN.DUPLICATES": (c("a row named by two entries contributes two scores to the denominator and twice its "
+                          "value to the numerator", "duplicates_removed"),),
+    "ATTN.INIT": (c("V4.1's kernel starts the running max at −1e30", "running_max_from_minus_inf_on_v41",
+                    check="running_max_start"),),
+    "ATTN.SCORE": (
+        c("the scores are never rounded to BF16", "scores_rounded_to_bf16"),
+        c("scale the fp32 value of the `scale` argument", "scale_argument_ignored")),
+    "ATTN.SCALE": (
+        c("no YaRN attention factor", "yarn_factor_in_the_scale"),
+        c("softmax_scale = head_dim^-0.5", "scale_of_the_nope_dims")),
+    "ATTN.PROB.BF16": (c("are rounded to BF16 (RNE) before the product with the KV rows", "fp32_probabilities"),),
+    "ATTN.PROB.ORDER": (
+        c("with m_t the running max after block t (not the final max M)", "probabilities_rounded_against_the_global_max"),
+        c("Block t holds list entries 64t .. 64t + 63", "probabilities_in_blocks_of_32")),
+    "ATTN.RESCALE": (
+        c("the output accumulator are fp32, and both are multiplied by exp(m_{t−1} − m_t)",
+          "output_accumulator_not_rescaled", "denominator_not_rescaled"),),
+    "ATTN.SINK": (
+        c("adds exp(sink_h − M) to the denominator", "no_sink"),
+        c("it has no value row and adds nothing to the numerator", "sink_in_the_numerator"),
+        c("the per-head sink (fp32, not scaled by softmax_scale)", "sink_scaled_by_softmax_scale")),
+    "ATTN.OUTPUT": (c("rounded once to BF16: the output tensor holds BF16 values", "output_left_fp32"),),
+    "ATTN.DEROTATE": (c("rotated by e^(−i·p·f_i)", "derotation_by_plus_p"),),
+    "ATTN.Q_NORM": (
+        c("V4 multiplies each head of q = wq_b(qr) (BF16) by rsqrt(mean(q²) + norm_eps)", "q_not_rescaled_on_v4"),
+        c("V4.1's Attention.forward has no such step", "q_rescaled_on_v41")),
+    "ATTN.LAYER": (c("Each is judged by its own rule on the target's own output of the stage before (teacher forcing)",
+                     "layer_q_not_rescaled_on_v4", "layer_window_kv_not_quantized", "layer_compressed_kv_not_quantized",
+                     "layer_attention_without_sink", "layer_output_not_derotated"),),
+}
+FAMILIES = ("FMT", "FP4", "FP8", "IDX", "POOL", "HAD", "CMP", "LAYOUT", "BUDGET", "LAYER", "ROPE", "PATH", "ATTN")
+
+
+def clauses(rule_id: str) -> tuple[Clause, ...]:
+    return CLAUSES.get(rule_id, ())
+
+
+def normalized(text: str) -> str:
+    return " ".join(text.split())
+
+
+def render(rule_id: str, checks: list[str]) -> list[str]:
+    """The listing's lines of one rule: each clause, the check that fails and the mutants."""
+    lines = []
+    for cl in clauses(rule_id):
+        check = cl.check or (checks[0] if len(checks) == 1 else "?")
+        if cl.mutants:
+            lines.append(f"    clause «{cl.text}»: fails {check} ({', '.join(cl.mutants)})")
+        else:
+            lines.append(f"    GAP    «{cl.text}»: no mutant shows a change of it alone caught")
+    return lines
