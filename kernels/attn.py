@@ -165,14 +165,15 @@ def _combine(part_ptr, psum_ptr, pmax_ptr, sink_ptr, out_ptr, th, heads, head_ok
              dv, BLOCK_H: tl.constexpr, BLOCK_DV: tl.constexpr):
     """o = bf16(Σ_c N_c·exp(m_c − M) / (Σ_c L_c·exp(m_c − M) + exp(sink − M))), chunks in list order;
     M = the last chunk's end max (the official final running max)."""
-    M = tl.load(pmax_ptr + th * NC + NC - 1, mask=head_ok, other=0.0)
+    M = tl.load(pmax_ptr + th * NC + NC - 1, mask=head_ok, other=0.0, cache_modifier=".cg")
     acc = tl.zeros((BLOCK_H, BLOCK_DV), dtype=tl.float32)
     total = tl.zeros((BLOCK_H,), dtype=tl.float32)
     c = 0
-    while c < NC:
-        w = tl.exp(tl.load(pmax_ptr + th * NC + c, mask=head_ok, other=0.0) - M)
-        total = total + tl.load(psum_ptr + th * NC + c, mask=head_ok, other=0.0) * w
-        part = tl.load(part_ptr + (th * NC + c)[:, None] * D + dv[None, :], mask=head_ok[:, None], other=0.0)
+    while c < NC:                          # (.cg: the other chunks' partials, written by other SMs)
+        w = tl.exp(tl.load(pmax_ptr + th * NC + c, mask=head_ok, other=0.0, cache_modifier=".cg") - M)
+        total = total + tl.load(psum_ptr + th * NC + c, mask=head_ok, other=0.0, cache_modifier=".cg") * w
+        part = tl.load(part_ptr + (th * NC + c)[:, None] * D + dv[None, :], mask=head_ok[:, None], other=0.0,
+                       cache_modifier=".cg")
         acc = acc + part * w[:, None]
         c += 1
     total = total + tl.exp(tl.load(sink_ptr + heads, mask=head_ok, other=0.0) - M)
@@ -271,21 +272,21 @@ def _warps(D: int) -> int:
     return 4 if D <= 128 else 8
 
 
-def config(D: int, dv: int, block_h: int = BLOCK_H) -> dict:
+def config(D: int, dv: int, block_h: int = BLOCK_H, warps: int | None = None) -> dict:
     """The compile-time arguments of one serial or wide launch (the sm_90 compile test builds these)."""
     return dict(D=D, BLOCK_H=block_h, BLOCK_K=spec.BLOCK, BLOCK_DV=dv, IEEE=INTERPRETED,
-                STAGES=0 if INTERPRETED else STAGES, num_warps=_warps(D))
+                STAGES=0 if INTERPRETED else STAGES, num_warps=warps or _warps(D))
 
 
-def scores_config(D: int, block_h: int = BLOCK_H) -> dict:
+def scores_config(D: int, block_h: int = BLOCK_H, warps: int | None = None) -> dict:
     """The compile-time arguments of the split path's first launch."""
-    return dict(D=D, BLOCK_H=block_h, BLOCK_K=spec.BLOCK, IEEE=INTERPRETED, num_warps=_warps(D))
+    return dict(D=D, BLOCK_H=block_h, BLOCK_K=spec.BLOCK, IEEE=INTERPRETED, num_warps=warps or _warps(D))
 
 
-def chunk_config(D: int, dv: int, chunk: int, fused: bool, block_h: int = BLOCK_H) -> dict:
+def chunk_config(D: int, dv: int, chunk: int, fused: bool, block_h: int = BLOCK_H, warps: int | None = None) -> dict:
     """The compile-time arguments of the split path's chunk launch."""
     return dict(D=D, BLOCK_H=block_h, BLOCK_K=spec.BLOCK, BLOCK_DV=dv, CHUNK=chunk, IEEE=INTERPRETED,
-                FUSED=fused, STAGES=0 if INTERPRETED else STAGES, num_warps=4 if dv <= 128 else 8)
+                FUSED=fused, STAGES=0 if INTERPRETED else STAGES, num_warps=warps or (4 if dv <= 64 else 8))
 
 
 def combine_config(D: int, dv: int, block_h: int = BLOCK_H) -> dict:
@@ -306,10 +307,12 @@ def _counters(n: int, device) -> torch.Tensor:
 
 def launch(q, kv, sink, indices, scale: float, init: float, block_dv: int | None = None, *,
            path: str | None = None, block_h: int | None = None, chunk: int = 1,
-           scores_block_h: int | None = None) -> torch.Tensor:
+           scores_block_h: int | None = None, warps: int | None = None, out: torch.Tensor | None = None
+           ) -> torch.Tensor:
     """Device tensors in (q [T, H, D] BF16, kv [N, D] BF16, sink [H] fp32, indices [T, K] int32),
     the BF16 output [T, H, D] out; D a power of two ≥ 16.  path: one of PATHS (None: choose_path);
-    block_h heads a program (serial 16, wide 32), chunk blocks of 64 a split program."""
+    block_h heads a program (serial 16, wide 32), chunk blocks of 64 a split program, warps a
+    program's warps (None: by shape); out a BF16 [T, H, D] tensor to write into (benchmarks poison it)."""
     T, H, D = q.shape
     if D < 16 or D & (D - 1):
         raise ValueError(f"sparse_attention (kernels): head dim must be a power of two ≥ 16, got {D}")
@@ -317,21 +320,23 @@ def launch(q, kv, sink, indices, scale: float, init: float, block_dv: int | None
     path = path or choose_path(T, H, D, K)
     if path not in PATHS:
         raise ValueError(f"sparse_attention (kernels): path must be one of {PATHS}, got {path!r}")
-    out = torch.empty(T, H, D, dtype=torch.bfloat16, device=q.device)
+    if block_dv is not None and (block_dv > D or D % block_dv or block_dv & (block_dv - 1)):
+        raise ValueError(f"sparse_attention (kernels): block_dv must be a power of two dividing {D}, got {block_dv}")
+    out = torch.empty(T, H, D, dtype=torch.bfloat16, device=q.device) if out is None else out
     if T == 0:
         return out
     q, kv, indices, sink = q.contiguous(), kv.contiguous(), indices.contiguous(), sink.float().contiguous()
     if path.startswith("split") and K > 0:
         return _launch_split(q, kv, sink, indices, scale, init, out, block_dv, block_h or BLOCK_H, chunk,
-                             scores_block_h or block_h or BLOCK_H, path == "split_fused")
+                             scores_block_h or block_h or BLOCK_H, path == "split_fused", warps)
     bh = block_h or (32 if path == "wide" else BLOCK_H)
     groups = triton.cdiv(H, bh)
     dv = block_dv or _slice(T, groups, D)
-    _sparse_attention_kernel[(T, groups, D // dv)](q, kv, sink, indices, out, H, K, scale, init, **config(D, dv, bh))
+    _sparse_attention_kernel[(T, groups, D // dv)](q, kv, sink, indices, out, H, K, scale, init, **config(D, dv, bh, warps))
     return out
 
 
-def _launch_split(q, kv, sink, indices, scale, init, out, block_dv, bh, chunk, bh_scores, fused):
+def _launch_split(q, kv, sink, indices, scale, init, out, block_dv, bh, chunk, bh_scores, fused, warps):
     T, H, D = q.shape
     K = indices.shape[1]
     NB = triton.cdiv(K, spec.BLOCK)
@@ -348,7 +353,7 @@ def _launch_split(q, kv, sink, indices, scale, init, out, block_dv, bh, chunk, b
     _scores_kernel[(T * triton.cdiv(H, bh_scores), NB)](q, kv, indices, s, bmax, H, K, NB, scale,
                                                           **scores_config(D, bh_scores))
     _chunk_kernel[(T * groups, NC, D // dv)](kv, indices, s, bmax, part, psum, pmax, sink, out, count, H, K, NB, NC,
-                                             init, **chunk_config(D, dv, chunk, fused, bh))
+                                             init, **chunk_config(D, dv, chunk, fused, bh, warps))
     if not fused:
         _combine_kernel[(T * groups, D // dv)](part, psum, pmax, sink, out, H, NC, **combine_config(D, dv, bh))
     return out
