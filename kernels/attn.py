@@ -161,21 +161,31 @@ def _chunk_block(acc, total, m, j, t, th, head_ok, idx_ptr, kv_ptr, s_ptr, bmax_
 
 
 @triton.jit
+def _combine_chunk(acc, total, c, M, part_ptr, psum_ptr, pmax_ptr, th, head_ok, NC, D: tl.constexpr, dv):
+    """Chunk c's partials rescaled by exp(m_c − M) and added (.cg: written by other SMs)."""
+    w = tl.exp(tl.load(pmax_ptr + th * NC + c, mask=head_ok, other=0.0, cache_modifier=".cg") - M)
+    total = total + tl.load(psum_ptr + th * NC + c, mask=head_ok, other=0.0, cache_modifier=".cg") * w
+    part = tl.load(part_ptr + (th * NC + c)[:, None] * D + dv[None, :], mask=head_ok[:, None], other=0.0,
+                   cache_modifier=".cg")
+    return acc + part * w[:, None], total
+
+
+@triton.jit
 def _combine(part_ptr, psum_ptr, pmax_ptr, sink_ptr, out_ptr, th, heads, head_ok, NC, D: tl.constexpr,
-             dv, BLOCK_H: tl.constexpr, BLOCK_DV: tl.constexpr):
+             dv, BLOCK_H: tl.constexpr, BLOCK_DV: tl.constexpr, STAGES: tl.constexpr):
     """o = bf16(Σ_c N_c·exp(m_c − M) / (Σ_c L_c·exp(m_c − M) + exp(sink − M))), chunks in list order;
     M = the last chunk's end max (the official final running max)."""
     M = tl.load(pmax_ptr + th * NC + NC - 1, mask=head_ok, other=0.0, cache_modifier=".cg")
     acc = tl.zeros((BLOCK_H, BLOCK_DV), dtype=tl.float32)
     total = tl.zeros((BLOCK_H,), dtype=tl.float32)
-    c = 0
-    while c < NC:                          # (.cg: the other chunks' partials, written by other SMs)
-        w = tl.exp(tl.load(pmax_ptr + th * NC + c, mask=head_ok, other=0.0, cache_modifier=".cg") - M)
-        total = total + tl.load(psum_ptr + th * NC + c, mask=head_ok, other=0.0, cache_modifier=".cg") * w
-        part = tl.load(part_ptr + (th * NC + c)[:, None] * D + dv[None, :], mask=head_ok[:, None], other=0.0,
-                       cache_modifier=".cg")
-        acc = acc + part * w[:, None]
-        c += 1
+    if STAGES > 0:
+        for c in tl.range(0, NC, num_stages=STAGES):
+            acc, total = _combine_chunk(acc, total, c, M, part_ptr, psum_ptr, pmax_ptr, th, head_ok, NC, D, dv)
+    else:                                  # the interpreter cannot range over run-time scalars
+        c = 0
+        while c < NC:
+            acc, total = _combine_chunk(acc, total, c, M, part_ptr, psum_ptr, pmax_ptr, th, head_ok, NC, D, dv)
+            c += 1
     total = total + tl.exp(tl.load(sink_ptr + heads, mask=head_ok, other=0.0) - M)
     o = _bf16_round(acc / total[:, None])
     tl.store(out_ptr + th[:, None] * D + dv[None, :], o, mask=head_ok[:, None])
@@ -184,8 +194,8 @@ def _combine(part_ptr, psum_ptr, pmax_ptr, sink_ptr, out_ptr, th, heads, head_ok
 @triton.jit
 def _chunk_kernel(kv_ptr, idx_ptr, s_ptr, bmax_ptr, part_ptr, psum_ptr, pmax_ptr, sink_ptr, out_ptr, count_ptr,
                   H, K, NB, NC, init, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
-                  BLOCK_DV: tl.constexpr, CHUNK: tl.constexpr, IEEE: tl.constexpr, FUSED: tl.constexpr,
-                  STAGES: tl.constexpr):
+                  BLOCK_DV: tl.constexpr, CHUNK: tl.constexpr, NB_P2: tl.constexpr, IEEE: tl.constexpr,
+                  FUSED: tl.constexpr, STAGES: tl.constexpr):
     """Program (token·head group, chunk c, channel slice): blocks CHUNK·c .. of the online softmax,
     starting from the exact running max before them; FUSED: the last chunk to finish combines."""
     groups = tl.cdiv(H, BLOCK_H)
@@ -197,11 +207,10 @@ def _chunk_kernel(kv_ptr, idx_ptr, s_ptr, bmax_ptr, part_ptr, psum_ptr, pmax_ptr
     dv = tl.program_id(2) * BLOCK_DV + tl.arange(0, BLOCK_DV)
     first = c * CHUNK
     last = tl.minimum(first + CHUNK, NB)
-    m = tl.full((BLOCK_H,), 0.0, tl.float32) + init
-    i = 0
-    while i < first:                              # the running max the official kernel holds here
-        m = tl.maximum(m, tl.load(bmax_ptr + th * NB + i, mask=head_ok, other=0.0))
-        i += 1
+    before = tl.arange(0, NB_P2)                  # the running max the official kernel holds here
+    maxima = tl.load(bmax_ptr + th[:, None] * NB + before[None, :], mask=head_ok[:, None] & (before < first)[None, :],
+                     other=float("-inf"))
+    m = tl.maximum(tl.full((BLOCK_H,), 0.0, tl.float32) + init, tl.max(maxima, 1))
     acc = tl.zeros((BLOCK_H, BLOCK_DV), dtype=tl.float32)
     total = tl.zeros((BLOCK_H,), dtype=tl.float32)
     if STAGES > 0:
@@ -223,20 +232,20 @@ def _chunk_kernel(kv_ptr, idx_ptr, s_ptr, bmax_ptr, part_ptr, psum_ptr, pmax_ptr
         done = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
         if done == NC - 1:                 # the last chunk of this (token, heads, slice): combine
             _combine(part_ptr, psum_ptr, pmax_ptr, sink_ptr, out_ptr, th, heads, head_ok, NC, D, dv, BLOCK_H,
-                     BLOCK_DV)
+                     BLOCK_DV, STAGES)
             tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
 def _combine_kernel(part_ptr, psum_ptr, pmax_ptr, sink_ptr, out_ptr, H, NC, D: tl.constexpr,
-                    BLOCK_H: tl.constexpr, BLOCK_DV: tl.constexpr):
+                    BLOCK_H: tl.constexpr, BLOCK_DV: tl.constexpr, STAGES: tl.constexpr):
     groups = tl.cdiv(H, BLOCK_H)
     t = (tl.program_id(0) // groups).to(tl.int64)
     heads = (tl.program_id(0) % groups) * BLOCK_H + tl.arange(0, BLOCK_H)
     head_ok = heads < H
     dv = tl.program_id(1) * BLOCK_DV + tl.arange(0, BLOCK_DV)
     _combine(part_ptr, psum_ptr, pmax_ptr, sink_ptr, out_ptr, t * H + heads, heads, head_ok, NC, D, dv, BLOCK_H,
-             BLOCK_DV)
+             BLOCK_DV, STAGES)
 
 
 def _slice(T: int, groups: int, D: int, pieces: int = 1) -> int:
@@ -283,14 +292,16 @@ def scores_config(D: int, block_h: int = BLOCK_H, warps: int | None = None) -> d
     return dict(D=D, BLOCK_H=block_h, BLOCK_K=spec.BLOCK, IEEE=INTERPRETED, num_warps=warps or _warps(D))
 
 
-def chunk_config(D: int, dv: int, chunk: int, fused: bool, block_h: int = BLOCK_H, warps: int | None = None) -> dict:
-    """The compile-time arguments of the split path's chunk launch."""
-    return dict(D=D, BLOCK_H=block_h, BLOCK_K=spec.BLOCK, BLOCK_DV=dv, CHUNK=chunk, IEEE=INTERPRETED,
+def chunk_config(D: int, dv: int, chunk: int, fused: bool, block_h: int = BLOCK_H, warps: int | None = None,
+                 blocks: int = 10) -> dict:
+    """The compile-time arguments of the split path's chunk launch (blocks: of the list)."""
+    return dict(D=D, BLOCK_H=block_h, BLOCK_K=spec.BLOCK, BLOCK_DV=dv, CHUNK=chunk,
+                NB_P2=triton.next_power_of_2(max(blocks, 1)), IEEE=INTERPRETED,
                 FUSED=fused, STAGES=0 if INTERPRETED else STAGES, num_warps=warps or (4 if dv <= 64 else 8))
 
 
 def combine_config(D: int, dv: int, block_h: int = BLOCK_H) -> dict:
-    return dict(D=D, BLOCK_H=block_h, BLOCK_DV=dv, num_warps=4)
+    return dict(D=D, BLOCK_H=block_h, BLOCK_DV=dv, STAGES=0 if INTERPRETED else STAGES, num_warps=4)
 
 
 _COUNTERS: dict = {}
@@ -353,7 +364,7 @@ def _launch_split(q, kv, sink, indices, scale, init, out, block_dv, bh, chunk, b
     _scores_kernel[(T * triton.cdiv(H, bh_scores), NB)](q, kv, indices, s, bmax, H, K, NB, scale,
                                                           **scores_config(D, bh_scores))
     _chunk_kernel[(T * groups, NC, D // dv)](kv, indices, s, bmax, part, psum, pmax, sink, out, count, H, K, NB, NC,
-                                             init, **chunk_config(D, dv, chunk, fused, bh, warps))
+                                             init, **chunk_config(D, dv, chunk, fused, bh, warps, NB))
     if not fused:
         _combine_kernel[(T * groups, D // dv)](part, psum, pmax, sink, out, H, NC, **combine_config(D, dv, bh))
     return out
