@@ -281,10 +281,10 @@ def _warps(D: int) -> int:
     return 4 if D <= 128 else 8
 
 
-def config(D: int, dv: int, block_h: int = BLOCK_H, warps: int | None = None) -> dict:
+def config(D: int, dv: int, block_h: int = BLOCK_H, warps: int | None = None, stages: int = STAGES) -> dict:
     """The compile-time arguments of one serial or wide launch (the sm_90 compile test builds these)."""
     return dict(D=D, BLOCK_H=block_h, BLOCK_K=spec.BLOCK, BLOCK_DV=dv, IEEE=INTERPRETED,
-                STAGES=0 if INTERPRETED else STAGES, num_warps=warps or _warps(D))
+                STAGES=0 if INTERPRETED else stages, num_warps=warps or _warps(D))
 
 
 def scores_config(D: int, block_h: int = BLOCK_H, warps: int | None = None) -> dict:
@@ -318,12 +318,12 @@ def _counters(n: int, device) -> torch.Tensor:
 
 def launch(q, kv, sink, indices, scale: float, init: float, block_dv: int | None = None, *,
            path: str | None = None, block_h: int | None = None, chunk: int = 1,
-           scores_block_h: int | None = None, warps: int | None = None, out: torch.Tensor | None = None
-           ) -> torch.Tensor:
+           scores_block_h: int | None = None, warps: int | None = None, stages: int = STAGES,
+           out: torch.Tensor | None = None) -> torch.Tensor:
     """Device tensors in (q [T, H, D] BF16, kv [N, D] BF16, sink [H] fp32, indices [T, K] int32),
     the BF16 output [T, H, D] out; D a power of two ≥ 16.  path: one of PATHS (None: choose_path);
     block_h heads a program (serial 16, wide 32), chunk blocks of 64 a split program, warps a
-    program's warps (None: by shape); out a BF16 [T, H, D] tensor to write into (benchmarks poison it)."""
+    program's warps (None: by shape), stages the GPU's software pipelining of the list's blocks; out a BF16 [T, H, D] tensor to write into (benchmarks poison it)."""
     T, H, D = q.shape
     if D < 16 or D & (D - 1):
         raise ValueError(f"sparse_attention (kernels): head dim must be a power of two ≥ 16, got {D}")
@@ -343,7 +343,7 @@ def launch(q, kv, sink, indices, scale: float, init: float, block_dv: int | None
     bh = block_h or (32 if path == "wide" else BLOCK_H)
     groups = triton.cdiv(H, bh)
     dv = block_dv or _slice(T, groups, D)
-    _sparse_attention_kernel[(T, groups, D // dv)](q, kv, sink, indices, out, H, K, scale, init, **config(D, dv, bh, warps))
+    _sparse_attention_kernel[(T, groups, D // dv)](q, kv, sink, indices, out, H, K, scale, init, **config(D, dv, bh, warps, stages))
     return out
 
 
