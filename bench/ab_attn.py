@@ -14,6 +14,14 @@ blocks of 64), every token within 2^-8·Σp|v| + one BF16 ulp of an fp32 recompu
 compared bit for bit with old's.  One table last: µs, vs copy (gathered KV bytes T·K·D·2 over the
 graph time, against the measured copy rate), new/old (graph time; < 1 is faster), validity.
 Writes ab_attn.json and ab_attn.md to --out.  Refuses (exit 2) without a GPU.
+
+Predictions (written before the call; old's graph µs from bench/h200/2026-12-01-attn.md): T = 1
+reads 0.66 MB (0.2 µs at the copy rate): latency-bound, old walks 10 blocks in series (33 µs);
+split-K runs one block per program in two launches, so fused c1 ≈ 10-14 µs, the three-launch split
+2-3 µs more.  T = 32 (old 44 µs): ≈ 15-20 µs.  T = 128 (old 103 µs): the partials cost
+T·H·NC·D·4 bytes twice (c2: 84 MB each way), so only c5 (NC = 2) can win, ≈ 60-70 µs.  The wide
+variants hold fewer re-gathers (2× instead of 4×) but spill at sm_90 (cuobjdump: stack 376-824
+bytes), so no prediction better than ±30 %; prefill's serial dv256 scores twice: expected slower.
 """
 from __future__ import annotations
 
