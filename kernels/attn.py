@@ -119,7 +119,7 @@ def _sparse_attention_kernel(q_ptr, kv_ptr, sink_ptr, idx_ptr, out_ptr, H, K, sc
 # split-K with the exact running max
 # ------------------------------------------------------------------------------------------------
 @triton.jit
-def _scores_kernel(q_ptr, kv_ptr, idx_ptr, s_ptr, bmax_ptr, H, K, NB, scale, D: tl.constexpr,
+def _attn_scores_kernel(q_ptr, kv_ptr, idx_ptr, s_ptr, bmax_ptr, H, K, NB, scale, D: tl.constexpr,
                    BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
     """Program (token·head group, block j): the block's fp32 scores s[t, h, 64j ..] (−inf at −1 and
     past K) and their max bmax[t, h, j]."""
@@ -361,7 +361,7 @@ def _launch_split(q, kv, sink, indices, scale, init, out, block_dv, bh, chunk, b
     psum = torch.empty(T, H, NC, **f32)
     pmax = torch.empty(T, H, NC, **f32)
     count = _counters(T * groups * (D // dv), q.device) if fused else psum
-    _scores_kernel[(T * triton.cdiv(H, bh_scores), NB)](q, kv, indices, s, bmax, H, K, NB, scale,
+    _attn_scores_kernel[(T * triton.cdiv(H, bh_scores), NB)](q, kv, indices, s, bmax, H, K, NB, scale,
                                                           **scores_config(D, bh_scores))
     _chunk_kernel[(T * groups, NC, D // dv)](kv, indices, s, bmax, part, psum, pmax, sink, out, count, H, K, NB, NC,
                                              init, **chunk_config(D, dv, chunk, fused, bh, warps, NB))

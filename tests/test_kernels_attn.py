@@ -168,7 +168,7 @@ COMPILE_SM90 = textwrap.dedent("""
     builds = [(K._sparse_attention_kernel, serial, K.config(D, dv, bh))
               for D, dv, bh in ((512, 512, 16), (512, 128, 16), (512, 64, 16), (64, 64, 16), (512, 512, 32),
                                 (512, 128, 64))]
-    builds += [(K._scores_kernel, scores, K.scores_config(512, bh)) for bh in (16, 64)]
+    builds += [(K._attn_scores_kernel, scores, K.scores_config(512, bh)) for bh in (16, 64)]
     builds += [(K._chunk_kernel, chunk, K.chunk_config(512, dv, c, fused)) for dv, c, fused in
                ((128, 1, True), (256, 2, True), (256, 5, True), (128, 1, False))]
     builds += [(K._combine_kernel, combine, K.combine_config(512, 128))]
