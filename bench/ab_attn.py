@@ -2,7 +2,7 @@
 
 Device command (≤ 200 s; pass --official DIR to time the official kernel too, not in this budget):
 
-    export TRITON_INTERPRET=0; python -m pip install -q --no-build-isolation --no-deps -e . >/dev/null 2>&1; timeout 165 python bench/ab_attn.py --out $OUT --rep 30; timeout 25 python -m pytest -q -p no:cacheprovider tests/test_kernels_attn.py -k compiles 2>&1 | tail -3
+    export TRITON_INTERPRET=0; python -m pip install -q --no-build-isolation --no-deps -e . >/dev/null 2>&1; timeout 160 python bench/ab_attn.py --out $OUT --rep 20; timeout 25 python -m pytest -q -p no:cacheprovider tests/test_kernels_attn.py -k compiles 2>&1 | tail -3
 
 At V4.1's shapes (bench_attn.inputs: 64 heads of 512, 128 window entries with −1 while the ring
 fills, then 512 compressed; decode T = 1, 32, 128 and prefill T = 1024) it times `old` (the serial
@@ -46,6 +46,9 @@ DECODE_VARIANTS = (
     ("fused c2 dv128", dict(path="split_fused", chunk=2, block_dv=128)),
     ("fused c2 dv256", dict(path="split_fused", chunk=2, block_dv=256)),
     ("fused c5 dv256 s64", dict(path="split_fused", chunk=5, block_dv=256, scores_block_h=64)),
+    ("fused c1 h64 dv64 s64", dict(path="split_fused", chunk=1, block_h=64, block_dv=64, scores_block_h=64, warps=8)),
+    ("fused c5 h32 dv128 s64", dict(path="split_fused", chunk=5, block_h=32, block_dv=128, scores_block_h=64)),
+    ("fused c5 h64 dv64 s64", dict(path="split_fused", chunk=5, block_h=64, block_dv=64, scores_block_h=64, warps=8)),
     ("wide h32", dict(path="wide", block_h=32)),
     ("wide h64 dv128", dict(path="wide", block_h=64, block_dv=128)),
 )
@@ -55,6 +58,9 @@ PREFILL_VARIANTS = (
     ("serial w4", dict(path="serial", warps=4)),
     ("wide h32", dict(path="wide", block_h=32)),
     ("wide h64 dv128", dict(path="wide", block_h=64, block_dv=128)),
+    ("fused c5 h64 dv64 s64", dict(path="split_fused", chunk=5, block_h=64, block_dv=64, scores_block_h=64, warps=8)),
+    ("fused c10 h64 dv64 s64", dict(path="split_fused", chunk=10, block_h=64, block_dv=64, scores_block_h=64,
+                                    warps=8)),
     ("fused c5 dv256 s64", dict(path="split_fused", chunk=5, block_dv=256, scores_block_h=64)),
 )
 SHAPES = (("decode", 1, True), ("decode", 32, True), ("decode", 128, True), ("prefill", 1024, False))

@@ -323,7 +323,8 @@ def launch(q, kv, sink, indices, scale: float, init: float, block_dv: int | None
     """Device tensors in (q [T, H, D] BF16, kv [N, D] BF16, sink [H] fp32, indices [T, K] int32),
     the BF16 output [T, H, D] out; D a power of two ≥ 16.  path: one of PATHS (None: choose_path);
     block_h heads a program (serial 16, wide 32), chunk blocks of 64 a split program, warps a
-    program's warps (None: by shape), stages the GPU's software pipelining of the list's blocks; out a BF16 [T, H, D] tensor to write into (benchmarks poison it)."""
+    program's warps (None: by shape), stages the GPU's software pipelining of the list's blocks;
+    out a BF16 [T, H, D] tensor to write into (benchmarks poison it)."""
     T, H, D = q.shape
     if D < 16 or D & (D - 1):
         raise ValueError(f"sparse_attention (kernels): head dim must be a power of two ≥ 16, got {D}")
@@ -343,7 +344,8 @@ def launch(q, kv, sink, indices, scale: float, init: float, block_dv: int | None
     bh = block_h or (32 if path == "wide" else BLOCK_H)
     groups = triton.cdiv(H, bh)
     dv = block_dv or _slice(T, groups, D)
-    _sparse_attention_kernel[(T, groups, D // dv)](q, kv, sink, indices, out, H, K, scale, init, **config(D, dv, bh, warps, stages))
+    _sparse_attention_kernel[(T, groups, D // dv)](q, kv, sink, indices, out, H, K, scale, init,
+                                                   **config(D, dv, bh, warps, stages))
     return out
 
 
