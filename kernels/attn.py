@@ -120,7 +120,7 @@ def _sparse_attention_kernel(q_ptr, kv_ptr, sink_ptr, idx_ptr, out_ptr, H, K, sc
 # ------------------------------------------------------------------------------------------------
 @triton.jit
 def _attn_scores_kernel(q_ptr, kv_ptr, idx_ptr, s_ptr, bmax_ptr, H, K, NB, scale, D: tl.constexpr,
-                   BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
+                        BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
     """Program (token·head group, block j): the block's fp32 scores s[t, h, 64j ..] (−inf at −1 and
     past K) and their max bmax[t, h, j]."""
     groups = tl.cdiv(H, BLOCK_H)
