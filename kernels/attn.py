@@ -52,6 +52,7 @@ STAGES = 2                 # software pipelining of the list's blocks on the GPU
 PATHS = ("serial", "wide", "split", "split_fused")
 FORCE_PATH = None          # a path name: every launch takes it (tests and benchmarks)
 SPLIT_MAX_TOKENS = 32      # auto: split-K at T ≤ this (decode), else the serial path
+CHUNK_MAX_DV = 256         # the chunk kernel's default channel slice at most (sm_90: 512 spills)
 
 
 @triton.jit
@@ -355,7 +356,7 @@ def _launch_split(q, kv, sink, indices, scale, init, out, block_dv, bh, chunk, b
     NB = triton.cdiv(K, spec.BLOCK)
     NC = triton.cdiv(NB, chunk)
     groups = triton.cdiv(H, bh)
-    dv = block_dv or _slice(T, groups, D, NC)
+    dv = block_dv or min(_slice(T, groups, D, NC), CHUNK_MAX_DV)
     f32 = dict(dtype=torch.float32, device=q.device)
     s = torch.empty(T, H, NB * spec.BLOCK, **f32)
     bmax = torch.empty(T, H, NB, **f32)
@@ -364,7 +365,7 @@ def _launch_split(q, kv, sink, indices, scale, init, out, block_dv, bh, chunk, b
     pmax = torch.empty(T, H, NC, **f32)
     count = _counters(T * groups * (D // dv), q.device) if fused else psum
     _attn_scores_kernel[(T * triton.cdiv(H, bh_scores), NB)](q, kv, indices, s, bmax, H, K, NB, scale,
-                                                          **scores_config(D, bh_scores))
+                                                               **scores_config(D, bh_scores))
     _chunk_kernel[(T * groups, NC, D // dv)](kv, indices, s, bmax, part, psum, pmax, sink, out, count, H, K, NB, NC,
                                              init, **chunk_config(D, dv, chunk, fused, bh, warps, NB))
     if not fused:
