@@ -42,15 +42,12 @@ DECODE_VARIANTS = (
     ("split c1 dv128", dict(path="split", chunk=1, block_dv=128)),
     ("fused c1 dv128", dict(path="split_fused", chunk=1, block_dv=128)),
     ("fused c1 dv256", dict(path="split_fused", chunk=1, block_dv=256)),
-    ("fused c1 dv128 s64", dict(path="split_fused", chunk=1, block_dv=128, scores_block_h=64)),
     ("fused c2 dv128", dict(path="split_fused", chunk=2, block_dv=128)),
-    ("fused c2 dv256", dict(path="split_fused", chunk=2, block_dv=256)),
     ("fused c5 dv256 s64", dict(path="split_fused", chunk=5, block_dv=256, scores_block_h=64)),
     ("fused c1 h64 dv64 s64", dict(path="split_fused", chunk=1, block_h=64, block_dv=64, scores_block_h=64, warps=8)),
     ("fused c5 h32 dv128 s64", dict(path="split_fused", chunk=5, block_h=32, block_dv=128, scores_block_h=64)),
     ("fused c5 h64 dv64 s64", dict(path="split_fused", chunk=5, block_h=64, block_dv=64, scores_block_h=64, warps=8)),
     ("wide h32", dict(path="wide", block_h=32)),
-    ("wide h64 dv128", dict(path="wide", block_h=64, block_dv=128)),
 )
 PREFILL_VARIANTS = (
     ("serial dv256", dict(path="serial", block_dv=256)),
@@ -61,7 +58,6 @@ PREFILL_VARIANTS = (
     ("fused c5 h64 dv64 s64", dict(path="split_fused", chunk=5, block_h=64, block_dv=64, scores_block_h=64, warps=8)),
     ("fused c10 h64 dv64 s64", dict(path="split_fused", chunk=10, block_h=64, block_dv=64, scores_block_h=64,
                                     warps=8)),
-    ("fused c5 dv256 s64", dict(path="split_fused", chunk=5, block_dv=256, scores_block_h=64)),
 )
 SHAPES = (("decode", 1, True), ("decode", 32, True), ("decode", 128, True), ("prefill", 1024, False))
 
