@@ -145,7 +145,8 @@ def test_every_path_passes_the_order_rules(rule_id, path, monkeypatch):
     """The default path (split_fused at the checks' few tokens) runs every rule above; the others
     the rules a wrong max or a lost block would break."""
     monkeypatch.setattr(kattn, "FORCE_PATH", path)
-    assert run_rule(rule_id, Target(kernels, "kernels")).status == PASS
+    result = run_rule(rule_id, Target(kernels, "kernels"))
+    assert result.status == PASS, result.detail
 
 
 def test_bad_head_dim_is_named():
