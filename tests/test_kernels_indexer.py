@@ -797,9 +797,9 @@ COMPILE_GROUPS = {
     "rest": {"_scores_kernel", "_hadamard_kernel", "_copy_kernel", "_weights_kernel", "_weights_v32_kernel",
              "_visible_kernel", "_block_max_kernel", "_finite_blocks_mask_kernel", "_pool_count_kernel",
              "_gather_kernel", "_gather_blocks_kernel"},
-    # kernels/attn.py's kernel: compiled once, at its four launch configurations (head dims and value
-    # splits), by tests/test_kernels_attn.py::test_kernel_compiles_for_sm90_at_its_launch_configurations
-    "attn": {"_sparse_attention_kernel"},
+    # kernels/attn.py's kernels: compiled once, at their launch configurations (head dims, value
+    # splits, paths), by tests/test_kernels_attn.py::test_kernel_compiles_for_sm90_at_its_launch_configurations
+    "attn": {"_sparse_attention_kernel", "_attn_scores_kernel", "_chunk_kernel", "_combine_kernel"},
     # kernels/path.py's fused RoPE + FP8 kernel: by tests/test_kernels_path.py::test_fused_kernel_compiles_for_sm90_without_fma
     "path": {"_rope_quantize_kernel"},
 }
