@@ -51,7 +51,11 @@ SM_TARGET = 128            # programs below which the output channels are split 
 STAGES = 2                 # software pipelining of the list's blocks on the GPU
 PATHS = ("serial", "wide", "split", "split_fused")
 FORCE_PATH = None          # a path name: every launch takes it (tests and benchmarks)
-SPLIT_MAX_TOKENS = 32      # auto: split-K at T ≤ this (decode), else the serial path
+# The A/B of 2026-12-02 (bench/h200/2026-12-02-ab-attn.md): split-K is faster only replayed from a
+# CUDA graph at T = 1 (20 µs against 34), slower eagerly (its three launches) and at T ≥ 32; the
+# serial path with 4 warps is 0.90× at prefill 1024.  So: serial by default, split on request.
+SPLIT_MAX_TOKENS = 0       # auto: split-K at T ≤ this, else the serial path
+PREFILL_TOKENS = 1024      # from here on the serial path runs 4 warps a program
 CHUNK_MAX_DV = 256         # the chunk kernel's default channel slice at most (sm_90: 512 spills)
 
 
@@ -258,8 +262,8 @@ def _slice(T: int, groups: int, D: int, pieces: int = 1) -> int:
 
 
 def choose_path(T: int, H: int, D: int, K: int) -> str:
-    """The launch path for a shape: split-K at decode (few tokens: the serial walk over the blocks
-    is the latency), else the serial kernel; FORCE_PATH overrides."""
+    """The launch path for a shape: split-K at T ≤ SPLIT_MAX_TOKENS, else the serial kernel;
+    FORCE_PATH overrides (path="split_fused", chunk=2 is the fastest at T = 1 in a CUDA graph)."""
     if FORCE_PATH is not None:
         return FORCE_PATH
     return "split_fused" if T <= SPLIT_MAX_TOKENS and K > spec.BLOCK else "serial"
@@ -345,6 +349,7 @@ def launch(q, kv, sink, indices, scale: float, init: float, block_dv: int | None
     bh = block_h or (32 if path == "wide" else BLOCK_H)
     groups = triton.cdiv(H, bh)
     dv = block_dv or _slice(T, groups, D)
+    warps = warps or (4 if T >= PREFILL_TOKENS else None)
     _sparse_attention_kernel[(T, groups, D // dv)](q, kv, sink, indices, out, H, K, scale, init,
                                                    **config(D, dv, bh, warps, stages))
     return out
