@@ -341,7 +341,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: a fresh one, printed; ci is derandomized)")
     from dsv4spec.properties.target import DEFAULT_TIMEOUT_S
     p.add_argument("--max-examples", type=int, metavar="N", help="examples per check, instead of the "
-                   "profile's (ci sizes them per rule: FMT 400, FP4/FP8 200, IDX/POOL 50, else 25)")
+                   "profile's (ci sizes them per rule: FMT 400, FP4/FP8 200, IDX/POOL 50, the layer checks 2 "
+                   "drawn cases after their fixed ones, else 25)")
     p.add_argument("--skip", metavar="FILE", help="rules not to run: `RULE-or-prefix reason` per line (# comments), "
                    "reported SKIP with the reason")
     p.add_argument("--xfail", metavar="FILE", help="rules expected to fail, same format: their FAIL, ERROR or "

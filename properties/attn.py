@@ -23,6 +23,7 @@ mistake in those clauses is reported on its own rule.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -385,12 +386,13 @@ OPS["attention_layer"] = ("attention_layer(inputs: dict, *, model, layer, start_
 LAYER_HEADS = 16
 
 
-def attention_layer_case(case):
+def attention_layer_case(case, seed: int | None = None):
     """A path LayerCase with the attention's inputs added: q_attn [T, 16, 512] (heads of unlike
     RMS), sink [16], kv_normed [T, 512], and window_cache (decode), kv_entries (prefill on a layer
-    that writes its compressed KV) or kv_cache."""
+    that writes its compressed KV) or kv_cache; drawn from `seed` (a fixed case: from its layer
+    and start position)."""
     m = profile(case.model)
-    rng = np.random.default_rng(1000 + case.layer + case.start_pos)
+    rng = np.random.default_rng(1000 + case.layer + case.start_pos if seed is None else (seed, 1))
     T, D, ratio = case.seqlen, m.head_dim, m.ratio(case.layer)
     extra = {"q_attn": normal_bf16(rng, (T, LAYER_HEADS, D)) * np.float32(2.0) ** rng.integers(-3, 4, (1, LAYER_HEADS, 1)),
              "sink": rng.standard_normal(LAYER_HEADS).astype(np.float32),
@@ -448,14 +450,22 @@ def kind_cases() -> list:
         model, layer, seqlen, start_pos, seed) for model, layer, seqlen, start_pos, seed in KIND_CASES]
 
 
-_LAYER_CASES: list = []
 _LAYER_RUNS: dict = {}
 
 
+@functools.lru_cache(maxsize=12)
+def attention_case(key: tuple):
+    """The attention case of a layer key (path.FIXED_LAYERS, KIND_CASES, path.layer_keys): a fixed
+    key keeps its inputs of old, a drawn one takes its seed's."""
+    from .path import FIXED_LAYERS, layer_case
+    model, layer = key[:2]
+    base = reuse_layer_case(*key) if spec_pool.layer_role(profile(model), layer).kind == "reuse" else layer_case(key)
+    return attention_layer_case(base, None if key in FIXED_LAYERS or key in KIND_CASES else key[-1])
+
+
 def attention_layer_cases():
-    if not _LAYER_CASES:
-        _LAYER_CASES.extend(attention_layer_case(c) for c in (*layer_cases(), *kind_cases()))
-    return _LAYER_CASES
+    from .path import FIXED_LAYERS
+    return [attention_case(key) for key in (*FIXED_LAYERS, *KIND_CASES)]
 
 
 def run_attention_layer(target, case) -> dict:
@@ -463,6 +473,8 @@ def run_attention_layer(target, case) -> dict:
     if key not in _LAYER_RUNS or _LAYER_RUNS[key][0] is not target.provider:
         out = target.attention_layer(case.torch_inputs(), model=case.model, layer=case.layer, start_pos=case.start_pos)
         _LAYER_RUNS[key] = (target.provider, {k: as_numpy(v) for k, v in out.items()})
+        while len(_LAYER_RUNS) > 12:
+            _LAYER_RUNS.pop(next(iter(_LAYER_RUNS)))
     return _LAYER_RUNS[key][1]
 
 
@@ -595,10 +607,17 @@ def first_broken_attention_stage(target, case):
     return None
 
 
+def _every_layer_kind(fn):
+    """forall over the fixed layer cases and KIND_CASES (explicit examples), then drawn layers."""
+    from .path import ALL_KINDS, FIXED_LAYERS, layer_keys
+    return forall(*(dict(key=key) for key in (*FIXED_LAYERS, *KIND_CASES)), key=layer_keys(ALL_KINDS))(fn)
+
+
 @check("ATTN.LAYER", ops=("attention_layer",))
-def every_attention_stage_on_the_stage_before(target):
-    for case in attention_layer_cases():
-        broken = first_broken_attention_stage(target, case)
-        if broken:
-            stage, rule_id, message = broken
-            raise AssertionError(f"ATTN.LAYER: first broken stage {stage!r} ({rule_id}) [{case!r}]\n{message}")
+@_every_layer_kind
+def every_attention_stage_on_the_stage_before(target, key):
+    case = attention_case(key)
+    broken = first_broken_attention_stage(target, case)
+    if broken:
+        stage, rule_id, message = broken
+        raise AssertionError(f"ATTN.LAYER: first broken stage {stage!r} ({rule_id}) [{case!r}]\n{message}")

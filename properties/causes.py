@@ -7,11 +7,14 @@ another angle (the scores of `index_scores` by the formula, the BF16 rounding, t
 chunking …), and one wrong step there fails all of them.  For those operations CLAUSE_ORDER lists
 the rules in the order the computation meets their clauses (formula before rounding before the
 mask; the compressor's groups before its gate before its norm); among the rules that fail on such
-an operation, every check of which calls it, the first in that order is the cause.  The statuses
-and the exit status stay as they are: only the details say which failure to read first.
+an operation, every check of which calls it, the first in that order is the cause.  A layer rule
+(PATH.LAYER on index_layer, ATTN.LAYER on attention_layer) names the first stage that breaks its own
+rule; when that rule fails too, it is the cause (followed to its own cause).  The statuses and the
+exit status stay as they are: only the details say which failure to read first.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 from .suite import ERROR, FAIL, TIMEOUT, checks_for
@@ -23,12 +26,21 @@ CLAUSE_ORDER = {
                  "CMP.ROPE", "CMP.STREAM"),
     "rope_rotate": ("ROPE.SLICE", "ROPE.PAIRS", "ROPE.ROUNDING"),
     "rope_freqs": ("ROPE.THETA", "ROPE.YARN", "ROPE.SHARED"),
+    # scores first (every ATTN check reads them), then the list, the rescale, the probabilities
+    # (BF16 before blocking), the sink, the output; the running max's start last: its V4.1 rows
+    # (leading −1 entries) also fail on each of those (tests/mutants/attn.py's sparse mutants, each
+    # first on its own rule)
+    "sparse_attention": ("ATTN.SCORE", "ATTN.GATHER", "ATTN.DUPLICATES", "ATTN.RESCALE", "ATTN.PROB.BF16",
+                         "ATTN.PROB.ORDER", "ATTN.SINK", "ATTN.OUTPUT", "ATTN.INIT"),
     "index_layer": ("PATH.Q.PROJ", "PATH.K.PROJ", "PATH.W.PROJ", "PATH.K.NORM", "ROPE.POSITIONS",
                     "PATH.HADAMARD", "PATH.ORDER", "PATH.LAYER"),
     "candidate_blocks": ("POOL.BLOCK_SCORE", "POOL.DROP_INF", "POOL.TOPK_BLOCKS", "POOL.PIN_EMPTY",
                          "POOL.PIN_NEWEST", "POOL.PIN_COUNTS", "POOL.MASK", "POOL.SIZE", "POOL.ALL_REACHABLE"),
 }
 BROKEN = (FAIL, ERROR, TIMEOUT)
+# the layer rules and their operation; each failure's detail names "first broken stage 'x' (RULE)"
+LAYER_RULES = {"PATH.LAYER": "index_layer", "ATTN.LAYER": "attention_layer"}
+FIRST_BROKEN = re.compile(r"first broken stage '(\w+)' \(([A-Z0-9_.]+)\)")
 
 
 def _failing_ops(row) -> set[str] | None:
@@ -49,12 +61,25 @@ def causes(rows) -> dict[tuple[str, str], tuple[str, str]]:
         if row.status in BROKEN:
             by_target.setdefault(row.target, []).append(row)
     for target, failing in by_target.items():
+        for row in failing:
+            stage = FIRST_BROKEN.search(row.detail) if row.rule_id in LAYER_RULES else None
+            if stage and stage[2] != row.rule_id and any(r.rule_id == stage[2] for r in failing):
+                out[row.rule_id, target] = (stage[2], f"{LAYER_RULES[row.rule_id]} stage {stage[1]}")
         ops = {row.rule_id: _failing_ops(row) for row in failing}
         for op, order in CLAUSE_ORDER.items():
             on_op = [rule for rule in order if ops.get(rule) and op in ops[rule]]
             for rule in on_op[1:]:
                 out.setdefault((rule, target), (on_op[0], op))
-    return out
+    return {key: _root(out, *cause, key[1]) for key, cause in out.items()}
+
+
+def _root(found: dict, rule: str, op: str, target: str) -> tuple[str, str]:
+    """The cause of a cause, to the first (a layer rule's stage rule may itself be explained)."""
+    for _ in range(len(found)):
+        if (rule, target) not in found:
+            break
+        rule, op = found[rule, target]
+    return rule, op
 
 
 def annotate(rows) -> list:

@@ -1053,7 +1053,7 @@ def rope_boundaries() -> dict[str, list[Boundary]]:
                                  not in (None, "q"))]}
     layer = [seen("index_layer", "a layer from position 0 (prefill)", "range", lambda c: int(arg(c, 99, "start_pos") or 0) == 0),
              seen("index_layer", "a layer at a later start position (decode)", "range",
-                  lambda c: int(arg(c, 99, "start_pos") or 0) > 0)]
+                  lambda c: int(arg(c, 99, "start_pos") or 0) > 0)] + layer_call_boundaries()[2:3]
     return {"ROPE.PAIRS": pairs + rotate[1:2], "ROPE.ROUNDING": rotate[1:2] + rotate[2:], "ROPE.SLICE": slice_,
             "ROPE.POSITIONS": layer, **uses}
 
@@ -1062,6 +1062,34 @@ def _blocks_apart(c) -> bool:
     x = np.abs(np.asarray(arg(c, 0, "x"), np.float64)).reshape(-1, 512)
     amax = x.reshape(x.shape[0], -1, 16).max(-1)
     return bool(np.any(amax.max(-1) >= 2.0 ** 12 * np.where(amax > 0, amax, np.inf).min(-1)))
+
+
+def _layer_call(c):
+    """(model profile, ratio, seqlen, start_pos) of an index_layer call."""
+    from ..spec.models import profile
+    m = profile(arg(c, 99, "model"))
+    return m, m.ratio(int(arg(c, 99, "layer"))), int(np.shape(arg(c, 0, "inputs")["x"])[0]), int(arg(c, 99, "start_pos") or 0)
+
+
+def layer_call_boundaries() -> list[Boundary]:
+    """Where a layer's stages decide, as the drawn layer cases reach them (path.layer_keys)."""
+    def entries(c):
+        m, r, T, p = _layer_call(c)
+        return (p + T) // r if r else 0
+
+    def decode(pred):
+        return lambda c: _layer_call(c)[3] > 0 and pred(*_layer_call(c))
+
+    def prefill(pred):
+        return lambda c: _layer_call(c)[3] == 0 and pred(*_layer_call(c))
+    return [seen("index_layer", "decode after the ring wrapped (start ≥ 128)", "range", decode(lambda m, r, T, p: p >= m.window)),
+            seen("index_layer", "decode while the ring fills (start < 128)", "range", decode(lambda m, r, T, p: p < m.window)),
+            seen("index_layer", "decode completing an entry at ratio > 1 (start mod ratio = ratio − 1)", "range",
+                 decode(lambda m, r, T, p: r > 1 and (p + 1) % r == 0)),
+            seen("index_layer", "prefill at a multiple of the ratio > 1", "range", prefill(lambda m, r, T, p: r > 1 and T % r == 0)),
+            seen("index_layer", "more compressed entries than the top-k", "range", lambda c: entries(c) > _layer_call(c)[0].index_topk),
+            seen("index_layer", "V4.1 entries beyond the pool (16384)", "range", lambda c: _layer_call(c)[1] > 0 and entries(c) >
+                 _layer_call(c)[0].candidate_topk_blocks * _layer_call(c)[0].candidate_block_size > 0)]
 
 
 def path_boundaries() -> dict[str, list[Boundary]]:
@@ -1078,7 +1106,8 @@ def path_boundaries() -> dict[str, list[Boundary]]:
                 lambda c: start(c) > 0 and start(c) % 128 != 0),
            seen("compressed_index", "prefill from 0", "range", lambda c: start(c) == 0)]
     layer = [seen("index_layer", f"an index_layer of {m}", "range", lambda c, m=m: arg(c, 99, "model") == m)
-             for m in ("v4-flash", "v4.1-flash")]
+             for m in ("v4-flash", "v4-pro", "v4.1-flash")]
+    drawn = layer_call_boundaries()
     def ring(name, pred):
         return seen("window_ring", name, "range", lambda c: pred(int(arg(c, 0, "prefill")), int(arg(c, 1, "decoded"))))
     rings = [ring("a prefill of at most 128 (no slot overwritten)", lambda p, d: p <= 128),
@@ -1105,9 +1134,9 @@ def path_boundaries() -> dict[str, list[Boundary]]:
                          for fmt in ("fp4_e4m3", "fp8_e8m0_32")] + [
                 seen(f"kv_qdq_{fmt}", f"kv_qdq_{fmt} of blocks 2^12 apart in one row", "scale", _blocks_apart)
                 for fmt in ("fp4_e4m3", "fp8_e8m0_32")],
-            **{rule: layer for rule in ("PATH.Q.PROJ", "PATH.HADAMARD", "PATH.W.PROJ", "PATH.LAYER")},
-            **{rule: layer[1:] for rule in ("PATH.K.PROJ", "PATH.K.NORM")},          # V4.1's index K
-            "PATH.ORDER": layer + [seen("rope_quantize", "rope_quantize at a position > 0", "range",
+            **{rule: layer + drawn for rule in ("PATH.Q.PROJ", "PATH.HADAMARD", "PATH.W.PROJ", "PATH.LAYER")},
+            **{rule: layer[2:] + drawn for rule in ("PATH.K.PROJ", "PATH.K.NORM")},    # V4.1's index K
+            "PATH.ORDER": layer + drawn + [seen("rope_quantize", "rope_quantize at a position > 0", "range",
                                         lambda c: np.any(np.asarray(arg(c, 1, "positions")) > 0))]}
 
 

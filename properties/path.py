@@ -332,30 +332,117 @@ def make_layer_case(model: str, layer: int, seqlen: int, start_pos: int = 0, see
     return LayerCase(label, model, layer, start_pos, tuple(inputs.items()))
 
 
-@functools.lru_cache(maxsize=1)
+# (model, layer, seqlen, start_pos, seed): one case per layer kind at small realistic shapes, and
+# V4.1 decode above 16384 entries; every layer check runs these, then draws from the run's seed
+FIXED_LAYERS = (
+    ("v4-flash", 2, 20, 0, 1),             # CSA
+    ("v4-flash", 3, 260, 0, 2),            # HCA (2 entries of 128)
+    ("v4-flash", 0, 130, 0, 3),            # window only
+    ("v4.1-flash", 20, 12, 0, 4),          # candidate source, prefill
+    ("v4.1-flash", 24, 12, 0, 5),          # re-index, prefill
+    ("v4.1-flash", 2, 10, 0, 6),           # ratio-2 index source
+    ("v4.1-flash", 20, 1, 16400, 7),       # candidate source, decode, N = 16401
+    ("v4.1-flash", 24, 1, 16400, 8),       # re-index, decode, N = 16401
+)
+LAYER_MODELS = ("v4-flash", "v4-pro", "v4.1-flash")
+
+
+@functools.lru_cache(maxsize=12)
+def layer_case(key: tuple) -> LayerCase:
+    """The case of a key (model, layer, seqlen, start_pos, seed), built once while it is in use."""
+    return make_layer_case(*key)
+
+
 def layer_cases() -> tuple[LayerCase, ...]:
-    """One case per layer kind at small realistic shapes, and V4.1 decode above 16384 entries."""
-    return (
-        make_layer_case("v4-flash", 2, 20, seed=1),             # CSA
-        make_layer_case("v4-flash", 3, 260, seed=2),            # HCA (2 entries of 128)
-        make_layer_case("v4-flash", 0, 130, seed=3),            # window only
-        make_layer_case("v4.1-flash", 20, 12, seed=4),          # candidate source, prefill
-        make_layer_case("v4.1-flash", 24, 12, seed=5),          # re-index, prefill
-        make_layer_case("v4.1-flash", 2, 10, seed=6),           # ratio-2 index source
-        make_layer_case("v4.1-flash", 20, 1, 16400, seed=7),    # candidate source, decode, N = 16401
-        make_layer_case("v4.1-flash", 24, 1, 16400, seed=8),    # re-index, decode, N = 16401
-    )
+    return tuple(layer_case(key) for key in FIXED_LAYERS)
+
+
+def key_kind(key: tuple) -> str:
+    return spec_pool.layer_role(profile(key[0]), key[1]).kind
+
+
+def _layers_by_kind(kinds) -> dict:
+    """(model, kind) -> that model's layers of that kind (index_layer runs each kind but reuse)."""
+    groups: dict = {}
+    for model in LAYER_MODELS:
+        m = profile(model)
+        for layer in range(len(m.compress_ratios)):
+            if spec_pool.layer_role(m, layer).kind in kinds:
+                groups.setdefault((model, spec_pool.layer_role(m, layer).kind), []).append(layer)
+    return groups
+
+
+@st.composite
+def prefill_lengths(draw, step: int, shortest: int, longest: int):
+    """Any length from `shortest` to `longest`, or one at a multiple of `step` (the ratio: the
+    compress lengths' boundaries; the window; V4.1's pool blocks), one below or one above."""
+    if draw(st.booleans()):
+        return draw(st.integers(shortest, longest))
+    k = draw(st.integers(1, max(1, longest // step)))
+    return min(longest, max(shortest, k * step + draw(st.sampled_from((-1, 0, 1)))))
+
+
+DECODE_WHERE = ("filling", "wrap", "boundary", "topk", "pool", "any")
+DECODE_FARTHEST = 2 ** 15
+
+
+@st.composite
+def decode_positions(draw, model: str, ratio: int):
+    """A decode start position: while the ring fills (1..127); at a ring wrap (128·k − 1, 128·k,
+    128·k + 1); at a compression boundary (p mod ratio = ratio − 1, an entry completes this step, or
+    0); where the entries reach the top-k (E = index_topk ± 1) or V4.1's pool (E = 16384 ± 1); or
+    anywhere up to 2^15."""
+    m, r = profile(model), max(ratio, 1)
+    where = draw(st.sampled_from(DECODE_WHERE))
+    if where == "filling":
+        return draw(st.integers(1, m.window - 1))
+    if where == "wrap":
+        return m.window * draw(st.integers(1, 64)) + draw(st.sampled_from((-1, 0, 1)))
+    if where == "boundary":
+        return max(1, r * draw(st.integers(1, DECODE_FARTHEST // r)) - draw(st.sampled_from((1, 0))))
+    edge = {"topk": m.index_topk, "pool": m.candidate_topk_blocks * m.candidate_block_size}.get(where)
+    if ratio and edge:
+        return (edge + draw(st.sampled_from((-1, 0, 1)))) * ratio - 1
+    return draw(st.integers(1, DECODE_FARTHEST))
+
+
+@st.composite
+def layer_keys(draw, kinds: tuple):
+    """A layer case drawn from the seed, as its key: a layer of one of `kinds` of V4-Flash, V4-Pro or
+    V4.1-Flash, a prefill from 0 (up to 300 tokens on window and HCA layers; on indexer layers 40,
+    and at least one compressed entry: impl and official both fail on none) or a one-token decode
+    (decode_positions), and the inputs' seed."""
+    groups = _layers_by_kind(kinds)
+    model, kind = draw(st.sampled_from(sorted(groups)))
+    layer = draw(st.sampled_from(groups[model, kind]))
+    m = profile(model)
+    ratio = m.ratio(layer)
+    if draw(st.booleans()):
+        seqlen, start_pos = 1, draw(decode_positions(model, ratio))
+    else:
+        step = ratio if ratio > 1 else m.candidate_block_size if ratio == 1 else m.window
+        cheap = kind in ("window", "hca")
+        seqlen, start_pos = draw(prefill_lengths(step, 1 if cheap else ratio, 300 if cheap else 40)), 0
+    return model, layer, seqlen, start_pos, draw(st.integers(0, 2 ** 32 - 1))
+
+
+def layer_check(kinds: tuple):
+    """forall over the fixed layer cases of `kinds` (as explicit examples), then layer_keys(kinds)."""
+    return forall(*(dict(key=key) for key in FIXED_LAYERS if key_kind(key) in kinds), key=layer_keys(kinds))
 
 
 _RUNS: dict = {}
+RUNS_KEPT = 12          # the layer checks of one run draw alike (ci: the fixed cases and a few draws)
 
 
 def run_layer(target, case: LayerCase) -> dict:
-    """The target's stages for a case (computed once per target and case)."""
+    """The target's stages for a case (computed once per target and case while kept)."""
     key = (id(target.provider), case.label)
     if key not in _RUNS or _RUNS[key][0] is not target.provider:
         out = target.index_layer(case.torch_inputs(), model=case.model, layer=case.layer, start_pos=case.start_pos)
         _RUNS[key] = (target.provider, {k: as_numpy(v) for k, v in out.items()})
+        while len(_RUNS) > RUNS_KEPT:
+            _RUNS.pop(next(iter(_RUNS)))
     return _RUNS[key][1]
 
 
@@ -584,16 +671,16 @@ def first_broken_stage(target, case: LayerCase):
 
 def _stage_check(rule_id: str):
     stages = [stage for stage in STAGES if stage.rule_id == rule_id]
+    kinds = tuple(sorted({kind for stage in stages for kind in stage.kinds}))
 
-    def run(target):
-        for case in layer_cases():
-            mine = [stage for stage in stages if layer_kind(case) in stage.kinds]
-            if mine:                      # a case without such a stage never runs the layer
-                out = run_layer(target, case)
-                for stage in mine:
-                    stage.judge(target, case, out)
-    run.__name__ = "layer_stages_" + rule_id.lower().replace(".", "_")
-    return run
+    def layer_stages(target, key):
+        case = layer_case(key)
+        out = run_layer(target, case)
+        for stage in stages:
+            if layer_kind(case) in stage.kinds:
+                stage.judge(target, case, out)
+    layer_stages.__name__ = "layer_stages_" + rule_id.lower().replace(".", "_")
+    return layer_check(kinds)(layer_stages)
 
 
 for _rule in ("PATH.Q.PROJ", "PATH.K.PROJ", "PATH.K.NORM", "PATH.HADAMARD", "PATH.W.PROJ", "ROPE.POSITIONS"):
@@ -606,9 +693,10 @@ def layer_quantizes_after_rope(target):
 
 
 @check("PATH.LAYER", ops=("index_layer",))
-def every_stage_on_the_stage_before(target):
-    for case in layer_cases():
-        broken = first_broken_stage(target, case)
-        if broken:
-            stage, rule_id, message = broken
-            raise AssertionError(f"PATH.LAYER: first broken stage {stage!r} ({rule_id}) [{case!r}]\n{message}")
+@layer_check(ALL_KINDS)
+def every_stage_on_the_stage_before(target, key):
+    case = layer_case(key)
+    broken = first_broken_stage(target, case)
+    if broken:
+        stage, rule_id, message = broken
+        raise AssertionError(f"PATH.LAYER: first broken stage {stage!r} ({rule_id}) [{case!r}]\n{message}")

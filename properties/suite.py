@@ -99,8 +99,13 @@ SEED_ALONE = _examples_from_the_seed_alone()
 # the other IDX 1–20 / 16–75; POOL 1–8 / 55–68 (POOL.SIZE 480); HAD.MATRIX 54 / 110; FP8.LINEAR
 # about 300 (impl, one K-block GEMM of real width an example).  About 3 s of
 # interpreted kernel time per rule, so that `make test` stays well under 10 minutes on 2 cores.
+# A layer check (index_layer, attention_layer) costs 2–5 CPU s a case at the profile's real widths:
+# its eight fixed cases run as explicit examples and ci draws 2 more (a key "RULE::check" sizes one
+# check of a rule whose other checks are cheap).
+LAYER_CHECKS = ("PATH.Q.PROJ", "PATH.K.PROJ", "PATH.K.NORM", "PATH.HADAMARD", "PATH.W.PROJ", "ROPE.POSITIONS",
+                "PATH.ORDER::layer_quantizes_after_rope", "PATH.LAYER", "ATTN.LAYER")
 CI_EXAMPLES = {"FMT": 400, "FP4": 200, "FP8": 200, "FP8.LINEAR": 50, "IDX": 50, "IDX.VISIBLE": 400, "IDX.WEIGHT": 400,
-               "POOL": 50, "POOL.SIZE": 25}
+               "POOL": 50, "POOL.SIZE": 25, **dict.fromkeys(LAYER_CHECKS, 2)}
 for _n in set(CI_EXAMPLES.values()):
     register_profile(f"ci/{_n}", parent="ci", max_examples=_n)
 for _p in (*PROFILES, *(f"ci/{_n}" for _n in set(CI_EXAMPLES.values()))):
@@ -108,17 +113,20 @@ for _p in (*PROFILES, *(f"ci/{_n}" for _n in set(CI_EXAMPLES.values()))):
     register_profile(f"{_p}-noshrink", parent=_p, phases=(Phase.explicit, Phase.reuse, Phase.generate))
 
 
-def profile_for(rule_id: str, profile: str) -> str:
-    """The Hypothesis profile a rule's checks run under: ci is sized per rule (CI_EXAMPLES)."""
+def profile_for(rule_id: str, profile: str, check: str | None = None) -> str:
+    """The Hypothesis profile a rule's checks (or its check named `check`) run under: ci is sized
+    per rule (CI_EXAMPLES)."""
     if profile != "ci":
         return profile
+    if f"{rule_id}::{check}" in CI_EXAMPLES:
+        return f"ci/{CI_EXAMPLES[f'{rule_id}::{check}']}"
     prefixes = [p for p in CI_EXAMPLES if rule_id == p or rule_id.startswith(p + ".")]
     return f"ci/{CI_EXAMPLES[max(prefixes, key=len)]}" if prefixes else "ci"
 
 
-def settings_for(rule_id: str, profile: str, shrink: bool = True) -> settings:
+def settings_for(rule_id: str, profile: str, shrink: bool = True, check: str | None = None) -> settings:
     """The Hypothesis settings a rule's checks run under (the suite's own registered profile)."""
-    sized = profile_for(rule_id, profile)
+    sized = profile_for(rule_id, profile, check)
     chosen = settings.get_profile(hypothesis_profile(sized if shrink else f"{sized}-noshrink"))
     return settings(chosen, max_examples=RUN.max_examples) if RUN.max_examples else chosen
 
@@ -277,7 +285,7 @@ def new_seed() -> int:
 
 def run_check(chk: Check, target: Target, profile: str = "ci", shrink: bool = True) -> Outcome:
     """One check against one target: PASS/FAIL/ERROR/TIMEOUT/NOT_IMPLEMENTED/SKIP."""
-    RUN.settings = settings_for(chk.rule_id, profile, shrink)
+    RUN.settings = settings_for(chk.rule_id, profile, shrink, chk.name)
     if chk.ops and not target.has(*chk.ops):
         missing = [op for op in chk.ops if not target.has(op)]
         return Outcome(NOT_IMPLEMENTED, "missing " + ", ".join(missing))

@@ -39,3 +39,44 @@ def test_only_failures_on_the_shared_operation_are_grouped_and_per_target():
             _row("IDX.SCORE.FORMULA", PASS, "x")]
     found = C.causes(rows)
     assert found == {("IDX.MASK", "t"): ("IDX.SCORE.ROUNDING", "index_scores")}
+
+
+def test_a_layer_rule_is_marked_with_the_rule_of_its_first_broken_stage():
+    from dsv4spec.properties.suite import checks_for
+    layer = checks_for("PATH.LAYER")[0].name
+    norm = checks_for("PATH.K.NORM")[0].name
+    broken = f"{layer}: PATH.LAYER: first broken stage 'k_normed' (PATH.K.NORM) [LayerCase('v4.1-flash layer 20')]"
+    rows = [Row("PATH.K.NORM", "t", FAIL, "detail", checks={norm: FAIL}),
+            Row("PATH.LAYER", "t", FAIL, broken, checks={layer: FAIL}),
+            Row("PATH.LAYER", "u", FAIL, broken, checks={layer: FAIL})]       # its stage rule passes on u
+    assert C.causes(rows) == {("PATH.LAYER", "t"): ("PATH.K.NORM", "index_layer stage k_normed")}
+    marked = C.annotate(rows)
+    assert [r.status for r in marked] == [FAIL] * 3
+    assert marked[1].detail == "same cause as PATH.K.NORM (index_layer stage k_normed): " + broken
+    assert not C.is_marked(marked[0]) and not C.is_marked(marked[2])
+
+
+def test_an_attention_layer_failure_follows_its_stage_rule_to_that_rule_s_cause():
+    """ATTN.LAYER's stage o is judged by ATTN.PROB.ORDER; a wrong sparse_attention that fails it and
+    an earlier clause (sparse_attention's order) is reported once, on the earlier clause."""
+    from dsv4spec.properties.suite import checks_for
+    first, second = C.CLAUSE_ORDER["sparse_attention"][:2]
+    layer = checks_for("ATTN.LAYER")[0].name
+    rows = [Row(first, "t", FAIL, "detail", checks={checks_for(first)[0].name: FAIL}),
+            Row("ATTN.PROB.ORDER", "t", FAIL, "detail", checks={checks_for("ATTN.PROB.ORDER")[0].name: FAIL}),
+            Row("ATTN.LAYER", "t", FAIL, f"{layer}: ATTN.LAYER: first broken stage 'o' (ATTN.PROB.ORDER) [case]",
+                checks={layer: FAIL})]
+    found = C.causes(rows)
+    assert found[("ATTN.LAYER", "t")] == found[("ATTN.PROB.ORDER", "t")] == (first, "sparse_attention")
+
+
+def test_a_wrong_sparse_attention_is_reported_on_its_clause():
+    """Probabilities rounded against the global max fail ATTN.PROB.ORDER and the V4.1 leading −1
+    rows of ATTN.INIT: one cause, PROB.ORDER (CLAUSE_ORDER's order is the catalogue's: each
+    sparse_attention mutant's own rule comes first among the rules it fails)."""
+    from mutants.attn import MUTANTS as ATTN
+    provider, rule_id = ATTN["probabilities_rounded_against_the_global_max"]
+    target = Target(provider, "global_max")
+    rows = C.annotate([run_rule(r, target) for r in ("ATTN.INIT", "ATTN.PROB.ORDER")])
+    assert [r.status for r in rows] == [FAIL, FAIL]
+    assert rows[0].detail.startswith("same cause as ATTN.PROB.ORDER (sparse_attention): ") and not C.is_marked(rows[1])

@@ -6,7 +6,7 @@ import torch
 
 import dsv4spec.impl as impl
 from dsv4spec.properties import path as checks
-from dsv4spec.properties.suite import FAIL, NOT_IMPLEMENTED, PASS, VARIANT, checks_for, load_checks, run_rule
+from dsv4spec.properties.suite import FAIL, NOT_IMPLEMENTED, PASS, VARIANT, checks_for, load_checks, run_check, run_rule
 from dsv4spec.properties.target import Target, load_target
 from dsv4spec.spec import RULES
 from dsv4spec.spec import path as spec
@@ -95,3 +95,62 @@ def test_positions_beyond_the_cache_are_rejected():
     inputs["x"], inputs["qr"] = inputs["x"][:1], inputs["qr"][:1]
     with pytest.raises(ValueError, match=r"latent has shape \(4, 512\), expected \[9, 512\]"):
         impl.index_layer(inputs, model="v4.1-flash", layer=20, start_pos=8)
+
+
+def _drawn_keys(seed, kinds=checks.ALL_KINDS, n=12, profile="dev"):
+    """The layer keys a layer check of `kinds` draws under `profile` with the run's seed `seed`
+    (None: ci's derandomized draws), through forall as the checks draw them, no layer run."""
+    from hypothesis import settings
+    from dsv4spec.properties.suite import RUN, forall, settings_for
+    seen = []
+    record = forall(key=checks.layer_keys(kinds))(lambda target, key: seen.append(key))
+    saved = RUN.seed, RUN.settings
+    RUN.seed, RUN.settings = seed, settings(settings_for("PATH.LAYER", profile), max_examples=n)
+    try:
+        record(None)
+    finally:
+        RUN.seed, RUN.settings = saved
+    return seen
+
+
+def test_layer_checks_draw_their_cases_from_the_seed():
+    """`verify --rules PATH.LAYER --profile dev --seed 1` and `--seed 2` run other layer cases; a
+    seed reproduces its own; ci draws the same two every run."""
+    one, two = _drawn_keys(1), _drawn_keys(2)
+    assert len(one) == len(two) == 12
+    assert one == _drawn_keys(1)
+    assert set(one) - set(checks.FIXED_LAYERS) != set(two) - set(checks.FIXED_LAYERS), (one, two)
+    assert _drawn_keys(None, n=2, profile="ci") == _drawn_keys(None, n=2, profile="ci")
+    kinds = {checks.key_kind(k) for s in range(1, 6) for k in _drawn_keys(s)}
+    assert kinds == set(checks.ALL_KINDS)
+    assert {k[0] for s in range(1, 6) for k in _drawn_keys(s)} == set(checks.LAYER_MODELS)
+
+
+def _completes_an_entry(key) -> bool:
+    """A decode step at ratio > 1 that completes a compressed entry (start_pos mod ratio = ratio − 1)."""
+    from dsv4spec.spec.models import profile
+    model, layer, seqlen, start_pos, _ = key
+    ratio = profile(model).ratio(layer)
+    return start_pos > 0 and ratio > 1 and (start_pos + 1) % ratio == 0 and checks.key_kind(key) in checks.OWN_K
+
+
+def test_a_mistake_only_drawn_layer_cases_reach_is_caught_by_a_dev_seed():
+    """The decode step that rotates its new index-K entry at start_pos (not start_pos + 1 − ratio)
+    passes ROPE.POSITIONS on the eight fixed cases (their only decode is at ratio 1) and fails it
+    under dev with a seed whose draws reach such a step."""
+    from hypothesis import Phase, settings
+    from dsv4spec.properties.suite import RUN, settings_for
+    from mutants.path import SEED_ONLY
+    provider, rule_id = SEED_ONLY["decode_entry_rotated_at_the_token"]
+    target = Target(provider, "decode_entry_rotated_at_the_token")
+    chk, = [c for c in checks_for(rule_id) if "index_layer" in c.ops]
+    saved = RUN.seed, RUN.settings, RUN.max_examples
+    try:
+        RUN.settings = settings(settings_for(rule_id, "dev"), phases=(Phase.explicit,))
+        chk.fn(target)                                          # every fixed case passes
+        seed = next(s for s in range(1, 200) if any(map(_completes_an_entry, _drawn_keys(s, checks.INDEXER, n=3))))
+        RUN.seed, RUN.max_examples = seed, 3
+        row = run_check(chk, target, "dev", shrink=False)
+    finally:
+        RUN.seed, RUN.settings, RUN.max_examples = saved
+    assert row.status == FAIL and "ROPE.POSITIONS" in row.detail and "start_pos 0" not in row.detail.split("\n")[0], row.detail

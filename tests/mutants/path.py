@@ -117,3 +117,23 @@ MUTANTS.update({
     "window_ring_in_prefill_order": (mutant("window_ring_in_prefill_order", window_ring=_ring_in_prefill_order),
                                      "PATH.WINDOW.RING"),
 })
+
+
+def _decode_entry_at_the_token(inputs, *, model, layer, start_pos=0):
+    """A decode step rotates the index-K entry it completes at the token's own position start_pos,
+    not at its group's first token start_pos + 1 − ratio: the same at ratio 1 (V4.1's layers 20
+    and 24, the only decode among the fixed layer cases), wrong at ratio 4 and 2 when
+    start_pos mod ratio = ratio − 1."""
+    def positions(entries, ratio):
+        p = torch.arange(entries) * ratio
+        if start_pos and entries and (start_pos + 1) % ratio == 0:
+            p[-1] = start_pos
+        return p
+    with mock.patch.object(ref, "_k_positions", positions):
+        return ref.index_layer(inputs, model=model, layer=layer, start_pos=start_pos)
+
+
+# Caught by drawn layer cases only (tests/test_path.py: the fixed cases pass it; a dev seed fails it),
+# so not in the catalogue, whose mutants fail at ci.
+SEED_ONLY = {"decode_entry_rotated_at_the_token": (mutant("decode_entry_rotated_at_the_token",
+                                                          index_layer=_decode_entry_at_the_token), "ROPE.POSITIONS")}
