@@ -333,7 +333,8 @@ def make_layer_case(model: str, layer: int, seqlen: int, start_pos: int = 0, see
 
 @functools.lru_cache(maxsize=1)
 def layer_cases() -> tuple[LayerCase, ...]:
-    """One case per layer kind at small realistic shapes, and V4.1 decode above 16384 entries."""
+    """One case per layer kind at small realistic shapes, V4 decode on both sides of a full window ring
+    (official V4 pads its list at the end until then), and V4.1 decode above 16384 entries."""
     return (
         make_layer_case("v4-flash", 2, 20, seed=1),             # CSA
         make_layer_case("v4-flash", 3, 260, seed=2),            # HCA (2 entries of 128)
@@ -341,6 +342,8 @@ def layer_cases() -> tuple[LayerCase, ...]:
         make_layer_case("v4.1-flash", 20, 12, seed=4),          # candidate source, prefill
         make_layer_case("v4.1-flash", 24, 12, seed=5),          # re-index, prefill
         make_layer_case("v4.1-flash", 2, 10, seed=6),           # ratio-2 index source
+        make_layer_case("v4-flash", 0, 1, 126, seed=9),         # V4 decode, the ring one short of full
+        make_layer_case("v4-flash", 3, 1, 300, seed=10),        # V4 decode, the ring wrapped (HCA)
         make_layer_case("v4.1-flash", 20, 1, 16400, seed=7),    # candidate source, decode, N = 16401
         make_layer_case("v4.1-flash", 24, 1, 16400, seed=8),    # re-index, decode, N = 16401
     )
