@@ -403,8 +403,19 @@ def attention_layer_case(case, seed: int | None = None):
         E = (case.start_pos + T) // ratio
         name = "kv_entries" if case.start_pos == 0 and _compresses_here(m, case.layer) else "kv_cache"
         extra[name] = normal_bf16(rng, (E, D))
+    for name in ("kv_normed", "kv_entries"):    # what the window and compressed QDQ read: see _small_groups
+        if name in extra:
+            extra[name] = _small_groups(rng, extra[name])
     return LayerCase(case.label + ", with attention", case.model, case.layer, case.start_pos,
                      case.inputs + tuple(extra.items()))
+
+
+def _small_groups(rng, x):
+    """A quarter of the 16-channel groups 2^-16 smaller: E4M3 of such a group divided by the scale
+    of a block holding a unit group too is subnormal, so a QDQ of another block size (16, 32, 64)
+    gives other values; on unit-RMS rows alone every block size gives the same."""
+    groups = np.where(rng.random((*x.shape[:-1], x.shape[-1] // 16)) < 0.25, 2.0 ** -16, 1.0)
+    return (x * groups.repeat(16, axis=-1)).astype(np.float32)
 
 
 def _compresses_here(m, layer: int) -> bool:

@@ -332,8 +332,8 @@ def make_layer_case(model: str, layer: int, seqlen: int, start_pos: int = 0, see
     return LayerCase(label, model, layer, start_pos, tuple(inputs.items()))
 
 
-# (model, layer, seqlen, start_pos, seed): one case per layer kind at small realistic shapes, and
-# V4.1 decode above 16384 entries; every layer check runs these, then draws from the run's seed
+# (model, layer, seqlen, start_pos, seed): one case per layer kind at small realistic shapes, V4 decode
+# on both sides of a full window ring, and V4.1 decode above 16384 entries; every layer check runs these, then draws from the run's seed
 FIXED_LAYERS = (
     ("v4-flash", 2, 20, 0, 1),             # CSA
     ("v4-flash", 3, 260, 0, 2),            # HCA (2 entries of 128)
@@ -341,6 +341,8 @@ FIXED_LAYERS = (
     ("v4.1-flash", 20, 12, 0, 4),          # candidate source, prefill
     ("v4.1-flash", 24, 12, 0, 5),          # re-index, prefill
     ("v4.1-flash", 2, 10, 0, 6),           # ratio-2 index source
+    ("v4-flash", 0, 1, 126, 9),            # V4 decode, the ring one short of full (official V4 pads its list)
+    ("v4-flash", 3, 1, 300, 10),           # V4 decode, the ring wrapped (HCA)
     ("v4.1-flash", 20, 1, 16400, 7),       # candidate source, decode, N = 16401
     ("v4.1-flash", 24, 1, 16400, 8),       # re-index, decode, N = 16401
 )

@@ -205,7 +205,17 @@ MUTANTS.update({
 })
 
 
+def _flushed(x):
+    """GPU fast-math (FTZ): a subnormal result flushed to zero, sign kept."""
+    return torch.where(x.abs() < 2.0 ** -126, x * 0, x)
+
+
 MUTANTS.update({
+    # fast-math weights: subnormal head weights flushed to zero (BF16 and fp32 hold them)
+    "weights_subnormal_flushed": (mutant("weights_subnormal_flushed", index_weights=lambda raw, model: _flushed(
+        ref.index_weights(raw, model))), "IDX.WEIGHT.SCALE"),
+    "v32_weights_subnormal_flushed": (mutant("v32_weights_subnormal_flushed", index_weights_v32=lambda raw, qs:
+                                             _flushed(ref.index_weights_v32(raw, qs))), "IDX.WEIGHT.V32"),
     # V3.2's weight rounded to BF16 at the end, as V4's folded weight is
     "v32_weights_in_bf16": (mutant("v32_weights_in_bf16", index_weights_v32=lambda raw, qs: _bf16(
         ref.index_weights_v32(raw, qs))), "IDX.WEIGHT.V32"),
