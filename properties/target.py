@@ -63,6 +63,7 @@ converter of dsv4spec.adapters that fits; it is reported ERROR, never passed.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -472,10 +473,17 @@ def _version(provider) -> str:
         return str(version)
     top = (getattr(module, "__name__", "") or "").split(".")[0]
     try:
-        dists = metadata.packages_distributions().get(top, [])
+        dists = _distributions(tuple(sys.path)).get(top, [])
         return metadata.version(dists[0]) if dists else ""
     except Exception:       # noqa: BLE001 -- metadata of a broken install is not worth a failure
         return ""
+
+
+@functools.lru_cache(maxsize=8)
+def _distributions(path: tuple) -> dict:
+    """{top-level module: its distributions} of the installs on `path` (scanning them all takes
+    about 60 ms: once per sys.path, not once per target)."""
+    return metadata.packages_distributions()
 
 
 def known_ops() -> set[str]:

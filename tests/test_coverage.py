@@ -1,5 +1,7 @@
 """Decision coverage: the ci profile reaches every listed boundary of the codec, indexer and pool
 rules, and a boundary that no input reaches is reported missed."""
+import functools
+
 import numpy as np
 import pytest
 
@@ -14,6 +16,18 @@ REQUIRED_RULES = sorted({c.rule_id for c in load_checks() if c.rule_id.split("."
 CHECKED_RULES = sorted({c.rule_id for c in load_checks()})
 
 
+@functools.lru_cache(maxsize=None)
+def ci_coverage(rule_id: str) -> C.RuleCoverage:
+    """A rule's ci coverage on impl, run once per process for every test that reads it (C.coverage's
+    own loop runs in test_the_coverage_command); a family's layer results are shared, as in one run."""
+    return C.rule_coverage(rule_id, profile="ci", memo=_family_memo(rule_id.split(".")[0]))
+
+
+@functools.lru_cache(maxsize=None)
+def _family_memo(family: str) -> dict:
+    return {}
+
+
 def test_every_checked_rule_of_every_family_lists_its_boundaries():
     assert sorted({r.split(".")[0] for r in CHECKED_RULES} - set(C.REQUIRED + C.OTHER)) == []
     assert [r for r in CHECKED_RULES if not C.boundaries(r)] == []
@@ -24,7 +38,7 @@ def test_every_checked_rule_of_every_family_lists_its_boundaries():
 
 
 def test_ci_reaches_every_boundary_of_fmt_fp4_fp8_idx_pool():
-    results = C.coverage(list(C.REQUIRED), profile="ci")
+    results = [ci_coverage(r.id) for r in select(list(C.REQUIRED)) if r.id in C.BOUNDARIES]
     assert {rc.rule_id for rc in results} == set(REQUIRED_RULES)
     assert {rc.rule_id: [b.name for b in rc.missed] for rc in results if rc.missed} == {}
     # random draws, not only @example, hit every drawable boundary in ≥ 1/50 of them
@@ -43,7 +57,7 @@ def _rarely_drawn(results):
 def test_random_draws_reach_every_boundary_of_the_other_families(family):
     """HAD, CMP, LAYOUT, BUDGET, LAYER, ROPE, PATH, ATTN at ci: nothing missed, and every boundary
     that is not a sweep's is reached by random draws in ≥ 1/50 of one check's drawn examples."""
-    results = C.coverage([family], profile="ci")
+    results = [ci_coverage(r.id) for r in select([family]) if r.id in C.BOUNDARIES]
     assert {rc.rule_id for rc in results} == {r for r in CHECKED_RULES if r.split(".")[0] == family}
     assert {rc.rule_id: [b.name for b in rc.missed] for rc in results if rc.missed} == {}
     assert _rarely_drawn(results) == {}
@@ -111,7 +125,7 @@ def test_ci_is_sized_per_rule():
     assert sizes == {"FMT.E2M1.ZERO_SIGN": 400, "FP4.KV.SCALE": 200, "IDX.TOPK.PAD": 50, "POOL.SIZE": 25,
                      "CMP.GATE": 25}
     assert profile_for("FP4.KV.SCALE", "thorough") == "thorough"
-    run = C.rule_coverage("FMT.E2M1.ZERO_SIGN")
+    run = ci_coverage("FMT.E2M1.ZERO_SIGN")
     assert 300 < run.calls <= 400 + 3                   # the generated examples and the explicit ones
 
 
@@ -130,8 +144,8 @@ def test_random_reach_counts_the_drawn_examples_of_each_check():
 
 
 def test_the_recorder_tells_drawn_examples_from_explicit_ones_and_sweeps():
-    run = C.rule_coverage("FMT.E2M1.ZERO_SIGN")
+    run = ci_coverage("FMT.E2M1.ZERO_SIGN")
     exactly = next(b for b in run.reached if b.name == "x = −0")
     assert run.random_rate(exactly) >= C.RANDOM_REACH and run.reached_by(exactly) == "drawn"
-    decode = C.rule_coverage("FMT.E2M1.VALUES")
+    decode = ci_coverage("FMT.E2M1.VALUES")
     assert [decode.reached_by(b) for b in decode.reached] == ["sweep"]

@@ -60,8 +60,9 @@ def test_a_segfault_and_a_hang_cost_only_their_rules(tmp_path):
 
 def test_jobs_2_reports_what_jobs_1_reports(tmp_path):
     (tmp_path / "lossy.py").write_text(LOSSY)
+    # a randomized profile with its seed (30 examples a check: the workers must draw what one process draws)
     args = ["--target", "impl", "--target", "lossy", "--rules", "FP4.E2M1,FP4.IDX,FP4.PACK", "--profile", "dev",
-            "--seed", "11"]
+            "--seed", "11", "--max-examples", "30"]
     one, _ = verify(tmp_path, *args, "--json", "one.json")
     two, _ = verify(tmp_path, *args, "--jobs", "2", "--json", "two.json")
     assert one.returncode == two.returncode == 1, one.stdout + two.stdout
