@@ -298,20 +298,28 @@ def all_mutants(modules=MODULES, operators=OPERATORS) -> list[Mutant]:
 # Loading a mutant as a target
 # ---------------------------------------------------------------------------------------------
 
+def _rounded(t, to, limit=None):
+    """t (a Python number or a tensor, integer or floating) rounded to the format `to`, in its own
+    type: an integer computed through BF16 loses its low bits as a float does."""
+    import torch
+    if isinstance(t, bool) or not isinstance(t, (int, float, torch.Tensor)) or \
+            isinstance(t, torch.Tensor) and t.dtype == torch.bool:
+        return t
+    x = torch.tensor(float(t)) if isinstance(t, (int, float)) else t.float()
+    x = (x.clamp(-limit, limit) if limit else x).to(to).float()
+    if isinstance(t, (int, float)):
+        return type(t)(x.item())
+    return x.to(t.dtype)
+
+
 def _round_bf16(t):
     import torch
-    if isinstance(t, float):
-        return torch.tensor(t).bfloat16().item()
-    return t.to(torch.bfloat16).to(t.dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+    return _rounded(t, torch.bfloat16)
 
 
 def _round_e4m3(t):
     import torch
-    if isinstance(t, float):
-        return torch.tensor(t).clamp(-448, 448).to(torch.float8_e4m3fn).item()
-    if isinstance(t, torch.Tensor) and t.is_floating_point():
-        return t.float().clamp(-448, 448).to(torch.float8_e4m3fn).to(t.dtype)
-    return t
+    return _rounded(t, torch.float8_e4m3fn, 448)
 
 
 def _mutated_tree(mutant: Mutant) -> ast.Module:

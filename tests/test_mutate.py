@@ -85,6 +85,12 @@ def test_an_import_inside_a_function_reaches_the_copy():
     assert M.mutant_target(mutant).op("kv_qdq_fp4_e8m0")(x)[0, :2].tolist() == [6.0, 3.0]
 
 
+def test_an_added_cast_rounds_integers_too():
+    assert (M._round_bf16(257), M._round_e4m3(17), M._round_e4m3(1000)) == (256, 16, 448)
+    assert M._round_bf16(torch.tensor([257, 3])).tolist() == [256, 3]
+    assert M._round_bf16(True) is True
+
+
 def test_the_fixed_sample_is_killed_on_its_rule():
     for mutant_id, rule_id in SAMPLE:
         result = M.run_mutant(_by_id(mutant_id), ["FMT"])
