@@ -124,3 +124,26 @@ def test_shards_merge_and_the_equivalence_file_applies_again():
     killed = M.Result(_by_id(SAMPLE[0][0]), "killed", "FMT.E4M3.VALUES", "FAIL", ["FMT.E4M3.VALUES"])
     merged = M.from_json([M.to_json([survived]), M.to_json([killed])])
     assert [(r.mutant.id, r.status) for r in merged] == [(marked, "equivalent"), (SAMPLE[0][0], "killed")]
+
+
+def _blocks_at_every_bf16_amax(block):
+    amax = torch.arange(0, 0x3E80, dtype=torch.int16).view(torch.bfloat16)    # every BF16 in [0, 1/4)
+    x = torch.zeros(len(amax), block, dtype=torch.bfloat16)
+    x[:, 0], x[:, 1] = amax, (-amax.float() / 3).bfloat16()
+    return x
+
+
+def test_the_official_floor_equivalences_hold_at_every_bf16_amax():
+    # official's quantizers are fed BF16: a floor mutant marked equivalent gives the same bytes for
+    # every BF16 amax below 1/4 (the floors, 1e-4 … 6·2^-9, and their neighbours act far below it);
+    # its ×2 neighbour (killed) does not
+    floors = {"FP4_E4M3_FLOOR": ("fp4_e4m3_quantize", (), 16), "FP4_E8M0_FLOOR": ("fp4_e8m0_quantize", (), 32),
+              "FP8_FLOOR": ("fp8_quantize", (32,), 32)}
+    marked = [i for i in M.load_equivalent() if i.split(":")[:2][0] == "official.quant" and i.split(":")[1] in floors]
+    assert len(marked) == 10
+    for mutant_id in marked + ["official.quant:FP4_E4M3_FLOOR:const:6 -> 12 (×2)#1"]:
+        op, args, block = floors[mutant_id.split(":")[1]]
+        x = _blocks_at_every_bf16_amax(block)
+        want, got = getattr(official, op)(x, *args), getattr(M.mutated_module(_by_id(mutant_id)), op)(x, *args)
+        same = all(torch.equal(a, b) for a, b in zip(want, got))
+        assert same == (mutant_id in marked), mutant_id
