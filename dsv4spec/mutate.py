@@ -10,9 +10,12 @@ Each mutant is one AST edit of one module of the reference (impl/quant.py, offic
     where    where(c, a, b) → where(c, b, a)
     axis     a reduction's dim/axis moved (−1 → −2, otherwise d → d − 1)
 
-A mutant is loaded as a target in memory (the mutated copy of the module, its public operations
-over the unchanged rest of the package) and runs, at the ci profile, the rules whose checks call an
-operation that reaches the edited code, stopping at the first one it does not pass (killed).  The
+A mutant is loaded as a target in memory: the mutated copy of the module and fresh copies of the
+modules of its package that import it (directly or through others: impl/topk.py reaches index_topk,
+reindex_topk and index_layer through impl.indexer, impl.pool and impl.path), over the unchanged rest;
+the originals are untouched.  It runs, at the ci profile, the rules whose checks call an operation
+whose code reaches the edited definition, across modules, nearest first (an operation of the mutated
+module, then of a module importing it, ...), stopping at the first one it does not pass (killed).  The
 survivors are listed with file:line and operator.  A mutant that cannot change any result (an
 equivalent mutant) is marked once, by hand, with a reason, in tests/mutants/EQUIVALENT.toml, keyed
 by its id: module:function:operator:the edited source#occurrence, independent of line numbers.
@@ -22,7 +25,9 @@ by its id: module:function:operator:the edited source#occurrence, independent of
 from __future__ import annotations
 
 import ast
+import builtins
 import copy
+import functools
 import importlib
 import json
 import math
@@ -38,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 MODULES = ("impl.quant", "impl.indexer", "impl.pool", "impl.compressor", "impl.layout",
-           "impl.budget", "impl.rope", "impl.path", "impl.attn", "official.quant", "official.indexer",
+           "impl.budget", "impl.rope", "impl.path", "impl.attn", "impl.topk", "official.quant", "official.indexer",
            "official.pool", "official.compressor", "official.rope", "official.path", "official.attn")
 OPERATORS = ("const", "compare", "minmax", "cast", "where", "axis")
 EQUIVALENT_FILE = Path(__file__).resolve().parents[1] / "tests" / "mutants" / "EQUIVALENT.toml"
@@ -293,25 +298,31 @@ def all_mutants(modules=MODULES, operators=OPERATORS) -> list[Mutant]:
 # Loading a mutant as a target
 # ---------------------------------------------------------------------------------------------
 
+def _rounded(t, to, limit=None):
+    """t (a Python number or a tensor, integer or floating) rounded to the format `to`, in its own
+    type: an integer computed through BF16 loses its low bits as a float does."""
+    import torch
+    if isinstance(t, bool) or not isinstance(t, (int, float, torch.Tensor)) or \
+            isinstance(t, torch.Tensor) and t.dtype == torch.bool:
+        return t
+    x = torch.tensor(float(t)) if isinstance(t, (int, float)) else t.float()
+    x = (x.clamp(-limit, limit) if limit else x).to(to).float()
+    if isinstance(t, (int, float)):
+        return type(t)(x.item())
+    return x.to(t.dtype)
+
+
 def _round_bf16(t):
     import torch
-    if isinstance(t, float):
-        return torch.tensor(t).bfloat16().item()
-    return t.to(torch.bfloat16).to(t.dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+    return _rounded(t, torch.bfloat16)
 
 
 def _round_e4m3(t):
     import torch
-    if isinstance(t, float):
-        return torch.tensor(t).clamp(-448, 448).to(torch.float8_e4m3fn).item()
-    if isinstance(t, torch.Tensor) and t.is_floating_point():
-        return t.float().clamp(-448, 448).to(torch.float8_e4m3fn).to(t.dtype)
-    return t
+    return _rounded(t, torch.float8_e4m3fn, 448)
 
 
-def mutated_module(mutant: Mutant) -> types.ModuleType:
-    """The mutated copy of the module, loaded in memory (its relative imports resolved as the
-    original's); the original stays untouched in sys.modules."""
+def _mutated_tree(mutant: Mutant) -> ast.Module:
     tree, found = _identified(mutant.module)
     chosen = [(node, make) for m, node, make in found if m.id == mutant.id]
     if not chosen:
@@ -323,27 +334,81 @@ def mutated_module(mutant: Mutant) -> types.ModuleType:
             if n is node:
                 return make(n)
             return super().generic_visit(n)
-    tree = ast.fix_missing_locations(Replace().visit(tree))
-    original = importlib.import_module(f"dsv4spec.{mutant.module}")
-    module = types.ModuleType(original.__name__, original.__doc__)
-    module.__dict__.update(__file__=original.__file__, __package__=original.__package__,
-                           __mutate_bf16=_round_bf16, __mutate_e4m3=_round_e4m3)
-    exec(compile(tree, original.__file__, "exec"), module.__dict__)   # noqa: S102 -- our own source
-    return module
+    return ast.fix_missing_locations(Replace().visit(tree))
+
+
+@functools.lru_cache(maxsize=None)
+def _original_code(module: str):
+    path = _path_of(module)
+    return compile(path.read_text(), str(path), "exec")
+
+
+class _Copies:
+    """Fresh copies of the mutated module and of every module of its package that imports it,
+    directly or through another (impl.indexer and impl.pool over a mutated impl.topk): each copy is
+    run from its source with the package's relative imports of a copied module resolved to the
+    copy, at import time and inside functions alike.  sys.modules and the originals are untouched,
+    so nothing outside the target (the checks' oracles, spec/) sees the mutant."""
+
+    def __init__(self, mutant: Mutant):
+        self.mutant = mutant
+        self.package = mutant.module.split(".")[0]
+        self.copied = importers(mutant.module)
+        self.copies: dict[str, types.ModuleType] = {}
+        self.builtins = {**vars(builtins), "__import__": self._import}
+
+    def get(self, module: str) -> types.ModuleType:
+        if module not in self.copied:
+            return importlib.import_module(f"dsv4spec.{module}")
+        if module not in self.copies:
+            code = compile(_mutated_tree(self.mutant), str(_path_of(module)), "exec") \
+                if module == self.mutant.module else _original_code(module)
+            original = importlib.import_module(f"dsv4spec.{module}")
+            copy_ = types.ModuleType(original.__name__, original.__doc__)
+            copy_.__dict__.update(__file__=original.__file__, __package__=original.__package__,
+                                  __builtins__=self.builtins, __mutate_bf16=_round_bf16, __mutate_e4m3=_round_e4m3)
+            exec(code, copy_.__dict__)   # noqa: S102 -- our own source
+            self.copies[module] = copy_
+        return self.copies[module]
+
+    def _import(self, name, globals=None, locals=None, fromlist=(), level=0):
+        if level == 1 and (globals or {}).get("__package__") == f"dsv4spec.{self.package}":
+            if name and f"{self.package}.{name}" in self.copied:            # from .topk import …
+                return self.get(f"{self.package}.{name}")
+            if not name and any(f"{self.package}.{n}" in self.copied for n in fromlist):   # from . import quant
+                package = importlib.import_module(f"dsv4spec.{self.package}")
+                return types.SimpleNamespace(**{n: self.get(f"{self.package}.{n}") if f"{self.package}.{n}"
+                                                in self.copied else getattr(package, n) for n in fromlist})
+        return builtins.__import__(name, globals, locals, fromlist, level)
+
+
+def mutated_module(mutant: Mutant) -> types.ModuleType:
+    """The mutated copy of the module, loaded in memory (its relative imports resolved as the
+    original's); the original stays untouched in sys.modules."""
+    return _Copies(mutant).get(mutant.module)
+
+
+def _exports(module) -> list[str]:
+    """The names `from module import *` binds."""
+    return list(getattr(module, "__all__", None) or [n for n in vars(module) if not n.startswith("_")])
 
 
 def _public(module) -> dict:
-    names = getattr(module, "__all__", None) or [n for n in dir(module) if not n.startswith("_")]
-    return {n: getattr(module, n) for n in names if callable(getattr(module, n, None))}
+    return {n: getattr(module, n) for n in _exports(module) if callable(getattr(module, n, None))}
 
 
 def mutant_target(mutant: Mutant):
-    """The package of the mutated module (impl or official), its operations from the mutated copy."""
+    """The package of the mutated module (impl or official), its operations taken from the copies
+    (the mutated module and its importers), as the package's __init__ binds them."""
     from dsv4spec.properties.target import Target
-    package = importlib.import_module(f"dsv4spec.{mutant.module.split('.')[0]}")
+    copies = _Copies(mutant)
+    package = importlib.import_module(f"dsv4spec.{copies.package}")
     provider = types.SimpleNamespace(**{k: getattr(package, k) for k in dir(package) if not k.startswith("_")})
-    for name, fn in _public(mutated_module(mutant)).items():
-        setattr(provider, name, fn)
+    for module in package_modules(copies.package, exported=True):
+        if module in copies.copied:
+            source = copies.get(module)
+            for name in _exports(source):
+                setattr(provider, name, getattr(source, name))
     provider.NAME = f"mutant:{mutant.id}"
     return Target(provider, provider.NAME)
 
@@ -352,9 +417,33 @@ def mutant_target(mutant: Mutant):
 # Which rules a mutant runs
 # ---------------------------------------------------------------------------------------------
 
-def _reaching_ops(module: str) -> dict[str, set[str]]:
-    """{top-level name: the public operations whose code reaches it (calls it, reads it)}."""
-    tree = ast.parse(_path_of(module).read_text())
+def package_modules(package: str, exported: bool = False) -> list[str]:
+    """The package's modules: those its __init__ star-imports, in that order (the operations it
+    provides), then, unless `exported`, the others (impl.topk: helpers of several modules)."""
+    init = Path(importlib.import_module(f"dsv4spec.{package}").__file__)
+    starred = [f"{package}.{s.module}" for s in ast.parse(init.read_text()).body if isinstance(s, ast.ImportFrom)
+               and s.level == 1 and s.module and any(a.name == "*" for a in s.names)]
+    if exported:
+        return starred
+    rest = sorted(f"{package}.{p.stem}" for p in init.parent.glob("*.py") if p.stem != "__init__")
+    return starred + [m for m in rest if m not in starred]
+
+
+def _bindings(node, package: str) -> dict[str, tuple[str, str | None]]:
+    """{local name: (module, its name there; None: the module itself)} of the relative imports of
+    the package within `node` (at any depth)."""
+    out = {}
+    for n in ast.walk(node):
+        if isinstance(n, ast.ImportFrom) and n.level == 1:
+            for a in n.names:
+                if n.module:
+                    out[a.asname or a.name] = (f"{package}.{n.module}", a.name)
+                else:
+                    out[a.asname or a.name] = (f"{package}.{a.name}", None)
+    return out
+
+
+def _tops(tree) -> dict[str, ast.AST]:
     tops = {}
     for stmt in tree.body:
         if isinstance(stmt, (ast.FunctionDef, ast.ClassDef)):
@@ -365,34 +454,113 @@ def _reaching_ops(module: str) -> dict[str, set[str]]:
                 tops[name] = stmt
             if len(names) > 1:
                 tops[",".join(names)] = stmt
-    refs = {name: {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in tops} - {name}
-            for name, node in tops.items()}
-    public = set(_public(importlib.import_module(f"dsv4spec.{module}")))
+    return tops
+
+
+@functools.lru_cache(maxsize=None)
+def _graph(package: str) -> dict[tuple[str, str], set[tuple[str, str]]]:
+    """{(module, top-level name): the (module, name)s its code names}, across the package's modules:
+    an imported name leads to its definition, `quant.fp8_qdq` to quant's, a bare module to all of it."""
+    trees = {m: ast.parse(_path_of(m).read_text()) for m in package_modules(package)}
+    tops = {m: _tops(t) for m, t in trees.items()}
+    edges: dict = defaultdict(set)
+    for module, tree in trees.items():
+        imported = _bindings(ast.Module([s for s in tree.body if isinstance(s, ast.ImportFrom)], []), package)
+        for local, (source, name) in imported.items():
+            if name is not None and source in tops:
+                edges[(module, local)].add((source, name))
+        for top, stmt in tops[module].items():
+            bound = {**imported, **_bindings(stmt, package)}
+            attributes = {id(n.value) for n in ast.walk(stmt) if isinstance(n, ast.Attribute)
+                          and isinstance(n.value, ast.Name) and bound.get(n.value.id, ("", ""))[1] is None}
+            for n in ast.walk(stmt):
+                if isinstance(n, ast.Attribute) and id(n.value) in attributes:
+                    edges[(module, top)].add((bound[n.value.id][0], n.attr))
+                elif isinstance(n, ast.Name) and id(n) not in attributes and n.id != top:
+                    if n.id in tops[module]:
+                        edges[(module, top)].add((module, n.id))
+                    elif n.id in imported and imported[n.id][1] is not None:
+                        edges[(module, top)].add((module, n.id))
+                    elif n.id in bound and bound[n.id][0] in tops:
+                        source, name = bound[n.id]
+                        edges[(module, top)] |= {(source, name)} if name else {(source, t) for t in tops[source]}
+    return edges
+
+
+@functools.lru_cache(maxsize=None)
+def _imports(package: str) -> dict[str, frozenset[str]]:
+    """{module: the modules of its package it imports}."""
+    return {m: frozenset(source for source, _ in _bindings(ast.parse(_path_of(m).read_text()), package).values())
+            for m in package_modules(package)}
+
+
+@functools.lru_cache(maxsize=None)
+def importers(module: str) -> dict[str, int]:
+    """{the module and every module of its package that imports it, directly or through others:
+    the fewest imports between them} (impl.topk 0, impl.indexer 1, impl.path 2, …)."""
+    imports = _imports(module.split(".")[0])
+    out = {module: 0}
+    while grown := {m for m, sources in imports.items() if sources & set(out)} - set(out):
+        out.update({m: 1 + min(out[s] for s in imports[m] if s in out) for m in grown})
+    return out
+
+
+def _operations(package: str) -> dict[str, tuple[str, str]]:
+    """{operation: (the module, the name) the package binds it to}."""
+    out = {}
+    for module in package_modules(package, exported=True):
+        out.update({name: (module, name) for name in _public(importlib.import_module(f"dsv4spec.{module}"))})
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _reaching(package: str) -> dict[tuple[str, str], set[str]]:
+    """{(module, top-level name): the operations of the package whose code reaches it}."""
+    edges = _graph(package)
     reach = defaultdict(set)
-    for op in public:
-        stack, seen = [op], set()
+    for op, start in _operations(package).items():
+        stack, seen = [start], set()
         while stack:
-            name = stack.pop()
-            if name in seen:
+            node = stack.pop()
+            if node in seen:
                 continue
-            seen.add(name)
-            reach[name].add(op)
-            stack += refs.get(name, ())
+            seen.add(node)
+            reach[node].add(op)
+            stack += edges.get(node, ())
     return reach
 
 
+def reaching_ops(mutant: Mutant) -> set[str]:
+    """The operations whose code reaches the mutated definition (module-level code: all that reach
+    any definition of the module), and the per-format names a reached bundled one provides."""
+    from dsv4spec.properties.target import SPLIT
+    reach = _reaching(mutant.module.split(".")[0])
+    names = [mutant.function, *mutant.function.split(",")]
+    if any((mutant.module, n) in reach for n in names):
+        ops = set().union(*(reach.get((mutant.module, n), set()) for n in names))
+    else:
+        ops = set().union(*(v for (module, _), v in reach.items() if module == mutant.module))
+    return ops | {split for split, (bundled, _) in SPLIT.items() if bundled in ops}
+
+
 def rules_for(mutant: Mutant, prefixes=None) -> list[str]:
-    """The rules (in registry order, within the prefixes) with a check calling an operation that
-    reaches the mutated definition."""
+    """The rules (within the prefixes) with a check calling an operation that reaches the mutated
+    definition, nearest first (a check calling an operation of the mutated module itself, then of a
+    module importing it, …: the cheapest to fail), each distance in registry order."""
     from dsv4spec.properties.suite import load_checks
+    from dsv4spec.properties.target import SPLIT
     from dsv4spec.spec.rules import select
-    reach = _reaching_ops(mutant.module)
-    if mutant.function in reach or "," in mutant.function:
-        ops = set().union(*(reach.get(n, set()) for n in [mutant.function, *mutant.function.split(",")]))
-    else:                 # other module-level code: every public operation
-        ops = set(_public(importlib.import_module(f"dsv4spec.{mutant.module}")))
-    checked = {c.rule_id for c in load_checks() if set(c.ops) & ops}
-    return [r.id for r in select(prefixes) if r.id in checked]
+    ops = reaching_ops(mutant)
+    hops = importers(mutant.module)
+    far = len(hops)
+    distance = {op: hops.get(module, far) for op, (module, _) in _operations(mutant.module.split(".")[0]).items()}
+    distance.update({split: distance.get(bundled, far) for split, (bundled, _) in SPLIT.items()})
+    nearest: dict[str, int] = {}
+    for c in load_checks():
+        for op in set(c.ops) & ops:
+            nearest[c.rule_id] = min(nearest.get(c.rule_id, far), distance.get(op, far))
+    ids = [r.id for r in select(prefixes) if r.id in nearest]
+    return sorted(ids, key=lambda r: nearest[r])      # stable: registry order within a distance
 
 
 # ---------------------------------------------------------------------------------------------
