@@ -69,16 +69,24 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _block(q, acc, total, m, start, t, idx_ptr, kv_ptr, K, scale, dims, dv, D: tl.constexpr,
-           BLOCK_K: tl.constexpr, BLOCK_DV: tl.constexpr, IEEE: tl.constexpr):
-    """One block of 64 list entries: gather, score, running max, both sums rescaled."""
+def _block_scores(q, start, t, idx_ptr, kv_ptr, K, scale, dims, D: tl.constexpr, BLOCK_K: tl.constexpr,
+                  IEEE: tl.constexpr):
+    """The block of list entries from `start`: the gathered rows (−1 read as 0) and their fp32
+    scores × scale, −inf at −1 and past K."""
     entry = start + tl.arange(0, BLOCK_K)
     idx = tl.load(idx_ptr + t * K + entry, mask=entry < K, other=-1)
     valid = idx != -1
     row = tl.where(valid, idx, 0).to(tl.int64)
     keys = tl.load(kv_ptr + row[:, None] * D + dims[None, :], mask=valid[:, None], other=0.0)
     s = _dot(q, tl.trans(keys), IEEE) * scale
-    s = tl.where(valid[None, :], s, float("-inf"))
+    return tl.where(valid[None, :], s, float("-inf")), keys, row, valid, entry
+
+
+@triton.jit
+def _block(q, acc, total, m, start, t, idx_ptr, kv_ptr, K, scale, dims, dv, D: tl.constexpr,
+           BLOCK_K: tl.constexpr, BLOCK_DV: tl.constexpr, IEEE: tl.constexpr):
+    """One block of 64 list entries: gather, score, running max, both sums rescaled."""
+    s, keys, row, valid, entry = _block_scores(q, start, t, idx_ptr, kv_ptr, K, scale, dims, D, BLOCK_K, IEEE)
     m_new = tl.maximum(m, tl.max(s, 1))
     rescale = tl.exp(m - m_new)
     p = tl.exp(s - m_new[:, None])
@@ -135,13 +143,7 @@ def _attn_scores_kernel(q_ptr, kv_ptr, idx_ptr, s_ptr, bmax_ptr, H, K, NB, scale
     j = tl.program_id(1)
     dims = tl.arange(0, D)
     q = tl.load(q_ptr + (t * H + heads)[:, None] * D + dims[None, :], mask=head_ok[:, None], other=0.0)
-    entry = j * BLOCK_K + tl.arange(0, BLOCK_K)
-    idx = tl.load(idx_ptr + t * K + entry, mask=entry < K, other=-1)
-    valid = idx != -1
-    row = tl.where(valid, idx, 0).to(tl.int64)
-    keys = tl.load(kv_ptr + row[:, None] * D + dims[None, :], mask=valid[:, None], other=0.0)
-    s = _dot(q, tl.trans(keys), IEEE) * scale
-    s = tl.where(valid[None, :], s, float("-inf"))
+    s, keys, row, valid, entry = _block_scores(q, j * BLOCK_K, t, idx_ptr, kv_ptr, K, scale, dims, D, BLOCK_K, IEEE)
     th = t * H + heads
     tl.store(s_ptr + th[:, None] * (NB * BLOCK_K) + entry[None, :], s, mask=head_ok[:, None])
     tl.store(bmax_ptr + th * NB + j, tl.max(s, 1), mask=head_ok)
