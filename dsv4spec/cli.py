@@ -342,7 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
     from dsv4spec.properties.target import DEFAULT_TIMEOUT_S
     p.add_argument("--max-examples", type=int, metavar="N", help="examples per check, instead of the "
                    "profile's (ci sizes them per rule: FMT 400, FP4/FP8 200, IDX/POOL 50, the layer checks 2 "
-                   "drawn cases after their fixed ones, else 25)")
+                   "drawn cases after their fixed ones, else 25; dev and thorough draw 10 and 100 layers in a layer check)")
     p.add_argument("--skip", metavar="FILE", help="rules not to run: `RULE-or-prefix reason` per line (# comments), "
                    "reported SKIP with the reason")
     p.add_argument("--xfail", metavar="FILE", help="rules expected to fail, same format: their FAIL, ERROR or "

@@ -106,22 +106,31 @@ LAYER_CHECKS = ("PATH.Q.PROJ", "PATH.K.PROJ", "PATH.K.NORM", "PATH.HADAMARD", "P
                 "PATH.ORDER::layer_quantizes_after_rope", "PATH.LAYER", "ATTN.LAYER")
 CI_EXAMPLES = {"FMT": 400, "FP4": 200, "FP8": 200, "FP8.LINEAR": 50, "IDX": 50, "IDX.VISIBLE": 400, "IDX.WEIGHT": 400,
                "POOL": 50, "POOL.SIZE": 25, **dict.fromkeys(LAYER_CHECKS, 2)}
+# The layer checks draw whole layers: dev and thorough draw 10 and 100 of them (a dev seed's layer
+# rules then take minutes, not hours), every other check the profile's own count.
+LAYER_DRAWS = {"dev": 10, "thorough": 100}
 for _n in set(CI_EXAMPLES.values()):
     register_profile(f"ci/{_n}", parent="ci", max_examples=_n)
-for _p in (*PROFILES, *(f"ci/{_n}" for _n in set(CI_EXAMPLES.values()))):
+for _p, _n in LAYER_DRAWS.items():
+    register_profile(f"{_p}/{_n}", parent=_p, max_examples=_n)
+for _p in (*PROFILES, *(f"ci/{_n}" for _n in set(CI_EXAMPLES.values())), *(f"{p}/{n}" for p, n in LAYER_DRAWS.items())):
     # naming a variant only asks whether a check passes: no shrinking
     register_profile(f"{_p}-noshrink", parent=_p, phases=(Phase.explicit, Phase.reuse, Phase.generate))
 
 
 def profile_for(rule_id: str, profile: str, check: str | None = None) -> str:
     """The Hypothesis profile a rule's checks (or its check named `check`) run under: ci is sized
-    per rule (CI_EXAMPLES)."""
+    per rule (CI_EXAMPLES); dev and thorough draw LAYER_DRAWS layers in a layer check."""
     if profile != "ci":
-        return profile
+        return f"{profile}/{LAYER_DRAWS[profile]}" if profile in LAYER_DRAWS and _is_layer_check(rule_id, check) else profile
     if f"{rule_id}::{check}" in CI_EXAMPLES:
         return f"ci/{CI_EXAMPLES[f'{rule_id}::{check}']}"
     prefixes = [p for p in CI_EXAMPLES if rule_id == p or rule_id.startswith(p + ".")]
     return f"ci/{CI_EXAMPLES[max(prefixes, key=len)]}" if prefixes else "ci"
+
+
+def _is_layer_check(rule_id: str, check: str | None) -> bool:
+    return rule_id in LAYER_CHECKS or f"{rule_id}::{check}" in LAYER_CHECKS
 
 
 def settings_for(rule_id: str, profile: str, shrink: bool = True, check: str | None = None) -> settings:
