@@ -1071,6 +1071,12 @@ def _layer_call(c):
     return m, m.ratio(int(arg(c, 99, "layer"))), int(np.shape(arg(c, 0, "inputs")["x"])[0]), int(arg(c, 99, "start_pos") or 0)
 
 
+def drawn_layers_only() -> frozenset:
+    """The boundaries of the layer checks' seed-drawn cases (ci draws 2 layers a check, dev 10):
+    shown at ci, where neither a miss nor a rare random reach is a gap."""
+    return frozenset(b.name for b in layer_call_boundaries()) | {"an index_layer of v4-pro"}
+
+
 def layer_call_boundaries() -> list[Boundary]:
     """Where a layer's stages decide, as the drawn layer cases reach them (path.layer_keys)."""
     def entries(c):

@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -182,12 +183,15 @@ def test_ctrl_c_prints_and_writes_what_finished(tmp_path, isolate):
     (tmp_path / "slow.py").write_text(
         "import time, torch\nNAME = 'slow'\nCLAIMS_CONFORMANCE = True\n"
         "def e2m1_encode(x):\n    return torch.zeros(x.shape, dtype=torch.uint8)\n"
-        "def e4m3_encode(x):\n    time.sleep(300)\n")
+        "def e4m3_encode(x):\n    open('started', 'w').close()\n    time.sleep(300)\n")
     process = subprocess.Popen([sys.executable, "-m", "dsv4spec", "verify", "--target", "slow", "--rules",
                                 "FMT.E2M1.RNE,FMT.E4M3.RNE", "--json", "r.json", "--junit", "r.xml",
                                 "--markdown", "r.md", *["--isolate"] * isolate], cwd=tmp_path, env=ENV,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert "FAIL FMT.E2M1.RNE on slow" in process.stderr.readline()
+    deadline = time.monotonic() + 120          # the signal lands inside the hanging call, however loaded the machine
+    while not (tmp_path / "started").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=60)
     assert process.returncode == 130 and "INTERRUPTED (Ctrl-C): 1 of 2 results finished; not run:" in err, err
