@@ -187,7 +187,10 @@ def test_ctrl_c_prints_and_writes_what_finished(tmp_path, isolate):
     process = subprocess.Popen([sys.executable, "-m", "dsv4spec", "verify", "--target", "slow", "--rules",
                                 "FMT.E2M1.RNE,FMT.E4M3.RNE", "--json", "r.json", "--junit", "r.xml",
                                 "--markdown", "r.md", *["--isolate"] * isolate], cwd=tmp_path, env=ENV,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               # a process started with SIGINT ignored (an inherited disposition) never
+                               # installs Python's KeyboardInterrupt handler: give it the default, as a shell does
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert "FAIL FMT.E2M1.RNE on slow" in process.stderr.readline()
     deadline = time.monotonic() + 120          # the signal lands inside the hanging call, however loaded the machine
     while not (tmp_path / "started").exists() and time.monotonic() < deadline:
