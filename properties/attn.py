@@ -38,7 +38,8 @@ from ..spec.indexer import is_bf16, round_bf16
 from ..spec.models import PROFILES, profile
 from ..spec.rules import V41
 from .compare import as_numpy, assert_equal, assert_within
-from .path import STAGES, LayerCase, judge_rotation, layer_cases, layer_kind, make_layer_case, normal_bf16
+from .path import (STAGES, LayerCase, judge_rotation, layer_cases, layer_kind, make_layer_case, normal_bf16,
+                   report_first_broken)
 from .suite import check, forall
 
 OPS = {
@@ -628,7 +629,4 @@ def _every_layer_kind(fn):
 @_every_layer_kind
 def every_attention_stage_on_the_stage_before(target, key):
     case = attention_case(key)
-    broken = first_broken_attention_stage(target, case)
-    if broken:
-        stage, rule_id, message = broken
-        raise AssertionError(f"ATTN.LAYER: first broken stage {stage!r} ({rule_id}) [{case!r}]\n{message}")
+    report_first_broken("ATTN.LAYER", case, first_broken_attention_stage(target, case))

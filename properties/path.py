@@ -698,7 +698,11 @@ def layer_quantizes_after_rope(target):
 @layer_check(ALL_KINDS)
 def every_stage_on_the_stage_before(target, key):
     case = layer_case(key)
-    broken = first_broken_stage(target, case)
+    report_first_broken("PATH.LAYER", case, first_broken_stage(target, case))
+
+
+def report_first_broken(rule_id: str, case, broken) -> None:
+    """A layer rule's failure names the first broken stage, the rule it breaks and the case."""
     if broken:
-        stage, rule_id, message = broken
-        raise AssertionError(f"PATH.LAYER: first broken stage {stage!r} ({rule_id}) [{case!r}]\n{message}")
+        stage, stage_rule, message = broken
+        raise AssertionError(f"{rule_id}: first broken stage {stage!r} ({stage_rule}) [{case!r}]\n{message}")
