@@ -355,15 +355,27 @@ def v32_score_is_fp32(target, case):
 
 
 @check("IDX.SCORE.FP4", ops=("index_scores_fp4",))
-@forall(dict(seed=0, T=2, H=32, S=16, D=128), seed=st.integers(0, 2 ** 32 - 1), T=st.integers(1, 4), H=st.sampled_from((1, 4, 32)),
-       S=st.integers(1, 24), D=st.sampled_from((32, 128)))
-def fp4_scores_are_scores_of_dequantized_values(target, seed, T, H, S, D):
+@forall(dict(seed=0, T=2, H=32, S=16, D=128, disjoint=False), dict(seed=0, T=1, H=4, S=3, D=32, disjoint=True),
+        seed=st.integers(0, 2 ** 32 - 1), T=st.integers(1, 4), H=st.sampled_from((1, 4, 32)), S=st.integers(1, 24),
+        D=st.sampled_from((32, 128)), disjoint=st.booleans())
+def fp4_scores_are_scores_of_dequantized_values(target, seed, T, H, S, D, disjoint):
+    """disjoint: q's nonzero codes only where k's are ±0 and the reverse, every dot exactly 0, with k
+    scales 2^73 .. 2^121: a zero code dequantized to anything but ±0 (±2^-149 × 2^73 ≥ 2^-76, a
+    BF16 normal) shows; the scales' product stays finite (≤ 2^124) for a kernel that multiplies them first."""
     rng = np.random.default_rng(seed)
-    q_packed = rng.integers(0, 256, (T, H, D // 2), dtype=np.uint8)
-    k_packed = rng.integers(0, 256, (S, D // 2), dtype=np.uint8)
+    q_codes = rng.integers(0, 16, (T, H, D), dtype=np.uint8)
+    k_codes = rng.integers(0, 16, (S, D), dtype=np.uint8)
+    k_scale_range = (118, 131)
+    if disjoint:
+        k_side = rng.random(D) < 0.5
+        q_codes = np.where(k_side, q_codes & 8, q_codes)        # ±0 where k may be nonzero
+        k_codes = np.where(k_side, k_codes, k_codes & 8)        # ±0 where q may be nonzero
+        k_scale_range = (200, 249)                               # 2^73 .. 2^121
+    q_packed = q_codes[..., 0::2] | (q_codes[..., 1::2] << 4)
+    k_packed = k_codes[..., 0::2] | (k_codes[..., 1::2] << 4)
     q_scales = rng.integers(118, 131, (T, H, D // 32), dtype=np.uint8)
-    k_scales = rng.integers(118, 131, (S, D // 32), dtype=np.uint8)
-    case = ScoreCase(f"fp4/seed={seed}", fp4_e8m0_dequantize(q_packed, q_scales).astype(np.float64),
+    k_scales = rng.integers(*k_scale_range, (S, D // 32), dtype=np.uint8)
+    case = ScoreCase(f"fp4/seed={seed}" + ("/disjoint" * disjoint), fp4_e8m0_dequantize(q_packed, q_scales).astype(np.float64),
                      fp4_e8m0_dequantize(k_packed, k_scales).astype(np.float64),
                      _bf16(rng, (T, H), 0.05), rng.integers(0, S + 1, T).astype(np.int64))
     got = target.index_scores_fp4(*(torch.from_numpy(a) for a in (q_packed, q_scales, k_packed, k_scales)),

@@ -33,8 +33,9 @@ BF16_MANTISSA_BITS = 7
 def bf16_quantum(x) -> np.ndarray:
     """The spacing of BF16 numbers at |x| (one BF16 ulp); 2^-133 below the normal range."""
     a = np.abs(np.asarray(x, dtype=np.float64))
-    _, e = np.frexp(np.where(np.isfinite(a) & (a > 0), a, 1.0))  # a = m·2^e, 0.5 ≤ m < 1
-    return np.ldexp(1.0, np.maximum(e - 1, BF16_MIN_EXP) - BF16_MANTISSA_BITS)
+    _, e = np.frexp(np.where(np.isfinite(a), a, 1.0))            # a = m·2^e, 0.5 ≤ m < 1
+    binade = np.where(a > 0, e - 1, BF16_MIN_EXP)                  # 0 is below the normal range
+    return np.ldexp(1.0, np.maximum(binade, BF16_MIN_EXP) - BF16_MANTISSA_BITS)
 
 
 def round_bf16(x) -> np.ndarray:

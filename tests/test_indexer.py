@@ -25,6 +25,16 @@ def test_every_bf16_pattern_rounds_to_itself_and_midpoints_round_to_even():
     assert np.array_equal(spec.round_bf16(-mid), -even)
 
 
+def test_bf16_quantum_is_the_gap_to_the_next_bf16_magnitude_at_every_pattern():
+    """Exhaustive over the non-negative finite BF16 values, zero included (its gap is the smallest
+    subnormal 2^-133: a zero score's tolerance is no wider), and the same for their negatives."""
+    bits = np.arange(0x7F80, dtype=np.uint32) << 16                     # +0 .. the largest finite
+    values = bits.view(np.float32).astype(np.float64)
+    gap = np.append(values[1:], 2.0 ** 128) - values
+    assert np.array_equal(spec.bf16_quantum(values), gap)
+    assert np.array_equal(spec.bf16_quantum(-values), gap)
+
+
 def test_round_bf16_agrees_with_the_fp32_rule_and_torch_on_fp32_inputs():
     rng = np.random.default_rng(0)
     x = (rng.standard_normal(20000) * 2.0 ** rng.integers(-140, 128, 20000)).astype(np.float32)
