@@ -222,10 +222,10 @@ def _source_topk(model: str, layer: int, T: int, start_pos: int, seed: int) -> n
 
 
 def _index_case(model: str, layer: int, T: int, start_pos: int):
-    """The index_layer case with these coordinates (its searched inputs), or None."""
+    """(the index_layer case with these coordinates, with its searched inputs; its seed), or None."""
     for row in LAYER_CASES:
         if row[1:5] == (model, layer, T, start_pos):
-            return _searched(*row)
+            return _searched(*row), row[5]
     return None
 
 
@@ -251,7 +251,8 @@ def attention_layer_case(name: str, model: str, layer: int, seqlen: int, start_p
     notes = {k: v for k, v in NOTES.items() if k != "index stages" or "topk" in outputs}
     return Case(name, "ATTN.LAYER", "attention_layer", {}, {"model": model, "layer": layer, "start_pos": start_pos},
                 outputs, call="mapping", output_rules=rules, unordered={"window_idx": window, "indices": window},
-                notes=notes, zero_sign_free=("q_attn_rot",), build=functools.partial(_built, name, model, layer, seqlen, start_pos, seed))
+                notes=notes, zero_sign_free=("q_attn_rot",),
+                build=functools.partial(_built, name, model, layer, seqlen, start_pos, seed))
 
 
 @functools.lru_cache(maxsize=None)
@@ -269,8 +270,9 @@ def _built(name: str, model: str, layer: int, seqlen: int, start_pos: int, seed:
         if index is None:
             raise ValueError(f"{name}: no index_layer case of {model} layer {layer}, seqlen {seqlen}, "
                              f"start_pos {start_pos} to take the index inputs from")
+        index, index_seed = index
         base.update(index.inputs)
-        generated.update(index.generated, x=Weight(seed, (seqlen, m.dim), -1, 0))     # layer_recipes' x
+        generated.update(index.generated, x=Weight(index_seed, (seqlen, m.dim), -1, 0))     # layer_recipes' x
         if not np.array_equal(generated["x"].array(), base["x"]):
             raise AssertionError(f"{name}: the index case's x is not layer_recipes' (redrawn?)")
     recipes, pairs = _recipes(model, layer, seqlen, start_pos, seed), {}
@@ -305,10 +307,10 @@ def _built(name: str, model: str, layer: int, seqlen: int, start_pos: int, seed:
 ATTENTION_LAYER_CASES = (
     # name,                        model,        layer, seqlen, start_pos, seed
     ("attention_layer_v4_window",  "v4-flash",   0,     3,      0,         301),   # window only, prefill
-    ("attention_layer_v4_csa",     "v4-flash",   2,     1,      27,        101),   # ratio 4, decode (index_layer_v4_csa)
-    ("attention_layer_v4_hca",     "v4-flash",   3,     1,      127,       321),   # ratio 128, decode, ring full, entry 0 done
+    ("attention_layer_v4_csa",     "v4-flash",   2,     1,      27,        101),   # ratio 4, decode (index inputs)
+    ("attention_layer_v4_hca",     "v4-flash",   3,     1,      127,       321),   # ratio 128, decode, ring full
     ("attention_layer_v41_window", "v4.1-flash", 0,     3,      0,         331),   # window only, prefill
-    ("attention_layer_v41_l20",    "v4.1-flash", 20,    4,      0,         141),   # candidate source, prefill, KV source
+    ("attention_layer_v41_l20",    "v4.1-flash", 20,    4,      0,         141),   # candidate source, prefill
     ("attention_layer_v41_l24",    "v4.1-flash", 24,    1,      20,        151),   # re-index, decode, ring filling
     ("attention_layer_v41_l21",    "v4.1-flash", 21,    4,      0,         361),   # reuse of layer 20, prefill
 )

@@ -9,6 +9,8 @@ are stored: codes, scale bytes, masks, and scores of inputs whose sums are exact
 checked against spec/'s exact definition when it is generated (store.generate).  The indexer
 path's cases (golden/layers.py) store layer stages that every conforming target rounds alike;
 their search decides which rows to redraw with float64 math (see there why that cannot move a bit).
+The attention layer's cases (golden/attn_layers.py) add inputs under which the attention output
+is exact.
 """
 from __future__ import annotations
 
