@@ -9,6 +9,8 @@ are stored: codes, scale bytes, masks, and scores of inputs whose sums are exact
 checked against spec/'s exact definition when it is generated (store.generate).  The indexer
 path's cases (golden/layers.py) store layer stages that every conforming target rounds alike;
 their search decides which rows to redraw with float64 math (see there why that cannot move a bit).
+The attention layer's cases (golden/attn_layers.py) add inputs under which the attention output
+is exact.
 """
 from __future__ import annotations
 
@@ -135,6 +137,8 @@ class Case:
     #                                                    free (None: all), compared as a multiset per row
     positional: tuple[str, ...] = ()    # args passed positionally after the inputs (the contract's order)
     build: object = None                # () -> the case with its inputs, where they take a search to build
+    notes: dict = field(default_factory=dict)   # stage -> why it is determined (or not stored), in the file
+    zero_sign_free: tuple[str, ...] = ()          # float outputs whose zeros compare without their sign
 
     def call_args(self) -> tuple[tuple, dict]:
         """(positional, keyword) arguments after the inputs."""
@@ -167,7 +171,8 @@ def fp4_operands(seed: int, rows: int, heads: int, keys: int, dim: int = 128):
 @functools.lru_cache(maxsize=1)
 def _cases() -> tuple[Case, ...]:
     from .layers import path_cases          # layers builds on the helpers of this module
-    return (*codec_cases(), *indexer_cases(), *path_cases(), *attention_cases())
+    from .attn_layers import attention_layer_cases
+    return (*codec_cases(), *indexer_cases(), *path_cases(), *attention_cases(), *attention_layer_cases())
 
 
 def built(case: Case) -> Case:
@@ -308,8 +313,9 @@ SPEC = {
 
 
 def spec_outputs(case: Case) -> dict[str, np.ndarray]:
+    from .attn_layers import ATTN_SPEC
     from .layers import PATH_SPEC
-    definition = {**SPEC, **PATH_SPEC}[case.op]
+    definition = {**SPEC, **PATH_SPEC, **ATTN_SPEC}[case.op]
     if case.call == "mapping":
         result = definition(dict(case.inputs), **case.args)
         return {name: result[name] for name in case.outputs}

@@ -206,7 +206,7 @@ def rotation_error(x, positions, freqs) -> np.ndarray:
     roundings of the angles ride on it)."""
     x = np.asarray(x, np.float64)
     pair = np.abs(x[..., -64::2]) + np.abs(x[..., -63::2])
-    angle = R._broadcast(x, R.angles(positions, freqs))
+    angle = np.abs(R._broadcast(x, R.angles(positions, freqs)))        # a de-rotation turns by −p·f
     table = np.zeros_like(x)
     table[..., -64:] = np.repeat(pair * angle * 4 * R.FREQ_RTOL, 2, axis=-1)
     return R.rotate_error(x, freqs) + table

@@ -159,10 +159,13 @@ def _lowest_bit(x) -> np.ndarray:
 def _dot_error(q, rows) -> np.ndarray:
     """|fl32(q·k) − q·k| bound [T, H, K]: 0 when every product is a multiple of the smallest product
     quantum and the sum of magnitudes stays below 2^22 of it (all partial sums exact in fp32, with two
-    bits to spare for a tensor core's alignment); else D·2^-23·Σ|q_i k_i|."""
+    bits to spare for a tensor core's alignment); else D·2^-23·Σ|q_i k_i|.  The quantum reads only
+    the channels some head of the token's q reads (a product with q_i = 0 is 0, and adding it rounds
+    nothing)."""
     q, rows = np.asarray(q, dtype=np.float64), np.asarray(rows, dtype=np.float64)
     mag = np.einsum("thd,tkd->thk", np.abs(q), np.abs(rows))
-    unit = _lowest_bit(q).min(-1)[..., None] * _lowest_bit(rows).min(-1)[:, None, :]
+    read = (q != 0).any(1)[:, None, :]                                       # [T, 1, D]
+    unit = _lowest_bit(q).min(-1)[..., None] * np.where(read, _lowest_bit(rows), np.inf).min(-1)[:, None, :]
     exact = (mag == 0) | (mag < 2.0 ** 22 * unit)
     return np.where(exact, 0.0, q.shape[-1] * U32 * mag)
 
