@@ -25,7 +25,9 @@ takes the gathered pool, so the re-index layers of one decode step share one gat
 A decode step need not scan a mask at all: _candidate_list gives the chosen blocks as a list
 (ascending block indices, the same top-k engine on the same block maxima) and _gather_blocks
 expands it into the same gathered pool, bit for bit, in time that grows with the pool, not with
-the context.
+the context.  _candidate_list_of_keys goes one step further: the score kernel itself writes each
+row's block maxima (kernels.indexer, BLOCK_MAX), so the [T, S] scores of the decode step's
+candidate layer are never written, read back, or reduced by a launch of their own.
 
 The device functions (_candidate_blocks, _candidate_list, _gather_pool, _gather_blocks,
 _reindex_topk) read nothing back to the host with sync=False (kernels.indexer's top-k engine then
@@ -139,10 +141,46 @@ def _candidate_list(x: torch.Tensor, lens_d: torch.Tensor, topk_blocks: int, blo
     """The blocks _candidate_blocks marks, as a list: int64 [T, min(topk_blocks, n_blocks)], the
     chosen block indices ascending, -1 after the last.  What a decode step hands the re-index
     layers (through _gather_blocks): O(pool) to expand, where the mask is O(context) to scan."""
-    block_scores = _block_scores(x, lens_d, block_size)
-    n_blocks = block_scores.shape[1]
-    everything = torch.full((x.shape[0],), n_blocks, dtype=torch.int32, device=x.device)
+    return _top_blocks(_block_scores(x, lens_d, block_size), topk_blocks, sync=sync)
+
+
+def _candidate_list_of_keys(q, qs, k, ks, w, vis32: torch.Tensor, topk_blocks: int, block_size: int, *,
+                            fp4: bool = True, sync: bool = True) -> torch.Tensor:
+    """_candidate_list of the BF16 index scores of q and k (FP4 with their scales qs, ks when fp4;
+    on the device, as _launch_scores takes them), visible = compress_lens = vis32: the score kernel
+    writes each row's block maxima itself (the newest block +inf), so the [T, S] scores are never
+    written or read again, and one launch fewer runs."""
+    T, H = q.shape[:2]
+    S = k.shape[0]
+    D = 2 * q.shape[2] if fp4 else q.shape[2]
+    block_scores = torch.empty((T, triton.cdiv(S, block_size)), dtype=torch.float32, device=q.device)
+    _launch_scores(q, qs, k, ks, w, vis32, None, T, S, H, D, block_scores, fp4=fp4, bf16=True,
+                   block_max=block_size)
+    return _top_blocks(block_scores, topk_blocks, sync=sync)
+
+
+def _top_blocks(block_scores: torch.Tensor, topk_blocks: int, *, sync: bool) -> torch.Tensor:
+    """The top min(topk_blocks, n_blocks) blocks above −inf of each row of block maxima, ascending."""
+    T, n_blocks = block_scores.shape
+    everything = _filled(T, n_blocks, block_scores.device)
     return _topk_engine(block_scores, everything, min(topk_blocks, n_blocks), drop_neg_inf=True, sync=sync)
+
+
+_FILLED: dict = {}   # (device, rows, value) -> a read-only int32 [rows] of value (no fill launch a call)
+
+
+def _filled(rows: int, value: int, device: torch.device) -> torch.Tensor:
+    """int32 [rows] of value, made once per (device, rows, value) outside a CUDA graph capture (a
+    tensor filled inside one holds its value only once the graph replays)."""
+    key = (str(device), rows, value)
+    if key in _FILLED:
+        return _FILLED[key]
+    t = torch.full((rows,), value, dtype=torch.int32, device=device)
+    if not (t.is_cuda and torch.cuda.is_current_stream_capturing()):
+        if len(_FILLED) >= 64:
+            _FILLED.clear()
+        _FILLED[key] = t
+    return t
 
 
 @triton.jit
