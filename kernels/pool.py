@@ -187,19 +187,32 @@ def _filled(rows: int, value: int, device: torch.device) -> torch.Tensor:
 def _gather_blocks_kernel(blocks_ptr, vis_ptr, idx_ptr, count_ptr, NB, BLOCK_SIZE: tl.constexpr,
                           BS_PAD: tl.constexpr, CHUNK: tl.constexpr):
     """Blocks [c*CHUNK, (c+1)*CHUNK) of row r's list to their positions below visible[r], slot
-    j*BLOCK_SIZE + i for position i of the row's j-th block, -1 elsewhere; their count is added to
-    count[r].  Ascending blocks, -1 after the last, make the valid slots a prefix of the row."""
+    j*BLOCK_SIZE + i for position i of the row's j-th block, -1 elsewhere; program c = 0 writes
+    count[r], the row's positions below visible, from the whole list (distinct blocks: each adds
+    min(max(visible - first, 0), BLOCK_SIZE)), so count needs no zeroing and no atomics.
+    Ascending blocks, -1 after the last, make the valid slots a prefix of the row."""
     row = tl.program_id(0)
-    j = tl.program_id(1) * CHUNK + tl.arange(0, CHUNK)
+    c = tl.program_id(1)
+    j = c * CHUNK + tl.arange(0, CHUNK)
     i = tl.arange(0, BS_PAD)
+    vis = tl.load(vis_ptr + row)
     block = tl.load(blocks_ptr + row.to(tl.int64) * NB + j, mask=j < NB, other=-1)
     pos = block[:, None] * BLOCK_SIZE + i[None, :]
     in_row = (j[:, None] < NB) & (i[None, :] < BLOCK_SIZE)
-    ok = in_row & (block[:, None] >= 0) & (pos < tl.load(vis_ptr + row))
+    ok = in_row & (block[:, None] >= 0) & (pos < vis)
     slot = j[:, None] * BLOCK_SIZE + i[None, :]
     tl.store(idx_ptr + row.to(tl.int64) * NB * BLOCK_SIZE + slot, tl.where(ok, pos, -1).to(tl.int32),
              mask=in_row)
-    tl.atomic_add(count_ptr + row, tl.sum(tl.sum(ok.to(tl.int32), axis=1), axis=0))
+    if c == 0:
+        total = tl.zeros((CHUNK,), tl.int32)
+        start = 0
+        while start < NB:   # (a while: the interpreter cannot range over a run-time bound)
+            jj = start + tl.arange(0, CHUNK)
+            b = tl.load(blocks_ptr + row.to(tl.int64) * NB + jj, mask=jj < NB, other=-1)
+            seen = tl.minimum(tl.maximum(vis - b * BLOCK_SIZE, 0), BLOCK_SIZE)
+            total += tl.where(b >= 0, seen, 0).to(tl.int32)
+            start += CHUNK
+        tl.store(count_ptr + row, tl.sum(total, axis=0))
 
 
 def _gather_blocks(blocks: torch.Tensor, vis32: torch.Tensor, block_size: int) -> tuple:
@@ -207,7 +220,7 @@ def _gather_blocks(blocks: torch.Tensor, vis32: torch.Tensor, block_size: int) -
     (int64 [T,NB], ascending, -1 after the last, as _candidate_list gives them), not a mask."""
     T, nb = blocks.shape
     idx = torch.empty((T, nb * block_size), dtype=torch.int32, device=blocks.device)
-    count = torch.zeros((T,), dtype=torch.int32, device=blocks.device)
+    count = torch.empty((T,), dtype=torch.int32, device=blocks.device)
     chunk = 64 if INTERPRET else 256
     _gather_blocks_kernel[(T, triton.cdiv(nb, chunk))](blocks, vis32, idx, count, nb, BLOCK_SIZE=block_size,
                                                       BS_PAD=_pow2(block_size), CHUNK=chunk, num_warps=4)
