@@ -36,6 +36,8 @@ graph, as serving engines run decode.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -43,7 +45,7 @@ import triton.language as tl
 from . import INTERPRET
 from .indexer import (_check_k, _check_lengths, _device, _float_input, _launch_scores, _need_tensor,
                       _score_inputs)
-from .topk import _pow2, _topk_engine
+from .topk import _boundary_bin, _order_key, _pow2, _topk_engine
 
 # Layer roles are host-side configuration, not device work: the kernels target serves impl's table so
 # that a serving engine built on these kernels is checked on LAYER.* as a whole.
@@ -162,8 +164,87 @@ def _candidate_list_of_keys(q, qs, k, ks, w, vis32: torch.Tensor, topk_blocks: i
 def _top_blocks(block_scores: torch.Tensor, topk_blocks: int, *, sync: bool) -> torch.Tensor:
     """The top min(topk_blocks, n_blocks) blocks above −inf of each row of block maxima, ascending."""
     T, n_blocks = block_scores.shape
+    k = min(topk_blocks, n_blocks)
+    if _row_topk_fits(n_blocks):
+        return _row_topk(block_scores, None, k, drop_neg_inf=True)
     everything = _filled(T, n_blocks, block_scores.device)
-    return _topk_engine(block_scores, everything, min(topk_blocks, n_blocks), drop_neg_inf=True, sync=sync)
+    return _topk_engine(block_scores, everything, k, drop_neg_inf=True, sync=sync)
+
+
+# One-program top-k for the decode step's short rows (a re-index layer's pool of <= 16384 scores):
+# the whole row is held in one program's registers, an 8-bit radix select of four passes runs on it
+# there, and the picks leave in position order by a prefix sum: one launch and no intermediate in
+# memory, where the top-k engine takes five.  Rows longer than _ROW_TOPK_MAX go to the engine (the
+# 32768 block maxima of a 1M context would need 64 keys a thread of 16 warps: ptxas spills 14 KB
+# a thread at sm_90; 16384 at 16 warps fits in 128 registers); DSV4SPEC_ROW_TOPK=0 sends every
+# row there (the A/B's "old").
+_ROW_TOPK_MAX = 16384
+
+
+def _row_topk_fits(n: int) -> bool:
+    return os.environ.get("DSV4SPEC_ROW_TOPK", "1") != "0" and n <= _ROW_TOPK_MAX
+
+
+@triton.jit
+def _row_topk_kernel(x_ptr, n_ptr, remap_ptr, out_ptr, N, x_stride, k, out_stride, remap_stride,
+                     N_PAD: tl.constexpr, K_PAD: tl.constexpr, HAS_N: tl.constexpr,
+                     DROP_NEG_INF: tl.constexpr, REMAP: tl.constexpr):
+    """out[r] = the positions of the top min(k, #valid) keys of row r, ascending, -1 after (valid:
+    s < n[r] (N without HAS_N), and x > −inf with DROP_NEG_INF); equal keys: the lowest positions.
+    Four 8-bit radix passes find the k-th key K and how many keys equal to K are taken; the chosen
+    positions (remap[r, s] with REMAP) land at their prefix-sum slots."""
+    row = tl.program_id(0)
+    pos = tl.arange(0, N_PAD)
+    n = N
+    if HAS_N:
+        n = tl.minimum(tl.load(n_ptr + row), N)
+    x = tl.load(x_ptr + row.to(tl.int64) * x_stride + pos, mask=pos < n, other=float("-inf"))
+    ok = pos < n
+    if DROP_NEG_INF:
+        ok = ok & (x != float("-inf"))
+    key = tl.where(ok, _order_key(x), 0)   # valid keys are >= 1: key != 0 is the valid mask
+    need = tl.minimum(tl.sum(ok.to(tl.int32), axis=0), k).to(tl.int64)
+    rem = need
+    prefix = tl.zeros((), tl.uint32)
+    for p in tl.static_range(4):
+        m = key != 0
+        if p > 0:
+            m = m & ((key >> (32 - 8 * p)) == prefix)
+        hist = tl.histogram(((key >> (24 - 8 * p)) & 255).to(tl.int32), 256, mask=m)
+        bnd, _, above = _boundary_bin(hist, rem, 256)
+        prefix = (prefix << 8) | bnd.to(tl.uint32)
+        rem -= above
+    # one prefix sum of (key == K) + (key > K) << 16 counts both up to each position (N <= 2^15
+    # each: no carry between the halves); the first rem keys equal to K are taken
+    gt = (key > prefix) & (key != 0) & (need > 0)
+    eq = (key == prefix) & (key != 0) & (need > 0)
+    both = tl.cumsum(eq.to(tl.uint32) | (gt.to(tl.uint32) << 16), axis=0)
+    n_eq = (both & 0xFFFF).to(tl.int64)
+    chosen = gt | (eq & (n_eq <= rem))
+    slot = (both >> 16).to(tl.int64) + tl.minimum(n_eq, rem) - 1
+    out = out_ptr + row.to(tl.int64) * out_stride
+    if REMAP:
+        val = tl.load(remap_ptr + row.to(tl.int64) * remap_stride + pos, mask=chosen, other=0).to(tl.int64)
+    else:
+        val = pos.to(tl.int64)
+    tl.store(out + slot, val, mask=chosen)
+    j = tl.arange(0, K_PAD)
+    tl.store(out + j, tl.full((K_PAD,), -1, tl.int64), mask=(j >= need) & (j < k))
+
+
+def _row_topk(x: torch.Tensor, n_valid: torch.Tensor | None, k: int, *, drop_neg_inf: bool = False,
+              remap: torch.Tensor | None = None) -> torch.Tensor:
+    """_topk_engine(x, n_valid, k, by_score=False, drop_neg_inf, remap) for rows of at most
+    _ROW_TOPK_MAX: one program a row, one launch, nothing read back (int64 [R, k])."""
+    R, N = x.shape
+    out = torch.empty((R, k), dtype=torch.int64, device=x.device)
+    n_pad = _pow2(N, 16)
+    warps = 4 if INTERPRET else max(4, min(16, n_pad // 1024))
+    _row_topk_kernel[(R,)](x, x if n_valid is None else n_valid, x if remap is None else remap, out, N,
+                           x.stride(0), k, out.stride(0), 0 if remap is None else remap.stride(0),
+                           N_PAD=n_pad, K_PAD=_pow2(k), HAS_N=n_valid is not None, DROP_NEG_INF=drop_neg_inf,
+                           REMAP=remap is not None, num_warps=warps)
+    return out
 
 
 _FILLED: dict = {}   # (device, rows, value) -> a read-only int32 [rows] of value (no fill launch a call)
@@ -342,4 +423,6 @@ def _reindex_topk(q, k, w, gathered: tuple, topk: int, *, sync: bool = True) -> 
     width = idx.shape[1]
     pscores = torch.empty((T, width), dtype=torch.float32, device=q.device)
     _launch_scores(q, None, k, None, w, count, idx, T, width, H, D, pscores, fp4=False, bf16=True)
+    if _row_topk_fits(width):
+        return _row_topk(pscores, count, topk, remap=idx)
     return _topk_engine(pscores, count, topk, by_score=False, remap=idx, sync=sync)

@@ -318,3 +318,41 @@ def test_block_max_of_bf16_scores_and_bad_block():
     with pytest.raises(ValueError, match="power of two"):
         KI._launch_scores(q, None, k, None, w, vis32, None, T, S, H, D, scores, fp4=False, bf16=True,
                           block_max=6)
+
+
+@pytest.mark.parametrize("values", ["distinct", "few", "equal", "signed_zeros"])
+@pytest.mark.parametrize("drop", [False, True])
+def test_row_topk_is_the_engine(values, drop):
+    """The one-program top-k of short rows gives the top-k engine's picks bit for bit (position
+    order, equal keys to the lowest positions, −inf dropped or kept, fewer valid than k, remapped)."""
+    dev = KI._device()
+    g = torch.Generator().manual_seed(len(values) + drop)
+    R, N = 6, 700
+    x = {"distinct": torch.randn(R, N, generator=g),
+         "few": torch.randint(-2, 3, (R, N), generator=g).float(),
+         "equal": torch.full((R, N), 0.5),
+         "signed_zeros": torch.randint(0, 2, (R, N), generator=g).float() * -0.0}[values]
+    x[1, 100:] = float("-inf")
+    x[2, ::3] = float("-inf")
+    x = x.to(dev)
+    n_valid = torch.tensor([N, N, 650, 0, 37, 699], dtype=torch.int32, device=dev)
+    remap = (torch.arange(N, device=dev) * 3 + 1).int().expand(R, N).contiguous()
+    for k in (1, 40, 300, N):
+        want = KT._topk_engine(x, n_valid, k, drop_neg_inf=drop, remap=remap)
+        got = K._row_topk(x, n_valid, k, drop_neg_inf=drop, remap=remap)
+        assert torch.equal(got, want), f"k {k}: row top-k differs from the engine"
+        everything = torch.full((R,), N, dtype=torch.int32, device=dev)
+        want = KT._topk_engine(x, everything, k, drop_neg_inf=drop)
+        assert torch.equal(K._row_topk(x, None, k, drop_neg_inf=drop), want), f"k {k} (no counts) differs"
+
+
+def test_row_topk_switch(monkeypatch):
+    """DSV4SPEC_ROW_TOPK=0 sends the re-index rows to the top-k engine (the A/B's old path); both
+    give the same picks."""
+    case, pool = reindex_case("ties", 8, 3, 4, 300, 0.4, True)
+    q, k, w, vis = case.torch()
+    new = K.reindex_topk(q, k, w, vis, torch.from_numpy(pool), 24)
+    assert K._row_topk_fits(300)
+    monkeypatch.setenv("DSV4SPEC_ROW_TOPK", "0")
+    assert not K._row_topk_fits(300)
+    assert torch.equal(K.reindex_topk(q, k, w, vis, torch.from_numpy(pool), 24), new)
