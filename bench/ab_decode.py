@@ -16,6 +16,8 @@ across layers.  Plans (PLANS):
     fused_bm  the score kernel writes the 32768 block maxima itself (no [1, S] scores): 31
     row_topk  each re-index top-k in one program (kernels.pool._row_topk): 16
     new       both: 15 launches
+    new_blocks new, and the block row's top-k by the chunked one-program kernel
+              (DSV4SPEC_ROW_TOPK=2): 11 launches
 
 Each plan is called eagerly (do_bench median, L2 flushed) and replayed from a CUDA graph, and its
 picks (the blocks and the four layers' top-512) are compared bit for bit with old's and with the
@@ -52,8 +54,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-PLANS = ("old", "fused_bm", "row_topk", "new")
-LAUNCHES = {"old": 32, "fused_bm": 31, "row_topk": 16, "new": 15}
+PLANS = ("old", "fused_bm", "row_topk", "new", "new_blocks")
+LAUNCHES = {"old": 32, "fused_bm": 31, "row_topk": 16, "new": 15, "new_blocks": 11}
+ROW_TOPK_MODE = {"old": "0", "fused_bm": "0", "row_topk": "1", "new": "1", "new_blocks": "2"}
 # (keys a block, pipeline depth, programs a row) of the score kernel at T = 1; None: as shipped
 SCORE_CONFIGS = (None, (64, 2, 264), (64, 2, 1056), (64, 3, 528), (64, 3, 1056), (128, 2, 528),
                  (128, 3, 528), (128, 3, 1056))
@@ -72,10 +75,11 @@ def parse_args(argv=None):
 
 
 @contextlib.contextmanager
-def row_topk(on: bool):
-    """kernels.pool's switch: the re-index top-k in one program (on) or by the top-k engine."""
+def row_topk(mode: str):
+    """kernels.pool's switch: 0 the top-k engine everywhere, 1 the re-index rows in one program,
+    2 the block row too (the chunked kernel)."""
     saved = os.environ.get("DSV4SPEC_ROW_TOPK")
-    os.environ["DSV4SPEC_ROW_TOPK"] = "1" if on else "0"
+    os.environ["DSV4SPEC_ROW_TOPK"] = mode
     try:
         yield
     finally:
@@ -88,13 +92,13 @@ def row_topk(on: bool):
 def step_fn(torch, KI, KP, d, plan: str, sync: bool = False):
     """One decode step of plan on inputs d (bench_indexer.decode_inputs) -> closure -> (tops, blocks).
     The switch is read when the closure runs (so at capture for a graph)."""
-    fused = plan in ("fused_bm", "new")
+    fused = plan in ("fused_bm", "new", "new_blocks")
     S, H, D = d["S"], d["H"], d["D"]
     nb = d.get("topk_blocks", 2048)
     scores = None if fused else torch.empty(1, S, device=d["vis"].device)
 
     def step():
-        with row_topk(plan in ("row_topk", "new")):
+        with row_topk(ROW_TOPK_MODE[plan]):
             if fused:
                 blocks = KP._candidate_list_of_keys(d["qp"], d["qs"], d["kp"], d["ks"], d["w"], d["vis"], nb, 8,
                                                     sync=sync)
@@ -112,8 +116,9 @@ def same_step(a, b) -> bool:
 
 
 def cpu_smoke() -> int:
-    """The plans at S = 4096 (512 blocks, 128 of them taken: a pool of 1024) in the interpreter:
-    every plan's picks equal the read-back old step's."""
+    """The plans at S = 4096 (512 blocks, 128 of them taken: a pool of 1024) in the interpreter,
+    one-program rows up to 256 (so the chunked kernel runs in new_blocks): every plan's picks
+    equal the read-back old step's."""
     os.environ.setdefault("TRITON_INTERPRET", "1")
     import torch
     from bench_indexer import decode_inputs
@@ -122,6 +127,7 @@ def cpu_smoke() -> int:
     g = torch.Generator().manual_seed(6)
     d = decode_inputs(torch, 4096, g, H=8, D=64, device="cpu")
     d["layers"], d["topk_blocks"] = d["layers"][:2], 128
+    KP._ROW_TOPK_MAX = 256   # so that new_blocks runs the chunked kernel on the 512 blocks (2 chunks)
     want = step_fn(torch, KI, KP, d, "old", sync=True)()
     ok = True
     for plan in PLANS:
@@ -141,10 +147,16 @@ def time_plans(torch, KI, KP, d, rep, bench, capture):
     rows = []
     for plan in PLANS:
         fn = step_fn(torch, KI, KP, d, plan)
-        eager = fn()
-        graph, replayed = capture(torch, fn)
-        graph.replay()
-        torch.cuda.synchronize()
+        try:
+            eager = fn()
+            graph, replayed = capture(torch, fn)
+            graph.replay()
+            torch.cuda.synchronize()
+        except Exception as e:   # a plan that does not compile or launch: say so, go on
+            torch.cuda.synchronize()
+            print(f"{plan}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+            rows.append(dict(case="decode step V4.1 at 1M", plan=plan, error=str(e)[:200], eager_us=float("nan")))
+            continue
         row = dict(case="decode step V4.1 at 1M", plan=plan, launches=LAUNCHES[plan],
                    same_as_read_back_old=same_step(eager, want) and same_step(replayed, want), valid=valid,
                    eager_us=bench(fn, rep) * 1e6, graph_us=bench(graph.replay, rep) * 1e6)
@@ -241,10 +253,20 @@ def topk_alone(torch, KT, KP, rep, bench, capture, g):
     count = torch.full((1,), 16384, dtype=torch.int32, device="cuda")
     idx = torch.arange(16384, device="cuda", dtype=torch.int32)[None] * 16
     want = KT._topk_engine(x, count, 512, remap=idx)
-    for name, fn in (("engine", lambda: KT._topk_engine(x, count, 512, remap=idx, sync=False)),
-                     ("row_topk", lambda: KP._row_topk(x, count, 512, remap=idx))):
-        got = fn()
-        graph, _ = capture(torch, fn)
+    for name, fn, warps in (("engine", lambda: KT._topk_engine(x, count, 512, remap=idx, sync=False), None),
+                            ("row_topk", lambda: KP._row_topk(x, count, 512, remap=idx), None),
+                            ("row_topk 8 warps", lambda: KP._row_topk(x, count, 512, remap=idx), 8),
+                            ("row_topk 32 warps", lambda: KP._row_topk(x, count, 512, remap=idx), 32)):
+        KP._ROW_TOPK_WARPS = warps
+        try:
+            got = fn()
+            graph, _ = capture(torch, fn)
+        except Exception as e:   # a configuration that does not compile or launch: say so, go on
+            torch.cuda.synchronize()
+            print(f"top-k pool {name}: {type(e).__name__}: {str(e)[:160]}", flush=True)
+            continue
+        finally:
+            KP._ROW_TOPK_WARPS = None
         row = dict(case="top-512 of a 16384 pool, 1 row", plan=name, same_as_engine=bool(torch.equal(got, want)),
                    eager_us=bench(fn, rep) * 1e6, graph_us=bench(graph.replay, rep) * 1e6)
         rows.append(row)
@@ -253,12 +275,22 @@ def topk_alone(torch, KT, KP, rep, bench, capture, g):
         del graph
     bs = torch.randn(1, 32768, device="cuda", generator=g)
     nb = torch.full((1,), 32768, dtype=torch.int32, device="cuda")
-    fn = lambda: KT._topk_engine(bs, nb, 2048, drop_neg_inf=True, sync=False)   # noqa: E731
-    fn()
-    graph, _ = capture(torch, fn)
-    rows.append(dict(case="top-2048 of 32768 block maxima, 1 row", plan="engine",
-                     eager_us=bench(fn, rep) * 1e6, graph_us=bench(graph.replay, rep) * 1e6))
-    print(f"top-k blocks engine eager {rows[-1]['eager_us']:7.1f} graph {rows[-1]['graph_us']:6.1f} us", flush=True)
+    want = KT._topk_engine(bs, nb, 2048, drop_neg_inf=True)
+    for name, fn in (("engine", lambda: KT._topk_engine(bs, nb, 2048, drop_neg_inf=True, sync=False)),
+                     ("row_topk chunked", lambda: KP._row_topk(bs, None, 2048, drop_neg_inf=True))):
+        try:
+            got = fn()
+            graph, _ = capture(torch, fn)
+        except Exception as e:
+            torch.cuda.synchronize()
+            print(f"top-k blocks {name}: {type(e).__name__}: {str(e)[:160]}", flush=True)
+            continue
+        rows.append(dict(case="top-2048 of 32768 block maxima, 1 row", plan=name,
+                         same_as_engine=bool(torch.equal(got, want)),
+                         eager_us=bench(fn, rep) * 1e6, graph_us=bench(graph.replay, rep) * 1e6))
+        print(f"top-k blocks {name:16s} eager {rows[-1]['eager_us']:7.1f} graph {rows[-1]['graph_us']:6.1f} us "
+              f"same {rows[-1]['same_as_engine']}", flush=True)
+        del graph
     return rows
 
 

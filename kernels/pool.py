@@ -176,13 +176,22 @@ def _top_blocks(block_scores: torch.Tensor, topk_blocks: int, *, sync: bool) -> 
 # there, and the picks leave in position order by a prefix sum: one launch and no intermediate in
 # memory, where the top-k engine takes five.  Rows longer than _ROW_TOPK_MAX go to the engine (the
 # 32768 block maxima of a 1M context would need 64 keys a thread of 16 warps: ptxas spills 14 KB
-# a thread at sm_90; 16384 at 16 warps fits in 128 registers); DSV4SPEC_ROW_TOPK=0 sends every
-# row there (the A/B's "old").
+# a thread at sm_90; 16384 at 16 warps fits in 128 registers).  DSV4SPEC_ROW_TOPK=0 sends every
+# row to the engine (the A/B's "old"); =2 also serves rows of up to _ROW_TOPK_CHUNKS chunks of
+# _ROW_TOPK_MAX by the chunked kernel (the block row of a 1M context: 2 chunks read from L2 at
+# each pass), which no measurement has yet shown faster than the engine (bench/ab_decode.py).
 _ROW_TOPK_MAX = 16384
+_ROW_TOPK_CHUNKS = 4
+_ROW_TOPK_WARPS = None     # None: n_pad / 1024, within [4, 16] (the A/B sets it)
+
+
+def _row_topk_mode() -> str:
+    return os.environ.get("DSV4SPEC_ROW_TOPK", "1")
 
 
 def _row_topk_fits(n: int) -> bool:
-    return os.environ.get("DSV4SPEC_ROW_TOPK", "1") != "0" and n <= _ROW_TOPK_MAX
+    mode = _row_topk_mode()
+    return (mode != "0" and n <= _ROW_TOPK_MAX) or (mode == "2" and n <= _ROW_TOPK_CHUNKS * _ROW_TOPK_MAX)
 
 
 @triton.jit
@@ -232,18 +241,90 @@ def _row_topk_kernel(x_ptr, n_ptr, remap_ptr, out_ptr, N, x_stride, k, out_strid
     tl.store(out + j, tl.full((K_PAD,), -1, tl.int64), mask=(j >= need) & (j < k))
 
 
+@triton.jit
+def _chunk_keys(x_ptr, row, c, n, x_stride, CHUNK: tl.constexpr, DROP_NEG_INF: tl.constexpr):
+    """Positions and order keys of chunk c of a row (0: not valid; valid keys are >= 1)."""
+    pos = c * CHUNK + tl.arange(0, CHUNK)
+    x = tl.load(x_ptr + row.to(tl.int64) * x_stride + pos, mask=pos < n, other=float("-inf"))
+    ok = pos < n
+    if DROP_NEG_INF:
+        ok = ok & (x != float("-inf"))
+    return pos, tl.where(ok, _order_key(x), 0)
+
+
+@triton.jit
+def _row_topk_chunked_kernel(x_ptr, n_ptr, remap_ptr, out_ptr, N, x_stride, k, out_stride, remap_stride,
+                             CHUNK: tl.constexpr, K_PAD: tl.constexpr, HAS_N: tl.constexpr,
+                             DROP_NEG_INF: tl.constexpr, REMAP: tl.constexpr):
+    """_row_topk_kernel for rows longer than one program holds: each radix pass and the final
+    placement read the row again, CHUNK keys at a time (from L2: the row was just written), and
+    the placement carries the counts of the chunks before."""
+    row = tl.program_id(0)
+    n = N
+    if HAS_N:
+        n = tl.minimum(tl.load(n_ptr + row), N)
+    n_chunks = tl.cdiv(n, CHUNK)
+    rem = tl.zeros((), tl.int64)
+    need = tl.zeros((), tl.int64)
+    prefix = tl.zeros((), tl.uint32)
+    for p in tl.static_range(4):
+        hist = tl.zeros((256,), tl.int32)
+        c = 0
+        while c < n_chunks:   # (a while: the interpreter cannot range over a run-time bound)
+            key = _chunk_keys(x_ptr, row, c, n, x_stride, CHUNK, DROP_NEG_INF)[1]
+            m = key != 0
+            if p > 0:
+                m = m & ((key >> (32 - 8 * p)) == prefix)
+            hist += tl.histogram(((key >> (24 - 8 * p)) & 255).to(tl.int32), 256, mask=m)
+            c += 1
+        if p == 0:
+            need = tl.minimum(tl.sum(hist, axis=0), k).to(tl.int64)
+            rem = need
+        bnd, tied, above = _boundary_bin(hist, rem, 256)
+        prefix = (prefix << 8) | bnd.to(tl.uint32)
+        rem -= above
+    out = out_ptr + row.to(tl.int64) * out_stride
+    gt_before = tl.zeros((), tl.int64)
+    eq_before = tl.zeros((), tl.int64)
+    c = 0
+    while c < n_chunks:
+        pos, key = _chunk_keys(x_ptr, row, c, n, x_stride, CHUNK, DROP_NEG_INF)
+        gt = (key > prefix) & (key != 0) & (need > 0)
+        eq = (key == prefix) & (key != 0) & (need > 0)
+        both = tl.cumsum(eq.to(tl.uint32) | (gt.to(tl.uint32) << 16), axis=0)
+        n_eq = eq_before + (both & 0xFFFF).to(tl.int64)
+        chosen = gt | (eq & (n_eq <= rem))
+        slot = gt_before + (both >> 16).to(tl.int64) + tl.minimum(n_eq, rem) - 1
+        if REMAP:
+            val = tl.load(remap_ptr + row.to(tl.int64) * remap_stride + pos, mask=chosen, other=0).to(tl.int64)
+        else:
+            val = pos.to(tl.int64)
+        tl.store(out + slot, val, mask=chosen)
+        gt_before += tl.sum(gt.to(tl.int64), axis=0)
+        eq_before += tl.sum(eq.to(tl.int64), axis=0)
+        c += 1
+    j = tl.arange(0, K_PAD)
+    tl.store(out + j, tl.full((K_PAD,), -1, tl.int64), mask=(j >= need) & (j < k))
+
+
 def _row_topk(x: torch.Tensor, n_valid: torch.Tensor | None, k: int, *, drop_neg_inf: bool = False,
-              remap: torch.Tensor | None = None) -> torch.Tensor:
-    """_topk_engine(x, n_valid, k, by_score=False, drop_neg_inf, remap) for rows of at most
-    _ROW_TOPK_MAX: one program a row, one launch, nothing read back (int64 [R, k])."""
+              remap: torch.Tensor | None = None, chunk: int | None = None) -> torch.Tensor:
+    """_topk_engine(x, n_valid, k, by_score=False, drop_neg_inf, remap): one program a row, one
+    launch, nothing read back (int64 [R, k]); rows longer than chunk (default _ROW_TOPK_MAX; a
+    power of two, tests pass small ones) by the chunked kernel."""
     R, N = x.shape
     out = torch.empty((R, k), dtype=torch.int64, device=x.device)
-    n_pad = _pow2(N, 16)
-    warps = 4 if INTERPRET else max(4, min(16, n_pad // 1024))
-    _row_topk_kernel[(R,)](x, x if n_valid is None else n_valid, x if remap is None else remap, out, N,
-                           x.stride(0), k, out.stride(0), 0 if remap is None else remap.stride(0),
-                           N_PAD=n_pad, K_PAD=_pow2(k), HAS_N=n_valid is not None, DROP_NEG_INF=drop_neg_inf,
-                           REMAP=remap is not None, num_warps=warps)
+    chunk = chunk or _ROW_TOPK_MAX
+    n_pad = min(_pow2(N, 16), chunk)
+    warps = 4 if INTERPRET else _ROW_TOPK_WARPS or max(4, min(16, n_pad // 1024))
+    args = (x, x if n_valid is None else n_valid, x if remap is None else remap, out, N, x.stride(0), k,
+            out.stride(0), 0 if remap is None else remap.stride(0))
+    flags = dict(K_PAD=_pow2(k), HAS_N=n_valid is not None, DROP_NEG_INF=drop_neg_inf, REMAP=remap is not None,
+                 num_warps=warps)
+    if N <= chunk:
+        _row_topk_kernel[(R,)](*args, N_PAD=n_pad, **flags)
+    else:
+        _row_topk_chunked_kernel[(R,)](*args, CHUNK=chunk, **flags)
     return out
 
 

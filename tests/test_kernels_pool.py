@@ -344,6 +344,10 @@ def test_row_topk_is_the_engine(values, drop):
         everything = torch.full((R,), N, dtype=torch.int32, device=dev)
         want = KT._topk_engine(x, everything, k, drop_neg_inf=drop)
         assert torch.equal(K._row_topk(x, None, k, drop_neg_inf=drop), want), f"k {k} (no counts) differs"
+        for chunk in (128, 512):   # rows of several chunks (the 32768 block row on the GPU: 2 of 16384)
+            want = KT._topk_engine(x, n_valid, k, drop_neg_inf=drop, remap=remap)
+            got = K._row_topk(x, n_valid, k, drop_neg_inf=drop, remap=remap, chunk=chunk)
+            assert torch.equal(got, want), f"k {k}, chunks of {chunk}: differs from the engine"
 
 
 def test_row_topk_switch(monkeypatch):
@@ -352,7 +356,9 @@ def test_row_topk_switch(monkeypatch):
     case, pool = reindex_case("ties", 8, 3, 4, 300, 0.4, True)
     q, k, w, vis = case.torch()
     new = K.reindex_topk(q, k, w, vis, torch.from_numpy(pool), 24)
-    assert K._row_topk_fits(300)
+    assert K._row_topk_fits(300) and not K._row_topk_fits(32768)
+    monkeypatch.setenv("DSV4SPEC_ROW_TOPK", "2")
+    assert K._row_topk_fits(32768) and not K._row_topk_fits(65537)
     monkeypatch.setenv("DSV4SPEC_ROW_TOPK", "0")
     assert not K._row_topk_fits(300)
     assert torch.equal(K.reindex_topk(q, k, w, vis, torch.from_numpy(pool), 24), new)
