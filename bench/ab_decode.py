@@ -241,57 +241,52 @@ def logits_sweep(torch, KI, rep, copy, bench, capture, g, sweep):
             rows.append(row)
             print(f"logits S={S:7d} H={H} {row['out']:12s} {str(cfg):18s} graph {tg:6.1f} us eager {te:6.1f} us "
                   f"{100 * row['vs_copy']:4.0f} % of copy  same {same}", flush=True)
-        del qp, qs, kp, ks, out, ref
     return rows
+
+
+def time_one(torch, case, name, fn, want, rep, bench, capture, warps=None):
+    """One top-k call eager and from a graph (kernels.pool._ROW_TOPK_WARPS = warps meanwhile), its
+    bits against want; None (after saying why) when it does not compile or launch."""
+    from dsv4spec.kernels import pool as KP
+    KP._ROW_TOPK_WARPS = warps
+    try:
+        got = fn()
+        graph, _ = capture(torch, fn)
+        row = dict(case=case, plan=name, same_as_engine=bool(torch.equal(got, want)),
+                   eager_us=bench(fn, rep) * 1e6, graph_us=bench(graph.replay, rep) * 1e6)
+    except Exception as e:
+        torch.cuda.synchronize()
+        print(f"{case}, {name}: {type(e).__name__}: {str(e)[:160]}", flush=True)
+        return None
+    finally:
+        KP._ROW_TOPK_WARPS = None
+    print(f"{case}, {name:18s} eager {row['eager_us']:7.1f} graph {row['graph_us']:6.1f} us "
+          f"same {row['same_as_engine']}", flush=True)
+    return row
 
 
 def topk_alone(torch, KT, KP, rep, bench, capture, g):
     """One row: top-512 of a 16384-entry pool (remapped), and top-2048 of 32768 block maxima, by the
-    engine (sync-free) and, for the pool, by _row_topk."""
-    rows = []
+    engine (sync-free) and by _row_topk (at 8, 16 and 32 warps for the pool; chunked for the blocks)."""
     x = torch.randn(1, 16384, device="cuda", generator=g).bfloat16().float()
     count = torch.full((1,), 16384, dtype=torch.int32, device="cuda")
     idx = torch.arange(16384, device="cuda", dtype=torch.int32)[None] * 16
+    pool = "top-512 of a 16384 pool, 1 row"
     want = KT._topk_engine(x, count, 512, remap=idx)
-    for name, fn, warps in (("engine", lambda: KT._topk_engine(x, count, 512, remap=idx, sync=False), None),
-                            ("row_topk", lambda: KP._row_topk(x, count, 512, remap=idx), None),
-                            ("row_topk 8 warps", lambda: KP._row_topk(x, count, 512, remap=idx), 8),
-                            ("row_topk 32 warps", lambda: KP._row_topk(x, count, 512, remap=idx), 32)):
-        KP._ROW_TOPK_WARPS = warps
-        try:
-            got = fn()
-            graph, _ = capture(torch, fn)
-        except Exception as e:   # a configuration that does not compile or launch: say so, go on
-            torch.cuda.synchronize()
-            print(f"top-k pool {name}: {type(e).__name__}: {str(e)[:160]}", flush=True)
-            continue
-        finally:
-            KP._ROW_TOPK_WARPS = None
-        row = dict(case="top-512 of a 16384 pool, 1 row", plan=name, same_as_engine=bool(torch.equal(got, want)),
-                   eager_us=bench(fn, rep) * 1e6, graph_us=bench(graph.replay, rep) * 1e6)
-        rows.append(row)
-        print(f"top-k pool {name:9s} eager {row['eager_us']:7.1f} graph {row['graph_us']:6.1f} us "
-              f"same {row['same_as_engine']}", flush=True)
-        del graph
+    rows = [time_one(torch, pool, "engine", lambda: KT._topk_engine(x, count, 512, remap=idx, sync=False), want,
+                     rep, bench, capture)]
+    for warps in (None, 8, 32):
+        rows.append(time_one(torch, pool, f"row_topk {warps or 16} warps",
+                             lambda: KP._row_topk(x, count, 512, remap=idx), want, rep, bench, capture, warps))
     bs = torch.randn(1, 32768, device="cuda", generator=g)
     nb = torch.full((1,), 32768, dtype=torch.int32, device="cuda")
+    blocks = "top-2048 of 32768 block maxima, 1 row"
     want = KT._topk_engine(bs, nb, 2048, drop_neg_inf=True)
-    for name, fn in (("engine", lambda: KT._topk_engine(bs, nb, 2048, drop_neg_inf=True, sync=False)),
-                     ("row_topk chunked", lambda: KP._row_topk(bs, None, 2048, drop_neg_inf=True))):
-        try:
-            got = fn()
-            graph, _ = capture(torch, fn)
-        except Exception as e:
-            torch.cuda.synchronize()
-            print(f"top-k blocks {name}: {type(e).__name__}: {str(e)[:160]}", flush=True)
-            continue
-        rows.append(dict(case="top-2048 of 32768 block maxima, 1 row", plan=name,
-                         same_as_engine=bool(torch.equal(got, want)),
-                         eager_us=bench(fn, rep) * 1e6, graph_us=bench(graph.replay, rep) * 1e6))
-        print(f"top-k blocks {name:16s} eager {rows[-1]['eager_us']:7.1f} graph {rows[-1]['graph_us']:6.1f} us "
-              f"same {rows[-1]['same_as_engine']}", flush=True)
-        del graph
-    return rows
+    rows.append(time_one(torch, blocks, "engine",
+                         lambda: KT._topk_engine(bs, nb, 2048, drop_neg_inf=True, sync=False), want, rep, bench, capture))
+    rows.append(time_one(torch, blocks, "row_topk chunked", lambda: KP._row_topk(bs, None, 2048, drop_neg_inf=True),
+                         want, rep, bench, capture))
+    return [r for r in rows if r is not None]
 
 
 def markdown(result) -> str:
