@@ -27,7 +27,11 @@ A decode step need not scan a mask at all: _candidate_list gives the chosen bloc
 expands it into the same gathered pool, bit for bit, in time that grows with the pool, not with
 the context.  _candidate_list_of_keys goes one step further: the score kernel itself writes each
 row's block maxima (kernels.indexer, BLOCK_MAX), so the [T, S] scores of the decode step's
-candidate layer are never written, read back, or reduced by a launch of their own.
+candidate layer are never written, read back, or reduced by a launch of their own.  A re-index
+layer's top-k over its pool (<= 16384 scores) runs in one program (_row_topk: the row in
+registers, four 8-bit radix passes, a prefix sum into position order), one launch where the top-k
+engine takes five; the same picks (DSV4SPEC_ROW_TOPK=0: the engine; =2: also the chunked kernel
+for rows of up to 65536, such as a 1M context's 32768 block maxima).
 
 The device functions (_candidate_blocks, _candidate_list, _gather_pool, _gather_blocks,
 _reindex_topk) read nothing back to the host with sync=False (kernels.indexer's top-k engine then
