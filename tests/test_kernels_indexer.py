@@ -764,7 +764,8 @@ COMPILE_SM90 = textwrap.dedent("""
                                      "vis_ptr": "*i32", "idx_ptr": "*i32", "out_ptr": "*fp32",
                                      **ints("T", "S", "H", "out_stride", "idx_stride", "n_s_progs")},
                   num_warps=warps, D=128, D_PAD=128, H_PAD=64, TQ=tq, BLOCK_S=block_s, FP4=fp4,
-                  BF16_SCORE=bf16, GATHER=gather, IEEE=not bf16, GPU_OPS=K._SCORE_GPU_OPS, STAGES=stages)
+                  BF16_SCORE=bf16, GATHER=gather, IEEE=not bf16, GPU_OPS=K._SCORE_GPU_OPS, STAGES=stages,
+                  BLOCK_MAX=8 if fp4 else 0)   # FP4: the decode step's candidate layer, block maxima out
         build(K._hadamard_kernel, {"x_ptr": "*fp32", "out_ptr": "*fp32", **ints("n_rows", "scale_bits")},
               num_warps=4, ROWS=K._HADAMARD_ROWS, D=128)
         E = K._ELEMENTWISE_BLOCK
@@ -785,6 +786,14 @@ COMPILE_SM90 = textwrap.dedent("""
         build(P._gather_kernel, {"words_ptr": "*i64", "vis_ptr": "*i32", "counts_ptr": "*i32",
                                  "idx_ptr": "*i32", "count_ptr": "*i32", **ints("S", "row_words", "NC", "width")},
               num_warps=P._GATHER_WARPS, NC_PAD=64, WORDS=words)
+        for n_pad, k_pad, has_n in ((16384, 512, True), (4096, 2048, False)):   # re-index pool; short rows
+            build(P._row_topk_kernel, {"x_ptr": "*fp32", "n_ptr": "*i32", "remap_ptr": "*i32", "out_ptr": "*i64",
+                                       **ints("N", "x_stride", "k", "out_stride", "remap_stride")},
+                  num_warps=max(4, min(16, n_pad // 1024)), N_PAD=n_pad, K_PAD=k_pad, HAS_N=has_n,
+                  DROP_NEG_INF=not has_n, REMAP=has_n)
+        build(P._row_topk_chunked_kernel, {"x_ptr": "*fp32", "n_ptr": "*fp32", "remap_ptr": "*fp32", "out_ptr": "*i64",
+                                           **ints("N", "x_stride", "k", "out_stride", "remap_stride")},
+              num_warps=16, CHUNK=P._ROW_TOPK_MAX, K_PAD=2048, HAS_N=False, DROP_NEG_INF=True, REMAP=False)
         build(P._gather_blocks_kernel, {"blocks_ptr": "*i64", "vis_ptr": "*i32", "idx_ptr": "*i32",
                                         "count_ptr": "*i32", "NB": "i32"}, num_warps=4, BLOCK_SIZE=8, BS_PAD=8,
               CHUNK=256)
@@ -796,7 +805,8 @@ COMPILE_GROUPS = {
     "filter": {"_group_max_kernel", "_threshold_kernel", "_filter_kernel", "_select_kernel"},
     "rest": {"_scores_kernel", "_hadamard_kernel", "_copy_kernel", "_weights_kernel", "_weights_v32_kernel",
              "_visible_kernel", "_block_max_kernel", "_finite_blocks_mask_kernel", "_pool_count_kernel",
-             "_gather_kernel", "_gather_blocks_kernel"},
+             "_gather_kernel", "_gather_blocks_kernel", "_row_topk_kernel",
+             "_row_topk_chunked_kernel"},
     # kernels/attn.py's kernels: compiled once, at their launch configurations (head dims, value
     # splits, paths), by tests/test_kernels_attn.py::test_kernel_compiles_for_sm90_at_its_launch_configurations
     "attn": {"_sparse_attention_kernel", "_attn_scores_kernel", "_chunk_kernel", "_combine_kernel"},
