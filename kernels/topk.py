@@ -1010,7 +1010,7 @@ def _topk_engine(x: torch.Tensor, n_valid: torch.Tensor, k: int, *, by_score: bo
         if plan is not None:
             out = mask_out if mask else torch.empty((R, k), dtype=torch.int64, device=x.device)
             if R:
-                _topk_fused(plan, x, n_valid, k, out, remap, mask, mask_block)
+                _topk_fused(plan, x, n_valid, out, remap, mask)
             return None if mask else out
     out = mask_out if mask else torch.empty((R, k), dtype=torch.int64, device=x.device)
     fallback = dict(by_score=by_score, drop_neg_inf=drop_neg_inf, mask_block=mask_block)
@@ -1107,8 +1107,8 @@ def _finish_row(row, x_ptr, len_ptr, thr_ptr, count_ptr, cand_key_ptr, cand_pos_
 
 @triton.jit
 def _row_topk_kernel(x_ptr, len_ptr, gmax_ptr, thr_ptr, count_ptr, cand_key_ptr, cand_pos_ptr,
-                     remap_ptr, scratch_ptr, out_ptr, N, x_stride, M, k, CH, out_stride, remap_stride,
-                     W, block, NW, G: tl.constexpr, CAP: tl.constexpr, K_PAD: tl.constexpr,
+                     remap_ptr, scratch_ptr, out_ptr, x_stride, out_stride, remap_stride, W, N, M, k,
+                     CH, block, NW, G: tl.constexpr, CAP: tl.constexpr, K_PAD: tl.constexpr,
                      BLOCK: tl.constexpr, RUN: tl.constexpr, PREFETCH: tl.constexpr,
                      TSUB: tl.constexpr, SUB: tl.constexpr, BINS: tl.constexpr,
                      RBINS: tl.constexpr, RBLOCK: tl.constexpr, DROP_NEG_INF: tl.constexpr,
@@ -1140,7 +1140,7 @@ def _last_to_arrive(arrive_ptr, row, NC):
 
 
 @triton.jit
-def _max_threshold_kernel(x_ptr, len_ptr, gmax_ptr, thr_ptr, count_ptr, arrive_ptr, N, x_stride, M, k,
+def _max_threshold_kernel(x_ptr, len_ptr, gmax_ptr, thr_ptr, count_ptr, arrive_ptr, x_stride, N, M, k,
                           CH, NC, G: tl.constexpr, BLOCK: tl.constexpr, PREFETCH: tl.constexpr,
                           TSUB: tl.constexpr, BINS: tl.constexpr, DROP_NEG_INF: tl.constexpr):
     """Launch 1 of 2: chunk c's group maxima; the row's last program takes the threshold."""
@@ -1154,8 +1154,8 @@ def _max_threshold_kernel(x_ptr, len_ptr, gmax_ptr, thr_ptr, count_ptr, arrive_p
 
 @triton.jit
 def _filter_finish_kernel(x_ptr, len_ptr, thr_ptr, count_ptr, arrive_ptr, cand_key_ptr, cand_pos_ptr,
-                          remap_ptr, scratch_ptr, out_ptr, N, x_stride, k, CH, NC, out_stride,
-                          remap_stride, W, block, NW, CAP: tl.constexpr, K_PAD: tl.constexpr,
+                          remap_ptr, scratch_ptr, out_ptr, x_stride, out_stride, remap_stride, W, N,
+                          k, CH, NC, block, NW, CAP: tl.constexpr, K_PAD: tl.constexpr,
                           BLOCK: tl.constexpr, RUN: tl.constexpr, PREFETCH: tl.constexpr,
                           SUB: tl.constexpr, BINS: tl.constexpr, RBINS: tl.constexpr,
                           RBLOCK: tl.constexpr, DROP_NEG_INF: tl.constexpr, BY_SCORE: tl.constexpr,
@@ -1176,15 +1176,17 @@ def _filter_finish_kernel(x_ptr, len_ptr, thr_ptr, count_ptr, arrive_ptr, cand_k
 @dataclasses.dataclass(frozen=True)
 class _FusedPlan:
     """What a fused top-k call of one shape launches, computed once (_fused_plan)."""
-    rows: int            # rows of every workspace (R rounded up to a power of two: fewer shapes)
-    nc: int              # programs a row (1: one launch)
+    rows: int            # R
     gmax_cols: int       # M
     cap: int
     scratch: tuple       # (columns, dtype) of the select's scratch row
-    ints: tuple          # (M, CH, NW, G) for the launches
+    grid: tuple          # (R,): one launch; (R, programs a row): two
+    ints: tuple          # the launches' integer arguments after the strides and W
+    max_ints: tuple      # those of _max_threshold_kernel after x_stride
     consts: dict         # the constexprs of _row_topk_kernel / _filter_finish_kernel
-    max_consts: dict     # the constexprs of _max_threshold_kernel
+    max_consts: dict     # those of _max_threshold_kernel
     warps: tuple         # num_warps of (the one launch or launch 2, launch 1)
+    workspaces: dict = dataclasses.field(default_factory=dict, compare=False)  # _workspace's
 
 
 # Rows up to this length are one program's in the fused path (one launch); longer rows are cut into
@@ -1208,6 +1210,7 @@ def _fused_plan(R: int, N: int, k: int, by_score: bool, drop_neg_inf: bool, rema
     ch = tune.ch
     if N <= _ONE_PROGRAM_ROW and blocks is None and "ch" not in dict(override):
         ch = triton.cdiv(N, tune.block) * tune.block
+    nc = triton.cdiv(N, ch)
     nw = triton.cdiv(N, 32)
     bitmap = not (mask or by_score) and nw <= _BITMAP_WORDS_PER_PICK * k_pad
     scratch = (1 if mask else 2 * nw if bitmap else k_pad, torch.int64 if by_score else torch.int32)
@@ -1217,59 +1220,53 @@ def _fused_plan(R: int, N: int, k: int, by_score: bool, drop_neg_inf: bool, rema
                   RBLOCK=rblock, BY_SCORE=by_score, REMAP=remap, MASK_BLOCK=_pow2(mask_block) if mask else 0,
                   POS_24=N <= 1 << 24, BITMAP=bitmap)
     tsub = min(tune.sub, _pow2(M))
-    nc = triton.cdiv(N, ch)
+    block = mask_block if mask else 0
     if nc == 1:
         consts.update(G=G, TSUB=tsub)
+        grid, ints = (R,), (N, M, k, ch, block, nw)
         warps = (max(tune.warps, tune.threshold_warps, tune.select_warps), 0)
     else:
+        grid, ints = (R, nc), (N, k, ch, nc, block, nw)
         warps = (max(tune.warps, tune.select_warps), max(tune.warps, tune.threshold_warps))
-    return _FusedPlan(rows=_pow2(R), nc=nc, gmax_cols=M, cap=cap, scratch=scratch, ints=(M, ch, nw, G),
-                      consts=consts, max_consts=dict(common, G=G, TSUB=tsub), warps=warps)
+    return _FusedPlan(rows=R, gmax_cols=M, cap=cap, scratch=scratch, grid=grid, ints=ints,
+                      max_ints=(N, M, k, ch, nc), consts=consts, max_consts=dict(common, G=G, TSUB=tsub),
+                      warps=warps)
 
 
-_WORKSPACES: dict = {}
-
-
-def clear_workspaces():
-    """Free the fused path's cached workspaces (a CUDA graph captured with them must not replay after)."""
-    _WORKSPACES.clear()
-
-
-def _workspace(dev: torch.device, plan: _FusedPlan):
-    """(gmax, thr, count, cand_key, cand_pos, scratch, arrive 1, arrive 2) for plan on dev, made once
-    per device, current stream and shape: calls on one stream run in order, so they can share them.
-    The arrival counters start at zero and every call leaves them at zero."""
-    stream = torch._C._cuda_getCurrentRawStream(dev.index) if dev.type == "cuda" else 0
-    key = (dev, stream, plan.rows, plan.gmax_cols, plan.cap, plan.scratch)
-    ws = _WORKSPACES.get(key)
+def _workspace(x: torch.Tensor, plan: _FusedPlan):
+    """(gmax, thr, count, cand_key, cand_pos, scratch, arrive 1, arrive 2) for plan, made once per
+    device and current stream (calls on one stream run in order, so they can share them) and kept
+    with the plan.  The arrival counters start at zero and every call leaves them at zero."""
+    dev = x.get_device()
+    key = (dev, torch._C._cuda_getCurrentRawStream(dev) if dev >= 0 else 0)
+    ws = plan.workspaces.get(key)
     if ws is None:
-        r = plan.rows
+        r, dev = plan.rows, x.device
         i32 = dict(dtype=torch.int32, device=dev)
         ws = (torch.empty((r, plan.gmax_cols), **i32), torch.empty((r,), **i32), torch.empty((r, 2), **i32),
               torch.empty((r, plan.cap), **i32), torch.empty((r, plan.cap), **i32),
               torch.empty((r, plan.scratch[0]), dtype=plan.scratch[1], device=dev),
               torch.zeros((r,), **i32), torch.zeros((r,), **i32))
-        _WORKSPACES[key] = ws
+        plan.workspaces[key] = ws
     return ws
 
 
-def _topk_fused(plan: _FusedPlan, x, n_valid, k: int, out, remap, mask: bool, mask_block: int):
+def clear_workspaces():
+    """Forget the fused path's plans and the workspaces kept with them (a CUDA graph captured with
+    them must not be replayed after)."""
+    _fused_plan.cache_clear()
+
+
+def _topk_fused(plan: _FusedPlan, x, n_valid, out, remap, mask: bool):
     """The fused path's one or two launches for plan, writing out."""
-    R, N = x.shape
-    gmax, thr, count, cand_key, cand_pos, scratch, arrive1, arrive2 = _workspace(x.device, plan)
-    M, ch, nw, G = plan.ints
-    tail = (out.stride(0), 0 if remap is None else remap.stride(0), out.shape[1] if mask else 0,
-            mask_block, nw)
-    table = cand_pos if remap is None else remap
-    consts = plan.consts
-    if plan.nc == 1:
-        _row_topk_kernel[(R,)](x, n_valid, gmax, thr, count, cand_key, cand_pos, table, scratch, out, N,
-                               x.stride(0), M, k, ch, *tail, **consts,
-                               num_warps=plan.warps[0])
+    gmax, thr, count, cand_key, cand_pos, scratch, arrive1, arrive2 = _workspace(x, plan)
+    table, remap_stride = (cand_pos, 0) if remap is None else (remap, remap.stride(0))
+    strides = (x.stride(0), out.stride(0), remap_stride, out.shape[1] if mask else 0)
+    if len(plan.grid) == 1:
+        _row_topk_kernel[plan.grid](x, n_valid, gmax, thr, count, cand_key, cand_pos, table, scratch, out,
+                                    *strides, *plan.ints, **plan.consts, num_warps=plan.warps[0])
         return
-    _max_threshold_kernel[(R, plan.nc)](x, n_valid, gmax, thr, count, arrive1, N, x.stride(0), M, k, ch,
-                                        plan.nc,
-                                        **plan.max_consts, num_warps=plan.warps[1])
-    _filter_finish_kernel[(R, plan.nc)](x, n_valid, thr, count, arrive2, cand_key, cand_pos, table, scratch,
-                                        out, N, x.stride(0), k, ch, plan.nc,
-                                        *tail, **consts, num_warps=plan.warps[0])
+    _max_threshold_kernel[plan.grid](x, n_valid, gmax, thr, count, arrive1, strides[0], *plan.max_ints,
+                                     **plan.max_consts, num_warps=plan.warps[1])
+    _filter_finish_kernel[plan.grid](x, n_valid, thr, count, arrive2, cand_key, cand_pos, table, scratch,
+                                     out, *strides, *plan.ints, **plan.consts, num_warps=plan.warps[0])

@@ -356,6 +356,79 @@ def test_topk_sync_free_block_mask(rows, group, cap):
         f"block mask [{case!r}]"
 
 
+def fused_workspace(R, N, k, order="position", *, remap=False, mask=False, mask_block=0, group=None,
+                    cap=None, blocks=None, drop_neg_inf=False):
+    """The fused path's plan for these arguments and the one workspace it holds (after a call)."""
+    plan = KT._fused_plan(R, N, k, order == "score", drop_neg_inf, remap, mask, mask_block, group, cap,
+                          blocks, ())
+    (ws,) = plan.workspaces.values()
+    return plan, ws
+
+
+def assert_counters_reset(ws, flag, what):
+    """The fused count's flags are the filter's (the rows the radix engine redid in the launch), and
+    the call left both arrival counters at zero for the next."""
+    assert ws[2][:, 1].cpu().tolist() == flag.tolist(), f"{what}: fused flags {ws[2][:, 1].tolist()}, filter's {flag.tolist()}"
+    assert not bool(ws[6].any()) and not bool(ws[7].any()), f"{what}: arrival counters left {ws[6].tolist()} {ws[7].tolist()}"
+
+
+LAUNCHES = pytest.mark.parametrize("blocks", [None, (64, 128)], ids=["one_launch", "two_launches"])
+
+
+@LAUNCHES
+@pytest.mark.parametrize("order,remap", [("position", False), ("score", False), ("position", True)])
+@pytest.mark.parametrize("rows,group,cap", MIXED_FLAGS)
+def test_topk_fused_path_gives_the_launches_bits(rows, group, cap, order, remap, blocks):
+    """The fused path (rows of 300: one program a row, one launch; or chunks of 128, two launches
+    whose last program a row takes the serial stage) gives the launches path's bits, the rows the
+    filter flags redone by the radix engine inside the launch, twice in a row on its cached
+    workspace."""
+    case = mixed_case(rows, group, cap)
+    dev = K._device()
+    x = torch.from_numpy(case.scores).float().to(dev)
+    nv = torch.from_numpy(case.visible).int().to(dev)
+    table = (torch.arange(300, dtype=torch.int32) * 3 + 7).repeat(4, 1).to(dev) if remap else None
+    kw = dict(by_score=order == "score", remap=table, group=group, cap=cap, blocks=blocks)
+    KT.clear_workspaces()
+    with KT.topk_path("launches"):
+        want = KT._topk_engine(x, nv, case.k, **kw).cpu()
+    for call in range(2):
+        got = KT._topk_engine(x, nv, case.k, **kw).cpu()
+        assert torch.equal(got, want), f"fused path, call {call + 1}, differs from the launches path [{case!r}]"
+    plan, ws = fused_workspace(4, 300, case.k, order, remap=remap, group=group, cap=cap, blocks=blocks)
+    assert len(plan.grid) == (1 if blocks is None else 2), plan.grid
+    assert_counters_reset(ws, filtered(case, order, group, cap)[1], repr(case))
+
+
+@LAUNCHES
+@pytest.mark.parametrize("rows,group,cap", MIXED_FLAGS)
+def test_topk_fused_path_block_mask(rows, group, cap, blocks):
+    """The same in block-mask mode (−inf dropped, blocks of 8 marked)."""
+    case = mixed_case(rows, group, cap)
+    dev = K._device()
+    x = torch.from_numpy(case.scores).float().to(dev)
+    nv = torch.from_numpy(case.visible).int().to(dev)
+    masks = []
+    KT.clear_workspaces()
+    for path in ("launches", "fused", "fused"):
+        masks.append(torch.zeros((4, 300 * 8), dtype=torch.int8, device=dev))
+        with KT.topk_path(path):
+            KT._topk_engine(x, nv, case.k, drop_neg_inf=True, mask_out=masks[-1], mask_block=8, group=group,
+                            cap=cap, blocks=blocks)
+    assert torch.equal(masks[0], masks[1]) and torch.equal(masks[0], masks[2]), \
+        f"fused block mask differs from the launches path [{case!r}]"
+    _, ws = fused_workspace(4, 300, case.k, mask=True, mask_block=8, group=group, cap=cap, blocks=blocks,
+                            drop_neg_inf=True)
+    assert not bool(ws[6].any()) and not bool(ws[7].any()), "arrival counters"
+
+
+def test_topk_path_names_are_checked():
+    with pytest.raises(ValueError, match="expected one of"):
+        with KT.topk_path("fast"):
+            pass
+    assert KT._TOPK_PATH[0] == "fused"
+
+
 @pytest.mark.parametrize("rows", ["few_values", "equal", "low_bits", "minus_inf"])
 def test_topk_one_program_radix_serves_only_flagged_rows(rows):
     """_topk_radix_rows (one program a row, tiles of 64) with a flag column of stride 2, as the
