@@ -827,6 +827,32 @@ COMPILE_SM90 = textwrap.dedent("""
             build(KT._select_kernel, dict(select, scratch_ptr=scratch, out_ptr=out), num_warps=t.select_warps,
                   CAP=CAP, K_PAD=2048, SUB=t.sub, BINS=KT._DIGIT, BY_SCORE=by_score, REMAP=False,
                   MASK_BLOCK=mask, POS_24=not by_score, BITMAP=bitmap)
+    elif sys.argv[1] == "fused":   # the fused path at the plans of the headline shapes
+        import torch
+        ptrs = lambda *names: {n: "*i32" for n in names}   # noqa: E731
+        rows = {"x_ptr": "*fp32", "len_ptr": "*i32"}
+        outs = dict(ptrs("remap_ptr"), **ints("x_stride", "out_stride", "remap_stride", "W"))
+        def scratch(plan):
+            return "*i64" if plan.scratch[1] == torch.int64 else "*i32"
+        # (R, N, k, order, mask): one launch (bitmap; many rows), two (sort; score; block mask)
+        for R, N, k, by_score, mask in ((1, 1 << 16, 2048, False, False), (1024, 1 << 16, 2048, False, False),
+                                        (1, 1 << 20, 512, False, False), (64, 1 << 20, 2048, True, False),
+                                        (64, 1 << 15, 2048, False, True)):
+            plan = KT._fused_plan(R, N, k, by_score, mask, False, mask, 8 if mask else 0, None, None, None, ())
+            out = "*i8" if mask else "*i64"
+            if len(plan.grid) == 1:
+                build(KT._row_topk_kernel, dict(rows, **ptrs("gmax_ptr", "thr_ptr", "count_ptr", "cand_key_ptr",
+                                                             "cand_pos_ptr"), **outs, scratch_ptr=scratch(plan),
+                                                out_ptr=out, **ints("N", "M", "k", "CH", "block", "NW")),
+                      num_warps=plan.warps[0], **plan.consts)
+                continue
+            build(KT._max_threshold_kernel, dict(rows, **ptrs("gmax_ptr", "thr_ptr", "count_ptr", "arrive_ptr"),
+                                                 **ints("x_stride", "N", "M", "k", "CH", "NC")),
+                  num_warps=plan.warps[1], **plan.max_consts)
+            build(KT._filter_finish_kernel, dict(rows, **ptrs("thr_ptr", "count_ptr", "arrive_ptr", "cand_key_ptr",
+                                                              "cand_pos_ptr"), **outs, scratch_ptr=scratch(plan),
+                                                 out_ptr=out, **ints("N", "k", "CH", "NC", "block", "NW")),
+                  num_warps=plan.warps[0], **plan.consts)
     else:
         # scores as the launchers pick them on a GPU: BF16 operands (MMA), fp32 (IEEE), FP4, gather
         for fp4, bf16, gather, dt in ((False, True, False, "bf16"), (False, False, False, "fp32"),
@@ -867,6 +893,7 @@ COMPILE_SM90 = textwrap.dedent("""
 COMPILE_GROUPS = {
     "topk": {"_hist_kernel", "_boundary_kernel", "_compact_kernel", "_final_kernel", "_radix_rows_kernel"},
     "filter": {"_group_max_kernel", "_threshold_kernel", "_filter_kernel", "_select_kernel"},
+    "fused": {"_row_topk_kernel", "_max_threshold_kernel", "_filter_finish_kernel"},
     "rest": {"_scores_kernel", "_hadamard_kernel", "_copy_kernel", "_weights_kernel", "_weights_v32_kernel",
              "_visible_kernel", "_block_max_kernel", "_finite_blocks_mask_kernel", "_pool_count_kernel",
              "_gather_kernel", "_gather_blocks_kernel"},
