@@ -1233,6 +1233,11 @@ def _fused_plan(R: int, N: int, k: int, by_score: bool, drop_neg_inf: bool, rema
                       warps=warps)
 
 
+# Workspaces a CUDA graph captured: kept for the process's life, since a replay writes them even
+# after _fused_plan's cache has let their plan go.
+_CAPTURED: dict = {}
+
+
 def _workspace(x: torch.Tensor, plan: _FusedPlan):
     """(gmax, thr, count, cand_key, cand_pos, scratch, arrive 1, arrive 2) for plan, made once per
     device and current stream (calls on one stream run in order, so they can share them) and kept
@@ -1240,20 +1245,26 @@ def _workspace(x: torch.Tensor, plan: _FusedPlan):
     dev = x.get_device()
     key = (dev, torch._C._cuda_getCurrentRawStream(dev) if dev >= 0 else 0)
     ws = plan.workspaces.get(key)
+    if dev >= 0 and torch.cuda.is_current_stream_capturing():
+        ws = ws or _new_workspace(x, plan)
+        plan.workspaces[key] = _CAPTURED[tuple(t.data_ptr() for t in ws)] = ws
     if ws is None:
-        r, dev = plan.rows, x.device
-        i32 = dict(dtype=torch.int32, device=dev)
-        ws = (torch.empty((r, plan.gmax_cols), **i32), torch.empty((r,), **i32), torch.empty((r, 2), **i32),
-              torch.empty((r, plan.cap), **i32), torch.empty((r, plan.cap), **i32),
-              torch.empty((r, plan.scratch[0]), dtype=plan.scratch[1], device=dev),
-              torch.zeros((r,), **i32), torch.zeros((r,), **i32))
-        plan.workspaces[key] = ws
+        ws = plan.workspaces[key] = _new_workspace(x, plan)
     return ws
 
 
+def _new_workspace(x: torch.Tensor, plan: _FusedPlan):
+    r, dev = plan.rows, x.device
+    i32 = dict(dtype=torch.int32, device=dev)
+    return (torch.empty((r, plan.gmax_cols), **i32), torch.empty((r,), **i32), torch.empty((r, 2), **i32),
+            torch.empty((r, plan.cap), **i32), torch.empty((r, plan.cap), **i32),
+            torch.empty((r, plan.scratch[0]), dtype=plan.scratch[1], device=dev),
+            torch.zeros((r,), **i32), torch.zeros((r,), **i32))
+
+
 def clear_workspaces():
-    """Forget the fused path's plans and the workspaces kept with them (a CUDA graph captured with
-    them must not be replayed after)."""
+    """Forget the fused path's plans and the workspaces kept with them (not those a CUDA graph
+    captured: they stay while the process lives)."""
     _fused_plan.cache_clear()
 
 
