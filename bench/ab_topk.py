@@ -14,6 +14,21 @@ positions run one launch in the fused path; "fused-2" forces the filter's chunks
 launches) to see what the one launch gains or loses.  A variant that fails (a compile error, a
 fault) is recorded with its error and the run goes on.
 
+Device command (one H200; the A/B first, ≤ 480 s with its compiles, then the GPU-only checks of
+the fused path: no host sync, graph replay, its bits against the launches path):
+
+    export TRITON_INTERPRET=0; python -m pip install -q --no-build-isolation --no-deps -e . >/dev/null 2>&1; timeout 480 python bench/ab_topk.py --out $OUT/ab_topk.json --rep 50 2>&1 | tail -45; timeout 100 python -m pytest -q -p no:cacheprovider tests/test_kernels_device.py -k "sync or graph" 2>&1 | tail -3
+
+Predictions (written before the call; the launches path's numbers from bench/h200/2026-12-02-peers-topk.json,
+host: about 30 µs a Triton launch there, 5 launches + 10 allocations ≈ 170 µs a call): the fused
+path's host cost is 2 launches + 1 allocation (≈ 60-70 µs) or 1 launch (≈ 35 µs), so eager
+becomes max(host, device).  1x64K k 2048 (one launch, one program): device ≈ 50-55 µs (the
+select, 24 µs, and the threshold, 15 µs, were already one program), eager 398 → ≈ 60 (torch 85:
+met), graph 61 → ≈ 55 (torch 55: ≈ 1×, the 3× goal not met).  1x1M k 512 (two launches): graph
+33 → ≈ 25-28 (two kernels' gaps gone; ≤ 15 not met), eager 196 → ≈ 70 (torch 127: met).  64x1M:
+graph ≈ 265 unchanged, eager 311 → ≈ 270.  1024x64K (one launch, a program a row): graph 428 →
+≈ 400-430 (the same work, fewer gaps; occupancy may cost what the gaps gave), eager ≈ graph.
+
     python bench/ab_topk.py --out ab_topk.json            # GPU: the table and the JSON
     python bench/ab_topk.py --host                         # no GPU: host µs of the Python path,
                                                            # launches stubbed, and the launches

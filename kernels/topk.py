@@ -1032,19 +1032,26 @@ def _topk_engine(x: torch.Tensor, n_valid: torch.Tensor, k: int, *, by_score: bo
     return None if mask else out
 
 
+def _filter_shape(R: int, N: int, k: int, group, cap, blocks):
+    """(tunables, G, CAP, k rounded up to a power of two, group maxima a row) of the filter on R
+    rows of N; None where it cannot serve them."""
+    tune = _filter_config(R, N, k, blocks)
+    plan = _filter_plan(N, k, tune.block, group, cap)
+    if plan is None:
+        return None
+    return (tune, *plan, _pow2(k), triton.cdiv(N, plan[0]))
+
+
 def _topk_filter(x, n_valid, k: int, out, *, by_score: bool, drop_neg_inf: bool, remap, mask: bool,
                  mask_block: int, group, cap, blocks) -> torch.Tensor | None:
     """The threshold filter's launches, writing the rows it serves into out; returns int32 [R]
     flags of the rows it could not serve (None: it serves none of this shape)."""
     R, N = x.shape
     dev = x.device
-    tune = _filter_config(R, N, k, blocks)
-    plan = _filter_plan(N, k, tune.block, group, cap)
-    if plan is None:
+    shape = _filter_shape(R, N, k, group, cap, blocks)
+    if shape is None:
         return None
-    G, cap = plan
-    k_pad = _pow2(k)
-    M = triton.cdiv(N, G)
+    tune, G, cap, k_pad, M = shape
     nc = triton.cdiv(N, tune.ch)
     gmax = torch.empty((R, M), dtype=torch.int32, device=dev)
     _group_max_kernel[(R, nc)](x, n_valid, gmax, N, x.stride(0), M, tune.ch, G=G, BLOCK=tune.block,
@@ -1200,13 +1207,10 @@ def _fused_plan(R: int, N: int, k: int, by_score: bool, drop_neg_inf: bool, rema
                 mask_block: int, group, cap, blocks, override: tuple) -> _FusedPlan | None:
     """The fused launches' configuration for one shape (override: filter_tuning's fields, part of
     the cache key); None where the filter cannot serve the shape."""
-    tune = _filter_config(R, N, k, blocks)
-    plan = _filter_plan(N, k, tune.block, group, cap)
-    if plan is None:
+    shape = _filter_shape(R, N, k, group, cap, blocks)
+    if shape is None:
         return None
-    G, cap = plan
-    k_pad = _pow2(k)
-    M = triton.cdiv(N, G)
+    tune, G, cap, k_pad, M = shape
     ch = tune.ch
     if N <= _ONE_PROGRAM_ROW and blocks is None and "ch" not in dict(override):
         ch = triton.cdiv(N, tune.block) * tune.block
