@@ -30,8 +30,9 @@ row's block maxima (kernels.indexer, BLOCK_MAX), so the [T, S] scores of the dec
 candidate layer are never written, read back, or reduced by a launch of their own.  A re-index
 layer's top-k over its pool (<= 16384 scores) runs in one program (_row_topk: the row in
 registers, four 8-bit radix passes, a prefix sum into position order), one launch where the top-k
-engine takes five; the same picks (DSV4SPEC_ROW_TOPK=0: the engine; =2: also the chunked kernel
-for rows of up to 65536, such as a 1M context's 32768 block maxima).
+engine takes five; the same picks, off by default since the engine measured faster on the H200
+(DSV4SPEC_ROW_TOPK=1 turns it on; =2: also the chunked kernel for rows of up to 65536, such as a 1M
+context's 32768 block maxima).
 
 The device functions (_candidate_blocks, _candidate_list, _gather_pool, _gather_blocks,
 _reindex_topk) read nothing back to the host with sync=False (kernels.indexer's top-k engine then
@@ -180,8 +181,9 @@ def _top_blocks(block_scores: torch.Tensor, topk_blocks: int, *, sync: bool) -> 
 # there, and the picks leave in position order by a prefix sum: one launch and no intermediate in
 # memory, where the top-k engine takes five.  Rows longer than _ROW_TOPK_MAX go to the engine (the
 # 32768 block maxima of a 1M context would need 64 keys a thread of 16 warps: ptxas spills 14 KB
-# a thread at sm_90; 16384 at 16 warps fits in 128 registers).  DSV4SPEC_ROW_TOPK=0 sends every
-# row to the engine (the A/B's "old"); =2 also serves rows of up to _ROW_TOPK_CHUNKS chunks of
+# a thread at sm_90; 16384 at 16 warps fits in 128 registers).  Off by default: on the H200 (12-02,
+# bench/h200/2026-12-02-ab-decode.md) top-512 of 16384 took 75 / 75 µs eager / graph at 16 warps and
+# 55 / 56 at 32, the engine 54 / 44.  DSV4SPEC_ROW_TOPK=1 turns it on; =2 also serves rows of up to _ROW_TOPK_CHUNKS chunks of
 # _ROW_TOPK_MAX by the chunked kernel (the block row of a 1M context: 2 chunks read from L2 at
 # each pass), which no measurement has yet shown faster than the engine (bench/ab_decode.py).
 _ROW_TOPK_MAX = 16384
@@ -190,7 +192,7 @@ _ROW_TOPK_WARPS = None     # None: n_pad / 1024, within [4, 16] (the A/B sets it
 
 
 def _row_topk_mode() -> str:
-    return os.environ.get("DSV4SPEC_ROW_TOPK", "1")
+    return os.environ.get("DSV4SPEC_ROW_TOPK", "0")
 
 
 def _row_topk_fits(n: int) -> bool:

@@ -1003,7 +1003,10 @@ def _topk_engine(x: torch.Tensor, n_valid: torch.Tensor, k: int, *, by_score: bo
     """
     R, N = x.shape
     mask = mask_out is not None
-    if _TOPK_PATH[0] == "fused":
+    # Measured on the H200 (bench/h200/2026-12-02-ab-topk.json): the fused path costs less host time
+    # (eager 103 against 471 µs at 1×1M k 512) but more device time (graph 49 against 33 µs), so a
+    # CUDA-graph capture, where host time is paid once, takes the launches path.  Same bits.
+    if _TOPK_PATH[0] == "fused" and not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
         override = tuple(sorted(_FILTER_OVERRIDE.items())) if _FILTER_OVERRIDE else ()
         plan = _fused_plan(R, N, k, by_score, drop_neg_inf, remap is not None, mask, mask_block, group,
                            cap, blocks, override)
@@ -1198,8 +1201,9 @@ class _FusedPlan:
 
 # Rows up to this length are one program's in the fused path (one launch); longer rows are cut into
 # the filter's chunks (two launches).  Under the interpreter, rows the tests and rules draw go both
-# ways.
-_ONE_PROGRAM_ROW = 1024 if INTERPRET else 65536
+# ways.  H200, 12-02: at 1×64K k 2048 one program took 117 / 131 µs eager / graph, the two
+# launches 85 / 68 (bench/h200/2026-12-02-ab-topk.json); rows below 4096 were not measured.
+_ONE_PROGRAM_ROW = 1024 if INTERPRET else 4096
 
 
 @functools.lru_cache(maxsize=512)
