@@ -10,7 +10,11 @@
 Every function here launches Triton kernels on the tensors where they are and returns tensors on
 the same device: no copy to or from the host, no host read-back of any value (the top-k engine
 decides its overflow fallback on the device), so a call never synchronizes and a sequence of calls
-can be captured in a CUDA graph.  The checks read only shapes, dtypes, devices and strides, never
+can be captured in a CUDA graph.  The top-k engine under index_topk, candidate_list and
+reindex_topk runs in one launch where a row is one program's (up to 64K positions) and two otherwise,
+on workspaces made once per shape, device and stream and reused by later calls (those a CUDA graph
+captured are kept for the process's life): calls on one stream may share them, since they run in
+order.  The checks read only shapes, dtypes, devices and strides, never
 values: what the suite's operations reject by reading the data (NaN inputs, counts out of range)
 is the caller's contract here, and breaking it gives unspecified (but memory-safe) results.
 The computed bits are those of the suite's `kernels` target, which wraps these launchers with

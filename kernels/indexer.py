@@ -235,10 +235,11 @@ def _scores_kernel(q_ptr, qs_ptr, k_ptr, ks_ptr, w_ptr, vis_ptr, idx_ptr, out_pt
                    D: tl.constexpr, D_PAD: tl.constexpr, H_PAD: tl.constexpr, TQ: tl.constexpr,
                    BLOCK_S: tl.constexpr, FP4: tl.constexpr, BF16_SCORE: tl.constexpr,
                    GATHER: tl.constexpr, IEEE: tl.constexpr, GPU_OPS: tl.constexpr,
-                   STAGES: tl.constexpr):
+                   STAGES: tl.constexpr, BLOCK_MAX: tl.constexpr):
     """Program (t, s) holds TQ queries x H_PAD heads of q (the MMA's N side) and takes key blocks
     s, s + n_s_progs, ... below the tile's largest visible count (a pipelined loop of STAGES on
-    the GPU), then writes -inf into its key blocks past that count."""
+    the GPU), then writes -inf into its key blocks past that count.  BLOCK_MAX > 0: out holds
+    each query's maxima over blocks of BLOCK_MAX positions instead of the scores (_score_block)."""
     pid_t = tl.program_id(0)
     pid_s = tl.program_id(1)
     NQ: tl.constexpr = TQ * H_PAD
@@ -264,21 +265,28 @@ def _scores_kernel(q_ptr, qs_ptr, k_ptr, ks_ptr, w_ptr, vis_ptr, idx_ptr, out_pt
         for sb in tl.range(pid_s, n_vis, n_s_progs, num_stages=STAGES):
             _score_block(q, w, vis, t_q, sb, k_ptr, ks_ptr, idx_ptr, out_ptr, T, S, out_stride,
                          idx_stride, pid_t, vmax, D, D_PAD, H_PAD, TQ, BLOCK_S, FP4, BF16_SCORE,
-                         GATHER, IEEE, GPU_OPS)
+                         GATHER, IEEE, GPU_OPS, BLOCK_MAX)
     else:  # the interpreter (3.6) cannot range over run-time scalars
         sb = pid_s
         while sb < n_vis:
             _score_block(q, w, vis, t_q, sb, k_ptr, ks_ptr, idx_ptr, out_ptr, T, S, out_stride,
                          idx_stride, pid_t, vmax, D, D_PAD, H_PAD, TQ, BLOCK_S, FP4, BF16_SCORE,
-                         GATHER, IEEE, GPU_OPS)
+                         GATHER, IEEE, GPU_OPS, BLOCK_MAX)
             sb += n_s_progs
     # the causal tail: this program's blocks from n_vis on are -inf without a multiply
     sb = pid_s + tl.cdiv(tl.maximum(n_vis - pid_s, 0), n_s_progs) * n_s_progs
     while sb < tl.cdiv(S, BLOCK_S):
-        j = sb * BLOCK_S + tl.arange(0, BLOCK_S)
-        tl.store(out_ptr + t_q[None, :] * out_stride + j[:, None],
-                 tl.full((BLOCK_S, TQ), float("-inf"), tl.float32),
-                 mask=(j[:, None] < S) & (t_q[None, :] < T))
+        if BLOCK_MAX > 0:  # (the newest block lies below n_vis: nothing to pin here)
+            NBB: tl.constexpr = BLOCK_S // BLOCK_MAX
+            b = sb * NBB + tl.arange(0, NBB)
+            tl.store(out_ptr + t_q[None, :] * out_stride + b[:, None],
+                     tl.full((NBB, TQ), float("-inf"), tl.float32),
+                     mask=(b[:, None] < tl.cdiv(S, BLOCK_MAX)) & (t_q[None, :] < T))
+        else:
+            j = sb * BLOCK_S + tl.arange(0, BLOCK_S)
+            tl.store(out_ptr + t_q[None, :] * out_stride + j[:, None],
+                     tl.full((BLOCK_S, TQ), float("-inf"), tl.float32),
+                     mask=(j[:, None] < S) & (t_q[None, :] < T))
         sb += n_s_progs
 
 
@@ -287,9 +295,12 @@ def _score_block(q, w, vis, t_q, sb, k_ptr, ks_ptr, idx_ptr, out_ptr, T, S, out_
                  idx_stride, pid_t, vmax, D: tl.constexpr, D_PAD: tl.constexpr,
                  H_PAD: tl.constexpr, TQ: tl.constexpr, BLOCK_S: tl.constexpr, FP4: tl.constexpr,
                  BF16_SCORE: tl.constexpr, GATHER: tl.constexpr, IEEE: tl.constexpr,
-                 GPU_OPS: tl.constexpr):
+                 GPU_OPS: tl.constexpr, BLOCK_MAX: tl.constexpr):
     """Scores of key block sb for the tile's queries: acc = k_blk @ q^T, epilogue, -inf where
-    the query does not see the key."""
+    the query does not see the key.  BLOCK_MAX > 0 (a power of two dividing BLOCK_S): instead of
+    the scores, their maxima over blocks of BLOCK_MAX positions, the query's newest block
+    ((visible - 1) // BLOCK_MAX, when visible > 0) pinned to +inf: kernels.pool._block_scores of
+    the scores, without writing or reading them."""
     j = sb * BLOCK_S + tl.arange(0, BLOCK_S)
     k_ok = j < vmax
     if GATHER:  # TQ == 1: key rows come from this query's gathered position list
@@ -308,8 +319,17 @@ def _score_block(q, w, vis, t_q, sb, k_ptr, ks_ptr, idx_ptr, out_ptr, T, S, out_
         acc = tl.dot(kt, tl.trans(q))  # [BLOCK_S, TQ*H_PAD], fp32 accumulation
     score = _score_epilogue(acc, w, BLOCK_S, TQ, H_PAD, BF16_SCORE, GPU_OPS)
     score = tl.where(j[:, None] < vis[None, :], score, float("-inf"))
-    tl.store(out_ptr + t_q[None, :] * out_stride + j[:, None], score,
-             mask=(j[:, None] < S) & (t_q[None, :] < T))
+    if BLOCK_MAX > 0:
+        NBB: tl.constexpr = BLOCK_S // BLOCK_MAX
+        best = tl.max(tl.reshape(score, (NBB, BLOCK_MAX, TQ)), axis=1)
+        b = sb * NBB + tl.arange(0, NBB)
+        newest = tl.where(vis > 0, (vis - 1) // BLOCK_MAX, -1)
+        best = tl.where(b[:, None] == newest[None, :], float("inf"), best)
+        tl.store(out_ptr + t_q[None, :] * out_stride + b[:, None], best,
+                 mask=(b[:, None] < tl.cdiv(S, BLOCK_MAX)) & (t_q[None, :] < T))
+    else:
+        tl.store(out_ptr + t_q[None, :] * out_stride + j[:, None], score,
+                 mask=(j[:, None] < S) & (t_q[None, :] < T))
 
 
 _SCORE_N = 128  # GPU: MMA columns (queries x padded heads) per program
@@ -339,11 +359,16 @@ def _score_config(T: int, S: int, H_PAD: int, D_PAD: int, gather: bool):
     return tq, block_s, n_s, _SCORE_WARPS, 3 if gather else 2
 
 
-def _launch_scores(q, qs, k, ks, w, vis32, idx, T, S, H, D, out, fp4: bool, bf16: bool):
+def _launch_scores(q, qs, k, ks, w, vis32, idx, T, S, H, D, out, fp4: bool, bf16: bool, block_max: int = 0):
+    """The score kernel on [T, S] (out f32 [T, S]); block_max > 0 (a power of two): out f32
+    [T, cdiv(S, block_max)] gets the block maxima instead, the newest block +inf (_score_block)."""
     H_PAD = _pow2(H, 16)
     D_PAD = _pow2(D, 32)
     gather = idx is not None
     tq, block_s, n_s, warps, stages = _score_config(T, S, H_PAD, D_PAD, gather)
+    if block_max and (block_max & (block_max - 1) or block_s % block_max):
+        raise ValueError(f"_launch_scores: block_max {block_max} must be a power of two dividing the key "
+                         f"block ({block_s})")
     ieee = INTERPRET or ((not fp4) and q.dtype == torch.float32)
     if INTERPRET and not fp4:  # exact widening on the host: the interpreter's bf16 -> fp32
         q, k, w = q.float(), k.float(), w.float()  # conversion mishandles subnormals
@@ -353,7 +378,7 @@ def _launch_scores(q, qs, k, ks, w, vis32, idx, T, S, H, D, out, fp4: bool, bf16
                          idx.stride(0) if gather else 0, n_s,
                          D=D, D_PAD=D_PAD, H_PAD=H_PAD, TQ=tq, BLOCK_S=block_s, FP4=fp4,
                          BF16_SCORE=bf16, GATHER=gather, IEEE=ieee, GPU_OPS=_SCORE_GPU_OPS and not INTERPRET,
-                         STAGES=stages, num_warps=warps)
+                         STAGES=stages, BLOCK_MAX=block_max, num_warps=warps)
 
 
 # --------------------------------------------------------------------------------------------

@@ -25,7 +25,14 @@ takes the gathered pool, so the re-index layers of one decode step share one gat
 A decode step need not scan a mask at all: _candidate_list gives the chosen blocks as a list
 (ascending block indices, the same top-k engine on the same block maxima) and _gather_blocks
 expands it into the same gathered pool, bit for bit, in time that grows with the pool, not with
-the context.
+the context.  _candidate_list_of_keys goes one step further: the score kernel itself writes each
+row's block maxima (kernels.indexer, BLOCK_MAX), so the [T, S] scores of the decode step's
+candidate layer are never written, read back, or reduced by a launch of their own.  A re-index
+layer's top-k over its pool (<= 16384 scores) runs in one program (_row_topk: the row in
+registers, four 8-bit radix passes, a prefix sum into position order), one launch where the top-k
+engine takes five; the same picks, off by default since the engine measured faster on the H200
+(DSV4SPEC_ROW_TOPK=1 turns it on; =2: also the chunked kernel for rows of up to 65536, such as a 1M
+context's 32768 block maxima).
 
 The device functions (_candidate_blocks, _candidate_list, _gather_pool, _gather_blocks,
 _reindex_topk) read nothing back to the host with sync=False (kernels.indexer's top-k engine then
@@ -34,6 +41,8 @@ graph, as serving engines run decode.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -41,7 +50,7 @@ import triton.language as tl
 from . import INTERPRET
 from .indexer import (_check_k, _check_lengths, _device, _float_input, _launch_scores, _need_tensor,
                       _score_inputs)
-from .topk import _pow2, _topk_engine
+from .topk import _boundary_bin, _order_key, _pow2, _topk_engine
 
 # Layer roles are host-side configuration, not device work: the kernels target serves impl's table so
 # that a serving engine built on these kernels is checked on LAYER.* as a whole.
@@ -139,29 +148,239 @@ def _candidate_list(x: torch.Tensor, lens_d: torch.Tensor, topk_blocks: int, blo
     """The blocks _candidate_blocks marks, as a list: int64 [T, min(topk_blocks, n_blocks)], the
     chosen block indices ascending, -1 after the last.  What a decode step hands the re-index
     layers (through _gather_blocks): O(pool) to expand, where the mask is O(context) to scan."""
-    block_scores = _block_scores(x, lens_d, block_size)
-    n_blocks = block_scores.shape[1]
-    everything = torch.full((x.shape[0],), n_blocks, dtype=torch.int32, device=x.device)
-    return _topk_engine(block_scores, everything, min(topk_blocks, n_blocks), drop_neg_inf=True, sync=sync)
+    return _top_blocks(_block_scores(x, lens_d, block_size), topk_blocks, sync=sync)
+
+
+def _candidate_list_of_keys(q, qs, k, ks, w, vis32: torch.Tensor, topk_blocks: int, block_size: int, *,
+                            fp4: bool = True, sync: bool = True) -> torch.Tensor:
+    """_candidate_list of the BF16 index scores of q and k (FP4 with their scales qs, ks when fp4;
+    on the device, as _launch_scores takes them), visible = compress_lens = vis32: the score kernel
+    writes each row's block maxima itself (the newest block +inf), so the [T, S] scores are never
+    written or read again, and one launch fewer runs."""
+    T, H = q.shape[:2]
+    S = k.shape[0]
+    D = 2 * q.shape[2] if fp4 else q.shape[2]
+    block_scores = torch.empty((T, triton.cdiv(S, block_size)), dtype=torch.float32, device=q.device)
+    _launch_scores(q, qs, k, ks, w, vis32, None, T, S, H, D, block_scores, fp4=fp4, bf16=True,
+                   block_max=block_size)
+    return _top_blocks(block_scores, topk_blocks, sync=sync)
+
+
+def _top_blocks(block_scores: torch.Tensor, topk_blocks: int, *, sync: bool) -> torch.Tensor:
+    """The top min(topk_blocks, n_blocks) blocks above −inf of each row of block maxima, ascending."""
+    T, n_blocks = block_scores.shape
+    k = min(topk_blocks, n_blocks)
+    if _row_topk_fits(n_blocks):
+        return _row_topk(block_scores, None, k, drop_neg_inf=True)
+    everything = _filled(T, n_blocks, block_scores.device)
+    return _topk_engine(block_scores, everything, k, drop_neg_inf=True, sync=sync)
+
+
+# One-program top-k for the decode step's short rows (a re-index layer's pool of <= 16384 scores):
+# the whole row is held in one program's registers, an 8-bit radix select of four passes runs on it
+# there, and the picks leave in position order by a prefix sum: one launch and no intermediate in
+# memory, where the top-k engine takes five.  Rows longer than _ROW_TOPK_MAX go to the engine (the
+# 32768 block maxima of a 1M context would need 64 keys a thread of 16 warps: ptxas spills 14 KB
+# a thread at sm_90; 16384 at 16 warps fits in 128 registers).  Off by default: on the H200 (12-02,
+# bench/h200/2026-12-02-ab-decode.md) top-512 of 16384 took 75 / 75 µs eager / graph at 16 warps and
+# 55 / 56 at 32, the engine 54 / 44.  DSV4SPEC_ROW_TOPK=1 turns it on; =2 also serves rows of up to _ROW_TOPK_CHUNKS chunks of
+# _ROW_TOPK_MAX by the chunked kernel (the block row of a 1M context: 2 chunks read from L2 at
+# each pass), which no measurement has yet shown faster than the engine (bench/ab_decode.py).
+_ROW_TOPK_MAX = 16384
+_ROW_TOPK_CHUNKS = 4
+_ROW_TOPK_WARPS = None     # None: n_pad / 1024, within [4, 16] (the A/B sets it)
+
+
+def _row_topk_mode() -> str:
+    return os.environ.get("DSV4SPEC_ROW_TOPK", "0")
+
+
+def _row_topk_fits(n: int) -> bool:
+    mode = _row_topk_mode()
+    return (mode != "0" and n <= _ROW_TOPK_MAX) or (mode == "2" and n <= _ROW_TOPK_CHUNKS * _ROW_TOPK_MAX)
+
+
+@triton.jit
+def _row_topk_kernel(x_ptr, n_ptr, remap_ptr, out_ptr, N, x_stride, k, out_stride, remap_stride,
+                     N_PAD: tl.constexpr, K_PAD: tl.constexpr, HAS_N: tl.constexpr,
+                     DROP_NEG_INF: tl.constexpr, REMAP: tl.constexpr):
+    """out[r] = the positions of the top min(k, #valid) keys of row r, ascending, -1 after (valid:
+    s < n[r] (N without HAS_N), and x > −inf with DROP_NEG_INF); equal keys: the lowest positions.
+    Four 8-bit radix passes find the k-th key K and how many keys equal to K are taken; the chosen
+    positions (remap[r, s] with REMAP) land at their prefix-sum slots."""
+    row = tl.program_id(0)
+    pos = tl.arange(0, N_PAD)
+    n = N
+    if HAS_N:
+        n = tl.minimum(tl.load(n_ptr + row), N)
+    x = tl.load(x_ptr + row.to(tl.int64) * x_stride + pos, mask=pos < n, other=float("-inf"))
+    ok = pos < n
+    if DROP_NEG_INF:
+        ok = ok & (x != float("-inf"))
+    key = tl.where(ok, _order_key(x), 0)   # valid keys are >= 1: key != 0 is the valid mask
+    need = tl.minimum(tl.sum(ok.to(tl.int32), axis=0), k).to(tl.int64)
+    rem = need
+    prefix = tl.zeros((), tl.uint32)
+    for p in tl.static_range(4):
+        m = key != 0
+        if p > 0:
+            m = m & ((key >> (32 - 8 * p)) == prefix)
+        hist = tl.histogram(((key >> (24 - 8 * p)) & 255).to(tl.int32), 256, mask=m)
+        bnd, _, above = _boundary_bin(hist, rem, 256)
+        prefix = (prefix << 8) | bnd.to(tl.uint32)
+        rem -= above
+    # one prefix sum of (key == K) + (key > K) << 16 counts both up to each position (N <= 2^15
+    # each: no carry between the halves); the first rem keys equal to K are taken
+    gt = (key > prefix) & (key != 0) & (need > 0)
+    eq = (key == prefix) & (key != 0) & (need > 0)
+    both = tl.cumsum(eq.to(tl.uint32) | (gt.to(tl.uint32) << 16), axis=0)
+    n_eq = (both & 0xFFFF).to(tl.int64)
+    chosen = gt | (eq & (n_eq <= rem))
+    slot = (both >> 16).to(tl.int64) + tl.minimum(n_eq, rem) - 1
+    out = out_ptr + row.to(tl.int64) * out_stride
+    if REMAP:
+        val = tl.load(remap_ptr + row.to(tl.int64) * remap_stride + pos, mask=chosen, other=0).to(tl.int64)
+    else:
+        val = pos.to(tl.int64)
+    tl.store(out + slot, val, mask=chosen)
+    j = tl.arange(0, K_PAD)
+    tl.store(out + j, tl.full((K_PAD,), -1, tl.int64), mask=(j >= need) & (j < k))
+
+
+@triton.jit
+def _chunk_keys(x_ptr, row, c, n, x_stride, CHUNK: tl.constexpr, DROP_NEG_INF: tl.constexpr):
+    """Positions and order keys of chunk c of a row (0: not valid; valid keys are >= 1)."""
+    pos = c * CHUNK + tl.arange(0, CHUNK)
+    x = tl.load(x_ptr + row.to(tl.int64) * x_stride + pos, mask=pos < n, other=float("-inf"))
+    ok = pos < n
+    if DROP_NEG_INF:
+        ok = ok & (x != float("-inf"))
+    return pos, tl.where(ok, _order_key(x), 0)
+
+
+@triton.jit
+def _row_topk_chunked_kernel(x_ptr, n_ptr, remap_ptr, out_ptr, N, x_stride, k, out_stride, remap_stride,
+                             CHUNK: tl.constexpr, K_PAD: tl.constexpr, HAS_N: tl.constexpr,
+                             DROP_NEG_INF: tl.constexpr, REMAP: tl.constexpr):
+    """_row_topk_kernel for rows longer than one program holds: each radix pass and the final
+    placement read the row again, CHUNK keys at a time (from L2: the row was just written), and
+    the placement carries the counts of the chunks before."""
+    row = tl.program_id(0)
+    n = N
+    if HAS_N:
+        n = tl.minimum(tl.load(n_ptr + row), N)
+    n_chunks = tl.cdiv(n, CHUNK)
+    rem = tl.zeros((), tl.int64)
+    need = tl.zeros((), tl.int64)
+    prefix = tl.zeros((), tl.uint32)
+    for p in tl.static_range(4):
+        hist = tl.zeros((256,), tl.int32)
+        c = 0
+        while c < n_chunks:   # (a while: the interpreter cannot range over a run-time bound)
+            key = _chunk_keys(x_ptr, row, c, n, x_stride, CHUNK, DROP_NEG_INF)[1]
+            m = key != 0
+            if p > 0:
+                m = m & ((key >> (32 - 8 * p)) == prefix)
+            hist += tl.histogram(((key >> (24 - 8 * p)) & 255).to(tl.int32), 256, mask=m)
+            c += 1
+        if p == 0:
+            need = tl.minimum(tl.sum(hist, axis=0), k).to(tl.int64)
+            rem = need
+        bnd, tied, above = _boundary_bin(hist, rem, 256)
+        prefix = (prefix << 8) | bnd.to(tl.uint32)
+        rem -= above
+    out = out_ptr + row.to(tl.int64) * out_stride
+    gt_before = tl.zeros((), tl.int64)
+    eq_before = tl.zeros((), tl.int64)
+    c = 0
+    while c < n_chunks:
+        pos, key = _chunk_keys(x_ptr, row, c, n, x_stride, CHUNK, DROP_NEG_INF)
+        gt = (key > prefix) & (key != 0) & (need > 0)
+        eq = (key == prefix) & (key != 0) & (need > 0)
+        both = tl.cumsum(eq.to(tl.uint32) | (gt.to(tl.uint32) << 16), axis=0)
+        n_eq = eq_before + (both & 0xFFFF).to(tl.int64)
+        chosen = gt | (eq & (n_eq <= rem))
+        slot = gt_before + (both >> 16).to(tl.int64) + tl.minimum(n_eq, rem) - 1
+        if REMAP:
+            val = tl.load(remap_ptr + row.to(tl.int64) * remap_stride + pos, mask=chosen, other=0).to(tl.int64)
+        else:
+            val = pos.to(tl.int64)
+        tl.store(out + slot, val, mask=chosen)
+        gt_before += tl.sum(gt.to(tl.int64), axis=0)
+        eq_before += tl.sum(eq.to(tl.int64), axis=0)
+        c += 1
+    j = tl.arange(0, K_PAD)
+    tl.store(out + j, tl.full((K_PAD,), -1, tl.int64), mask=(j >= need) & (j < k))
+
+
+def _row_topk(x: torch.Tensor, n_valid: torch.Tensor | None, k: int, *, drop_neg_inf: bool = False,
+              remap: torch.Tensor | None = None, chunk: int | None = None) -> torch.Tensor:
+    """_topk_engine(x, n_valid, k, by_score=False, drop_neg_inf, remap): one program a row, one
+    launch, nothing read back (int64 [R, k]); rows longer than chunk (default _ROW_TOPK_MAX; a
+    power of two, tests pass small ones) by the chunked kernel."""
+    R, N = x.shape
+    out = torch.empty((R, k), dtype=torch.int64, device=x.device)
+    chunk = chunk or _ROW_TOPK_MAX
+    n_pad = min(_pow2(N, 16), chunk)
+    warps = 4 if INTERPRET else _ROW_TOPK_WARPS or max(4, min(16, n_pad // 1024))
+    args = (x, x if n_valid is None else n_valid, x if remap is None else remap, out, N, x.stride(0), k,
+            out.stride(0), 0 if remap is None else remap.stride(0))
+    flags = dict(K_PAD=_pow2(k), HAS_N=n_valid is not None, DROP_NEG_INF=drop_neg_inf, REMAP=remap is not None,
+                 num_warps=warps)
+    if N <= chunk:
+        _row_topk_kernel[(R,)](*args, N_PAD=n_pad, **flags)
+    else:
+        _row_topk_chunked_kernel[(R,)](*args, CHUNK=chunk, **flags)
+    return out
+
+
+_FILLED: dict = {}   # (device, rows, value) -> a read-only int32 [rows] of value (no fill launch a call)
+
+
+def _filled(rows: int, value: int, device: torch.device) -> torch.Tensor:
+    """int32 [rows] of value, made once per (device, rows, value) outside a CUDA graph capture (a
+    tensor filled inside one holds its value only once the graph replays)."""
+    key = (str(device), rows, value)
+    if key in _FILLED:
+        return _FILLED[key]
+    t = torch.full((rows,), value, dtype=torch.int32, device=device)
+    if not (t.is_cuda and torch.cuda.is_current_stream_capturing()):
+        if len(_FILLED) >= 64:
+            _FILLED.clear()
+        _FILLED[key] = t
+    return t
 
 
 @triton.jit
 def _gather_blocks_kernel(blocks_ptr, vis_ptr, idx_ptr, count_ptr, NB, BLOCK_SIZE: tl.constexpr,
                           BS_PAD: tl.constexpr, CHUNK: tl.constexpr):
     """Blocks [c*CHUNK, (c+1)*CHUNK) of row r's list to their positions below visible[r], slot
-    j*BLOCK_SIZE + i for position i of the row's j-th block, -1 elsewhere; their count is added to
-    count[r].  Ascending blocks, -1 after the last, make the valid slots a prefix of the row."""
+    j*BLOCK_SIZE + i for position i of the row's j-th block, -1 elsewhere; program c = 0 writes
+    count[r], the row's positions below visible, from the whole list (distinct blocks: each adds
+    min(max(visible - first, 0), BLOCK_SIZE)), so count needs no zeroing and no atomics.
+    Ascending blocks, -1 after the last, make the valid slots a prefix of the row."""
     row = tl.program_id(0)
-    j = tl.program_id(1) * CHUNK + tl.arange(0, CHUNK)
+    c = tl.program_id(1)
+    j = c * CHUNK + tl.arange(0, CHUNK)
     i = tl.arange(0, BS_PAD)
+    vis = tl.load(vis_ptr + row)
     block = tl.load(blocks_ptr + row.to(tl.int64) * NB + j, mask=j < NB, other=-1)
     pos = block[:, None] * BLOCK_SIZE + i[None, :]
     in_row = (j[:, None] < NB) & (i[None, :] < BLOCK_SIZE)
-    ok = in_row & (block[:, None] >= 0) & (pos < tl.load(vis_ptr + row))
+    ok = in_row & (block[:, None] >= 0) & (pos < vis)
     slot = j[:, None] * BLOCK_SIZE + i[None, :]
     tl.store(idx_ptr + row.to(tl.int64) * NB * BLOCK_SIZE + slot, tl.where(ok, pos, -1).to(tl.int32),
              mask=in_row)
-    tl.atomic_add(count_ptr + row, tl.sum(tl.sum(ok.to(tl.int32), axis=1), axis=0))
+    if c == 0:
+        total = tl.zeros((CHUNK,), tl.int32)
+        start = 0
+        while start < NB:   # (a while: the interpreter cannot range over a run-time bound)
+            jj = start + tl.arange(0, CHUNK)
+            b = tl.load(blocks_ptr + row.to(tl.int64) * NB + jj, mask=jj < NB, other=-1)
+            seen = tl.minimum(tl.maximum(vis - b * BLOCK_SIZE, 0), BLOCK_SIZE)
+            total += tl.where(b >= 0, seen, 0).to(tl.int32)
+            start += CHUNK
+        tl.store(count_ptr + row, tl.sum(total, axis=0))
 
 
 def _gather_blocks(blocks: torch.Tensor, vis32: torch.Tensor, block_size: int) -> tuple:
@@ -169,7 +388,7 @@ def _gather_blocks(blocks: torch.Tensor, vis32: torch.Tensor, block_size: int) -
     (int64 [T,NB], ascending, -1 after the last, as _candidate_list gives them), not a mask."""
     T, nb = blocks.shape
     idx = torch.empty((T, nb * block_size), dtype=torch.int32, device=blocks.device)
-    count = torch.zeros((T,), dtype=torch.int32, device=blocks.device)
+    count = torch.empty((T,), dtype=torch.int32, device=blocks.device)
     chunk = 64 if INTERPRET else 256
     _gather_blocks_kernel[(T, triton.cdiv(nb, chunk))](blocks, vis32, idx, count, nb, BLOCK_SIZE=block_size,
                                                       BS_PAD=_pow2(block_size), CHUNK=chunk, num_warps=4)
@@ -291,4 +510,6 @@ def _reindex_topk(q, k, w, gathered: tuple, topk: int, *, sync: bool = True) -> 
     width = idx.shape[1]
     pscores = torch.empty((T, width), dtype=torch.float32, device=q.device)
     _launch_scores(q, None, k, None, w, count, idx, T, width, H, D, pscores, fp4=False, bf16=True)
+    if _row_topk_fits(width):
+        return _row_topk(pscores, count, topk, remap=idx)
     return _topk_engine(pscores, count, topk, by_score=False, remap=idx, sync=sync)

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import os
 
 import torch
 import triton
@@ -289,34 +291,46 @@ def _radix_rows_kernel(x_ptr, len_ptr, flag_ptr, cand_key_ptr, cand_pos_ptr, rem
                        CAP: tl.constexpr, K_PAD: tl.constexpr, BINS: tl.constexpr,
                        BLOCK: tl.constexpr, DROP_NEG_INF: tl.constexpr, BY_SCORE: tl.constexpr,
                        REMAP: tl.constexpr, MASK_BLOCK: tl.constexpr):
-    """The radix engine in one program per row, for the rows whose flag is set (the others return
-    at once and write nothing): the passes of _PASSES (key bits 20-31, 8-19, 0-7) over the whole
-    row while the boundary bin overflows CAP, the ordered compaction, then _final_select.  One
-    launch: the sync-free fallback."""
+    """_radix_row in one program per row, for the rows whose flag is set (the others return at
+    once and write nothing).  One launch: the sync-free fallback."""
     row = tl.program_id(0)
     if tl.load(flag_ptr + row * flag_stride) != 0:
-        xr = x_ptr + row.to(tl.int64) * x_stride
-        n = tl.minimum(tl.load(len_ptr + row), N)
-        h = _range_hist(xr, 0, n, 0, 20, 12, False, BINS, BLOCK, DROP_NEG_INF)
-        need = tl.minimum(tl.sum(h, axis=0).to(tl.int64), k)
-        bnd, h_b, gt_total = _boundary_bin(h, need, BINS)
-        shift = tl.full((), 20, tl.int64)
-        bound = bnd.to(tl.int64)
-        if (gt_total + h_b > CAP) & (need > 0):
-            shift, bound, gt_total, h_b = _radix_pass(xr, n, need, bound, gt_total, 8, 12, BINS, BLOCK,
-                                                      DROP_NEG_INF)
-            if gt_total + h_b > CAP:  # the last pass: the bin is one key value
-                shift, bound, gt_total, h_b = _radix_pass(xr, n, need, bound, gt_total, 0, 8, BINS,
-                                                          BLOCK, DROP_NEG_INF)
-        eq_take = tl.where(need == 0, 0, tl.where(gt_total + h_b <= CAP, h_b, need - gt_total))
-        key_row = cand_key_ptr + row * CAP
-        pos_row = cand_pos_ptr + row * CAP
-        _compact_range(xr, 0, n, shift, bound, eq_take, tl.zeros((), tl.int64), tl.zeros((), tl.int64),
-                       key_row, pos_row, CAP, BLOCK, DROP_NEG_INF)
-        tl.debug_barrier()  # the candidates are read back by other threads of the program
-        _final_select(row, key_row, pos_row, need, shift, bound, gt_total + eq_take, remap_ptr,
-                      scratch_ptr, out_ptr, k, out_stride, remap_stride, W, block, CAP, K_PAD,
-                      BINS, BY_SCORE, REMAP, MASK_BLOCK)
+        _radix_row(row, x_ptr, len_ptr, cand_key_ptr, cand_pos_ptr, remap_ptr, scratch_ptr, out_ptr, N,
+                   x_stride, k, out_stride, remap_stride, W, block, CAP, K_PAD, BINS, BLOCK,
+                   DROP_NEG_INF, BY_SCORE, REMAP, MASK_BLOCK)
+
+
+@triton.jit
+def _radix_row(row, x_ptr, len_ptr, cand_key_ptr, cand_pos_ptr, remap_ptr, scratch_ptr, out_ptr, N,
+               x_stride, k, out_stride, remap_stride, W, block, CAP: tl.constexpr,
+               K_PAD: tl.constexpr, BINS: tl.constexpr, BLOCK: tl.constexpr,
+               DROP_NEG_INF: tl.constexpr, BY_SCORE: tl.constexpr, REMAP: tl.constexpr,
+               MASK_BLOCK: tl.constexpr):
+    """The radix engine on one row, in the calling program: the passes of _PASSES (key bits
+    20-31, 8-19, 0-7) over the whole row while the boundary bin overflows CAP, the ordered
+    compaction into the row's CAP candidate slots, then _final_select."""
+    xr = x_ptr + row.to(tl.int64) * x_stride
+    n = tl.minimum(tl.load(len_ptr + row), N)
+    h = _range_hist(xr, 0, n, 0, 20, 12, False, BINS, BLOCK, DROP_NEG_INF)
+    need = tl.minimum(tl.sum(h, axis=0).to(tl.int64), k)
+    bnd, h_b, gt_total = _boundary_bin(h, need, BINS)
+    shift = tl.full((), 20, tl.int64)
+    bound = bnd.to(tl.int64)
+    if (gt_total + h_b > CAP) & (need > 0):
+        shift, bound, gt_total, h_b = _radix_pass(xr, n, need, bound, gt_total, 8, 12, BINS, BLOCK,
+                                                  DROP_NEG_INF)
+        if gt_total + h_b > CAP:  # the last pass: the bin is one key value
+            shift, bound, gt_total, h_b = _radix_pass(xr, n, need, bound, gt_total, 0, 8, BINS,
+                                                      BLOCK, DROP_NEG_INF)
+    eq_take = tl.where(need == 0, 0, tl.where(gt_total + h_b <= CAP, h_b, need - gt_total))
+    key_row = cand_key_ptr + row * CAP
+    pos_row = cand_pos_ptr + row * CAP
+    _compact_range(xr, 0, n, shift, bound, eq_take, tl.zeros((), tl.int64), tl.zeros((), tl.int64),
+                   key_row, pos_row, CAP, BLOCK, DROP_NEG_INF)
+    tl.debug_barrier()  # the candidates are read back by other threads of the program
+    _final_select(row, key_row, pos_row, need, shift, bound, gt_total + eq_take, remap_ptr,
+                  scratch_ptr, out_ptr, k, out_stride, remap_stride, W, block, CAP, K_PAD,
+                  BINS, BY_SCORE, REMAP, MASK_BLOCK)
 
 
 @triton.jit
@@ -561,8 +575,14 @@ def _group_max_kernel(x_ptr, len_ptr, gmax_ptr, N, x_stride, M, CH, G: tl.conste
     holds whole groups, so masking at the chunk's end is masking at the row's).  (The
     store of the tile's BLOCK/G maxima converts their layout through shared memory, one barrier
     a tile; with PREFETCH the next tile's loads are already in flight across it.)"""
-    row = tl.program_id(0)
-    c = tl.program_id(1)
+    _group_max_chunk(tl.program_id(0), tl.program_id(1), x_ptr, len_ptr, gmax_ptr, N, x_stride, M,
+                     CH, G, BLOCK, PREFETCH, DROP_NEG_INF)
+
+
+@triton.jit
+def _group_max_chunk(row, c, x_ptr, len_ptr, gmax_ptr, N, x_stride, M, CH, G: tl.constexpr,
+                     BLOCK: tl.constexpr, PREFETCH: tl.constexpr, DROP_NEG_INF: tl.constexpr):
+    """_group_max_kernel's work for chunk c of row, in the calling program."""
     stop = tl.minimum(tl.load(len_ptr + row), N)
     start = c * CH
     end = tl.minimum(start + CH, stop)
@@ -597,8 +617,15 @@ def _filter_kernel(x_ptr, len_ptr, thr_ptr, cand_key_ptr, cand_pos_ptr, count_pt
     count and ranks are warp shuffles) and nothing crosses warps.  With 16-byte loads every tile
     paid a layout conversion through shared memory and two barriers (the 178 us of 11-30).
     (Reading only the groups whose maximum reaches thr measured slower: 205 against 178 us.)"""
-    row = tl.program_id(0)
-    c = tl.program_id(1)
+    _filter_chunk(tl.program_id(0), tl.program_id(1), x_ptr, len_ptr, thr_ptr, cand_key_ptr,
+                  cand_pos_ptr, count_ptr, N, x_stride, CH, CAP, BLOCK, RUN, PREFETCH, DROP_NEG_INF)
+
+
+@triton.jit
+def _filter_chunk(row, c, x_ptr, len_ptr, thr_ptr, cand_key_ptr, cand_pos_ptr, count_ptr, N, x_stride,
+                  CH, CAP, BLOCK: tl.constexpr, RUN: tl.constexpr, PREFETCH: tl.constexpr,
+                  DROP_NEG_INF: tl.constexpr):
+    """_filter_kernel's work for chunk c of row, in the calling program."""
     stop = tl.minimum(tl.load(len_ptr + row), N)
     t = tl.load(thr_ptr + row).to(tl.uint32, bitcast=True)
     start = c * CH
@@ -699,7 +726,13 @@ def _threshold_kernel(gmax_ptr, len_ptr, thr_ptr, count_ptr, N, M, k, G, SUB: tl
     """thr[r] = the k-th largest group maximum with its low 16 bits cleared (uint32 bits); 1
     (every valid key) when fewer than k groups hold a valid key.  Zeroes the row's candidate
     count and flag."""
-    row = tl.program_id(0)
+    _threshold_row(tl.program_id(0), gmax_ptr, len_ptr, thr_ptr, count_ptr, N, M, k, G, SUB, BINS)
+
+
+@triton.jit
+def _threshold_row(row, gmax_ptr, len_ptr, thr_ptr, count_ptr, N, M, k, G, SUB: tl.constexpr,
+                   BINS: tl.constexpr):
+    """_threshold_kernel's work for row, in the calling program."""
     tl.store(count_ptr + 2 * row + tl.arange(0, 2), tl.zeros((2,), tl.int32))
     n_groups = tl.cdiv(tl.minimum(tl.load(len_ptr + row), N), G)
     gk = gmax_ptr + row * M
@@ -731,44 +764,55 @@ def _select_kernel(cand_key_ptr, cand_pos_ptr, count_ptr, thr_ptr, remap_ptr, sc
     if total > CAP:
         tl.store(count_ptr + 2 * row + 1, 1)
     else:
-        ck = cand_key_ptr + row * CAP
-        cp = cand_pos_ptr + row * CAP
-        need = tl.minimum(total, k).to(tl.int64)
-        base = tl.load(thr_ptr + row).to(tl.uint32, bitcast=True) >> 16
-        top, rem, tied, low = _top16_pass(ck, total, base, need, SUB, BINS)
-        if top < 0:  # the k-th key lies beyond the histogram's span: two digits from scratch
-            kth = tl.zeros((), tl.uint32)
-            kth, rem, tied, _, _ = _digit_pass(ck, cp, total, kth, need, kth, 24, False, SUB, BINS)
-            kth, rem, tied, low, _ = _digit_pass(ck, cp, total, kth, rem, kth, 16, False, SUB, BINS)
+        _select_row(row, total, cand_key_ptr, cand_pos_ptr, thr_ptr, remap_ptr, scratch_ptr, out_ptr,
+                    k, out_stride, remap_stride, W, block, NW, CAP, K_PAD, SUB, BINS, BY_SCORE, REMAP,
+                    MASK_BLOCK, POS_24, BITMAP)
+
+
+@triton.jit
+def _select_row(row, total, cand_key_ptr, cand_pos_ptr, thr_ptr, remap_ptr, scratch_ptr, out_ptr, k,
+                out_stride, remap_stride, W, block, NW, CAP: tl.constexpr, K_PAD: tl.constexpr,
+                SUB: tl.constexpr, BINS: tl.constexpr, BY_SCORE: tl.constexpr, REMAP: tl.constexpr,
+                MASK_BLOCK: tl.constexpr, POS_24: tl.constexpr, BITMAP: tl.constexpr):
+    """_select_kernel's work for a row whose total candidates fit CAP, in the calling program."""
+    ck = cand_key_ptr + row * CAP
+    cp = cand_pos_ptr + row * CAP
+    need = tl.minimum(total, k).to(tl.int64)
+    base = tl.load(thr_ptr + row).to(tl.uint32, bitcast=True) >> 16
+    top, rem, tied, low = _top16_pass(ck, total, base, need, SUB, BINS)
+    if top < 0:  # the k-th key lies beyond the histogram's span: two digits from scratch
+        kth = tl.zeros((), tl.uint32)
+        kth, rem, tied, _, _ = _digit_pass(ck, cp, total, kth, need, kth, 24, False, SUB, BINS)
+        kth, rem, tied, low, _ = _digit_pass(ck, cp, total, kth, rem, kth, 16, False, SUB, BINS)
+    else:
+        kth = top.to(tl.uint32)
+    if low != 0:
+        kth, rem, tied, _, _ = _digit_pass(ck, cp, total, kth, rem, kth, 8, False, SUB, BINS)
+        kth, rem, tied, _, _ = _digit_pass(ck, cp, total, kth, rem, kth, 0, False, SUB, BINS)
+    else:  # (BF16 scores end here) every key of the bin has low 16 bits 0
+        kth = kth << 16
+    last = tl.zeros((), tl.int32) + 0x7FFFFFFF
+    if tied > rem:  # ties straddle the k-th key: positions are unique, their digits decide
+        if POS_24:  # positions < 2^24: the top digit of 0x7FFFFFFF - pos is 0x7F
+            rp = tl.zeros((), tl.uint32) + 0x7F
         else:
-            kth = top.to(tl.uint32)
-        if low != 0:
-            kth, rem, tied, _, _ = _digit_pass(ck, cp, total, kth, rem, kth, 8, False, SUB, BINS)
-            kth, rem, tied, _, _ = _digit_pass(ck, cp, total, kth, rem, kth, 0, False, SUB, BINS)
-        else:  # (BF16 scores end here) every key of the bin has low 16 bits 0
-            kth = kth << 16
-        last = tl.zeros((), tl.int32) + 0x7FFFFFFF
-        if tied > rem:  # ties straddle the k-th key: positions are unique, their digits decide
-            if POS_24:  # positions < 2^24: the top digit of 0x7FFFFFFF - pos is 0x7F
-                rp = tl.zeros((), tl.uint32) + 0x7F
-            else:
-                rp = tl.zeros((), tl.uint32)
-                rp, rem, _, _, _ = _digit_pass(ck, cp, total, rp, rem, kth, 24, True, SUB, BINS)
-            rp, rem, _, _, _ = _digit_pass(ck, cp, total, rp, rem, kth, 16, True, SUB, BINS)
-            rp, rem, _, _, _ = _digit_pass(ck, cp, total, rp, rem, kth, 8, True, SUB, BINS)
-            rp, rem, _, _, _ = _digit_pass(ck, cp, total, rp, rem, kth, 0, True, SUB, BINS)
-            last = 0x7FFFFFFF - rp.to(tl.int32)
-        if need == 0:
-            kth = tl.zeros((), tl.uint32) + 0xFFFFFFFF
-            last = tl.zeros((), tl.int32) - 1
-        if MASK_BLOCK > 0:
-            _mark_blocks(ck, cp, total, kth, last, row, out_ptr, out_stride, W, block, SUB, MASK_BLOCK)
-        elif BITMAP:
-            _emit_by_bitmap(ck, cp, total, kth, last, row, scratch_ptr, remap_ptr, out_ptr, k, NW,
-                            out_stride, remap_stride, SUB, REMAP)
-        else:
-            _emit_sorted(ck, cp, total, kth, last, row, scratch_ptr, remap_ptr, out_ptr, k,
-                         out_stride, remap_stride, SUB, K_PAD, BY_SCORE, REMAP)
+            rp = tl.zeros((), tl.uint32)
+            rp, rem, _, _, _ = _digit_pass(ck, cp, total, rp, rem, kth, 24, True, SUB, BINS)
+        rp, rem, _, _, _ = _digit_pass(ck, cp, total, rp, rem, kth, 16, True, SUB, BINS)
+        rp, rem, _, _, _ = _digit_pass(ck, cp, total, rp, rem, kth, 8, True, SUB, BINS)
+        rp, rem, _, _, _ = _digit_pass(ck, cp, total, rp, rem, kth, 0, True, SUB, BINS)
+        last = 0x7FFFFFFF - rp.to(tl.int32)
+    if need == 0:
+        kth = tl.zeros((), tl.uint32) + 0xFFFFFFFF
+        last = tl.zeros((), tl.int32) - 1
+    if MASK_BLOCK > 0:
+        _mark_blocks(ck, cp, total, kth, last, row, out_ptr, out_stride, W, block, SUB, MASK_BLOCK)
+    elif BITMAP:
+        _emit_by_bitmap(ck, cp, total, kth, last, row, scratch_ptr, remap_ptr, out_ptr, k, NW,
+                        out_stride, remap_stride, SUB, REMAP)
+    else:
+        _emit_sorted(ck, cp, total, kth, last, row, scratch_ptr, remap_ptr, out_ptr, k,
+                     out_stride, remap_stride, SUB, K_PAD, BY_SCORE, REMAP)
 
 
 @triton.jit
@@ -913,6 +957,26 @@ def _filter_plan(N: int, k: int, block: int, group: int | None, cap: int | None)
     return group, cap
 
 
+TOPK_PATHS = ("fused", "launches")
+_TOPK_PATH = [os.environ.get("DSV4SPEC_TOPK_PATH", "fused")]   # the env var: the A/B's old side
+if _TOPK_PATH[0] not in TOPK_PATHS:
+    raise ValueError(f"DSV4SPEC_TOPK_PATH must be one of {TOPK_PATHS}, got {_TOPK_PATH[0]!r}")
+
+
+@contextlib.contextmanager
+def topk_path(name: str):
+    """Within the block, _topk_engine takes path name: "fused" (the default) or "launches" (the
+    four launches of the filter, then the radix fallback's launch or read-back, as before 12-02)."""
+    if name not in TOPK_PATHS:
+        raise ValueError(f"topk_path: expected one of {TOPK_PATHS}, got {name!r}")
+    saved = _TOPK_PATH[0]
+    _TOPK_PATH[0] = name
+    try:
+        yield
+    finally:
+        _TOPK_PATH[0] = saved
+
+
 def _topk_engine(x: torch.Tensor, n_valid: torch.Tensor, k: int, *, by_score: bool = False,
                  drop_neg_inf: bool = False, remap: torch.Tensor | None = None,
                  mask_out: torch.Tensor | None = None, mask_block: int = 0,
@@ -930,9 +994,27 @@ def _topk_engine(x: torch.Tensor, n_valid: torch.Tensor, k: int, *, by_score: bo
     a CUDA graph.  Both give the same bits: the selection is unique (ties to the lowest position).
     group (G), cap (candidates per row) and blocks ((BLOCK, CH)) override the filter's defaults
     for tests.
+
+    That is the "launches" path.  The default "fused" path (topk_path) runs the same filter and
+    select, and the radix engine on the rows whose candidates overflow, in one launch where a row
+    is one program's and two otherwise, never reading back (sync has no effect), with its
+    workspaces cached per shape and its launch configuration computed once per shape: the same
+    bits.
     """
     R, N = x.shape
     mask = mask_out is not None
+    # Measured on the H200 (bench/h200/2026-12-02-ab-topk.json): the fused path costs less host time
+    # (eager 103 against 471 µs at 1×1M k 512) but more device time (graph 49 against 33 µs), so a
+    # CUDA-graph capture, where host time is paid once, takes the launches path.  Same bits.
+    if _TOPK_PATH[0] == "fused" and not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+        override = tuple(sorted(_FILTER_OVERRIDE.items())) if _FILTER_OVERRIDE else ()
+        plan = _fused_plan(R, N, k, by_score, drop_neg_inf, remap is not None, mask, mask_block, group,
+                           cap, blocks, override)
+        if plan is not None:
+            out = mask_out if mask else torch.empty((R, k), dtype=torch.int64, device=x.device)
+            if R:
+                _topk_fused(plan, x, n_valid, out, remap, mask)
+            return None if mask else out
     out = mask_out if mask else torch.empty((R, k), dtype=torch.int64, device=x.device)
     fallback = dict(by_score=by_score, drop_neg_inf=drop_neg_inf, mask_block=mask_block)
     flag = _topk_filter(x, n_valid, k, out, remap=remap, mask=mask, group=group, cap=cap,
@@ -953,19 +1035,26 @@ def _topk_engine(x: torch.Tensor, n_valid: torch.Tensor, k: int, *, by_score: bo
     return None if mask else out
 
 
+def _filter_shape(R: int, N: int, k: int, group, cap, blocks):
+    """(tunables, G, CAP, k rounded up to a power of two, group maxima a row) of the filter on R
+    rows of N; None where it cannot serve them."""
+    tune = _filter_config(R, N, k, blocks)
+    plan = _filter_plan(N, k, tune.block, group, cap)
+    if plan is None:
+        return None
+    return (tune, *plan, _pow2(k), triton.cdiv(N, plan[0]))
+
+
 def _topk_filter(x, n_valid, k: int, out, *, by_score: bool, drop_neg_inf: bool, remap, mask: bool,
                  mask_block: int, group, cap, blocks) -> torch.Tensor | None:
     """The threshold filter's launches, writing the rows it serves into out; returns int32 [R]
     flags of the rows it could not serve (None: it serves none of this shape)."""
     R, N = x.shape
     dev = x.device
-    tune = _filter_config(R, N, k, blocks)
-    plan = _filter_plan(N, k, tune.block, group, cap)
-    if plan is None:
+    shape = _filter_shape(R, N, k, group, cap, blocks)
+    if shape is None:
         return None
-    G, cap = plan
-    k_pad = _pow2(k)
-    M = triton.cdiv(N, G)
+    tune, G, cap, k_pad, M = shape
     nc = triton.cdiv(N, tune.ch)
     gmax = torch.empty((R, M), dtype=torch.int32, device=dev)
     _group_max_kernel[(R, nc)](x, n_valid, gmax, N, x.stride(0), M, tune.ch, G=G, BLOCK=tune.block,
@@ -992,3 +1081,211 @@ def _topk_filter(x, n_valid, k: int, out, *, by_score: bool, drop_neg_inf: bool,
                          MASK_BLOCK=_pow2(mask_block) if mask else 0, BITMAP=bitmap,
                          num_warps=tune.select_warps)
     return count[:, 1]
+
+
+# ------------------------------------------------------------------------------------------------
+# The fused path (the default): the threshold filter and its radix fallback in one launch where a
+# row is one program's (chunks of CH >= N), else in two, with the workspaces cached.  Two launches:
+# the programs of a row count their arrival on a per-row counter, and the last to arrive (which then
+# sees every other program's stores: the count is an acquire-release atomic after a barrier) does
+# the row's serial stage: the threshold after the group maxima, the select (or, when the candidates
+# overflowed, the radix engine on the whole row) after the filter, and resets the counter for the
+# next call.  No program waits for another, so it holds at any grid size and in the interpreter.
+# Same candidates, same select: the bits of the launches path below.
+# ------------------------------------------------------------------------------------------------
+@triton.jit
+def _finish_row(row, x_ptr, len_ptr, thr_ptr, count_ptr, cand_key_ptr, cand_pos_ptr, remap_ptr,
+                scratch_ptr, out_ptr, N, x_stride, k, out_stride, remap_stride, W, block, NW,
+                CAP: tl.constexpr, K_PAD: tl.constexpr, SUB: tl.constexpr, BINS: tl.constexpr,
+                RBINS: tl.constexpr, RBLOCK: tl.constexpr, DROP_NEG_INF: tl.constexpr,
+                BY_SCORE: tl.constexpr, REMAP: tl.constexpr, MASK_BLOCK: tl.constexpr,
+                POS_24: tl.constexpr, BITMAP: tl.constexpr):
+    """The row's output from its filtered candidates, or (count[r, 1] = 1) from the whole row by
+    the radix engine, into the same candidate slots, when they overflowed CAP.  (The count is read
+    by an atomic: the filter's atomics are performed in L2.)"""
+    total = tl.atomic_add(count_ptr + 2 * row, 0, sem="relaxed")
+    if total > CAP:
+        tl.store(count_ptr + 2 * row + 1, 1)
+        _radix_row(row, x_ptr, len_ptr, cand_key_ptr, cand_pos_ptr, remap_ptr, scratch_ptr, out_ptr, N,
+                   x_stride, k, out_stride, remap_stride, W, block, CAP, K_PAD, RBINS, RBLOCK,
+                   DROP_NEG_INF, BY_SCORE, REMAP, MASK_BLOCK)
+    else:
+        _select_row(row, total, cand_key_ptr, cand_pos_ptr, thr_ptr, remap_ptr, scratch_ptr, out_ptr,
+                    k, out_stride, remap_stride, W, block, NW, CAP, K_PAD, SUB, BINS, BY_SCORE, REMAP,
+                    MASK_BLOCK, POS_24, BITMAP)
+
+
+@triton.jit
+def _row_topk_kernel(x_ptr, len_ptr, gmax_ptr, thr_ptr, count_ptr, cand_key_ptr, cand_pos_ptr,
+                     remap_ptr, scratch_ptr, out_ptr, x_stride, out_stride, remap_stride, W, N, M, k,
+                     CH, block, NW, G: tl.constexpr, CAP: tl.constexpr, K_PAD: tl.constexpr,
+                     BLOCK: tl.constexpr, RUN: tl.constexpr, PREFETCH: tl.constexpr,
+                     TSUB: tl.constexpr, SUB: tl.constexpr, BINS: tl.constexpr,
+                     RBINS: tl.constexpr, RBLOCK: tl.constexpr, DROP_NEG_INF: tl.constexpr,
+                     BY_SCORE: tl.constexpr, REMAP: tl.constexpr, MASK_BLOCK: tl.constexpr,
+                     POS_24: tl.constexpr, BITMAP: tl.constexpr):
+    """The whole engine on one row per program (CH >= N): group maxima, threshold, filter, then
+    _finish_row, a barrier between stages (each reads what other threads of the program wrote)."""
+    row = tl.program_id(0)
+    _group_max_chunk(row, 0, x_ptr, len_ptr, gmax_ptr, N, x_stride, M, CH, G, BLOCK, PREFETCH,
+                     DROP_NEG_INF)
+    tl.debug_barrier()
+    _threshold_row(row, gmax_ptr, len_ptr, thr_ptr, count_ptr, N, M, k, G, TSUB, BINS)
+    tl.debug_barrier()
+    _filter_chunk(row, 0, x_ptr, len_ptr, thr_ptr, cand_key_ptr, cand_pos_ptr, count_ptr, N, x_stride,
+                  CH, CAP, BLOCK, RUN, PREFETCH, DROP_NEG_INF)
+    tl.debug_barrier()
+    _finish_row(row, x_ptr, len_ptr, thr_ptr, count_ptr, cand_key_ptr, cand_pos_ptr, remap_ptr,
+                scratch_ptr, out_ptr, N, x_stride, k, out_stride, remap_stride, W, block, NW, CAP,
+                K_PAD, SUB, BINS, RBINS, RBLOCK, DROP_NEG_INF, BY_SCORE, REMAP, MASK_BLOCK, POS_24,
+                BITMAP)
+
+
+@triton.jit
+def _last_to_arrive(arrive_ptr, row, NC):
+    """Whether this program is the last of the row's NC to get here (after a barrier: every thread's
+    stores are ordered before the release)."""
+    tl.debug_barrier()
+    return tl.atomic_add(arrive_ptr + row, 1, sem="acq_rel") == NC - 1
+
+
+@triton.jit
+def _max_threshold_kernel(x_ptr, len_ptr, gmax_ptr, thr_ptr, count_ptr, arrive_ptr, x_stride, N, M, k,
+                          CH, NC, G: tl.constexpr, BLOCK: tl.constexpr, PREFETCH: tl.constexpr,
+                          TSUB: tl.constexpr, BINS: tl.constexpr, DROP_NEG_INF: tl.constexpr):
+    """Launch 1 of 2: chunk c's group maxima; the row's last program takes the threshold."""
+    row = tl.program_id(0)
+    _group_max_chunk(row, tl.program_id(1), x_ptr, len_ptr, gmax_ptr, N, x_stride, M, CH, G, BLOCK,
+                     PREFETCH, DROP_NEG_INF)
+    if _last_to_arrive(arrive_ptr, row, NC):
+        _threshold_row(row, gmax_ptr, len_ptr, thr_ptr, count_ptr, N, M, k, G, TSUB, BINS)
+        tl.atomic_xchg(arrive_ptr + row, 0, sem="relaxed")
+
+
+@triton.jit
+def _filter_finish_kernel(x_ptr, len_ptr, thr_ptr, count_ptr, arrive_ptr, cand_key_ptr, cand_pos_ptr,
+                          remap_ptr, scratch_ptr, out_ptr, x_stride, out_stride, remap_stride, W, N,
+                          k, CH, NC, block, NW, CAP: tl.constexpr, K_PAD: tl.constexpr,
+                          BLOCK: tl.constexpr, RUN: tl.constexpr, PREFETCH: tl.constexpr,
+                          SUB: tl.constexpr, BINS: tl.constexpr, RBINS: tl.constexpr,
+                          RBLOCK: tl.constexpr, DROP_NEG_INF: tl.constexpr, BY_SCORE: tl.constexpr,
+                          REMAP: tl.constexpr, MASK_BLOCK: tl.constexpr, POS_24: tl.constexpr,
+                          BITMAP: tl.constexpr):
+    """Launch 2 of 2: chunk c's candidates; the row's last program runs _finish_row."""
+    row = tl.program_id(0)
+    _filter_chunk(row, tl.program_id(1), x_ptr, len_ptr, thr_ptr, cand_key_ptr, cand_pos_ptr, count_ptr,
+                  N, x_stride, CH, CAP, BLOCK, RUN, PREFETCH, DROP_NEG_INF)
+    if _last_to_arrive(arrive_ptr, row, NC):
+        _finish_row(row, x_ptr, len_ptr, thr_ptr, count_ptr, cand_key_ptr, cand_pos_ptr, remap_ptr,
+                    scratch_ptr, out_ptr, N, x_stride, k, out_stride, remap_stride, W, block, NW, CAP,
+                    K_PAD, SUB, BINS, RBINS, RBLOCK, DROP_NEG_INF, BY_SCORE, REMAP, MASK_BLOCK,
+                    POS_24, BITMAP)
+        tl.atomic_xchg(arrive_ptr + row, 0, sem="relaxed")
+
+
+@dataclasses.dataclass(frozen=True)
+class _FusedPlan:
+    """What a fused top-k call of one shape launches, computed once (_fused_plan)."""
+    rows: int            # R
+    gmax_cols: int       # M
+    cap: int
+    scratch: tuple       # (columns, dtype) of the select's scratch row
+    grid: tuple          # (R,): one launch; (R, programs a row): two
+    ints: tuple          # the launches' integer arguments after the strides and W
+    max_ints: tuple      # those of _max_threshold_kernel after x_stride
+    consts: dict         # the constexprs of _row_topk_kernel / _filter_finish_kernel
+    max_consts: dict     # those of _max_threshold_kernel
+    warps: tuple         # num_warps of (the one launch or launch 2, launch 1)
+    workspaces: dict = dataclasses.field(default_factory=dict, compare=False)  # _workspace's
+
+
+# Rows up to this length are one program's in the fused path (one launch); longer rows are cut into
+# the filter's chunks (two launches).  Under the interpreter, rows the tests and rules draw go both
+# ways.  H200, 12-02: at 1×64K k 2048 one program took 117 / 131 µs eager / graph, the two
+# launches 85 / 68 (bench/h200/2026-12-02-ab-topk.json); rows below 4096 were not measured.
+_ONE_PROGRAM_ROW = 1024 if INTERPRET else 4096
+
+
+@functools.lru_cache(maxsize=512)
+def _fused_plan(R: int, N: int, k: int, by_score: bool, drop_neg_inf: bool, remap: bool, mask: bool,
+                mask_block: int, group, cap, blocks, override: tuple) -> _FusedPlan | None:
+    """The fused launches' configuration for one shape (override: filter_tuning's fields, part of
+    the cache key); None where the filter cannot serve the shape."""
+    shape = _filter_shape(R, N, k, group, cap, blocks)
+    if shape is None:
+        return None
+    tune, G, cap, k_pad, M = shape
+    ch = tune.ch
+    if N <= _ONE_PROGRAM_ROW and blocks is None and "ch" not in dict(override):
+        ch = triton.cdiv(N, tune.block) * tune.block
+    nc = triton.cdiv(N, ch)
+    nw = triton.cdiv(N, 32)
+    bitmap = not (mask or by_score) and nw <= _BITMAP_WORDS_PER_PICK * k_pad
+    scratch = (1 if mask else 2 * nw if bitmap else k_pad, torch.int64 if by_score else torch.int32)
+    rblock = blocks[0] if blocks else _topk_config(R, N)[0]
+    common = dict(BLOCK=tune.block, PREFETCH=tune.prefetch, BINS=_DIGIT, DROP_NEG_INF=drop_neg_inf)
+    consts = dict(common, CAP=cap, K_PAD=k_pad, RUN=tune.run, SUB=min(tune.sub, cap), RBINS=_BINS,
+                  RBLOCK=rblock, BY_SCORE=by_score, REMAP=remap, MASK_BLOCK=_pow2(mask_block) if mask else 0,
+                  POS_24=N <= 1 << 24, BITMAP=bitmap)
+    tsub = min(tune.sub, _pow2(M))
+    block = mask_block if mask else 0
+    if nc == 1:
+        consts.update(G=G, TSUB=tsub)
+        grid, ints = (R,), (N, M, k, ch, block, nw)
+        warps = (max(tune.warps, tune.threshold_warps, tune.select_warps), 0)
+    else:
+        grid, ints = (R, nc), (N, k, ch, nc, block, nw)
+        warps = (max(tune.warps, tune.select_warps), max(tune.warps, tune.threshold_warps))
+    return _FusedPlan(rows=R, gmax_cols=M, cap=cap, scratch=scratch, grid=grid, ints=ints,
+                      max_ints=(N, M, k, ch, nc), consts=consts, max_consts=dict(common, G=G, TSUB=tsub),
+                      warps=warps)
+
+
+# Workspaces a CUDA graph captured: kept for the process's life, since a replay writes them even
+# after _fused_plan's cache has let their plan go.
+_CAPTURED: dict = {}
+
+
+def _workspace(x: torch.Tensor, plan: _FusedPlan):
+    """(gmax, thr, count, cand_key, cand_pos, scratch, arrive 1, arrive 2) for plan, made once per
+    device and current stream (calls on one stream run in order, so they can share them) and kept
+    with the plan.  The arrival counters start at zero and every call leaves them at zero."""
+    dev = x.get_device()
+    key = (dev, torch._C._cuda_getCurrentRawStream(dev) if dev >= 0 else 0)
+    ws = plan.workspaces.get(key)
+    if dev >= 0 and torch.cuda.is_current_stream_capturing():
+        ws = ws or _new_workspace(x, plan)
+        plan.workspaces[key] = _CAPTURED[tuple(t.data_ptr() for t in ws)] = ws
+    if ws is None:
+        ws = plan.workspaces[key] = _new_workspace(x, plan)
+    return ws
+
+
+def _new_workspace(x: torch.Tensor, plan: _FusedPlan):
+    r, dev = plan.rows, x.device
+    i32 = dict(dtype=torch.int32, device=dev)
+    return (torch.empty((r, plan.gmax_cols), **i32), torch.empty((r,), **i32), torch.empty((r, 2), **i32),
+            torch.empty((r, plan.cap), **i32), torch.empty((r, plan.cap), **i32),
+            torch.empty((r, plan.scratch[0]), dtype=plan.scratch[1], device=dev),
+            torch.zeros((r,), **i32), torch.zeros((r,), **i32))
+
+
+def clear_workspaces():
+    """Forget the fused path's plans and the workspaces kept with them (not those a CUDA graph
+    captured: they stay while the process lives)."""
+    _fused_plan.cache_clear()
+
+
+def _topk_fused(plan: _FusedPlan, x, n_valid, out, remap, mask: bool):
+    """The fused path's one or two launches for plan, writing out."""
+    gmax, thr, count, cand_key, cand_pos, scratch, arrive1, arrive2 = _workspace(x, plan)
+    table, remap_stride = (cand_pos, 0) if remap is None else (remap, remap.stride(0))
+    strides = (x.stride(0), out.stride(0), remap_stride, out.shape[1] if mask else 0)
+    if len(plan.grid) == 1:
+        _row_topk_kernel[plan.grid](x, n_valid, gmax, thr, count, cand_key, cand_pos, table, scratch, out,
+                                    *strides, *plan.ints, **plan.consts, num_warps=plan.warps[0])
+        return
+    _max_threshold_kernel[plan.grid](x, n_valid, gmax, thr, count, arrive1, strides[0], *plan.max_ints,
+                                     **plan.max_consts, num_warps=plan.warps[1])
+    _filter_finish_kernel[plan.grid](x, n_valid, thr, count, arrive2, cand_key, cand_pos, table, scratch,
+                                     out, *strides, *plan.ints, **plan.consts, num_warps=plan.warps[0])

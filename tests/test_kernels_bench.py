@@ -336,3 +336,15 @@ def test_bench_names_its_parts_and_the_peers_it_lacks(capsys):
     lines = B.absent_peers(argparse.Namespace(official=None, flaggems=None), {"peers"})
     assert [line.split(":")[0] for line in lines] == ["official TileLang kernels skipped", "FlagGems' top-k skipped"]
     assert B.absent_peers(argparse.Namespace(official=None, flaggems=None), {"quant"}) == []
+
+
+def test_ab_decode_plans_give_the_read_back_bits(capsys):
+    """bench/ab_decode.py --cpu-smoke: every launch plan of the decode step (fused block maxima,
+    one-program re-index top-k, the chunked block row) gives the read-back old step's picks."""
+    from dsv4spec.kernels import INTERPRET, pool as KP
+    if not INTERPRET:
+        pytest.skip("on a GPU ab_decode compares the plans' bits itself")
+    shipped = KP._ROW_TOPK_MAX
+    assert B._script("ab_decode").main(["--cpu-smoke"]) == 0, capsys.readouterr().out
+    assert KP._ROW_TOPK_MAX == shipped
+    assert capsys.readouterr().out.count("same picks as the read-back old step: True") == 5

@@ -356,6 +356,79 @@ def test_topk_sync_free_block_mask(rows, group, cap):
         f"block mask [{case!r}]"
 
 
+def fused_workspace(R, N, k, order="position", *, remap=False, mask=False, mask_block=0, group=None,
+                    cap=None, blocks=None, drop_neg_inf=False):
+    """The fused path's plan for these arguments and the one workspace it holds (after a call)."""
+    plan = KT._fused_plan(R, N, k, order == "score", drop_neg_inf, remap, mask, mask_block, group, cap,
+                          blocks, ())
+    (ws,) = plan.workspaces.values()
+    return plan, ws
+
+
+def assert_counters_reset(ws, flag, what):
+    """The fused count's flags are the filter's (the rows the radix engine redid in the launch), and
+    the call left both arrival counters at zero for the next."""
+    assert ws[2][:, 1].cpu().tolist() == flag.tolist(), f"{what}: fused flags {ws[2][:, 1].tolist()}, filter's {flag.tolist()}"
+    assert not bool(ws[6].any()) and not bool(ws[7].any()), f"{what}: arrival counters left {ws[6].tolist()} {ws[7].tolist()}"
+
+
+LAUNCHES = pytest.mark.parametrize("blocks", [None, (64, 128)], ids=["one_launch", "two_launches"])
+
+
+@LAUNCHES
+@pytest.mark.parametrize("order,remap", [("position", False), ("score", False), ("position", True)])
+@pytest.mark.parametrize("rows,group,cap", MIXED_FLAGS)
+def test_topk_fused_path_gives_the_launches_bits(rows, group, cap, order, remap, blocks):
+    """The fused path (rows of 300: one program a row, one launch; or chunks of 128, two launches
+    whose last program a row takes the serial stage) gives the launches path's bits, the rows the
+    filter flags redone by the radix engine inside the launch, twice in a row on its cached
+    workspace."""
+    case = mixed_case(rows, group, cap)
+    dev = K._device()
+    x = torch.from_numpy(case.scores).float().to(dev)
+    nv = torch.from_numpy(case.visible).int().to(dev)
+    table = (torch.arange(300, dtype=torch.int32) * 3 + 7).repeat(4, 1).to(dev) if remap else None
+    kw = dict(by_score=order == "score", remap=table, group=group, cap=cap, blocks=blocks)
+    KT.clear_workspaces()
+    with KT.topk_path("launches"):
+        want = KT._topk_engine(x, nv, case.k, **kw).cpu()
+    for call in range(2):
+        got = KT._topk_engine(x, nv, case.k, **kw).cpu()
+        assert torch.equal(got, want), f"fused path, call {call + 1}, differs from the launches path [{case!r}]"
+    plan, ws = fused_workspace(4, 300, case.k, order, remap=remap, group=group, cap=cap, blocks=blocks)
+    assert len(plan.grid) == (1 if blocks is None else 2), plan.grid
+    assert_counters_reset(ws, filtered(case, order, group, cap)[1], repr(case))
+
+
+@LAUNCHES
+@pytest.mark.parametrize("rows,group,cap", MIXED_FLAGS)
+def test_topk_fused_path_block_mask(rows, group, cap, blocks):
+    """The same in block-mask mode (−inf dropped, blocks of 8 marked)."""
+    case = mixed_case(rows, group, cap)
+    dev = K._device()
+    x = torch.from_numpy(case.scores).float().to(dev)
+    nv = torch.from_numpy(case.visible).int().to(dev)
+    masks = []
+    KT.clear_workspaces()
+    for path in ("launches", "fused", "fused"):
+        masks.append(torch.zeros((4, 300 * 8), dtype=torch.int8, device=dev))
+        with KT.topk_path(path):
+            KT._topk_engine(x, nv, case.k, drop_neg_inf=True, mask_out=masks[-1], mask_block=8, group=group,
+                            cap=cap, blocks=blocks)
+    assert torch.equal(masks[0], masks[1]) and torch.equal(masks[0], masks[2]), \
+        f"fused block mask differs from the launches path [{case!r}]"
+    _, ws = fused_workspace(4, 300, case.k, mask=True, mask_block=8, group=group, cap=cap, blocks=blocks,
+                            drop_neg_inf=True)
+    assert not bool(ws[6].any()) and not bool(ws[7].any()), "arrival counters"
+
+
+def test_topk_path_names_are_checked():
+    with pytest.raises(ValueError, match="expected one of"):
+        with KT.topk_path("fast"):
+            pass
+    assert KT._TOPK_PATH[0] == "fused"
+
+
 @pytest.mark.parametrize("rows", ["few_values", "equal", "low_bits", "minus_inf"])
 def test_topk_one_program_radix_serves_only_flagged_rows(rows):
     """_topk_radix_rows (one program a row, tiles of 64) with a flag column of stride 2, as the
@@ -754,6 +827,32 @@ COMPILE_SM90 = textwrap.dedent("""
             build(KT._select_kernel, dict(select, scratch_ptr=scratch, out_ptr=out), num_warps=t.select_warps,
                   CAP=CAP, K_PAD=2048, SUB=t.sub, BINS=KT._DIGIT, BY_SCORE=by_score, REMAP=False,
                   MASK_BLOCK=mask, POS_24=not by_score, BITMAP=bitmap)
+    elif sys.argv[1] == "fused":   # the fused path at the plans of the headline shapes
+        import torch
+        ptrs = lambda *names: {n: "*i32" for n in names}   # noqa: E731
+        rows = {"x_ptr": "*fp32", "len_ptr": "*i32"}
+        outs = dict(ptrs("remap_ptr"), **ints("x_stride", "out_stride", "remap_stride", "W"))
+        def scratch(plan):
+            return "*i64" if plan.scratch[1] == torch.int64 else "*i32"
+        # (R, N, k, order, mask): one launch (bitmap; many rows), two (sort; score; block mask)
+        for R, N, k, by_score, mask in ((1, 1 << 16, 2048, False, False), (1024, 1 << 16, 2048, False, False),
+                                        (1, 1 << 20, 512, False, False), (64, 1 << 20, 2048, True, False),
+                                        (64, 1 << 15, 2048, False, True)):
+            plan = KT._fused_plan(R, N, k, by_score, mask, False, mask, 8 if mask else 0, None, None, None, ())
+            out = "*i8" if mask else "*i64"
+            if len(plan.grid) == 1:
+                build(KT._row_topk_kernel, dict(rows, **ptrs("gmax_ptr", "thr_ptr", "count_ptr", "cand_key_ptr",
+                                                             "cand_pos_ptr"), **outs, scratch_ptr=scratch(plan),
+                                                out_ptr=out, **ints("N", "M", "k", "CH", "block", "NW")),
+                      num_warps=plan.warps[0], **plan.consts)
+                continue
+            build(KT._max_threshold_kernel, dict(rows, **ptrs("gmax_ptr", "thr_ptr", "count_ptr", "arrive_ptr"),
+                                                 **ints("x_stride", "N", "M", "k", "CH", "NC")),
+                  num_warps=plan.warps[1], **plan.max_consts)
+            build(KT._filter_finish_kernel, dict(rows, **ptrs("thr_ptr", "count_ptr", "arrive_ptr", "cand_key_ptr",
+                                                              "cand_pos_ptr"), **outs, scratch_ptr=scratch(plan),
+                                                 out_ptr=out, **ints("N", "k", "CH", "NC", "block", "NW")),
+                  num_warps=plan.warps[0], **plan.consts)
     else:
         # scores as the launchers pick them on a GPU: BF16 operands (MMA), fp32 (IEEE), FP4, gather
         for fp4, bf16, gather, dt in ((False, True, False, "bf16"), (False, False, False, "fp32"),
@@ -764,7 +863,8 @@ COMPILE_SM90 = textwrap.dedent("""
                                      "vis_ptr": "*i32", "idx_ptr": "*i32", "out_ptr": "*fp32",
                                      **ints("T", "S", "H", "out_stride", "idx_stride", "n_s_progs")},
                   num_warps=warps, D=128, D_PAD=128, H_PAD=64, TQ=tq, BLOCK_S=block_s, FP4=fp4,
-                  BF16_SCORE=bf16, GATHER=gather, IEEE=not bf16, GPU_OPS=K._SCORE_GPU_OPS, STAGES=stages)
+                  BF16_SCORE=bf16, GATHER=gather, IEEE=not bf16, GPU_OPS=K._SCORE_GPU_OPS, STAGES=stages,
+                  BLOCK_MAX=8 if fp4 else 0)   # FP4: the decode step's candidate layer, block maxima out
         build(K._hadamard_kernel, {"x_ptr": "*fp32", "out_ptr": "*fp32", **ints("n_rows", "scale_bits")},
               num_warps=4, ROWS=K._HADAMARD_ROWS, D=128)
         E = K._ELEMENTWISE_BLOCK
@@ -785,6 +885,14 @@ COMPILE_SM90 = textwrap.dedent("""
         build(P._gather_kernel, {"words_ptr": "*i64", "vis_ptr": "*i32", "counts_ptr": "*i32",
                                  "idx_ptr": "*i32", "count_ptr": "*i32", **ints("S", "row_words", "NC", "width")},
               num_warps=P._GATHER_WARPS, NC_PAD=64, WORDS=words)
+        for n_pad, k_pad, has_n in ((16384, 512, True), (4096, 2048, False)):   # re-index pool; short rows
+            build(P._row_topk_kernel, {"x_ptr": "*fp32", "n_ptr": "*i32", "remap_ptr": "*i32", "out_ptr": "*i64",
+                                       **ints("N", "x_stride", "k", "out_stride", "remap_stride")},
+                  num_warps=max(4, min(16, n_pad // 1024)), N_PAD=n_pad, K_PAD=k_pad, HAS_N=has_n,
+                  DROP_NEG_INF=not has_n, REMAP=has_n)
+        build(P._row_topk_chunked_kernel, {"x_ptr": "*fp32", "n_ptr": "*fp32", "remap_ptr": "*fp32", "out_ptr": "*i64",
+                                           **ints("N", "x_stride", "k", "out_stride", "remap_stride")},
+              num_warps=16, CHUNK=P._ROW_TOPK_MAX, K_PAD=2048, HAS_N=False, DROP_NEG_INF=True, REMAP=False)
         build(P._gather_blocks_kernel, {"blocks_ptr": "*i64", "vis_ptr": "*i32", "idx_ptr": "*i32",
                                         "count_ptr": "*i32", "NB": "i32"}, num_warps=4, BLOCK_SIZE=8, BS_PAD=8,
               CHUNK=256)
@@ -794,9 +902,11 @@ COMPILE_SM90 = textwrap.dedent("""
 COMPILE_GROUPS = {
     "topk": {"_hist_kernel", "_boundary_kernel", "_compact_kernel", "_final_kernel", "_radix_rows_kernel"},
     "filter": {"_group_max_kernel", "_threshold_kernel", "_filter_kernel", "_select_kernel"},
+    "fused": {"_row_topk_kernel", "_max_threshold_kernel", "_filter_finish_kernel"},
     "rest": {"_scores_kernel", "_hadamard_kernel", "_copy_kernel", "_weights_kernel", "_weights_v32_kernel",
              "_visible_kernel", "_block_max_kernel", "_finite_blocks_mask_kernel", "_pool_count_kernel",
-             "_gather_kernel", "_gather_blocks_kernel"},
+             "_gather_kernel", "_gather_blocks_kernel", "_row_topk_kernel",
+             "_row_topk_chunked_kernel"},
     # kernels/attn.py's kernels: compiled once, at their launch configurations (head dims, value
     # splits, paths), by tests/test_kernels_attn.py::test_kernel_compiles_for_sm90_at_its_launch_configurations
     "attn": {"_sparse_attention_kernel", "_attn_scores_kernel", "_chunk_kernel", "_combine_kernel"},

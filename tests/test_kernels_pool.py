@@ -266,3 +266,102 @@ def test_repeated_calls_are_bitwise_identical():
     for _ in range(2):
         assert torch.equal(pool_of(case), first)
         assert torch.equal(K.reindex_topk(*sc_case.torch(), torch.from_numpy(pool), 20), r1)
+
+
+def fp4_keys(T, S, H, D, seed, zero_row=None):
+    """FP4 q and K (random codes, E8M0 scales near 1) and BF16 head weights on the compute device."""
+    g = torch.Generator().manual_seed(seed)
+    qp = torch.randint(0, 256, (T, H, D // 2), dtype=torch.uint8, generator=g)
+    qs = torch.randint(122, 131, (T, H, D // 32), dtype=torch.uint8, generator=g)
+    kp = torch.randint(0, 256, (S, D // 2), dtype=torch.uint8, generator=g)
+    ks = torch.randint(122, 131, (S, D // 32), dtype=torch.uint8, generator=g)
+    w = (torch.randn(T, H, generator=g) * 0.05).bfloat16()
+    if zero_row is not None:
+        w[zero_row] = 0   # every score 0 (or -0): every block maximum ties
+    dev = KI._device()
+    return [x.to(dev) for x in (qp, qs, kp, ks, w)]
+
+
+@pytest.mark.parametrize("block_size", [8, 4, 64])
+@pytest.mark.parametrize("S,vis", [(1000, [1000, 0, 1, 519]), (136, [9, 136, 64, 65])])
+def test_scores_with_block_max_are_the_block_scores(S, vis, block_size):
+    """The score kernel writing block maxima (the decode path: no [T, S] scores in memory) gives
+    _block_scores of its scores: every maximum, −inf past visible, the newest block +inf; and
+    the candidate list taken from them is _candidate_list's."""
+    T, H, D = len(vis), 4, 64
+    qp, qs, kp, ks, w = fp4_keys(T, S, H, D, seed=S + block_size, zero_row=2)
+    vis32 = torch.tensor(vis, dtype=torch.int32, device=qp.device)
+    scores = torch.empty((T, S), dtype=torch.float32, device=qp.device)
+    KI._launch_scores(qp, qs, kp, ks, w, vis32, None, T, S, H, D, scores, fp4=True, bf16=True)
+    fused = torch.full((T, -(-S // block_size)), float("nan"), device=qp.device)   # poisoned
+    KI._launch_scores(qp, qs, kp, ks, w, vis32, None, T, S, H, D, fused, fp4=True, bf16=True,
+                      block_max=block_size)
+    assert torch.equal(fused, K._block_scores(scores, vis32, block_size))
+    topk_blocks = 5
+    got = K._candidate_list_of_keys(qp, qs, kp, ks, w, vis32, topk_blocks, block_size)
+    assert torch.equal(got, K._candidate_list(scores, vis32, topk_blocks, block_size))
+
+
+def test_block_max_of_bf16_scores_and_bad_block():
+    """block_max on the BF16 score path too; a block that is no power of two is refused."""
+    T, S, H, D = 2, 300, 3, 32
+    g = torch.Generator().manual_seed(9)
+    dev = KI._device()
+    q, k = torch.randn(T, H, D, generator=g).to(dev), torch.randn(S, D, generator=g).bfloat16().float().to(dev)
+    q = q.bfloat16().float()
+    w = (torch.randn(T, H, generator=g) * 0.1).bfloat16().float().to(dev)
+    vis32 = torch.tensor([300, 17], dtype=torch.int32, device=dev)
+    scores = torch.empty((T, S), dtype=torch.float32, device=dev)
+    KI._launch_scores(q, None, k, None, w, vis32, None, T, S, H, D, scores, fp4=False, bf16=True)
+    got = K._candidate_list_of_keys(q, None, k, None, w, vis32, 7, 8, fp4=False)
+    assert torch.equal(got, K._candidate_list(scores, vis32, 7, 8))
+    with pytest.raises(ValueError, match="power of two"):
+        KI._launch_scores(q, None, k, None, w, vis32, None, T, S, H, D, scores, fp4=False, bf16=True,
+                          block_max=6)
+
+
+@pytest.mark.parametrize("values", ["distinct", "few", "equal", "signed_zeros"])
+@pytest.mark.parametrize("drop", [False, True])
+def test_row_topk_is_the_engine(values, drop):
+    """The one-program top-k of short rows gives the top-k engine's picks bit for bit (position
+    order, equal keys to the lowest positions, −inf dropped or kept, fewer valid than k, remapped)."""
+    dev = KI._device()
+    g = torch.Generator().manual_seed(len(values) + drop)
+    R, N = 6, 700
+    x = {"distinct": torch.randn(R, N, generator=g),
+         "few": torch.randint(-2, 3, (R, N), generator=g).float(),
+         "equal": torch.full((R, N), 0.5),
+         "signed_zeros": torch.randint(0, 2, (R, N), generator=g).float() * -0.0}[values]
+    x[1, 100:] = float("-inf")
+    x[2, ::3] = float("-inf")
+    x = x.to(dev)
+    n_valid = torch.tensor([N, N, 650, 0, 37, 699], dtype=torch.int32, device=dev)
+    remap = (torch.arange(N, device=dev) * 3 + 1).int().expand(R, N).contiguous()
+    for k in (1, 40, 300, N):
+        want = KT._topk_engine(x, n_valid, k, drop_neg_inf=drop, remap=remap)
+        got = K._row_topk(x, n_valid, k, drop_neg_inf=drop, remap=remap)
+        assert torch.equal(got, want), f"k {k}: row top-k differs from the engine"
+        everything = torch.full((R,), N, dtype=torch.int32, device=dev)
+        want = KT._topk_engine(x, everything, k, drop_neg_inf=drop)
+        assert torch.equal(K._row_topk(x, None, k, drop_neg_inf=drop), want), f"k {k} (no counts) differs"
+        for chunk in (128, 512):   # rows of several chunks (the 32768 block row on the GPU: 2 of 16384)
+            want = KT._topk_engine(x, n_valid, k, drop_neg_inf=drop, remap=remap)
+            got = K._row_topk(x, n_valid, k, drop_neg_inf=drop, remap=remap, chunk=chunk)
+            assert torch.equal(got, want), f"k {k}, chunks of {chunk}: differs from the engine"
+
+
+def test_row_topk_switch(monkeypatch):
+    """The re-index rows go to the top-k engine by default (it measured faster on the H200);
+    DSV4SPEC_ROW_TOPK=1 sends them to the one-program top-k; both give the same picks."""
+    case, pool = reindex_case("ties", 8, 3, 4, 300, 0.4, True)
+    q, k, w, vis = case.torch()
+    monkeypatch.delenv("DSV4SPEC_ROW_TOPK", raising=False)
+    assert not K._row_topk_fits(300)
+    monkeypatch.setenv("DSV4SPEC_ROW_TOPK", "1")
+    new = K.reindex_topk(q, k, w, vis, torch.from_numpy(pool), 24)
+    assert K._row_topk_fits(300) and not K._row_topk_fits(32768)
+    monkeypatch.setenv("DSV4SPEC_ROW_TOPK", "2")
+    assert K._row_topk_fits(32768) and not K._row_topk_fits(65537)
+    monkeypatch.setenv("DSV4SPEC_ROW_TOPK", "0")
+    assert not K._row_topk_fits(300)
+    assert torch.equal(K.reindex_topk(q, k, w, vis, torch.from_numpy(pool), 24), new)
