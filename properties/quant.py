@@ -69,7 +69,8 @@ OPS = {
     "fp8_linear": "fp8_linear(x [..., K], w E4M3 uint8 [N, K], w_scale E8M0 uint8 [ceil(N/b), K/b], block: int) "
                   "-> f32 [..., N] (BF16 values): act_quant then the block-scaled FP8 GEMM",
 }
-__all__ = ["OPS", "codec_input", "make_block", "e4m3_codes", "fp8_weight", "assert_fp8_linear"]
+__all__ = ["OPS", "codec_input", "make_block", "e4m3_codes", "fp8_weight", "fp8_linear_bounds",
+           "assert_fp8_linear"]
 
 F32 = np.float32
 KV, IDX = Q.FP4_KV_BLOCK, Q.FP4_IDX_BLOCK
@@ -793,11 +794,17 @@ def fp8_activation(rng, shape, spread: int = 3) -> np.ndarray:
     return F.bf16_round((rng.standard_normal(shape) * np.exp2(np.repeat(j, 32, axis=-1))).astype(F32))
 
 
-def assert_fp8_linear(got, x, w, w_scale, block: int, what: str, shape=None):
-    """got within FP8.LINEAR's tolerance of Σ_k s_k·S_k (after the spec's act_quant of x), BF16."""
+def fp8_linear_bounds(x, w, w_scale, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """FP8.LINEAR's Σ_k s_k·S_k (after the spec's act_quant of x) and the tolerance around it."""
     exact = Q.fp8_linear_exact(x, w, w_scale, block)
     err = Q.fp8_linear_error(x, w, w_scale, block)
-    tol = bf16_quantum(np.abs(exact) + err) + err
+    return exact, bf16_quantum(np.abs(exact) + err) + err
+
+
+def assert_fp8_linear(got, x, w, w_scale, block: int, what: str, shape=None, bounds=None):
+    """got within FP8.LINEAR's tolerance of Σ_k s_k·S_k (after the spec's act_quant of x), BF16;
+    `bounds`: fp8_linear_bounds(x, w, w_scale, block) when computed before."""
+    exact, tol = bounds if bounds is not None else fp8_linear_bounds(x, w, w_scale, block)
     if shape is not None:
         exact, tol = exact.reshape(shape), tol.reshape(shape)
     assert_within(as_numpy(got), exact, tol, what=what, bf16=True,
