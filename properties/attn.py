@@ -38,8 +38,8 @@ from ..spec.indexer import is_bf16, round_bf16
 from ..spec.models import PROFILES, profile
 from ..spec.rules import V41
 from .compare import as_numpy, assert_equal, assert_within
-from .path import (STAGES, LayerCase, judge_rotation, layer_cases, layer_kind, make_layer_case, normal_bf16,
-                   report_first_broken)
+from .path import (STAGES, LayerCase, cached_run, judge_rotation, layer_cases, layer_kind, make_layer_case,
+                   normal_bf16, report_first_broken)
 from .suite import check, forall
 
 OPS = {
@@ -462,13 +462,12 @@ def kind_cases() -> list:
         model, layer, seqlen, start_pos, seed) for model, layer, seqlen, start_pos, seed in KIND_CASES]
 
 
-_LAYER_RUNS: dict = {}
-
-
-@functools.lru_cache(maxsize=12)
+@functools.lru_cache(maxsize=32)
 def attention_case(key: tuple):
     """The attention case of a layer key (path.FIXED_LAYERS, KIND_CASES, path.layer_keys): a fixed
-    key keeps its inputs of old, a drawn one takes its seed's."""
+    key keeps its inputs of old, a drawn one takes its seed's.  Kept for the 19 fixed keys and a
+    run's draws (about 250 MB), so a process's ATTN.LAYER runs (impl, official, each mutant) build
+    each case once."""
     from .path import FIXED_LAYERS, layer_case
     model, layer = key[:2]
     base = reuse_layer_case(*key) if spec_pool.layer_role(profile(model), layer).kind == "reuse" else layer_case(key)
@@ -481,13 +480,8 @@ def attention_layer_cases():
 
 
 def run_attention_layer(target, case) -> dict:
-    key = (id(target.provider), case.label)
-    if key not in _LAYER_RUNS or _LAYER_RUNS[key][0] is not target.provider:
-        out = target.attention_layer(case.torch_inputs(), model=case.model, layer=case.layer, start_pos=case.start_pos)
-        _LAYER_RUNS[key] = (target.provider, {k: as_numpy(v) for k, v in out.items()})
-        while len(_LAYER_RUNS) > 12:
-            _LAYER_RUNS.pop(next(iter(_LAYER_RUNS)))
-    return _LAYER_RUNS[key][1]
+    """The target's attention_layer stages for a case (path.cached_run)."""
+    return cached_run(target, "attention_layer", case)
 
 
 def _stage(out, name, case) -> np.ndarray:

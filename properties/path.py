@@ -55,7 +55,7 @@ from ..spec import rope as spec_rope
 from ..spec.models import profile
 from .compare import as_numpy, assert_bytes_equal, assert_equal, assert_within
 from .indexer import assert_weights, expected_scores, make_score_case, ScoreCase
-from .quant import assert_fp8_linear, fp8_weight
+from .quant import assert_fp8_linear, fp8_linear_bounds, fp8_weight
 from .pool import reindex_cases, wide_reindex_case
 from .ranking import assert_pool, assert_topk
 from .suite import check, forall
@@ -433,19 +433,30 @@ def layer_check(kinds: tuple):
     return forall(*(dict(key=key) for key in FIXED_LAYERS if key_kind(key) in kinds), key=layer_keys(kinds))
 
 
-_RUNS: dict = {}
-RUNS_KEPT = 12          # the layer checks of one run draw alike (ci: the fixed cases and a few draws)
+RUNS_BYTES = 512 * 2 ** 20      # the layer results a process keeps (one case's: up to about 90 MB)
+_RUNS: dict = {}                # (op, id(provider), case label) -> (provider, outputs, bytes), oldest use first
+
+
+def cached_run(target, op: str, case: LayerCase) -> dict:
+    """The target's outputs of the layer operation `op` on a case, computed once per provider and
+    case while kept (RUNS_BYTES, the least recently used dropped first), so the layer checks of
+    every rule and test of a process share them.  Keyed by the provider object, held while kept (its
+    id is not reused): a mutant, the coverage recorder or any other provider computes its own."""
+    key = (op, id(target.provider), case.label)
+    kept = _RUNS.pop(key, None)
+    if kept is None or kept[0] is not target.provider:
+        out = getattr(target, op)(case.torch_inputs(), model=case.model, layer=case.layer, start_pos=case.start_pos)
+        out = {k: as_numpy(v) for k, v in out.items()}
+        kept = (target.provider, out, sum(v.nbytes for v in out.values()))
+    _RUNS[key] = kept
+    while len(_RUNS) > 1 and sum(k[2] for k in _RUNS.values()) > RUNS_BYTES:
+        _RUNS.pop(next(iter(_RUNS)))
+    return kept[1]
 
 
 def run_layer(target, case: LayerCase) -> dict:
-    """The target's stages for a case (computed once per target and case while kept)."""
-    key = (id(target.provider), case.label)
-    if key not in _RUNS or _RUNS[key][0] is not target.provider:
-        out = target.index_layer(case.torch_inputs(), model=case.model, layer=case.layer, start_pos=case.start_pos)
-        _RUNS[key] = (target.provider, {k: as_numpy(v) for k, v in out.items()})
-        while len(_RUNS) > RUNS_KEPT:
-            _RUNS.pop(next(iter(_RUNS)))
-    return _RUNS[key][1]
+    """The target's index_layer stages for a case (cached_run)."""
+    return cached_run(target, "index_layer", case)
 
 
 INDEXER = ("csa", "index_source", "candidate_source", "reindex")
@@ -476,12 +487,29 @@ def layer_kind(case) -> str:
     return spec_pool.layer_role(profile(case.model), case.layer).kind
 
 
+_Q_BOUNDS: dict = {}        # (id(qr), id(wq_b)) -> (qr, wq_b, FP8.LINEAR's bounds on q), oldest first
+
+
+def _q_bounds(case, b: int):
+    """The spec's bounds on a case's q (two exact block GEMMs at the real width, about a second),
+    computed once for the case's qr and wq_b arrays while kept: every target's run of the case, and
+    its attention case (the same arrays), is judged on them."""
+    a = case.arrays()
+    key = (id(a["qr"]), id(a["wq_b"]))
+    kept = _Q_BOUNDS.get(key)
+    if kept is None or kept[0] is not a["qr"] or kept[1] is not a["wq_b"]:
+        kept = _Q_BOUNDS[key] = (a["qr"], a["wq_b"], fp8_linear_bounds(a["qr"], a["wq_b"], a["wq_b_scale"], b))
+        while len(_Q_BOUNDS) > 16:
+            _Q_BOUNDS.pop(next(iter(_Q_BOUNDS)))
+    return kept[2]
+
+
 def _judge_q(target, case, out):
     a, m = case.arrays(), profile(case.model)
     b = spec_quant.FP8_LINEAR_BLOCK[case.model]
     assert_fp8_linear(_need(out, "q", case), a["qr"], a["wq_b"], a["wq_b_scale"], b,
                       f"PATH.Q.PROJ: q = FP8.LINEAR(qr, wq_b), act_quant per {b} [{case!r}]",
-                      shape=(case.seqlen, m.index_n_heads, m.index_head_dim))
+                      shape=(case.seqlen, m.index_n_heads, m.index_head_dim), bounds=_q_bounds(case, b))
 
 
 def _table(target, case: LayerCase, use: str):

@@ -9,6 +9,7 @@ import torch
 import dsv4spec.impl as impl
 import dsv4spec.official as official
 from dsv4spec.properties import attn as checks
+from dsv4spec.properties.path import FIXED_LAYERS
 from dsv4spec.properties.suite import FAIL, PASS, VARIANT, run_rule
 from dsv4spec.properties.target import Target
 from dsv4spec.spec import RULES
@@ -145,14 +146,15 @@ def test_derotation_undoes_the_rotation():
 @pytest.mark.parametrize("name", sorted(attn_mutants.LAYER_STAGE))
 def test_the_layer_check_names_the_planted_stage(name):
     provider = attn_mutants.MUTANTS[name][0]
-    case = checks.attention_layer_cases()[0]                  # V4 CSA, prefill: every stage
+    case = checks.attention_case(FIXED_LAYERS[0])             # V4 CSA, prefill: every stage
     stage, _, _ = checks.first_broken_attention_stage(Target(provider, name), case)
     assert stage == attn_mutants.LAYER_STAGE[name]
 
 
 def _layer_case(model, layer, start_pos):
-    return next(c for c in checks.attention_layer_cases()
-                if (c.model, c.layer, c.start_pos) == (model, layer, start_pos))
+    """The case of attention_layer_cases() at (model, layer, start_pos), built alone."""
+    return checks.attention_case(next(key for key in (*FIXED_LAYERS, *checks.KIND_CASES)
+                                      if (key[0], key[1], key[3]) == (model, layer, start_pos)))
 
 
 @pytest.mark.parametrize("name", sorted(attn_mutants.STAGE_PLANTS))

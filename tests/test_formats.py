@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from dsv4spec.properties.casts import MLDTYPES, TORCH
+from dsv4spec.properties.quant import e4m3_codes
 from dsv4spec.properties.suite import FAIL, NOT_IMPLEMENTED, PASS, run_rule
 from dsv4spec.properties.target import Target
 from dsv4spec.spec import formats as F
@@ -173,6 +174,18 @@ def test_e4m3_encode_dense_sweep_against_grid_search():
     special = np.array([np.inf, -np.inf, np.nan], F32)
     assert F.e4m3_encode(special).tolist() == [0x7E, 0xFE, 0x7F]
     assert F.e4m3_encode(special, overflow="nan").tolist() == [0x7F, 0xFF, 0x7F]
+
+
+def test_the_drawn_weights_e4m3_lookup_is_the_spec_on_every_16_bit_prefix():
+    """properties.quant.e4m3_codes (the FP8 weights' encoder) is F.e4m3_encode: every fp32 pattern's
+    top 16 bits (both signs, zeros, fp32 subnormals, every E4M3 binade and midpoint, the saturation,
+    ±Inf, NaNs) under low halves 0, 1, the half and its neighbours, all ones and random ones."""
+    low = np.array([0, 1, 2, 0x7FFF, 0x8000, 0x8001, 0xFFFE, 0xFFFF], np.uint32)
+    low = np.concatenate([low, np.random.default_rng(0).integers(2, 0xFFFE, 8).astype(np.uint32)])
+    x = ((np.arange(2 ** 16, dtype=np.uint32) << np.uint32(16))[:, None] | low).ravel().view(F32)
+    assert np.array_equal(e4m3_codes(x), F.e4m3_encode(x))
+    z = np.clip(np.random.default_rng(1).standard_normal((256, 512)) * 128, -448, 448).astype(F32)
+    assert np.array_equal(e4m3_codes(z), F.e4m3_encode(z)) and e4m3_codes(z).shape == z.shape
 
 
 # ---------------------------------------------------------------------------------------------

@@ -154,3 +154,21 @@ def test_a_mistake_only_drawn_layer_cases_reach_is_caught_by_a_dev_seed():
     finally:
         RUN.seed, RUN.settings, RUN.max_examples = saved
     assert row.status == FAIL and "ROPE.POSITIONS" in row.detail and "start_pos 0" not in row.detail.split("\n")[0], row.detail
+
+
+def test_layer_results_are_kept_per_provider_object_and_never_lent_to_another():
+    """cached_run: a second Target over the same provider reads the kept outputs; another provider
+    (a mutant, as `dsv4spec mutate` makes one from copied modules, or one wrapping impl) runs its own."""
+    calls = []
+
+    def counting(inputs, **kwargs):
+        calls.append(kwargs["layer"])
+        return impl.index_layer(inputs, **kwargs)
+    case = checks.layer_case(checks.FIXED_LAYERS[2])            # window only: cheap
+    first = checks.run_layer(Target(mutant("counting", index_layer=counting), "a"), case)
+    assert calls == [0]
+    again = mutant("counting", index_layer=counting)
+    assert checks.run_layer(Target(again, "b"), case) is not first and calls == [0, 0]
+    provider = mutant("kept", index_layer=counting)
+    out = checks.run_layer(Target(provider, "c"), case)
+    assert checks.run_layer(Target(provider, "d"), case) is out and calls == [0, 0, 0]
