@@ -349,9 +349,10 @@ FIXED_LAYERS = (
 LAYER_MODELS = ("v4-flash", "v4-pro", "v4.1-flash")
 
 
-@functools.lru_cache(maxsize=12)
+@functools.lru_cache(maxsize=32)
 def layer_case(key: tuple) -> LayerCase:
-    """The case of a key (model, layer, seqlen, start_pos, seed), built once while it is in use."""
+    """The case of a key (model, layer, seqlen, start_pos, seed), built once a process: the layer
+    rules at ci use 18 keys (12 kept made every mutant of `dsv4spec mutate` rebuild them)."""
     return make_layer_case(*key)
 
 
