@@ -1,6 +1,7 @@
 """`dsv4spec mutate`: machine-made mutants of impl/ and official/, and the suite's score on them."""
 from __future__ import annotations
 
+import os
 import sys
 
 
@@ -71,8 +72,7 @@ def run(args) -> int:
     def progress(done, total, result):
         done_so_far.append(result)
         if args.json and (done % 10 == 0 or done == total):   # a cut-off run still leaves its results
-            with open(args.json, "w") as f:
-                f.write(M.to_json(done_so_far))
+            _write(args.json, M.to_json(done_so_far))
         where = f"{result.rule} {result.verdict}" if result.status == "killed" else ""
         print(f"[{done}/{total}] {result.status:<9} {result.seconds:5.1f}s {result.mutant.path}:{result.mutant.line} "
               f"[{result.mutant.operator}] {result.mutant.change[:70]} {where}", file=sys.stderr, flush=True)
@@ -84,10 +84,17 @@ def run(args) -> int:
 
 def _report(M, args, results, command) -> int:
     if args.json:
-        with open(args.json, "w") as f:
-            f.write(M.to_json(results))
+        _write(args.json, M.to_json(results))
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(M.markdown(results, command))
     print(M.render(results))
     return 1 if any(r.status == "survived" for r in results) else 0
+
+
+def _write(path: str, text: str) -> None:
+    """Replace the file whole (a run killed while writing leaves the previous version, not half)."""
+    tmp = f"{path}.partial"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
