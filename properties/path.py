@@ -104,8 +104,12 @@ LIST_EXAMPLES = (dict(seqlen=1, start_pos=0), dict(seqlen=130, start_pos=0), dic
 
 @st.composite
 def list_shapes(draw):
+    """A prefill of 1..300 tokens, or a decode at 1..600; half the decodes within two of a multiple of
+    128 (the window, the HCA ratio): an entry completes at 128·k − 1, the ring wraps at 128·k."""
     if draw(st.booleans()):
         return dict(seqlen=draw(st.integers(1, 300)), start_pos=0)
+    if draw(st.booleans()):
+        return dict(seqlen=1, start_pos=128 * draw(st.integers(1, 4)) + draw(st.sampled_from((-2, -1, 0, 1))))
     return dict(seqlen=1, start_pos=draw(st.integers(1, 600)))
 
 
