@@ -383,14 +383,6 @@ def sweep(torch, K, bench, copy_bw, shape):
                 name = "e4m3" if e4 else "e8m0"
                 entry[f"{name}_quantize_over_copy"] = moved / tq / copy_bw
                 entry[f"{name}_dequantize_bf16_over_copy"] = moved / td / copy_bw
-                K.FP4_WORD_STORES = True   # the same bytes, stored four to a 32-bit word
-                try:
-                    q4, s4 = K.fp4_quantize_device(x, e4)
-                    entry[f"{name}_word_stores_same_bytes"] = bool(torch.equal(q4, q) and torch.equal(s4, s))
-                    tw = bench(lambda: K.fp4_quantize_device(x, e4))
-                    entry[f"{name}_quantize_word_stores_over_copy"] = moved / tw / copy_bw
-                finally:
-                    K.FP4_WORD_STORES = False
             out.append(entry)
             print("sweep", entry)
     K.GPU_CONFIG.clear()

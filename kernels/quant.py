@@ -318,10 +318,9 @@ def _e2m1_pair_bytes(w, a, s):
 
 @triton.jit
 def _fp4_quantize_bf16_kernel(w_ptr, q_ptr, s_ptr, nblocks, E4M3_SCALE: tl.constexpr,
-                              BLOCK: tl.constexpr, ROWS: tl.constexpr, WORD_STORES: tl.constexpr):
+                              BLOCK: tl.constexpr, ROWS: tl.constexpr):
     """_fp4_quantize_kernel for BF16 input read as 32-bit words of two elements: integer
-    arithmetic on the words throughout (the block maximum too), one byte out per word; with
-    WORD_STORES the bytes of four words leave as one 32-bit word (q_ptr then addresses int32)."""
+    arithmetic on the words throughout (the block maximum too), one byte out per word."""
     WORDS: tl.constexpr = BLOCK // 2
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     row_ok = rows < nblocks
@@ -337,14 +336,7 @@ def _fp4_quantize_bf16_kernel(w_ptr, q_ptr, s_ptr, nblocks, E4M3_SCALE: tl.const
         e = _fp4_e8m0_scale_exponent(amax)
         s_code = e + 127
         s = _pow2(e)
-    packed = _e2m1_pair_bytes(w, a, s[:, None])
-    if WORD_STORES:  # little-endian: byte k of a word is the packed byte of word 4j + k
-        QUADS: tl.constexpr = WORDS // 4
-        quads = tl.reshape(packed & 0xFF, (ROWS, QUADS, 4)) << (tl.arange(0, 4) * 8)[None, None, :]
-        q_offs = rows[:, None] * QUADS + tl.arange(0, QUADS)[None, :]
-        tl.store(q_ptr + q_offs, tl.sum(quads, axis=2).to(tl.int32, bitcast=True), mask=row_ok[:, None])
-    else:
-        tl.store(q_ptr + offs, packed.to(tl.uint8), mask=row_ok[:, None])
+    tl.store(q_ptr + offs, _e2m1_pair_bytes(w, a, s[:, None]).to(tl.uint8), mask=row_ok[:, None])
     tl.store(s_ptr + rows, s_code.to(tl.uint8), mask=row_ok)
 
 
@@ -476,9 +468,6 @@ def _unpack_kernel(p_ptr, c_ptr, nbytes, N: tl.constexpr):
 # 4 warps, 87 / 89 % at 8192 and 2; FP4 quantize of BF16 71 / 76 % -> 74 / 79 % at 8192 and 4.
 # The fp32-input FP4 quantize keeps the default: 8192 made it slower, 54 -> 66 us at 64 MB).
 GPU_CONFIG = {"elements_per_program": 4096, "num_warps": 4}
-# The BF16 FP4 quantizer's packed bytes stored four to a 32-bit word (same bytes); off until an
-# H200 A/B (bench/bench_quant.py --sweep, its word-stores rows) says it pays.
-FP4_WORD_STORES = False
 GPU_OP_CONFIG = {"fp4_quantize_bf16": {"elements_per_program": 8192},
                  "fp4_dequantize": {"elements_per_program": 8192, "num_warps": 2}}
 
@@ -575,8 +564,7 @@ def fp4_quantize_device(x: torch.Tensor, e4m3_scale: bool):
     if nblocks and x.dtype == torch.bfloat16:  # two elements a 32-bit word
         rows = _rows_per_program(block, "fp4_quantize_bf16")
         _fp4_quantize_bf16_kernel[_grid(nblocks, rows)](
-            x.view(torch.int32), q.view(torch.int32) if FP4_WORD_STORES else q, s, nblocks,
-            E4M3_SCALE=e4m3_scale, BLOCK=block, ROWS=rows, WORD_STORES=FP4_WORD_STORES,
+            x.view(torch.int32), q, s, nblocks, E4M3_SCALE=e4m3_scale, BLOCK=block, ROWS=rows,
             num_warps=_num_warps("fp4_quantize_bf16"))
     elif nblocks:
         rows = _rows_per_program(block)

@@ -127,10 +127,8 @@ def boundary_blocks(block: int, e4m3: bool) -> np.ndarray:
     return np.stack(rows)
 
 
-@pytest.mark.parametrize("word_stores", [False, True], ids=["byte_stores", "word_stores"])
 @pytest.mark.parametrize("name", ["fp4_e4m3", "fp4_e8m0"])
-def test_fp4_quantize_bf16_boundaries_and_every_pattern(name, word_stores, monkeypatch):
-    monkeypatch.setattr(K, "FP4_WORD_STORES", word_stores)
+def test_fp4_quantize_bf16_boundaries_and_every_pattern(name):
     block = 16 if name == "fp4_e4m3" else 32
     edges = boundary_blocks(block, name == "fp4_e4m3").reshape(-1)
     finite = np.arange(1 << 16, dtype=np.uint32)
