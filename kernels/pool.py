@@ -170,7 +170,7 @@ def _top_blocks(block_scores: torch.Tensor, topk_blocks: int, *, sync: bool) -> 
     """The top min(topk_blocks, n_blocks) blocks above −inf of each row of block maxima, ascending."""
     T, n_blocks = block_scores.shape
     k = min(topk_blocks, n_blocks)
-    if _row_topk_fits(n_blocks):
+    if _row_topk_fits(block_scores, n_blocks):
         return _row_topk(block_scores, None, k, drop_neg_inf=True)
     everything = _filled(T, n_blocks, block_scores.device)
     return _topk_engine(block_scores, everything, k, drop_neg_inf=True, sync=sync)
@@ -181,9 +181,11 @@ def _top_blocks(block_scores: torch.Tensor, topk_blocks: int, *, sync: bool) -> 
 # there, and the picks leave in position order by a prefix sum: one launch and no intermediate in
 # memory, where the top-k engine takes five.  Rows longer than _ROW_TOPK_MAX go to the engine (the
 # 32768 block maxima of a 1M context would need 64 keys a thread of 16 warps: ptxas spills 14 KB
-# a thread at sm_90; 16384 at 16 warps fits in 128 registers).  Off by default: on the H200 (12-02,
-# bench/h200/2026-12-02-ab-decode.md) top-512 of 16384 took 75 / 75 µs eager / graph at 16 warps and
-# 55 / 56 at 32, the engine 54 / 44.  DSV4SPEC_ROW_TOPK=1 turns it on; =2 also serves rows of up to _ROW_TOPK_CHUNKS chunks of
+# a thread at sm_90; 16384 at 16 warps fits in 128 registers).  Used eagerly, off in a CUDA graph
+# capture: on the H200 (12-02, bench/h200/2026-12-02-ab-decode.md) top-512 of 16384 took 75 / 75 µs
+# eager / graph at 16 warps and 55 / 56 at 32, the engine 54 / 44, but the whole step eagerly 466 µs
+# with it against 917 without (four launches fewer a layer: the host is the eager step's cost).
+# DSV4SPEC_ROW_TOPK=0 turns it off, =1 on in a capture too; =2 also serves rows of up to _ROW_TOPK_CHUNKS chunks of
 # _ROW_TOPK_MAX by the chunked kernel (the block row of a 1M context: 2 chunks read from L2 at
 # each pass), which no measurement has yet shown faster than the engine (bench/ab_decode.py).
 _ROW_TOPK_MAX = 16384
@@ -191,12 +193,16 @@ _ROW_TOPK_CHUNKS = 4
 _ROW_TOPK_WARPS = None     # None: n_pad / 1024, within [4, 16] (the A/B sets it)
 
 
-def _row_topk_mode() -> str:
-    return os.environ.get("DSV4SPEC_ROW_TOPK", "0")
+def _row_topk_mode(x: torch.Tensor) -> str:
+    """DSV4SPEC_ROW_TOPK, or by default "1" eagerly and "0" inside a CUDA graph capture."""
+    mode = os.environ.get("DSV4SPEC_ROW_TOPK")
+    if mode is not None:
+        return mode
+    return "0" if x.is_cuda and torch.cuda.is_current_stream_capturing() else "1"
 
 
-def _row_topk_fits(n: int) -> bool:
-    mode = _row_topk_mode()
+def _row_topk_fits(x: torch.Tensor, n: int) -> bool:
+    mode = _row_topk_mode(x)
     return (mode != "0" and n <= _ROW_TOPK_MAX) or (mode == "2" and n <= _ROW_TOPK_CHUNKS * _ROW_TOPK_MAX)
 
 
@@ -510,6 +516,6 @@ def _reindex_topk(q, k, w, gathered: tuple, topk: int, *, sync: bool = True) -> 
     width = idx.shape[1]
     pscores = torch.empty((T, width), dtype=torch.float32, device=q.device)
     _launch_scores(q, None, k, None, w, count, idx, T, width, H, D, pscores, fp4=False, bf16=True)
-    if _row_topk_fits(width):
+    if _row_topk_fits(pscores, width):
         return _row_topk(pscores, count, topk, remap=idx)
     return _topk_engine(pscores, count, topk, by_score=False, remap=idx, sync=sync)

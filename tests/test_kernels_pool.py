@@ -351,17 +351,24 @@ def test_row_topk_is_the_engine(values, drop):
 
 
 def test_row_topk_switch(monkeypatch):
-    """The re-index rows go to the top-k engine by default (it measured faster on the H200);
-    DSV4SPEC_ROW_TOPK=1 sends them to the one-program top-k; both give the same picks."""
+    """The re-index rows go to the one-program top-k eagerly (the eager step's cost is its
+    launches) and to the top-k engine inside a CUDA graph capture (faster on the H200's device
+    time); DSV4SPEC_ROW_TOPK=0 / 1 / 2 fixes the choice; both give the same picks."""
     case, pool = reindex_case("ties", 8, 3, 4, 300, 0.4, True)
     q, k, w, vis = case.torch()
+    x = torch.zeros(1)
     monkeypatch.delenv("DSV4SPEC_ROW_TOPK", raising=False)
-    assert not K._row_topk_fits(300)
+    assert K._row_topk_fits(x, 300) and not K._row_topk_fits(x, 32768)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert K._row_topk_fits(x, 300), "a CPU tensor is never captured"
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    assert not K._row_topk_fits(x, 300), "inside a capture the engine serves the row"
+    monkeypatch.undo()
     monkeypatch.setenv("DSV4SPEC_ROW_TOPK", "1")
     new = K.reindex_topk(q, k, w, vis, torch.from_numpy(pool), 24)
-    assert K._row_topk_fits(300) and not K._row_topk_fits(32768)
+    assert K._row_topk_fits(x, 300) and not K._row_topk_fits(x, 32768)
     monkeypatch.setenv("DSV4SPEC_ROW_TOPK", "2")
-    assert K._row_topk_fits(32768) and not K._row_topk_fits(65537)
+    assert K._row_topk_fits(x, 32768) and not K._row_topk_fits(x, 65537)
     monkeypatch.setenv("DSV4SPEC_ROW_TOPK", "0")
-    assert not K._row_topk_fits(300)
+    assert not K._row_topk_fits(x, 300)
     assert torch.equal(K.reindex_topk(q, k, w, vis, torch.from_numpy(pool), 24), new)
