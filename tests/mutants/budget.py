@@ -62,11 +62,12 @@ def _window_without_pad(model):
     return m.window * (layout.V4_MAIN_KV.nbytes - 1) if m.candidate_source_layer < 0 else ib.window_bytes_per_layer(model)
 
 
-def _indexer(model, context, pool=True, *, heads=None, scored_of=None, capacity=None):
+def _indexer(model, context, pool=True, *, heads=None, scored_of=None, capacity=None, hca=False):
     m = profile(model)
     cap = capacity(m) if capacity else m.candidate_topk_blocks * m.candidate_block_size
     total = 0
-    for layer in ib._indexing_layers(m):
+    layers = list(ib._indexing_layers(m))
+    for layer in layers + [l for l, r in enumerate(m.compress_ratios[:m.n_layers]) if hca and r == 128]:
         ratio = m.compress_ratios[layer]
         scored = scored_of(context, ratio) if scored_of else context // ratio
         if pool and 0 <= m.candidate_source_layer < layer:
@@ -100,6 +101,8 @@ MUTANTS = {
         m, n, pool, heads=lambda p: p.n_heads))),
     "budget-indexer-entries-rounded-up": ("BUDGET.INDEX_WORK", dict(indexer_macs_per_token=lambda m, n, pool=True: _indexer(
         m, n, pool, scored_of=lambda n, r: -(-n // r)))),
+    "budget-indexer-on-hca-layers": ("BUDGET.INDEX_WORK", dict(indexer_macs_per_token=lambda m, n, pool=True: _indexer(
+        m, n, pool, hca=True))),
     "budget-pool-counted-in-blocks": ("BUDGET.INDEX_WORK", dict(indexer_macs_per_token=lambda m, n, pool=True: _indexer(
         m, n, pool, capacity=lambda p: p.candidate_topk_blocks))),
     "budget-window-entries-not-capped": ("BUDGET.ATTN_WORK", dict(core_attention_macs=lambda m, l, n: _attention(

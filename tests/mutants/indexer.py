@@ -316,4 +316,9 @@ MUTANTS.update({
     "v41_order_in_v4": (mutant("v41_order_in_v4", index_topk=lambda s, v, k, o: _topk(s, v, k, o, force="position")),
                         "IDX.TOPK.ORDER"),
     "topk_merge_duplicates": (mutant("topk_merge_duplicates", index_topk=_topk_merge_duplicates), "IDX.TOPK.COUNT"),
+    "fp4_scores_left_fp32": (mutant("fp4_scores_left_fp32", index_scores_fp4=lambda qp, qs, kp, ks, w, v: _scores_rounded(
+        ref.fp4_e8m0_dequantize(qp, qs), ref.fp4_e8m0_dequantize(kp, ks), w, v, sum_bf16=False)), "IDX.SCORE.FP4"),
+    # a result of max(k, 1) columns: nothing compressed yet gives one column of −1, not an empty tensor
+    "topk_k0_one_column": (mutant("topk_k0_one_column", index_topk=lambda s, v, k, o: ref.index_topk(s, v, k, o) if k
+                                  else torch.full((s.shape[0], 1), -1, dtype=torch.int64)), "IDX.TOPK.COUNT"),
 })

@@ -110,8 +110,10 @@ def _codes_repacked(lay, data):
     return np.concatenate([codes[..., 0::2] | (codes[..., 1::2] << 4), data[..., lay.quantized_dims:]], axis=-1)
 
 
-def _unpacker(*, int8=False, longer=False, e4m3_nan=(0x7F, 0xFF), fp32_inf=False, tail_fp16=False, tail_shift=0):
-    """entry_unpack over the spec's fields, with one of its checks or readings changed."""
+def _unpacker(*, int8=False, longer=False, e4m3_nan=(0x7F, 0xFF), fp32_inf=False, tail_fp16=False, tail_shift=0,
+              read=None):
+    """entry_unpack over the spec's fields, with one of its checks or readings changed (`read`:
+    (layout, fields) -> the fields as the mistaken reader takes them)."""
     def unpack(kind, data):
         lay, d = spec.layout(kind), data.numpy()
         if int8 and d.dtype == np.int8:
@@ -119,6 +121,7 @@ def _unpacker(*, int8=False, longer=False, e4m3_nan=(0x7F, 0xFF), fp32_inf=False
         if longer and d.ndim and d.shape[-1] > lay.nbytes:
             d = np.ascontiguousarray(d[..., :lay.nbytes])
         f = spec.split(lay, d)
+        f = read(lay, dict(f)) if read else f
         scales = f["scales"]
         if lay.scale is spec.E4M3:
             bad = np.isin(scales, e4m3_nan)
@@ -135,6 +138,15 @@ def _unpacker(*, int8=False, longer=False, e4m3_nan=(0x7F, 0xFF), fp32_inf=False
         values = spec._dequantize(lay, f["payload"], scales, {})
         return torch.from_numpy(np.concatenate([values, tail], axis=-1).astype(np.float32))
     return unpack
+
+
+def _e8m0_bias_126(lay, fields):
+    s = fields["scales"]
+    return {**fields, "scales": np.clip(s.astype(np.int64) + 1, 0, 254).astype(np.uint8)} if lay.scale is spec.E8M0 else fields
+
+
+def _round_trip(read):
+    return dict(entry_pack=il.entry_pack, entry_unpack=_unpacker(read=read))
 
 
 MUTANTS.update({
@@ -163,6 +175,15 @@ MUTANTS.update({
                                                               entry_unpack=_unpacker(e4m3_nan=(0x7F,)))),
     "layout-unpack-accepts-fp32-inf": ("LAYOUT.REJECT", dict(entry_pack=il.entry_pack,
                                                              entry_unpack=_unpacker(fp32_inf=True))),
+    # V4's FP4 index K carried over to V3.2's FP8 one
+    "layout-v32-index-k-as-v4-fp4": ("LAYOUT.V32.INDEX_K", _packer(layouts={"v32_index_k": replace(
+        spec.V32_INDEX_K, payload=spec.E2M1, scale=spec.E8M0, block=32)})),
+    # the unpacking clause of each kind: a reader with one mistake against the right packer
+    "layout-index-k-unpack-nibbles-swapped": ("LAYOUT.INDEX_K", _round_trip(_nibbles_swapped)),
+    "layout-v41-main-unpack-nibbles-swapped": ("LAYOUT.V41.MAIN", _round_trip(_nibbles_swapped)),
+    "layout-swa-unpack-e8m0-bias-126": ("LAYOUT.V41.SWA", _round_trip(_e8m0_bias_126)),
+    "layout-v4-unpack-e8m0-bias-126": ("LAYOUT.V4.MAIN", _round_trip(_e8m0_bias_126)),
+    "layout-v32-unpack-scale-big-endian": ("LAYOUT.V32.INDEX_K", _round_trip(_fp32_big_endian)),
 })
 
 
