@@ -165,7 +165,7 @@ CLAUSES: dict[str, tuple[Clause, ...]] = {
     "IDX.SCORE.FORMULA": (c("the ReLU applies to each head's dot product before the (signed) head weight multiplies it",
                             "relu_after_weight", "relu_of_head_sum"),),
     "IDX.SCORE.ROUNDING": (
-        c("s_h = bf16(Σ_d q·k accumulated in fp32)", "dot_left_fp32"),
+        c("s_h = bf16(Σ_d q·k accumulated in fp32)", "dot_left_fp32", "dot_accumulated_in_bf16"),
         c("p_h = bf16(r_h·w_h)", "fp32_then_one_cast"),
         c("I = bf16(Σ_h p_h accumulated in fp32)", "head_sum_in_bf16", "score_left_fp32")),
     "IDX.SCORE.V32_FP32": (c("no step rounds to BF16", "v32_rounded_to_bf16"),),
@@ -209,6 +209,7 @@ CLAUSES: dict[str, tuple[Clause, ...]] = {
     "POOL.REINDEX": (c("No position outside the pool is ever selected", "reindex_ignores_pool"),),
     # ---- HAD -------------------------------------------------------------------------------------
     "HAD.MATRIX": (
+        c("The rotation is y = H·x / √128", "index_rotate_identity", check="index_rotate_is_the_hadamard_in_v32_and_v4"),
         c("over the 128 indexer dimensions", "hadamard_blocks_of_64", check="hadamard_maps_basis_vectors_to_scaled_columns"),
         c("H the Sylvester (natural-order) Hadamard matrix H[i, j] = (−1)^popcount(i AND j)",
           "hadamard_random_signs", check="hadamard_maps_basis_vectors_to_scaled_columns"),

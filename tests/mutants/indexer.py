@@ -271,6 +271,18 @@ def _scores_rounded(q, k, w, visible, score_dtype="bf16", *, dot_bf16=True, sum_
     return s.masked_fill(invisible, float("-inf"))
 
 
+def _dot_accumulated_in_bf16(q, k, w, visible, score_dtype="bf16"):
+    """Each head's dot accumulated in a BF16 register (every partial sum rounded), not in fp32."""
+    if score_dtype != "bf16":
+        return ref.index_scores(q, k, w, visible, score_dtype)
+    q, k = q.float(), k.float()
+    dots = torch.zeros(q.shape[0], q.shape[1], k.shape[0])
+    for d in range(q.shape[2]):
+        dots = _bf16(dots + q[:, :, d, None] * k[None, None, :, d])
+    s = _bf16((_bf16(torch.relu(dots) * w.float()[:, :, None])).sum(1))
+    return s.masked_fill(torch.arange(k.shape[0])[None, :] >= visible[:, None], float("-inf"))
+
+
 def _topk_merge_duplicates(scores, visible, k, order):
     """A top-k merged from two halves that keeps a tied entry twice: the last valid slot repeats the first."""
     idx = ref.index_topk(scores, visible, k, order).clone()
@@ -304,6 +316,11 @@ MUTANTS.update({
                                                _v32_weights(raw, qs, head_factor=False)), "IDX.WEIGHT.V32"),
     "v32_weights_without_softmax_scale": (mutant("v32_weights_without_softmax_scale", index_weights_v32=lambda raw, qs:
                                                  _v32_weights(raw, qs, softmax_scale=False)), "IDX.WEIGHT.V32"),
+    "dot_accumulated_in_bf16": (mutant("dot_accumulated_in_bf16", index_scores=_dot_accumulated_in_bf16),
+                                "IDX.SCORE.ROUNDING"),
+    # V4.1's habit in V3.2 and V4: the indexer q and k not rotated
+    "index_rotate_identity": (mutant("index_rotate_identity", index_rotate=lambda x, model: _bf16(x.float())),
+                                    "HAD.MATRIX"),
     "dot_left_fp32": (mutant("dot_left_fp32", index_scores=lambda *a: _scores_rounded(*a, dot_bf16=False)),
                       "IDX.SCORE.ROUNDING"),
     "score_left_fp32": (mutant("score_left_fp32", index_scores=lambda *a: _scores_rounded(*a, sum_bf16=False)),
