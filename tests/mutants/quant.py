@@ -717,6 +717,12 @@ def e4m3_nan_to_zero(x):
     return impl.e4m3_encode(torch.nan_to_num(x.float(), nan=0.0))
 
 
+def e4m3_nan_sign_dropped(x):
+    """Every NaN written as the canonical 0x7F, its sign dropped."""
+    code = impl.e4m3_encode(x)
+    return torch.where(torch.isnan(x.float()), torch.full_like(code, 0x7F), code)
+
+
 def e8m0_decode_bias_128(codes):
     """2^(b − 128): every scale one power of two low."""
     return impl.e8m0_decode(codes) * 0.5
@@ -845,6 +851,7 @@ CLAUSE_MUTANTS = [
     ("e4m3_negative_zero_unsigned", ("FMT.E4M3.RNE",), dict(e4m3_encode=e4m3_negative_zero_unsigned)),
     ("e4m3_inf_to_nan", ("FMT.E4M3.SATFINITE",), dict(e4m3_encode=e4m3_inf_to_nan)),
     ("e4m3_nan_to_zero", ("FMT.E4M3.SATFINITE",), dict(e4m3_encode=e4m3_nan_to_zero)),
+    ("e4m3_nan_sign_dropped", ("FMT.E4M3.SATFINITE",), dict(e4m3_encode=e4m3_nan_sign_dropped)),
     ("e8m0_decode_bias_128", ("FMT.E8M0.VALUES",), dict(e8m0_decode=e8m0_decode_bias_128)),
     ("e8m0_decode_255_inf", ("FMT.E8M0.VALUES",), dict(e8m0_decode=e8m0_decode_255_inf)),
     ("e8m0_floor_plus_one", ("FMT.CEIL_LOG2",),
