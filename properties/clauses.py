@@ -261,6 +261,8 @@ CLAUSES: dict[str, tuple[Clause, ...]] = {
                           "layout-v41-rope-bf16-undeclared", "layout-v41-rope-bf16-declared-fp4", check="size"),
                         c("one E4M3 scale per 16 (32 B)", "layout-v41-main-e8m0-per-32", check="size"),
                         c("no global scale", "layout-v41-main-global-scale", check="size"),
+                        c("Keeping the 64 RoPE dims in BF16 (384 B) is the named deviation v41_main_rope=bf16",
+                          "layout-v41-rope-bf16-undeclared", check="size"),
                         c("unpacking gives exactly the FP4 E4M3/16 dequantization",
                           "layout-v41-main-unpack-nibbles-swapped", check="round_trip")),
     "LAYOUT.V41.SWA": (c("(post-RoPE, RoPE dims included) is FP8 E4M3 (512 B)", "layout-swa-rope-kept-bf16", check="size"),
