@@ -254,10 +254,12 @@ def e4m3_encode_saturates(target, x):
 
 @check("FMT.E4M3.SATFINITE", ops=("e4m3_encode",))
 def e4m3_encode_nan_only_from_nan(target):
-    x = F.f32_from_bits(np.array([0x7FC00000, 0xFFC00000, 0x7F800001], dtype=np.int64))
-    actual = as_numpy(target.e4m3_encode(fed(target, "e4m3_encode", x)[1])).astype(np.int64)
-    assert np.all(actual & 0x7F == 0x7F), \
-        f"FMT.E4M3.SATFINITE: e4m3_encode(NaN) gave {[hex(a) for a in actual]}, expected NaN (0x7F/0xFF)"
+    """Quiet and signalling NaNs of both signs: 0x7F, or 0xFF when the sign bit is set."""
+    bits = np.array([0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF800001], dtype=np.int64)
+    actual = as_numpy(target.e4m3_encode(fed(target, "e4m3_encode", F.f32_from_bits(bits))[1])).astype(np.int64)
+    expected = 0x7F | (bits >> 31) << 7
+    assert np.array_equal(actual, expected), \
+        f"FMT.E4M3.SATFINITE: e4m3_encode(NaN) gave {[hex(a) for a in actual]}, expected {[hex(e) for e in expected]}"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -223,3 +223,119 @@ MUTANTS.update({
     "v32_weights_without_q_scale": (mutant("v32_weights_without_q_scale", index_weights_v32=lambda raw, qs:
                                            ref.index_weights_v32(raw, torch.ones_like(qs))), "IDX.WEIGHT.V32"),
 })
+
+
+# Every clause reachable (issue 22): one mutant per statement clause no mutant above changes alone.
+def _bit_reversed(x):
+    idx = torch.tensor([int(f"{i:07b}"[::-1], 2) for i in range(128)])
+    return x[..., idx]
+
+
+def _hadamard_blocks_of_64(x):
+    """Two 64-point transforms (a kernel's tile) scaled by 64^-0.5, not one over the 128 dims."""
+    h = torch.tensor(ref.spec.sylvester_hadamard(), dtype=torch.float32)[:64, :64]
+    xb = x.float().reshape(*x.shape[:-1], 2, 64)
+    return _bf16((xb @ h.T * 0.125).flatten(-2))
+
+
+def _hadamard_butterfly_in_bf16(x):
+    """The butterfly with each of its 7 stages rounded to BF16 (a BF16 working tensor)."""
+    y = x.float().reshape(-1, 128).clone()
+    h = 1
+    while h < 128:
+        y = y.view(-1, 128 // (2 * h), 2, h)
+        a, b = y[:, :, 0, :], y[:, :, 1, :]
+        y = _bf16(torch.stack((a + b, a - b), dim=2))
+        h *= 2
+    return _bf16(y.reshape(x.shape) * ref.spec.HADAMARD_SCALE)
+
+
+def _weights(raw, factor, rounded=True):
+    w = raw.float() * torch.tensor(factor, dtype=torch.float32)
+    return _bf16(w) if rounded else w
+
+
+def _v32_weights(raw, q_scale, *, head_factor=True, softmax_scale=True):
+    heads = _bf16(raw.float() * (64 ** -0.5 if head_factor else 1.0))
+    w = (heads.double() * q_scale.double()).float()
+    return w * torch.tensor(128 ** -0.5, dtype=torch.float32) if softmax_scale else w
+
+
+def _scores_rounded(q, k, w, visible, score_dtype="bf16", *, dot_bf16=True, sum_bf16=True, mask_shift=0):
+    if score_dtype != "bf16":
+        return ref.index_scores(q, k, w, visible, score_dtype)
+    dots = torch.einsum("thd,sd->ths", q.float(), k.float())
+    p = _bf16(torch.relu(_bf16(dots) if dot_bf16 else dots) * w.float()[:, :, None])
+    s = _bf16(p.sum(1)) if sum_bf16 else p.sum(1)
+    invisible = torch.arange(k.shape[0])[None, :] >= (visible[:, None] + mask_shift)
+    return s.masked_fill(invisible, float("-inf"))
+
+
+def _dot_accumulated_in_bf16(q, k, w, visible, score_dtype="bf16"):
+    """Each head's dot accumulated in a BF16 register (every partial sum rounded), not in fp32."""
+    if score_dtype != "bf16":
+        return ref.index_scores(q, k, w, visible, score_dtype)
+    q, k = q.float(), k.float()
+    dots = torch.zeros(q.shape[0], q.shape[1], k.shape[0])
+    for d in range(q.shape[2]):
+        dots = _bf16(dots + q[:, :, d, None] * k[None, None, :, d])
+    s = _bf16((_bf16(torch.relu(dots) * w.float()[:, :, None])).sum(1))
+    return s.masked_fill(torch.arange(k.shape[0])[None, :] >= visible[:, None], float("-inf"))
+
+
+def _topk_merge_duplicates(scores, visible, k, order):
+    """A top-k merged from two halves that keeps a tied entry twice: the last valid slot repeats the first."""
+    idx = ref.index_topk(scores, visible, k, order).clone()
+    for t in range(idx.shape[0]):
+        valid = int((idx[t] >= 0).sum())
+        if valid >= 2:
+            idx[t, valid - 1] = idx[t, 0]
+    return idx
+
+
+def _fp4_k_scale_bias_128(q_packed, q_scales, k_packed, k_scales, w, visible):
+    """The K reader decodes its E8M0 scales as 2^(byte − 128)."""
+    return ref.index_scores_fp4(q_packed, q_scales, k_packed, (k_scales.to(torch.int64) - 1).clamp(min=0).to(
+        torch.uint8), w, visible)
+
+
+MUTANTS.update({
+    "hadamard_bit_reversed_order": (mutant("hadamard_bit_reversed_order", hadamard=lambda x: _bit_reversed(
+        _hadamard(x))), "HAD.MATRIX"),
+    "hadamard_blocks_of_64": (mutant("hadamard_blocks_of_64", hadamard=_hadamard_blocks_of_64), "HAD.MATRIX"),
+    "hadamard_butterfly_in_bf16": (mutant("hadamard_butterfly_in_bf16", hadamard=_hadamard_butterfly_in_bf16),
+                                   "HAD.ROUNDING"),
+    # the factor of the main attention's head count (n_heads), not index_n_heads
+    "weight_factor_attention_heads": (mutant("weight_factor_attention_heads", index_weights=lambda raw, model: _weights(
+        raw, (profile(model).index_head_dim * profile(model).n_heads) ** -0.5)), "IDX.WEIGHT.SCALE"),
+    "weight_factor_without_head_dim": (mutant("weight_factor_without_head_dim", index_weights=lambda raw, model:
+                                              _weights(raw, profile(model).index_n_heads ** -0.5)), "IDX.WEIGHT.SCALE"),
+    "weights_left_fp32": (mutant("weights_left_fp32", index_weights=lambda raw, model: _weights(
+        raw, profile(model).index_weight_scale, rounded=False)), "IDX.WEIGHT.SCALE"),
+    "v32_weights_without_head_factor": (mutant("v32_weights_without_head_factor", index_weights_v32=lambda raw, qs:
+                                               _v32_weights(raw, qs, head_factor=False)), "IDX.WEIGHT.V32"),
+    "v32_weights_without_softmax_scale": (mutant("v32_weights_without_softmax_scale", index_weights_v32=lambda raw, qs:
+                                                 _v32_weights(raw, qs, softmax_scale=False)), "IDX.WEIGHT.V32"),
+    "dot_accumulated_in_bf16": (mutant("dot_accumulated_in_bf16", index_scores=_dot_accumulated_in_bf16),
+                                "IDX.SCORE.ROUNDING"),
+    # V4.1's habit in V3.2 and V4: the indexer q and k not rotated
+    "index_rotate_identity": (mutant("index_rotate_identity", index_rotate=lambda x, model: _bf16(x.float())),
+                                    "HAD.MATRIX"),
+    "dot_left_fp32": (mutant("dot_left_fp32", index_scores=lambda *a: _scores_rounded(*a, dot_bf16=False)),
+                      "IDX.SCORE.ROUNDING"),
+    "score_left_fp32": (mutant("score_left_fp32", index_scores=lambda *a: _scores_rounded(*a, sum_bf16=False)),
+                        "IDX.SCORE.ROUNDING"),
+    "fp4_k_scale_bias_128": (mutant("fp4_k_scale_bias_128", index_scores_fp4=_fp4_k_scale_bias_128), "IDX.SCORE.FP4"),
+    "mask_leaves_first_invisible": (mutant("mask_leaves_first_invisible", index_scores=lambda *a: _scores_rounded(
+        *a, mask_shift=1)), "IDX.MASK"),
+    "mask_hides_newest_visible": (mutant("mask_hides_newest_visible", index_scores=lambda *a: _scores_rounded(
+        *a, mask_shift=-1)), "IDX.MASK"),
+    "v41_order_in_v4": (mutant("v41_order_in_v4", index_topk=lambda s, v, k, o: _topk(s, v, k, o, force="position")),
+                        "IDX.TOPK.ORDER"),
+    "topk_merge_duplicates": (mutant("topk_merge_duplicates", index_topk=_topk_merge_duplicates), "IDX.TOPK.COUNT"),
+    "fp4_scores_left_fp32": (mutant("fp4_scores_left_fp32", index_scores_fp4=lambda qp, qs, kp, ks, w, v: _scores_rounded(
+        ref.fp4_e8m0_dequantize(qp, qs), ref.fp4_e8m0_dequantize(kp, ks), w, v, sum_bf16=False)), "IDX.SCORE.FP4"),
+    # a result of max(k, 1) columns: nothing compressed yet gives one column of −1, not an empty tensor
+    "topk_k0_one_column": (mutant("topk_k0_one_column", index_topk=lambda s, v, k, o: ref.index_topk(s, v, k, o) if k
+                                  else torch.full((s.shape[0], 1), -1, dtype=torch.int64)), "IDX.TOPK.COUNT"),
+})

@@ -64,6 +64,129 @@ MUTANTS = {
 }
 
 
+# Every clause reachable (issue 22): one mutant per statement clause no mutant above changes alone.
+def _edited(edit, read=None):
+    """entry_pack with the canonical fields passed through edit(layout, fields) before they are joined;
+    `read` (its own bytes -> canonical bytes) gives the matching entry_unpack."""
+    def pack(kind, x):
+        lay = spec.layout(kind)
+        fields = edit(lay, spec.encode_fields(lay, x.numpy()))
+        return torch.from_numpy(np.ascontiguousarray(np.concatenate(
+            [fields[name] for name in spec.FIELD_ORDERS["payload_first"]], axis=-1)))
+    ops = dict(entry_pack=pack)
+    if read:
+        ops["entry_unpack"] = lambda kind, data: il.entry_unpack(kind, torch.from_numpy(np.ascontiguousarray(
+            read(spec.layout(kind), data.numpy()))))
+    return ops
+
+
+def _pad_ff(lay, fields):
+    return {**fields, "pad": np.full_like(fields["pad"], 0xFF)}
+
+
+def _nibbles_swapped(lay, fields):
+    p = fields["payload"]
+    return {**fields, "payload": (p >> 4) | (p << 4)} if lay.payload is spec.E2M1 else fields
+
+
+def _fp32_big_endian(lay, fields):
+    s = fields["scales"]
+    return {**fields, "scales": s.reshape(*s.shape[:-1], -1, 4)[..., ::-1].reshape(s.shape)} if lay.scale is spec.FP32 else fields
+
+
+def _global_scale(lay, fields):
+    """NVFP4's habit: a per-entry FP32 global scale (1.0) appended."""
+    one = np.broadcast_to(spec.le_bytes(np.array([1.0], "<f4")), (*fields["tail"].shape[:-1], 4))
+    return {**fields, "tail": np.concatenate([fields["tail"], one], axis=-1)}
+
+
+def _byte_per_code(lay, fields):
+    p = fields["payload"]
+    return {**fields, "payload": np.stack([p & 0xF, p >> 4], axis=-1).reshape(*p.shape[:-1], -1)}
+
+
+def _codes_repacked(lay, data):
+    codes = data[..., :lay.quantized_dims]
+    return np.concatenate([codes[..., 0::2] | (codes[..., 1::2] << 4), data[..., lay.quantized_dims:]], axis=-1)
+
+
+def _unpacker(*, int8=False, longer=False, e4m3_nan=(0x7F, 0xFF), fp32_inf=False, tail_fp16=False, tail_shift=0,
+              read=None):
+    """entry_unpack over the spec's fields, with one of its checks or readings changed (`read`:
+    (layout, fields) -> the fields as the mistaken reader takes them)."""
+    def unpack(kind, data):
+        lay, d = spec.layout(kind), data.numpy()
+        if int8 and d.dtype == np.int8:
+            d = d.view(np.uint8)
+        if longer and d.ndim and d.shape[-1] > lay.nbytes:
+            d = np.ascontiguousarray(d[..., :lay.nbytes])
+        f = spec.split(lay, d)
+        f = read(lay, dict(f)) if read else f
+        scales = f["scales"]
+        if lay.scale is spec.E4M3:
+            bad = np.isin(scales, e4m3_nan)
+        elif lay.scale is spec.FP32:
+            v = spec.from_le_bytes(scales, "<f4")
+            bad = np.isnan(v) if fp32_inf else ~np.isfinite(v)
+        else:
+            bad = scales == 0xFF
+        if bad.any():
+            raise ValueError(f"{kind}: NaN scale")
+        n = lay.fields["tail"].nbytes
+        tail = d[..., lay.nbytes - n + tail_shift:lay.nbytes + tail_shift] if n else f["tail"]
+        tail = tail.view("<f2").astype(np.float32) if tail_fp16 else spec.bf16_tail_values(tail)
+        values = spec._dequantize(lay, f["payload"], scales, {})
+        return torch.from_numpy(np.concatenate([values, tail], axis=-1).astype(np.float32))
+    return unpack
+
+
+def _e8m0_bias_126(lay, fields):
+    s = fields["scales"]
+    return {**fields, "scales": np.clip(s.astype(np.int64) + 1, 0, 254).astype(np.uint8)} if lay.scale is spec.E8M0 else fields
+
+
+def _round_trip(read):
+    return dict(entry_pack=il.entry_pack, entry_unpack=_unpacker(read=read))
+
+
+MUTANTS.update({
+    "layout-v4-rope-quantized": ("LAYOUT.V4.MAIN", _packer(layouts={"v4_main_kv": replace(
+        spec.V4_MAIN_KV, quantized_dims=512, tail_dims=0)})),
+    "layout-v4-scales-per-32": ("LAYOUT.V4.MAIN", _packer(layouts={"v4_main_kv": replace(spec.V4_MAIN_KV, block=32)})),
+    "layout-v4-unpack-tail-as-fp16": ("LAYOUT.V4.MAIN", dict(entry_pack=il.entry_pack,
+                                                             entry_unpack=_unpacker(tail_fp16=True))),
+    "layout-index-k-byte-per-code": ("LAYOUT.INDEX_K", _edited(_byte_per_code, _codes_repacked)),
+    "layout-v41-main-e8m0-per-32": ("LAYOUT.V41.MAIN", _packer(layouts={"v41_main_kv": replace(
+        spec.V41_MAIN_KV, scale=spec.E8M0, block=32)})),
+    "layout-v41-main-global-scale": ("LAYOUT.V41.MAIN", _edited(_global_scale, lambda lay, data: data[..., :lay.nbytes])),
+    "layout-swa-scales-per-64": ("LAYOUT.V41.SWA", _packer(layouts={"v41_swa_kv": replace(spec.V41_SWA_KV, block=64)})),
+    "layout-pad-bytes-ff": ("LAYOUT.ORDER", _edited(_pad_ff)),
+    "layout-fp4-nibbles-swapped": ("LAYOUT.ORDER", _edited(_nibbles_swapped)),
+    "layout-v32-scale-big-endian": ("LAYOUT.ORDER", _edited(_fp32_big_endian)),
+    "layout-scales-first-declared-payload-first": ("LAYOUT.ORDER", dict(
+        variants={"entry_field_order": "payload_first"}, **_packer(variants={"entry_field_order": "scales_first"}))),
+    "layout-unpack-pad-not-skipped": ("LAYOUT.UNPACK", dict(entry_pack=il.entry_pack,
+                                                            entry_unpack=_unpacker(tail_shift=-1))),
+    "layout-unpack-tail-as-fp16": ("LAYOUT.UNPACK", dict(entry_pack=il.entry_pack, entry_unpack=_unpacker(tail_fp16=True))),
+    "layout-unpack-accepts-int8": ("LAYOUT.REJECT", dict(entry_pack=il.entry_pack, entry_unpack=_unpacker(int8=True))),
+    "layout-unpack-accepts-longer-entries": ("LAYOUT.REJECT", dict(entry_pack=il.entry_pack,
+                                                                   entry_unpack=_unpacker(longer=True))),
+    "layout-unpack-accepts-e4m3-0xff": ("LAYOUT.REJECT", dict(entry_pack=il.entry_pack,
+                                                              entry_unpack=_unpacker(e4m3_nan=(0x7F,)))),
+    "layout-unpack-accepts-fp32-inf": ("LAYOUT.REJECT", dict(entry_pack=il.entry_pack,
+                                                             entry_unpack=_unpacker(fp32_inf=True))),
+    # V4's FP4 index K carried over to V3.2's FP8 one
+    "layout-v32-index-k-as-v4-fp4": ("LAYOUT.V32.INDEX_K", _packer(layouts={"v32_index_k": replace(
+        spec.V32_INDEX_K, payload=spec.E2M1, scale=spec.E8M0, block=32)})),
+    # the unpacking clause of each kind: a reader with one mistake against the right packer
+    "layout-index-k-unpack-nibbles-swapped": ("LAYOUT.INDEX_K", _round_trip(_nibbles_swapped)),
+    "layout-v41-main-unpack-nibbles-swapped": ("LAYOUT.V41.MAIN", _round_trip(_nibbles_swapped)),
+    "layout-swa-unpack-e8m0-bias-126": ("LAYOUT.V41.SWA", _round_trip(_e8m0_bias_126)),
+    "layout-v4-unpack-e8m0-bias-126": ("LAYOUT.V4.MAIN", _round_trip(_e8m0_bias_126)),
+    "layout-v32-unpack-scale-big-endian": ("LAYOUT.V32.INDEX_K", _round_trip(_fp32_big_endian)),
+})
+
+
 # Not mistakes: other allowed choices of implementation-defined layouts, made without declaring
 # them.  The suite names them VARIANT ("detected: knob=value"), never FAIL.
 CHOICES = {

@@ -613,3 +613,321 @@ CAUGHT += [
     ("kv_saturated_block_against_464", "FP4.E2M1.RNE"),
     ("kv_saturated_block_against_464", "FP4.KV.DIVIDE"),
 ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Every clause reachable (issue 22): one mutant per statement clause that no mutant above changes
+# alone (properties/clauses.py lists each beside its clause).
+# ---------------------------------------------------------------------------------------------
+
+def _signed(magnitude, codes):
+    return torch.where(codes.to(torch.int64) & 0x8 != 0, -magnitude, magnitude)
+
+
+def e2m1_decode_no_subnormals(codes):
+    """Exponent field 0 read as normal: codes 0 and 1 decode to 0.5 and 0.75, not 0 and 0.5."""
+    c = codes.to(torch.int64)
+    sub = (c & 0x6) == 0
+    return torch.where(sub, _signed(0.5 * (1 + (c & 1) / 2.0), c).float(), impl.e2m1_decode(codes))
+
+
+def e2m1_decode_sign_bit_7(codes):
+    """The sign read from bit 7 of the byte (an FP8 habit): a nibble never has it, negatives decode positive."""
+    return impl.e2m1_decode(codes & 0x7)
+
+
+def e2m1_decode_ieee_specials(codes):
+    """Exponent field 3 read as IEEE specials: m = 0 (±4) as ±Inf, m = 1 (±6) as NaN."""
+    c = codes.to(torch.int64)
+    top = (c & 0x6) == 0x6
+    special = torch.where((c & 1) == 1, torch.tensor(float("nan")), _signed(torch.tensor(float("inf")), c))
+    return torch.where(top, special.float(), impl.e2m1_decode(codes))
+
+
+def _e2m1_with_steps(x, steps):
+    x = x.float()
+    magnitude = x.abs()
+    code = torch.zeros(x.shape, dtype=torch.uint8)
+    for boundary, tie_up in steps:
+        code += (magnitude >= boundary) if tie_up else (magnitude > boundary)
+    return code | (torch.signbit(x).to(torch.uint8) << 3)
+
+
+def e2m1_tie_at_5_up(x):
+    """A threshold table with one comparison flipped: ≥ 5 where the table has > 5 (5 encodes to 6)."""
+    return _e2m1_with_steps(x, [(b, up or b == 5.0) for b, up in impl.E2M1_STEPS])
+
+
+def e2m1_truncating(x):
+    """E2M1 by truncation toward zero: the largest magnitude not above |x|."""
+    return _e2m1_with_steps(x, [(m, True) for m in (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)])
+
+
+def e2m1_sign_dropped(x):
+    """The magnitude encoded, the sign never set."""
+    return impl.e2m1_encode(x) & 0x7
+
+
+def e2m1_saturates_unsigned(x):
+    """|x| > 6 written as code 0x7 whatever the sign."""
+    x = x.float()
+    return torch.where(x.abs() > 6, torch.full_like(impl.e2m1_encode(x), 0x7), impl.e2m1_encode(x))
+
+
+def e2m1_negative_quarter_positive_zero(x):
+    """−0.25 (the tie to zero) written +0: the sign is kept only for x > −0.25."""
+    x = x.float()
+    code = impl.e2m1_encode(x)
+    return torch.where(x == -0.25, torch.zeros_like(code), code)
+
+
+def e4m3_decode_bias_8(codes):
+    """Exponent bias 8 (float8_e4m3fnuz's) for every byte: each value half the right one."""
+    return impl.e4m3_decode(codes) * 0.5
+
+
+def e4m3_decode_no_nan(codes):
+    """0x7F and 0xFF decoded as ±480 (the grid continued), not NaN."""
+    c = codes.to(torch.int64)
+    return torch.where((c & 0x7F) == 0x7F, torch.where(c >= 0x80, -480.0, 480.0), impl.e4m3_decode(codes))
+
+
+def e4m3_decode_ieee_specials(codes):
+    """Exponent field 15 read as IEEE specials (float8_e4m3 without 'fn'): m = 0 Inf, else NaN."""
+    c = codes.to(torch.int64)
+    top = ((c >> 3) & 0xF) == 0xF
+    special = torch.where((c & 7) == 0, torch.where(c >= 0x80, -float("inf"), float("inf")), float("nan"))
+    return torch.where(top, special.float(), impl.e4m3_decode(codes))
+
+
+def e4m3_negative_zero_unsigned(x):
+    """A value that rounds to ±0 written 0x00: −0 loses its sign."""
+    code = impl.e4m3_encode(x)
+    return torch.where(code == 0x80, torch.zeros_like(code), code)
+
+
+def e4m3_inf_to_nan(x):
+    """Finite values saturate, ±Inf becomes NaN (a clamp applied only to finite values)."""
+    code = impl.e4m3_encode(x)
+    return torch.where(torch.isinf(x.float()), code | 0x7F, code)
+
+
+def e4m3_nan_to_zero(x):
+    """NaN written as 0 (nan_to_num before the cast)."""
+    return impl.e4m3_encode(torch.nan_to_num(x.float(), nan=0.0))
+
+
+def e4m3_nan_sign_dropped(x):
+    """Every NaN written as the canonical 0x7F, its sign dropped."""
+    code = impl.e4m3_encode(x)
+    return torch.where(torch.isnan(x.float()), torch.full_like(code, 0x7F), code)
+
+
+def e8m0_decode_bias_128(codes):
+    """2^(b − 128): every scale one power of two low."""
+    return impl.e8m0_decode(codes) * 0.5
+
+
+def e8m0_decode_255_inf(codes):
+    """Byte 255 decoded as 2^128 = +Inf (the formula continued), not NaN."""
+    return torch.where(codes == 0xFF, torch.tensor(float("inf")), impl.e8m0_decode(codes))
+
+
+def exponent_floor_plus_one(amax, reciprocal, emax):
+    """ceil(log2 v) as floor(log2 v) + 1: right off the powers of two, one too high on them."""
+    _, k = torch.frexp(amax * reciprocal)
+    return k.to(torch.int64)
+
+
+def bf16_saturating(x):
+    """Overflow clamped to ±BF16 max instead of rounding to ±Inf."""
+    r = impl.bf16_round(x)
+    big = torch.isinf(r) & torch.isfinite(x.float())
+    return torch.where(big, torch.copysign(torch.tensor(3.3895313892515355e38), x.float()), r)
+
+
+def bf16_nan_to_inf(x):
+    """The add-and-truncate trick without a NaN guard: a NaN whose payload sits in the low half carries into Inf."""
+    bits = impl._bits(x.float().contiguous())
+    return impl._from_bits((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000)
+
+
+def bf16_negative_zero_lost(x):
+    return impl.bf16_round(x) + 0.0                 # −0 + 0 = +0
+
+
+def _kv_zero_block_scale_0(x):
+    """V4.1 main KV that writes scale byte 0 (scale 0) for an all-zero block, a division-by-zero guard."""
+    packed, scales = impl.fp4_e4m3_quantize(x)
+    zero = impl._values("fp4_e4m3_quantize", x, 16, finite=True).reshape(*x.shape[:-1], -1, 16).abs().amax(-1) == 0
+    return packed, torch.where(zero, torch.zeros_like(scales), scales)
+
+
+def _kv_scale_pow2(x):
+    """V4.1 main KV with the indexer's habit: the scale 2^ceil(log2(amax/6)), stored as its E4M3 byte."""
+    def bytes_of(amax):
+        return impl.e4m3_encode(impl._pow2(impl._ceil_log2(amax / torch.full_like(amax, 6.0)).clamp(-9, 8)))
+    return _kv_scaled(bytes_of)(x)
+
+
+def _kv_scale_per_32(x):
+    """One E4M3 scale per 32 (the indexer's block): each pair of blocks of 16 shares the amax of both
+    (a last unpaired block keeps its own)."""
+    xb = _checked("fp4_e4m3_quantize", x, 16).reshape(*x.shape[:-1], -1, 16)
+    amax = xb.abs().amax(-1)
+    n = amax.shape[-1] - amax.shape[-1] % 2
+    paired = amax[..., :n].reshape(*amax.shape[:-1], -1, 2).amax(-1).repeat_interleave(2, -1)
+    amax = torch.cat([paired, amax[..., n:]], -1).clamp(min=6 * 2.0 ** -9)
+    scale_bytes = impl.e4m3_encode(amax / torch.full_like(amax, 6.0))
+    s = impl.e4m3_decode(scale_bytes).unsqueeze(-1)
+    codes = impl.e2m1_encode((xb / s.expand_as(xb).contiguous()).clamp(-6.0, 6.0).contiguous())
+    return impl.fp4_pack(codes.flatten(-2)), scale_bytes
+
+
+def _kv_divide_by_unrounded_scale(x):
+    """x / fl32(amax/6): the payload divided by the ideal scale, not the rounded E4M3 one."""
+    packed, scales = impl.fp4_e4m3_quantize(x)
+    xb = impl._values("fp4_e4m3_quantize", x, 16, finite=True).reshape(*x.shape[:-1], -1, 16)
+    amax = xb.abs().amax(-1, keepdim=True).clamp(min=6 * 2.0 ** -9)
+    ratio = (xb / (amax / 6.0).expand_as(xb).contiguous()).clamp(-6.0, 6.0)
+    return impl.fp4_pack(impl.e2m1_encode(ratio.contiguous()).flatten(-2)), scales
+
+
+def _idx_scale_per_16(x):
+    """Indexer FP4 with the KV codec's block: one E8M0 scale per 16, the odd one of each pair dropped."""
+    xb = _checked("fp4_e8m0_quantize", x, 32).reshape(*x.shape[:-1], -1, 16)
+    e = exponent_ceil(xb.abs().amax(-1).clamp(min=6 * 2.0 ** -126), F32_RECIPROCAL_6, 2).clamp(-127, 127)
+    ratio = (xb / impl._pow2(e).unsqueeze(-1)).clamp(-6.0, 6.0)
+    return impl.fp4_pack(impl.e2m1_encode(ratio.contiguous()).flatten(-2)), (e[..., 0::2] + 127).to(torch.uint8)
+
+
+def _zero_block_scale_one(op, block):
+    """An all-zero block written with scale 1 (byte 127), a division-by-zero guard."""
+    def run(x, *args):
+        out, scales = op(x, *args)
+        b = args[0] if args else block
+        zero = impl._values("fp4_e8m0_quantize", x, b, finite=True).reshape(*x.shape[:-1], -1, b).abs().amax(-1) == 0
+        return out, torch.where(zero, torch.full_like(scales, 127), scales)
+    return run
+
+
+def _dequant_negative_zero_lost(op, block, decode_scale):
+    def run(*args):
+        return op(*args) + 0.0                      # −0 + 0 = +0
+    return run
+
+
+def _fp4_dequant_scales_tiled(op, block, decode_scale):
+    """Scales spread with repeat (tile) instead of repeat_interleave: element i gets scale i mod n/block."""
+    def run(packed, scales):
+        values = impl.e2m1_decode(impl.fp4_unpack(packed))
+        s = decode_scale(scales).repeat(*([1] * (scales.dim() - 1)), block)
+        return values * s
+    return run
+
+
+def _both_dequantizers(wrap):
+    return dict(fp4_e4m3_dequantize=wrap(impl.fp4_e4m3_dequantize, 16, impl.e4m3_decode),
+                fp4_e8m0_dequantize=wrap(impl.fp4_e8m0_dequantize, 32, impl.e8m0_decode))
+
+
+# (name, the rules it must fail, the operations it overrides)
+CLAUSE_MUTANTS = [
+    ("e2m1_decode_no_subnormals", ("FMT.E2M1.VALUES",), dict(e2m1_decode=e2m1_decode_no_subnormals)),
+    ("e2m1_decode_sign_bit_7", ("FMT.E2M1.VALUES",), dict(e2m1_decode=e2m1_decode_sign_bit_7)),
+    ("e2m1_decode_ieee_specials", ("FMT.E2M1.VALUES",), dict(e2m1_decode=e2m1_decode_ieee_specials)),
+    ("e2m1_tie_at_5_up", ("FMT.E2M1.RNE",), dict(e2m1_encode=e2m1_tie_at_5_up)),
+    ("e2m1_truncating", ("FMT.E2M1.RNE", "FP4.E2M1.RNE"),
+     dict(e2m1_encode=e2m1_truncating, **_both_fp4(encode=e2m1_truncating))),
+    ("e2m1_sign_dropped", ("FMT.E2M1.RNE",), dict(e2m1_encode=e2m1_sign_dropped)),
+    ("e2m1_saturates_unsigned", ("FMT.E2M1.SATURATE",), dict(e2m1_encode=e2m1_saturates_unsigned)),
+    ("e2m1_negative_quarter_positive_zero", ("FMT.E2M1.ZERO_SIGN",),
+     dict(e2m1_encode=e2m1_negative_quarter_positive_zero)),
+    ("fp4_sign_from_less_than_zero", ("FP4.E2M1.ZERO_SIGN",), _both_fp4(encode=e2m1_sign_from_less_than_zero)),
+    ("e4m3_decode_bias_8", ("FMT.E4M3.VALUES",), dict(e4m3_decode=e4m3_decode_bias_8)),
+    ("e4m3_decode_no_nan", ("FMT.E4M3.VALUES",), dict(e4m3_decode=e4m3_decode_no_nan)),
+    ("e4m3_decode_ieee_specials", ("FMT.E4M3.VALUES",), dict(e4m3_decode=e4m3_decode_ieee_specials)),
+    ("e4m3_ties_up", ("FMT.E4M3.RNE",), dict(e4m3_encode=e4m3_encode_ties_up)),
+    ("e4m3_negative_zero_unsigned", ("FMT.E4M3.RNE",), dict(e4m3_encode=e4m3_negative_zero_unsigned)),
+    ("e4m3_inf_to_nan", ("FMT.E4M3.SATFINITE",), dict(e4m3_encode=e4m3_inf_to_nan)),
+    ("e4m3_nan_to_zero", ("FMT.E4M3.SATFINITE",), dict(e4m3_encode=e4m3_nan_to_zero)),
+    ("e4m3_nan_sign_dropped", ("FMT.E4M3.SATFINITE",), dict(e4m3_encode=e4m3_nan_sign_dropped)),
+    ("e8m0_decode_bias_128", ("FMT.E8M0.VALUES",), dict(e8m0_decode=e8m0_decode_bias_128)),
+    ("e8m0_decode_255_inf", ("FMT.E8M0.VALUES",), dict(e8m0_decode=e8m0_decode_255_inf)),
+    ("e8m0_floor_plus_one", ("FMT.CEIL_LOG2",),
+     dict(fp4_e8m0_quantize=lambda x: fp4_idx(x, exponent=exponent_floor_plus_one),
+          fp8_quantize=lambda x, b: fp8(x, b, exponent=exponent_floor_plus_one))),
+    ("bf16_saturating", ("FMT.BF16.RNE",), dict(bf16_round=bf16_saturating)),
+    ("bf16_nan_to_inf", ("FMT.BF16.RNE",), dict(bf16_round=bf16_nan_to_inf)),
+    ("bf16_negative_zero_lost", ("FMT.BF16.RNE",), dict(bf16_round=bf16_negative_zero_lost)),
+    ("unpack_swapped_nibbles", ("FP4.PACK.NIBBLE",), dict(fp4_unpack=unpack_high_first)),
+    ("kv_scale_pow2", ("FP4.KV.SCALE",), dict(fp4_e4m3_quantize=_kv_scale_pow2)),
+    ("kv_scale_per_32", ("FP4.KV.SCALE",), dict(fp4_e4m3_quantize=_kv_scale_per_32)),
+    ("kv_zero_block_scale_0", ("FP4.KV.FLOOR",), dict(fp4_e4m3_quantize=_kv_zero_block_scale_0)),
+    ("kv_scale_464_tie_to_nan", ("FP4.KV.SATURATE",),
+     dict(fp4_e4m3_quantize=lambda x: fp4_kv(x, encode_scale=e4m3_464_tie_to_nan))),
+    ("kv_divide_by_unrounded_scale", ("FP4.KV.DIVIDE",), dict(fp4_e4m3_quantize=_kv_divide_by_unrounded_scale)),
+    ("idx_scale_per_16", ("FP4.IDX.SCALE",), dict(fp4_e8m0_quantize=_idx_scale_per_16)),
+    ("idx_zero_block_scale_one", ("FP4.IDX.FLOOR",),
+     dict(fp4_e8m0_quantize=_zero_block_scale_one(impl.fp4_e8m0_quantize, 32))),
+    ("fp8_zero_block_scale_one", ("FP8.FLOOR",), dict(fp8_quantize=_zero_block_scale_one(impl.fp8_quantize, None))),
+    ("fp4_dequant_negative_zero_lost", ("FP4.DEQUANT",), _both_dequantizers(_dequant_negative_zero_lost)),
+    ("fp4_dequant_scales_tiled", ("FP4.DEQUANT",), _both_dequantizers(_fp4_dequant_scales_tiled)),
+    ("fp8_qdq_fp8_declared_bf16", ("FP8.V4_INPLACE",), dict(variants={"v4_fp8_inplace": "bf16"})),
+]
+MUTANTS.update({name: mutant(name, **ops) for name, _, ops in CLAUSE_MUTANTS})
+CAUGHT += [(name, rule_id) for name, rules, _ in CLAUSE_MUTANTS for rule_id in rules]
+
+
+def _fp8_linear(x, w, w_scale, block, *, first_weight_scale_row=False, accumulate_in_bf16=False, output_bf16=True):
+    """impl's FP8 linear with one step swappable (the weight scale row, the accumulator, the output rounding)."""
+    n = w.shape[0]
+    xq, xs = impl.fp8_quantize(x, block)
+    a = impl._blocks(impl.e4m3_decode(xq).double(), block)
+    wb = impl._blocks(impl.e4m3_decode(w).double(), block)
+    sums = torch.einsum("...kb,nkb->...nk", a, wb).float()
+    rows = w_scale[:1].expand_as(w_scale) if first_weight_scale_row else w_scale
+    s_w = impl.e8m0_decode(rows.contiguous()).repeat_interleave(block, dim=0)[:n]
+    terms = sums * (impl.e8m0_decode(xs).unsqueeze(-2) * s_w)
+    acc = torch.zeros(terms.shape[:-1])
+    for kb in range(terms.shape[-1]):
+        acc = acc + terms[..., kb]
+        acc = impl.bf16_round(acc) if accumulate_in_bf16 else acc
+    return impl.bf16_round(acc) if output_bf16 else acc
+
+
+MUTANTS.update({
+    # the scale of the weight's first row block used for every row block (a [K/b] scale vector)
+    "fp8_linear_one_weight_scale_row": mutant("fp8_linear_one_weight_scale_row", fp8_linear=lambda x, w, s, b: _fp8_linear(
+        x, w, s, b, first_weight_scale_row=True)),
+    "fp8_linear_accumulates_in_bf16": mutant("fp8_linear_accumulates_in_bf16", fp8_linear=lambda x, w, s, b: _fp8_linear(
+        x, w, s, b, accumulate_in_bf16=True)),
+    "fp8_linear_output_fp32": mutant("fp8_linear_output_fp32", fp8_linear=lambda x, w, s, b: _fp8_linear(
+        x, w, s, b, output_bf16=False)),
+})
+
+CAUGHT += [
+    ("fp8_linear_one_weight_scale_row", "FP8.LINEAR"),
+    ("fp8_linear_accumulates_in_bf16", "FP8.LINEAR"),
+    ("fp8_linear_output_fp32", "FP8.LINEAR"),
+]
+
+
+def _scale_byte_bias_126(op):
+    """The right scale and payload, the E8M0 byte written with bias 126 (126 + ceil_log2(v))."""
+    def run(x, *args):
+        out, scales = op(x, *args)
+        return out, (scales.to(torch.int64) - 1).clamp(min=0).to(torch.uint8)
+    return run
+
+
+MUTANTS.update({
+    "idx_scale_byte_bias_126": mutant("idx_scale_byte_bias_126",
+                                      fp4_e8m0_quantize=_scale_byte_bias_126(impl.fp4_e8m0_quantize)),
+    "fp8_scale_byte_bias_126": mutant("fp8_scale_byte_bias_126", fp8_quantize=_scale_byte_bias_126(impl.fp8_quantize)),
+})
+
+CAUGHT += [
+    ("idx_scale_byte_bias_126", "FP4.IDX.SCALE"),
+    ("fp8_scale_byte_bias_126", "FP8.SCALE"),
+]
