@@ -471,6 +471,16 @@ _SCORE_FINAL_ROUND = "int"
 _SCORE_CONTIGUOUS = False
 # FP4 keys decoded in fp32 (False) or a byte's two codes a register by BF16 pairs (_fp4_bf16x2; GPU only).
 _SCORE_FP4_X2 = False
+# Named settings of the switches above (the A/B's variants and the tests' parameters); "shipped" first.
+SCORE_AB = {
+    "shipped": {},
+    "round_cvt": dict(_SCORE_HEAD_ROUND="cvt", _SCORE_FINAL_ROUND="cvt"),
+    "round_x2": dict(_SCORE_HEAD_ROUND="x2", _SCORE_FINAL_ROUND="x2"),
+    "fp4_x2": dict(_SCORE_FP4_X2=True),
+    "x2": dict(_SCORE_HEAD_ROUND="x2", _SCORE_FINAL_ROUND="x2", _SCORE_FP4_X2=True),
+    "contiguous": dict(_SCORE_CONTIGUOUS=True),
+    "all": dict(_SCORE_HEAD_ROUND="x2", _SCORE_FINAL_ROUND="x2", _SCORE_FP4_X2=True, _SCORE_CONTIGUOUS=True),
+}
 
 
 def _score_config(T: int, S: int, H_PAD: int, D_PAD: int, gather: bool):

@@ -44,23 +44,15 @@ def assert_scores_close(got, ref, what):
                            f"got {g[tuple(bad[0])]!r}, impl {r[tuple(bad[0])]!r}")
 
 
-# The score kernel's A/B switches (kernels.indexer._SCORE_*, read at each launch): each value is
-# another way to compute the same bits.  In the interpreter the roundings and the FP4 decode fall
-# back to the shipped code (no inline PTX there), so only the split of the key blocks differs; on
-# CUDA every variant runs, and a wrong one fails the score tests below.
-SCORE_VARIANTS = {
-    "shipped": {},
-    "round_cvt": dict(_SCORE_HEAD_ROUND="cvt", _SCORE_FINAL_ROUND="cvt"),
-    "round_x2": dict(_SCORE_HEAD_ROUND="x2", _SCORE_FINAL_ROUND="x2"),
-    "fp4_x2": dict(_SCORE_FP4_X2=True),
-    "contiguous": dict(_SCORE_CONTIGUOUS=True),
-    "all": dict(_SCORE_HEAD_ROUND="x2", _SCORE_FINAL_ROUND="x2", _SCORE_FP4_X2=True, _SCORE_CONTIGUOUS=True),
-}
-RUN_VARIANTS = ["shipped", "contiguous"] if K.INTERPRET else list(SCORE_VARIANTS)
+# The score kernel's A/B switches (kernels.indexer._SCORE_*, read at each launch; named settings in
+# SCORE_AB): each is another way to compute the same bits.  In the interpreter the roundings and
+# the FP4 decode fall back to the shipped code (no inline PTX there), so only the split of the key
+# blocks differs; on CUDA every variant runs, and a wrong one fails the score tests below.
+RUN_VARIANTS = ["shipped", "contiguous"] if K.INTERPRET else list(K.SCORE_AB)
 
 
 def set_variant(monkeypatch, name):
-    for switch, value in SCORE_VARIANTS[name].items():
+    for switch, value in K.SCORE_AB[name].items():
         assert hasattr(K, switch), switch
         monkeypatch.setattr(K, switch, value)
 
