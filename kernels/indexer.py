@@ -183,9 +183,8 @@ def _e2m1_bias1(n):
 def _fp4_bf16x2(b, f1, f2):
     """Byte b (two E2M1 codes, element 2i low) -> the uint32 of the BF16 pair (code 2i in the low
     half) of their values times f1 * f2 (f1, f2: BF16 powers of two, each as a uint32 with the
-    value in both halves), four bytes an asm block.  Each code's sign and three magnitude bits go
-    to BF16's bits 15 and 6-8 of its half, two multiplies placing both halves at once: the value
-    times 2^-126 exactly (a subnormal for the exponent-0 codes); then two mul.rn.bf16x2, exact (two
+    value in both halves), four bytes an asm block: _fp4_pair_bits (the value times 2^-126
+    exactly, a subnormal for the exponent-0 codes), then two mul.rn.bf16x2, exact (two
     significant bits) or the IEEE overflow, as _fp4_rows's fp32 path."""
     return tl.inline_asm_elementwise(
         """{
@@ -227,9 +226,80 @@ def _fp4_bf16x2(b, f1, f2):
 
 
 @triton.jit
+def _fp4_words_bf16x2(words, f1, f2):
+    """A word of four packed bytes (eight E2M1 codes, code 2i the low nibble of byte i) -> four
+    uint32, the BF16 pair (code 2i low) of byte i's codes times f1 * f2 (f1, f2: BF16 powers of
+    two, each as a uint32 with the value in both halves): _fp4_bf16x2's arithmetic on a word
+    loaded whole (one 32-bit element, so a thread's bytes arrive by wide loads)."""
+    return tl.inline_asm_elementwise(
+        """{
+        .reg .b32 x, m, s;
+        prmt.b32 x, $4, 0, 0x4440;
+        mul.lo.u32 m, x, 0x40040;
+        mul.lo.u32 s, x, 0x1001000;
+        and.b32 m, m, 0x01C001C0;
+        and.b32 s, s, 0x80008000;
+        or.b32 m, m, s;
+        mul.rn.bf16x2 m, m, $5;
+        mul.rn.bf16x2 $0, m, $6;
+        prmt.b32 x, $4, 0, 0x4441;
+        mul.lo.u32 m, x, 0x40040;
+        mul.lo.u32 s, x, 0x1001000;
+        and.b32 m, m, 0x01C001C0;
+        and.b32 s, s, 0x80008000;
+        or.b32 m, m, s;
+        mul.rn.bf16x2 m, m, $5;
+        mul.rn.bf16x2 $1, m, $6;
+        prmt.b32 x, $4, 0, 0x4442;
+        mul.lo.u32 m, x, 0x40040;
+        mul.lo.u32 s, x, 0x1001000;
+        and.b32 m, m, 0x01C001C0;
+        and.b32 s, s, 0x80008000;
+        or.b32 m, m, s;
+        mul.rn.bf16x2 m, m, $5;
+        mul.rn.bf16x2 $2, m, $6;
+        prmt.b32 x, $4, 0, 0x4443;
+        mul.lo.u32 m, x, 0x40040;
+        mul.lo.u32 s, x, 0x1001000;
+        and.b32 m, m, 0x01C001C0;
+        and.b32 s, s, 0x80008000;
+        or.b32 m, m, s;
+        mul.rn.bf16x2 m, m, $5;
+        mul.rn.bf16x2 $3, m, $6;
+        }""",
+        "=r,=r,=r,=r,r,r,r", [words, f1, f2], dtype=(tl.uint32,) * 4, is_pure=True, pack=1)
+
+
+@triton.jit
 def _bf16_pair(f):
     """fp32 f, exact in BF16 -> uint32 with BF16(f) in both halves."""
     return (f.to(tl.uint32, bitcast=True) >> 16) * 0x10001
+
+
+@triton.jit
+def _fp4_pair_bits(x):
+    """Byte x (uint32) -> uint32 whose halves are BF16 patterns of its two codes' values times
+    2^-126 (the low nibble's in the low half): the sign to bit 15 and the three magnitude bits to
+    6-8 of each half, each multiply placing both nibbles (the asm blocks' arithmetic)."""
+    return ((x * 0x40040) & 0x01C001C0) | ((x * 0x1001000) & 0x80008000)
+
+
+@triton.jit
+def _fp4_pair_scaled(x, f1, f2):
+    """_fp4_bf16x2 of byte x (uint32) in fp32 arithmetic for the interpreter: each half widened
+    exactly, times f1 and f2 (fp32), exact (or the IEEE overflow), narrowed to its top 16 bits."""
+    t = _fp4_pair_bits(x)
+    lo = ((t << 16).to(tl.float32, bitcast=True) * f1 * f2).to(tl.uint32, bitcast=True) >> 16
+    hi = ((t & 0xFFFF0000).to(tl.float32, bitcast=True) * f1 * f2).to(tl.uint32, bitcast=True)
+    return lo | (hi & 0xFFFF0000)
+
+
+@triton.jit
+def _pair_halves(x, AS_FP32: tl.constexpr):
+    """uint32 of a BF16 pair -> (low, high): fp32 (exact widening) or the uint16 patterns."""
+    if AS_FP32:
+        return (x << 16).to(tl.float32, bitcast=True), (x & 0xFFFF0000).to(tl.float32, bitcast=True)
+    return (x & 0xFFFF).to(tl.uint16), (x >> 16).to(tl.uint16)
 
 
 @triton.jit
@@ -238,20 +308,42 @@ def _fp4_rows(b_ptr, s_ptr, rows, row_ok, R: tl.constexpr, D: tl.constexpr, D_PA
     """[R, D_PAD] E2M1 x E8M0/32 values of `rows` (packed two codes a byte, element 2i low), exact
     in BF16: ((code * 2^-126) * f1) * f2 is the exact product (or its IEEE overflow).  The bytes
     are read 16 to a scale group and each group's scale is decoded once; bf16 (fp32 for the
-    interpreter, whose bf16 -> fp32 conversion mishandles subnormals).  DECODE_X2 (GPU, bf16):
-    the same values by _fp4_bf16x2 (a byte's two codes in one register, BF16 multiplies)."""
+    interpreter, whose bf16 -> fp32 conversion mishandles subnormals).  DECODE_X2: the same
+    values with a byte's two codes in one register (_fp4_pair_bits; BF16 multiplies by inline
+    PTX on the GPU, _fp4_pair_scaled in the interpreter), 1 from the bytes, 2 from 32-bit words
+    (four bytes a load element: K's rows must start 4-byte aligned)."""
     G_PAD: tl.constexpr = D_PAD // 32
     g = tl.arange(0, G_PAD)
-    c = tl.arange(0, 16)
     gm = row_ok[:, None] & (g < D // 32)[None, :]
-    b = tl.load(b_ptr + rows[:, None, None] * (D // 2) + g[None, :, None] * 16 + c[None, None, :],
-                mask=gm[:, :, None], other=0)
     f1, f2 = _fp4_group_factors(tl.load(s_ptr + rows[:, None] * (D // 32) + g[None, :], mask=gm,
                                         other=127))
-    if DECODE_X2 and not AS_FP32:
-        words = _fp4_bf16x2(b, _bf16_pair(f1)[:, :, None], _bf16_pair(f2)[:, :, None])
-        halves = tl.join((words & 0xFFFF).to(tl.uint16), (words >> 16).to(tl.uint16))
-        return tl.reshape(halves, (R, D_PAD)).to(tl.bfloat16, bitcast=True)
+    if DECODE_X2 == 2:
+        c4 = tl.arange(0, 4)
+        words = tl.load(b_ptr.to(tl.pointer_type(tl.uint32)) + rows[:, None, None] * (D // 8)
+                        + g[None, :, None] * 4 + c4[None, None, :], mask=gm[:, :, None], other=0)
+        if AS_FP32:
+            o = [_fp4_pair_scaled((words >> (8 * i)) & 0xFF, f1[:, :, None], f2[:, :, None]) for i in range(4)]
+        else:
+            o = _fp4_words_bf16x2(words, _bf16_pair(f1)[:, :, None], _bf16_pair(f2)[:, :, None])
+        lo0, hi0 = _pair_halves(o[0], AS_FP32)   # codes 0 and 1 of each word, ...
+        lo1, hi1 = _pair_halves(o[1], AS_FP32)
+        lo2, hi2 = _pair_halves(o[2], AS_FP32)
+        lo3, hi3 = _pair_halves(o[3], AS_FP32)
+        # the innermost join's axis is the most significant after the reshape: code 4a + 2b + z
+        v = tl.reshape(tl.join(tl.join(tl.join(lo0, lo2), tl.join(lo1, lo3)),
+                               tl.join(tl.join(hi0, hi2), tl.join(hi1, hi3))), (R, D_PAD))
+        return v if AS_FP32 else v.to(tl.bfloat16, bitcast=True)
+    c = tl.arange(0, 16)
+    b = tl.load(b_ptr + rows[:, None, None] * (D // 2) + g[None, :, None] * 16 + c[None, None, :],
+                mask=gm[:, :, None], other=0)
+    if DECODE_X2 == 1:
+        if AS_FP32:
+            pairs = _fp4_pair_scaled(b.to(tl.uint32), f1[:, :, None], f2[:, :, None])
+        else:
+            pairs = _fp4_bf16x2(b, _bf16_pair(f1)[:, :, None], _bf16_pair(f2)[:, :, None])
+        lo, hi = _pair_halves(pairs, AS_FP32)
+        v = tl.reshape(tl.join(lo, hi), (R, D_PAD))
+        return v if AS_FP32 else v.to(tl.bfloat16, bitcast=True)
     b = b.to(tl.uint32)
     f1 = f1[:, :, None]
     f2 = f2[:, :, None]
@@ -353,7 +445,7 @@ def _scores_kernel(q_ptr, qs_ptr, k_ptr, ks_ptr, w_ptr, vis_ptr, idx_ptr, out_pt
     CONTIGUOUS: program s takes the run of key blocks [s * per, (s + 1) * per) instead, per =
     cdiv(key blocks, n_s_progs) (each program streams one contiguous stretch of K); each block's
     output is computed by the same code either way.  HEAD_ROUND, FINAL_ROUND: _score_epilogue;
-    FP4_X2: the key blocks' FP4 decode by _fp4_bf16x2 (_fp4_rows)."""
+    FP4_X2: the key blocks' FP4 decode (_fp4_rows's DECODE_X2)."""
     pid_t = tl.program_id(0)
     pid_s = tl.program_id(1)
     NQ: tl.constexpr = TQ * H_PAD
@@ -469,17 +561,21 @@ _SCORE_HEAD_ROUND = "int"
 _SCORE_FINAL_ROUND = "int"
 # Key blocks of a program: False the stride s, s + n_s_progs, ...; True one contiguous run.
 _SCORE_CONTIGUOUS = False
-# FP4 keys decoded in fp32 (False) or a byte's two codes a register by BF16 pairs (_fp4_bf16x2; GPU only).
-_SCORE_FP4_X2 = False
+# The FP4 keys' decode (_fp4_rows): "fp32" the shipped, or a byte's two codes a register in BF16 pairs,
+# "bytes" loaded as bytes, "words" as 32-bit words (K's rows 4-byte aligned, else "bytes" is taken).
+_SCORE_FP4_DECODE = "fp32"
+FP4_DECODES = {"fp32": 0, "bytes": 1, "words": 2}
 # Named settings of the switches above (the A/B's variants and the tests' parameters); "shipped" first.
 SCORE_AB = {
     "shipped": {},
     "round_cvt": dict(_SCORE_HEAD_ROUND="cvt", _SCORE_FINAL_ROUND="cvt"),
     "round_x2": dict(_SCORE_HEAD_ROUND="x2", _SCORE_FINAL_ROUND="x2"),
-    "fp4_x2": dict(_SCORE_FP4_X2=True),
-    "x2": dict(_SCORE_HEAD_ROUND="x2", _SCORE_FINAL_ROUND="x2", _SCORE_FP4_X2=True),
+    "fp4_bytes": dict(_SCORE_FP4_DECODE="bytes"),
+    "fp4_words": dict(_SCORE_FP4_DECODE="words"),
+    "x2": dict(_SCORE_HEAD_ROUND="x2", _SCORE_FINAL_ROUND="x2", _SCORE_FP4_DECODE="bytes"),
+    "x2_words": dict(_SCORE_HEAD_ROUND="x2", _SCORE_FINAL_ROUND="x2", _SCORE_FP4_DECODE="words"),
     "contiguous": dict(_SCORE_CONTIGUOUS=True),
-    "all": dict(_SCORE_HEAD_ROUND="x2", _SCORE_FINAL_ROUND="x2", _SCORE_FP4_X2=True, _SCORE_CONTIGUOUS=True),
+    "all": dict(_SCORE_HEAD_ROUND="x2", _SCORE_FINAL_ROUND="x2", _SCORE_FP4_DECODE="bytes", _SCORE_CONTIGUOUS=True),
 }
 
 
@@ -516,6 +612,9 @@ def _launch_scores(q, qs, k, ks, w, vis32, idx, T, S, H, D, out, fp4: bool, bf16
         q, k, w = q.float(), k.float(), w.float()  # conversion mishandles subnormals
     gpu = not INTERPRET
     rounds = tuple(ROUNDINGS[r] if gpu else 0 for r in (_SCORE_HEAD_ROUND, _SCORE_FINAL_ROUND))
+    decode = FP4_DECODES[_SCORE_FP4_DECODE] if fp4 else 0
+    if decode == 2 and (k.data_ptr() % 4 or D % 8):   # word loads need 4-byte aligned rows
+        decode = 1
     grid = (triton.cdiv(T, tq), n_s)
     _scores_kernel[grid](q, qs if fp4 else q, k, ks if fp4 else k, w, vis32,
                          idx if gather else vis32, out, T, S, H, out.stride(0),
@@ -523,7 +622,7 @@ def _launch_scores(q, qs, k, ks, w, vis32, idx, T, S, H, D, out, fp4: bool, bf16
                          D=D, D_PAD=D_PAD, H_PAD=H_PAD, TQ=tq, BLOCK_S=block_s, FP4=fp4,
                          BF16_SCORE=bf16, GATHER=gather, IEEE=ieee, GPU_OPS=_SCORE_GPU_OPS and gpu,
                          STAGES=stages, BLOCK_MAX=block_max, HEAD_ROUND=rounds[0], FINAL_ROUND=rounds[1],
-                         CONTIGUOUS=_SCORE_CONTIGUOUS, FP4_X2=_SCORE_FP4_X2 and gpu and fp4, num_warps=warps)
+                         CONTIGUOUS=_SCORE_CONTIGUOUS, FP4_X2=decode, num_warps=warps)
 
 
 # --------------------------------------------------------------------------------------------

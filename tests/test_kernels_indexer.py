@@ -45,10 +45,11 @@ def assert_scores_close(got, ref, what):
 
 
 # The score kernel's A/B switches (kernels.indexer._SCORE_*, read at each launch; named settings in
-# SCORE_AB): each is another way to compute the same bits.  In the interpreter the roundings and
-# the FP4 decode fall back to the shipped code (no inline PTX there), so only the split of the key
-# blocks differs; on CUDA every variant runs, and a wrong one fails the score tests below.
-RUN_VARIANTS = ["shipped", "contiguous"] if K.INTERPRET else list(K.SCORE_AB)
+# SCORE_AB): each is another way to compute the same bits.  In the interpreter the roundings fall
+# back to the shipped code (no inline PTX there) and the FP4 decodes run their placement and join
+# order with fp32 multiplies in place of the PTX's BF16 ones; on CUDA every variant runs as it
+# would ship, and a wrong one fails the score tests below.
+RUN_VARIANTS = ["shipped", "contiguous", "fp4_bytes", "fp4_words"] if K.INTERPRET else list(K.SCORE_AB)
 
 
 def set_variant(monkeypatch, name):
@@ -933,10 +934,10 @@ COMPILE_SM90 = textwrap.dedent("""
                   num_warps=warps, D=128, D_PAD=128, H_PAD=64, TQ=tq, BLOCK_S=block_s, FP4=fp4,
                   BF16_SCORE=bf16, GATHER=gather, IEEE=not bf16, GPU_OPS=K._SCORE_GPU_OPS, STAGES=stages,
                   BLOCK_MAX=8 if fp4 else 0,   # FP4: the decode step's candidate layer, block maxima out
-                  HEAD_ROUND=0, FINAL_ROUND=0, CONTIGUOUS=False, FP4_X2=False)
+                  HEAD_ROUND=0, FINAL_ROUND=0, CONTIGUOUS=False, FP4_X2=0)
         # the A/B variants at T = 1 (bench/ab_logits.py): the inline PTX assembles, the split compiles
-        for head, final, contiguous, x2, block_s in ((1, 1, False, False, 64), (2, 2, True, True, 64),
-                                                     (2, 2, False, True, 128)):
+        for head, final, contiguous, x2, block_s in ((1, 1, False, 0, 64), (2, 2, True, 1, 64),
+                                                     (2, 2, False, 2, 128)):
             build(K._scores_kernel, {"q_ptr": "*u8", "qs_ptr": "*u8", "k_ptr": "*u8", "ks_ptr": "*u8",
                                      "w_ptr": "*bf16", "vis_ptr": "*i32", "idx_ptr": "*i32", "out_ptr": "*fp32",
                                      **ints("T", "S", "H", "out_stride", "idx_stride", "n_s_progs")},
