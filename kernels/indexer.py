@@ -179,6 +179,26 @@ def _e2m1_bias1(n):
     return ((n << 22) + (n & 8) * ((1 << 28) - (1 << 22))).to(tl.float32, bitcast=True)
 
 
+def _fp4_pair_ptx(byte: int, out: str, f1: str, f2: str) -> str:
+    """PTX of _fp4_pair_bits of byte `byte` of register $in, then its two BF16 multiplies into out."""
+    return f"""
+        prmt.b32 x, $in, 0, {0x4440 + byte:#x};
+        mul.lo.u32 m, x, 0x40040;
+        mul.lo.u32 s, x, 0x1001000;
+        and.b32 m, m, 0x01C001C0;
+        and.b32 s, s, 0x80008000;
+        or.b32 m, m, s;
+        mul.rn.bf16x2 m, m, {f1};
+        mul.rn.bf16x2 {out}, m, {f2};"""
+
+
+# four bytes of one register ($4) -> $0..$3; factors $5..$8 and $9..$12 (pack 4) or $5 and $6 (one word)
+_FP4_BYTES_PTX = tl.constexpr("{ .reg .b32 x, m, s;" + "".join(
+    _fp4_pair_ptx(i, f"${i}", f"${5 + i}", f"${9 + i}") for i in range(4)).replace("$in", "$4") + "\n}")
+_FP4_WORD_PTX = tl.constexpr("{ .reg .b32 x, m, s;" + "".join(
+    _fp4_pair_ptx(i, f"${i}", "$5", "$6") for i in range(4)).replace("$in", "$4") + "\n}")
+
+
 @triton.jit
 def _fp4_bf16x2(b, f1, f2):
     """Byte b (two E2M1 codes, element 2i low) -> the uint32 of the BF16 pair (code 2i in the low
@@ -186,43 +206,8 @@ def _fp4_bf16x2(b, f1, f2):
     value in both halves), four bytes an asm block: _fp4_pair_bits (the value times 2^-126
     exactly, a subnormal for the exponent-0 codes), then two mul.rn.bf16x2, exact (two
     significant bits) or the IEEE overflow, as _fp4_rows's fp32 path."""
-    return tl.inline_asm_elementwise(
-        """{
-        .reg .b32 x<4>, m<4>, s<4>;
-        prmt.b32 x0, $4, 0, 0x4440;
-        prmt.b32 x1, $4, 0, 0x4441;
-        prmt.b32 x2, $4, 0, 0x4442;
-        prmt.b32 x3, $4, 0, 0x4443;
-        mul.lo.u32 m0, x0, 0x40040;
-        mul.lo.u32 m1, x1, 0x40040;
-        mul.lo.u32 m2, x2, 0x40040;
-        mul.lo.u32 m3, x3, 0x40040;
-        mul.lo.u32 s0, x0, 0x1001000;
-        mul.lo.u32 s1, x1, 0x1001000;
-        mul.lo.u32 s2, x2, 0x1001000;
-        mul.lo.u32 s3, x3, 0x1001000;
-        and.b32 m0, m0, 0x01C001C0;
-        and.b32 m1, m1, 0x01C001C0;
-        and.b32 m2, m2, 0x01C001C0;
-        and.b32 m3, m3, 0x01C001C0;
-        and.b32 s0, s0, 0x80008000;
-        and.b32 s1, s1, 0x80008000;
-        and.b32 s2, s2, 0x80008000;
-        and.b32 s3, s3, 0x80008000;
-        or.b32 m0, m0, s0;
-        or.b32 m1, m1, s1;
-        or.b32 m2, m2, s2;
-        or.b32 m3, m3, s3;
-        mul.rn.bf16x2 m0, m0, $5;
-        mul.rn.bf16x2 m1, m1, $6;
-        mul.rn.bf16x2 m2, m2, $7;
-        mul.rn.bf16x2 m3, m3, $8;
-        mul.rn.bf16x2 $0, m0, $9;
-        mul.rn.bf16x2 $1, m1, $10;
-        mul.rn.bf16x2 $2, m2, $11;
-        mul.rn.bf16x2 $3, m3, $12;
-        }""",
-        "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r", [b, f1, f2], dtype=tl.uint32, is_pure=True, pack=4)
+    return tl.inline_asm_elementwise(_FP4_BYTES_PTX, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r", [b, f1, f2],
+                                     dtype=tl.uint32, is_pure=True, pack=4)
 
 
 @triton.jit
@@ -231,43 +216,8 @@ def _fp4_words_bf16x2(words, f1, f2):
     uint32, the BF16 pair (code 2i low) of byte i's codes times f1 * f2 (f1, f2: BF16 powers of
     two, each as a uint32 with the value in both halves): _fp4_bf16x2's arithmetic on a word
     loaded whole (one 32-bit element, so a thread's bytes arrive by wide loads)."""
-    return tl.inline_asm_elementwise(
-        """{
-        .reg .b32 x, m, s;
-        prmt.b32 x, $4, 0, 0x4440;
-        mul.lo.u32 m, x, 0x40040;
-        mul.lo.u32 s, x, 0x1001000;
-        and.b32 m, m, 0x01C001C0;
-        and.b32 s, s, 0x80008000;
-        or.b32 m, m, s;
-        mul.rn.bf16x2 m, m, $5;
-        mul.rn.bf16x2 $0, m, $6;
-        prmt.b32 x, $4, 0, 0x4441;
-        mul.lo.u32 m, x, 0x40040;
-        mul.lo.u32 s, x, 0x1001000;
-        and.b32 m, m, 0x01C001C0;
-        and.b32 s, s, 0x80008000;
-        or.b32 m, m, s;
-        mul.rn.bf16x2 m, m, $5;
-        mul.rn.bf16x2 $1, m, $6;
-        prmt.b32 x, $4, 0, 0x4442;
-        mul.lo.u32 m, x, 0x40040;
-        mul.lo.u32 s, x, 0x1001000;
-        and.b32 m, m, 0x01C001C0;
-        and.b32 s, s, 0x80008000;
-        or.b32 m, m, s;
-        mul.rn.bf16x2 m, m, $5;
-        mul.rn.bf16x2 $2, m, $6;
-        prmt.b32 x, $4, 0, 0x4443;
-        mul.lo.u32 m, x, 0x40040;
-        mul.lo.u32 s, x, 0x1001000;
-        and.b32 m, m, 0x01C001C0;
-        and.b32 s, s, 0x80008000;
-        or.b32 m, m, s;
-        mul.rn.bf16x2 m, m, $5;
-        mul.rn.bf16x2 $3, m, $6;
-        }""",
-        "=r,=r,=r,=r,r,r,r", [words, f1, f2], dtype=(tl.uint32,) * 4, is_pure=True, pack=1)
+    return tl.inline_asm_elementwise(_FP4_WORD_PTX, "=r,=r,=r,=r,r,r,r", [words, f1, f2],
+                                     dtype=(tl.uint32,) * 4, is_pure=True, pack=1)
 
 
 @triton.jit
