@@ -183,58 +183,66 @@ def time_row(torch, KI, run, out, want, name, config, rep, bench, capture):
     return same, te, tg
 
 
+def prepare(torch, KI, S, H, block_max, g, device):
+    """One case: its inputs, output buffer, launch closure and the shipped path's output (and,
+    for scores, that output's validity against torch's BF16-steps score)."""
+    from bench_indexer import dequant_fp4, scores_validity, torch_scores_bf16
+    args = fp4_case(torch, S, H, g, device)
+    out = torch.empty(1, S // block_max if block_max else S, device=device)
+    run = launcher(KI, args, S, H, block_max, out)
+    run()
+    c = dict(case=f"logits fp4 T=1 S={S} H={H}", out=f"block maxima /{block_max}" if block_max else "scores",
+             run=run, buffer=out, want=out.clone(), k_bytes=S * (D // 2 + D // 32), validity=None)
+    if not block_max:
+        qp, qs, kp, ks, w, vis = args
+        c["validity"] = scores_validity(torch, c["want"], torch_scores_bf16(
+            torch, dequant_fp4(torch, qp, qs), dequant_fp4(torch, kp, ks), w, vis))
+        print(f"{c['case']} shipped scores: {c['validity']}", flush=True)
+    return c
+
+
 def sweep(torch, KI, rep, copy, bench, capture, g, budget, variants=None, configs=CONFIGS, cases=CASES,
           device="cuda"):
-    """Rows in priority order: for each case, every variant at the shipped configuration, then the
-    configurations under the shipped variant and under the fastest bit-identical one; a row that
-    does not compile or launch is reported and skipped; rows past the budget are listed as skipped."""
-    from bench_indexer import dequant_fp4, scores_validity, torch_scores_bf16
+    """Rows in priority order: the first two cases' variants at the shipped configuration, then
+    their configurations under the shipped variant and under each case's fastest bit-identical
+    one, then the same for the other cases; a row that does not compile or launch is reported and
+    recorded as an error; rows past the budget are listed as skipped."""
     t_end = time.time() + budget
     names = list(KI.SCORE_AB) if variants is None else list(variants)
     rows, skipped = [], []
-    for S, H, block_max in cases:
-        args = fp4_case(torch, S, H, g, device)
-        out = torch.empty(1, S // block_max if block_max else S, device=device)
-        run = launcher(KI, args, S, H, block_max, out)
-        run()
-        want = out.clone()
-        case = f"logits fp4 T=1 S={S} H={H}"
-        kind = f"block maxima /{block_max}" if block_max else "scores"
-        validity = None
-        if not block_max:   # the shipped scores against torch's BF16-steps score
-            qp, qs, kp, ks, w, vis = args
-            validity = scores_validity(torch, want, torch_scores_bf16(torch, dequant_fp4(torch, qp, qs),
-                                                                      dequant_fp4(torch, kp, ks), w, vis))
-            print(f"{case} shipped scores: {validity}", flush=True)
-        kbytes = S * (D // 2 + D // 32)
 
-        def run_rows(plan):
-            for name, config in plan:
-                if time.time() > t_end:
-                    skipped.append(dict(case=case, out=kind, variant=name, config=config))
-                    continue
-                try:
-                    same, te, tg = time_row(torch, KI, run, out, want, name, config, rep, bench, capture)
-                except Exception as e:   # a variant or configuration that does not compile or launch: say so, go on
-                    torch.cuda.synchronize()
-                    print(f"{case} {kind} {name} {config}: {type(e).__name__}: {str(e)[:200]}", flush=True)
-                    rows.append(dict(case=case, out=kind, variant=name, config=config, error=str(e)[:300]))
-                    continue
-                row = dict(case=case, out=kind, variant=name,
-                           config="shipped" if config is None else dict(block_s=config[0], stages=config[1],
-                                                                        programs=config[2], warps=config[3]),
-                           eager_us=te, graph_us=tg, k_bytes=kbytes, vs_copy=kbytes / (tg * 1e-6) / 1e12 / copy,
-                           same_as_shipped=same, validity_of_shipped=validity)
-                rows.append(row)
-                print(f"{case} {kind:16s} {name:10s} {str(config):20s} graph {tg:7.1f} us eager {te:7.1f} us "
-                      f"{100 * row['vs_copy']:4.0f} % of copy  same {same}  ({time.time() - t_end + budget:.0f} s)",
-                      flush=True)
+    def run_rows(c, plan):
         first = len(rows)
-        run_rows([(name, None) for name in names])
+        for name, config in plan:
+            head = dict(case=c["case"], out=c["out"], variant=name, config=config)
+            if time.time() > t_end:
+                skipped.append(head)
+                continue
+            try:
+                same, te, tg = time_row(torch, KI, c["run"], c["buffer"], c["want"], name, config, rep, bench,
+                                        capture)
+            except Exception as e:   # a variant or configuration that does not compile or launch: say so, go on
+                torch.cuda.synchronize()
+                print(f"{c['case']} {c['out']} {name} {config}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                rows.append(dict(head, error=str(e)[:300]))
+                continue
+            row = dict(head, config="shipped" if config is None else dict(block_s=config[0], stages=config[1],
+                                                                         programs=config[2], warps=config[3]),
+                       eager_us=te, graph_us=tg, k_bytes=c["k_bytes"],
+                       vs_copy=c["k_bytes"] / (tg * 1e-6) / 1e12 / copy, same_as_shipped=same,
+                       validity_of_shipped=c["validity"])
+            rows.append(row)
+            print(f"{c['case']} {c['out']:16s} {name:10s} {str(config):20s} graph {tg:7.1f} us eager {te:7.1f} us "
+                  f"{100 * row['vs_copy']:4.0f} % of copy  same {same}  ({time.time() - t_end + budget:.0f} s)",
+                  flush=True)
         same_rows = [r for r in rows[first:] if r.get("same_as_shipped")]
-        best = min(same_rows, key=lambda r: r["graph_us"])["variant"] if same_rows else names[0]
-        run_rows([(name, config) for config in configs[1:] for name in dict.fromkeys((names[0], best))])
-        torch.cuda.empty_cache()
+        return min(same_rows, key=lambda r: r["graph_us"])["variant"] if same_rows else names[0]
+
+    prepared = [prepare(torch, KI, S, H, block_max, g, device) for S, H, block_max in cases]
+    for group in (prepared[:2], prepared[2:]):
+        best = [run_rows(c, [(name, None) for name in names]) for c in group]
+        for c, b in zip(group, best):
+            run_rows(c, [(name, config) for config in configs[1:] for name in dict.fromkeys((names[0], b))])
     return rows, skipped
 
 
