@@ -134,11 +134,14 @@ def fp4_extreme_inputs(seed, T, H, D, S_):
 @pytest.mark.parametrize("variant", [v for v in RUN_VARIANTS if v != "shipped"])
 def test_score_variants_give_the_shipped_bits(variant, n_s, monkeypatch):
     """Every A/B switch of the score kernel gives the shipped path's bits (float32 patterns, NaN
-    and -0 included): BF16 scores (wide exponents, zeros), FP4 scores with every scale byte, FP4
-    block maxima; the key blocks split over 1-3 programs a row, causal rows of every length."""
+    and -0 included): BF16 scores (wide exponents, zeros, BF16 subnormals at every step), FP4
+    scores with every scale byte, FP4 block maxima; the key blocks split over 1-3 programs a
+    row, causal rows of every length."""
     programs_a_row(monkeypatch, n_s)
     bf = make_score_case("wide_exponents", 5, 5, 4, 16, 150).torch()
     zero = make_score_case("relu_zero", 6, 3, 32, 128, 70).torch()
+    q, k, w_, visible = make_score_case("normal", 7, 3, 32, 128, 70).torch()
+    tiny = (q * 2.0 ** -66, k * 2.0 ** -66, w_, visible)   # dots near 2^-132: BF16 subnormal s_h, p_h and I
     T, H, D, S_ = 4, 4, 64, 200
     qp, qs, kp, ks, w, vis = fp4_extreme_inputs(13, T, H, D, S_)
     vis = torch.tensor([S_, 0, 65, 129])
@@ -152,11 +155,14 @@ def test_score_variants_give_the_shipped_bits(variant, n_s, monkeypatch):
         return out.cpu()
 
     def outputs():
-        return [K.index_scores(*bf), K.index_scores(*zero), K.index_scores_fp4(qp, qs, kp, ks, w, vis),
-                block_maxima()]
+        return [K.index_scores(*bf), K.index_scores(*zero), K.index_scores(*tiny),
+                K.index_scores_fp4(qp, qs, kp, ks, w, vis), block_maxima()]
     want = outputs()
+    fin = want[2][torch.isfinite(want[2])].abs()
+    assert int(((fin > 0) & (fin < 2.0 ** -126)).sum()) > 50   # the subnormal case is one
     set_variant(monkeypatch, variant)
-    for what, got, ref in zip(("bf16 wide", "bf16 relu_zero", "fp4", "fp4 block maxima"), outputs(), want):
+    for what, got, ref in zip(("bf16 wide", "bf16 relu_zero", "bf16 subnormal", "fp4", "fp4 block maxima"),
+                              outputs(), want):
         assert torch.equal(got.view(torch.int32), ref.view(torch.int32)), f"{variant}, {n_s} programs: {what}"
 
 
