@@ -53,13 +53,19 @@ the loop is issue- and integer-pipe-bound, so time ≈ shipped × instructions /
   (+10-40 %: too few warps to hide the loads behind the integer work); 1056 within ± 5 %;
   8 warps at 64 keys ± 5 %; 128 keys a block ± 10 %.
 - bits: every variant and configuration equal to the shipped output (a difference is a bug).
-Beyond these: 40 % needs ≈ 350 instructions a block.  What remains in x2's 561: the decode's
-5 integer operations and 2 BF16 multiplies a byte (32 bytes a thread), ≈ 70 PRMT/LDS.U8 moving
-bytes into the asm's registers (the register layout of the MMA operand puts a thread's bytes 4
-apart), the epilogue (32 FMNMX, 32 FADD, 16 HMUL2 + 17 F2FP), addressing.  Next: one BF16
-multiply a code when both factors fold into one (scale byte <= 128, the common case, with the
-two-multiply path kept for the rest), and a decode in the layout that the shared-memory store
-wants (wide STS instead of bytes in and 16 bits out), or the MMA with K as the B operand.
+Beyond these: 40 % needs ≈ 350 instructions a block, and the integer (ALU) pipe, 16 lanes a
+scheduler, is the bound: x2 keeps ≈ 290 ALU instructions (LOP3, PRMT, FMNMX, F2FP, LEA, ISETP,
+SEL), ≈ 580 cycles a warp and block, ≈ 36 µs at 1M with perfect overlap, where the shipped
+kernel reaches about half of its own ALU floor (≈ 49 µs of ≈ 393 ALU instructions against 103
+µs measured).  What remains in x2's 561: the decode's 5 integer operations and 2 BF16 multiplies
+a byte (32 bytes a thread), ≈ 70 PRMT/LDS.U8 moving bytes into the asm's registers (the MMA
+operand's register layout puts a thread's bytes 4 apart; fp4_words loads whole words but then
+stores the decoded tile to shared memory 16 bits at a time), the epilogue (32 FMNMX, 32 FADD, 16
+HMUL2, 17 F2FP), addressing.  Candidates, each to be proved bit-identical first: the ReLU folded
+into the conversion (cvt.rn.relu.bf16x2.f32, −32 FMNMX; the sign of a zero dot must match
+max.f32's), one BF16 multiply a code where the scale byte is <= 128 (f2 = 1; a block-uniform
+branch), a decode in the shared-memory store's layout.  Moving K to the MMA's B operand (heads
+on M) would change the head sum's order, hence bits: not a variant of this kernel.
 """
 from __future__ import annotations
 

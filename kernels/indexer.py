@@ -275,13 +275,11 @@ def _fp4_rows(b_ptr, s_ptr, rows, row_ok, R: tl.constexpr, D: tl.constexpr, D_PA
             o = [_fp4_pair_scaled((words >> (8 * i)) & 0xFF, f1[:, :, None], f2[:, :, None]) for i in range(4)]
         else:
             o = _fp4_words_bf16x2(words, _bf16_pair(f1)[:, :, None], _bf16_pair(f2)[:, :, None])
-        lo0, hi0 = _pair_halves(o[0], AS_FP32)   # codes 0 and 1 of each word, ...
-        lo1, hi1 = _pair_halves(o[1], AS_FP32)
-        lo2, hi2 = _pair_halves(o[2], AS_FP32)
-        lo3, hi3 = _pair_halves(o[3], AS_FP32)
-        # the innermost join's axis is the most significant after the reshape: code 4a + 2b + z
-        v = tl.reshape(tl.join(tl.join(tl.join(lo0, lo2), tl.join(lo1, lo3)),
-                               tl.join(tl.join(hi0, hi2), tl.join(hi1, hi3))), (R, D_PAD))
+        # the pairs in byte order (the innermost join's axis is the most significant after the
+        # reshape: byte 2a + b), then each pair's halves, as the bytes path below
+        pairs = tl.reshape(tl.join(tl.join(o[0], o[2]), tl.join(o[1], o[3])), (R, D_PAD // 2))
+        lo, hi = _pair_halves(pairs, AS_FP32)
+        v = tl.reshape(tl.join(lo, hi), (R, D_PAD))
         return v if AS_FP32 else v.to(tl.bfloat16, bitcast=True)
     c = tl.arange(0, 16)
     b = tl.load(b_ptr + rows[:, None, None] * (D // 2) + g[None, :, None] * 16 + c[None, None, :],
