@@ -47,21 +47,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
-import platform
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 PLANS = ("old", "fused_bm", "row_topk", "new", "new_blocks")
 LAUNCHES = {"old": 32, "fused_bm": 31, "row_topk": 16, "new": 15, "new_blocks": 11}
 ROW_TOPK_MODE = {"old": "0", "fused_bm": "0", "row_topk": "1", "new": "1", "new_blocks": "2"}
-# (keys a block, pipeline depth, programs a row) of the score kernel at T = 1; None: as shipped
-SCORE_CONFIGS = (None, (64, 2, 264), (64, 2, 1056), (64, 3, 528), (64, 3, 1056), (128, 2, 528),
-                 (128, 3, 528), (128, 3, 1056))
-
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
@@ -197,55 +190,13 @@ def torch_step(torch, d, rep, bench, capture):
 
 
 def logits_sweep(torch, KI, rep, copy, bench, capture, g, sweep):
-    """T = 1 FP4 logits: scores out and block maxima out, at the shipped and swept configurations;
-    each configuration's output compared bit for bit with the shipped one's."""
-    shipped = KI._score_config
-    rows = []
-    for S, H, block_max in ((1 << 18, 32, 8), (1 << 18, 32, 0), (1 << 20, 64, 0)):
-        D = 128
-        qp = torch.randint(0, 256, (1, H, D // 2), device="cuda", dtype=torch.uint8, generator=g)
-        qs = torch.randint(122, 130, (1, H, D // 32), device="cuda", dtype=torch.uint8, generator=g)
-        kp = torch.randint(0, 256, (S, D // 2), device="cuda", dtype=torch.uint8, generator=g)
-        ks = torch.randint(122, 130, (S, D // 32), device="cuda", dtype=torch.uint8, generator=g)
-        w = (torch.randn(1, H, device="cuda", generator=g) * 0.02).bfloat16()
-        vis = torch.full((1,), S, dtype=torch.int32, device="cuda")
-        out = torch.empty(1, S // block_max if block_max else S, device="cuda")
-        ref = None
-        for cfg in SCORE_CONFIGS if sweep else SCORE_CONFIGS[:1]:
-            def config(T_, S_, H_PAD, D_PAD, gather, cfg=cfg):
-                tq, block_s, n_s, warps, stages = shipped(T_, S_, H_PAD, D_PAD, gather)
-                if cfg is None or gather or T_ != 1:
-                    return tq, block_s, n_s, warps, stages
-                return tq, cfg[0], cfg[2], warps, cfg[1]
-            KI._score_config = config
-            try:
-                def run():
-                    KI._launch_scores(qp, qs, kp, ks, w, vis, None, 1, S, H, D, out, fp4=True, bf16=True,
-                                      block_max=block_max)
-                out.fill_(float("nan"))
-                run()
-                torch.cuda.synchronize()
-                ref = out.clone() if ref is None else ref
-                same = bool(torch.equal(out, ref))
-                graph, _ = capture(torch, run)
-                tg = bench(graph.replay, rep) * 1e6
-                te = bench(run, rep) * 1e6
-                del graph
-            except Exception as e:   # a configuration that does not compile or launch: say so, go on
-                torch.cuda.synchronize()
-                print(f"logits S={S} H={H} bm={block_max} cfg={cfg}: {type(e).__name__}: {str(e)[:160]}", flush=True)
-                continue
-            finally:
-                KI._score_config = shipped
-            kbytes = S * (D // 2 + D // 32)
-            row = dict(case=f"logits fp4 T=1 S={S} H={H}", out="block maxima" if block_max else "scores",
-                       config="shipped" if cfg is None else dict(block_s=cfg[0], stages=cfg[1], programs=cfg[2]),
-                       eager_us=te, graph_us=tg, k_bytes=kbytes, vs_copy=kbytes / (tg * 1e-6) / 1e12 / copy,
-                       same_as_shipped=same)
-            rows.append(row)
-            print(f"logits S={S:7d} H={H} {row['out']:12s} {str(cfg):18s} graph {tg:6.1f} us eager {te:6.1f} us "
-                  f"{100 * row['vs_copy']:4.0f} % of copy  same {same}", flush=True)
-    return rows
+    """T = 1 FP4 logits, scores out and block maxima out, at the shipped and (sweep) the other
+    configurations of bench/ab_logits.py, the shipped variant only (ab_logits sweeps the rest);
+    each row's output compared bit for bit with the shipped configuration's."""
+    from ab_logits import CASES, CONFIGS, sweep as logits_rows
+    rows, _ = logits_rows(torch, KI, rep, copy, bench, capture, g, budget=150, variants=("shipped",),
+                          configs=CONFIGS if sweep else CONFIGS[:1], cases=CASES[:3])
+    return [r for r in rows if "error" not in r]
 
 
 def time_one(torch, case, name, fn, want, rep, bench, capture, warps=None):
@@ -310,18 +261,15 @@ def main(argv=None) -> int:
     a = parse_args(argv)
     if a.cpu_smoke:
         return cpu_smoke()
-    from dsv4spec.cmd_bench import cuda_torch
-    torch = cuda_torch("ab_decode")
-    if torch is None:
+    from ab_common import record, result, start
+    session = start("ab_decode", a.rep)
+    if session is None:
         return 2
-    import triton
-    from bench_indexer import bench, capture, ceilings, decode_inputs
+    torch, ceil, t0 = session
+    from bench_indexer import bench, capture, decode_inputs
     from dsv4spec.kernels import indexer as KI
     from dsv4spec.kernels import pool as KP
     from dsv4spec.kernels import topk as KT
-    t0 = time.time()
-    ceil = ceilings(torch, a.rep)
-    print(f"ceilings {ceil}", flush=True)
     g = torch.Generator(device="cuda").manual_seed(6)
     d = decode_inputs(torch, 1 << 18, g)
     rows = time_plans(torch, KI, KP, d, a.rep, bench, capture)
@@ -331,16 +279,8 @@ def main(argv=None) -> int:
     torch.cuda.empty_cache()
     rows += topk_alone(torch, KT, KP, a.rep, bench, capture, g)
     rows += logits_sweep(torch, KI, a.rep, ceil["copy_TBps"], bench, capture, g, not a.no_sweep)
-    result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                  python=platform.python_version(), ceilings=ceil, seconds=time.time() - t0, rows=rows)
-    md = markdown(result)
-    if a.out:
-        os.makedirs(a.out, exist_ok=True)
-        with open(os.path.join(a.out, "ab_decode.json"), "w") as f:
-            json.dump(result, f, indent=1)
-        with open(os.path.join(a.out, "ab_decode.md"), "w") as f:
-            f.write(md)
-    print(md)
+    res = result(torch, ceil, t0, rows=rows)
+    record(a.out, "ab_decode", res, markdown(res))
     return 0
 
 

@@ -179,21 +179,120 @@ def _e2m1_bias1(n):
     return ((n << 22) + (n & 8) * ((1 << 28) - (1 << 22))).to(tl.float32, bitcast=True)
 
 
+def _fp4_pair_ptx(byte: int, out: str, f1: str, f2: str) -> str:
+    """PTX of _fp4_pair_bits of byte `byte` of register $in, then its two BF16 multiplies into out."""
+    return f"""
+        prmt.b32 x, $in, 0, {0x4440 + byte:#x};
+        mul.lo.u32 m, x, 0x40040;
+        mul.lo.u32 s, x, 0x1001000;
+        and.b32 m, m, 0x01C001C0;
+        and.b32 s, s, 0x80008000;
+        or.b32 m, m, s;
+        mul.rn.bf16x2 m, m, {f1};
+        mul.rn.bf16x2 {out}, m, {f2};"""
+
+
+# four bytes of one register ($4) -> $0..$3; factors $5..$8 and $9..$12 (pack 4) or $5 and $6 (one word)
+_FP4_BYTES_PTX = tl.constexpr("{ .reg .b32 x, m, s;" + "".join(
+    _fp4_pair_ptx(i, f"${i}", f"${5 + i}", f"${9 + i}") for i in range(4)).replace("$in", "$4") + "\n}")
+_FP4_WORD_PTX = tl.constexpr("{ .reg .b32 x, m, s;" + "".join(
+    _fp4_pair_ptx(i, f"${i}", "$5", "$6") for i in range(4)).replace("$in", "$4") + "\n}")
+
+
+@triton.jit
+def _fp4_bf16x2(b, f1, f2):
+    """Byte b (two E2M1 codes, element 2i low) -> the uint32 of the BF16 pair (code 2i in the low
+    half) of their values times f1 * f2 (f1, f2: BF16 powers of two, each as a uint32 with the
+    value in both halves), four bytes an asm block: _fp4_pair_bits (the value times 2^-126
+    exactly, a subnormal for the exponent-0 codes), then two mul.rn.bf16x2, exact (two
+    significant bits) or the IEEE overflow, as _fp4_rows's fp32 path."""
+    return tl.inline_asm_elementwise(_FP4_BYTES_PTX, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r", [b, f1, f2],
+                                     dtype=tl.uint32, is_pure=True, pack=4)
+
+
+@triton.jit
+def _fp4_words_bf16x2(words, f1, f2):
+    """A word of four packed bytes (eight E2M1 codes, code 2i the low nibble of byte i) -> four
+    uint32, the BF16 pair (code 2i low) of byte i's codes times f1 * f2 (f1, f2: BF16 powers of
+    two, each as a uint32 with the value in both halves): _fp4_bf16x2's arithmetic on a word
+    loaded whole (one 32-bit element, so a thread's bytes arrive by wide loads)."""
+    return tl.inline_asm_elementwise(_FP4_WORD_PTX, "=r,=r,=r,=r,r,r,r", [words, f1, f2],
+                                     dtype=(tl.uint32,) * 4, is_pure=True, pack=1)
+
+
+@triton.jit
+def _bf16_pair(f):
+    """fp32 f, exact in BF16 -> uint32 with BF16(f) in both halves."""
+    return (f.to(tl.uint32, bitcast=True) >> 16) * 0x10001
+
+
+@triton.jit
+def _fp4_pair_bits(x):
+    """Byte x (uint32) -> uint32 whose halves are BF16 patterns of its two codes' values times
+    2^-126 (the low nibble's in the low half): the sign to bit 15 and the three magnitude bits to
+    6-8 of each half, each multiply placing both nibbles (the asm blocks' arithmetic)."""
+    return ((x * 0x40040) & 0x01C001C0) | ((x * 0x1001000) & 0x80008000)
+
+
+@triton.jit
+def _fp4_pair_scaled(x, f1, f2):
+    """_fp4_bf16x2 of byte x (uint32) in fp32 arithmetic for the interpreter: each half widened
+    exactly, times f1 and f2 (fp32), exact (or the IEEE overflow), narrowed to its top 16 bits."""
+    t = _fp4_pair_bits(x)
+    lo = ((t << 16).to(tl.float32, bitcast=True) * f1 * f2).to(tl.uint32, bitcast=True) >> 16
+    hi = ((t & 0xFFFF0000).to(tl.float32, bitcast=True) * f1 * f2).to(tl.uint32, bitcast=True)
+    return lo | (hi & 0xFFFF0000)
+
+
+@triton.jit
+def _pair_halves(x, AS_FP32: tl.constexpr):
+    """uint32 of a BF16 pair -> (low, high): fp32 (exact widening) or the uint16 patterns."""
+    if AS_FP32:
+        return (x << 16).to(tl.float32, bitcast=True), (x & 0xFFFF0000).to(tl.float32, bitcast=True)
+    return (x & 0xFFFF).to(tl.uint16), (x >> 16).to(tl.uint16)
+
+
 @triton.jit
 def _fp4_rows(b_ptr, s_ptr, rows, row_ok, R: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-              AS_FP32: tl.constexpr):
+              AS_FP32: tl.constexpr, DECODE_X2: tl.constexpr):
     """[R, D_PAD] E2M1 x E8M0/32 values of `rows` (packed two codes a byte, element 2i low), exact
     in BF16: ((code * 2^-126) * f1) * f2 is the exact product (or its IEEE overflow).  The bytes
     are read 16 to a scale group and each group's scale is decoded once; bf16 (fp32 for the
-    interpreter, whose bf16 -> fp32 conversion mishandles subnormals)."""
+    interpreter, whose bf16 -> fp32 conversion mishandles subnormals).  DECODE_X2: the same
+    values with a byte's two codes in one register (_fp4_pair_bits; BF16 multiplies by inline
+    PTX on the GPU, _fp4_pair_scaled in the interpreter), 1 from the bytes, 2 from 32-bit words
+    (four bytes a load element: K's rows must start 4-byte aligned)."""
     G_PAD: tl.constexpr = D_PAD // 32
     g = tl.arange(0, G_PAD)
-    c = tl.arange(0, 16)
     gm = row_ok[:, None] & (g < D // 32)[None, :]
-    b = tl.load(b_ptr + rows[:, None, None] * (D // 2) + g[None, :, None] * 16 + c[None, None, :],
-                mask=gm[:, :, None], other=0).to(tl.uint32)
     f1, f2 = _fp4_group_factors(tl.load(s_ptr + rows[:, None] * (D // 32) + g[None, :], mask=gm,
                                         other=127))
+    if DECODE_X2 == 2:
+        c4 = tl.arange(0, 4)
+        words = tl.load(b_ptr.to(tl.pointer_type(tl.uint32)) + rows[:, None, None] * (D // 8)
+                        + g[None, :, None] * 4 + c4[None, None, :], mask=gm[:, :, None], other=0)
+        if AS_FP32:
+            o = [_fp4_pair_scaled((words >> (8 * i)) & 0xFF, f1[:, :, None], f2[:, :, None]) for i in range(4)]
+        else:
+            o = _fp4_words_bf16x2(words, _bf16_pair(f1)[:, :, None], _bf16_pair(f2)[:, :, None])
+        # the pairs in byte order (the innermost join's axis is the most significant after the
+        # reshape: byte 2a + b), then each pair's halves, as the bytes path below
+        pairs = tl.reshape(tl.join(tl.join(o[0], o[2]), tl.join(o[1], o[3])), (R, D_PAD // 2))
+        lo, hi = _pair_halves(pairs, AS_FP32)
+        v = tl.reshape(tl.join(lo, hi), (R, D_PAD))
+        return v if AS_FP32 else v.to(tl.bfloat16, bitcast=True)
+    c = tl.arange(0, 16)
+    b = tl.load(b_ptr + rows[:, None, None] * (D // 2) + g[None, :, None] * 16 + c[None, None, :],
+                mask=gm[:, :, None], other=0)
+    if DECODE_X2 == 1:
+        if AS_FP32:
+            pairs = _fp4_pair_scaled(b.to(tl.uint32), f1[:, :, None], f2[:, :, None])
+        else:
+            pairs = _fp4_bf16x2(b, _bf16_pair(f1)[:, :, None], _bf16_pair(f2)[:, :, None])
+        lo, hi = _pair_halves(pairs, AS_FP32)
+        v = tl.reshape(tl.join(lo, hi), (R, D_PAD))
+        return v if AS_FP32 else v.to(tl.bfloat16, bitcast=True)
+    b = b.to(tl.uint32)
     f1 = f1[:, :, None]
     f2 = f2[:, :, None]
     v = tl.reshape(tl.join(_e2m1_bias1(b & 15) * f1 * f2, _e2m1_bias1(b >> 4) * f1 * f2),
@@ -204,27 +303,77 @@ def _fp4_rows(b_ptr, s_ptr, rows, row_ok, R: tl.constexpr, D: tl.constexpr, D_PA
     return (v.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
 
+# BF16 roundings of the score epilogue on the GPU (ROUND_* constexprs; the interpreter takes ROUND_INT)
+ROUND_INT = tl.constexpr(0)  # integer arithmetic on the fp32 bits (_bf16_rne_no_nan)
+ROUND_CVT = tl.constexpr(1)  # Triton's fp32 -> bf16 conversion (RNE: cvt.rn.bf16x2.f32 on sm_90)
+ROUND_X2 = tl.constexpr(2)   # pairs by inline PTX: cvt.rn.bf16x2.f32 (and mul.rn.bf16x2 for p_h)
+ROUNDINGS = {"int": 0, "cvt": 1, "x2": 2}
+
+
+@triton.jit
+def _bf16x2_weighted(relu, w):
+    """bf16(bf16(relu) * w) as fp32, two elements an instruction: cvt.rn.bf16x2.f32 packs the pair
+    (its first source in the high half), mul.rn.bf16x2 rounds each exact product once, and the
+    halves widen exactly (a shift, a mask).  w must hold BF16 values."""
+    return tl.inline_asm_elementwise(
+        """{
+        .reg .b32 t;
+        cvt.rn.bf16x2.f32 t, $3, $2;
+        mul.rn.bf16x2 t, t, $4;
+        shl.b32 $0, t, 16;
+        and.b32 $1, t, 0xFFFF0000;
+        }""",
+        "=r,=r,r,r,r", [relu, w.to(tl.bfloat16)], dtype=tl.float32, is_pure=True, pack=2)
+
+
+@triton.jit
+def _bf16x2_round(x):
+    """bf16(x) (RNE) as fp32, two elements a cvt.rn.bf16x2.f32."""
+    return tl.inline_asm_elementwise(
+        """{
+        .reg .b32 t;
+        cvt.rn.bf16x2.f32 t, $3, $2;
+        shl.b32 $0, t, 16;
+        and.b32 $1, t, 0xFFFF0000;
+        }""",
+        "=r,=r,r,r", [x], dtype=tl.float32, is_pure=True, pack=2)
+
+
 @triton.jit
 def _score_epilogue(acc, w, BLOCK_S: tl.constexpr, TQ: tl.constexpr, H_PAD: tl.constexpr,
-                    BF16_SCORE: tl.constexpr, GPU_OPS: tl.constexpr):
+                    BF16_SCORE: tl.constexpr, GPU_OPS: tl.constexpr, HEAD_ROUND: tl.constexpr,
+                    FINAL_ROUND: tl.constexpr):
     """[BLOCK_S, TQ*H_PAD] head dots -> [BLOCK_S, TQ] scores: s_h = bf16(acc), p_h = bf16(ReLU(s_h)
     w_h), I = bf16(sum_h p_h) (fp32 accumulation); or all in fp32.  ReLU(bf16(a)) = bf16(ReLU(a)):
     the rounding is monotone and keeps 0.  GPU_OPS: max.f32 (a NaN gives 0, as the where does) and
     the BF16 multiply (mul.rn.bf16: one RNE of the exact product), which take the integer
-    rounding of p_h off Hopper's integer pipe, the epilogue's bottleneck."""
+    rounding of p_h off Hopper's integer pipe, the epilogue's bottleneck.  HEAD_ROUND (s_h, with
+    GPU_OPS) and FINAL_ROUND (I) say how the BF16 roundings are computed (ROUND_*): every way is
+    RNE with subnormals kept, so the bits are the same whichever is taken; the fp32 head sum is
+    the same reduction of the same values in every variant (elementwise ops keep the layout)."""
     if GPU_OPS:
         relu = tl.maximum(acc, 0.0)
     else:
         relu = tl.where(acc > 0.0, acc, 0.0)
-    if BF16_SCORE and GPU_OPS:
-        s_h = (_bf16_rne_no_nan(relu).to(tl.uint32, bitcast=True) >> 16).to(tl.uint16)
-        p = (s_h.to(tl.bfloat16, bitcast=True) * w.to(tl.bfloat16)[None, :]).to(tl.float32)
+    if BF16_SCORE and GPU_OPS and HEAD_ROUND == ROUND_X2:
+        p = _bf16x2_weighted(relu, w[None, :])
+    elif BF16_SCORE and GPU_OPS:
+        if HEAD_ROUND == ROUND_CVT:
+            s_h = relu.to(tl.bfloat16, fp_downcast_rounding="rtne")
+        else:
+            s_h = (_bf16_rne_no_nan(relu).to(tl.uint32, bitcast=True) >> 16).to(tl.uint16).to(tl.bfloat16,
+                                                                                            bitcast=True)
+        p = (s_h * w.to(tl.bfloat16)[None, :]).to(tl.float32)
     elif BF16_SCORE:
         p = _bf16_rne_no_nan(_bf16_rne_no_nan(relu) * w[None, :])
     else:
         p = relu * w[None, :]
     score = tl.sum(tl.reshape(p, (BLOCK_S, TQ, H_PAD)), axis=2)
-    if BF16_SCORE:
+    if BF16_SCORE and FINAL_ROUND == ROUND_X2:
+        score = _bf16x2_round(score)
+    elif BF16_SCORE and FINAL_ROUND == ROUND_CVT:
+        score = score.to(tl.bfloat16, fp_downcast_rounding="rtne").to(tl.float32)
+    elif BF16_SCORE:
         score = _bf16_rne_no_nan(score)
     return score
 
@@ -235,11 +384,16 @@ def _scores_kernel(q_ptr, qs_ptr, k_ptr, ks_ptr, w_ptr, vis_ptr, idx_ptr, out_pt
                    D: tl.constexpr, D_PAD: tl.constexpr, H_PAD: tl.constexpr, TQ: tl.constexpr,
                    BLOCK_S: tl.constexpr, FP4: tl.constexpr, BF16_SCORE: tl.constexpr,
                    GATHER: tl.constexpr, IEEE: tl.constexpr, GPU_OPS: tl.constexpr,
-                   STAGES: tl.constexpr, BLOCK_MAX: tl.constexpr):
+                   STAGES: tl.constexpr, BLOCK_MAX: tl.constexpr, HEAD_ROUND: tl.constexpr,
+                   FINAL_ROUND: tl.constexpr, CONTIGUOUS: tl.constexpr, FP4_X2: tl.constexpr):
     """Program (t, s) holds TQ queries x H_PAD heads of q (the MMA's N side) and takes key blocks
     s, s + n_s_progs, ... below the tile's largest visible count (a pipelined loop of STAGES on
     the GPU), then writes -inf into its key blocks past that count.  BLOCK_MAX > 0: out holds
-    each query's maxima over blocks of BLOCK_MAX positions instead of the scores (_score_block)."""
+    each query's maxima over blocks of BLOCK_MAX positions instead of the scores (_score_block).
+    CONTIGUOUS: program s takes the run of key blocks [s * per, (s + 1) * per) instead, per =
+    cdiv(key blocks, n_s_progs) (each program streams one contiguous stretch of K); each block's
+    output is computed by the same code either way.  HEAD_ROUND, FINAL_ROUND: _score_epilogue;
+    FP4_X2: the key blocks' FP4 decode (_fp4_rows's DECODE_X2)."""
     pid_t = tl.program_id(0)
     pid_s = tl.program_id(1)
     NQ: tl.constexpr = TQ * H_PAD
@@ -251,7 +405,7 @@ def _scores_kernel(q_ptr, qs_ptr, k_ptr, ks_ptr, w_ptr, vis_ptr, idx_ptr, out_pt
     d = tl.arange(0, D_PAD)
     d_ok = d < D
     if FP4:
-        q = _fp4_rows(q_ptr, qs_ptr, q_row, row_ok, NQ, D, D_PAD, IEEE)
+        q = _fp4_rows(q_ptr, qs_ptr, q_row, row_ok, NQ, D, D_PAD, IEEE, False)
     else:
         q = tl.load(q_ptr + q_row[:, None] * D + d[None, :], mask=row_ok[:, None] & d_ok[None, :],
                     other=0.0)
@@ -261,21 +415,29 @@ def _scores_kernel(q_ptr, qs_ptr, k_ptr, ks_ptr, w_ptr, vis_ptr, idx_ptr, out_pt
     vis = tl.load(vis_ptr + t_q, mask=t_q < T, other=0)
     vmax = tl.max(vis, axis=0)
     n_vis = tl.cdiv(vmax, BLOCK_S)  # key blocks some query of the tile sees
+    n_blocks = tl.cdiv(S, BLOCK_S)
+    if CONTIGUOUS:
+        per = tl.cdiv(n_blocks, n_s_progs)
+        first, step = pid_s * per, 1
+        last = tl.minimum(first + per, n_blocks)
+    else:
+        first, step, last = pid_s, n_s_progs, n_blocks
+    end = tl.minimum(n_vis, last)  # this program's blocks below it are scored, the rest are -inf
     if STAGES > 0:
-        for sb in tl.range(pid_s, n_vis, n_s_progs, num_stages=STAGES):
+        for sb in tl.range(first, end, step, num_stages=STAGES):
             _score_block(q, w, vis, t_q, sb, k_ptr, ks_ptr, idx_ptr, out_ptr, T, S, out_stride,
                          idx_stride, pid_t, vmax, D, D_PAD, H_PAD, TQ, BLOCK_S, FP4, BF16_SCORE,
-                         GATHER, IEEE, GPU_OPS, BLOCK_MAX)
+                         GATHER, IEEE, GPU_OPS, BLOCK_MAX, HEAD_ROUND, FINAL_ROUND, FP4_X2)
     else:  # the interpreter (3.6) cannot range over run-time scalars
-        sb = pid_s
-        while sb < n_vis:
+        sb = first
+        while sb < end:
             _score_block(q, w, vis, t_q, sb, k_ptr, ks_ptr, idx_ptr, out_ptr, T, S, out_stride,
                          idx_stride, pid_t, vmax, D, D_PAD, H_PAD, TQ, BLOCK_S, FP4, BF16_SCORE,
-                         GATHER, IEEE, GPU_OPS, BLOCK_MAX)
-            sb += n_s_progs
+                         GATHER, IEEE, GPU_OPS, BLOCK_MAX, HEAD_ROUND, FINAL_ROUND, FP4_X2)
+            sb += step
     # the causal tail: this program's blocks from n_vis on are -inf without a multiply
-    sb = pid_s + tl.cdiv(tl.maximum(n_vis - pid_s, 0), n_s_progs) * n_s_progs
-    while sb < tl.cdiv(S, BLOCK_S):
+    sb = first + tl.cdiv(tl.maximum(end - first, 0), step) * step
+    while sb < last:
         if BLOCK_MAX > 0:  # (the newest block lies below n_vis: nothing to pin here)
             NBB: tl.constexpr = BLOCK_S // BLOCK_MAX
             b = sb * NBB + tl.arange(0, NBB)
@@ -287,7 +449,7 @@ def _scores_kernel(q_ptr, qs_ptr, k_ptr, ks_ptr, w_ptr, vis_ptr, idx_ptr, out_pt
             tl.store(out_ptr + t_q[None, :] * out_stride + j[:, None],
                      tl.full((BLOCK_S, TQ), float("-inf"), tl.float32),
                      mask=(j[:, None] < S) & (t_q[None, :] < T))
-        sb += n_s_progs
+        sb += step
 
 
 @triton.jit
@@ -295,7 +457,8 @@ def _score_block(q, w, vis, t_q, sb, k_ptr, ks_ptr, idx_ptr, out_ptr, T, S, out_
                  idx_stride, pid_t, vmax, D: tl.constexpr, D_PAD: tl.constexpr,
                  H_PAD: tl.constexpr, TQ: tl.constexpr, BLOCK_S: tl.constexpr, FP4: tl.constexpr,
                  BF16_SCORE: tl.constexpr, GATHER: tl.constexpr, IEEE: tl.constexpr,
-                 GPU_OPS: tl.constexpr, BLOCK_MAX: tl.constexpr):
+                 GPU_OPS: tl.constexpr, BLOCK_MAX: tl.constexpr, HEAD_ROUND: tl.constexpr,
+                 FINAL_ROUND: tl.constexpr, FP4_X2: tl.constexpr):
     """Scores of key block sb for the tile's queries: acc = k_blk @ q^T, epilogue, -inf where
     the query does not see the key.  BLOCK_MAX > 0 (a power of two dividing BLOCK_S): instead of
     the scores, their maxima over blocks of BLOCK_MAX positions, the query's newest block
@@ -308,7 +471,7 @@ def _score_block(q, w, vis, t_q, sb, k_ptr, ks_ptr, idx_ptr, out_ptr, T, S, out_
     else:
         pos = j
     if FP4:
-        kt = _fp4_rows(k_ptr, ks_ptr, pos, k_ok, BLOCK_S, D, D_PAD, IEEE)
+        kt = _fp4_rows(k_ptr, ks_ptr, pos, k_ok, BLOCK_S, D, D_PAD, IEEE, FP4_X2)
     else:
         d = tl.arange(0, D_PAD)
         kt = tl.load(k_ptr + pos[:, None] * D + d[None, :], mask=k_ok[:, None] & (d < D)[None, :],
@@ -317,7 +480,7 @@ def _score_block(q, w, vis, t_q, sb, k_ptr, ks_ptr, idx_ptr, out_ptr, T, S, out_
         acc = tl.dot(kt.to(tl.float32), tl.trans(q.to(tl.float32)), input_precision="ieee")
     else:
         acc = tl.dot(kt, tl.trans(q))  # [BLOCK_S, TQ*H_PAD], fp32 accumulation
-    score = _score_epilogue(acc, w, BLOCK_S, TQ, H_PAD, BF16_SCORE, GPU_OPS)
+    score = _score_epilogue(acc, w, BLOCK_S, TQ, H_PAD, BF16_SCORE, GPU_OPS, HEAD_ROUND, FINAL_ROUND)
     score = tl.where(j[:, None] < vis[None, :], score, float("-inf"))
     if BLOCK_MAX > 0:
         NBB: tl.constexpr = BLOCK_S // BLOCK_MAX
@@ -339,6 +502,29 @@ _SCORE_WARPS = 4
 # the interpreter's integer rounding, for a GPU whose BF16 multiply would not be IEEE (subnormals:
 # test_bf16_scores_match_impl[wide_exponents] run on the GPU is the check).
 _SCORE_GPU_OPS = True
+# A/B switches of the score kernel, read at each launch (bench/ab_logits.py; every value gives the
+# same bits, tests/test_kernels_indexer.py checks each on the GPU).  The BF16 roundings of the
+# epilogue (ROUNDINGS; the interpreter always takes "int"): s_h and p_h, and the per-key score I.
+_SCORE_HEAD_ROUND = "int"
+_SCORE_FINAL_ROUND = "int"
+# Key blocks of a program: False the stride s, s + n_s_progs, ...; True one contiguous run.
+_SCORE_CONTIGUOUS = False
+# The FP4 keys' decode (_fp4_rows): "fp32" the shipped, or a byte's two codes a register in BF16 pairs,
+# "bytes" loaded as bytes, "words" as 32-bit words (K's rows 4-byte aligned, else "bytes" is taken).
+_SCORE_FP4_DECODE = "fp32"
+FP4_DECODES = {"fp32": 0, "bytes": 1, "words": 2}
+# Named settings of the switches above (the A/B's variants and the tests' parameters); "shipped" first.
+SCORE_AB = {
+    "shipped": {},
+    "round_cvt": dict(_SCORE_HEAD_ROUND="cvt", _SCORE_FINAL_ROUND="cvt"),
+    "round_x2": dict(_SCORE_HEAD_ROUND="x2", _SCORE_FINAL_ROUND="x2"),
+    "fp4_bytes": dict(_SCORE_FP4_DECODE="bytes"),
+    "fp4_words": dict(_SCORE_FP4_DECODE="words"),
+    "x2": dict(_SCORE_HEAD_ROUND="x2", _SCORE_FINAL_ROUND="x2", _SCORE_FP4_DECODE="bytes"),
+    "x2_words": dict(_SCORE_HEAD_ROUND="x2", _SCORE_FINAL_ROUND="x2", _SCORE_FP4_DECODE="words"),
+    "contiguous": dict(_SCORE_CONTIGUOUS=True),
+    "all": dict(_SCORE_HEAD_ROUND="x2", _SCORE_FINAL_ROUND="x2", _SCORE_FP4_DECODE="bytes", _SCORE_CONTIGUOUS=True),
+}
 
 
 def _score_config(T: int, S: int, H_PAD: int, D_PAD: int, gather: bool):
@@ -372,13 +558,19 @@ def _launch_scores(q, qs, k, ks, w, vis32, idx, T, S, H, D, out, fp4: bool, bf16
     ieee = INTERPRET or ((not fp4) and q.dtype == torch.float32)
     if INTERPRET and not fp4:  # exact widening on the host: the interpreter's bf16 -> fp32
         q, k, w = q.float(), k.float(), w.float()  # conversion mishandles subnormals
+    gpu = not INTERPRET
+    rounds = tuple(ROUNDINGS[r] if gpu else 0 for r in (_SCORE_HEAD_ROUND, _SCORE_FINAL_ROUND))
+    decode = FP4_DECODES[_SCORE_FP4_DECODE] if fp4 else 0
+    if decode == 2 and (k.data_ptr() % 4 or D % 8):   # word loads need 4-byte aligned rows
+        decode = 1
     grid = (triton.cdiv(T, tq), n_s)
     _scores_kernel[grid](q, qs if fp4 else q, k, ks if fp4 else k, w, vis32,
                          idx if gather else vis32, out, T, S, H, out.stride(0),
                          idx.stride(0) if gather else 0, n_s,
                          D=D, D_PAD=D_PAD, H_PAD=H_PAD, TQ=tq, BLOCK_S=block_s, FP4=fp4,
-                         BF16_SCORE=bf16, GATHER=gather, IEEE=ieee, GPU_OPS=_SCORE_GPU_OPS and not INTERPRET,
-                         STAGES=stages, BLOCK_MAX=block_max, num_warps=warps)
+                         BF16_SCORE=bf16, GATHER=gather, IEEE=ieee, GPU_OPS=_SCORE_GPU_OPS and gpu,
+                         STAGES=stages, BLOCK_MAX=block_max, HEAD_ROUND=rounds[0], FINAL_ROUND=rounds[1],
+                         CONTIGUOUS=_SCORE_CONTIGUOUS, FP4_X2=decode, num_warps=warps)
 
 
 # --------------------------------------------------------------------------------------------

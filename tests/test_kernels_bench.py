@@ -46,6 +46,8 @@ def test_benchmark_scripts_share_one_gpu_check(monkeypatch, capsys):
     assert B.cuda_torch("bench_x") is torch and os.environ["TRITON_INTERPRET"] == "0"
     for script in ("bench_quant", "bench_path", "bench_indexer", "sweep_topk", "probe_select"):
         assert f'cuda_torch("{script}")' in open(f"bench/{script}.py").read(), script
+    for script in ("ab_decode", "ab_logits"):   # through bench/ab_common.py's start
+        assert f'start("{script}", ' in open(f"bench/{script}.py").read(), script
 
 
 def test_a_record_holds_complete_runs_only():
@@ -348,3 +350,57 @@ def test_ab_decode_plans_give_the_read_back_bits(capsys):
     assert B._script("ab_decode").main(["--cpu-smoke"]) == 0, capsys.readouterr().out
     assert KP._ROW_TOPK_MAX == shipped
     assert capsys.readouterr().out.count("same picks as the read-back old step: True") == 5
+
+
+def test_ab_logits_variants_give_the_shipped_bits(capsys):
+    """bench/ab_logits.py --cpu-smoke: every switch setting of the score kernel (kernels.indexer.SCORE_AB)
+    at 1-3 programs a row gives the shipped path's bits, scores and block maxima; the switches are
+    restored after each."""
+    from dsv4spec.kernels import INTERPRET, indexer as KI
+    if not INTERPRET:
+        pytest.skip("on a GPU ab_logits compares the variants' bits itself")
+    shipped = {switch: getattr(KI, switch) for setting in KI.SCORE_AB.values() for switch in setting}
+    config = KI._score_config
+    assert B._script("ab_logits").main(["--cpu-smoke"]) == 0, capsys.readouterr().out
+    assert {switch: getattr(KI, switch) for switch in shipped} == shipped and KI._score_config is config
+    assert capsys.readouterr().out.count("bits equal") == 3
+
+
+def test_ab_logits_sweep_rows_and_record(monkeypatch, tmp_path):
+    """bench/ab_logits.py's GPU sweep run in the interpreter with the timing and the graph faked: a
+    row for every variant, then the configurations under shipped and the fastest same-bits variant;
+    a row that cannot launch is recorded as an error; rows past the budget are listed as skipped;
+    the record's JSON and Markdown are written."""
+    from dsv4spec.kernels import INTERPRET, indexer as KI
+    if not INTERPRET:
+        pytest.skip("the GPU runs the sweep itself")
+    import torch
+    ab = B._script("ab_logits")
+    common = B._script("ab_common")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    times = iter(range(10, 1000))
+
+    def bench(fn, rep):
+        fn()
+        return next(times) * 1e-6
+
+    def capture(torch_, fn):
+        return type("Graph", (), {"replay": staticmethod(fn)})(), None
+    configs = (None, (64, 3, 2, 4), (96, 3, 2, 4))   # 96 keys a block cannot launch (not a power of two)
+    rows, skipped = ab.sweep(torch, KI, 1, 4.0, bench, capture, torch.Generator().manual_seed(1), 1e9,
+                             variants=("shipped", "contiguous"), configs=configs, cases=((256, 16, 0),),
+                             device="cpu")
+    assert [(r["variant"], r["config"]) for r in rows] == [
+        ("shipped", "shipped"), ("contiguous", "shipped"), ("shipped", dict(block_s=64, stages=3, programs=2, warps=4)),
+        ("shipped", (96, 3, 2, 4))]
+    assert all(r["same_as_shipped"] for r in rows[:3]) and "error" in rows[3]
+    assert rows[0]["validity_of_shipped"].startswith("valid")
+    rows2, skipped = ab.sweep(torch, KI, 1, 4.0, bench, capture, torch.Generator().manual_seed(1), -1.0,
+                              variants=("shipped",), configs=configs[:1], cases=((256, 16, 8),), device="cpu")
+    assert rows2 == [] and len(skipped) == 1
+    res = dict(device="cpu", torch="t", triton="t", ceilings={"copy_TBps": 4.0}, seconds=1.0, rows=rows,
+               skipped=skipped)
+    common.record(str(tmp_path), "ab_logits", res, ab.markdown(res))
+    md = (tmp_path / "ab_logits.md").read_text()
+    assert md.count("| logits fp4 T=1 S=256 H=16 |") == len(rows) and "Skipped (out of --budget): 1 rows." in md

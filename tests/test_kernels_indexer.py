@@ -44,9 +44,39 @@ def assert_scores_close(got, ref, what):
                            f"got {g[tuple(bad[0])]!r}, impl {r[tuple(bad[0])]!r}")
 
 
+# The score kernel's A/B switches (kernels.indexer._SCORE_*, read at each launch; named settings in
+# SCORE_AB): each is another way to compute the same bits.  In the interpreter the roundings fall
+# back to the shipped code (no inline PTX there) and the FP4 decodes run their placement and join
+# order with fp32 multiplies in place of the PTX's BF16 ones; on CUDA every variant runs as it
+# would ship, and a wrong one fails the score tests below.
+RUN_VARIANTS = ["shipped", "contiguous", "fp4_bytes", "fp4_words"] if K.INTERPRET else list(K.SCORE_AB)
+
+
+def set_variant(monkeypatch, name):
+    for switch, value in K.SCORE_AB[name].items():
+        assert hasattr(K, switch), switch
+        monkeypatch.setattr(K, switch, value)
+
+
+@pytest.fixture(params=RUN_VARIANTS)
+def score_variant(request, monkeypatch):
+    set_variant(monkeypatch, request.param)
+    return request.param
+
+
+def programs_a_row(monkeypatch, n_s):
+    """The score kernel's key blocks split over n_s programs a row (the interpreter's config has 1)."""
+    shipped = K._score_config
+
+    def config(T, S_, H_PAD, D_PAD, gather):
+        tq, block_s, _, warps, stages = shipped(T, S_, H_PAD, D_PAD, gather)
+        return tq, block_s, n_s, warps, stages
+    monkeypatch.setattr(K, "_score_config", config)
+
+
 @pytest.mark.parametrize("shape", SCORE_SHAPES, ids=lambda s: "T%d_H%d_D%d_S%d" % s)
 @pytest.mark.parametrize("kind", ["normal", "relu_zero", "ties", "cancel", "wide_exponents"])
-def test_bf16_scores_match_impl(kind, shape):
+def test_bf16_scores_match_impl(kind, shape, score_variant):
     case = make_score_case(kind, 7, *shape)
     args = case.torch()
     assert_scores_close(K.index_scores(*args), impl.index_scores(*args), f"index_scores {case!r}")
@@ -86,9 +116,54 @@ def fp4_inputs(seed, T, H, D, S_, random_bytes):
 
 @pytest.mark.parametrize("random_bytes", [True, False], ids=["bytes", "codec"])
 @pytest.mark.parametrize("shape", [(3, 4, 32, 80), (2, 32, 128, 24)], ids=lambda s: "T%d_H%d_D%d_S%d" % s)
-def test_fp4_scores_match_impl(shape, random_bytes):
+def test_fp4_scores_match_impl(shape, random_bytes, score_variant):
     args = fp4_inputs(11, *shape, random_bytes)
     assert_scores_close(K.index_scores_fp4(*args), impl.index_scores_fp4(*args), f"index_scores_fp4 {shape}")
+
+
+def fp4_extreme_inputs(seed, T, H, D, S_):
+    """fp4_inputs' random bytes with every scale byte of K (0-255, 255 the NaN scale) and q's
+    from 0 to 254: codes times 2^-127 .. 2^127 (BF16 subnormals and overflow to inf)."""
+    qp, qs, kp, ks, w, vis = fp4_inputs(seed, T, H, D, S_, True)
+    ks = torch.arange(S_ * (D // 32)).reshape(S_, D // 32).remainder(256).to(torch.uint8)
+    qs = torch.arange(T * H * (D // 32)).reshape(T, H, D // 32).remainder(255).to(torch.uint8)
+    return qp, qs, kp, ks, w, vis
+
+
+@pytest.mark.parametrize("n_s", [1, 2, 3])
+@pytest.mark.parametrize("variant", [v for v in RUN_VARIANTS if v != "shipped"])
+def test_score_variants_give_the_shipped_bits(variant, n_s, monkeypatch):
+    """Every A/B switch of the score kernel gives the shipped path's bits (float32 patterns, NaN
+    and -0 included): BF16 scores (wide exponents, zeros, BF16 subnormals at every step), FP4
+    scores with every scale byte, FP4 block maxima; the key blocks split over 1-3 programs a
+    row, causal rows of every length."""
+    programs_a_row(monkeypatch, n_s)
+    bf = make_score_case("wide_exponents", 5, 5, 4, 16, 150).torch()
+    zero = make_score_case("relu_zero", 6, 3, 32, 128, 70).torch()
+    q, k, w_, visible = make_score_case("normal", 7, 3, 32, 128, 70).torch()
+    tiny = (q * 2.0 ** -66, k * 2.0 ** -66, w_, visible)   # dots near 2^-132: BF16 subnormal s_h, p_h and I
+    T, H, D, S_ = 4, 4, 64, 200
+    qp, qs, kp, ks, w, vis = fp4_extreme_inputs(13, T, H, D, S_)
+    vis = torch.tensor([S_, 0, 65, 129])
+    dev = K._device()
+    fp4 = [x.contiguous().to(dev) for x in (qp, qs, kp, ks, w.to(torch.bfloat16))]
+
+    def block_maxima():
+        out = torch.full((T, S_ // 8), float("nan"), device=dev)
+        K._launch_scores(*fp4, vis.to(torch.int32).to(dev), None, T, S_, H, D, out, fp4=True, bf16=True,
+                         block_max=8)
+        return out.cpu()
+
+    def outputs():
+        return [K.index_scores(*bf), K.index_scores(*zero), K.index_scores(*tiny),
+                K.index_scores_fp4(qp, qs, kp, ks, w, vis), block_maxima()]
+    want = outputs()
+    fin = want[2][torch.isfinite(want[2])].abs()
+    assert int(((fin > 0) & (fin < 2.0 ** -126)).sum()) > 50   # the subnormal case is one
+    set_variant(monkeypatch, variant)
+    for what, got, ref in zip(("bf16 wide", "bf16 relu_zero", "bf16 subnormal", "fp4", "fp4 block maxima"),
+                              outputs(), want):
+        assert torch.equal(got.view(torch.int32), ref.view(torch.int32)), f"{variant}, {n_s} programs: {what}"
 
 
 ROW_KINDS = ["normal", "relu_zero", "equal", "few_values", "minus_inf", "unmasked"]
@@ -864,7 +939,18 @@ COMPILE_SM90 = textwrap.dedent("""
                                      **ints("T", "S", "H", "out_stride", "idx_stride", "n_s_progs")},
                   num_warps=warps, D=128, D_PAD=128, H_PAD=64, TQ=tq, BLOCK_S=block_s, FP4=fp4,
                   BF16_SCORE=bf16, GATHER=gather, IEEE=not bf16, GPU_OPS=K._SCORE_GPU_OPS, STAGES=stages,
-                  BLOCK_MAX=8 if fp4 else 0)   # FP4: the decode step's candidate layer, block maxima out
+                  BLOCK_MAX=8 if fp4 else 0,   # FP4: the decode step's candidate layer, block maxima out
+                  HEAD_ROUND=0, FINAL_ROUND=0, CONTIGUOUS=False, FP4_X2=0)
+        # the A/B variants at T = 1 (bench/ab_logits.py): the inline PTX assembles, the split compiles
+        for head, final, contiguous, x2, block_s in ((1, 1, False, 0, 64), (2, 2, True, 1, 64),
+                                                     (2, 2, False, 2, 128)):
+            build(K._scores_kernel, {"q_ptr": "*u8", "qs_ptr": "*u8", "k_ptr": "*u8", "ks_ptr": "*u8",
+                                     "w_ptr": "*bf16", "vis_ptr": "*i32", "idx_ptr": "*i32", "out_ptr": "*fp32",
+                                     **ints("T", "S", "H", "out_stride", "idx_stride", "n_s_progs")},
+                  num_warps=4, divisible=("k_ptr", "ks_ptr", "S", "n_s_progs"), D=128, D_PAD=128, H_PAD=64,
+                  TQ=1, BLOCK_S=block_s, FP4=True, BF16_SCORE=True, GATHER=False, IEEE=False,
+                  GPU_OPS=True, STAGES=3, BLOCK_MAX=8, HEAD_ROUND=head, FINAL_ROUND=final,
+                  CONTIGUOUS=contiguous, FP4_X2=x2)
         build(K._hadamard_kernel, {"x_ptr": "*fp32", "out_ptr": "*fp32", **ints("n_rows", "scale_bits")},
               num_warps=4, ROWS=K._HADAMARD_ROWS, D=128)
         E = K._ELEMENTWISE_BLOCK
