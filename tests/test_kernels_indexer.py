@@ -46,10 +46,10 @@ def assert_scores_close(got, ref, what):
 
 # The score kernel's A/B switches (kernels.indexer._SCORE_*, read at each launch; named settings in
 # SCORE_AB): each is another way to compute the same bits.  In the interpreter the roundings fall
-# back to the shipped code (no inline PTX there) and the FP4 decodes run their placement and join
+# back to the integer code (no inline PTX there) and the FP4 decodes run their placement and join
 # order with fp32 multiplies in place of the PTX's BF16 ones; on CUDA every variant runs as it
 # would ship, and a wrong one fails the score tests below.
-RUN_VARIANTS = ["shipped", "contiguous", "fp4_bytes", "fp4_words"] if K.INTERPRET else list(K.SCORE_AB)
+RUN_VARIANTS = ["shipped", "int_fp32", "contiguous", "fp4_words"] if K.INTERPRET else list(K.SCORE_AB)
 
 
 def set_variant(monkeypatch, name):
