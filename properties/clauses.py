@@ -308,18 +308,23 @@ CLAUSES: dict[str, tuple[Clause, ...]] = {
                      "layer_k_before_its_norm", "layer_q_projection_in_bf16"),),
     # ---- ATTN ------------------------------------------------------------------------------------
     "ATTN.GATHER": (c("an entry −1 (anywhere in the list) has score −inf and its row is read as 0",
-                      "minus_one_reads_row_0"),),
+                      "minus_one_reads_row_0"),
+                    c("(anywhere in the list)", "minus_one_only_at_the_tail")),
     "ATTN.DUPLICATES": (c("a row named by two entries contributes two scores to the denominator and twice its "
                           "value to the numerator", "duplicates_removed"),),
     "ATTN.INIT": (c("V4.1's kernel starts the running max at −1e30", "running_max_from_minus_inf_on_v41",
-                    check="running_max_start"),),
+                    check="running_max_start"),
+                  c("a row with no valid entry gives 0", "running_max_from_minus_inf_on_v41",
+                    check="v41_row_without_a_valid_entry_is_zero")),
     "ATTN.SCORE": (
         c("the scores are never rounded to BF16", "scores_rounded_to_bf16"),
         c("scale the fp32 value of the `scale` argument", "scale_argument_ignored")),
     "ATTN.SCALE": (
         c("no YaRN attention factor", "yarn_factor_in_the_scale"),
         c("softmax_scale = head_dim^-0.5", "scale_of_the_nope_dims")),
-    "ATTN.PROB.BF16": (c("are rounded to BF16 (RNE) before the product with the KV rows", "fp32_probabilities"),),
+    "ATTN.PROB.BF16": (c("are rounded to BF16 (RNE) before the product with the KV rows", "fp32_probabilities"),
+                       c("are rounded to BF16 (RNE)", "probabilities_truncated_to_bf16"),
+                       c("enter the denominator in fp32", "denominator_of_the_rounded_probabilities")),
     "ATTN.PROB.ORDER": (
         c("with m_t the running max after block t (not the final max M)", "probabilities_rounded_against_the_global_max"),
         c("Block t holds list entries 64t .. 64t + 63", "probabilities_in_blocks_of_32")),
@@ -331,7 +336,8 @@ CLAUSES: dict[str, tuple[Clause, ...]] = {
         c("it has no value row and adds nothing to the numerator", "sink_in_the_numerator"),
         c("the per-head sink (fp32, not scaled by softmax_scale)", "sink_scaled_by_softmax_scale")),
     "ATTN.OUTPUT": (c("rounded once to BF16: the output tensor holds BF16 values", "output_left_fp32"),),
-    "ATTN.DEROTATE": (c("rotated by e^(−i·p·f_i)", "derotation_by_plus_p"),),
+    "ATTN.DEROTATE": (c("the last 64 channels of each head of o", "derotates_the_first_64"),
+                      c("rotated by e^(−i·p·f_i)", "derotation_by_plus_p")),
     "ATTN.Q_NORM": (
         c("V4 multiplies each head of q = wq_b(qr) (BF16) by rsqrt(mean(q²) + norm_eps)", "q_not_rescaled_on_v4"),
         c("V4.1's Attention.forward has no such step", "q_rescaled_on_v41")),
