@@ -162,6 +162,7 @@ CLAUSES: dict[str, tuple[Clause, ...]] = {
         c("with the V4.1 order (ascending positions, −1 at the tail)", "reindex_in_score_order"),
         c("row t holds min(k, |pool ∩ visible|) valid indices", "reindex_masks_after_topk"),
         c("every one a visible pool position", "reindex_ignores_visibility"),
+        c("which of equal scores are taken is implementation-defined, topk_ties", "reindex_ties_highest_declared_lowest"),
         c("No position outside the pool is ever selected", "reindex_ignores_pool")),
     # ---- HAD -------------------------------------------------------------------------------------
     "HAD.MATRIX": (
@@ -205,6 +206,7 @@ CLAUSES: dict[str, tuple[Clause, ...]] = {
                      "cmp-ratio1-rope-at-t-plus-1"),),
     "CMP.NORM": (
         c("y = w · p / sqrt(mean(p^2) + eps)", "cmp-norm-skipped"),
+        c("with the learned weight w", "cmp-norm-weight-ignored"),
         c("eps = norm_eps of the model (1e-6 for V4, 1e-20 for V4.1)", "cmp-eps-1e-6-everywhere")),
     "CMP.ROPE": (c("The last rope_dim channels", "cmp-rope-first-channels"),
                  c("rotated as adjacent pairs (y[2i], y[2i+1])", "cmp-rope-half-split"),
@@ -217,6 +219,7 @@ CLAUSES: dict[str, tuple[Clause, ...]] = {
         c("an fp32 kv state and an fp32 score state", "cmp-state-in-bf16"),
         c("kv 0 and score −inf before anything is written", "cmp-state-scores-from-0"),
         c("(nothing rounded to BF16 before the pooling)", "cmp-state-in-bf16"),
+        c("and at V4 ratio 4 also the last complete group into slots 0 … m−1", "cmp-feed-forgets-previous-window"),
         c("at V4 ratio 4 slots m … 2m−1 then move to 0 … m−1", "cmp-feed-forgets-previous-window"),
         c("A slot never written keeps score −inf and weighs 0", "cmp-state-scores-from-0")),
     # ---- LAYOUT ----------------------------------------------------------------------------------
@@ -254,6 +257,7 @@ CLAUSES: dict[str, tuple[Clause, ...]] = {
                     c("the main q, the window KV, the compressed KV entries and the indexer's q and k get "
                       "bit-identical frequencies", "compressed_kv_table_from_fp64")),
     "ROPE.PAIRS": (
+        c("Channel 2i is the real and 2i+1 the imaginary part", "conjugate_rotation"),
         c("interleaved, not the half-split 'NeoX' pairing (i, i + 32)", "half_split_pairing"),
         c("multiplied by e^(+i·p·f_i)", "conjugate_rotation")),
     "ROPE.SLICE": (c("RoPE rotates x[..., −64:] of every head", "rotates_first_64"),
@@ -280,6 +284,8 @@ CLAUSES: dict[str, tuple[Clause, ...]] = {
                     c("(s in prefill, 128 in decode)", "concat_offset_128_in_prefill"),
                     c("−1 kept as −1", "concat_shifts_minus_one")),
     "PATH.ORDER": (c("rotated first and quantized second", "quantize_before_rope", check="rotated_first_then_quantized"),
+                   c("(RoPE on the last 64 dims, then FP4 E4M3/16 over all 512)", "main_kv_rope_dims_not_quantized",
+                     check="rotated_first_then_quantized"),
                    c("(RoPE, then FP8 E4M3 with E8M0 per 32 over all 512)", "window_kv_quantized_per_128_after_rope",
                      check="rotated_first_then_quantized")),
     "PATH.QDQ": (
@@ -290,16 +296,19 @@ CLAUSES: dict[str, tuple[Clause, ...]] = {
                      c("(FP4 with one E8M0 scale per 32)", "index_k_cache_scale_per_128")),
     "PATH.WINDOW.RING": (c("each to slot p mod 128", "window_ring_in_prefill_order"),
                          c("writes positions max(0, s−128) … s−1", "ring_keeps_the_first_128"),
+                         c("Decode at position p writes slot p mod 128", "ring_decode_in_the_next_slot"),
                          c("or nothing yet (−1)", "ring_unwritten_slots_zero")),
     "PATH.POOL_SCAN": (c("the pinned partial newest block included", "pool_scan_skips_partial_block",
                          check="pinned_partial_block_is_scanned"),
                        c("same count", "pool_scan_masks_after_topk", check="pool_only_scan_selects_a_masked_topk"),
                        c("only visible pool positions", "pool_scan_ignores_visibility",
                          check="pool_only_scan_selects_a_masked_topk")),
-    "PATH.Q.PROJ": (c("bf16(ŵ · qr) of the dequantized weight — a BF16 projection — is not it",
-                      "q_projection_in_bf16", "q_projection_scales_after_the_sum"),),
+    "PATH.Q.PROJ": (c("unflattened to [T, H, 128]", "q_heads_interleaved"),
+                    c("bf16(ŵ · qr) of the dequantized weight — a BF16 projection — is not it",
+                      "q_projection_in_bf16", "q_projection_scales_after_the_sum")),
     "PATH.K.PROJ": (c("the index key of compressed entry j is bf16(wk · latent_j)", "k_projection_accumulates_in_bf16"),),
     "PATH.K.NORM": (c("k_normed = bf16(w · k / sqrt(mean(k²) + eps))", "k_before_its_norm"),
+                    c("over the 128 dims of each entry", "k_norm_per_half"),
                     c("computed in fp32 and written back BF16", "k_norm_in_bf16_ops")),
     "PATH.HADAMARD": (c("In V4 the FP4 stage quantizes Hadamard(q_rot) and Hadamard(k_rot)", "hadamard_skipped_in_v4"),
                       c("in V4.1 it quantizes q_rot and k_rot themselves", "hadamard_in_v41_index_path")),

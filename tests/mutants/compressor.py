@@ -18,7 +18,7 @@ def _compress(x, params, *, model, ratio, eps=None, score_fill=float("-inf"), ro
               look_ahead=False, normalize=True, mean_pool=False, drop_ape=False, swap_halves=False,
               emit_partial=False, skip_norm=False, no_previous=False, ape_shift=0, ape_at_128=True,
               softmax_dim=2, softmax_bf16=False, rope_pairing="adjacent", rope_first=False, shift_tokens=False,
-              rope_shift=0):
+              rope_shift=0, norm_weight=True):
     """impl.compress with switches, each one mistake."""
     seqlen = x.shape[1]
     if shift_tokens:    # group boundaries one token early: entry j pools tokens j·m − 1 .. j·m + m − 2
@@ -58,7 +58,7 @@ def _compress(x, params, *, model, ratio, eps=None, score_fill=float("-inf"), ro
         pooled = (kv * weights).sum(dim=2)
     if not skip_norm and (normalize or ratio > 1):
         eps = profile(model).norm_eps if eps is None else eps
-        pooled = ic._rms_norm(pooled, params["norm"], eps)
+        pooled = ic._rms_norm(pooled, params["norm"] if norm_weight else torch.ones_like(params["norm"]), eps)
     positions = torch.arange(groups) * ratio + rope_offset * (ratio - 1) + rope_shift
     if rope_pairing == "half" or rope_first:
         return _rope_another_way(pooled, positions, params["rope_freqs"], half=rope_pairing == "half", first=rope_first)
@@ -129,6 +129,7 @@ MUTANTS.update({
     "cmp-ratio1-rope-at-t-plus-1": ("CMP.RATIO1", dict(compress=partial(_compress, rope_shift=1))),
     "cmp-rope-half-split": ("CMP.ROPE", dict(compress=partial(_compress, rope_pairing="half"))),
     "cmp-rope-first-channels": ("CMP.ROPE", dict(compress=partial(_compress, rope_first=True))),
+    "cmp-norm-weight-ignored": ("CMP.NORM", dict(compress=partial(_compress, norm_weight=False))),
     "cmp-chunks-fed-without-the-state": ("CMP.STREAM", dict(compressor_feed=_feed_chunks_without_the_state)),
 })
 # Further rules a mutant breaks (one clause each; the catalogue lists each (mutant, rule) pair).

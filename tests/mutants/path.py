@@ -182,14 +182,15 @@ def _concat_variant(window_rows, compressed_rows, seqlen, start_pos, *, offset=N
     return torch.cat([window_rows.long(), shifted], -1).int()
 
 
-def _ring_variant(prefill, decoded, *, first_128=False, unwritten=-1):
-    """window_ring keeping the prefill's FIRST 128 positions, or marking unwritten slots 0."""
+def _ring_variant(prefill, decoded, *, first_128=False, unwritten=-1, decode_slot=0):
+    """window_ring keeping the prefill's FIRST 128 positions, marking unwritten slots 0, or writing
+    decode position p to slot (p + decode_slot) mod 128."""
     end = prefill + decoded
     ring = torch.full((128,), unwritten, dtype=torch.int64)
     written = torch.arange(0, min(prefill, 128)) if first_128 else torch.arange(max(0, prefill - 128), prefill)
     ring[written % 128] = written
     for p in range(prefill, end):
-        ring[p % 128] = p
+        ring[(p + decode_slot) % 128] = p
     return ring
 
 
@@ -228,6 +229,27 @@ def _rms_norm_in_bf16(x, w, eps):
     return b(w * b(x * b(torch.rsqrt(b(b(x.square()).mean(-1, keepdim=True)) + eps))))
 
 
+def _q_heads_interleaved(x, w, w_scale, block):
+    """q unflattened head-minor: [T, 128, H] transposed, not [T, H, 128]."""
+    from dsv4spec.impl.quant import fp8_linear
+    q = fp8_linear(x, w, w_scale, block)
+    H = w.shape[0] // 128
+    return q.unflatten(-1, (128, H)).transpose(-1, -2).flatten(-2)
+
+
+def _rms_norm_per_half(x, w, eps):
+    """k_norm's mean taken over each half of 64 dims instead of all 128."""
+    halves = x.unflatten(-1, (2, -1))
+    return ref._bf16(w * (halves * torch.rsqrt(halves.square().mean(-1, keepdim=True) + eps)).flatten(-2))
+
+
+def _main_kv_nope_only(x, positions, freqs, fmt):
+    """The V4.1 main KV's FP4 E4M3/16 over the 448 NoPE dims only, the RoPE dims kept apart."""
+    if fmt != "fp4_e4m3":
+        return ref.rope_quantize(x, positions, freqs, fmt)
+    return ref._quantize(ref.rope_rotate(x, positions, freqs)[..., :448].contiguous(), fmt)
+
+
 def _index_q_rope_from_0(x, positions, freqs):
     """The index q (the [T, H, D] operand) rotated at t instead of start_pos + t."""
     return rope_ref.rope_rotate(x, positions - positions[0] if x.dim() == 3 else positions, freqs)
@@ -263,6 +285,13 @@ MUTANTS.update({
                                             pool_scan_topk=pool_mutants._reindex_ignoring_visibility), "PATH.POOL_SCAN"),
     "pool_scan_masks_after_topk": (mutant("pool_scan_masks_after_topk",
                                           pool_scan_topk=pool_mutants._reindex_masking_after_topk), "PATH.POOL_SCAN"),
+    "ring_decode_in_the_next_slot": (mutant("ring_decode_in_the_next_slot", window_ring=lambda n, d: _ring_variant(
+        n, d, decode_slot=1)), "PATH.WINDOW.RING"),
+    "q_heads_interleaved": (mutant("q_heads_interleaved", index_layer=_layer_with(fp8_linear=_q_heads_interleaved)),
+                            "PATH.Q.PROJ"),
+    "k_norm_per_half": (mutant("k_norm_per_half", index_layer=_layer_with(_rms_norm=_rms_norm_per_half)), "PATH.K.NORM"),
+    "main_kv_rope_dims_not_quantized": (mutant("main_kv_rope_dims_not_quantized", index_layer=None,
+                                               rope_quantize=_main_kv_nope_only), "PATH.ORDER"),
     "k_norm_in_bf16_ops": (mutant("k_norm_in_bf16_ops", index_layer=_layer_with(_rms_norm=_rms_norm_in_bf16)),
                            "PATH.K.NORM"),
     "hadamard_in_v41_index_path": (mutant("hadamard_in_v41_index_path", index_layer=_layer_with(

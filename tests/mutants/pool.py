@@ -184,6 +184,18 @@ def _reindex_masking_after_topk(q, k, w, visible, pool, topk):
     return torch.where(kept == torch.iinfo(chosen.dtype).max, -1, kept)
 
 
+def _reindex_highest_ties(q, k, w, visible, pool, topk):
+    """The re-index top-k taking the HIGHEST of tied positions (a reversed scan), ascending order kept."""
+    from dsv4spec.impl.indexer import index_scores
+    from dsv4spec.impl.topk import _topk_from
+    scores = index_scores(q, k, w, visible, "bf16")
+    eligible = pool & (torch.arange(scores.shape[1])[None, :] < visible[:, None])
+    S = scores.shape[1]
+    chosen = _topk_from(scores.masked_fill(~eligible, float("-inf")).flip(1), eligible.flip(1), topk, "position")
+    chosen = torch.where(chosen >= 0, S - 1 - chosen, torch.full_like(chosen, S)).sort(1).values
+    return torch.where(chosen == S, -1, chosen)
+
+
 def _blocks_ascending(scores, lens, topk_blocks=2048, block_size=8):
     """The blocks with the SMALLEST scores kept (topk(largest=False)), the pin kept as +inf."""
     scores = scores.float()
@@ -215,6 +227,9 @@ MUTANTS.update({
     "reindex_in_score_order": (mutant("reindex_in_score_order", reindex_topk=_reindex_in_score_order), "POOL.REINDEX"),
     "reindex_ignores_visibility": (mutant("reindex_ignores_visibility", reindex_topk=_reindex_ignoring_visibility),
                                    "POOL.REINDEX"),
+    "reindex_ties_highest_declared_lowest": (mutant("reindex_ties_highest_declared_lowest",
+                                                    variants={"topk_ties": "lowest_index"},
+                                                    reindex_topk=_reindex_highest_ties), "POOL.REINDEX"),
     "reindex_masks_after_topk": (mutant("reindex_masks_after_topk", reindex_topk=_reindex_masking_after_topk),
                                  "POOL.REINDEX"),
     "csa_as_hca": (mutant("csa_as_hca", layer_role=_role_as(
