@@ -137,10 +137,11 @@ def _decode_entry_at_the_token(inputs, *, model, layer, start_pos=0):
         return ref.index_layer(inputs, model=model, layer=layer, start_pos=start_pos)
 
 
-# Caught by drawn layer cases only (tests/test_path.py: the fixed cases pass it; a dev seed fails it),
-# so not in the catalogue, whose mutants fail at ci.
+# The stage check's fixed cases pass it and a dev seed's drawn case fails it (tests/test_path.py);
+# ROPE.POSITIONS's check on a completing ratio-2 decode step fails it at ci, so it is in the catalogue too.
 SEED_ONLY = {"decode_entry_rotated_at_the_token": (mutant("decode_entry_rotated_at_the_token",
                                                           index_layer=_decode_entry_at_the_token), "ROPE.POSITIONS")}
+MUTANTS.update(SEED_ONLY)
 
 
 # Clause mutants (issue 22: each changes one clause of its rule's statement; properties/clauses.py).
@@ -218,6 +219,21 @@ def _index_k_scale_per(block):
     return qdq
 
 
+_k_norm = ref._rms_norm
+
+
+def _fp8_linear_act_quant_per_128(x, w, w_scale, block):
+    """act_quant of qr per 128 (V4's block) whatever b is, the weight's scales per b kept."""
+    from dsv4spec.impl import quant as impl_quant
+    real = impl_quant.fp8_quantize
+
+    def per_128(v, b):
+        q, s = real(v, 128)
+        return q, s.repeat_interleave(128 // b, -1)
+    with mock.patch.object(impl_quant, "fp8_quantize", per_128):
+        return impl_quant.fp8_linear(x, w, w_scale, block)
+
+
 def _hadamard_on_v41(model):
     """A profile with the Hadamard on: V4's index path on V4.1 too."""
     return replace(profile(model), hadamard=True)
@@ -292,6 +308,10 @@ MUTANTS.update({
     "k_norm_per_half": (mutant("k_norm_per_half", index_layer=_layer_with(_rms_norm=_rms_norm_per_half)), "PATH.K.NORM"),
     "main_kv_rope_dims_not_quantized": (mutant("main_kv_rope_dims_not_quantized", index_layer=None,
                                                rope_quantize=_main_kv_nope_only), "PATH.ORDER"),
+    "k_norm_eps_1e-6": (mutant("k_norm_eps_1e-6", index_layer=_layer_with(
+        _rms_norm=lambda x, w, eps: _k_norm(x, w, 1e-6))), "PATH.K.NORM"),
+    "q_act_quant_per_128_on_v41": (mutant("q_act_quant_per_128_on_v41", index_layer=_layer_with(
+        fp8_linear=_fp8_linear_act_quant_per_128)), "PATH.Q.PROJ"),
     "k_norm_in_bf16_ops": (mutant("k_norm_in_bf16_ops", index_layer=_layer_with(_rms_norm=_rms_norm_in_bf16)),
                            "PATH.K.NORM"),
     "hadamard_in_v41_index_path": (mutant("hadamard_in_v41_index_path", index_layer=_layer_with(
