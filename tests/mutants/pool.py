@@ -235,7 +235,8 @@ MUTANTS.update({
     "csa_as_hca": (mutant("csa_as_hca", layer_role=_role_as(
         lambda m, layer, r: spec.Role("hca", layer) if r.kind == "csa" else None)), "LAYER.V4"),
     "window_layer_with_hca": (mutant("window_layer_with_hca", layer_role=_role_as(
-        lambda m, layer, r: spec.Role("hca", layer) if r.kind == "window" and m.startswith("v4-") else None)),
+        lambda m, layer, r: spec.Role("hca", layer) if r.kind == "window" and m.startswith("v4-")
+        and layer < len(profile(m).compress_ratios) - 1 else None)),
         "LAYER.V4"),
     "v4_mtp_layer_as_csa": (mutant("v4_mtp_layer_as_csa", layer_role=_role_as(
         lambda m, layer, r: spec.Role("csa", layer, layer) if m.startswith("v4-")
@@ -250,7 +251,7 @@ MUTANTS.update({
         lambda m, layer, r: spec.Role("index_source", 20, 20) if r.kind == "candidate_source" else None)),
         "LAYER.V41"),
     "candidate_source_masked_to_itself": (mutant("candidate_source_masked_to_itself", layer_role=_role_as(
-        lambda m, layer, r: spec.Role("reindex", 20, 20, 20) if r.kind == "candidate_source" else None)),
+        lambda m, layer, r: r._replace(pool_source=layer) if r.kind == "candidate_source" else None)),
         "LAYER.V41"),
     "reuse_takes_the_kv_sources_topk": (mutant("reuse_takes_the_kv_sources_topk", layer_role=_role_as(
         lambda m, layer, r: r._replace(topk_source=r.kv_source) if r.kind == "reuse" else None)), "LAYER.V41"),
