@@ -109,6 +109,16 @@ def _q_norm_never(q, *, model):
     return ref.attention_q(q, model="v4.1-flash")
 
 
+def _q_norm_with_eps(eps):
+    def attention_q(q, *, model):
+        """V4's q rescale with another eps (V4.1's 1e-20) in place of norm_eps = 1e-6."""
+        if model in ref.spec.V41:
+            return q.float()
+        qb = q.to(torch.bfloat16)
+        return (qb * torch.rsqrt(qb.square().mean(-1, keepdim=True) + eps)).float()
+    return attention_q
+
+
 def _derotate_first_64(o, positions, freqs):
     """The de-rotation applied to channels 0..63 instead of the last 64."""
     o = o.float()
@@ -162,6 +172,7 @@ MUTANTS = dict([
     _m("probabilities_truncated_to_bf16", "ATTN.PROB.BF16", sparse_attention=_variant(probs="truncated")),
     _m("denominator_of_the_rounded_probabilities", "ATTN.PROB.BF16", sparse_attention=_variant(total_of="rounded")),
     _m("derotates_the_first_64", "ATTN.DEROTATE", attention_output=_derotate_first_64),
+    _m("q_norm_eps_1e-20_on_v4", "ATTN.Q_NORM", attention_q=_q_norm_with_eps(1e-20)),
     _m("q_rescaled_on_v41", "ATTN.Q_NORM", attention_q=_q_norm_always),
     _m("q_not_rescaled_on_v4", "ATTN.Q_NORM", attention_q=_q_norm_never),
     _m("layer_q_not_rescaled_on_v4", "ATTN.LAYER", attention_layer=_layer_with(attention_q=lambda q, *, model: q)),
