@@ -181,6 +181,17 @@ def prefill_emits_one_entry_per_complete_group(target, case):
     want = (batch, seqlen // case.ratio, case.params["norm"].shape[0])
     assert tuple(out.shape) == want, (f"CMP.GROUPS: {seqlen} tokens at ratio {case.ratio} gave entries of shape "
                                       f"{tuple(out.shape)}, expected {want} ({case.describe()})")
+    # entry j pools tokens j·m .. j·m+m−1 (and the m before them when windows overlap): the last
+    # entry is unchanged when every token before its window changes
+    start = (want[1] - 1 - spec.overlaps(case.model, case.ratio)) * case.ratio
+    if start > 0:
+        earlier = case.x.copy()
+        earlier[:, :start] = bf16_values(np.random.default_rng(seqlen).standard_normal(earlier[:, :start].shape) * 3)
+        got = run_compress(target, case.but(f"tokens < {start} replaced", x=earlier))[:, -1:]
+        tol = spec.entry_tolerance(case.x, case.params, case.model, case.ratio)[:, -1:]
+        assert_within(got, as_numpy(out).astype(np.float64)[:, -1:], 2 * tol, case=case,
+                      what=f"CMP.GROUPS: entry {want[1] - 1} changed when the tokens before its window (< {start}) "
+                           f"changed")
 
 
 @check("CMP.GROUPS", ops=("compressor_state", "compressor_feed"))

@@ -739,3 +739,62 @@ def report_first_broken(rule_id: str, case, broken) -> None:
     if broken:
         stage, stage_rule, message = broken
         raise AssertionError(f"{rule_id}: first broken stage {stage!r} ({stage_rule}) [{case!r}]\n{message}")
+
+
+# ------------------------------------------------------------------------------------------------
+# clauses the drawn layer cases cannot show (issue 22): one purpose-built case each
+# ------------------------------------------------------------------------------------------------
+def _recased(case: LayerCase, label: str, **arrays) -> LayerCase:
+    return LayerCase(f"{case.label}, {label}", case.model, case.layer, case.start_pos,
+                     tuple((name, arrays.get(name, a)) for name, a in case.inputs))
+
+
+def _judge_stages(target, case: LayerCase, *judges) -> None:
+    out = run_layer(target, case)
+    for judge in judges:
+        judge(target, case, out)
+
+
+@functools.lru_cache(maxsize=1)
+def act_quant_block_case() -> LayerCase:
+    """V4.1 layer 2 with qr's runs of 32 scaled 2^-8 … 2^8 apart and wq_b's scales undoing it, so
+    every K block weighs alike in q: act_quant per 128 instead of per b = 32 flushes the small runs
+    to E4M3 subnormals or 0 and moves q far (on unit-normal qr the block size is invisible: with a
+    power-of-two scale E4M3 rounds alike unless a value goes subnormal)."""
+    case = make_layer_case("v4.1-flash", 2, 10, 0, 11)
+    a, b = case.arrays(), spec_quant.FP8_LINEAR_BLOCK["v4.1-flash"]
+    e = np.random.default_rng(11).integers(-8, 9, a["qr"].shape[1] // b)
+    qr = (a["qr"] * np.repeat(2.0 ** e, b)).astype(np.float32)
+    scales = (a["wq_b_scale"].astype(np.int64) - e[None, :]).astype(np.uint8)
+    return _recased(case, "qr runs of 32 spread 2^±8, wq_b scales compensating", qr=qr, wq_b_scale=scales)
+
+
+@check("PATH.Q.PROJ", ops=("index_layer",))
+def act_quant_per_b_of_the_model(target):
+    _judge_stages(target, act_quant_block_case(), _judge_q)
+
+
+@functools.lru_cache(maxsize=1)
+def small_keys_case() -> LayerCase:
+    """V4.1 layer 2 with its latent scaled by 2^-16: mean(k²) ≈ 2^-32 ≈ 2e-10, where eps = 1e-20
+    leaves k_norm alone and 1e-6 (V4's eps) shrinks it about 70-fold."""
+    case = make_layer_case("v4.1-flash", 2, 10, 0, 12)
+    return _recased(case, "latent × 2^-16", latent=(case.arrays()["latent"] * 2.0 ** -16).astype(np.float32))
+
+
+@check("PATH.K.NORM", ops=("index_layer",))
+def k_norm_eps_of_the_model(target):
+    _judge_stages(target, small_keys_case(), _judge_k, _judge_k_normed)
+
+
+@functools.lru_cache(maxsize=1)
+def completing_decode_case() -> LayerCase:
+    """V4.1 layer 2 (ratio 2) decoding position 33: entry 16 completes this step and is rotated at
+    its group's first token 32 = start_pos + 1 − ratio (the fixed decode cases are ratio 1, where
+    the two agree)."""
+    return make_layer_case("v4.1-flash", 2, 1, 33, 13)
+
+
+@check("ROPE.POSITIONS", ops=("index_layer",))
+def decode_entry_rotated_at_its_groups_first_token(target):
+    _judge_stages(target, completing_decode_case(), _judge_q_rot, _judge_k_rot)

@@ -143,7 +143,7 @@ def test_a_mistake_only_drawn_layer_cases_reach_is_caught_by_a_dev_seed():
     from mutants.path import SEED_ONLY
     provider, rule_id = SEED_ONLY["decode_entry_rotated_at_the_token"]
     target = Target(provider, "decode_entry_rotated_at_the_token")
-    chk, = [c for c in checks_for(rule_id) if "index_layer" in c.ops]
+    chk, = [c for c in checks_for(rule_id) if c.name == "layer_stages_rope_positions"]
     saved = RUN.seed, RUN.settings, RUN.max_examples
     try:
         RUN.settings = settings(settings_for(rule_id, "dev"), phases=(Phase.explicit,))

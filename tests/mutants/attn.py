@@ -20,7 +20,8 @@ def _bf16(x):
 
 def _attention(q, kv, sink, indices, scale, *, model, sink_mode="denominator", init=None, probs="bf16",
                maxima="running", dedupe=False, gather="masked", scores="fp32", fixed_scale=None,
-               rescale_acc=True, output="bf16", rescale_total=True, block=None, sink_scaled=False):
+               rescale_acc=True, output="bf16", rescale_total=True, block=None, sink_scaled=False,
+               total_of="fp32"):
     """impl's online softmax with one step done another way."""
     q, kv, sink, indices, scale = ref.check_attention_inputs("sparse_attention", q, kv, sink, indices, scale)
     if fixed_scale is not None:
@@ -33,6 +34,13 @@ def _attention(q, kv, sink, indices, scale, *, model, sink_mode="denominator", i
                 if i in seen:
                     row[j] = -1
                 seen.add(i)
+    if gather == "tail_only":                   # −1 taken as padding at the tail: the list cut at its first −1
+        indices = indices.clone()
+        for row in indices:
+            first = (row == -1).nonzero()
+            if first.numel():
+                row[int(first[0]):] = -1
+        gather = "masked"
     T, H, D = q.shape
     if maxima == "global":                      # every probability rounded against the final max
         valid = indices != -1
@@ -58,8 +66,9 @@ def _attention(q, kv, sink, indices, scale, *, model, sink_mode="denominator", i
             pv = _bf16(torch.exp(s - final[..., None])) * torch.exp(final - m_new)[..., None]
         else:
             p = torch.exp(s - m_new[..., None])
-            pv = p if probs == "fp32" else _bf16(p)
-        total = (total * rescale if rescale_total else total) + p.sum(-1)
+            pv = p if probs == "fp32" else _truncated_bf16(p) if probs == "truncated" else _bf16(p)
+        summed = pv if total_of == "rounded" else p
+        total = (total * rescale if rescale_total else total) + summed.sum(-1)
         acc = (acc * rescale[..., None] if rescale_acc else acc) + torch.einsum("thb,tbd->thd", pv, rows)
         m = m_new
     sink_term = torch.exp(sink[None, :] - m)
@@ -69,6 +78,11 @@ def _attention(q, kv, sink, indices, scale, *, model, sink_mode="denominator", i
         acc = acc + sink_term[..., None]
     out = acc / total[..., None]
     return out if output == "fp32" else _bf16(out)
+
+
+def _truncated_bf16(x):
+    """BF16 by dropping the low 16 bits (round toward zero), not RNE."""
+    return (x.contiguous().view(torch.int32) & -65536).view(torch.float32)
 
 
 def _variant(**options):
@@ -93,6 +107,24 @@ def _q_norm_always(q, *, model):
 
 def _q_norm_never(q, *, model):
     return ref.attention_q(q, model="v4.1-flash")
+
+
+def _q_norm_with_eps(eps):
+    def attention_q(q, *, model):
+        """V4's q rescale with another eps (V4.1's 1e-20) in place of norm_eps = 1e-6."""
+        if model in ref.spec.V41:
+            return q.float()
+        qb = q.to(torch.bfloat16)
+        return (qb * torch.rsqrt(qb.square().mean(-1, keepdim=True) + eps)).float()
+    return attention_q
+
+
+def _derotate_first_64(o, positions, freqs):
+    """The de-rotation applied to channels 0..63 instead of the last 64."""
+    o = o.float()
+    rd = 2 * freqs.shape[0]
+    head = ref.attention_output(o[..., :rd].contiguous(), positions, freqs)
+    return torch.cat([head, o[..., rd:]], -1)
 
 
 def _derotate_plus(o, positions, freqs):
@@ -136,6 +168,11 @@ MUTANTS = dict([
     _m("sink_in_the_numerator", "ATTN.SINK", sparse_attention=_variant(sink_mode="numerator")),
     _m("output_left_fp32", "ATTN.OUTPUT", sparse_attention=_variant(output="fp32")),
     _m("derotation_by_plus_p", "ATTN.DEROTATE", attention_output=_derotate_plus),
+    _m("minus_one_only_at_the_tail", "ATTN.GATHER", sparse_attention=_variant(gather="tail_only")),
+    _m("probabilities_truncated_to_bf16", "ATTN.PROB.BF16", sparse_attention=_variant(probs="truncated")),
+    _m("denominator_of_the_rounded_probabilities", "ATTN.PROB.BF16", sparse_attention=_variant(total_of="rounded")),
+    _m("derotates_the_first_64", "ATTN.DEROTATE", attention_output=_derotate_first_64),
+    _m("q_norm_eps_1e-20_on_v4", "ATTN.Q_NORM", attention_q=_q_norm_with_eps(1e-20)),
     _m("q_rescaled_on_v41", "ATTN.Q_NORM", attention_q=_q_norm_always),
     _m("q_not_rescaled_on_v4", "ATTN.Q_NORM", attention_q=_q_norm_never),
     _m("layer_q_not_rescaled_on_v4", "ATTN.LAYER", attention_layer=_layer_with(attention_q=lambda q, *, model: q)),
