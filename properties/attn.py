@@ -450,7 +450,6 @@ KIND_CASES = (
     ("v4-flash", 0, 1, 100, 13),            # window only, decode, ring filling
     ("v4.1-flash", 0, 10, 0, 14),           # window only, prefill
     ("v4.1-flash", 1, 1, 200, 15),          # window only, decode
-    ("v4.1-flash", 2, 1, 9, 16),            # ratio-2 index source, decode
     ("v4.1-flash", 21, 12, 0, 17),          # reuse of layer 20 (lists and KV), prefill
     ("v4.1-flash", 5, 1, 30, 18),           # reuse of layer 2, decode
     ("v4.1-flash", 25, 1, 40, 19),          # reuse of layer 24's lists and layer 20's KV, decode

@@ -333,7 +333,10 @@ def make_layer_case(model: str, layer: int, seqlen: int, start_pos: int = 0, see
 
 
 # (model, layer, seqlen, start_pos, seed): one case per layer kind at small realistic shapes, V4 decode
-# on both sides of a full window ring, and V4.1 decode above 16384 entries; every layer check runs these, then draws from the run's seed
+# on both sides of a full window ring, decode while the ring fills completing an entry at ratio > 1
+# (V4-Pro, V4.1's index source), and V4.1 decode above 16384 entries; every layer check runs these,
+# then draws from the run's seed.  Together they reach every boundary coverage lists for the layer
+# checks (coverage.layer_call_boundaries, each model; tests/test_coverage.py keeps it so).
 FIXED_LAYERS = (
     ("v4-flash", 2, 20, 0, 1),             # CSA
     ("v4-flash", 3, 260, 0, 2),            # HCA (2 entries of 128)
@@ -345,6 +348,8 @@ FIXED_LAYERS = (
     ("v4-flash", 3, 1, 300, 10),           # V4 decode, the ring wrapped (HCA)
     ("v4.1-flash", 20, 1, 16400, 7),       # candidate source, decode, N = 16401
     ("v4.1-flash", 24, 1, 16400, 8),       # re-index, decode, N = 16401
+    ("v4-pro", 2, 1, 27, 20),              # V4-Pro CSA, decode while the ring fills, entry 6 completes (E = 7)
+    ("v4.1-flash", 2, 1, 9, 16),           # ratio-2 index source, decode while the ring fills, entry 4 completes
 )
 LAYER_MODELS = ("v4-flash", "v4-pro", "v4.1-flash")
 
