@@ -464,7 +464,7 @@ def kind_cases() -> list:
 @functools.lru_cache(maxsize=32)
 def attention_case(key: tuple):
     """The attention case of a layer key (path.FIXED_LAYERS, KIND_CASES, path.layer_keys): a fixed
-    key keeps its inputs of old, a drawn one takes its seed's.  Kept for the 19 fixed keys and a
+    key keeps its inputs of old, a drawn one takes its seed's.  Kept for the 20 fixed keys and a
     run's draws (about 250 MB), so a process's ATTN.LAYER runs (impl, official, each mutant) build
     each case once."""
     from .path import FIXED_LAYERS, layer_case
@@ -614,7 +614,8 @@ def first_broken_attention_stage(target, case):
 
 def _every_layer_kind(fn):
     """forall over the fixed layer cases and KIND_CASES (explicit examples), then drawn layers."""
-    from .path import ALL_KINDS, FIXED_LAYERS, layer_keys
+    from .path import ALL_KINDS, FIXED_LAYERS, LAYER_CHECK_KINDS, layer_keys
+    LAYER_CHECK_KINDS["ATTN.LAYER"] = ALL_KINDS
     return forall(*(dict(key=key) for key in (*FIXED_LAYERS, *KIND_CASES)), key=layer_keys(ALL_KINDS))(fn)
 
 
