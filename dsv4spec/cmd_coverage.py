@@ -12,7 +12,10 @@ def register(subparsers):
                     "an E2M1 tie exactly, one ulp below and one above, amax on each power-of-two edge, "
                     "compress_lens a multiple of 8 … reached or MISSED, and which of them random draws reach "
                     "(in what share of one check's drawn examples; the goal is ≥ 1/50) rather than only "
-                    "explicit @examples or a fixed sweep.  Exit status 1 when a boundary is missed.")
+                    "explicit @examples or a fixed sweep ('k of n' where a check draws under 50 examples, as "
+                    "the layer checks do at ci (2) and in dev (10)).  A layer boundary also shows "
+                    "the share of its layer strategy's own draws that reach it (400 keys drawn with a fixed "
+                    "seed, nothing run).  Exit status 1 when a boundary is missed.")
     p.add_argument("--profile", default="ci", help="Hypothesis profile: ci (default), dev, thorough")
     p.add_argument("--rules", metavar="PREFIX,...", help="rule id prefixes (default: every rule with boundaries)")
     p.add_argument("--target", default="impl", metavar="T", help="the target whose checks are recorded")
