@@ -17,6 +17,8 @@ def register(subparsers):
                     "the share of its layer strategy's own draws that reach it (400 keys drawn with a fixed "
                     "seed, nothing run).  Exit status 1 when a boundary is missed.")
     p.add_argument("--profile", default="ci", help="Hypothesis profile: ci (default), dev, thorough")
+    p.add_argument("--seed", type=int, metavar="N", help="seed of the dev and thorough profiles (default: a fresh "
+                   "one, printed; ci is derandomized)")
     p.add_argument("--rules", metavar="PREFIX,...", help="rule id prefixes (default: every rule with boundaries)")
     p.add_argument("--target", default="impl", metavar="T", help="the target whose checks are recorded")
     p.add_argument("--reached", action="store_true", help="list the boundaries reached too")
@@ -29,10 +31,13 @@ def register(subparsers):
 def run(args) -> int:
     from dsv4spec.cli import UsageError, _prefixes
     from dsv4spec.properties.coverage import coverage, render
-    from dsv4spec.properties.suite import PROFILES
+    from dsv4spec.properties.suite import DERANDOMIZED, PROFILES, RUN, new_seed
     from dsv4spec.properties.target import load_target
     if args.profile not in PROFILES:
         raise UsageError(f"unknown profile {args.profile!r}; expected one of {', '.join(PROFILES)}")
+    RUN.seed = None if args.profile in DERANDOMIZED else (args.seed if args.seed is not None else new_seed())
+    if RUN.seed is not None:
+        print(f"dsv4spec coverage: profile {args.profile}, seed {RUN.seed}", file=sys.stderr)
 
     def progress(rc):
         print(f"{rc.rule_id} …", file=sys.stderr, flush=True)

@@ -1325,15 +1325,17 @@ def _per_drawn_example(calls) -> dict[str, list[list[Call]]]:
 
 def random_counts(listed, calls, sample: int = 100) -> dict[str, tuple[int, int]]:
     """Per boundary, (reaching, drawn) for the check whose drawn examples reach it in the largest
-    share (at most `sample` examples a check, evenly spaced); (0, the most a check drew) when no
-    drawn example reaches it."""
+    share (at most `sample` examples a check, evenly spaced; of a boundary read from one operation,
+    only the checks that call it); (0, the most such a check drew) when no drawn example reaches it."""
     drawn = [c for c in calls if c.drawn]
     examples = {check: ex[::max(1, len(ex) // sample)] for check, ex in _per_drawn_example(calls).items()}
-    most = max((len(ex) for ex in examples.values()), default=0)
+    calling = {op: [ex for ex in examples.values() if any(c.op == op for e in ex for c in e)]
+               for op in {c.op for c in drawn}}
     counts = {}
     for b in listed:
-        hits = [(sum(bool(b.reached(e)) for e in ex), len(ex)) for ex in examples.values() if ex] if b.reached(drawn) else []
-        counts[b.name] = max(hits, key=lambda h: h[0] / h[1], default=(0, most))
+        checks = calling.get(b.op, []) if b.op else list(examples.values())
+        hits = [(sum(bool(b.reached(e)) for e in ex), len(ex)) for ex in checks] if b.reached(drawn) else []
+        counts[b.name] = max(hits, key=lambda h: h[0] / h[1], default=(0, max(map(len, checks), default=0)))
     return counts
 
 
@@ -1384,15 +1386,15 @@ def layer_strategy_rules() -> dict[str, tuple]:
     return dict(path.LAYER_CHECK_KINDS)
 
 
+_KEYS: dict = {}         # sorted kinds -> the default draws of layer_keys(kinds), once a process
+
+
 def _layer_keys(kinds: tuple) -> list[tuple]:
     from .path import layer_keys
     key = tuple(sorted(kinds))
     if key not in _KEYS:
         _KEYS[key] = drawn_values(layer_keys(key))
     return _KEYS[key]
-
-
-_KEYS: dict = {}
 
 
 def strategy_rates(rule_id: str, keys: list | None = None) -> dict[str, float]:

@@ -118,6 +118,15 @@ def test_the_coverage_command_rejects_an_unknown_profile(capsys):
     assert main(["coverage", "--profile", "fast"]) == 2
 
 
+def test_the_coverage_command_takes_the_seed_of_a_randomized_profile(capsys):
+    from dsv4spec.properties.suite import RUN
+    try:
+        assert main(["coverage", "--profile", "dev", "--seed", "5", "--rules", "FMT.E2M1.ZERO_SIGN"]) == 0
+    finally:
+        RUN.seed = None
+    assert "profile dev, seed 5" in capsys.readouterr().err
+
+
 def test_ci_is_sized_per_rule():
     """Cheap codec rules run hundreds of examples a check in ci, the costly pool rules fewer."""
     from dsv4spec.properties.suite import profile_for, settings_for
