@@ -452,7 +452,6 @@ KIND_CASES = (
     ("v4-flash", 0, 1, 100, 13),            # window only, decode, ring filling
     ("v4.1-flash", 0, 10, 0, 14),           # window only, prefill
     ("v4.1-flash", 1, 1, 200, 15),          # window only, decode
-    ("v4.1-flash", 2, 1, 9, 16),            # ratio-2 index source, decode
     ("v4.1-flash", 21, 12, 0, 17),          # reuse of layer 20 (lists and KV), prefill
     ("v4.1-flash", 5, 1, 30, 18),           # reuse of layer 2, decode
     ("v4.1-flash", 25, 1, 40, 19),          # reuse of layer 24's lists and layer 20's KV, decode
@@ -467,7 +466,7 @@ def kind_cases() -> list:
 @functools.lru_cache(maxsize=32)
 def attention_case(key: tuple):
     """The attention case of a layer key (path.FIXED_LAYERS, KIND_CASES, path.layer_keys): a fixed
-    key keeps its inputs of old, a drawn one takes its seed's.  Kept for the 19 fixed keys and a
+    key keeps its inputs of old, a drawn one takes its seed's.  Kept for the 20 fixed keys and a
     run's draws (about 250 MB), so a process's ATTN.LAYER runs (impl, official, each mutant) build
     each case once."""
     from .path import FIXED_LAYERS, layer_case
@@ -617,7 +616,8 @@ def first_broken_attention_stage(target, case):
 
 def _every_layer_kind(fn):
     """forall over the fixed layer cases and KIND_CASES (explicit examples), then drawn layers."""
-    from .path import ALL_KINDS, FIXED_LAYERS, layer_keys
+    from .path import ALL_KINDS, FIXED_LAYERS, LAYER_CHECK_KINDS, layer_keys
+    LAYER_CHECK_KINDS["ATTN.LAYER"] = ALL_KINDS
     return forall(*(dict(key=key) for key in (*FIXED_LAYERS, *KIND_CASES)), key=layer_keys(ALL_KINDS))(fn)
 
 

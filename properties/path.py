@@ -337,7 +337,10 @@ def make_layer_case(model: str, layer: int, seqlen: int, start_pos: int = 0, see
 
 
 # (model, layer, seqlen, start_pos, seed): one case per layer kind at small realistic shapes, V4 decode
-# on both sides of a full window ring, and V4.1 decode above 16384 entries; every layer check runs these, then draws from the run's seed
+# on both sides of a full window ring, decode while the ring fills completing an entry at ratio > 1
+# (V4-Pro, V4.1's index source), and V4.1 decode above 16384 entries; every layer check runs these,
+# then draws from the run's seed.  Together they reach every boundary coverage lists for the layer
+# checks (coverage.layer_call_boundaries, each model; tests/test_coverage.py keeps it so).
 FIXED_LAYERS = (
     ("v4-flash", 2, 20, 0, 1),             # CSA
     ("v4-flash", 3, 260, 0, 2),            # HCA (2 entries of 128)
@@ -349,6 +352,8 @@ FIXED_LAYERS = (
     ("v4-flash", 3, 1, 300, 10),           # V4 decode, the ring wrapped (HCA)
     ("v4.1-flash", 20, 1, 16400, 7),       # candidate source, decode, N = 16401
     ("v4.1-flash", 24, 1, 16400, 8),       # re-index, decode, N = 16401
+    ("v4-pro", 2, 1, 27, 20),              # V4-Pro CSA, decode while the ring fills, entry 6 completes (E = 7)
+    ("v4.1-flash", 2, 1, 9, 16),           # ratio-2 index source, decode while the ring fills, entry 4 completes
 )
 LAYER_MODELS = ("v4-flash", "v4-pro", "v4.1-flash")
 
@@ -356,7 +361,8 @@ LAYER_MODELS = ("v4-flash", "v4-pro", "v4.1-flash")
 @functools.lru_cache(maxsize=32)
 def layer_case(key: tuple) -> LayerCase:
     """The case of a key (model, layer, seqlen, start_pos, seed), built once a process: the layer
-    rules at ci use 18 keys (12 kept made every mutant of `dsv4spec mutate` rebuild them)."""
+    rules and ATTN.LAYER at ci use 22 keys (12 fixed, 5 of KIND_CASES, 5 drawn; 12 kept made every
+    mutant of `dsv4spec mutate` rebuild them)."""
     return make_layer_case(*key)
 
 
@@ -389,15 +395,18 @@ def prefill_lengths(draw, step: int, shortest: int, longest: int):
     return min(longest, max(shortest, k * step + draw(st.sampled_from((-1, 0, 1)))))
 
 
-DECODE_WHERE = ("filling", "wrap", "boundary", "topk", "pool", "any")
+# Hypothesis draws the first of these in about 4 decode steps of 10 (the others in 1 of 10 or
+# fewer): it is the rarest regime, the pool's capacity (coverage.strategy_rates measures each).
+DECODE_WHERE = ("capacity", "filling", "wrap", "boundary", "topk", "any")
 DECODE_FARTHEST = 2 ** 15
 
 
 @st.composite
 def decode_positions(draw, model: str, ratio: int):
-    """A decode start position: while the ring fills (1..127); at a ring wrap (128·k − 1, 128·k,
-    128·k + 1); at a compression boundary (p mod ratio = ratio − 1, an entry completes this step, or
-    0); where the entries reach the top-k (E = index_topk ± 1) or V4.1's pool (E = 16384 ± 1); or
+    """A decode start position: where the entries reach the last selection's capacity (V4.1's pool,
+    E = 16385, 16386 or 16384; V4's top-k, E = index_topk + 1, + 0 or − 1); while the ring fills (1..127);
+    at a ring wrap (128·k − 1, 128·k, 128·k + 1); at a compression boundary (p mod ratio = ratio − 1,
+    an entry completes this step, or 0); where the entries reach the top-k (E = index_topk ± 1); or
     anywhere up to 2^15."""
     m, r = profile(model), max(ratio, 1)
     where = draw(st.sampled_from(DECODE_WHERE))
@@ -407,9 +416,11 @@ def decode_positions(draw, model: str, ratio: int):
         return m.window * draw(st.integers(1, 64)) + draw(st.sampled_from((-1, 0, 1)))
     if where == "boundary":
         return max(1, r * draw(st.integers(1, DECODE_FARTHEST // r)) - draw(st.sampled_from((1, 0))))
-    edge = {"topk": m.index_topk, "pool": m.candidate_topk_blocks * m.candidate_block_size}.get(where)
-    if ratio and edge:
-        return (edge + draw(st.sampled_from((-1, 0, 1)))) * ratio - 1
+    pool = m.candidate_topk_blocks * m.candidate_block_size
+    if ratio and where == "capacity":
+        return (pool + draw(st.sampled_from((1, 2, 0))) if pool else m.index_topk + draw(st.sampled_from((1, 0, -1)))) * ratio - 1
+    if ratio and where == "topk":
+        return (m.index_topk + draw(st.sampled_from((-1, 0, 1)))) * ratio - 1
     return draw(st.integers(1, DECODE_FARTHEST))
 
 
@@ -417,14 +428,14 @@ def decode_positions(draw, model: str, ratio: int):
 def layer_keys(draw, kinds: tuple):
     """A layer case drawn from the seed, as its key: a layer of one of `kinds` of V4-Flash, V4-Pro or
     V4.1-Flash, a prefill from 0 (up to 300 tokens on window and HCA layers; on indexer layers 40,
-    and at least one compressed entry: impl and official both fail on none) or a one-token decode
-    (decode_positions), and the inputs' seed."""
+    and at least one compressed entry: impl and official both fail on none) or, about 2 draws in 3,
+    a one-token decode (decode_positions), and the inputs' seed."""
     groups = _layers_by_kind(kinds)
     model, kind = draw(st.sampled_from(sorted(groups)))
     layer = draw(st.sampled_from(groups[model, kind]))
     m = profile(model)
     ratio = m.ratio(layer)
-    if draw(st.booleans()):
+    if draw(st.integers(0, 2)):         # decode about 2 draws in 3: more of its regimes are rare
         seqlen, start_pos = 1, draw(decode_positions(model, ratio))
     else:
         step = ratio if ratio > 1 else m.candidate_block_size if ratio == 1 else m.window
@@ -433,8 +444,13 @@ def layer_keys(draw, kinds: tuple):
     return model, layer, seqlen, start_pos, draw(st.integers(0, 2 ** 32 - 1))
 
 
-def layer_check(kinds: tuple):
-    """forall over the fixed layer cases of `kinds` (as explicit examples), then layer_keys(kinds)."""
+LAYER_CHECK_KINDS: dict[str, tuple] = {}     # rule -> the kinds its layer check draws (coverage.strategy_rates)
+
+
+def layer_check(kinds: tuple, rule_id: str):
+    """forall over the fixed layer cases of `kinds` (as explicit examples), then layer_keys(kinds),
+    for a check of `rule_id`."""
+    LAYER_CHECK_KINDS[rule_id] = kinds
     return forall(*(dict(key=key) for key in FIXED_LAYERS if key_kind(key) in kinds), key=layer_keys(kinds))
 
 
@@ -715,20 +731,23 @@ def _stage_check(rule_id: str):
             if layer_kind(case) in stage.kinds:
                 stage.judge(target, case, out)
     layer_stages.__name__ = "layer_stages_" + rule_id.lower().replace(".", "_")
-    return layer_check(kinds)(layer_stages)
+    return layer_check(kinds, rule_id)(layer_stages)
 
 
 for _rule in ("PATH.Q.PROJ", "PATH.K.PROJ", "PATH.K.NORM", "PATH.HADAMARD", "PATH.W.PROJ", "ROPE.POSITIONS"):
     check(_rule, ops=("index_layer",))(_stage_check(_rule))
 
 
+_ORDER_LAYERS = _stage_check("PATH.ORDER")
+
+
 @check("PATH.ORDER", ops=("index_layer",))
 def layer_quantizes_after_rope(target):
-    _stage_check("PATH.ORDER")(target)
+    _ORDER_LAYERS(target)
 
 
 @check("PATH.LAYER", ops=("index_layer",))
-@layer_check(ALL_KINDS)
+@layer_check(ALL_KINDS, "PATH.LAYER")
 def every_stage_on_the_stage_before(target, key):
     case = layer_case(key)
     report_first_broken("PATH.LAYER", case, first_broken_stage(target, case))

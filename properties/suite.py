@@ -100,7 +100,7 @@ SEED_ALONE = _examples_from_the_seed_alone()
 # about 300 (impl, one K-block GEMM of real width an example).  About 3 s of
 # interpreted kernel time per rule, so that `make test` stays well under 10 minutes on 2 cores.
 # A layer check (index_layer, attention_layer) costs 2–5 CPU s a case at the profile's real widths:
-# its eight fixed cases run as explicit examples and ci draws 2 more (a key "RULE::check" sizes one
+# its fixed cases (path.FIXED_LAYERS) run as explicit examples and ci draws 2 more (a key "RULE::check" sizes one
 # check of a rule whose other checks are cheap).
 LAYER_CHECKS = ("PATH.Q.PROJ", "PATH.K.PROJ", "PATH.K.NORM", "PATH.HADAMARD", "PATH.W.PROJ", "ROPE.POSITIONS",
                 "PATH.ORDER::layer_quantizes_after_rope", "PATH.LAYER", "ATTN.LAYER")

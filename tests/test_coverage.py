@@ -46,9 +46,10 @@ def test_ci_reaches_every_boundary_of_fmt_fp4_fp8_idx_pool():
 
 def _rarely_drawn(results):
     """{rule: boundaries random draws reach in < 1/50 of one check's drawn examples} (a boundary
-    only a fixed, exhaustive sweep reaches, as every layer of every model, has no rate)."""
+    only a fixed, exhaustive sweep reaches, as every layer of every model, has no rate; a layer
+    boundary's rate is its strategy's, test_the_layer_strategies_reach_every_layer_boundary)."""
     rare = {rc.rule_id: [b.name for b in rc.reached if rc.reached_by(b) != "sweep" and rc.random_rate(b) < C.RANDOM_REACH
-                         and b.name not in C.drawn_layers_only()]
+                         and rc.strategy_rate(b) is None]
             for rc in results}
     return {k: v for k, v in rare.items() if v}
 
@@ -59,8 +60,7 @@ def test_random_draws_reach_every_boundary_of_the_other_families(family):
     that is not a sweep's is reached by random draws in ≥ 1/50 of one check's drawn examples."""
     results = [ci_coverage(r.id) for r in select([family]) if r.id in C.BOUNDARIES]
     assert {rc.rule_id for rc in results} == {r for r in CHECKED_RULES if r.split(".")[0] == family}
-    missed = {rc.rule_id: [b.name for b in rc.missed if b.name not in C.drawn_layers_only()] for rc in results}
-    assert {rule: names for rule, names in missed.items() if names} == {}
+    assert {rc.rule_id: [b.name for b in rc.missed] for rc in results if rc.missed} == {}
     assert _rarely_drawn(results) == {}
 
 
@@ -118,6 +118,15 @@ def test_the_coverage_command_rejects_an_unknown_profile(capsys):
     assert main(["coverage", "--profile", "fast"]) == 2
 
 
+def test_the_coverage_command_takes_the_seed_of_a_randomized_profile(capsys):
+    from dsv4spec.properties.suite import RUN
+    try:
+        assert main(["coverage", "--profile", "dev", "--seed", "5", "--rules", "FMT.E2M1.ZERO_SIGN"]) == 0
+    finally:
+        RUN.seed = None
+    assert "profile dev, seed 5" in capsys.readouterr().err
+
+
 def test_ci_is_sized_per_rule():
     """Cheap codec rules run hundreds of examples a check in ci, the costly pool rules fewer."""
     from dsv4spec.properties.suite import profile_for, settings_for
@@ -150,3 +159,46 @@ def test_the_recorder_tells_drawn_examples_from_explicit_ones_and_sweeps():
     assert run.random_rate(exactly) >= C.RANDOM_REACH and run.reached_by(exactly) == "drawn"
     decode = ci_coverage("FMT.E2M1.VALUES")
     assert [decode.reached_by(b) for b in decode.reached] == ["sweep"]
+
+
+LAYER_RULES = sorted(C.layer_strategy_rules())
+
+
+def test_the_layer_strategies_reach_every_layer_boundary():
+    """Each layer check's strategy, drawn on its own (400 keys, a fixed seed, no layer run), reaches
+    every layer boundary of its rule in ≥ 1/50 of its draws, and every such boundary is measured."""
+    assert set(LAYER_RULES) >= {"PATH.LAYER", "PATH.Q.PROJ", "PATH.K.NORM", "ROPE.POSITIONS", "ATTN.LAYER"}
+    for rule in LAYER_RULES:
+        layer = {b.name for b in C.boundaries(rule) if b.op in C.LAYER_OPS}
+        assert layer and set(C.strategy_rates(rule)) == layer, rule
+    assert C.rarely_drawn_by_the_strategies() == {}
+
+
+def _planted(rule, keep):
+    """The strategy rates of `rule` if its layer check drew only the keys `keep` lets through."""
+    from dsv4spec.properties import path
+    kinds = C.layer_strategy_rules()[rule]
+    return C.strategy_rates(rule, C.drawn_values(path.layer_keys(kinds).filter(keep), draws=200))
+
+
+def test_a_strategy_that_never_draws_a_boundary_is_caught():
+    """Plants: a layer strategy that never draws V4-Pro, one whose decode never runs while the ring
+    fills, and one that never draws beyond V4.1's pool; each is reported on that boundary alone."""
+    no_pro = _planted("PATH.Q.PROJ", lambda k: k[0] != "v4-pro")
+    filled = _planted("PATH.K.NORM", lambda k: not 0 < k[3] < 128)
+    small = _planted("PATH.LAYER", lambda k: k[3] < 16384)
+    assert C.rarely_drawn_by_the_strategies({"PATH.Q.PROJ": no_pro, "PATH.K.NORM": filled, "PATH.LAYER": small}) == {
+        "PATH.Q.PROJ": {"an index_layer of v4-pro": 0.0}, "PATH.K.NORM": {"decode while the ring fills (start < 128)": 0.0},
+        "PATH.LAYER": {"V4.1 entries beyond the pool (16384)": 0.0}}
+
+
+def test_the_listing_shows_the_checks_draws_and_the_strategys():
+    """A layer boundary shows how many of a check's few drawn examples reach it and its strategy's
+    share; one its strategy draws rarely is listed as such."""
+    fills, pool = (b for b in C.boundaries("PATH.K.NORM") if b.name.startswith(("decode while", "V4.1 entries")))
+    rc = C.RuleCoverage("PATH.K.NORM", [fills, pool], [], 9, {fills.name: 0.5}, frozenset({pool.name}),
+                        {fills.name: (1, 2), pool.name: (0, 2)}, {fills.name: 0.29, pool.name: 0.01})
+    out = C.render([rc])
+    assert "1/2 layer boundaries in ≥ 1/50 of the strategy's 400 draws" in out
+    assert "rarely drawn  [range] V4.1 entries beyond the pool (16384)  (random draws 0 of 2; the strategy 1.0% of 400 draws)" in out
+    assert "reached [range] decode while the ring fills (start < 128)  (random draws 1 of 2; the strategy 29.0% of 400 draws)" in C.render([rc], show_reached=True)

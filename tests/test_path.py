@@ -126,34 +126,34 @@ def test_layer_checks_draw_their_cases_from_the_seed():
     assert {k[0] for s in range(1, 6) for k in _drawn_keys(s)} == set(checks.LAYER_MODELS)
 
 
-def _completes_an_entry(key) -> bool:
-    """A decode step at ratio > 1 that completes a compressed entry (start_pos mod ratio = ratio − 1)."""
+def _pro_beyond_flash_topk(key) -> bool:
+    """A V4-Pro indexer layer holding more compressed entries than V4-Flash's top-k (512)."""
     from dsv4spec.spec.models import profile
     model, layer, seqlen, start_pos, _ = key
-    ratio = profile(model).ratio(layer)
-    return start_pos > 0 and ratio > 1 and (start_pos + 1) % ratio == 0 and checks.key_kind(key) in checks.OWN_K
+    return (model == "v4-pro" and checks.key_kind(key) in checks.INDEXER
+            and (start_pos + seqlen) // profile(model).ratio(layer) > profile("v4-flash").index_topk)
 
 
 def test_a_mistake_only_drawn_layer_cases_reach_is_caught_by_a_dev_seed():
-    """The decode step that rotates its new index-K entry at start_pos (not start_pos + 1 − ratio)
-    passes ROPE.POSITIONS on the eight fixed cases (their only decode is at ratio 1) and fails it
-    under dev with a seed whose draws reach such a step."""
+    """V4-Pro's indexer with V4-Flash's top-k (512) passes PATH.LAYER on the fixed cases (their
+    V4-Pro layer has 7 entries) and fails it under dev with a seed whose draws reach a V4-Pro layer
+    of more than 512 entries."""
     from hypothesis import Phase, settings
     from dsv4spec.properties.suite import RUN, settings_for
     from mutants.path import SEED_ONLY
-    provider, rule_id = SEED_ONLY["decode_entry_rotated_at_the_token"]
-    target = Target(provider, "decode_entry_rotated_at_the_token")
-    chk, = [c for c in checks_for(rule_id) if c.name == "layer_stages_rope_positions"]
+    provider, rule_id = SEED_ONLY["v4_flash_topk_on_v4_pro"]
+    target = Target(provider, "v4_flash_topk_on_v4_pro")
+    chk, = checks_for(rule_id)
     saved = RUN.seed, RUN.settings, RUN.max_examples
     try:
         RUN.settings = settings(settings_for(rule_id, "dev"), phases=(Phase.explicit,))
         chk.fn(target)                                          # every fixed case passes
-        seed = next(s for s in range(1, 200) if any(map(_completes_an_entry, _drawn_keys(s, checks.INDEXER, n=3))))
+        seed = next(s for s in range(1, 200) if any(map(_pro_beyond_flash_topk, _drawn_keys(s, n=3))))
         RUN.seed, RUN.max_examples = seed, 3
         row = run_check(chk, target, "dev", shrink=False)
     finally:
         RUN.seed, RUN.settings, RUN.max_examples = saved
-    assert row.status == FAIL and "ROPE.POSITIONS" in row.detail and "start_pos 0" not in row.detail.split("\n")[0], row.detail
+    assert row.status == FAIL and "'topk' (IDX.TOPK.SELECTION)" in row.detail and "v4-pro" in row.detail, row.detail
 
 
 def test_layer_results_are_kept_per_provider_object_and_never_lent_to_another():

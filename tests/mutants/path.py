@@ -126,8 +126,8 @@ MUTANTS.update({
 def _decode_entry_at_the_token(inputs, *, model, layer, start_pos=0):
     """A decode step rotates the index-K entry it completes at the token's own position start_pos,
     not at its group's first token start_pos + 1 − ratio: the same at ratio 1 (V4.1's layers 20
-    and 24, the only decode among the fixed layer cases), wrong at ratio 4 and 2 when
-    start_pos mod ratio = ratio − 1."""
+    and 24), wrong at ratio 4 and 2 when start_pos mod ratio = ratio − 1 (the fixed V4-Pro and
+    V4.1 index-source decodes)."""
     def positions(entries, ratio):
         p = torch.arange(entries) * ratio
         if start_pos and entries and (start_pos + 1) % ratio == 0:
@@ -137,11 +137,26 @@ def _decode_entry_at_the_token(inputs, *, model, layer, start_pos=0):
         return ref.index_layer(inputs, model=model, layer=layer, start_pos=start_pos)
 
 
-# The stage check's fixed cases pass it and a dev seed's drawn case fails it (tests/test_path.py);
-# ROPE.POSITIONS's check on a completing ratio-2 decode step fails it at ci, so it is in the catalogue too.
-SEED_ONLY = {"decode_entry_rotated_at_the_token": (mutant("decode_entry_rotated_at_the_token",
-                                                          index_layer=_decode_entry_at_the_token), "ROPE.POSITIONS")}
-MUTANTS.update(SEED_ONLY)
+MUTANTS["decode_entry_rotated_at_the_token"] = (mutant("decode_entry_rotated_at_the_token",
+                                                       index_layer=_decode_entry_at_the_token), "ROPE.POSITIONS")
+
+
+def _v4_flash_topk_on_v4_pro(inputs, *, model, layer, start_pos=0):
+    """V4-Pro's indexer keeps V4-Flash's top-k, 512 entries, not 1024: the same while a V4-Pro
+    layer has at most 512 compressed entries (every fixed case), wrong beyond."""
+    real = ref.profile
+
+    def profile(name):
+        m = real(name)
+        return replace(m, index_topk=real("v4-flash").index_topk) if name == "v4-pro" else m
+    with mock.patch.object(ref, "profile", profile):
+        return ref.index_layer(inputs, model=model, layer=layer, start_pos=start_pos)
+
+
+# Caught by drawn layer cases only (tests/test_path.py: the fixed cases pass it; a dev seed fails it),
+# so not in the catalogue, whose mutants fail at ci.
+SEED_ONLY = {"v4_flash_topk_on_v4_pro": (mutant("v4_flash_topk_on_v4_pro", index_layer=_v4_flash_topk_on_v4_pro),
+                                         "PATH.LAYER")}
 
 
 # Clause mutants (issue 22: each changes one clause of its rule's statement; properties/clauses.py).
