@@ -12,12 +12,13 @@ logits T=1 S=1M ≥ 40 % of copy"), each with the scores written ([1, S] fp32) a
 maxima written instead (BLOCK_MAX = 8, [1, S/8], as the decode step takes them).
 
 Variants: kernels.indexer.SCORE_AB, the score kernel's switches, each the shipped bits by
-construction: round_cvt (the epilogue's BF16 roundings by Triton's conversion, cvt.rn.bf16.f32;
-ptxas pairs them into F2FP), round_x2 (packed pairs in inline PTX: cvt.rn.bf16x2.f32 and
-mul.rn.bf16x2), fp4_bytes / fp4_words (the keys' FP4 decode with a byte's two codes in one
-register: placed by two integer multiplies and two masks, scaled by two mul.rn.bf16x2; the bytes
-loaded as bytes or as 32-bit words), x2 / x2_words (round_x2 with either decode), contiguous
-(each program one run of key blocks), all (x2 and contiguous).  Configurations (CONFIGS: keys a
+construction.  Shipped since the 12-02 run (bench/h200/2026-12-02-ab-logits.md): the epilogue's BF16
+roundings as packed pairs in inline PTX (cvt.rn.bf16x2.f32, mul.rn.bf16x2) and the keys' FP4 decode
+with a byte's two codes in one register (placed by two integer multiplies and two masks, scaled by
+two mul.rn.bf16x2).  The others: int_fp32 (the integer roundings and one code a register, shipped
+before), round_int, round_cvt (Triton's conversion, cvt.rn.bf16.f32), fp4_fp32.  That run's names
+(the predictions below) were relative to int_fp32: round_x2, fp4_bytes, x2 (both: shipped now),
+fp4_words and contiguous (measured no faster; removed).  Configurations (CONFIGS: keys a
 block, pipeline depth, programs a row, warps; None = as shipped: 64, 2, 528, 4), swept under the
 shipped variant and under the fastest bit-identical one.  Each row: eager and CUDA-graph µs
 (do_bench median, L2 flushed), the K bytes' rate against the copy rate measured in the same run,

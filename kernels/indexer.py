@@ -192,11 +192,9 @@ def _fp4_pair_ptx(byte: int, out: str, f1: str, f2: str) -> str:
         mul.rn.bf16x2 {out}, m, {f2};"""
 
 
-# four bytes of one register ($4) -> $0..$3; factors $5..$8 and $9..$12 (pack 4) or $5 and $6 (one word)
+# four bytes of one register ($4) -> $0..$3; factors $5..$8 and $9..$12 (pack 4)
 _FP4_BYTES_PTX = tl.constexpr("{ .reg .b32 x, m, s;" + "".join(
     _fp4_pair_ptx(i, f"${i}", f"${5 + i}", f"${9 + i}") for i in range(4)).replace("$in", "$4") + "\n}")
-_FP4_WORD_PTX = tl.constexpr("{ .reg .b32 x, m, s;" + "".join(
-    _fp4_pair_ptx(i, f"${i}", "$5", "$6") for i in range(4)).replace("$in", "$4") + "\n}")
 
 
 @triton.jit
@@ -208,16 +206,6 @@ def _fp4_bf16x2(b, f1, f2):
     significant bits) or the IEEE overflow, as _fp4_rows's fp32 path."""
     return tl.inline_asm_elementwise(_FP4_BYTES_PTX, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r", [b, f1, f2],
                                      dtype=tl.uint32, is_pure=True, pack=4)
-
-
-@triton.jit
-def _fp4_words_bf16x2(words, f1, f2):
-    """A word of four packed bytes (eight E2M1 codes, code 2i the low nibble of byte i) -> four
-    uint32, the BF16 pair (code 2i low) of byte i's codes times f1 * f2 (f1, f2: BF16 powers of
-    two, each as a uint32 with the value in both halves): _fp4_bf16x2's arithmetic on a word
-    loaded whole (one 32-bit element, so a thread's bytes arrive by wide loads)."""
-    return tl.inline_asm_elementwise(_FP4_WORD_PTX, "=r,=r,=r,=r,r,r,r", [words, f1, f2],
-                                     dtype=(tl.uint32,) * 4, is_pure=True, pack=1)
 
 
 @triton.jit
@@ -260,31 +248,16 @@ def _fp4_rows(b_ptr, s_ptr, rows, row_ok, R: tl.constexpr, D: tl.constexpr, D_PA
     are read 16 to a scale group and each group's scale is decoded once; bf16 (fp32 for the
     interpreter, whose bf16 -> fp32 conversion mishandles subnormals).  DECODE_X2: the same
     values with a byte's two codes in one register (_fp4_pair_bits; BF16 multiplies by inline
-    PTX on the GPU, _fp4_pair_scaled in the interpreter), 1 from the bytes, 2 from 32-bit words
-    (four bytes a load element: K's rows must start 4-byte aligned)."""
+    PTX on the GPU, _fp4_pair_scaled in the interpreter)."""
     G_PAD: tl.constexpr = D_PAD // 32
     g = tl.arange(0, G_PAD)
     gm = row_ok[:, None] & (g < D // 32)[None, :]
     f1, f2 = _fp4_group_factors(tl.load(s_ptr + rows[:, None] * (D // 32) + g[None, :], mask=gm,
                                         other=127))
-    if DECODE_X2 == 2:
-        c4 = tl.arange(0, 4)
-        words = tl.load(b_ptr.to(tl.pointer_type(tl.uint32)) + rows[:, None, None] * (D // 8)
-                        + g[None, :, None] * 4 + c4[None, None, :], mask=gm[:, :, None], other=0)
-        if AS_FP32:
-            o = [_fp4_pair_scaled((words >> (8 * i)) & 0xFF, f1[:, :, None], f2[:, :, None]) for i in range(4)]
-        else:
-            o = _fp4_words_bf16x2(words, _bf16_pair(f1)[:, :, None], _bf16_pair(f2)[:, :, None])
-        # the pairs in byte order (the innermost join's axis is the most significant after the
-        # reshape: byte 2a + b), then each pair's halves, as the bytes path below
-        pairs = tl.reshape(tl.join(tl.join(o[0], o[2]), tl.join(o[1], o[3])), (R, D_PAD // 2))
-        lo, hi = _pair_halves(pairs, AS_FP32)
-        v = tl.reshape(tl.join(lo, hi), (R, D_PAD))
-        return v if AS_FP32 else v.to(tl.bfloat16, bitcast=True)
     c = tl.arange(0, 16)
     b = tl.load(b_ptr + rows[:, None, None] * (D // 2) + g[None, :, None] * 16 + c[None, None, :],
                 mask=gm[:, :, None], other=0)
-    if DECODE_X2 == 1:
+    if DECODE_X2:
         if AS_FP32:
             pairs = _fp4_pair_scaled(b.to(tl.uint32), f1[:, :, None], f2[:, :, None])
         else:
@@ -385,14 +358,12 @@ def _scores_kernel(q_ptr, qs_ptr, k_ptr, ks_ptr, w_ptr, vis_ptr, idx_ptr, out_pt
                    BLOCK_S: tl.constexpr, FP4: tl.constexpr, BF16_SCORE: tl.constexpr,
                    GATHER: tl.constexpr, IEEE: tl.constexpr, GPU_OPS: tl.constexpr,
                    STAGES: tl.constexpr, BLOCK_MAX: tl.constexpr, HEAD_ROUND: tl.constexpr,
-                   FINAL_ROUND: tl.constexpr, CONTIGUOUS: tl.constexpr, FP4_X2: tl.constexpr):
+                   FINAL_ROUND: tl.constexpr, FP4_X2: tl.constexpr):
     """Program (t, s) holds TQ queries x H_PAD heads of q (the MMA's N side) and takes key blocks
     s, s + n_s_progs, ... below the tile's largest visible count (a pipelined loop of STAGES on
     the GPU), then writes -inf into its key blocks past that count.  BLOCK_MAX > 0: out holds
     each query's maxima over blocks of BLOCK_MAX positions instead of the scores (_score_block).
-    CONTIGUOUS: program s takes the run of key blocks [s * per, (s + 1) * per) instead, per =
-    cdiv(key blocks, n_s_progs) (each program streams one contiguous stretch of K); each block's
-    output is computed by the same code either way.  HEAD_ROUND, FINAL_ROUND: _score_epilogue;
+    HEAD_ROUND, FINAL_ROUND: _score_epilogue;
     FP4_X2: the key blocks' FP4 decode (_fp4_rows's DECODE_X2)."""
     pid_t = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -415,13 +386,7 @@ def _scores_kernel(q_ptr, qs_ptr, k_ptr, ks_ptr, w_ptr, vis_ptr, idx_ptr, out_pt
     vis = tl.load(vis_ptr + t_q, mask=t_q < T, other=0)
     vmax = tl.max(vis, axis=0)
     n_vis = tl.cdiv(vmax, BLOCK_S)  # key blocks some query of the tile sees
-    n_blocks = tl.cdiv(S, BLOCK_S)
-    if CONTIGUOUS:
-        per = tl.cdiv(n_blocks, n_s_progs)
-        first, step = pid_s * per, 1
-        last = tl.minimum(first + per, n_blocks)
-    else:
-        first, step, last = pid_s, n_s_progs, n_blocks
+    first, step, last = pid_s, n_s_progs, tl.cdiv(S, BLOCK_S)
     end = tl.minimum(n_vis, last)  # this program's blocks below it are scored, the rest are -inf
     if STAGES > 0:
         for sb in tl.range(first, end, step, num_stages=STAGES):
@@ -510,24 +475,18 @@ _SCORE_GPU_OPS = True
 # 100 with the integer rounding and fp32 decode (still "int_fp32"), the same bits.
 _SCORE_HEAD_ROUND = "x2"
 _SCORE_FINAL_ROUND = "x2"
-# Key blocks of a program: False the stride s, s + n_s_progs, ...; True one contiguous run.
-_SCORE_CONTIGUOUS = False
-# The FP4 keys' decode (_fp4_rows): "fp32" one code a register, or a byte's two codes a register in BF16
-# pairs, "bytes" loaded as bytes, "words" as 32-bit words (K's rows 4-byte aligned, else "bytes").
+# The FP4 keys' decode (_fp4_rows): "fp32" one code a register, or "bytes" a byte's two codes a
+# register in BF16 pairs.  (Measured and dropped, 12-02: the bytes loaded as 32-bit words, 83 µs against
+# 80; each program's key blocks as one contiguous run instead of a stride, 103 against 100.)
 _SCORE_FP4_DECODE = "bytes"
-FP4_DECODES = {"fp32": 0, "bytes": 1, "words": 2}
+FP4_DECODES = {"fp32": 0, "bytes": 1}
 # Named settings of the switches above (the A/B's variants and the tests' parameters); "shipped" first.
 SCORE_AB = {
     "shipped": {},
     "int_fp32": dict(_SCORE_HEAD_ROUND="int", _SCORE_FINAL_ROUND="int", _SCORE_FP4_DECODE="fp32"),
+    "round_int": dict(_SCORE_HEAD_ROUND="int", _SCORE_FINAL_ROUND="int"),
     "round_cvt": dict(_SCORE_HEAD_ROUND="cvt", _SCORE_FINAL_ROUND="cvt"),
-    "round_x2": dict(_SCORE_HEAD_ROUND="x2", _SCORE_FINAL_ROUND="x2"),
-    "fp4_bytes": dict(_SCORE_FP4_DECODE="bytes"),
-    "fp4_words": dict(_SCORE_FP4_DECODE="words"),
-    "x2": dict(_SCORE_HEAD_ROUND="x2", _SCORE_FINAL_ROUND="x2", _SCORE_FP4_DECODE="bytes"),
-    "x2_words": dict(_SCORE_HEAD_ROUND="x2", _SCORE_FINAL_ROUND="x2", _SCORE_FP4_DECODE="words"),
-    "contiguous": dict(_SCORE_CONTIGUOUS=True),
-    "all": dict(_SCORE_HEAD_ROUND="x2", _SCORE_FINAL_ROUND="x2", _SCORE_FP4_DECODE="bytes", _SCORE_CONTIGUOUS=True),
+    "fp4_fp32": dict(_SCORE_FP4_DECODE="fp32"),
 }
 
 
@@ -565,8 +524,6 @@ def _launch_scores(q, qs, k, ks, w, vis32, idx, T, S, H, D, out, fp4: bool, bf16
     gpu = not INTERPRET
     rounds = tuple(ROUNDINGS[r] if gpu else 0 for r in (_SCORE_HEAD_ROUND, _SCORE_FINAL_ROUND))
     decode = FP4_DECODES[_SCORE_FP4_DECODE] if fp4 else 0
-    if decode == 2 and (k.data_ptr() % 4 or D % 8):   # word loads need 4-byte aligned rows
-        decode = 1
     grid = (triton.cdiv(T, tq), n_s)
     _scores_kernel[grid](q, qs if fp4 else q, k, ks if fp4 else k, w, vis32,
                          idx if gather else vis32, out, T, S, H, out.stride(0),
@@ -574,7 +531,7 @@ def _launch_scores(q, qs, k, ks, w, vis32, idx, T, S, H, D, out, fp4: bool, bf16
                          D=D, D_PAD=D_PAD, H_PAD=H_PAD, TQ=tq, BLOCK_S=block_s, FP4=fp4,
                          BF16_SCORE=bf16, GATHER=gather, IEEE=ieee, GPU_OPS=_SCORE_GPU_OPS and gpu,
                          STAGES=stages, BLOCK_MAX=block_max, HEAD_ROUND=rounds[0], FINAL_ROUND=rounds[1],
-                         CONTIGUOUS=_SCORE_CONTIGUOUS, FP4_X2=decode, num_warps=warps)
+                         FP4_X2=decode, num_warps=warps)
 
 
 # --------------------------------------------------------------------------------------------

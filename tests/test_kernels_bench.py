@@ -389,10 +389,10 @@ def test_ab_logits_sweep_rows_and_record(monkeypatch, tmp_path):
         return type("Graph", (), {"replay": staticmethod(fn)})(), None
     configs = (None, (64, 3, 2, 4), (96, 3, 2, 4))   # 96 keys a block cannot launch (not a power of two)
     rows, skipped = ab.sweep(torch, KI, 1, 4.0, bench, capture, torch.Generator().manual_seed(1), 1e9,
-                             variants=("shipped", "contiguous"), configs=configs, cases=((256, 16, 0),),
+                             variants=("shipped", "int_fp32"), configs=configs, cases=((256, 16, 0),),
                              device="cpu")
     assert [(r["variant"], r["config"]) for r in rows] == [
-        ("shipped", "shipped"), ("contiguous", "shipped"), ("shipped", dict(block_s=64, stages=3, programs=2, warps=4)),
+        ("shipped", "shipped"), ("int_fp32", "shipped"), ("shipped", dict(block_s=64, stages=3, programs=2, warps=4)),
         ("shipped", (96, 3, 2, 4))]
     assert all(r["same_as_shipped"] for r in rows[:3]) and "error" in rows[3]
     assert rows[0]["validity_of_shipped"].startswith("valid")

@@ -49,7 +49,7 @@ def assert_scores_close(got, ref, what):
 # back to the integer code (no inline PTX there) and the FP4 decodes run their placement and join
 # order with fp32 multiplies in place of the PTX's BF16 ones; on CUDA every variant runs as it
 # would ship, and a wrong one fails the score tests below.
-RUN_VARIANTS = ["shipped", "int_fp32", "contiguous", "fp4_words"] if K.INTERPRET else list(K.SCORE_AB)
+RUN_VARIANTS = ["shipped", "int_fp32", "fp4_fp32"] if K.INTERPRET else list(K.SCORE_AB)
 
 
 def set_variant(monkeypatch, name):
@@ -940,17 +940,15 @@ COMPILE_SM90 = textwrap.dedent("""
                   num_warps=warps, D=128, D_PAD=128, H_PAD=64, TQ=tq, BLOCK_S=block_s, FP4=fp4,
                   BF16_SCORE=bf16, GATHER=gather, IEEE=not bf16, GPU_OPS=K._SCORE_GPU_OPS, STAGES=stages,
                   BLOCK_MAX=8 if fp4 else 0,   # FP4: the decode step's candidate layer, block maxima out
-                  HEAD_ROUND=0, FINAL_ROUND=0, CONTIGUOUS=False, FP4_X2=0)
-        # the A/B variants at T = 1 (bench/ab_logits.py): the inline PTX assembles, the split compiles
-        for head, final, contiguous, x2, block_s in ((1, 1, False, 0, 64), (2, 2, True, 1, 64),
-                                                     (2, 2, False, 2, 128)):
+                  HEAD_ROUND=0, FINAL_ROUND=0, FP4_X2=0)
+        # the A/B variants at T = 1 (bench/ab_logits.py): the inline PTX assembles
+        for head, final, x2, block_s in ((1, 1, 0, 64), (2, 2, 1, 64), (2, 2, 1, 128)):
             build(K._scores_kernel, {"q_ptr": "*u8", "qs_ptr": "*u8", "k_ptr": "*u8", "ks_ptr": "*u8",
                                      "w_ptr": "*bf16", "vis_ptr": "*i32", "idx_ptr": "*i32", "out_ptr": "*fp32",
                                      **ints("T", "S", "H", "out_stride", "idx_stride", "n_s_progs")},
                   num_warps=4, divisible=("k_ptr", "ks_ptr", "S", "n_s_progs"), D=128, D_PAD=128, H_PAD=64,
                   TQ=1, BLOCK_S=block_s, FP4=True, BF16_SCORE=True, GATHER=False, IEEE=False,
-                  GPU_OPS=True, STAGES=3, BLOCK_MAX=8, HEAD_ROUND=head, FINAL_ROUND=final,
-                  CONTIGUOUS=contiguous, FP4_X2=x2)
+                  GPU_OPS=True, STAGES=3, BLOCK_MAX=8, HEAD_ROUND=head, FINAL_ROUND=final, FP4_X2=x2)
         build(K._hadamard_kernel, {"x_ptr": "*fp32", "out_ptr": "*fp32", **ints("n_rows", "scale_bits")},
               num_warps=4, ROWS=K._HADAMARD_ROWS, D=128)
         E = K._ELEMENTWISE_BLOCK
