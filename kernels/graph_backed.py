@@ -129,7 +129,8 @@ def capture_cuda_graph(fn, args, kwargs):
 class GraphBacked:
     """fn called through an LRU of CUDA graphs (the module docstring says when it captures, replays
     and calls directly).  Counters: captures, replays, direct (calls made without a graph),
-    evictions, misses_in_a_row; gave_up holds the reason once it calls directly for good."""
+    evictions, misses_in_a_row, held (graphs in the LRU); gave_up holds the reason once it calls
+    directly for good."""
 
     def __init__(self, fn, entries: int = ENTRIES, misses: int | None = None, capture=capture_cuda_graph):
         if entries < 1:
@@ -182,11 +183,13 @@ class GraphBacked:
         self._graphs.clear()
         self.gave_up = reason
 
-    def __len__(self):
+    @property
+    def held(self) -> int:
+        """How many graphs the LRU holds now."""
         return len(self._graphs)
 
     def __repr__(self):
-        state = f"gave up: {self.gave_up}" if self.gave_up else f"{len(self)} of {self.entries} graphs"
+        state = f"gave up: {self.gave_up}" if self.gave_up else f"{self.held} of {self.entries} graphs"
         return (f"<graph-backed {self.__name__}: {state}; {self.captures} captures, {self.replays} replays, "
                 f"{self.direct} direct calls>")
 

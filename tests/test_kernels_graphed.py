@@ -81,7 +81,7 @@ def test_cpu_tensors_and_the_switch_call_the_function_directly(monkeypatch):
     wrapped = G.GraphBacked(fn, capture=refusing_capture)
     x = torch.zeros(3)
     assert torch.equal(wrapped(x), x + 1) and torch.equal(wrapped((x, 2)[0]), x + 1)
-    assert (wrapped.direct, wrapped.captures, len(calls), len(wrapped)) == (2, 0, 2, 0)
+    assert (wrapped.direct, wrapped.captures, len(calls), wrapped.held) == (2, 0, 2, 0)
     monkeypatch.setattr(G, "INTERPRET", False)
     assert not G.graphs_wanted([x]) and not G.graphs_wanted([OnCuda(), x])
     monkeypatch.setenv(G.ENV, "0")
@@ -128,7 +128,7 @@ def test_the_lru_holds_its_entries_and_evicts_the_least_recent():
     wrapped = G.GraphBacked(lambda x: x, entries=2, capture=stand_in_capture(log))
     for k in ("a", "b", "a", "c"):          # c evicts b, the least recently used
         wrapped.through(k, (k,), {})
-    assert len(wrapped) == 2 and wrapped.evictions == 1
+    assert wrapped.held == 2 and wrapped.evictions == 1
     log.clear()
     wrapped.through("a", ("a",), {})
     wrapped.through("b", ("b",), {})
@@ -145,7 +145,7 @@ def test_it_gives_up_after_captures_that_never_replay():
         wrapped.through(i, (i,), {})
     assert wrapped.gave_up is None and wrapped.captures == 6
     assert wrapped.through(99, (99,), {}) == 99
-    assert wrapped.gave_up == "3 captures in a row without a replay" and len(wrapped) == 0
+    assert wrapped.gave_up == "3 captures in a row without a replay" and wrapped.held == 0
     assert wrapped.captures == 6 and wrapped.direct == 1
     wrapped.reset()
     wrapped.through(7, (7,), {})
@@ -289,5 +289,5 @@ def test_a_whole_step_is_one_graph_and_the_lru_bound_holds():
     rows = [d["scores"].clone() for _ in range(3)]
     for scores in rows + rows[:1]:                     # the fourth call's key was evicted by the third
         assert same(wrapped(scores, d["visible"]), step(scores, d["visible"]))
-    assert (wrapped.captures, wrapped.replays, wrapped.evictions, len(wrapped)) == (4, 0, 2, 2)
+    assert (wrapped.captures, wrapped.replays, wrapped.evictions, wrapped.held) == (4, 0, 2, 2)
     assert same(wrapped(rows[0], d["visible"]), step(rows[0], d["visible"])) and wrapped.replays == 1
