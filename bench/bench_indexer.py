@@ -331,7 +331,7 @@ def decode_step_fn(torch, KI, KP, S, g, inputs=None, sync=False):
 
 def same_step(a, b):
     """Two decode steps' (tops, blocks) equal bit for bit."""
-    return a[1].equal(b[1]) and all(x.equal(y) for x, y in zip(a[0], b[0]))
+    return same_bits(a, b)
 
 
 def decode_step(torch, KI, KP, rep, ceil, quick, skip_torch, g):
