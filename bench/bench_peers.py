@@ -11,7 +11,9 @@ Rows (issue 23, ../shared/reference/performance.md §10):
 - row top-k, position order, on BF16-valued fp32 scores: device.index_topk against torch.topk
   (sorted=False) and FlagGems' DSA top-k bucket_sort_topk (--flaggems, the folder it was
   installed into; run in child processes, bench/peer_flaggems.py, since it can fault and poison
-  the CUDA context; every pick set judged against torch.topk's score multiset);
+  the CUDA context; every pick set judged against torch.topk's score multiset); ours also called
+  eagerly through dsv4spec.kernels.graph_backed (the first call captures a CUDA graph, later calls
+  replay it and clone its output), checked bit for bit and timed (graph_backed_us);
 - ops: the torch.library operators (dsv4spec.kernels.ops) against the direct device calls on small
   inputs, where the dispatcher's host cost shows (device time and host µs per call).
 
@@ -63,7 +65,13 @@ def parse_args(argv=None):
     ap.add_argument("--flaggems-budget", type=float, default=float(os.environ.get(BUDGET_ENV, 60)), metavar="S",
                     help=f"seconds for all FlagGems child processes together (default ${BUDGET_ENV} or 60)")
     ap.add_argument("--skip-torch", action="store_true", help="skip the torch peer")
+    ap.add_argument("--topk-shapes", default=None, metavar="RxNxK,...",
+                    help="the top-k rows' shapes (default: " + ",".join(map(shape_name, TOPK_SHAPES)) + ")")
     args = ap.parse_args(argv)
+    try:
+        args.topk_shapes = args.topk_shapes and parse_shapes(args.topk_shapes)
+    except ValueError as e:
+        ap.error(f"--topk-shapes: {e}")
     unknown = set(filter(None, args.only.split(","))) - set(SECTIONS)
     if unknown:
         ap.error(f"--only: unknown section(s) {','.join(sorted(unknown))}; expected among {','.join(SECTIONS)}")
@@ -113,6 +121,15 @@ def eager_and_graph(torch, fn, rep, device="cuda", ours=True):
     if note and ours:
         return eager, None, note
     return eager, bench(graph.replay, rep) * 1e6, note
+
+
+def graph_backed(torch, fn, rep, want, device="cuda"):
+    """µs of fn called eagerly through dsv4spec.kernels.graph_backed (bench_indexer.graph_backed_us);
+    None on the CPU (no CUDA graph there)."""
+    if device != "cuda":
+        return None
+    from bench_indexer import graph_backed_us
+    return graph_backed_us(torch, fn, rep, want)
 
 
 def timed(torch, fn, rep, device="cuda", ours=False) -> dict:
@@ -210,6 +227,17 @@ def shape_name(shape) -> str:
     return "x".join(map(str, shape))
 
 
+def parse_shapes(text: str) -> list:
+    """'1x65536x2048,1x1048576x512' -> [(1, 65536, 2048), (1, 1048576, 512)] (rows x positions x k)."""
+    shapes = []
+    for item in filter(None, text.split(",")):
+        parts = item.split("x")
+        if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts) or int(parts[2]) > int(parts[1]):
+            raise ValueError(f"{item!r} is not RxNxK (positive rows, positions, k <= positions)")
+        shapes.append(tuple(map(int, parts)))
+    return shapes
+
+
 def run_flaggems(site, shapes, rep, budget_s, device="cuda", seed=0, python=sys.executable) -> dict:
     """{RxNxK: the child's line} for every shape: timings and validity, or error / skipped.  One
     child process runs the shapes in turn; when it dies (a fault, a CUDA error that poisons its
@@ -278,9 +306,13 @@ def run_topk(torch, D, flaggems, rep, shapes, copy_TBps, skip_torch, budget_s, d
     for R, N, k in shapes:
         x, nv = topk_input(torch, R, N, device=device)
         ours = lambda: D.index_topk(x, nv, k, "position")   # noqa: E731
+        want = ours()
         row = dict(case=f"top-k {R}x{N} k={k} (position), device API", kind="topk", shape=shape_name((R, N, k)),
-                   bytes=R * N * 4, validity=topk_validity(torch, x, nv, ours(), k, "position"),
-                   ours=timed(torch, ours, rep, device, ours=True), peers={})
+                   bytes=R * N * 4, validity=topk_validity(torch, x, nv, want, k, "position"),
+                   ours=dict(timed(torch, ours, rep, device, ours=True),
+                             graph_backed_us=graph_backed(torch, ours, rep, want, device)), peers={})
+        if device == "cuda" and row["ours"]["graph_backed_us"] is None:
+            row["validity"] = "INVALID graph-backed call (its outputs differ or it did not replay); " + row["validity"]
         if not skip_torch:
             row["peers"]["torch"] = timed(torch, lambda: torch.topk(x, k, dim=1, sorted=False), rep, device)
         row["vs_copy"] = row["bytes"] / (row["ours"]["graph_us"] or row["ours"]["eager_us"]) / 1e6 / copy_TBps
@@ -372,16 +404,20 @@ def markdown(result) -> str:
     peers = sorted({name for r in result["rows"] for name in r["peers"]})
     lines = [f"# bench_peers on {result['gpu']}", "",
              f"copy {result['copy_TBps']:.2f} TB/s; torch {result['torch']}, Triton {result['triton']}; "
-             "every cell eager / graph µs (do_bench median; graph = replays of a CUDA graph of the same call)", "",
-             "| case | ours | " + " | ".join(peers) + " | × best eager | × best graph | checked |",
-             "|---|---:|" + "---:|" * len(peers) + "---:|---:|---|"]
+             "every cell eager / graph µs (do_bench median; graph = replays of a CUDA graph of the same call; "
+             "graph-backed call: ours called eagerly through dsv4spec.kernels.graph_backed, a replay and a clone "
+             "a call)", "",
+             "| case | ours | ours, graph-backed call | " + " | ".join(peers) + " | × best eager | × best graph | checked |",
+             "|---|---:|---:|" + "---:|" * len(peers) + "---:|---:|---|"]
     for r in result["rows"]:
         cells = [peer_cell(r["peers"][p]) if p in r["peers"] else "–" for p in peers]
         ratios = []
         for column in ("eager", "graph"):
             name, _, ratio = best_peer(r, column)
             ratios.append("–" if ratio is None else f"{ratio:.2f}× ({name})")
-        lines.append(f"| {r['case']} | {peer_cell(r['ours'])} | " + " | ".join(cells) + f" | {ratios[0]} | "
+        backed = r["ours"].get("graph_backed_us")
+        lines.append(f"| {r['case']} | {peer_cell(r['ours'])} | {'–' if backed is None else f'{backed:.1f}'} | "
+                     + " | ".join(cells) + f" | {ratios[0]} | "
                      f"{ratios[1]} | {r['validity']} |")
     notes = sorted({f"{p}: {v.get('skipped') or v.get('error')}" for r in result["rows"]
                     for p, v in r["peers"].items() if "skipped" in v or "error" in v})
@@ -398,7 +434,8 @@ def run_section(torch, D, section, args, copy):
     if section == "topk":
         if not args.flaggems:
             print(f"bench_peers: FlagGems absent: no --flaggems DIR (or ${FLAGGEMS_ENV})", flush=True)
-        return run_topk(torch, D, args.flaggems, args.rep, TOPK_QUICK if args.quick else TOPK_SHAPES, copy,
+        shapes = args.topk_shapes or (TOPK_QUICK if args.quick else TOPK_SHAPES)
+        return run_topk(torch, D, args.flaggems, args.rep, shapes, copy,
                         args.skip_torch, args.flaggems_budget, DEVICE)
     if section == "ops":
         return run_ops(torch, D, args.rep, DEVICE, OPS_SMALL, OPS_CALLS)

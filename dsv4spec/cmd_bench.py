@@ -63,6 +63,7 @@ GOALS = [
 COLUMNS = ("eager", "graph")
 PEER_ENV = {"official": "DSV4SPEC_OFFICIAL_KERNEL", "flaggems": "DSV4SPEC_FLAGGEMS"}
 PARTS = ("quant", "path", "topk", "context", "blocks", "logits", "decode", "reindex", "attn", "peers")
+PEER_SECTIONS = ("topk", "ops", "codecs")     # bench_peers' sections: --only peers.topk runs one
 
 
 def register(subparsers):
@@ -81,7 +82,11 @@ def register(subparsers):
     p.add_argument("--rep", type=int, default=100, help="do_bench repetition time per case (ms)")
     p.add_argument("--only", default="", help=f"comma list among {','.join(PARTS)} (attn: bench_attn.py, "
                    "sparse attention; peers: bench_peers.py, the codecs and top-k against the official "
-                   "TileLang kernels, FlagGems and torch)")
+                   "TileLang kernels, FlagGems and torch; peers.SECTION: one of its sections, "
+                   f"{', '.join(PEER_SECTIONS)})")
+    p.add_argument("--topk-shapes", metavar="RxNxK,...", default=None,
+                   help="the device-API top-k rows' shapes (bench_peers; e.g. the one-row rows "
+                        "1x65536x2048,1x1048576x512,1x1048576x2048; default its seven)")
     p.add_argument("--official", metavar="PATH", default=os.environ.get(PEER_ENV["official"]) or None,
                    help="your copy of the official inference/kernel.py (or its folder), for the official TileLang "
                         f"kernels' rows (needs TileLang; default ${PEER_ENV['official']}; absent: those cells "
@@ -100,8 +105,8 @@ def run(args) -> int:
     if args.render:
         return publish(json.loads(Path(args.render).read_text()), Path(args.out), args.record)
     only = parse_only(args.only)
-    if args.record is not None and (args.only or args.quick):
-        raise ValueError("--record keeps complete runs only (every row, full shapes): drop --only/--quick")
+    if args.record is not None and (args.only or args.quick or args.topk_shapes):
+        raise ValueError("--record keeps complete runs only (every row, full shapes): drop --only/--quick/--topk-shapes")
     import torch
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") or not torch.cuda.is_available():
         print("dsv4spec bench: needs a CUDA GPU (and TRITON_INTERPRET unset or 0): the Triton "
@@ -131,7 +136,7 @@ def run(args) -> int:
 
 def parse_only(text: str) -> set:
     only = set(filter(None, text.split(",")))
-    unknown = only - set(PARTS)
+    unknown = only - set(PARTS) - {f"peers.{s}" for s in PEER_SECTIONS}
     if unknown:
         raise ValueError(f"--only: unknown part(s) {','.join(sorted(unknown))}; expected among {','.join(PARTS)}")
     return only
@@ -142,6 +147,7 @@ def scripts(args, only: set, out: Path) -> list:
     common = ["--out", str(out / "parts"), "--rep", str(args.rep)]
     quick = ["--quick"] if args.quick else []
     indexer_only = ",".join(sorted(only & set(PARTS[2:8])))
+    peer_sections = ",".join(s for s in PEER_SECTIONS if f"peers.{s}" in only and "peers" not in only)
     official = _official_file(args.official)
     runs = [("quant", "bench_quant", common + ["--check-elements", str(1 << 20)]
              + (["--tokens", str(1 << 16)] if args.quick else [])),
@@ -149,9 +155,11 @@ def scripts(args, only: set, out: Path) -> list:
             ("indexer", "bench_indexer", common + quick + (["--only", indexer_only] if indexer_only else [])),
             ("attn", "bench_attn", common + quick + (["--official", official] if official else [])),
             ("peers", "bench_peers", common + quick + (["--official", official] if official else [])
-             + (["--flaggems", args.flaggems] if args.flaggems else []))]
+             + (["--flaggems", args.flaggems] if args.flaggems else [])
+             + (["--only", peer_sections] if peer_sections else [])
+             + (["--topk-shapes", args.topk_shapes] if args.topk_shapes else []))]
     selected = {"quant": "quant" in only, "path": "path" in only, "indexer": bool(indexer_only),
-                "attn": "attn" in only, "peers": "peers" in only}
+                "attn": "attn" in only, "peers": "peers" in only or bool(peer_sections)}
     return [r for r in runs if not only or selected[r[0]]]
 
 
@@ -251,7 +259,7 @@ def combine(parts: dict, torch=None) -> dict:
                              vs_torch=r.get("vs_torch"), vs_ceiling=r["vs_ceiling"],
                              ceiling="bf16 GEMM" if tflops else "copy", validity=r["validity"],
                              context=r.get("context"), flatness=r.get("flatness"),
-                             torch_graph_us=r.get("torch_graph_us"),
+                             torch_graph_us=r.get("torch_graph_us"), graph_backed_us=r.get("graph_backed_us"),
                              **({"torch_graph": True, "torch_eager_us": r.get("torch_eager_us")}
                                 if r.get("torch_graph") else {})))
     at = parts.get("attn")
@@ -296,7 +304,8 @@ def _peers_row(r: dict) -> dict:
     torch_ = r.get("peers", {}).get("torch", {})
     seconds = ours.get("graph_us") or ours.get("eager_us")
     return dict(family="peers", case=r["case"], kernel_us=ours.get("eager_us", float("nan")),
-                graph_us=ours.get("graph_us"), torch_us=torch_.get("eager_us"), torch_graph_us=torch_.get("graph_us"),
+                graph_us=ours.get("graph_us"), graph_backed_us=ours.get("graph_backed_us"),
+                torch_us=torch_.get("eager_us"), torch_graph_us=torch_.get("graph_us"),
                 rate=f"{r['bytes'] / seconds / 1e6:.2f} TB/s" if seconds and r.get("bytes") else "–",
                 vs_torch=torch_["eager_us"] / ours["eager_us"] if torch_.get("eager_us") and ours.get("eager_us") else None,
                 vs_ceiling=r.get("vs_copy"), ceiling="copy", validity=r["validity"], peers=r.get("peers", {}),
@@ -396,10 +405,20 @@ def table_rows(result: dict):
         for column in COLUMNS:
             name, us, ratio = best_peer(r, column)
             best += [f"{name} {us:.1f}" if name else "–", _fmt(ratio, ".2f", "×")]
-        yield [r["case"], _fmt(r["kernel_us"], ".1f"), _fmt(r.get("graph_us"), ".1f"), *best, r["rate"],
+        yield [r["case"], _fmt(r["kernel_us"], ".1f"), _fmt(r.get("graph_us"), ".1f"), *best, graph_backed_cell(r),
+               r["rate"],
                "–" if r.get("vs_ceiling") is None else f"{100 * r['vs_ceiling']:.0f} % of {r['ceiling']}",
                goals["eager"][0], MET[goals["eager"][1]], goals["graph"][0], MET[goals["graph"][1]],
                r["validity"], _peer_times(r)]
+
+
+def graph_backed_cell(row: dict) -> str:
+    """The row's eager call through dsv4spec.kernels.graph_backed: µs and torch's eager time over it."""
+    us = row.get("graph_backed_us")
+    if us is None:
+        return "–"
+    torch_eager = peers_of(row).get("torch", {}).get("eager_us")
+    return f"{us:.1f}" + (f" ({torch_eager / us:.2f}× torch eager)" if torch_eager else "")
 
 
 def _peer_times(row: dict) -> str:
@@ -412,9 +431,10 @@ def _peer_times(row: dict) -> str:
     return "; ".join(cells) or "–"
 
 
-HEADER = ["case", "eager µs", "graph µs", "best peer eager µs", "× eager", "best peer graph µs", "× graph", "rate",
-          "vs ceiling", "eager goal", "met", "graph goal", "met", "checked", "peers eager / graph µs"]
-TERMINAL = 13       # the terminal table leaves out the checks and the peers' cells
+HEADER = ["case", "eager µs", "graph µs", "best peer eager µs", "× eager", "best peer graph µs", "× graph",
+          "graph-backed eager µs", "rate", "vs ceiling", "eager goal", "met", "graph goal", "met", "checked",
+          "peers eager / graph µs"]
+TERMINAL = 14       # the terminal table leaves out the checks and the peers' cells
 
 
 def markdown(result: dict) -> str:
@@ -437,7 +457,10 @@ COLUMN_NOTE = ("eager µs: one call as a user makes it (the suite's kernels: lau
                "launches replayed from a CUDA graph (device time, as engines run decode).  Each peer (torch, "
                "the official TileLang kernels, FlagGems) is timed in both columns where it can be; best peer: "
                "the fastest in that column, × its time over ours.  Goals judge each column: eager where a "
-               "user calls the kernel eagerly, graph where it is captured.")
+               "user calls the kernel eagerly, graph where it is captured.  graph-backed eager µs: the same eager "
+               "call through dsv4spec.kernels.graph_backed (a CUDA graph captured on its first call, then a "
+               "replay and a clone of the outputs a call), with torch's eager time over it; no goal judges it: "
+               "the eager goal judges the plain call.")
 
 
 def terminal_table(result: dict) -> str:
@@ -513,12 +536,12 @@ def readme_table(result: dict, source: str) -> str:
              f"{result['triton']}; `{source}`): copy {c.get('copy_TBps', float('nan')):.2f} TB/s"
              + (f", bf16 GEMM {c['bf16_gemm_TFLOPs']:.0f} TFLOP/s" if "bf16_gemm_TFLOPs" in c else "")
              + ", in the same run.  " + COLUMN_NOTE, "",
-             "| case | eager µs | graph µs | best peer eager µs | × eager | best peer graph µs | × graph | vs ceiling "
-             "| eager goal | met | graph goal | met |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|"]
+             "| case | eager µs | graph µs | best peer eager µs | × eager | best peer graph µs | × graph "
+             "| graph-backed eager µs | vs ceiling | eager goal | met | graph goal | met |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|"]
     for cells in table_rows(result):
         if "(context " not in cells[0]:   # the context sweeps are plotted, not tabled here
-            lines.append("| " + " | ".join(cells[i] for i in (0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11, 12)) + " |")
+            lines.append("| " + " | ".join(cells[i] for i in (0, 1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13)) + " |")
     return "\n".join(lines)
 
 

@@ -43,12 +43,34 @@ Shapes and dtypes, per function:
 Inputs must be contiguous (index_topk and candidate_list accept rows with a stride).
 dsv4spec.kernels.ops registers these functions as torch custom operators (torch.ops.dsv4spec.*)
 that torch.compile traces.
+
+Graph-backed calls, the caller's choice where the host's launches cost more than the kernels (a
+one-row top-k, a decode step: Triton's launcher takes 25-40 µs of host a launch):
+
+    picks = D.graphed.index_topk(scores, visible, 512, "position")   # also candidate_list,
+    picks = D.graphed.reindex_topk(q, k, w, pool, 512)               # pool_positions, index_scores(_fp4)
+    step = D.graphed.wrap(decode_step)                               # a whole step, one graph
+    tops = step(q, k_cache, w, lens)
+
+Same signatures, shapes, dtypes and bits as the plain functions.  Each keeps an LRU of 16 CUDA graphs
+keyed by its tensors' (data_ptr, shape, stride, dtype, device), its other arguments and the current
+stream.  The first call of a key runs the function, then captures it (it synchronizes); later calls
+replay the graph and return clones of its outputs (no synchronization; the returned tensors are the
+caller's).  A key holds the graph's memory pool (outputs and intermediates) until it is evicted.
+They call directly inside a caller's capture, under the interpreter, on CPU tensors, with
+DSV4SPEC_GRAPHED=0, and after 16 captures in a row without a replay (addresses that change every
+call); dsv4spec.kernels.graph_backed says more.  The plain functions above never synchronize and
+cache nothing.
 """
 from __future__ import annotations
 
+import types
+
 import torch
 
+
 from . import INTERPRET
+from .graph_backed import graph_backed
 from .indexer import _launch_scores
 from .pool import _candidate_list, _gather_blocks, _reindex_topk
 from .quant import (E4M3_BLOCK, E8M0_BLOCK, fp4_dequantize_device, fp4_quantize_device,
@@ -295,3 +317,12 @@ def reindex_topk(q, k, w, pool: tuple, topk: int):
     if q.shape[0] == 0 or topk == 0:
         return torch.full((q.shape[0], topk), -1, dtype=torch.int64, device=q.device)
     return _reindex_topk(q, k, w, (idx, count), topk, sync=False)
+
+
+# ------------------------------------------------------------------------------------------------
+# graph-backed calls (the module docstring)
+# ------------------------------------------------------------------------------------------------
+graphed = types.SimpleNamespace(
+    index_scores_fp4=graph_backed(index_scores_fp4), index_scores=graph_backed(index_scores),
+    index_topk=graph_backed(index_topk), candidate_list=graph_backed(candidate_list),
+    pool_positions=graph_backed(pool_positions), reindex_topk=graph_backed(reindex_topk), wrap=graph_backed)

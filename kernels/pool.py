@@ -341,16 +341,20 @@ def _row_topk(x: torch.Tensor, n_valid: torch.Tensor | None, k: int, *, drop_neg
 
 
 _FILLED: dict = {}   # (device, rows, value) -> a read-only int32 [rows] of value (no fill launch a call)
+_FILLED_CAPTURED: dict = {}   # those a CUDA graph captured: kept while the process lives (a replay reads them)
 
 
 def _filled(rows: int, value: int, device: torch.device) -> torch.Tensor:
     """int32 [rows] of value, made once per (device, rows, value) outside a CUDA graph capture (a
     tensor filled inside one holds its value only once the graph replays)."""
     key = (str(device), rows, value)
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     if key in _FILLED:
+        if capturing:
+            _FILLED_CAPTURED[key] = _FILLED[key]
         return _FILLED[key]
     t = torch.full((rows,), value, dtype=torch.int32, device=device)
-    if not (t.is_cuda and torch.cuda.is_current_stream_capturing()):
+    if not capturing:
         if len(_FILLED) >= 64:
             _FILLED.clear()
         _FILLED[key] = t

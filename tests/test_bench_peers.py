@@ -89,8 +89,17 @@ def test_the_best_peer_per_column():
     assert PEERS.best_peer(row(dict(eager_us=5.0, graph_us=None), torch=dict(eager_us=6.0, graph_us=None)),
                            "graph") == (None, None, None)
     md = PEERS.markdown(dict(gpu="G", copy_TBps=4.0, torch="t", triton="tr", rows=[r]))
-    assert "| 50.0 / 10.0 | 40.0 / 30.0 | absent | 60.0 / 55.0 | 0.80× (flaggems) | 3.00× (flaggems) | valid |" in md
+    assert "| 50.0 / 10.0 | – | 40.0 / 30.0 | absent | 60.0 / 55.0 | 0.80× (flaggems) | 3.00× (flaggems) | valid |" in md
     assert "- official: absent" in md
+
+
+def test_topk_shapes_are_rows_positions_and_k():
+    assert PEERS.parse_shapes("1x65536x2048,1x1048576x512") == [(1, 65536, 2048), (1, 1048576, 512)]
+    for bad in ("1x64", "1x64x128", "0x64x8", "ax64x8"):
+        with pytest.raises(ValueError, match="is not RxNxK"):
+            PEERS.parse_shapes(bad)
+    assert PEERS.parse_args(["--topk-shapes", "2x64x8"]).topk_shapes == [(2, 64, 8)]
+    assert PEERS.parse_args([]).topk_shapes is None
 
 
 def test_only_takes_known_sections(capsys):
@@ -177,7 +186,7 @@ def test_ops_rows_on_the_cpu(interpreter):
     table = B.combine({"peers": dict(gpu="G", torch="t", triton="tr", copy_TBps=4.0, rows=rows)})
     assert {r["meets_goal"] for r in table["rows"]} == {None}
     assert all(r["host_overhead_us"] == pytest.approx(src["host_overhead_us"]) for r, src in zip(table["rows"], rows))
-    assert all(cells[8] == "–" for cells in B.table_rows(table))         # no ceiling for these rows
+    assert all(cells[9] == "–" for cells in B.table_rows(table))         # no ceiling for these rows
 
 
 def test_the_whole_run_on_the_cpu_feeds_dsv4spec_bench(interpreter, tmp_path, monkeypatch, capsys):

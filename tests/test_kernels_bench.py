@@ -321,6 +321,29 @@ def test_peer_rows_are_judged_on_both_columns_against_the_best_peer():
     assert "| fp4_e8m0_quantize /32 bf16 1Mx128 | 100.0 | 95.0 | official 468.0 | 4.68× |" in table
 
 
+def test_the_graph_backed_call_has_its_own_column_and_no_goal():
+    """A graph-backed eager time (the device API's top-k, the decode step) shows beside the plain eager
+    one with torch's eager time over it; the eager goal still judges the plain call."""
+    peers = json.loads(json.dumps(PEERS_PART))
+    peers["rows"][3]["ours"]["graph_backed_us"] = 31.5          # top-k 1x65536: plain 70 µs, torch 63
+    step = {"case": "decode step V4.1 at 1M tokens (262144 compressed): scores, 2048 blocks, 4 re-index",
+            "kernel_us": 499.0, "graph_us": 205.0, "graph_backed_us": 212.0, "torch_us": 1475.5, "torch_graph": True,
+            "torch_eager_us": 2490.2, "vs_torch": 7.2, "TBps": 0.03, "vs_ceiling": 0.01, "validity": "valid"}
+    indexer = dict(INDEXER, rows=[step])
+    result = B.combine({"peers": peers, "indexer": indexer})
+    rows = {r["case"]: r for r in result["rows"]}
+    short = rows["top-k 1x65536 k=2048 (position), device API"]
+    assert short["goals"]["eager"] == ["≥ 1× torch eager", False]          # 63 / 70: the plain call's verdict
+    assert rows[step["case"]]["goals"]["eager"] == ["≤ 150 µs", False]
+    cells = {c[0]: c for c in B.table_rows(result)}
+    assert B.HEADER[7] == "graph-backed eager µs"
+    assert cells[short["case"]][7] == "31.5 (2.00× torch eager)"
+    assert cells[step["case"]][7] == "212.0 (11.75× torch eager)"
+    assert cells["fp4_e8m0_quantize /32 bf16 1Mx128"][7] == "–"
+    assert "| 31.5 (2.00× torch eager) |" in B.readme_table(result, "x.json")
+    assert "graph-backed eager µs" in B.terminal_table(result).splitlines()[0]
+
+
 def test_bench_names_its_parts_and_the_peers_it_lacks(capsys):
     """--only takes the parts (attn and peers among them); the peers' scripts get --official and
     --flaggems; without them one line says which peer is skipped and why."""
@@ -328,13 +351,21 @@ def test_bench_names_its_parts_and_the_peers_it_lacks(capsys):
     from pathlib import Path
     with pytest.raises(ValueError, match="unknown part"):
         B.parse_only("peers,bogus")
-    args = argparse.Namespace(rep=50, quick=True, official="tests/fake_official_kernel", flaggems="/site")
+    args = argparse.Namespace(rep=50, quick=True, official="tests/fake_official_kernel", flaggems="/site",
+                              topk_shapes=None)
     runs = {part: argv for part, _, argv in B.scripts(args, {"peers", "attn"}, Path("o"))}
     assert set(runs) == {"peers", "attn"}
     assert runs["peers"][-4:] == ["--official", "tests/fake_official_kernel/kernel.py", "--flaggems", "/site"]
     assert "--quick" in runs["attn"] and runs["attn"][-2:] == ["--official", "tests/fake_official_kernel/kernel.py"]
     assert {p for p, _, _ in B.scripts(args, set(), Path("o"))} == {"quant", "path", "indexer", "attn", "peers"}
     assert B.absent_peers(args, {"peers"}) == []
+    one_section = B.scripts(argparse.Namespace(**{**vars(args), "topk_shapes": "1x65536x2048"}),
+                            B.parse_only("decode,peers.topk"), Path("o"))
+    assert [(part, argv[-4:]) for part, _, argv in one_section][1:] == \
+        [("peers", ["--only", "topk", "--topk-shapes", "1x65536x2048"])]
+    assert one_section[0][2][-2:] == ["--only", "decode"]
+    with pytest.raises(ValueError, match="unknown part"):
+        B.parse_only("peers.bogus")
     lines = B.absent_peers(argparse.Namespace(official=None, flaggems=None), {"peers"})
     assert [line.split(":")[0] for line in lines] == ["official TileLang kernels skipped", "FlagGems' top-k skipped"]
     assert B.absent_peers(argparse.Namespace(official=None, flaggems=None), {"quant"}) == []
