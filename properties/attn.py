@@ -359,9 +359,18 @@ def v4_rescales_each_head_of_q(target, model, seed, spread):
     if model in V41:
         assert_equal(got, q, what="ATTN.Q_NORM: V4.1 passes the main q unchanged (no per-head RMS rescale)")
         return
+    _assert_bf16_rescale(got)
     mean = round_bf16(q * q).mean(-1, keepdims=True)
     want = q / np.sqrt(mean + m.norm_eps)
     assert_within(got, want, spec.q_rescale_tolerance(q, m), what="ATTN.Q_NORM: V4 rescales each head to unit RMS")
+
+
+def _assert_bf16_rescale(got, where: str = "") -> None:
+    """V4's product q · rsqrt(…) is a BF16 tensor op: the tolerance around q·r* admits the fp32
+    product, the values do not."""
+    if not is_bf16(got).all():
+        raise AssertionError(f"ATTN.Q_NORM: V4's rescaled q must hold BF16 values (the product rounded to BF16), "
+                             f"{int((~is_bf16(got)).sum())} elements do not{where}")
 
 
 @check("ATTN.DEROTATE", ops=("attention_output",))
@@ -509,6 +518,7 @@ def _judge_q_norm(target, case, out):
     got = _stage(out, "q_norm", case)
     if case.model in V41:
         return _same(got, q, "ATTN.Q_NORM: V4.1 leaves the main q as wq_b wrote it", case)
+    _assert_bf16_rescale(got, f" [{case!r}]")
     want = q / np.sqrt(round_bf16(q * q).mean(-1, keepdims=True) + m.norm_eps)
     if not (np.abs(got - want) <= spec.q_rescale_tolerance(q, m)).all():
         raise AssertionError(f"ATTN.Q_NORM: V4 rescales each head of the main q to unit RMS [{case!r}]")

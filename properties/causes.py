@@ -32,7 +32,7 @@ CLAUSE_ORDER = {
     # first on its own rule)
     "sparse_attention": ("ATTN.SCORE", "ATTN.GATHER", "ATTN.DUPLICATES", "ATTN.RESCALE", "ATTN.PROB.BF16",
                          "ATTN.PROB.ORDER", "ATTN.SINK", "ATTN.OUTPUT", "ATTN.INIT"),
-    "index_layer": ("PATH.Q.PROJ", "PATH.K.PROJ", "PATH.W.PROJ", "PATH.K.NORM", "ROPE.POSITIONS",
+    "index_layer": ("PATH.Q.PROJ", "PATH.K.PROJ", "PATH.W.PROJ", "IDX.WEIGHT.SCALE", "PATH.K.NORM", "ROPE.POSITIONS",
                     "PATH.HADAMARD", "PATH.ORDER", "PATH.LAYER"),
     "candidate_blocks": ("POOL.BLOCK_SCORE", "POOL.DROP_INF", "POOL.TOPK_BLOCKS", "POOL.PIN_EMPTY",
                          "POOL.PIN_NEWEST", "POOL.PIN_COUNTS", "POOL.MASK", "POOL.SIZE", "POOL.ALL_REACHABLE"),

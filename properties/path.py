@@ -807,6 +807,27 @@ def k_norm_eps_of_the_model(target):
 
 
 @functools.lru_cache(maxsize=1)
+def tiny_weights_case() -> LayerCase:
+    """V4.1 layer 2 with half the heads' weights_proj rows 8 channels of about 2^-122, the rest 0:
+    their w_raw lie near 2^-121, so w_raw · 2^-6 is a BF16 subnormal and often an exact tie, where
+    a factor one fp32 ulp off 2^-6 rounds the other way (BF16 holds these; on unit-RMS weights no
+    factor that close shows).  Each product stays an fp32 normal, whatever the matmul flushes."""
+    case = make_layer_case("v4.1-flash", 2, 10, 0, 14)
+    rng = np.random.default_rng(14)
+    w = case.arrays()["weights_proj"].copy()
+    H, dim = w.shape
+    for h in range(0, H, 2):
+        w[h] = 0.0
+        w[h, rng.choice(dim, 8, replace=False)] = normal_bf16(rng, 8, 2.0 ** -122)
+    return _recased(case, "half the heads' weights_proj 8 channels at 2^-122", weights_proj=w.astype(np.float32))
+
+
+@check("IDX.WEIGHT.SCALE", ops=("index_layer",))
+def layer_weights_carry_the_factor_at_subnormal_ties(target):
+    _judge_stages(target, tiny_weights_case(), _judge_weights)
+
+
+@functools.lru_cache(maxsize=1)
 def completing_decode_case() -> LayerCase:
     """V4.1 layer 2 (ratio 2) decoding position 33: entry 16 completes this step and is rotated at
     its group's first token 32 = start_pos + 1 − ratio (the fixed decode cases are ratio 1, where

@@ -119,6 +119,14 @@ def _q_norm_with_eps(eps):
     return attention_q
 
 
+def _q_norm_in_fp32(q, *, model):
+    """V4's q rescale computed in fp32 and left unrounded (within the tolerance around q·r*)."""
+    qf = q.float()
+    if model in ref.spec.V41:
+        return qf
+    return qf * torch.rsqrt(qf.square().mean(-1, keepdim=True) + ref.spec.model_of(model).norm_eps)
+
+
 def _derotate_first_64(o, positions, freqs):
     """The de-rotation applied to channels 0..63 instead of the last 64."""
     o = o.float()
@@ -175,6 +183,7 @@ MUTANTS = dict([
     _m("q_norm_eps_1e-20_on_v4", "ATTN.Q_NORM", attention_q=_q_norm_with_eps(1e-20)),
     _m("q_rescaled_on_v41", "ATTN.Q_NORM", attention_q=_q_norm_always),
     _m("q_not_rescaled_on_v4", "ATTN.Q_NORM", attention_q=_q_norm_never),
+    _m("q_rescaled_in_fp32_on_v4", "ATTN.Q_NORM", attention_q=_q_norm_in_fp32),
     _m("layer_q_not_rescaled_on_v4", "ATTN.LAYER", attention_layer=_layer_with(attention_q=lambda q, *, model: q)),
     _m("layer_window_kv_not_quantized", "ATTN.LAYER",
        attention_layer=_layer_with(window_kv_qdq=lambda x, model: x)),
