@@ -23,7 +23,8 @@ several-programs-a-row radix engine on those rows only, no launch when none is f
 device (sync=False: one launch of one program a row, _radix_rows_kernel, which returns at once for
 unflagged rows and runs the whole radix select for flagged ones; nothing waits for the host, so a
 CUDA graph can capture the call).  The selection is unique (ties to the lowest position), so both
-give the same bits.
+give the same bits.  Few rows of long rows take neither: the few-row passes at the end of this
+module spread the select over each row's chunks.
 """
 from __future__ import annotations
 
@@ -1003,6 +1004,10 @@ def _topk_engine(x: torch.Tensor, n_valid: torch.Tensor, k: int, *, by_score: bo
     group (G), cap (candidates per row) and blocks ((BLOCK, CH)) override the filter's defaults
     for tests.
 
+    Few rows of long rows (_few_rows_serve; the switch few_rows, DSV4SPEC_FEW_ROWS) go through
+    neither: _topk_few_rows spreads the select over the rows' chunks (a launch a key digit, then
+    the emission; nothing read back), the same bits.
+
     That is the "launches" path.  The default "fused" path (topk_path) runs the same filter and
     select, and the radix engine on the rows whose candidates overflow, in one launch where a row
     is one program's and two otherwise, never reading back (sync has no effect), with its
@@ -1326,7 +1331,7 @@ def _topk_fused(plan: _FusedPlan, x, n_valid, out, remap, mask: bool):
 # by every call.  Same keys (_row_keys: ±0 one key, −inf kept or dropped), same unique selection
 # (ties to the lowest position): the engine's bits.
 # ------------------------------------------------------------------------------------------------
-_FEW_DIGITS = (8, 8, 8, 8)     # digit widths, high to low (sum 32); the A/B may set (11, 11, 10)
+_FEW_DIGITS = [(8, 8, 8, 8)]   # digit widths, high to low (sum 32); the A/B also times (11, 11, 10)
 FEW_ROWS_MODES = ("auto", "on", "off")
 _FEW_ROWS = [os.environ.get("DSV4SPEC_FEW_ROWS", "auto")]   # "off": the engine as before
 if _FEW_ROWS[0] not in FEW_ROWS_MODES:
@@ -1342,17 +1347,20 @@ _FEW_PROGRAMS = 512            # programs a call aims at (a chunk each)
 
 
 @contextlib.contextmanager
-def few_rows(mode: str):
+def few_rows(mode: str, digits: tuple | None = None):
     """Within the block, _topk_engine's few-row passes serve the shapes of mode: "auto" (the
-    default: few rows of long rows), "on" (every shape: the tests, the A/B) or "off" (none)."""
+    default: few rows of long rows), "on" (every shape: the tests, the A/B) or "off" (none), with
+    digits (widths, high to low, summing to 32) in place of _FEW_DIGITS when given."""
     if mode not in FEW_ROWS_MODES:
         raise ValueError(f"few_rows: expected one of {FEW_ROWS_MODES}, got {mode!r}")
-    saved = _FEW_ROWS[0]
-    _FEW_ROWS[0] = mode
+    if digits is not None and (sum(digits) != 32 or min(digits) < 1):
+        raise ValueError(f"few_rows: digits must be positive widths summing to 32, got {digits}")
+    saved = _FEW_ROWS[0], _FEW_DIGITS[0]
+    _FEW_ROWS[0], _FEW_DIGITS[0] = mode, tuple(digits or _FEW_DIGITS[0])
     try:
         yield
     finally:
-        _FEW_ROWS[0] = saved
+        _FEW_ROWS[0], _FEW_DIGITS[0] = saved
 
 
 def _few_rows_serve(R: int, N: int) -> bool:
@@ -1558,8 +1566,6 @@ def _few_config(R: int, N: int, blocks) -> tuple[int, int]:
 @functools.lru_cache(maxsize=512)
 def _few_plan(R: int, N: int, k: int, by_score: bool, drop_neg_inf: bool, remap: bool, mask: bool,
               mask_block: int, blocks, digits: tuple) -> _FewPlan:
-    if sum(digits) != 32 or min(digits) < 1:
-        raise ValueError(f"few-row digits must be positive widths summing to 32, got {digits}")
     block, ch = _few_config(R, N, blocks)
     nc = max(1, triton.cdiv(N, ch))
     bins = 1 << max(digits)
@@ -1587,7 +1593,7 @@ def _topk_few_rows(x, n_valid, k: int, out, *, by_score: bool, drop_neg_inf: boo
                    mask_block: int, blocks) -> None:
     """The few-row passes on x [R, N], writing out (int64 [R, k], or the zeroed int8 block mask)."""
     R, N = x.shape
-    plan = _few_plan(R, N, k, by_score, drop_neg_inf, remap is not None, mask, mask_block, blocks, _FEW_DIGITS)
+    plan = _few_plan(R, N, k, by_score, drop_neg_inf, remap is not None, mask, mask_block, blocks, _FEW_DIGITS[0])
     zeroed, ge, chunk, state, scratch = _workspace(x, plan, _new_few_workspace)
     for p, shift, width, last in plan.passes:
         _few_pass_kernel[(R, plan.chunks)](x, n_valid, zeroed, ge, chunk, state, N, x.stride(0), k, *plan.ints,

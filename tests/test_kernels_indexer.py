@@ -497,6 +497,117 @@ def test_topk_fused_path_block_mask(rows, group, cap, blocks):
     assert not bool(ws[6].any()) and not bool(ws[7].any()), "arrival counters"
 
 
+# ------------------------------------------------------------------------------------------------
+# The few-row passes (kernels.topk._topk_few_rows): forced on, they give the engine's bits (the
+# filter and its radix fallback, forced off) on every edge row, in every order and mode
+# ------------------------------------------------------------------------------------------------
+FEW_KINDS = ROW_KINDS + ["wide_range", "low_bits", "boundary_ties", "signed_zeros"]
+
+
+def few_case(kind):
+    if kind == "low_bits":
+        base = make_rows("normal", 1, 4, 500, 64)
+        case = type(base)("low_bits", low_bit_rows(4), base.visible, 64)
+        case.scores = np.where(S.visibility_mask(case.visible, 500), case.scores, -np.inf)
+        return case
+    if kind == "boundary_ties":
+        return boundary_tie_rows(S_=600, k=64)
+    case = make_rows("normal" if kind == "signed_zeros" else kind, 9, 4, 500, 64)
+    if kind == "signed_zeros":   # ±0 are one key: the lowest positions win, whatever the sign
+        sign = np.random.default_rng(9).random((4, 500)) < 0.5
+        case.scores = np.where(np.isfinite(case.scores), np.where(sign, -0.0, 0.0), case.scores)
+        case.scores[0, ::7] = 1.0
+    return case
+
+
+def few_and_engine(case, k, *, digits=(8, 8, 8, 8), blocks=(64, 128), **kw):
+    """(the few-row passes' output, twice on one workspace; the engine's with them off; the plan)."""
+    dev = K._device()
+    x = torch.from_numpy(case.scores).float().to(dev)
+    nv = torch.from_numpy(case.visible).int().to(dev)
+    mask = kw.pop("mask_block", 0)
+
+    def run():
+        if not mask:
+            return KT._topk_engine(x, nv, k, blocks=blocks, **kw).cpu()
+        out = torch.zeros((x.shape[0], x.shape[1] * mask), dtype=torch.int8, device=dev)
+        KT._topk_engine(x, nv, k, mask_out=out, mask_block=mask, blocks=blocks, **kw)
+        return out.cpu()
+
+    with KT.few_rows("off"):
+        want = run()
+    KT.clear_workspaces()
+    with KT.few_rows("on", digits):
+        got = [run(), run()]
+    plan = KT._few_plan(*x.shape, k, kw.get("by_score", False), kw.get("drop_neg_inf", False),
+                        kw.get("remap") is not None, bool(mask), mask, blocks, digits)
+    return got, want, plan
+
+
+def assert_few_rows(case, k, what, **kw):
+    got, want, plan = few_and_engine(case, k, **kw)
+    for call, g in enumerate(got):
+        assert torch.equal(g, want), f"{what}, call {call + 1}: few-row passes differ from the engine [{case!r}]"
+    (ws,) = plan.workspaces.values()
+    assert not bool(ws[0].any()), f"{what}: row histograms / arrival counters left {ws[0].nonzero().tolist()[:4]}"
+    return got[0]
+
+
+@pytest.mark.parametrize("order", ["position", "score"])
+@pytest.mark.parametrize("kind", FEW_KINDS)
+def test_topk_few_rows_give_the_engine_bits(kind, order):
+    """Chunks of 128 (4 programs a row): every digit pass spread over them, rows done early (a
+    boundary bin taken whole, visible 0, fewer valid than k) and late (keys equal in 24 bits, ties
+    across chunks to the lowest positions), the same bits as the engine and impl's selection."""
+    case = few_case(kind)
+    got = assert_few_rows(case, case.k, f"{kind} {order}", by_score=order == "score")
+    check_topk(got, case, order, "few-row passes")
+
+
+@pytest.mark.parametrize("digits,blocks", [((11, 11, 10), (64, 128)), ((8, 8, 8, 8), (64, 512))],
+                         ids=["11-11-10", "one_chunk"])
+@pytest.mark.parametrize("kind", ["few_values", "low_bits", "boundary_ties", "minus_inf"])
+def test_topk_few_rows_other_digits_and_chunks(kind, digits, blocks):
+    """Other digit widths (three passes of 11, 11, 10 bits) and one chunk a row: the same
+    bits, in both orders, with k past the valid count of some rows and k = 1."""
+    case = few_case(kind)
+    for k, order in ((case.k, "position"), (200, "score"), (1, "position")):
+        assert_few_rows(case, k, f"{kind} {digits} k={k} {order}", by_score=order == "score",
+                        digits=digits, blocks=blocks)
+
+
+@pytest.mark.parametrize("kind", ["normal", "few_values", "minus_inf", "boundary_ties"])
+def test_topk_few_rows_remap_drop_and_block_mask(kind):
+    """Through a remap table (both orders), with −inf dropped, and as a block mask (blocks of 8)."""
+    case = few_case(kind)
+    dev = K._device()
+    T, S_ = case.scores.shape
+    table = (torch.arange(S_, dtype=torch.int32) * 3 + 7).repeat(T, 1).to(dev)
+    for order in ("position", "score"):
+        assert_few_rows(case, case.k, f"{kind} remap {order}", by_score=order == "score", remap=table)
+    assert_few_rows(case, case.k, f"{kind} drop −inf", drop_neg_inf=True)
+    assert_few_rows(case, case.k, f"{kind} block mask", drop_neg_inf=True, mask_block=8)
+
+
+def test_topk_few_rows_switch():
+    """DSV4SPEC_FEW_ROWS / few_rows: "auto" serves few long rows only, "on" every shape, "off" none."""
+    with pytest.raises(ValueError, match="expected one of"):
+        with KT.few_rows("fast"):
+            pass
+    with pytest.raises(ValueError, match="summing to 32"):
+        with KT.few_rows("on", (8, 8, 8)):
+            pass
+    assert KT._FEW_ROWS[0] == "auto" and KT._FEW_DIGITS[0] == (8, 8, 8, 8)
+    big = KT._FEW_ROWS_MIN_N
+    assert KT._few_rows_serve(1, big) and KT._few_rows_serve(KT._FEW_ROWS_MAX, big)
+    assert not KT._few_rows_serve(KT._FEW_ROWS_MAX + 1, big) and not KT._few_rows_serve(1, big - 1)
+    assert not KT._few_rows_serve(KT._FEW_ROWS_MAX, KT._FEW_ROWS_MAX_KEYS)
+    with KT.few_rows("on"):
+        assert KT._few_rows_serve(1000, 10)
+    with KT.few_rows("off"):
+        assert not KT._few_rows_serve(1, big)
+
+
 def test_topk_path_names_are_checked():
     with pytest.raises(ValueError, match="expected one of"):
         with KT.topk_path("fast"):
