@@ -1039,6 +1039,22 @@ COMPILE_SM90 = textwrap.dedent("""
                                                               "cand_pos_ptr"), **outs, scratch_ptr=scratch(plan),
                                                  out_ptr=out, **ints("N", "k", "CH", "NC", "block", "NW")),
                   num_warps=plan.warps[0], **plan.consts)
+    elif sys.argv[1] == "few":   # the few-row passes at the plans of the A/B's shapes
+        ints_ = ints("N", "x_stride", "k", "CH", "NC")
+        ptrs = {"x_ptr": "*fp32", "len_ptr": "*i32", "zeroed_ptr": "*i32", "state_ptr": "*i64"}
+        # (R, N, k, order, mask, digits): position order (remapped), score order, block mask, 3 digits
+        for R, N, k, by_score, mask, digits in ((1, 1 << 16, 2048, False, False, (8, 8, 8, 8)),
+                                                (1, 1 << 20, 512, False, False, (11, 11, 10)),
+                                                (8, 1 << 20, 2048, True, False, (8, 8, 8, 8)),
+                                                (8, 1 << 15, 2048, False, True, (8, 8, 8, 8))):
+            plan = KT._few_plan(R, N, k, by_score, mask, not mask, mask, 8 if mask else 0, None, digits)
+            for p, shift, width, last in plan.passes:
+                build(KT._few_pass_kernel, dict(ptrs, ge_ptr="*i32", chunk_ptr="*i32", **ints_), num_warps=plan.warps,
+                      PASS=p, SHIFT=shift, WIDTH=width, LAST=last, **plan.consts)
+            build(KT._few_emit_kernel, dict(ptrs, chunk_ptr="*i32", remap_ptr="*i32", scratch_ptr="*i64",
+                                            out_ptr="*i8" if mask else "*i64",
+                                            **ints_, **ints("out_stride", "remap_stride", "W", "block")),
+                  num_warps=plan.warps, **plan.consts, **plan.emit_consts)
     else:
         # scores as the launchers pick them on a GPU: BF16 operands (MMA), fp32 (IEEE), FP4, gather
         for fp4, bf16, gather, dt in ((False, True, False, "bf16"), (False, False, False, "fp32"),
@@ -1098,6 +1114,7 @@ COMPILE_GROUPS = {
     "topk": {"_hist_kernel", "_boundary_kernel", "_compact_kernel", "_final_kernel", "_radix_rows_kernel"},
     "filter": {"_group_max_kernel", "_threshold_kernel", "_filter_kernel", "_select_kernel"},
     "fused": {"_row_topk_kernel", "_max_threshold_kernel", "_filter_finish_kernel"},
+    "few": {"_few_pass_kernel", "_few_emit_kernel"},
     "rest": {"_scores_kernel", "_hadamard_kernel", "_copy_kernel", "_weights_kernel", "_weights_v32_kernel",
              "_visible_kernel", "_block_max_kernel", "_finite_blocks_mask_kernel", "_pool_count_kernel",
              "_gather_kernel", "_gather_blocks_kernel", "_row_topk_kernel",
