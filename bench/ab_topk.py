@@ -20,6 +20,15 @@ replay, the few-row bits against the engine's on the device):
 
     export TRITON_INTERPRET=0; python3 -m pip install --no-build-isolation --no-deps -q -e . >/dev/null 2>&1; timeout 300 python bench/ab_topk.py --out $OUT/ab_topk_few.json --rep 50 2>&1 | tee $OUT/ab_topk_few.txt | tail -40; timeout 200 python -m pytest -q -p no:cacheprovider tests/test_kernels_device.py -k "sync or graph or few" 2>&1 | tail -3
 
+Predictions (written before the call; bench/h200/TOPK.md): graph ≈ 2.5 µs a launch plus the pass's
+reads (pass 0 reads the row from HBM, passes 1-3 only the chunks still holding the prefix, the
+emission only the chunks holding picks, from L2 while the rows fit it): 1x64K k 2048 ≈ 15-25 µs
+(shipped 61, torch ≈ 52), 1x1M k 512 ≈ 15-22 (shipped 33), 1x1M k 2048 ≈ 15-22 (shipped 76),
+8x1M k 2048 ≈ 35-70 (32 MB read about twice, 64K positions a program), 64x1M (outside "auto")
+≈ 300-380, slower than the shipped 265 (five reads of 256 MB from HBM); few-11 one launch fewer
+(≈ 2-3 µs less) if its 2048-bin histograms cost no more.  Eagerly the few-row variants are host
+bound (five launches against the fused path's two: ≈ 100-150 µs).
+
     python bench/ab_topk.py --out ab_topk.json            # GPU: the table and the JSON
     python bench/ab_topk.py --variants launches,fused,fused-2 --shapes 1:65536:2048   # the 12-02 A/B
     python bench/ab_topk.py --host                         # no GPU: host µs of the Python path,
@@ -38,8 +47,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-SHAPES = [(1, 1 << 16, 2048), (1, 1 << 20, 512), (1, 1 << 20, 2048), (8, 1 << 20, 2048),
-          (64, 1 << 20, 2048)]
+SHAPES = [(1, 1 << 20, 512), (1, 1 << 16, 2048), (1, 1 << 20, 2048), (8, 1 << 20, 2048),
+          (64, 1 << 20, 2048)]   # (the goals' rows first: a run cut short keeps them)
 QUICK = [(1, 1 << 16, 2048), (1, 1 << 20, 512)]
 VARIANTS = ("shipped", "few", "few-11", "launches", "fused", "fused-2")
 DEFAULT_VARIANTS = "shipped,few,few-11"

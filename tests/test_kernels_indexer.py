@@ -589,8 +589,9 @@ def test_topk_few_rows_remap_drop_and_block_mask(kind):
     assert_few_rows(case, case.k, f"{kind} block mask", drop_neg_inf=True, mask_block=8)
 
 
-def test_topk_few_rows_switch():
-    """DSV4SPEC_FEW_ROWS / few_rows: "auto" serves few long rows only, "on" every shape, "off" none."""
+def test_topk_few_rows_switch(monkeypatch):
+    """DSV4SPEC_FEW_ROWS / few_rows: "auto" serves few long rows inside a CUDA graph capture,
+    "always" eagerly too, "on" every shape, "off" none."""
     with pytest.raises(ValueError, match="expected one of"):
         with KT.few_rows("fast"):
             pass
@@ -599,13 +600,24 @@ def test_topk_few_rows_switch():
             pass
     assert KT._FEW_ROWS[0] == "auto" and KT._FEW_DIGITS[0] == (8, 8, 8, 8)
     big = KT._FEW_ROWS_MIN_N
-    assert KT._few_rows_serve(1, big) and KT._few_rows_serve(KT._FEW_ROWS_MAX, big)
-    assert not KT._few_rows_serve(KT._FEW_ROWS_MAX + 1, big) and not KT._few_rows_serve(1, big - 1)
-    assert not KT._few_rows_serve(KT._FEW_ROWS_MAX, KT._FEW_ROWS_MAX_KEYS)
-    with KT.few_rows("on"):
-        assert KT._few_rows_serve(1000, 10)
+
+    def serves(R, N):
+        return KT._few_rows_serve(torch.empty((R, N), dtype=torch.uint8))
+
+    with KT.few_rows("always"):
+        assert serves(1, big) and serves(KT._FEW_ROWS_MAX, big)
+        assert not serves(KT._FEW_ROWS_MAX + 1, big) and not serves(1, big - 1)
+        assert not serves(KT._FEW_ROWS_MAX, KT._FEW_ROWS_MAX_KEYS)
+    assert not serves(1, big), "eagerly the fused path serves"
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert not serves(1, big), "a CPU tensor is never captured"
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    assert serves(1, big) and not serves(KT._FEW_ROWS_MAX + 1, big), "inside a capture"
     with KT.few_rows("off"):
-        assert not KT._few_rows_serve(1, big)
+        assert not serves(1, big)
+    monkeypatch.undo()
+    with KT.few_rows("on"):
+        assert serves(1000, 10)
 
 
 def test_topk_path_names_are_checked():
