@@ -15,10 +15,10 @@ times are dropped.  Each variant runs twice, interleaved (a, b, a, b): the sprea
 two medians is the noise floor of the comparison.  A variant that fails (a compile error, a fault)
 is recorded with its error and the run goes on.
 
-Device command (one H200, ≤ 3 min with its compiles; then the GPU-only checks: no host sync, graph
+Device command (one H200, ≤ 4 min with its compiles, ≤ 2 of them the A/B's timings; then the GPU-only checks: no host sync, graph
 replay, the few-row bits against the engine's on the device):
 
-    export TRITON_INTERPRET=0; python3 -m pip install --no-build-isolation --no-deps -q -e . >/dev/null 2>&1; timeout 300 python bench/ab_topk.py --out $OUT/ab_topk_few.json --rep 50 2>&1 | tee $OUT/ab_topk_few.txt | tail -40; timeout 200 python -m pytest -q -p no:cacheprovider tests/test_kernels_device.py -k "sync or graph or few" 2>&1 | tail -3
+    export TRITON_INTERPRET=0; python3 -m pip install --no-build-isolation --no-deps -q -e . >/dev/null 2>&1; timeout 240 python bench/ab_topk.py --out $OUT/ab_topk_few.json --rep 30 2>&1 | tee $OUT/ab_topk_few.txt | tail -40; timeout 90 python -m pytest -q -p no:cacheprovider tests/test_kernels_device.py -k "sync or graph" 2>&1 | tee $OUT/pytest_device.txt | tail -3
 
 Predictions (written before the call; bench/h200/TOPK.md): graph ≈ 2.5 µs a launch plus the pass's
 reads (pass 0 reads the row from HBM, passes 1-3 only the chunks still holding the prefix, the
