@@ -1,35 +1,36 @@
-"""A/B of the top-k engine's two paths in one process, on identical inputs: the "launches" path
-(the filter's four launches and the sync-free radix launch, a fresh workspace a call: the engine as
-it was up to 12-02) against the "fused" path (one launch where a row is one program's, else two;
-workspaces and launch configuration cached per shape), with torch.topk beside them.
+"""A/B of the top-k engine's paths in one process, on identical inputs: the shipped engine (the
+few-row passes off: eagerly the "fused" path, inside a CUDA graph capture the "launches" path),
+against the few-row passes (issue 23, TOPK.md item 1: one launch a key digit spread over the row's
+chunks, then one emission; "few": four 8-bit digits, five launches; "few-11": digits of 11, 11 and
+10 bits, four launches), with torch.topk beside them.  The older variants stay selectable:
+"launches" (the filter's four launches and the sync-free radix launch), "fused" (one launch where a
+row is one program's, else two), "fused-2" (the filter's chunks forced: two launches).
 
 Every row: the device API's index_topk (position order) on BF16-valued fp32 scores, each variant
 timed eagerly (as a user calls it) and replayed from a CUDA graph (device time), do_bench medians
 (warm-up, L2 flushed between repetitions, CUDA events), and the host µs per call over a run of
-back-to-back calls (what a launch-bound caller pays).  The fused path's output must equal the
-launches path's bit for bit (both: tie-aware validity against torch.topk's score multiset), else
-its times are dropped.  Each variant runs twice, old and new interleaved (old, new, old, new): the
-spread of a variant's two medians is the noise floor of the comparison.  Rows of at most 64K
-positions run one launch in the fused path; "fused-2" forces the filter's chunks there (two
-launches) to see what the one launch gains or loses.  A variant that fails (a compile error, a
-fault) is recorded with its error and the run goes on.
+back-to-back calls (what a launch-bound caller pays).  Every variant's output must equal the first
+variant's bit for bit (all: tie-aware validity against torch.topk's score multiset), else its
+times are dropped.  Each variant runs twice, interleaved (a, b, a, b): the spread of a variant's
+two medians is the noise floor of the comparison.  A variant that fails (a compile error, a fault)
+is recorded with its error and the run goes on.
 
-Device command (one H200; the A/B first, ≤ 480 s with its compiles, then the GPU-only checks of
-the fused path: no host sync, graph replay, its bits against the launches path):
+Device command (one H200, ≤ 4 min with its compiles, ≤ 2 of them the A/B's timings; then the GPU-only checks: no host sync, graph
+replay, the few-row bits against the engine's on the device):
 
-    export TRITON_INTERPRET=0; python -m pip install -q --no-build-isolation --no-deps -e . >/dev/null 2>&1; timeout 480 python bench/ab_topk.py --out $OUT/ab_topk.json --rep 50 2>&1 | tail -45; timeout 100 python -m pytest -q -p no:cacheprovider tests/test_kernels_device.py -k "sync or graph" 2>&1 | tail -3
+    export TRITON_INTERPRET=0; python3 -m pip install --no-build-isolation --no-deps -q -e . >/dev/null 2>&1; timeout 240 python bench/ab_topk.py --out $OUT/ab_topk_few.json --rep 30 2>&1 | tee $OUT/ab_topk_few.txt | tail -40; timeout 90 python -m pytest -q -p no:cacheprovider tests/test_kernels_device.py -k "sync or graph" 2>&1 | tee $OUT/pytest_device.txt | tail -3
 
-Predictions (written before the call; the launches path's numbers from bench/h200/2026-12-02-peers-topk.json,
-host: about 30 µs a Triton launch there, 5 launches + 10 allocations ≈ 170 µs a call): the fused
-path's host cost is 2 launches + 1 allocation (≈ 60-70 µs) or 1 launch (≈ 35 µs), so eager
-becomes max(host, device).  1x64K k 2048 (one launch, one program): device ≈ 50-55 µs (the
-select, 24 µs, and the threshold, 15 µs, were already one program), eager 398 → ≈ 60 (torch 85:
-met), graph 61 → ≈ 55 (torch 55: ≈ 1×, the 3× goal not met).  1x1M k 512 (two launches): graph
-33 → ≈ 25-28 (two kernels' gaps gone; ≤ 15 not met), eager 196 → ≈ 70 (torch 127: met).  64x1M:
-graph ≈ 265 unchanged, eager 311 → ≈ 270.  1024x64K (one launch, a program a row): graph 428 →
-≈ 400-430 (the same work, fewer gaps; occupancy may cost what the gaps gave), eager ≈ graph.
+Predictions (written before the call; bench/h200/TOPK.md): graph ≈ 2.5 µs a launch plus the pass's
+reads (pass 0 reads the row from HBM, passes 1-3 only the chunks still holding the prefix, the
+emission only the chunks holding picks, from L2 while the rows fit it): 1x64K k 2048 ≈ 15-25 µs
+(shipped 61, torch ≈ 52), 1x1M k 512 ≈ 15-22 (shipped 33), 1x1M k 2048 ≈ 15-22 (shipped 76),
+8x1M k 2048 ≈ 35-70 (32 MB read about twice, 64K positions a program), 64x1M (outside "auto")
+≈ 300-380, slower than the shipped 265 (five reads of 256 MB from HBM); few-11 one launch fewer
+(≈ 2-3 µs less) if its 2048-bin histograms cost no more.  Eagerly the few-row variants are host
+bound (five launches against the fused path's two: ≈ 100-150 µs).
 
     python bench/ab_topk.py --out ab_topk.json            # GPU: the table and the JSON
+    python bench/ab_topk.py --variants launches,fused,fused-2 --shapes 1:65536:2048   # the 12-02 A/B
     python bench/ab_topk.py --host                         # no GPU: host µs of the Python path,
                                                            # launches stubbed, and the launches
                                                            # and torch ops a call makes
@@ -46,10 +47,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-SHAPES = [(1, 1 << 16, 2048), (1, 1 << 20, 512), (1, 1 << 20, 2048), (64, 1 << 18, 2048),
-          (64, 1 << 20, 2048), (1024, 1 << 16, 2048), (1024, 1 << 15, 512)]
+SHAPES = [(1, 1 << 20, 512), (1, 1 << 16, 2048), (1, 1 << 20, 2048), (8, 1 << 20, 2048),
+          (64, 1 << 20, 2048)]   # (the goals' rows first: a run cut short keeps them)
 QUICK = [(1, 1 << 16, 2048), (1, 1 << 20, 512)]
-VARIANTS = ("launches", "fused", "fused-2")
+VARIANTS = ("shipped", "few", "few-11", "launches", "fused", "fused-2")
+DEFAULT_VARIANTS = "shipped,few,few-11"
+FEW_DIGITS = {"few": (8, 8, 8, 8), "few-11": (11, 11, 10)}
 ONE_PROGRAM_ROW = 1 << 16   # kernels.topk._ONE_PROGRAM_ROW on a GPU
 
 
@@ -60,6 +63,8 @@ def parse_args(argv=None):
     ap.add_argument("--rep", type=int, default=100, help="do_bench rep (ms), per measurement")
     ap.add_argument("--quick", action="store_true", help=f"only {QUICK} (a smoke run)")
     ap.add_argument("--shapes", default="", help="R:N:k,R:N:k,... instead of the default rows")
+    ap.add_argument("--variants", default=DEFAULT_VARIANTS,
+                    help=f"comma-separated, of {VARIANTS}; the first is the bits' reference")
     ap.add_argument("--host", action="store_true",
                     help="no GPU: the Python path's host µs with the launches stubbed (interpreter)")
     return ap.parse_args(argv)
@@ -71,11 +76,24 @@ def shapes_of(args):
     return QUICK if args.quick else SHAPES
 
 
+def variants_of(args):
+    names = [v for v in args.variants.split(",") if v]
+    unknown = set(names) - set(VARIANTS)
+    if unknown:
+        raise SystemExit(f"ab_topk: unknown variants {sorted(unknown)}; expected some of {VARIANTS}")
+    return names
+
+
 def variant(KT, name, R, N, k):
     """A context in which _topk_engine takes variant name's path."""
     import contextlib
     stack = contextlib.ExitStack()
-    stack.enter_context(KT.topk_path("launches" if name == "launches" else "fused"))
+    if name in FEW_DIGITS:
+        stack.enter_context(KT.few_rows("on", FEW_DIGITS[name]))
+        return stack
+    stack.enter_context(KT.few_rows("off"))
+    if name != "shipped":
+        stack.enter_context(KT.topk_path("launches" if name == "launches" else "fused"))
     if name == "fused-2":
         stack.enter_context(KT.filter_tuning(ch=KT._filter_config(R, N, k).ch))
     return stack
@@ -112,7 +130,7 @@ def run_gpu(args) -> int:
     for R, N, k in shapes_of(args):
         x, nv = topk_input(torch, R, N)
         row = dict(shape=f"{R}x{N}x{k}", R=R, N=N, k=k, variants={})
-        names = [v for v in VARIANTS if v != "fused-2" or N <= ONE_PROGRAM_ROW]
+        names = [v for v in variants_of(args) if v != "fused-2" or N <= ONE_PROGRAM_ROW]
         outs = {}
         for rnd in range(2):
             for name in names:
@@ -130,13 +148,13 @@ def run_gpu(args) -> int:
                 cell["graph_us"].append(g)
                 cell["host_us"].append(h)
                 outs.setdefault(name, out)
-        ref = outs.get("launches")
+        ref = outs.get(names[0])
         for name, out in outs.items():
             cell = row["variants"][name]
             cell["validity"] = topk_validity(torch, x, nv, out, k, "position")
-            cell["same_bits_as_launches"] = ref is not None and bool(torch.equal(out, ref))
-            if name != "launches" and not cell["same_bits_as_launches"]:
-                cell["dropped"] = "output differs from the launches path"
+            cell["same_bits_as_ref"] = ref is not None and bool(torch.equal(out, ref))
+            if name != names[0] and not cell["same_bits_as_ref"]:
+                cell["dropped"] = f"output differs from {names[0]}'s"
         try:
             e, g, h, _ = measure(torch, lambda: torch.topk(x, k, dim=1, sorted=False).indices, args.rep)
             row["torch"] = dict(eager_us=e, graph_us=g, host_us=h)
@@ -158,7 +176,7 @@ def run_gpu(args) -> int:
                 json.dump(result, f, indent=1)
         del x, nv
         torch.cuda.empty_cache()
-    summary(result)
+    summary(result, variants_of(args))
     return 0
 
 
@@ -175,21 +193,24 @@ def best(cell, column):
     return min(vals) if vals and "dropped" not in cell else None
 
 
-def summary(result):
-    """One line a row: the fused path against the launches path and torch, per column."""
+def summary(result, names):
+    """One line a row and variant: against the first variant and torch, per column."""
     print("\nratios (best of the two medians; > 1: faster)", flush=True)
-    print(f"{'shape':>18} | {'fused/launches eager':>20} | {'graph':>6} | {'vs torch eager':>14} | {'graph':>6}")
+    ref = names[0]
+    print(f"{'shape':>18} | {'variant':>8} | {'vs ' + ref + ' eager':>16} | {'graph':>6} | {'vs torch eager':>14} | "
+          f"{'graph':>6}")
     for row in result["rows"]:
         v = row["variants"]
-        new = v.get("fused", {})
-        cells = []
-        for column in ("eager_us", "graph_us"):
-            a, b = best(v.get("launches", {}), column), best(new, column)
-            cells.append(fmt(a / b) if a and b else "–")
-        for column in ("eager_us", "graph_us"):
-            t, b = row.get("torch", {}).get(column), best(new, column)
-            cells.append(fmt(t / b) if t and b else "–")
-        print(f"{row['shape']:>18} | {cells[0]:>20} | {cells[1]:>6} | {cells[2]:>14} | {cells[3]:>6}")
+        for name in names:
+            new = v.get(name, {})
+            cells = []
+            for column in ("eager_us", "graph_us"):
+                a, b = best(v.get(ref, {}), column), best(new, column)
+                cells.append(fmt(a / b) if a and b else "–")
+            for column in ("eager_us", "graph_us"):
+                t, b = row.get("torch", {}).get(column), best(new, column)
+                cells.append(fmt(t / b) if t and b else "–")
+            print(f"{row['shape']:>18} | {name:>8} | {cells[0]:>16} | {cells[1]:>6} | {cells[2]:>14} | {cells[3]:>6}")
 
 
 def run_host(args) -> int:
@@ -216,7 +237,7 @@ def run_host(args) -> int:
 
     kernel_type.__getitem__ = stub
     try:
-        for name in ("launches", "fused"):
+        for name in variants_of(args):
             for R, N, k in shapes_of(args):
                 x = torch.empty_strided((R, N), (N, 1))
                 nv = torch.zeros(R, dtype=torch.int32)

@@ -202,6 +202,40 @@ def test_a_decode_step_replays_from_a_cuda_graph():
     assert all(torch.equal(a, b) for a, b in zip(captured[3], eager[3]))
 
 
+@GPU
+@pytest.mark.parametrize("R,N,k", [(1, 1 << 16, 2048), (3, 40000, 100), (8, 1 << 17, 512)])
+def test_few_row_topk_has_no_sync_and_replays_from_a_cuda_graph(R, N, k):
+    """The top-k engine's few-row passes (kernels.topk.few_rows) on the GPU: the engine's bits with
+    them off in both orders (BF16 ties, a short row, a row of equal values), no host
+    synchronization, and a CUDA graph of index_topk that replays the eager bits."""
+    from dsv4spec.kernels import topk as KT
+    x = bf16_values(R, N, seed=R).cuda()
+    x[-1, : N // 2] = 0.25
+    visible = torch.full((R,), N, dtype=torch.int32, device="cuda")
+    visible[0] = N - 1000
+    for order in ("position", "score"):
+        with KT.few_rows("off"):
+            want = D.index_topk(x, visible, k, order)
+        with KT.few_rows("on"):
+            eager = D.index_topk(x, visible, k, order)
+            torch.cuda.synchronize()
+            with sync_is_an_error():
+                again = D.index_topk(x, visible, k, order)
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                D.index_topk(x, visible, k, order)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                captured = D.index_topk(x, visible, k, order)
+            for _ in range(3):
+                graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(eager, want) and torch.equal(again, want), f"{order}: eager few-row bits"
+        assert torch.equal(captured, want), f"{order}: graph replay of the few-row passes"
+
+
 def test_every_function_is_documented_with_its_shapes():
     public = [n for n in dir(D) if not n.startswith("_") and callable(getattr(D, n))
               and getattr(getattr(D, n), "__module__", "") == D.__name__]

@@ -497,6 +497,129 @@ def test_topk_fused_path_block_mask(rows, group, cap, blocks):
     assert not bool(ws[6].any()) and not bool(ws[7].any()), "arrival counters"
 
 
+# ------------------------------------------------------------------------------------------------
+# The few-row passes (kernels.topk._topk_few_rows): forced on, they give the engine's bits (the
+# filter and its radix fallback, forced off) on every edge row, in every order and mode
+# ------------------------------------------------------------------------------------------------
+FEW_KINDS = ROW_KINDS + ["wide_range", "low_bits", "boundary_ties", "signed_zeros"]
+
+
+def few_case(kind):
+    if kind == "low_bits":
+        base = make_rows("normal", 1, 4, 500, 64)
+        case = type(base)("low_bits", low_bit_rows(4), base.visible, 64)
+        case.scores = np.where(S.visibility_mask(case.visible, 500), case.scores, -np.inf)
+        return case
+    if kind == "boundary_ties":
+        return boundary_tie_rows(S_=600, k=64)
+    case = make_rows("normal" if kind == "signed_zeros" else kind, 9, 4, 500, 64)
+    if kind == "signed_zeros":   # ±0 are one key: the lowest positions win, whatever the sign
+        sign = np.random.default_rng(9).random((4, 500)) < 0.5
+        case.scores = np.where(np.isfinite(case.scores), np.where(sign, -0.0, 0.0), case.scores)
+        case.scores[0, ::7] = 1.0
+    return case
+
+
+def few_and_engine(case, k, *, digits=(8, 8, 8, 8), blocks=(64, 128), **kw):
+    """(the few-row passes' output, twice on one workspace; the engine's with them off; the plan)."""
+    dev = K._device()
+    x = torch.from_numpy(case.scores).float().to(dev)
+    nv = torch.from_numpy(case.visible).int().to(dev)
+    mask = kw.pop("mask_block", 0)
+
+    def run():
+        if not mask:
+            return KT._topk_engine(x, nv, k, blocks=blocks, **kw).cpu()
+        out = torch.zeros((x.shape[0], x.shape[1] * mask), dtype=torch.int8, device=dev)
+        KT._topk_engine(x, nv, k, mask_out=out, mask_block=mask, blocks=blocks, **kw)
+        return out.cpu()
+
+    with KT.few_rows("off"):
+        want = run()
+    KT.clear_workspaces()
+    with KT.few_rows("on", digits):
+        got = [run(), run()]
+    plan = KT._few_plan(*x.shape, k, kw.get("by_score", False), kw.get("drop_neg_inf", False),
+                        kw.get("remap") is not None, bool(mask), mask, blocks, digits)
+    return got, want, plan
+
+
+def assert_few_rows(case, k, what, **kw):
+    got, want, plan = few_and_engine(case, k, **kw)
+    for call, g in enumerate(got):
+        assert torch.equal(g, want), f"{what}, call {call + 1}: few-row passes differ from the engine [{case!r}]"
+    (ws,) = plan.workspaces.values()
+    assert not bool(ws[0].any()), f"{what}: row histograms / arrival counters left {ws[0].nonzero().tolist()[:4]}"
+    return got[0]
+
+
+@pytest.mark.parametrize("order", ["position", "score"])
+@pytest.mark.parametrize("kind", FEW_KINDS)
+def test_topk_few_rows_give_the_engine_bits(kind, order):
+    """Chunks of 128 (4 programs a row): every digit pass spread over them, rows done early (a
+    boundary bin taken whole, visible 0, fewer valid than k) and late (keys equal in 24 bits, ties
+    across chunks to the lowest positions), the same bits as the engine and impl's selection."""
+    case = few_case(kind)
+    got = assert_few_rows(case, case.k, f"{kind} {order}", by_score=order == "score")
+    check_topk(got, case, order, "few-row passes")
+
+
+@pytest.mark.parametrize("digits,blocks", [((11, 11, 10), (64, 128)), ((8, 8, 8, 8), (64, 512))],
+                         ids=["11-11-10", "one_chunk"])
+@pytest.mark.parametrize("kind", ["few_values", "low_bits", "boundary_ties", "minus_inf"])
+def test_topk_few_rows_other_digits_and_chunks(kind, digits, blocks):
+    """Other digit widths (three passes of 11, 11, 10 bits) and one chunk a row: the same
+    bits, in both orders, with k past the valid count of some rows and k = 1."""
+    case = few_case(kind)
+    for k, order in ((case.k, "position"), (200, "score"), (1, "position")):
+        assert_few_rows(case, k, f"{kind} {digits} k={k} {order}", by_score=order == "score",
+                        digits=digits, blocks=blocks)
+
+
+@pytest.mark.parametrize("kind", ["normal", "few_values", "minus_inf", "boundary_ties"])
+def test_topk_few_rows_remap_drop_and_block_mask(kind):
+    """Through a remap table (both orders), with −inf dropped, and as a block mask (blocks of 8)."""
+    case = few_case(kind)
+    dev = K._device()
+    T, S_ = case.scores.shape
+    table = (torch.arange(S_, dtype=torch.int32) * 3 + 7).repeat(T, 1).to(dev)
+    for order in ("position", "score"):
+        assert_few_rows(case, case.k, f"{kind} remap {order}", by_score=order == "score", remap=table)
+    assert_few_rows(case, case.k, f"{kind} drop −inf", drop_neg_inf=True)
+    assert_few_rows(case, case.k, f"{kind} block mask", drop_neg_inf=True, mask_block=8)
+
+
+def test_topk_few_rows_switch(monkeypatch):
+    """DSV4SPEC_FEW_ROWS / few_rows: "auto" serves few long rows inside a CUDA graph capture,
+    "always" eagerly too, "on" every shape, "off" none."""
+    with pytest.raises(ValueError, match="expected one of"):
+        with KT.few_rows("fast"):
+            pass
+    with pytest.raises(ValueError, match="summing to 32"):
+        with KT.few_rows("on", (8, 8, 8)):
+            pass
+    assert KT._FEW_ROWS[0] == "auto" and KT._FEW_DIGITS[0] == (8, 8, 8, 8)
+    big = KT._FEW_ROWS_MIN_N
+
+    def serves(R, N):
+        return KT._few_rows_serve(torch.empty((R, N), dtype=torch.uint8))
+
+    with KT.few_rows("always"):
+        assert serves(1, big) and serves(KT._FEW_ROWS_MAX, big)
+        assert not serves(KT._FEW_ROWS_MAX + 1, big) and not serves(1, big - 1)
+        assert not serves(KT._FEW_ROWS_MAX, KT._FEW_ROWS_MAX_KEYS)
+    assert not serves(1, big), "eagerly the fused path serves"
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert not serves(1, big), "a CPU tensor is never captured"
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    assert serves(1, big) and not serves(KT._FEW_ROWS_MAX + 1, big), "inside a capture"
+    with KT.few_rows("off"):
+        assert not serves(1, big)
+    monkeypatch.undo()
+    with KT.few_rows("on"):
+        assert serves(1000, 10)
+
+
 def test_topk_path_names_are_checked():
     with pytest.raises(ValueError, match="expected one of"):
         with KT.topk_path("fast"):
@@ -928,6 +1051,22 @@ COMPILE_SM90 = textwrap.dedent("""
                                                               "cand_pos_ptr"), **outs, scratch_ptr=scratch(plan),
                                                  out_ptr=out, **ints("N", "k", "CH", "NC", "block", "NW")),
                   num_warps=plan.warps[0], **plan.consts)
+    elif sys.argv[1] == "few":   # the few-row passes at the plans of the A/B's shapes
+        ints_ = ints("N", "x_stride", "k", "CH", "NC")
+        ptrs = {"x_ptr": "*fp32", "len_ptr": "*i32", "zeroed_ptr": "*i32", "state_ptr": "*i64"}
+        # (R, N, k, order, mask, digits): position order (remapped), score order, block mask, 3 digits
+        for R, N, k, by_score, mask, digits in ((1, 1 << 16, 2048, False, False, (8, 8, 8, 8)),
+                                                (1, 1 << 20, 512, False, False, (11, 11, 10)),
+                                                (8, 1 << 20, 2048, True, False, (8, 8, 8, 8)),
+                                                (8, 1 << 15, 2048, False, True, (8, 8, 8, 8))):
+            plan = KT._few_plan(R, N, k, by_score, mask, not mask, mask, 8 if mask else 0, None, digits)
+            for p, shift, width, last in plan.passes:
+                build(KT._few_pass_kernel, dict(ptrs, ge_ptr="*i32", chunk_ptr="*i32", **ints_), num_warps=plan.warps,
+                      PASS=p, SHIFT=shift, WIDTH=width, LAST=last, **plan.consts)
+            build(KT._few_emit_kernel, dict(ptrs, chunk_ptr="*i32", remap_ptr="*i32", scratch_ptr="*i64",
+                                            out_ptr="*i8" if mask else "*i64",
+                                            **ints_, **ints("out_stride", "remap_stride", "W", "block")),
+                  num_warps=plan.warps, **plan.consts, **plan.emit_consts)
     else:
         # scores as the launchers pick them on a GPU: BF16 operands (MMA), fp32 (IEEE), FP4, gather
         for fp4, bf16, gather, dt in ((False, True, False, "bf16"), (False, False, False, "fp32"),
@@ -987,6 +1126,7 @@ COMPILE_GROUPS = {
     "topk": {"_hist_kernel", "_boundary_kernel", "_compact_kernel", "_final_kernel", "_radix_rows_kernel"},
     "filter": {"_group_max_kernel", "_threshold_kernel", "_filter_kernel", "_select_kernel"},
     "fused": {"_row_topk_kernel", "_max_threshold_kernel", "_filter_finish_kernel"},
+    "few": {"_few_pass_kernel", "_few_emit_kernel"},
     "rest": {"_scores_kernel", "_hadamard_kernel", "_copy_kernel", "_weights_kernel", "_weights_v32_kernel",
              "_visible_kernel", "_block_max_kernel", "_finite_blocks_mask_kernel", "_pool_count_kernel",
              "_gather_kernel", "_gather_blocks_kernel", "_row_topk_kernel",

@@ -350,6 +350,36 @@ def test_row_topk_is_the_engine(values, drop):
             assert torch.equal(got, want), f"k {k}, chunks of {chunk}: differs from the engine"
 
 
+@pytest.mark.parametrize("values", ["distinct", "few", "equal", "signed_zeros"])
+@pytest.mark.parametrize("drop", [False, True])
+def test_few_row_passes_are_the_engine(values, drop):
+    """The top-k engine's few-row passes (forced on; chunks of 128, 6 programs a row) give its bits
+    with them off on the rows of test_row_topk_is_the_engine (−inf dropped or kept, fewer valid than
+    k, visible 0, remapped), and as the candidate blocks' mask."""
+    dev = KI._device()
+    g = torch.Generator().manual_seed(len(values) + drop)
+    R, N = 6, 700
+    x = {"distinct": torch.randn(R, N, generator=g),
+         "few": torch.randint(-2, 3, (R, N), generator=g).float(),
+         "equal": torch.full((R, N), 0.5),
+         "signed_zeros": torch.randint(0, 2, (R, N), generator=g).float() * -0.0}[values]
+    x[1, 100:] = float("-inf")
+    x[2, ::3] = float("-inf")
+    x = x.to(dev)
+    n_valid = torch.tensor([N, N, 650, 0, 37, 699], dtype=torch.int32, device=dev)
+    remap = (torch.arange(N, device=dev) * 3 + 1).int().expand(R, N).contiguous()
+    for k in (1, 40, N):
+        outs = []
+        for mode in ("off", "on"):
+            mask = torch.zeros((R, N * 4), dtype=torch.int8, device=dev)
+            with KT.few_rows(mode):
+                outs.append((KT._topk_engine(x, n_valid, k, drop_neg_inf=drop, remap=remap, blocks=(64, 128)),
+                             KT._topk_engine(x, n_valid, k, drop_neg_inf=drop, mask_out=mask, mask_block=4,
+                                             blocks=(64, 128)), mask))
+        assert torch.equal(outs[1][0], outs[0][0]), f"k {k}: few-row passes differ from the engine"
+        assert torch.equal(outs[1][2], outs[0][2]), f"k {k}: few-row block mask differs from the engine's"
+
+
 def test_row_topk_switch(monkeypatch):
     """The re-index rows go to the one-program top-k eagerly (the eager step's cost is its
     launches) and to the top-k engine inside a CUDA graph capture (faster on the H200's device
