@@ -1016,7 +1016,7 @@ def _topk_engine(x: torch.Tensor, n_valid: torch.Tensor, k: int, *, by_score: bo
     """
     R, N = x.shape
     mask = mask_out is not None
-    if _few_rows_serve(x):
+    if _few_rows_serve(x, k):
         out = mask_out if mask else torch.empty((R, k), dtype=torch.int64, device=x.device)
         if R:
             _topk_few_rows(x, n_valid, k, out, by_score=by_score, drop_neg_inf=drop_neg_inf, remap=remap,
@@ -1336,23 +1336,24 @@ FEW_ROWS_MODES = ("auto", "always", "on", "off")
 _FEW_ROWS = [os.environ.get("DSV4SPEC_FEW_ROWS", "auto")]   # "off": the engine as before
 if _FEW_ROWS[0] not in FEW_ROWS_MODES:
     raise ValueError(f"DSV4SPEC_FEW_ROWS must be one of {FEW_ROWS_MODES}, got {_FEW_ROWS[0]!r}")
-# "auto" serves, inside a CUDA graph capture, R <= _FEW_ROWS_MAX rows of at least _FEW_ROWS_MIN_N
-# positions and at most _FEW_ROWS_MAX_KEYS keys in all: from 132 rows on, the serial stages already
-# fill the H200; the passes re-read the chunks that still hold the prefix, from L2 only while the
-# rows fit it (50 MB; 8M fp32 keys are 32 MB); shorter rows are the fused path's one launch.
-# Eagerly a call pays its launches on the host (five here, two in the fused path): "always" serves
-# the same shapes eagerly too.  Not yet measured (bench/ab_topk.py).
-_FEW_ROWS_MAX = 64
+# "auto" serves, inside a CUDA graph capture, what the H200 A/B (bench/h200/2026-12-02-ab-topk-few.txt)
+# measured faster than the shipped graph path: one row of at least _FEW_ROWS_MIN_N positions with
+# k >= _FEW_ROWS_MIN_K (1x64K k 2048: 62 -> 35 us; 1x1M k 2048: 75 -> 56 us).  Slower there:
+# 1x1M k 512 (31 -> 51 us: the fused filter leaves few candidates) and 8 or 64 rows (96 -> 274 and
+# 265 -> 1952 us at 1M: each pass re-reads the chunks still on the prefix).  Eagerly a call pays its
+# five launches on the host (two in the fused path): "always" serves the same shapes eagerly too.
+_FEW_ROWS_MAX = 1
 _FEW_ROWS_MIN_N = 32768
-_FEW_ROWS_MAX_KEYS = 1 << 23
+_FEW_ROWS_MIN_K = 2048
 _FEW_PROGRAMS = 512            # programs a call aims at (a chunk each)
 
 
 @contextlib.contextmanager
 def few_rows(mode: str, digits: tuple | None = None):
     """Within the block, _topk_engine's few-row passes serve the shapes of mode: "auto" (the
-    default: few rows of long rows inside a CUDA graph capture), "always" (those rows eagerly too),
-    "on" (every shape: the tests, the A/B) or "off" (none), with
+    default: one long row with k >= 2048 inside a CUDA graph capture, where the A/B measured them
+    faster), "always" (those rows eagerly too), "on" (every shape: the tests, the A/B) or "off"
+    (none), with
     digits (widths, high to low, summing to 32) in place of _FEW_DIGITS when given."""
     if mode not in FEW_ROWS_MODES:
         raise ValueError(f"few_rows: expected one of {FEW_ROWS_MODES}, got {mode!r}")
@@ -1366,12 +1367,12 @@ def few_rows(mode: str, digits: tuple | None = None):
         _FEW_ROWS[0], _FEW_DIGITS[0] = saved
 
 
-def _few_rows_serve(x: torch.Tensor) -> bool:
+def _few_rows_serve(x: torch.Tensor, k: int) -> bool:
     mode = _FEW_ROWS[0]
     if mode in ("on", "off"):
         return mode == "on"
     R, N = x.shape
-    few = R <= _FEW_ROWS_MAX and N >= _FEW_ROWS_MIN_N and R * N <= _FEW_ROWS_MAX_KEYS
+    few = R <= _FEW_ROWS_MAX and N >= _FEW_ROWS_MIN_N and k >= _FEW_ROWS_MIN_K
     return few and (mode == "always" or (x.is_cuda and torch.cuda.is_current_stream_capturing()))
 
 

@@ -590,8 +590,8 @@ def test_topk_few_rows_remap_drop_and_block_mask(kind):
 
 
 def test_topk_few_rows_switch(monkeypatch):
-    """DSV4SPEC_FEW_ROWS / few_rows: "auto" serves few long rows inside a CUDA graph capture,
-    "always" eagerly too, "on" every shape, "off" none."""
+    """DSV4SPEC_FEW_ROWS / few_rows: "auto" serves one long row with a large k inside a CUDA graph
+    capture (the shapes the H200 A/B measured faster), "always" eagerly too, "on" every shape, "off" none."""
     with pytest.raises(ValueError, match="expected one of"):
         with KT.few_rows("fast"):
             pass
@@ -599,25 +599,25 @@ def test_topk_few_rows_switch(monkeypatch):
         with KT.few_rows("on", (8, 8, 8)):
             pass
     assert KT._FEW_ROWS[0] == "auto" and KT._FEW_DIGITS[0] == (8, 8, 8, 8)
-    big = KT._FEW_ROWS_MIN_N
+    big, k = KT._FEW_ROWS_MIN_N, KT._FEW_ROWS_MIN_K
 
-    def serves(R, N):
-        return KT._few_rows_serve(torch.empty((R, N), dtype=torch.uint8))
+    def serves(R, N, k=k):
+        return KT._few_rows_serve(torch.empty((R, N), dtype=torch.uint8), k)
 
     with KT.few_rows("always"):
         assert serves(1, big) and serves(KT._FEW_ROWS_MAX, big)
-        assert not serves(KT._FEW_ROWS_MAX + 1, big) and not serves(1, big - 1)
-        assert not serves(KT._FEW_ROWS_MAX, KT._FEW_ROWS_MAX_KEYS)
+        assert not serves(KT._FEW_ROWS_MAX + 1, big) and not serves(1, big - 1) and not serves(1, big, k - 1)
     assert not serves(1, big), "eagerly the fused path serves"
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     assert not serves(1, big), "a CPU tensor is never captured"
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     assert serves(1, big) and not serves(KT._FEW_ROWS_MAX + 1, big), "inside a capture"
+    assert not serves(1, 1 << 20, 512), "k 512 on a 1M row: the shipped path measured faster"
     with KT.few_rows("off"):
         assert not serves(1, big)
     monkeypatch.undo()
     with KT.few_rows("on"):
-        assert serves(1000, 10)
+        assert serves(1000, 10, 1)
 
 
 def test_topk_path_names_are_checked():
