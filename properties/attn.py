@@ -464,6 +464,7 @@ KIND_CASES = (
     ("v4.1-flash", 21, 12, 0, 17),          # reuse of layer 20 (lists and KV), prefill
     ("v4.1-flash", 5, 1, 30, 18),           # reuse of layer 2, decode
     ("v4.1-flash", 25, 1, 40, 19),          # reuse of layer 24's lists and layer 20's KV, decode
+    ("v4.1-flash", 20, 258, 0, 21),         # ratio-1 entries at 256, 257: BF16 holds 257 as 256
 )
 
 
@@ -475,7 +476,7 @@ def kind_cases() -> list:
 @functools.lru_cache(maxsize=32)
 def attention_case(key: tuple):
     """The attention case of a layer key (path.FIXED_LAYERS, KIND_CASES, path.layer_keys): a fixed
-    key keeps its inputs of old, a drawn one takes its seed's.  Kept for the 20 fixed keys and a
+    key keeps its inputs of old, a drawn one takes its seed's.  Kept for the 21 fixed keys and a
     run's draws (about 250 MB), so a process's ATTN.LAYER runs (impl, official, each mutant) build
     each case once."""
     from .path import FIXED_LAYERS, layer_case

@@ -361,7 +361,7 @@ LAYER_MODELS = ("v4-flash", "v4-pro", "v4.1-flash")
 @functools.lru_cache(maxsize=32)
 def layer_case(key: tuple) -> LayerCase:
     """The case of a key (model, layer, seqlen, start_pos, seed), built once a process: the layer
-    rules and ATTN.LAYER at ci use 22 keys (12 fixed, 5 of KIND_CASES, 5 drawn; 12 kept made every
+    rules and ATTN.LAYER at ci use 23 keys (12 fixed, 6 of KIND_CASES, 5 drawn; 12 kept made every
     mutant of `dsv4spec mutate` rebuild them)."""
     return make_layer_case(*key)
 

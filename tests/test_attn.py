@@ -174,10 +174,10 @@ def test_the_layer_check_passes_official_on_a_decode_case():
     assert checks.first_broken_attention_stage(Target(official, "official"), case) is None
 
 
-@pytest.mark.parametrize("model, layer, start_pos", [(c[0], c[1], c[3]) for c in (
-    *checks.KIND_CASES, *(k for k in FIXED_LAYERS if 0 < k[3] < 128))])      # and the fixed decodes while the ring fills
-def test_every_layer_kind_passes_official(model, layer, start_pos):
-    assert checks.first_broken_attention_stage(Target(official, "official"), _layer_case(model, layer, start_pos)) is None
+@pytest.mark.parametrize("key", [*checks.KIND_CASES, *(k for k in FIXED_LAYERS if 0 < k[3] < 128)],   # and the fixed
+                         ids=lambda key: "-".join(map(str, key)))                 # decodes while the ring fills
+def test_every_layer_kind_passes_official(key):
+    assert checks.first_broken_attention_stage(Target(official, "official"), checks.attention_case(key)) is None
 
 
 @pytest.mark.parametrize("call, message", [

@@ -501,9 +501,6 @@ def test_topk_fused_path_block_mask(rows, group, cap, blocks):
 # The few-row passes (kernels.topk._topk_few_rows): forced on, they give the engine's bits (the
 # filter and its radix fallback, forced off) on every edge row, in every order and mode
 # ------------------------------------------------------------------------------------------------
-FEW_KINDS = ROW_KINDS + ["wide_range", "low_bits", "boundary_ties", "signed_zeros"]
-
-
 def few_case(kind):
     if kind == "low_bits":
         base = make_rows("normal", 1, 4, 500, 64)
@@ -553,40 +550,55 @@ def assert_few_rows(case, k, what, **kw):
     return got[0]
 
 
+def few_rows_of(picks, S_=500):
+    """One case of the rows picked from each kind's few_case ((kind, rows) pairs), its first S_ keys
+    (visible at most S_): a launch serves every kind's edge rows (the interpreter's cost is a row's)."""
+    cases = [(few_case(kind), rows) for kind, rows in picks]
+    scores = np.concatenate([case.scores[list(rows), :S_] for case, rows in cases])
+    visible = np.minimum(np.concatenate([case.visible[list(rows)] for case, rows in cases]), S_)
+    label = "+".join(f"{kind}{list(rows)}" for kind, rows in picks)
+    return type(cases[0][0])(label, scores, visible, cases[0][0].k)
+
+
+# every kind's edge rows: full, visible 0 (low_bits 2), fewer valid than k (relu_zero 2, minus_inf 0 and 2),
+# −inf inside (minus_inf), garbage past visible (unmasked 1), keys equal in 24 bits (low_bits 3), ties
+# across chunks (equal, few_values, relu_zero 1, boundary_ties 0 and 1: a 1 tied over the row), ±0
+FEW_EDGE_ROWS = (("normal", (0,)), ("relu_zero", (1, 2)), ("equal", (0,)), ("few_values", (3,)),
+                 ("minus_inf", (0, 2)), ("unmasked", (1,)), ("wide_range", (3,)), ("low_bits", (2, 3)),
+                 ("boundary_ties", (0, 1)), ("signed_zeros", (0, 1)))
+
+
 @pytest.mark.parametrize("order", ["position", "score"])
-@pytest.mark.parametrize("kind", FEW_KINDS)
-def test_topk_few_rows_give_the_engine_bits(kind, order):
+def test_topk_few_rows_give_the_engine_bits(order):
     """Chunks of 128 (4 programs a row): every digit pass spread over them, rows done early (a
     boundary bin taken whole, visible 0, fewer valid than k) and late (keys equal in 24 bits, ties
     across chunks to the lowest positions), the same bits as the engine and impl's selection."""
-    case = few_case(kind)
-    got = assert_few_rows(case, case.k, f"{kind} {order}", by_score=order == "score")
+    case = few_rows_of(FEW_EDGE_ROWS)
+    got = assert_few_rows(case, case.k, order, by_score=order == "score")
     check_topk(got, case, order, "few-row passes")
 
 
 @pytest.mark.parametrize("digits,blocks", [((11, 11, 10), (64, 128)), ((8, 8, 8, 8), (64, 512))],
                          ids=["11-11-10", "one_chunk"])
-@pytest.mark.parametrize("kind", ["few_values", "low_bits", "boundary_ties", "minus_inf"])
-def test_topk_few_rows_other_digits_and_chunks(kind, digits, blocks):
+def test_topk_few_rows_other_digits_and_chunks(digits, blocks):
     """Other digit widths (three passes of 11, 11, 10 bits) and one chunk a row: the same
     bits, in both orders, with k past the valid count of some rows and k = 1."""
-    case = few_case(kind)
+    case = few_rows_of((("few_values", (3,)), ("low_bits", (3,)), ("boundary_ties", (0,)), ("minus_inf", (2,))))
     for k, order in ((case.k, "position"), (200, "score"), (1, "position")):
-        assert_few_rows(case, k, f"{kind} {digits} k={k} {order}", by_score=order == "score",
+        assert_few_rows(case, k, f"{digits} k={k} {order}", by_score=order == "score",
                         digits=digits, blocks=blocks)
 
 
-@pytest.mark.parametrize("kind", ["normal", "few_values", "minus_inf", "boundary_ties"])
-def test_topk_few_rows_remap_drop_and_block_mask(kind):
+def test_topk_few_rows_remap_drop_and_block_mask():
     """Through a remap table (both orders), with −inf dropped, and as a block mask (blocks of 8)."""
-    case = few_case(kind)
+    case = few_rows_of((("normal", (0,)), ("few_values", (3,)), ("minus_inf", (2,)), ("boundary_ties", (0,))))
     dev = K._device()
     T, S_ = case.scores.shape
     table = (torch.arange(S_, dtype=torch.int32) * 3 + 7).repeat(T, 1).to(dev)
     for order in ("position", "score"):
-        assert_few_rows(case, case.k, f"{kind} remap {order}", by_score=order == "score", remap=table)
-    assert_few_rows(case, case.k, f"{kind} drop −inf", drop_neg_inf=True)
-    assert_few_rows(case, case.k, f"{kind} block mask", drop_neg_inf=True, mask_block=8)
+        assert_few_rows(case, case.k, f"remap {order}", by_score=order == "score", remap=table)
+    assert_few_rows(case, case.k, "drop −inf", drop_neg_inf=True)
+    assert_few_rows(case, case.k, "block mask", drop_neg_inf=True, mask_block=8)
 
 
 def test_topk_few_rows_switch(monkeypatch):

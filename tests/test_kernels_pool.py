@@ -350,12 +350,14 @@ def test_row_topk_is_the_engine(values, drop):
             assert torch.equal(got, want), f"k {k}, chunks of {chunk}: differs from the engine"
 
 
-@pytest.mark.parametrize("values", ["distinct", "few", "equal", "signed_zeros"])
-@pytest.mark.parametrize("drop", [False, True])
-def test_few_row_passes_are_the_engine(values, drop):
+@pytest.mark.parametrize("values, drop, k", [("distinct", False, 40), ("few", True, 1), ("equal", True, 700),
+                                             ("signed_zeros", False, 40)])
+def test_few_row_passes_are_the_engine(values, drop, k):
     """The top-k engine's few-row passes (forced on; chunks of 128, 6 programs a row) give its bits
     with them off on the rows of test_row_topk_is_the_engine (−inf dropped or kept, fewer valid than
-    k, visible 0, remapped), and as the candidate blocks' mask."""
+    k, visible 0, remapped), and as the candidate blocks' mask; each kind of values with one of the
+    −inf modes and one k of 1, 40 and every key (the kinds × modes × k grid: test_kernels_indexer's
+    few-row tests)."""
     dev = KI._device()
     g = torch.Generator().manual_seed(len(values) + drop)
     R, N = 6, 700
@@ -368,16 +370,15 @@ def test_few_row_passes_are_the_engine(values, drop):
     x = x.to(dev)
     n_valid = torch.tensor([N, N, 650, 0, 37, 699], dtype=torch.int32, device=dev)
     remap = (torch.arange(N, device=dev) * 3 + 1).int().expand(R, N).contiguous()
-    for k in (1, 40, N):
-        outs = []
-        for mode in ("off", "on"):
-            mask = torch.zeros((R, N * 4), dtype=torch.int8, device=dev)
-            with KT.few_rows(mode):
-                outs.append((KT._topk_engine(x, n_valid, k, drop_neg_inf=drop, remap=remap, blocks=(64, 128)),
-                             KT._topk_engine(x, n_valid, k, drop_neg_inf=drop, mask_out=mask, mask_block=4,
-                                             blocks=(64, 128)), mask))
-        assert torch.equal(outs[1][0], outs[0][0]), f"k {k}: few-row passes differ from the engine"
-        assert torch.equal(outs[1][2], outs[0][2]), f"k {k}: few-row block mask differs from the engine's"
+    outs = []
+    for mode in ("off", "on"):
+        mask = torch.zeros((R, N * 4), dtype=torch.int8, device=dev)
+        with KT.few_rows(mode):
+            outs.append((KT._topk_engine(x, n_valid, k, drop_neg_inf=drop, remap=remap, blocks=(64, 128)),
+                         KT._topk_engine(x, n_valid, k, drop_neg_inf=drop, mask_out=mask, mask_block=4,
+                                         blocks=(64, 128)), mask))
+    assert torch.equal(outs[1][0], outs[0][0]), f"k {k}: few-row passes differ from the engine"
+    assert torch.equal(outs[1][2], outs[0][2]), f"k {k}: few-row block mask differs from the engine's"
 
 
 def test_row_topk_switch(monkeypatch):
