@@ -312,6 +312,7 @@ def combine_config(D: int, dv: int, block_h: int = BLOCK_H) -> dict:
 
 
 _COUNTERS: dict = {}
+_COUNTERS_OUTGROWN: list = []   # buffers a larger call replaced: kept, since a CUDA graph may have captured them
 
 
 def _counters(n: int, device) -> torch.Tensor:
@@ -319,6 +320,8 @@ def _counters(n: int, device) -> torch.Tensor:
     key = str(device)
     buf = _COUNTERS.get(key)
     if buf is None or buf.numel() < n:
+        if buf is not None:
+            _COUNTERS_OUTGROWN.append(buf)
         buf = _COUNTERS[key] = torch.zeros(max(n, 1 << 16), dtype=torch.int32, device=device)
     return buf
 

@@ -120,6 +120,17 @@ def test_launch_paths_equal_the_serial_kernel(path, kw):
         assert int(kattn._counters(1, dq.device).abs().sum()) == 0        # every counter reset
 
 
+def test_outgrown_counters_stay_alive():
+    """A call needing more arrival counters replaces the buffer; the old one is kept, since a CUDA
+    graph captured before may still read it at replay (freed, it could be handed to another tensor)."""
+    device = torch.device("cpu") if kattn.INTERPRETED else torch.device("cuda")
+    small = kattn._counters(1, device)
+    big = kattn._counters(small.numel() + 1, device)
+    assert big.numel() > small.numel() and int(big.abs().sum()) == 0
+    assert any(kept is small for kept in kattn._COUNTERS_OUTGROWN)
+    assert kattn._counters(1, device) is big
+
+
 def test_choose_path_and_bad_paths():
     assert kattn.choose_path(1, 64, 512, 640) == ("split_fused" if kattn.SPLIT_MAX_TOKENS >= 1 else "serial")
     assert kattn.choose_path(1024, 64, 512, 640) == "serial"
