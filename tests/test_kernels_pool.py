@@ -320,11 +320,9 @@ def test_block_max_of_bf16_scores_and_bad_block():
                           block_max=6)
 
 
-@pytest.mark.parametrize("values", ["distinct", "few", "equal", "signed_zeros"])
-@pytest.mark.parametrize("drop", [False, True])
-def test_row_topk_is_the_engine(values, drop):
-    """The one-program top-k of short rows gives the top-k engine's picks bit for bit (position
-    order, equal keys to the lowest positions, −inf dropped or kept, fewer valid than k, remapped)."""
+def short_rows(values: str, drop: bool):
+    """Six rows of 700 (values: distinct, few, equal or signed_zeros) with −inf tails and holes,
+    counts [N, N, 650, 0, 37, 699] and a remap table: (x, n_valid, remap, R, N, device)."""
     dev = KI._device()
     g = torch.Generator().manual_seed(len(values) + drop)
     R, N = 6, 700
@@ -334,9 +332,17 @@ def test_row_topk_is_the_engine(values, drop):
          "signed_zeros": torch.randint(0, 2, (R, N), generator=g).float() * -0.0}[values]
     x[1, 100:] = float("-inf")
     x[2, ::3] = float("-inf")
-    x = x.to(dev)
     n_valid = torch.tensor([N, N, 650, 0, 37, 699], dtype=torch.int32, device=dev)
     remap = (torch.arange(N, device=dev) * 3 + 1).int().expand(R, N).contiguous()
+    return x.to(dev), n_valid, remap, R, N, dev
+
+
+@pytest.mark.parametrize("values", ["distinct", "few", "equal", "signed_zeros"])
+@pytest.mark.parametrize("drop", [False, True])
+def test_row_topk_is_the_engine(values, drop):
+    """The one-program top-k of short rows gives the top-k engine's picks bit for bit (position
+    order, equal keys to the lowest positions, −inf dropped or kept, fewer valid than k, remapped)."""
+    x, n_valid, remap, R, N, dev = short_rows(values, drop)
     for k in (1, 40, 300, N):
         want = KT._topk_engine(x, n_valid, k, drop_neg_inf=drop, remap=remap)
         got = K._row_topk(x, n_valid, k, drop_neg_inf=drop, remap=remap)
@@ -358,18 +364,7 @@ def test_few_row_passes_are_the_engine(values, drop, k):
     k, visible 0, remapped), and as the candidate blocks' mask; each kind of values with one of the
     −inf modes and one k of 1, 40 and every key (the kinds × modes × k grid: test_kernels_indexer's
     few-row tests)."""
-    dev = KI._device()
-    g = torch.Generator().manual_seed(len(values) + drop)
-    R, N = 6, 700
-    x = {"distinct": torch.randn(R, N, generator=g),
-         "few": torch.randint(-2, 3, (R, N), generator=g).float(),
-         "equal": torch.full((R, N), 0.5),
-         "signed_zeros": torch.randint(0, 2, (R, N), generator=g).float() * -0.0}[values]
-    x[1, 100:] = float("-inf")
-    x[2, ::3] = float("-inf")
-    x = x.to(dev)
-    n_valid = torch.tensor([N, N, 650, 0, 37, 699], dtype=torch.int32, device=dev)
-    remap = (torch.arange(N, device=dev) * 3 + 1).int().expand(R, N).contiguous()
+    x, n_valid, remap, R, N, dev = short_rows(values, drop)
     outs = []
     for mode in ("off", "on"):
         mask = torch.zeros((R, N * 4), dtype=torch.int8, device=dev)
