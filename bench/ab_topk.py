@@ -1,10 +1,11 @@
 """A/B of the top-k engine's paths in one process, on identical inputs: the shipped engine (the
-few-row passes off: eagerly the "fused" path, inside a CUDA graph capture the "launches" path),
+few-row passes off: eagerly the "fused" path up to 2^24 scores and the "launches" path beyond,
+inside a CUDA graph capture the "launches" path),
 against the few-row passes (issue 23, TOPK.md item 1: one launch a key digit spread over the row's
 chunks, then one emission; "few": four 8-bit digits, five launches; "few-11": digits of 11, 11 and
 10 bits, four launches), with torch.topk beside them.  The older variants stay selectable:
-"launches" (the filter's four launches and the sync-free radix launch), "fused" (one launch where a
-row is one program's, else two), "fused-2" (the filter's chunks forced: two launches).
+"launches" (the filter's four launches and the sync-free radix launch), "fused" (at every size: one
+launch where a row is one program's, else two), "fused-2" (the filter's chunks forced: two launches).
 
 Every row: the device API's index_topk (position order) on BF16-valued fp32 scores, each variant
 timed eagerly (as a user calls it) and replayed from a CUDA graph (device time), do_bench medians

@@ -591,17 +591,29 @@ def profile_kernels(torch, KI, KT, KP, only, rep=20):
             for _ in range(calls):
                 fn()
             torch.cuda.synchronize()
-        print(f"== {name}: device µs per call, by kernel")
-        for e in sorted(prof.key_averages(), key=lambda e: -e.self_device_time_total):
-            if e.self_device_time_total > 0:
-                print(f"  {e.self_device_time_total / calls:9.1f}  {e.key[:70]}")
+        kernels = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+        total = sum(e.self_device_time_total for e in kernels) / calls
+        print(f"== {name}: device µs per call, by kernel ({total:.1f} in all)")
+        for e in sorted(kernels, key=lambda e: -e.self_device_time_total):
+            print(f"  {e.self_device_time_total / calls:9.1f}  {e.count // calls:3d}×  {e.key[:70]}")
+
+    def per_kernel_graph(name, fn, calls=5):
+        graph = capture(torch, fn)[0]
+        graph.replay()
+        per_kernel(f"{name}, CUDA-graph replays", graph.replay, calls)
 
     if only & {"topk", "context"}:
-        for R, N, k in ((1, 1 << 16, 2048), (1, 1 << 20, 512), (1, 1 << 20, 2048), (64, 1 << 20, 2048),
-                        (1024, 1 << 16, 2048)):
+        for R, N, k in ((1, 1 << 16, 2048), (1, 1 << 20, 512), (1, 1 << 20, 2048), (8, 1 << 20, 2048),
+                        (64, 1 << 20, 2048), (1024, 1 << 16, 2048)):
             x = torch.randn(R, N, device="cuda").bfloat16().float()
             nv = torch.full((R,), N, dtype=torch.int32, device="cuda")
-            per_kernel(f"top-k {R}x{N} k={k}", lambda: KT._topk_engine(x, nv, k, sync=False))
+            engine = lambda: KT._topk_engine(x, nv, k, sync=False)   # noqa: E731
+            per_kernel(f"top-k {R}x{N} k={k}, eager", engine)
+            # what a graph replays: the shipped choice ("auto"), then each path forced
+            per_kernel_graph(f"top-k {R}x{N} k={k}, auto", engine)
+            for mode in ("off", "on"):
+                with KT.few_rows(mode):
+                    per_kernel_graph(f"top-k {R}x{N} k={k}, few rows {mode}", engine)
     if "blocks" in only:
         for R in (64, 1024):
             x = torch.randn(R, 1 << 18, device="cuda").bfloat16().float()

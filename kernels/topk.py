@@ -966,16 +966,24 @@ def _filter_plan(N: int, k: int, block: int, group: int | None, cap: int | None)
     return group, cap
 
 
-TOPK_PATHS = ("fused", "launches")
-_TOPK_PATH = [os.environ.get("DSV4SPEC_TOPK_PATH", "fused")]   # the env var: the A/B's old side
+TOPK_PATHS = ("auto", "fused", "launches")
+_TOPK_PATH = [os.environ.get("DSV4SPEC_TOPK_PATH", "auto")]   # the env var: the A/B's other sides
+# "auto" takes the fused path eagerly on calls of up to this many scores (R·N).  H200, 12-03
+# (bench/h200/2026-12-03-ab-topk-mid-rows.txt, -many-rows.txt), eager µs fused / launches: 8×1M
+# 134 / 337 and 64×256K 196 / 324 (16M scores: the launches path pays its five launches' host
+# time), 512×64K 673 / 263, 1024×32K 585 / 194, 64×1M 469 / 270, 1024×64K 1442 / 476 (32M and
+# more: the fused kernels' longer device time is no longer hidden behind the host's).
+_FUSED_MAX_SCORES = 1 << 24
 if _TOPK_PATH[0] not in TOPK_PATHS:
     raise ValueError(f"DSV4SPEC_TOPK_PATH must be one of {TOPK_PATHS}, got {_TOPK_PATH[0]!r}")
 
 
 @contextlib.contextmanager
 def topk_path(name: str):
-    """Within the block, _topk_engine takes path name: "fused" (the default) or "launches" (the
-    four launches of the filter, then the radix fallback's launch or read-back, as before 12-02)."""
+    """Within the block, _topk_engine takes path name: "auto" (the default: "fused" eagerly on up
+    to _FUSED_MAX_SCORES scores, "launches" on more and inside a CUDA graph capture), "fused"
+    (eagerly on every shape) or "launches" (the four launches of the filter, then the radix
+    fallback's launch or read-back, as before 12-02)."""
     if name not in TOPK_PATHS:
         raise ValueError(f"topk_path: expected one of {TOPK_PATHS}, got {name!r}")
     saved = _TOPK_PATH[0]
@@ -1008,11 +1016,11 @@ def _topk_engine(x: torch.Tensor, n_valid: torch.Tensor, k: int, *, by_score: bo
     neither: _topk_few_rows spreads the select over the rows' chunks (a launch a key digit, then
     the emission; nothing read back), the same bits.
 
-    That is the "launches" path.  The default "fused" path (topk_path) runs the same filter and
-    select, and the radix engine on the rows whose candidates overflow, in one launch where a row
-    is one program's and two otherwise, never reading back (sync has no effect), with its
-    workspaces cached per shape and its launch configuration computed once per shape: the same
-    bits.
+    That is the "launches" path.  The "fused" path (topk_path; the default's eager calls of up to
+    _FUSED_MAX_SCORES scores) runs the same filter and select, and the radix engine on the rows
+    whose candidates overflow, in one launch where a row is one program's and two otherwise, never
+    reading back (sync has no effect), with its workspaces cached per shape and its launch
+    configuration computed once per shape: the same bits.
     """
     R, N = x.shape
     mask = mask_out is not None
@@ -1022,10 +1030,7 @@ def _topk_engine(x: torch.Tensor, n_valid: torch.Tensor, k: int, *, by_score: bo
             _topk_few_rows(x, n_valid, k, out, by_score=by_score, drop_neg_inf=drop_neg_inf, remap=remap,
                            mask=mask, mask_block=mask_block, blocks=blocks)
         return None if mask else out
-    # Measured on the H200 (bench/h200/2026-12-02-ab-topk.json): the fused path costs less host time
-    # (eager 103 against 471 µs at 1×1M k 512) but more device time (graph 49 against 33 µs), so a
-    # CUDA-graph capture, where host time is paid once, takes the launches path.  Same bits.
-    if _TOPK_PATH[0] == "fused" and not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+    if _fused_serves(x):
         override = tuple(sorted(_FILTER_OVERRIDE.items())) if _FILTER_OVERRIDE else ()
         plan = _fused_plan(R, N, k, by_score, drop_neg_inf, remap is not None, mask, mask_block, group,
                            cap, blocks, override)
@@ -1052,6 +1057,18 @@ def _topk_engine(x: torch.Tensor, n_valid: torch.Tensor, k: int, *, by_score: bo
             _topk_radix(x[redo], n_valid[redo], k, mask_out=sub, **fallback)
             mask_out[redo] = sub
     return None if mask else out
+
+
+def _fused_serves(x: torch.Tensor) -> bool:
+    """Whether _topk_engine takes the fused path on x (topk_path's modes).  Measured on the H200
+    (bench/h200/2026-12-02-ab-topk.json): the fused path costs less host time (eager 103 against
+    471 µs at 1×1M k 512) but more device time (graph 49 against 33 µs), so a CUDA-graph capture,
+    where host time is paid once, takes the launches path, and so do large eager calls
+    (_FUSED_MAX_SCORES).  Same bits."""
+    mode = _TOPK_PATH[0]
+    if mode == "launches" or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return False
+    return mode == "fused" or x.numel() <= _FUSED_MAX_SCORES
 
 
 def _filter_shape(R: int, N: int, k: int, group, cap, blocks):
@@ -1103,7 +1120,7 @@ def _topk_filter(x, n_valid, k: int, out, *, by_score: bool, drop_neg_inf: bool,
 
 
 # ------------------------------------------------------------------------------------------------
-# The fused path (the default): the threshold filter and its radix fallback in one launch where a
+# The fused path (the default's eager path up to _FUSED_MAX_SCORES): the threshold filter and its radix fallback in one launch where a
 # row is one program's (chunks of CH >= N), else in two, with the workspaces cached.  Two launches:
 # the programs of a row count their arrival on a per-row counter, and the last to arrive (which then
 # sees every other program's stores: the count is an acquire-release atomic after a barrier) does

@@ -636,7 +636,18 @@ def test_topk_path_names_are_checked():
     with pytest.raises(ValueError, match="expected one of"):
         with KT.topk_path("fast"):
             pass
-    assert KT._TOPK_PATH[0] == "fused"
+    assert KT._TOPK_PATH[0] == "auto"
+
+
+def test_auto_takes_the_fused_path_eagerly_up_to_its_measured_size():
+    """"auto": the fused path on calls of up to 2^24 scores, the launches path on more (the H200
+    A/B of 12-03); "fused" and "launches" take theirs at every size."""
+    small, large = (torch.empty(shape, device="meta") for shape in ((64, 1 << 18), (1024, 1 << 16)))
+    assert KT._fused_serves(small) and not KT._fused_serves(large)
+    with KT.topk_path("fused"):
+        assert KT._fused_serves(large)
+    with KT.topk_path("launches"):
+        assert not KT._fused_serves(small)
 
 
 @pytest.mark.parametrize("rows", ["few_values", "equal", "low_bits", "minus_inf"])
