@@ -796,8 +796,9 @@ def fp8_activation(rng, shape, spread: int = 3) -> np.ndarray:
 
 def fp8_linear_bounds(x, w, w_scale, block: int) -> tuple[np.ndarray, np.ndarray]:
     """FP8.LINEAR's Σ_k s_k·S_k (after the spec's act_quant of x) and the tolerance around it."""
-    exact = Q.fp8_linear_exact(x, w, w_scale, block)
-    err = Q.fp8_linear_error(x, w, w_scale, block)
+    blocks = Q.fp8_linear_blocks(x, w, w_scale, block)
+    exact = Q.fp8_linear_exact(x, w, w_scale, block, blocks)
+    err = Q.fp8_linear_error(x, w, w_scale, block, blocks)
     return exact, bf16_quantum(np.abs(exact) + err) + err
 
 

@@ -134,7 +134,11 @@ def _parts(q, kv, sink, indices, scale, init):
 
 def reference(q, kv, sink, indices, scale, init: float) -> np.ndarray:
     """o* [T, H, D] before the final BF16 rounding (float64; NaN on rows V4's kernel makes NaN)."""
-    rows, s, m, M, weight, denominator, _, nan_rows = _parts(q, kv, sink, indices, scale, init)
+    rows, _, _, _, weight, denominator, _, nan_rows = _parts(q, kv, sink, indices, scale, init)
+    return _output(rows, weight, denominator, nan_rows)
+
+
+def _output(rows, weight, denominator, nan_rows) -> np.ndarray:
     with np.errstate(invalid="ignore"):
         numerator = np.einsum("thk,tkd->thd", np.nan_to_num(weight, nan=0.0), rows)
         o = numerator / denominator
@@ -156,18 +160,32 @@ def _lowest_bit(x) -> np.ndarray:
     return np.where(n != 0, np.ldexp((n & -n).astype(np.float64), e - 53), np.inf)
 
 
-def _dot_error(q, rows) -> np.ndarray:
+def _dot_error(q, kv, indices, rows) -> np.ndarray:
     """|fl32(q·k) − q·k| bound [T, H, K]: 0 when every product is a multiple of the smallest product
     quantum and the sum of magnitudes stays below 2^22 of it (all partial sums exact in fp32, with two
     bits to spare for a tensor core's alignment); else D·2^-23·Σ|q_i k_i|.  The quantum reads only
     the channels some head of the token's q reads (a product with q_i = 0 is 0, and adding it rounds
-    nothing)."""
+    nothing).  rows: _gathered(kv, indices)'s."""
     q, rows = np.asarray(q, dtype=np.float64), np.asarray(rows, dtype=np.float64)
     mag = np.einsum("thd,tkd->thk", np.abs(q), np.abs(rows))
-    read = (q != 0).any(1)[:, None, :]                                       # [T, 1, D]
-    unit = _lowest_bit(q).min(-1)[..., None] * np.where(read, _lowest_bit(rows), np.inf).min(-1)[:, None, :]
+    read = (q != 0).any(1)                                                   # [T, D]
+    unit = _lowest_bit(q).min(-1)[..., None] * _row_quanta(kv, indices, read)[:, None, :]
     exact = (mag == 0) | (mag < 2.0 ** 22 * unit)
     return np.where(exact, 0.0, q.shape[-1] * U32 * mag)
+
+
+def _row_quanta(kv, indices, read) -> np.ndarray:
+    """[T, K]: the lowest bit among the channels token t reads of the entry its slot k names (inf
+    at −1): taken per entry, then gathered (an entry serves many slots)."""
+    bits = _lowest_bit(np.asarray(kv, dtype=np.float64))                     # [E, D]
+    indices = np.asarray(indices, dtype=np.int64)
+    valid = indices != -1
+    safe = np.where(valid, indices, 0)
+    if read.all():
+        per_slot = bits.min(-1)[safe]
+    else:
+        per_slot = np.where(read[:, None, :], bits[safe], np.inf).min(-1)
+    return np.where(valid, per_slot, np.inf)
 
 
 def bounds(q, kv, sink, indices, scale, init: float, order: str = "blocks64"):
@@ -179,10 +197,10 @@ def bounds(q, kv, sink, indices, scale, init: float, order: str = "blocks64"):
     if order not in ("blocks64", "list", "any"):
         raise ValueError(f"order must be 'blocks64', 'list' or 'any', got {order!r}")
     rows, s, m, M, weight, denominator, sink_term, nan_rows = _parts(q, kv, sink, indices, scale, init)
-    o = reference(q, kv, sink, indices, scale, init)
+    o = _output(rows, weight, denominator, nan_rows)
     valid = np.isfinite(s)
     with np.errstate(invalid="ignore", over="ignore"):
-        ds = np.where(valid, float(np.float32(scale)) * _dot_error(q, rows) + np.abs(s) * U32, 0.0)
+        ds = np.where(valid, float(np.float32(scale)) * _dot_error(q, kv, indices, rows) + np.abs(s) * U32, 0.0)
         ds_max = ds.max(-1, keepdims=True) if s.shape[-1] else np.zeros_like(M)
         real = np.where(valid & (m > V41_INIT), m, np.nan)                 # maxima of real scores
         first = np.nanmin(np.where(np.isnan(real), np.inf, real), -1, keepdims=True)

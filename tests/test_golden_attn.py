@@ -65,11 +65,14 @@ def test_the_dot_error_ignores_the_channels_q_does_not_read():
     """A row with an odd fine value where q is 0 leaves the dot exact (error 0); read, it does not."""
     q = np.zeros((1, 1, 8))
     q[..., 0] = 16.0
-    rows = np.full((1, 2, 8), 0.5)
-    rows[0, :, 5] = 1 + 2.0 ** -7 * 3 * 2.0 ** -30
-    assert (SA._dot_error(q, rows) == 0).all()
+    kv = np.full((3, 8), 0.5)
+    kv[1:, 5] = 1 + 2.0 ** -7 * 3 * 2.0 ** -30
+    indices = np.array([[1, 2, -1]])
+    rows = SA._gathered(kv, indices)[0]
+    assert (SA._dot_error(q, kv, indices, rows) == 0).all()
     q[..., 5] = 2.0 ** 10
-    assert (SA._dot_error(q, rows) > 0).all()
+    error = SA._dot_error(q, kv, indices, rows)
+    assert (error[..., :2] > 0).all() and error[..., 2] == 0   # (the −1 slot reads nothing)
 
 
 GENERATE = """

@@ -343,17 +343,14 @@ def test_row_topk_is_the_engine(values, drop):
     """The one-program top-k of short rows gives the top-k engine's picks bit for bit (position
     order, equal keys to the lowest positions, −inf dropped or kept, fewer valid than k, remapped)."""
     x, n_valid, remap, R, N, dev = short_rows(values, drop)
+    everything = torch.full((R,), N, dtype=torch.int32, device=dev)
     for k in (1, 40, 300, N):
         want = KT._topk_engine(x, n_valid, k, drop_neg_inf=drop, remap=remap)
-        got = K._row_topk(x, n_valid, k, drop_neg_inf=drop, remap=remap)
-        assert torch.equal(got, want), f"k {k}: row top-k differs from the engine"
-        everything = torch.full((R,), N, dtype=torch.int32, device=dev)
+        for chunk in (None, 128, 512):   # one chunk, several (the 32768 block row on the GPU: 2 of 16384)
+            got = K._row_topk(x, n_valid, k, drop_neg_inf=drop, remap=remap, chunk=chunk)
+            assert torch.equal(got, want), f"k {k}, chunks of {chunk or N}: row top-k differs from the engine"
         want = KT._topk_engine(x, everything, k, drop_neg_inf=drop)
         assert torch.equal(K._row_topk(x, None, k, drop_neg_inf=drop), want), f"k {k} (no counts) differs"
-        for chunk in (128, 512):   # rows of several chunks (the 32768 block row on the GPU: 2 of 16384)
-            want = KT._topk_engine(x, n_valid, k, drop_neg_inf=drop, remap=remap)
-            got = K._row_topk(x, n_valid, k, drop_neg_inf=drop, remap=remap, chunk=chunk)
-            assert torch.equal(got, want), f"k {k}, chunks of {chunk}: differs from the engine"
 
 
 @pytest.mark.parametrize("values, drop, k", [("distinct", False, 40), ("few", True, 1), ("equal", True, 700),
