@@ -1120,8 +1120,8 @@ def _topk_filter(x, n_valid, k: int, out, *, by_score: bool, drop_neg_inf: bool,
 
 
 # ------------------------------------------------------------------------------------------------
-# The fused path (the default's eager path up to _FUSED_MAX_SCORES): the threshold filter and its radix fallback in one launch where a
-# row is one program's (chunks of CH >= N), else in two, with the workspaces cached.  Two launches:
+# The fused path (the default's eager path up to _FUSED_MAX_SCORES): the threshold filter and its
+# radix fallback in one launch where a row is one program's (chunks of CH >= N), else in two, with the workspaces cached.  Two launches:
 # the programs of a row count their arrival on a per-row counter, and the last to arrive (which then
 # sees every other program's stores: the count is an acquire-release atomic after a barrier) does
 # the row's serial stage: the threshold after the group maxima, the select (or, when the candidates

@@ -470,14 +470,14 @@ def fp8_linear(x, w_codes, w_scales, block: int) -> np.ndarray:
 def fp8_linear_exact(x, w_codes, w_scales, block: int, blocks=None) -> np.ndarray:
     """Σ_k s_k·S_k: the value the FP8 linear approximates, after its act_quant (blocks:
     fp8_linear_blocks of the same arguments, when computed before)."""
-    sums, _, scale = blocks or fp8_linear_blocks(x, w_codes, w_scales, block)
+    sums, _, scale = blocks if blocks is not None else fp8_linear_blocks(x, w_codes, w_scales, block)
     return (sums * scale).sum(axis=-1)
 
 
 def fp8_linear_error(x, w_codes, w_scales, block: int, blocks=None) -> np.ndarray:
     """Σ_k s_k·A_k·(ceil(b/32)·2^-12 + nb·2^-24): the MMA's loss inside each block (FP8.LINEAR) and the
     fp32 adds across the nb blocks, with A_k = Σ|a_i·w_i| of block k (blocks: as fp8_linear_exact's)."""
-    _, mags, scale = blocks or fp8_linear_blocks(x, w_codes, w_scales, block)
+    _, mags, scale = blocks if blocks is not None else fp8_linear_blocks(x, w_codes, w_scales, block)
     per_block = -(-block // MMA_STEP) * MMA_LOSS + mags.shape[-1] * 2.0 ** -24
     return (mags * scale).sum(axis=-1) * per_block
 

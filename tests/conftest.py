@@ -8,8 +8,9 @@ def _skip_dead_overflow_checks():
     """The interpreter evaluates Triton's integer-overflow sanitizer on every int32 add, sub and mul
     (an int64 copy of the operation and two comparisons: a third of a codec kernel's interpreted
     time) and then drops it: the device_assert it feeds returns at once unless options.debug
-    (triton/language/semantic.py, device_assert).  With debug off, switching the sanitizer off
-    removes only that dead work.  Our test processes only; the suite's users keep their settings."""
+    (triton-lang/triton python/triton/language/semantic.py, TritonSemantic.device_assert, L1840-1842
+    in 3.6.0).  With debug off, switching the sanitizer off removes only that dead work.  Our test
+    processes only; the suite's users keep their settings."""
     try:
         from triton.runtime import interpreter
     except ImportError:                       # (the rules but the kernels' run without Triton)
