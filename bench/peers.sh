@@ -7,6 +7,7 @@
 #
 #   here, once:    bash bench/peers.sh prepare [KERNEL_PY] [PEERS_DIR]
 #   on the GPU:    bash bench/peers.sh run OUTDIR          (carry .official and .peers)
+#                  bash bench/peers.sh record OUTDIR       (the complete record, every part, peers included)
 #
 # prepare copies KERNEL_PY (default /work/shared/reference/official-v4/kernel.py) to .official/kernel.py
 # and, from PEERS_DIR (default /work/shared/reference/gpu-peers), the TileLang archives, the FlagGems
@@ -15,7 +16,10 @@
 #   dsv4spec bench --only peers  --official .official/kernel.py --flaggems SITE/fgsite   (PEERS_S, default 135 s)
 #   dsv4spec bench --only attn --quick --official .official/kernel.py                  (ATTN_S, default 45 s)
 #   pytest tests/test_kernels_ops.py (the operators compiled with inductor, no sync)     (TESTS_S, default 40 s)
-# OUTDIR receives log.txt, peers/ and attn/ (bench.json, bench.md, parts/ of each run), peers.txt,
+# record runs, with the same set-up, `dsv4spec bench --record OUTDIR/record --out OUTDIR/bench` with the
+# peers (RECORD_S, default 560 s): OUTDIR/record/<date>.json and .md are the record to copy into
+# bench/h200/ (the folder on the GPU machine does not come back), bench.txt its terminal table.
+# run's OUTDIR receives log.txt, peers/ and attn/ (bench.json, bench.md, parts/ of each run), peers.txt,
 # attn.txt and pytest_ops.txt.  ATTN_FULL=1 runs every attention shape (about 20 s more).
 # QUICK=1 runs the smaller shapes; REP (default 50) is do_bench's time per timing in ms; FLAGGEMS_S
 # (default 50) bounds the FlagGems child processes together; SKIP_INSTALL=1 skips `pip install -e .`;
@@ -28,10 +32,10 @@ prepare)                        # official_kernels.sh's (kernel.py, TileLang), t
   cp "${3:-/work/shared/reference/gpu-peers}"/{flag_gems,sqlalchemy}-*.whl .peers/ || exit 1
   du -sh .official .peers
   exit 0;;
-run)
-  out=${2:?usage: bash bench/peers.sh run OUTDIR};;
+run|record)
+  mode=$1; out=${2:?usage: bash bench/peers.sh $1 OUTDIR};;
 *)
-  echo "usage: bash bench/peers.sh prepare [KERNEL_PY] [PEERS_DIR] | run OUTDIR" >&2
+  echo "usage: bash bench/peers.sh prepare [KERNEL_PY] [PEERS_DIR] | run OUTDIR | record OUTDIR" >&2
   exit 2;;
 esac
 
@@ -63,6 +67,17 @@ fi
 "$py" -c "import tilelang; print('tilelang', tilelang.__version__)" 2>&1 | tail -1 | tee -a "$log"
 [ -f .official/kernel.py ] && sha256sum .official/kernel.py | tee -a "$log"
 quick=(); [ -n "${QUICK:-}" ] && quick=(--quick)
+
+if [ "$mode" = record ]; then
+  start=$SECONDS
+  timeout "${RECORD_S:-560}" "$py" -m dsv4spec bench --record "$out/record" --rep "${REP:-100}" "${official[@]}" \
+    "${flaggems[@]}" --out "$out/bench" > "$out/bench.txt" 2>&1
+  status=$?
+  say "bench --record: exit $status in $((SECONDS - start)) s"
+  grep -vE '^\{' "$out/bench.txt" | tail -20 | tee -a "$log"
+  rm -rf "$site"
+  exit $status
+fi
 
 start=$SECONDS
 timeout "${PEERS_S:-135}" "$py" -m dsv4spec bench --only peers "${quick[@]}" --rep "${REP:-50}" "${official[@]}" \

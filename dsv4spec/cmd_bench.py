@@ -63,6 +63,8 @@ GOALS = [
 COLUMNS = ("eager", "graph")
 PEER_ENV = {"official": "DSV4SPEC_OFFICIAL_KERNEL", "flaggems": "DSV4SPEC_FLAGGEMS"}
 PARTS = ("quant", "path", "topk", "context", "blocks", "logits", "decode", "reindex", "attn", "peers")
+PART_SCRIPTS = {"quant": "bench_quant", "path": "bench_path", "indexer": "bench_indexer", "attn": "bench_attn",
+                "peers": "bench_peers"}
 PEER_SECTIONS = ("topk", "ops", "codecs")     # bench_peers' sections: --only peers.topk runs one
 
 
@@ -76,8 +78,10 @@ def register(subparsers):
                    help=f"also write DIR/<date>.json and .md (default DIR: {RECORD_DIR.relative_to(REPO)})")
     p.add_argument("--readme", metavar="README", nargs="?", const=str(REPO / "README.md"),
                    help="only regenerate README's performance table from the latest recorded run")
-    p.add_argument("--render", metavar="BENCH.json", help="no measuring: write the Markdown, plots (and "
-                   "--record) again from a run's bench.json")
+    p.add_argument("--render", metavar="BENCH.json|PARTS", help="no measuring: write the Markdown, plots (and "
+                   "--record) again from a run's bench.json, or combine them from a folder of the scripts' "
+                   "parts/*.json (runs cut short on a device's time limit and finished with --only; each row "
+                   "keeps the ratios of its own run)")
     p.add_argument("--quick", action="store_true", help="smaller shapes (a smoke run, not the goals)")
     p.add_argument("--rep", type=int, default=100, help="do_bench repetition time per case (ms)")
     p.add_argument("--only", default="", help=f"comma list among {','.join(PARTS)} (attn: bench_attn.py, "
@@ -103,7 +107,7 @@ def run(args) -> int:
         print(f"updated the performance table of {path}")
         return 0
     if args.render:
-        return publish(json.loads(Path(args.render).read_text()), Path(args.out), args.record)
+        return publish(rendered(Path(args.render), args.record), Path(args.out), args.record)
     only = parse_only(args.only)
     if args.record is not None and (args.only or args.quick or args.topk_shapes):
         raise ValueError("--record keeps complete runs only (every row, full shapes): drop --only/--quick/--topk-shapes")
@@ -132,6 +136,19 @@ def run(args) -> int:
         print("dsv4spec bench: not recorded: a benchmark failed, and a record holds every row", file=sys.stderr)
         record = None
     return publish(result, out, record) or (1 if status else 0)
+
+
+def rendered(path: Path, record: str | None) -> dict:
+    """A run's result again: its bench.json, or combined from a folder of the scripts' parts."""
+    if not path.is_dir():
+        return json.loads(path.read_text())
+    found = {part: path / f"{script}.json" for part, script in PART_SCRIPTS.items()}
+    missing = [p.name for p in found.values() if not p.is_file()]
+    if record is not None and missing:
+        raise ValueError(f"--render {path} --record: a record holds every part; missing {', '.join(missing)}")
+    if len(missing) == len(found):
+        raise FileNotFoundError(f"--render {path}: none of {', '.join(p.name for p in found.values())}")
+    return combine({part: json.loads(p.read_text()) for part, p in found.items() if p.is_file()})
 
 
 def parse_only(text: str) -> set:

@@ -56,6 +56,23 @@ def test_a_record_holds_complete_runs_only():
     assert done.returncode == 2 and "complete runs only" in done.stderr
 
 
+def test_render_combines_the_parts_of_runs_and_records_only_every_part(tmp_path):
+    """A run cut short on a device's limit, finished with --only: its parts/*.json combine into one
+    table, each row as its own run measured it; a record of the combination needs every part."""
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    (parts / "bench_quant.json").write_text(json.dumps(QUANT))
+    (parts / "bench_indexer.json").write_text(json.dumps(INDEXER))
+    result = B.rendered(parts, record=None)
+    assert result["rows"] == B.combine({"quant": QUANT, "indexer": INDEXER})["rows"]
+    with pytest.raises(ValueError, match="missing bench_path.json, bench_attn.json, bench_peers.json"):
+        B.rendered(parts, record=str(tmp_path / "record"))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match="none of bench_quant.json"):
+        B.rendered(empty, record=None)
+
+
 def test_rows_carry_their_goal_and_verdict_per_column():
     """Each row is judged on its eager column and its graph column (issue 23's goals where it sets
     them); a column that was not measured has no verdict, and the row's overall verdict is that
