@@ -44,7 +44,7 @@ def test_benchmark_scripts_share_one_gpu_check(monkeypatch, capsys):
     assert B.cuda_torch("bench_x") is None and "(none present)" in capsys.readouterr().err
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert B.cuda_torch("bench_x") is torch and os.environ["TRITON_INTERPRET"] == "0"
-    for script in ("bench_quant", "bench_path", "bench_indexer", "sweep_topk", "probe_select"):
+    for script in ("bench_quant", "bench_path", "bench_indexer", "sweep_topk", "probe_select", "probe_ncu"):
         assert f'cuda_torch("{script}")' in open(f"bench/{script}.py").read(), script
     for script in ("ab_decode", "ab_logits"):   # through bench/ab_common.py's start
         assert f'start("{script}", ' in open(f"bench/{script}.py").read(), script
@@ -71,6 +71,20 @@ def test_render_combines_the_parts_of_runs_and_records_only_every_part(tmp_path)
     empty.mkdir()
     with pytest.raises(FileNotFoundError, match="none of bench_quant.json"):
         B.rendered(empty, record=None)
+
+
+def test_render_judges_a_run_again_by_todays_goals(tmp_path):
+    """--render of a bench.json keeps its measurements and judges them by the goals as they stand;
+    the custom-op overhead rows carry none (they compare a call path, not a rate)."""
+    op_row = {"case": "torch.library op vs direct call: fp8_quantize /128 bf16 16x128", "kernel_us": 4.0,
+              "vs_ceiling": 0.01, "TBps": 0.1, "validity": "valid"}
+    result = B.combine({"indexer": dict(INDEXER, rows=INDEXER["rows"] + [op_row])})
+    assert result["rows"][-1]["goals"] == {"eager": ["–", None], "graph": ["–", None]}
+    stale = json.loads(json.dumps(result))
+    for row in stale["rows"]:
+        row["goals"], row["goal"], row["meets_goal"] = {"eager": ["≥ 80 % of copy", False]}, "old", False
+    (tmp_path / "bench.json").write_text(json.dumps(stale))
+    assert B.rendered(tmp_path / "bench.json", record=None) == result
 
 
 def test_rows_carry_their_goal_and_verdict_per_column():

@@ -1,0 +1,78 @@
+"""Probe: the hardware counters of the kernels whose goals are not met (CUDA GPU, under Nsight Compute).
+
+Each case calls one device-API operation at the shape of its bench row, WARMUP times and then once
+more inside the NVTX range "probe"; Nsight Compute profiles only the kernels of that range
+(bench/probe_ncu.sh gives it --nvtx-include probe/), so the Triton compile and the warm-up are
+outside the report:
+
+  fp4-e4m3     fp4_e4m3_quantize of 1M×128 bf16 (row "fp4_e4m3_quantize 1Mx128 bfloat16": 73 % of copy)
+  fp4-e8m0     fp4_e8m0_quantize of 1M×128 bf16 (79 % of copy; goal ≥ 85 %)
+  logits-t1    index_scores_fp4 of one query, 64 heads, over 1M FP4 keys (22 % of copy; goal ≥ 40 %)
+  topk-1m-512  the top-k engine's launches on one row of 1M, k 512 (what a graph replays; goal ≤ 15 µs)
+
+    python bench/probe_ncu.py CASE            (runs the case)
+    bash bench/probe_ncu.sh OUTDIR            (every case under ncu --set full; one report a case)
+"""
+import os
+import sys
+
+os.environ.setdefault("TRITON_INTERPRET", "0")
+
+from dsv4spec.cmd_bench import cuda_torch  # noqa: E402
+
+WARMUP = 3
+
+
+def case_fn(torch, name):
+    """The call of one case, its inputs made once (seeded, on the GPU)."""
+    from dsv4spec.kernels import device as D
+    g = torch.Generator(device="cuda").manual_seed(7)
+    if name in ("fp4-e4m3", "fp4-e8m0"):
+        x = torch.randn(1 << 20, 128, device="cuda", generator=g).bfloat16()
+        quantize = D.fp4_e4m3_quantize if name == "fp4-e4m3" else D.fp4_e8m0_quantize
+        return lambda: quantize(x)
+    if name == "logits-t1":
+        T, H, D_, S = 1, 64, 128, 1 << 20
+        qp = torch.randint(0, 256, (T, H, D_ // 2), device="cuda", dtype=torch.uint8, generator=g)
+        qs = torch.randint(122, 130, (T, H, D_ // 32), device="cuda", dtype=torch.uint8, generator=g)
+        kp = torch.randint(0, 256, (S, D_ // 2), device="cuda", dtype=torch.uint8, generator=g)
+        ks = torch.randint(122, 130, (S, D_ // 32), device="cuda", dtype=torch.uint8, generator=g)
+        w = (torch.randn(T, H, device="cuda", generator=g) * 0.011).bfloat16()
+        vis = torch.full((T,), S, dtype=torch.int32, device="cuda")
+        return lambda: D.index_scores_fp4(qp, qs, kp, ks, w, vis)
+    if name == "topk-1m-512":
+        from dsv4spec.kernels import topk as KT
+        x = torch.randn(1, 1 << 20, device="cuda", generator=g).bfloat16().float()
+        n = torch.full((1,), 1 << 20, dtype=torch.int32, device="cuda")
+        def launches():     # the five launches a CUDA graph replays
+            with KT.topk_path("launches"):
+                return KT._topk_engine(x, n, 512, sync=False)
+        return launches
+    raise SystemExit(f"probe_ncu: unknown case {name!r}; expected one of {', '.join(CASES)}")
+
+
+CASES = ("fp4-e4m3", "fp4-e8m0", "logits-t1", "topk-1m-512")
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print(__doc__, file=sys.stderr)
+        return 2
+    torch = cuda_torch("probe_ncu")
+    if torch is None:
+        return 2
+    fn = case_fn(torch, argv[0])
+    for _ in range(WARMUP):
+        fn()
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_push("probe")
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_pop()
+    print(f"probe_ncu {argv[0]}: {WARMUP} warm-up calls, then one in the NVTX range 'probe'")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
