@@ -269,12 +269,7 @@ def run_decode(torch, KI, KP, rep, ceil, quick, skip_torch):
     rows = []
     for T in (1, 4):
         for S in ((1 << 14,) if quick else (1 << 16, 1 << 18, 1 << 20)):
-            qp = torch.randint(0, 256, (T, H, D // 2), device="cuda", dtype=torch.uint8, generator=g)
-            qs = torch.randint(122, 130, (T, H, D // 32), device="cuda", dtype=torch.uint8, generator=g)
-            kp = torch.randint(0, 256, (S, D // 2), device="cuda", dtype=torch.uint8, generator=g)
-            ks = torch.randint(122, 130, (S, D // 32), device="cuda", dtype=torch.uint8, generator=g)
-            w = (torch.randn(T, H, device="cuda", generator=g) * 0.011).bfloat16()
-            vis = torch.full((T,), S, dtype=torch.int32, device="cuda")
+            qp, qs, kp, ks, w, vis = fp4_decode_inputs(torch, T, S, g, H, D)
             out = torch.empty(T, S, device="cuda")
 
             def kernel():
@@ -293,6 +288,18 @@ def run_decode(torch, KI, KP, rep, ceil, quick, skip_torch):
             del qp, qs, kp, ks, out, qd, kd
     rows += decode_step(torch, KI, KP, rep, ceil, quick, skip_torch, g)
     return rows
+
+
+def fp4_decode_inputs(torch, T, S, g, H=64, D=128):
+    """The FP4 decode logits' inputs: T queries of H heads and S keys (E2M1 + E8M0/32 scales near
+    1), head weights, every key visible (on the GPU; g a generator there)."""
+    qp = torch.randint(0, 256, (T, H, D // 2), device="cuda", dtype=torch.uint8, generator=g)
+    qs = torch.randint(122, 130, (T, H, D // 32), device="cuda", dtype=torch.uint8, generator=g)
+    kp = torch.randint(0, 256, (S, D // 2), device="cuda", dtype=torch.uint8, generator=g)
+    ks = torch.randint(122, 130, (S, D // 32), device="cuda", dtype=torch.uint8, generator=g)
+    w = (torch.randn(T, H, device="cuda", generator=g) * 0.011).bfloat16()
+    vis = torch.full((T,), S, dtype=torch.int32, device="cuda")
+    return qp, qs, kp, ks, w, vis
 
 
 def decode_inputs(torch, S, g, H=32, D=128, device="cuda"):

@@ -32,13 +32,8 @@ def case_fn(torch, name):
         quantize = D.fp4_e4m3_quantize if name == "fp4-e4m3" else D.fp4_e8m0_quantize
         return lambda: quantize(x)
     if name == "logits-t1":
-        T, H, D_, S = 1, 64, 128, 1 << 20
-        qp = torch.randint(0, 256, (T, H, D_ // 2), device="cuda", dtype=torch.uint8, generator=g)
-        qs = torch.randint(122, 130, (T, H, D_ // 32), device="cuda", dtype=torch.uint8, generator=g)
-        kp = torch.randint(0, 256, (S, D_ // 2), device="cuda", dtype=torch.uint8, generator=g)
-        ks = torch.randint(122, 130, (S, D_ // 32), device="cuda", dtype=torch.uint8, generator=g)
-        w = (torch.randn(T, H, device="cuda", generator=g) * 0.011).bfloat16()
-        vis = torch.full((T,), S, dtype=torch.int32, device="cuda")
+        from bench_indexer import fp4_decode_inputs     # (bench/ is this script's folder)
+        qp, qs, kp, ks, w, vis = fp4_decode_inputs(torch, 1, 1 << 20, g)
         return lambda: D.index_scores_fp4(qp, qs, kp, ks, w, vis)
     if name == "topk-1m-512":
         from dsv4spec.kernels import topk as KT
