@@ -289,3 +289,28 @@ def test_the_cli_takes_skip_and_xfail_files_the_target_variable_and_max_examples
     assert "--xfail line 4: 'NOPE.X' matches none of the selected rules" in result.stderr
     assert "--seed 4 is ignored: profile ci is derandomized" in result.stderr
     assert result.stdout.strip().splitlines()[-1].endswith("(2 FAIL expected by --xfail)")
+
+
+OVERFLOW_PROBE = """
+import sys
+from triton.runtime import interpreter as I
+import dsv4spec.kernels, dsv4spec.properties.plugin
+on = lambda: I.interpreter_builder.options.sanitize_overflow
+seen = [on()]
+from dsv4spec import cli
+cli.main(["rules"])
+seen.append(on())
+cli.main(sys.argv[1:])
+seen.append(on())
+print("sanitizer", *seen)
+"""
+
+
+def test_the_interpreters_dead_overflow_checks_are_skipped_in_our_processes_only():
+    """A user's process that imports the kernels or the pytest plugin keeps Triton's setting; the
+    commands that run targets (our process) switch the dead sanitizer work off."""
+    pytest.importorskip("triton")
+    done = subprocess.run([sys.executable, "-c", OVERFLOW_PROBE, "verify", "--target", "impl", "--rules",
+                           "FMT.CEIL_LOG2", "--quiet"], capture_output=True, text=True, env=ENV)
+    assert "FMT.CEIL_LOG2" in done.stdout and done.stdout.strip().splitlines()[-1] == "sanitizer True True False", \
+        done.stdout + done.stderr[-2000:]
