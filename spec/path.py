@@ -263,8 +263,9 @@ rule("PATH.HCA", "Compressed-only list: ascending, −1 until visible, plus the 
 rule("PATH.CONCAT", "Attention gathers [window list | compressed list + offset]",
      """The index list attention receives is the window list followed by the compressed list (the
      indexer's top-k, or the HCA list): valid compressed indices shifted by the offset of the
-     compressed block (s in prefill, 128 in decode), −1 kept as −1, as int32 of width
-     min(s, 128) + k in prefill and 128 + k in decode.""",
+     compressed block (s in prefill, 128 in decode), −1 kept as −1, of width min(s, 128) + k in
+     prefill and 128 + k in decode.  The official code casts the list to int32 (V4-model L515); the
+     contract takes int32 or int64 indices (PROTOCOL.md), so the values are what this rule judges.""",
      applies_to=V4_ALL, policy="exact",
      sources=SRC_LISTS + ("V4-model L428-432, L509", SRC_V41_IDX))
 
