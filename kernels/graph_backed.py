@@ -25,12 +25,14 @@ closure's tensors) must stay where they were.
   `misses` captures in a row (default: `entries`) found no replay in between (the addresses change
   every call, or more keys cycle than the LRU holds), or when a capture fails (a warning says why);
   it then drops its graphs and calls directly until reset().
-- One thread at a time (a capture is process-wide state in torch).
+- Thread-safe: a wrapper's lookups, captures and replays take its lock, one thread at a time (two
+  threads of one key capture it once; the other replays).
 """
 from __future__ import annotations
 
 import functools
 import os
+import threading
 import warnings
 from collections import OrderedDict
 
@@ -138,6 +140,7 @@ class GraphBacked:
         functools.update_wrapper(self, fn)
         self.fn, self.entries, self.misses = fn, entries, entries if misses is None else misses
         self._capture = capture
+        self._lock = threading.RLock()
         self.reset()
 
     def reset(self):
@@ -155,6 +158,10 @@ class GraphBacked:
 
     def through(self, key, args, kwargs):
         """The graph of key replayed, or (a miss) the call made and captured under key."""
+        with self._lock:
+            return self._through(key, args, kwargs)
+
+    def _through(self, key, args, kwargs):
         replay = self._graphs.get(key)
         if replay is not None:
             self._graphs.move_to_end(key)

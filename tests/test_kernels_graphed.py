@@ -7,6 +7,10 @@ the cache's logic, not torch's graph API).  On a GPU: every wrapped function giv
 bits; a second call replays; a changed shape or address captures again; outputs are not aliased
 across calls; a caller's own capture is called through; the second call never synchronizes; the
 LRU holds at most its entries."""
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 import torch
 
@@ -121,6 +125,25 @@ def test_a_second_call_replays_and_a_new_key_captures():
     assert wrapped.through("b", (5,), {}) == 10
     assert log == ["capture", "replay", "capture"]
     assert (wrapped.captures, wrapped.replays, wrapped.misses_in_a_row) == (2, 1, 1)
+
+
+def test_threads_of_one_key_capture_it_once():
+    """Two threads miss the same key together: the lock lets one capture (a slow one here, the other
+    thread waiting at the barrier's far side) and the other replay its graph."""
+    log, barrier = [], threading.Barrier(2)
+
+    def slow_capture(fn, args, kwargs):
+        log.append("capture")
+        time.sleep(0.2)                 # the other thread arrives while this one captures
+        return fn(*args, **kwargs), lambda: log.append("replay") or fn(*args, **kwargs)
+    wrapped = G.GraphBacked(lambda x: x * 3, capture=slow_capture)
+
+    def call():
+        barrier.wait()
+        return wrapped.through("a", (2,), {})
+    with ThreadPoolExecutor(2) as pool:
+        assert [f.result() for f in [pool.submit(call) for _ in range(2)]] == [6, 6]
+    assert sorted(log) == ["capture", "replay"] and (wrapped.captures, wrapped.replays) == (1, 1)
 
 
 def test_the_lru_holds_its_entries_and_evicts_the_least_recent():
