@@ -45,7 +45,7 @@ def case_fn(torch, name):
             with KT.topk_path("launches"):
                 return KT._topk_engine(x, n, 512, sync=False)
         return launches
-    raise SystemExit(f"probe_ncu: unknown case {name!r}; expected one of {', '.join(CASES)}")
+    raise ValueError(f"probe_ncu: unknown case {name!r}")
 
 
 CASES = ("fp4-e4m3", "fp4-e8m0", "logits-t1", "topk-1m-512")
@@ -53,8 +53,12 @@ CASES = ("fp4-e4m3", "fp4-e8m0", "logits-t1", "topk-1m-512")
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        print(__doc__, file=sys.stderr)
+    if argv in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
+    if len(argv) != 1 or argv[0] not in CASES:
+        print(f"usage: python bench/probe_ncu.py CASE, CASE one of {', '.join(CASES)} (--help says more)",
+              file=sys.stderr)
         return 2
     torch = cuda_torch("probe_ncu")
     if torch is None:
