@@ -13,6 +13,7 @@ outside the report:
 The readings of 12-03 are in bench/h200/README.md ("Issue 23's goals at head").
 
     python bench/probe_ncu.py CASE            (runs the case)
+    python bench/probe_ncu.py --cases         (prints the cases' names)
     bash bench/probe_ncu.sh OUTDIR            (every case under ncu --set full; one report a case)
 """
 import os
@@ -55,6 +56,9 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv in (["-h"], ["--help"]):
         print(__doc__)
+        return 0
+    if argv == ["--cases"]:
+        print(*CASES)
         return 0
     if len(argv) != 1 or argv[0] not in CASES:
         print(f"usage: python bench/probe_ncu.py CASE, CASE one of {', '.join(CASES)} (--help says more)",

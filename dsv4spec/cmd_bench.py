@@ -64,6 +64,7 @@ GOALS = [
 COLUMNS = ("eager", "graph")
 PEER_ENV = {"official": "DSV4SPEC_OFFICIAL_KERNEL", "flaggems": "DSV4SPEC_FLAGGEMS"}
 PARTS = ("quant", "path", "topk", "context", "blocks", "logits", "decode", "reindex", "attn", "peers")
+# each benchmark script and the part of the result it writes (parts/<script>.json), in run order
 PART_SCRIPTS = {"quant": "bench_quant", "path": "bench_path", "indexer": "bench_indexer", "attn": "bench_attn",
                 "peers": "bench_peers"}
 PEER_SECTIONS = ("topk", "ops", "codecs")     # bench_peers' sections: --only peers.topk runs one
@@ -171,15 +172,15 @@ def scripts(args, only: set, out: Path) -> list:
     indexer_only = ",".join(sorted(only & set(PARTS[2:8])))
     peer_sections = ",".join(s for s in PEER_SECTIONS if f"peers.{s}" in only and "peers" not in only)
     official = _official_file(args.official)
-    runs = [("quant", "bench_quant", common + ["--check-elements", str(1 << 20)]
-             + (["--tokens", str(1 << 16)] if args.quick else [])),
-            ("path", "bench_path", common + (["--elements", str(1 << 24)] if args.quick else [])),
-            ("indexer", "bench_indexer", common + quick + (["--only", indexer_only] if indexer_only else [])),
-            ("attn", "bench_attn", common + quick + (["--official", official] if official else [])),
-            ("peers", "bench_peers", common + quick + (["--official", official] if official else [])
-             + (["--flaggems", args.flaggems] if args.flaggems else [])
-             + (["--only", peer_sections] if peer_sections else [])
-             + (["--topk-shapes", args.topk_shapes] if args.topk_shapes else []))]
+    argv = {"quant": common + ["--check-elements", str(1 << 20)] + (["--tokens", str(1 << 16)] if args.quick else []),
+            "path": common + (["--elements", str(1 << 24)] if args.quick else []),
+            "indexer": common + quick + (["--only", indexer_only] if indexer_only else []),
+            "attn": common + quick + (["--official", official] if official else []),
+            "peers": common + quick + (["--official", official] if official else [])
+            + (["--flaggems", args.flaggems] if args.flaggems else [])
+            + (["--only", peer_sections] if peer_sections else [])
+            + (["--topk-shapes", args.topk_shapes] if args.topk_shapes else [])}
+    runs = [(part, script, argv[part]) for part, script in PART_SCRIPTS.items()]
     selected = {"quant": "quant" in only, "path": "path" in only, "indexer": bool(indexer_only),
                 "attn": "attn" in only, "peers": "peers" in only or bool(peer_sections)}
     return [r for r in runs if not only or selected[r[0]]]

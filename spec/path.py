@@ -267,7 +267,7 @@ rule("PATH.CONCAT", "Attention gathers [window list | compressed list + offset]"
      prefill and 128 + k in decode.  The official code casts the list to int32 (V4-model L515); the
      contract takes int32 or int64 indices (PROTOCOL.md), so the values are what this rule judges.""",
      applies_to=V4_ALL, policy="exact",
-     sources=SRC_LISTS + ("V4-model L428-432, L509", SRC_V41_IDX))
+     sources=SRC_LISTS + ("V4-model L428-432, L509", "V4-model L515 (topk_idxs.int())", SRC_V41_IDX))
 
 rule("PATH.POOL_SCAN", "A kernel that scores only the pool selects what scoring everything selects",
      """A re-index kernel that computes scores only at pool positions (and treats the rest as −inf)

@@ -2,8 +2,8 @@
 
 Without a GPU (CI): which arguments make a different key; the paths that call the function directly
 (CPU tensors, the interpreter, DSV4SPEC_GRAPHED=0); the LRU, the replay counter, giving up after
-captures that never replay and after a failed capture, with a stand-in capture (a Python function:
-the cache's logic, not torch's graph API).  On a GPU: every wrapped function gives the plain call's
+captures that never replay and after a failed capture, two threads of one key, with a stand-in
+capture (a Python function: the cache's logic, not torch's graph API).  On a GPU: every wrapped function gives the plain call's
 bits; a second call replays; a changed shape or address captures again; outputs are not aliased
 across calls; a caller's own capture is called through; the second call never synchronizes; the
 LRU holds at most its entries."""
@@ -128,8 +128,8 @@ def test_a_second_call_replays_and_a_new_key_captures():
 
 
 def test_threads_of_one_key_capture_it_once():
-    """Two threads miss the same key together: the lock lets one capture (a slow one here, the other
-    thread waiting at the barrier's far side) and the other replay its graph."""
+    """Two threads miss the same key together: the lock lets one capture (a slow one here, while the
+    other waits on the lock) and the other replay its graph."""
     log, barrier = [], threading.Barrier(2)
 
     def slow_capture(fn, args, kwargs):
