@@ -33,6 +33,7 @@ thorough: $(BIN)/.installed
 	$(BIN)/dsv4spec verify --profile thorough --jobs $(VERIFY_JOBS) --json thorough.json --markdown thorough.md
 	$(BIN)/dsv4spec coverage --profile thorough
 	TRITON_INTERPRET=1 $(BIN)/dsv4spec mutate --jobs $(VERIFY_JOBS) --json mutate.json --markdown mutate.md
+	OMP_NUM_THREADS=1 TRITON_INTERPRET=1 $(BIN)/python -m pytest -n $(JOBS) -q -m thorough tests
 
 # One torch thread a worker: pytest-xdist already runs a worker per core, and torch's own threads on
 # top of them cost a third more CPU time on small tensors (no result depends on the thread count).
