@@ -55,9 +55,15 @@ def cmd_ops(args) -> int:
         for op, doc in ops.items():
             rules = sorted({c.rule_id for c in checks if op in c.ops})
             table.setdefault(family, []).append({"op": op, "signature": doc, "rules": rules})
+    from dsv4spec.properties.target import CONTRACT_CHANGES, CONTRACT_VERSION
     if args.json:
-        print(json.dumps(table, indent=2))
+        contract = {"version": CONTRACT_VERSION,
+                    "changes": [{"version": v, "date": date, "change": text}
+                                for v, (date, text) in CONTRACT_CHANGES.items()]}
+        print(json.dumps({"contract": contract, **table}, indent=2))
         return 0
+    print(f"# contract version {CONTRACT_VERSION} (a target may declare CONTRACT = N, the version it was "
+          "written against; README.md lists the changes)\n")
     for family, ops in table.items():
         print(f"# {family}  (contract: properties/{family}.py)")
         for entry in ops:
