@@ -15,7 +15,8 @@ from dsv4spec.properties import target as contract
 from dsv4spec.properties.target import Target
 
 FROZEN = Path(__file__).parent / "frozen_adapters"
-README = Path(__file__).resolve().parent.parent / "README.md"
+HOME = Path(__file__).resolve().parent.parent
+README, PROTOCOL = HOME / "README.md", HOME / "PROTOCOL.md"
 RULES = ("PATH.QDQ", "PATH.K.CACHE")
 # adapter -> its verdict on each rule of RULES: the one it had under the contract it was written for
 VERDICTS = {
@@ -103,3 +104,7 @@ def test_the_readme_changelog_lists_every_version():
     changelog = text[text.index("### Contract versions"):]
     for version, (date, _) in contract.CONTRACT_CHANGES.items():
         assert f"- **{version}** ({date})" in changelog, version
+
+
+def test_the_exec_protocol_states_the_same_contract_version():
+    assert f"**target contract version {contract.CONTRACT_VERSION}**" in " ".join(PROTOCOL.read_text().split())
