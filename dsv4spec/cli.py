@@ -147,7 +147,7 @@ def _checked_verify_args(args) -> tuple[list[str], list[str]]:
     from dsv4spec.properties import report
     from dsv4spec.properties.entries import read_entries, stale
     from dsv4spec.properties.suite import PROFILES
-    from dsv4spec.properties.target import locate, targets_from_environment
+    from dsv4spec.properties.target import targets_from_environment
     from dsv4spec.spec import select
     if args.profile not in PROFILES:
         raise UsageError(f"unknown profile {args.profile!r}; expected one of {', '.join(PROFILES)}")
@@ -162,12 +162,34 @@ def _checked_verify_args(args) -> tuple[list[str], list[str]]:
         report.check_writable(path)
     specs = list(dict.fromkeys(args.target or targets_from_environment() or _default_targets()))
     for spec in specs:
-        locate(spec)
+        _locate(spec)
     skip, xfail = read_entries(args.skip, "--skip"), read_entries(args.xfail, "--xfail")
     for kind, entries in (("--skip", skip), ("--xfail", xfail)):
         for warning in stale(entries, rule_ids, kind):
             print(f"dsv4spec verify: warning: {warning}", file=sys.stderr)
     return rule_ids, specs, skip, xfail
+
+
+def _locate(spec: str) -> None:
+    """locate(spec), where an exec: port that cannot be started (no such file or program, not
+    executable) could not be loaded: exit status 3 (PROTOCOL.md, README); a malformed spec stays a
+    usage error."""
+    from dsv4spec.properties.exec_target import PREFIX
+    from dsv4spec.properties.target import TargetLoadError, TargetNotFound, locate
+    try:
+        locate(spec)
+    except TargetNotFound as e:
+        if spec.startswith(PREFIX) and _splits_into_a_command(spec[len(PREFIX):]):
+            raise TargetLoadError(str(e)) from e
+        raise
+
+
+def _splits_into_a_command(text: str) -> bool:
+    import shlex
+    try:
+        return bool(shlex.split(text))
+    except ValueError:
+        return False
 
 
 def _default_targets() -> list[str]:
