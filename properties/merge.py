@@ -140,7 +140,14 @@ def _rows(by_index: dict[int, dict], selection: list[str], targets: list[str]) -
     rule_at = {r: i for i, r in enumerate(selection)}
     rows.sort(key=lambda row: (targets.index(row.target) if row.target in targets else len(targets),
                                rule_at[row.rule_id]))
-    return causes.annotate(rows)
+    return causes.annotate(rows) if any(_explicable(r) for r in rows) else rows
+
+
+def _explicable(row: Row) -> bool:
+    """Whether a row is a failure that causes.annotate could tie to another (it loads every check to
+    know, and with them torch: a merge of other rows does without)."""
+    return row.status in causes.BROKEN and (row.rule_id in causes.LAYER_RULES or any(
+        row.rule_id in order for order in causes.CLAUSE_ORDER.values()))
 
 
 def _header(by_index: dict[int, dict], first: dict, selection: list[str], missing: list[int],
