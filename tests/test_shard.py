@@ -268,3 +268,15 @@ def test_help_tells_of_sharding_and_merging(capsys):
     with pytest.raises(SystemExit):
         main(["report", "merge", "--help"])
     assert "--allow-incomplete" in capsys.readouterr().out
+
+
+def test_the_readmes_ci_example_parses():
+    import shlex
+    from dsv4spec.cli import build_parser
+    text = (Path(HOME) / "README.md").read_text()
+    example = text[text.index("### Sharding over CI jobs"):text.index("### A port in another language, run as")]
+    commands = [line.split("- run: ", 1)[1] for line in example.splitlines() if "- run: dsv4spec" in line]
+    verify, merge = [build_parser().parse_args(shlex.split(
+        c.replace("${{ matrix.shard }}", "3").replace("r-*.json", "r-1.json r-2.json"))[1:]) for c in commands]
+    assert (verify.command, verify.shard, verify.json) == ("verify", (3, 4), "r-3.json")
+    assert (merge.command, merge.action, merge.reports) == ("report", "merge", ["r-1.json", "r-2.json"])
