@@ -225,8 +225,9 @@ def _header(args, targets, prefixes, rule_ids) -> dict:
     return {"tool": {"name": "dsv4spec", "version": dsv4spec.__version__},
             "spec": {"rules": len(RULES), "digest": report.spec_digest()},
             "targets": [{"spec": t.spec, "name": t.name, "module": t.module, "version": t.version,
-                         "device": str(t.device),
-                         "claims_conformance": t.claims_conformance} for t in targets],
+                         "device": str(t.device), "claims_conformance": t.claims_conformance,
+                         **({"load_error": t.load_error, "usage_error": bool(getattr(t, "usage_error", False))}
+                            if getattr(t, "load_error", "") else {})} for t in targets],
             "profile": args.profile, "seed": RUN.seed, "timeout_s": args.timeout,
             "examples_per_check": examples_per_check(rule_ids, args.profile),
             "rules": prefixes or "all", "max_examples": args.max_examples,

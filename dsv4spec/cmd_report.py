@@ -13,7 +13,8 @@ def register(subparsers):
         description="Join the JSON reports of the N shards of one verify run (verify --shard K/N --json) "
                     "into the report of the whole run: the matrix printed, the reports written, and the "
                     "exit status of verify (0: every target that claims conformance has no FAIL, ERROR or "
-                    "TIMEOUT; 1 otherwise; 130 when a shard was interrupted; 2 on a usage error). Refused "
+                    "TIMEOUT; 1 otherwise; 2 on a usage error; 3 when a shard could not load a target; 130 when a "
+                    "shard was interrupted). Refused "
                     "(exit 2) unless the reports are one run (the same tool version, rules digest, profile, "
                     "seed, targets, rule selection, --max-examples, --timeout and N) and every shard is "
                     "there exactly once.",
@@ -48,7 +49,11 @@ def merge(args) -> int:
     if run.interrupted:
         print("\n" + "\n".join(report.interruption(run.not_run, len(run.rows))), file=sys.stderr)
         return 130
-    status = exit_status(run.rows, targets, run.expected)
+    unloadable = [t for t in targets if getattr(t, "load_error", "")]
+    for t in unloadable:
+        print(f"dsv4spec report merge: error: {t.load_error}", file=sys.stderr)
+    usage = any(t.usage_error for t in unloadable)
+    status = 2 if usage else 3 if unloadable else exit_status(run.rows, targets, run.expected)
     claims = {t.name: t.claims_conformance for t in targets}
     print("\n" + report.conclusion(run.rows, claims, status, run.expected))
     return status

@@ -3,9 +3,10 @@ put back together as the report of the whole run, in the order and with the exit
 unsharded run would have.
 
 Reports are one run when they agree on the tool version, the rules' digest, the profile, the
-seed, the targets, the rule selection, --max-examples, --timeout and N; anything else, a shard
-given twice or a shard missing (unless allowed, and then the report says it is incomplete) is
-refused with a ValueError naming what differs.  The machine may differ from shard to shard (a CI
+seed, the targets (their specs; name, module, version and claim where they loaded), the rule
+selection, --max-examples, --timeout and N; anything else, a shard given twice or a shard missing
+(unless allowed, and then the report says it is incomplete) is refused with a ValueError naming
+what differs.  The machine may differ from shard to shard (a CI
 matrix's jobs), and so may the targets' devices.
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ ONE_RUN = (
     ("rules digest", lambda h: h["spec"]["digest"]),
     ("profile", lambda h: h["profile"]),
     ("seed", lambda h: h["seed"]),
-    ("targets", lambda h: [{k: t.get(k) for k in TARGET_KEYS} for t in h["targets"]]),
+    ("targets", lambda h: [t["spec"] for t in h["targets"]]),
     ("rule selection (--rules)", lambda h: h["rules"]),
     ("--max-examples", lambda h: h.get("max_examples")),
     ("--timeout", lambda h: h["timeout_s"]),
@@ -88,6 +89,12 @@ def _check_one_run(reports: list[tuple[str, dict]]) -> None:
             if key(data["header"]) != key(first["header"]):
                 raise ValueError(f"not one run: {what} differs: {key(first['header'])!r} in {first_path}, "
                                  f"{key(data['header'])!r} in {path}")
+    for i, spec in enumerate(first["header"]["targets"]):
+        loaded = [(path, {k: d["header"]["targets"][i].get(k) for k in TARGET_KEYS}) for path, d in reports
+                  if not d["header"]["targets"][i].get("load_error")]
+        for path, record in loaded[1:]:
+            if record != loaded[0][1]:
+                raise ValueError(f"not one run: targets differ: {loaded[0][1]!r} in {loaded[0][0]}, {record!r} in {path}")
     if first["header"]["spec"]["digest"] != spec_digest():
         raise ValueError(f"the reports were written under rules digest {first['header']['spec']['digest']} "
                          f"(dsv4spec {first['header']['tool']['version']}); this dsv4spec's rules are "
@@ -150,6 +157,14 @@ def _explicable(row: Row) -> bool:
         row.rule_id in order for order in causes.CLAUSE_ORDER.values()))
 
 
+def _target(in_each_shard: list[dict]) -> dict:
+    """A target's record as a shard that loaded it wrote it, with the first load error any shard met
+    (a worker may fail in one job only)."""
+    loaded = [t for t in in_each_shard if not t.get("load_error")]
+    failed = [t for t in in_each_shard if t.get("load_error")]
+    return {**(loaded or failed)[0], **({k: failed[0][k] for k in ("load_error", "usage_error")} if failed else {})}
+
+
 def _header(by_index: dict[int, dict], first: dict, selection: list[str], missing: list[int],
             not_merged: list[str], rows: list[Row]) -> dict:
     import shlex
@@ -158,6 +173,7 @@ def _header(by_index: dict[int, dict], first: dict, selection: list[str], missin
     sizes = {r: n for h in headers for r, n in h["examples_per_check"].items()}
     header = {k: v for k, v in first.items() if k not in ("shard", "wall_s")}
     header.update(
+        targets=[_target([h["targets"][i] for h in headers]) for i in range(len(first["targets"]))],
         examples_per_check={r: sizes[r] for r in selection if r in sizes},
         xfail=sorted({r for h in headers for r in h.get("xfail", [])}),
         slowest=slowest(rows),

@@ -109,6 +109,8 @@ def _mismatched(report, what):
         header["seed"] = 7
     elif what == "targets":
         header["targets"] = header["targets"][:1]
+    elif what == "targets differ":
+        header["targets"][0]["version"] = "9.9"
     elif what == "shard count N":
         header["shard"]["count"] = 3
     elif what == "rule selection":
@@ -118,7 +120,8 @@ def _mismatched(report, what):
     return report
 
 
-@pytest.mark.parametrize("what", ["tool version", "profile", "seed", "targets", "shard count N", "rule selection",
+@pytest.mark.parametrize("what", ["tool version", "profile", "seed", "targets", "targets differ", "shard count N",
+                                  "rule selection",
                                   "--max-examples"])
 def test_merge_refuses_reports_of_different_runs(reports, tmp_path, capsys, what):
     folder, _ = reports
@@ -243,6 +246,31 @@ def test_the_worker_routes_get_the_shards_rules_alone(tmp_path, monkeypatch, rou
         vars(suite.RUN).update(saved)
     assert given == [split([r.id for r in select(["FMT.E4M3", "FP4.PACK"])], 2)[1]]
     assert json.loads((tmp_path / "r.json").read_text())["header"]["shard"]["rules"] == given[0]
+
+
+@pytest.mark.parametrize("usage, status", [(False, 3), (True, 2)])
+def test_a_target_a_shard_could_not_load_keeps_verifys_exit_status(tmp_path, monkeypatch, capsys, usage, status):
+    from dsv4spec.properties import workers
+    why = "target 'impl' could not be loaded: boom"
+
+    def fake_run(specs, rule_ids, profile, **_):
+        return [], {s: workers.TargetInfo(s, s, claims_conformance=True, load_error=why, usage_error=usage)
+                    for s in specs}
+    monkeypatch.setattr(workers, "run", fake_run)
+    saved = dict(vars(suite.RUN))
+    paths = [str(tmp_path / f"{k}.json") for k in (1, 2)]
+    try:
+        main(["verify", *RUN, "--shard", "2/2", "--isolate", "--json", paths[1]])
+    finally:
+        vars(suite.RUN).update(saved)
+    monkeypatch.undo()
+    try:
+        main(["verify", *RUN, "--shard", "1/2", "--json", paths[0]])
+    finally:
+        vars(suite.RUN).update(saved)
+    capsys.readouterr()
+    assert main(["report", "merge", *paths]) == status
+    assert f"dsv4spec report merge: error: {why}" in capsys.readouterr().err
 
 
 @pytest.mark.thorough      # about 7 s on a loaded 2-core machine: a worker imports torch; the cheap test above
