@@ -9,7 +9,6 @@ several whole layers at 2–5 s each, properties/suite.py).
 """
 from __future__ import annotations
 
-import json
 import re
 
 from .suite import checks_for, _is_layer_check
