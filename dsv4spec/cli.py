@@ -105,6 +105,7 @@ def cmd_verify(args) -> int:
     rows = causes.annotate(rows)       # one cause, one verdict: the others "same cause as …"
     expected = {r for r in rule_ids if matching(xfail, r)}
     header = _header(args, targets, _prefixes(args.rules), rule_ids)
+    header["xfail"] = sorted(expected)
     header["wall_s"] = round(time.monotonic() - started, 1)
     header["slowest"] = report.slowest(rows)
     done = {(r.rule_id, r.target) for r in rows}
@@ -167,6 +168,9 @@ def _checked_verify_args(args) -> tuple[list[str], list[str]]:
     for kind, entries in (("--skip", skip), ("--xfail", xfail)):
         for warning in stale(entries, rule_ids, kind):
             print(f"dsv4spec verify: warning: {warning}", file=sys.stderr)
+    if args.shard:
+        from dsv4spec.properties.shard import shard_of
+        rule_ids = shard_of(rule_ids, *args.shard)
     return rule_ids, specs, skip, xfail
 
 
@@ -249,11 +253,14 @@ def _header(args, targets, prefixes, rule_ids) -> dict:
     return {"tool": {"name": "dsv4spec", "version": dsv4spec.__version__},
             "spec": {"rules": len(RULES), "digest": report.spec_digest()},
             "targets": [{"spec": t.spec, "name": t.name, "module": t.module, "version": t.version,
-                         "device": str(t.device),
-                         "claims_conformance": t.claims_conformance} for t in targets],
+                         "device": str(t.device), "claims_conformance": t.claims_conformance,
+                         **({"load_error": t.load_error, "usage_error": bool(getattr(t, "usage_error", False))}
+                            if getattr(t, "load_error", "") else {})} for t in targets],
             "profile": args.profile, "seed": RUN.seed, "timeout_s": args.timeout,
             "examples_per_check": examples_per_check(rule_ids, args.profile),
-            "rules": prefixes or "all", "workers": args.jobs, "worker_devices": devices,
+            "rules": prefixes or "all", "max_examples": args.max_examples,
+            "shard": {"index": args.shard[0], "count": args.shard[1], "rules": rule_ids} if args.shard else None,
+            "workers": args.jobs, "worker_devices": devices,
             "isolate": bool(args.isolate), **report.environment(),
             "command": " ".join(shlex.quote(a) for a in ["dsv4spec", *sys.argv[1:]])}
 
@@ -296,6 +303,14 @@ class Progress:
     def end(self):
         if self.tty and not self.quiet and self.rows:
             print(file=sys.stderr)
+
+
+def _shard(text: str) -> tuple[int, int]:
+    from dsv4spec.properties.shard import parse
+    try:
+        return parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _prefixes(text: str | None) -> list[str] | None:
@@ -383,6 +398,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "hang (even in C code) costs only the rule that was running")
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="spread the rules over N worker "
                    "processes (each pinned to its own GPU when several are visible); implies --isolate")
+    p.add_argument("--shard", type=_shard, metavar="K/N", help="run only shard K of N (1 <= K <= N) of the "
+                   "selected rules, for N CI jobs: every rule in exactly one shard, the same split on every "
+                   "machine, balanced by the rules' expected cost; `dsv4spec report merge` joins the shards' "
+                   "--json reports")
     p.add_argument("--json", metavar="F", help="write a JSON report (schema_version 3; its JSON Schema: "
                                                 "dsv4spec/properties/report.schema.json)")
     p.add_argument("--junit", metavar="F", help="write a JUnit XML report")
@@ -393,8 +412,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "of the target's (else the first and the last two)")
     p.set_defaults(func=cmd_verify)
 
-    from dsv4spec import cmd_bench, cmd_budget, cmd_claims, cmd_coverage, cmd_golden, cmd_mutate
-    for module in (cmd_budget, cmd_claims, cmd_golden, cmd_coverage, cmd_bench, cmd_mutate):
+    from dsv4spec import cmd_bench, cmd_budget, cmd_claims, cmd_coverage, cmd_golden, cmd_mutate, cmd_report
+    for module in (cmd_report, cmd_budget, cmd_claims, cmd_golden, cmd_coverage, cmd_bench, cmd_mutate):
         module.register(sub)
     return parser
 
