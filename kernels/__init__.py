@@ -19,5 +19,6 @@ from .attn import *  # noqa: E402,F401,F403
 NAME = "kernels"
 DEVICE = "cpu (Triton interpreter)" if INTERPRET else "cuda"   # where the kernels run (informative)
 CLAIMS_CONFORMANCE = True
+CONTRACT = 5                     # the target contract version it is written against (properties/target.py)
 VARIANTS: dict = {}
 EXTENSIONS = {"chunked_prefill"}   # beyond the official domain (spec.rules.EXTENSIONS)
