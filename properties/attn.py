@@ -394,7 +394,7 @@ def output_rope_tail_rotated_back(target, seed, layer, far):
 # ------------------------------------------------------------------------------------------------
 OPS["attention_layer"] = ("attention_layer(inputs: dict, *, model, layer, start_pos) -> dict: index_layer's stages "
                           "(a V4.1 reuse layer: window_idx, and indices from the input source_topk), "
-                          "then q_norm, q_attn_rot, kv_rot, kv_window, cmp_rot, cmp, kv, o, o_derot")
+                          "then q_rescale, q_attn_rot, kv_rot, kv_window, cmp_rot, cmp, kv, o, o_derot")
 LAYER_HEADS = 16
 
 
@@ -513,10 +513,10 @@ def _qdq(x, model: str, compressed: bool) -> np.ndarray:
     return spec_path.kv_qdq(x) if compressed else spec_quant.fp8_qdq(x, 32)
 
 
-def _judge_q_norm(target, case, out):
+def _judge_q_rescale(target, case, out):
     q = case.arrays()["q_attn"].astype(np.float64)
     m = profile(case.model)
-    got = _stage(out, "q_norm", case)
+    got = _stage(out, "q_rescale", case)
     if case.model in V41:
         return _same(got, q, "ATTN.Q_NORM: V4.1 leaves the main q as wq_b wrote it", case)
     _assert_bf16_rescale(got, f" [{case!r}]")
@@ -587,8 +587,8 @@ def _entry_positions(case):
 
 
 ATTN_STAGES = (
-    ("q_norm", "ATTN.Q_NORM", lambda case: True, _judge_q_norm),
-    ("q_attn_rot", "ROPE.POSITIONS", lambda case: True, _rotation("q_attn_rot", "q_norm", "q", lambda c: c.positions)),
+    ("q_rescale", "ATTN.Q_NORM", lambda case: True, _judge_q_rescale),
+    ("q_attn_rot", "ROPE.POSITIONS", lambda case: True, _rotation("q_attn_rot", "q_rescale", "q", lambda c: c.positions)),
     ("kv_rot", "ROPE.POSITIONS", lambda case: True,
      _rotation("kv_rot", "kv_normed", "window_kv", lambda c: c.positions)),
     ("kv_window", "PATH.QDQ", lambda case: True, _judge_qdq("kv_window", "kv_rot", False)),

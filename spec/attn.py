@@ -404,7 +404,7 @@ rule("ATTN.LAYER", "Every stage of a layer's attention, each on the stage before
      """A layer operation returns index_layer's stages (PATH.LAYER; a V4.1 layer that reuses its
      index source's lists instead returns window_idx and indices, the window list and the source's
      top-k source_topk shifted by the window rows, PATH.CONCAT) and then, by name: the main q
-     after V4's rescale (q_norm), rotated (q_attn_rot); the new tokens' window KV rotated (kv_rot)
+     after V4's rescale (q_rescale), rotated (q_attn_rot); the new tokens' window KV rotated (kv_rot)
      and as attention reads it (kv_window); on a layer that writes its compressed KV in prefill,
      the entries rotated at j·ratio (cmp_rot) and read (cmp); the rows attention gathers from, [window
      rows | compressed rows] with decode's new row in ring slot start_pos mod 128 (kv); the sparse

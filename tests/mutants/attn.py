@@ -149,7 +149,7 @@ def _layer_with(**patches):
 
 
 # the stage each layer mutant breaks first (tests/test_attn.py asserts the check names it)
-LAYER_STAGE = {"layer_q_not_rescaled_on_v4": "q_norm", "layer_window_kv_not_quantized": "kv_window",
+LAYER_STAGE = {"layer_q_not_rescaled_on_v4": "q_rescale", "layer_window_kv_not_quantized": "kv_window",
                "layer_compressed_kv_not_quantized": "cmp", "layer_attention_without_sink": "o",
                "layer_output_not_derotated": "o_derot"}
 
