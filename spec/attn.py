@@ -257,15 +257,37 @@ def q_rescale(q, model: Model) -> np.ndarray:
     return round_bf16(q * r)
 
 
-def q_rescale_tolerance(q, model: Model) -> np.ndarray:
-    """V4: the mean's fp32 sum and the rsqrt may each land one BF16 ulp away: |got − q·r*| ≤
-    |q|·3·ulp(r*) + ulp(q·r*).  V4.1: 0 (identity)."""
-    q = np.asarray(q, dtype=np.float64)
+def q_rescale_factors(q, model: Model) -> tuple[np.ndarray, np.ndarray]:
+    """V4: (lo, hi) [..., 1], BF16: the factors r a conforming rescale may use for each head, every
+    BF16 value from lo to hi.  r = bf16(rsqrt(bf16(bf16(mean) + eps))): the mean an fp32 sum of the
+    BF16 squares in any order (relative 512·2^-23 at most), the add a round to fp32 then BF16, the
+    rsqrt within 2^-8 + 2^-16 before its BF16 rounding (torch's CPU kernel for one BF16 value
+    rounds the square root to BF16 before the reciprocal; a GPU's rsqrtf is within 2^-22)."""
     if model.name in V41:
-        return np.zeros_like(q)
+        raise ValueError(f"{model.name}: V4.1 does not rescale q; expected a V4 model")
+    running_max_init(model)
+    q = np.asarray(q, dtype=np.float64)
     mean = round_bf16(q * q).mean(-1, keepdims=True)
-    r = 1.0 / np.sqrt(mean + model.norm_eps)
-    return np.abs(q) * 3 * bf16_quantum(r) + bf16_quantum(2 * np.abs(q) * r)
+    sum_error = q.shape[-1] * 2.0 ** -23
+    added = [round_bf16(round_bf16(mean * (1 + sign * sum_error)) + model.norm_eps) * (1 + sign * 2.0 ** -23)
+             for sign in (-1, 1)]
+    rsqrt_error = 2.0 ** -8 + 2.0 ** -16
+    return (round_bf16(1 / np.sqrt(added[1]) * (1 - rsqrt_error)),
+            round_bf16(1 / np.sqrt(added[0]) * (1 + rsqrt_error)))
+
+
+def q_rescale_admitted(got, q, model: Model) -> np.ndarray:
+    """[..., 1]: whether each head of got is bf16(q · r), element by element, for one factor r of
+    `q_rescale_factors` (the same r for the whole head)."""
+    q, got = np.asarray(q, dtype=np.float64), np.asarray(got, dtype=np.float64)
+    r, hi = q_rescale_factors(q, model)
+    ok = np.zeros(r.shape, dtype=bool)
+    for _ in range(16):                  # a handful of BF16 values apart at most
+        ok |= (round_bf16(q * r) == got).all(-1, keepdims=True) & (r <= hi)
+        if (r >= hi).all():
+            return ok
+        r = r + bf16_quantum(r)
+    raise AssertionError("q_rescale_factors: more than 16 admitted factors; the bounds are wrong")
 
 
 def derotation_freqs(freqs) -> np.ndarray:
@@ -391,14 +413,22 @@ rule("ATTN.DEROTATE", "The output's RoPE tail is de-rotated with the conjugate a
      applies_to=V4_ALL, policy="tolerance", tolerance="that of ROPE.ROUNDING, with the conjugate angle",
      sources=("V4-model L534", "V41-model L781", "V4-model L232-244 (inverse: freqs_cis.conj())"))
 
-rule("ATTN.Q_NORM", "V4 rescales each head of the main q to unit RMS; V4.1 does not",
-     """V4 multiplies each head of q = wq_b(qr) (BF16) by rsqrt(mean(q²) + norm_eps) before RoPE,
-     in BF16 tensor ops (square, mean, add, rsqrt, product each rounded to BF16); V4.1's
-     Attention.forward has no such step (q goes from wq_b straight to RoPE).""",
+rule("ATTN.Q_NORM", "V4 rescales each head of the main q to unit RMS, in BF16 steps; V4.1 does not",
+     """V4 multiplies each head of q = wq_b(qr) (BF16) by r = rsqrt(mean(q²) + norm_eps) before
+     RoPE, in BF16 tensor ops: the square, the mean (an fp32 sum, rounded once), the add and the
+     rsqrt each rounded to BF16, so r is a BF16 value, and the product q·r of two BF16 values is
+     rounded once to BF16.  A rescale computed in fp32 and rounded once at the end (r never rounded)
+     is not the official result.  V4.1's Attention.forward has no such step (q goes from wq_b
+     straight to RoPE).""",
      applies_to=V4_ALL, policy="tolerance",
-     tolerance="|got − q·r*| ≤ 3·|q|·ulp(r*) + ulp(q·r*) for V4 (the mean's fp32 sum and the rsqrt "
-               "one BF16 ulp each); exact identity for V4.1",
-     sources=("V4-model L498", "V41-model L770-772 (q from wq_b, then RoPE)"))
+     tolerance="""V4: got = bf16(q·r) element by element, with one factor r per head, r any BF16
+     value from bf16(ρ_lo) to bf16(ρ_hi): ρ = rsqrt(bf16(bf16(m) + eps)), m the mean of the BF16
+     squares within 512·2^-23 (its fp32 sum in any order), the add within 2^-23 before its BF16
+     rounding, and the rsqrt within 2^-8 + 2^-16 before its own (torch's CPU kernel rounds the
+     square root of a lone BF16 value to BF16 before taking the reciprocal; a GPU's rsqrtf is within
+     2^-22); the product itself has no tolerance.  V4.1: the exact identity.""",
+     sources=("V4-model L497-498 (q from wq_b in BF16; q *= rsqrt(q.square().mean(-1) + eps), BF16 tensors)",
+              "V41-model L770-772 (q from wq_b, then RoPE)"))
 
 rule("ATTN.LAYER", "Every stage of a layer's attention, each on the stage before it",
      """A layer operation returns index_layer's stages (PATH.LAYER; a V4.1 layer that reuses its

@@ -120,11 +120,16 @@ def _q_norm_with_eps(eps):
 
 
 def _q_norm_in_fp32(q, *, model):
-    """V4's q rescale computed in fp32 and left unrounded (within the tolerance around q·r*)."""
+    """V4's q rescale computed in fp32 and left unrounded."""
     qf = q.float()
     if model in ref.spec.V41:
         return qf
     return qf * torch.rsqrt(qf.square().mean(-1, keepdim=True) + ref.spec.model_of(model).norm_eps)
+
+
+def _q_norm_in_fp32_rounded_once(q, *, model):
+    """V4's q rescale computed in fp32 (the factor never rounded to BF16), the product rounded once."""
+    return _q_norm_in_fp32(q, model=model).to(torch.bfloat16).float()
 
 
 def _derotate_first_64(o, positions, freqs):
@@ -184,6 +189,7 @@ MUTANTS = dict([
     _m("q_rescaled_on_v41", "ATTN.Q_NORM", attention_q=_q_norm_always),
     _m("q_not_rescaled_on_v4", "ATTN.Q_NORM", attention_q=_q_norm_never),
     _m("q_rescaled_in_fp32_on_v4", "ATTN.Q_NORM", attention_q=_q_norm_in_fp32),
+    _m("q_rescaled_in_fp32_rounded_once_on_v4", "ATTN.Q_NORM", attention_q=_q_norm_in_fp32_rounded_once),
     _m("layer_q_not_rescaled_on_v4", "ATTN.LAYER", attention_layer=_layer_with(attention_q=lambda q, *, model: q)),
     _m("layer_window_kv_not_quantized", "ATTN.LAYER",
        attention_layer=_layer_with(window_kv_qdq=lambda x, model: x)),
