@@ -398,12 +398,22 @@ rule("ATTN.OUTPUT", "The output is the numerator divided by the denominator, wri
      applies_to=V4_ALL, policy="tolerance", tolerance=_TOL,
      sources=(kernel("L347-350", "acc_o /= sum_exp, copied to the BF16 output"), SOURCE_V41_KERNEL))
 
-rule("ATTN.DUPLICATES", "No de-duplication: an index listed twice is attended twice",
+rule("ATTN.DUPLICATES", "No de-duplication: each entry is attended, an index listed twice twice, a token in both caches twice",
      """The kernel handles each list entry independently: a row named by two entries contributes
-     two scores to the denominator and twice its value to the numerator (the indexer's lists have
-     no duplicates, but a concatenated window and compressed list, or a port's list, may).""",
+     two scores to the denominator and twice its value to the numerator.  The official lists never
+     name a row twice (the window indices lie below the offset and the compressed ones at or above
+     it, PATH.CONCAT, and the indexer's lists have no duplicates); a port's list may.  One token is
+     nevertheless attended twice, once per cache: in V4.1's ratio-1 layers compressed entry j is
+     token j, and with at most 512 entries every entry is listed, so each of the last 128 tokens
+     is attended as its FP8 window row and again as its FP4 compressed row; V4's compressed entries,
+     each pooling the ratio tokens of its group, overlap the window rows of those tokens the same way.
+     These are distinct rows with distinct values, and a port that drops one of them (de-duplicating
+     window and compressed rows of the same token) departs from the official output.""",
      applies_to=V4_ALL, policy="tolerance", tolerance=_TOL,
-     sources=(kernel("L322-327", "each entry on its own"), "V41-model L409-426 (order within a row does not matter)"))
+     sources=(kernel("L322-327", "each entry on its own"), "V41-model L409-426 (order within a row does not matter)",
+              "V4-model L509, L514 (offset, then [window | compressed] concatenated)",
+              "V41-model L462 (ratio 1: one token per entry, no pooling)",
+              "V41-model L744 (entry j stands at position j·ratio)"))
 
 rule("ATTN.DEROTATE", "The output's RoPE tail is de-rotated with the conjugate at the query's position",
      """After sparse attention the last 64 channels of each head of o are rotated by e^(−i·p·f_i)
