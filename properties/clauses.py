@@ -464,9 +464,10 @@ CLAUSES: dict[str, tuple[Clause, ...]] = {
     "ATTN.DEROTATE": (c("the last 64 channels of each head of o", "derotates_the_first_64"),
                       c("rotated by e^(−i·p·f_i)", "derotation_by_plus_p")),
     "ATTN.Q_NORM": (
-        c("V4 multiplies each head of q = wq_b(qr) (BF16) by rsqrt(mean(q²) + norm_eps)", "q_not_rescaled_on_v4",
+        c("V4 multiplies each head of q = wq_b(qr) (BF16) by r = rsqrt(mean(q²) + norm_eps)", "q_not_rescaled_on_v4",
           "q_norm_eps_1e-20_on_v4"),
-        c("in BF16 tensor ops (square, mean, add, rsqrt, product each rounded to BF16)", "q_rescaled_in_fp32_on_v4"),
+        c("the product q·r of two BF16 values is rounded once to BF16", "q_rescaled_in_fp32_on_v4"),
+        c("the add and the rsqrt each rounded to BF16, so r is a BF16 value", "q_rescaled_in_fp32_rounded_once_on_v4"),
         c("V4.1's Attention.forward has no such step", "q_rescaled_on_v41")),
     "ATTN.LAYER": (c("Each is judged by its own rule on the target's own output of the stage before (teacher forcing)",
                      "layer_q_not_rescaled_on_v4", "layer_window_kv_not_quantized", "layer_compressed_kv_not_quantized",
