@@ -1,6 +1,8 @@
 """Faults a target or its environment may bring, none of which may turn a verdict false (issue 34):
 a target that ends the process, reuses its result buffers, writes into its inputs, leaves a thread
 running, or a port that lies about sizes, prints control characters, or hangs with children."""
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -64,3 +66,45 @@ def test_an_untouched_nan_input_is_not_taken_for_a_modified_one(few_examples):
         return impl_quant.fp4_e4m3_quantize(torch.where(torch.isfinite(x), x, 0))
     row = run_rule("FP4.NONFINITE", Target(SimpleNamespace(NAME="z", fp4_e4m3_quantize=zeroing_nonfinite), "z"))
     assert row.status in (PASS, "VARIANT"), f"{row.status}: {row.detail}"
+
+
+def test_a_check_gives_hypothesis_back_its_mining_of_local_literals(few_examples):
+    """The suite turns off Hypothesis's mining of local modules' literals while its own checks run
+    and nowhere else: before, importing the suite turned it off for the whole process."""
+    from hypothesis.internal.conjecture import providers
+    from dsv4spec.impl import e2m1_encode
+    run_rule("FMT.E2M1.ZERO_SIGN", Target(SimpleNamespace(NAME="impl", e2m1_encode=e2m1_encode), "impl"))
+    assert providers._get_local_constants.__module__ == providers.__name__, "the suite left Hypothesis patched"
+
+
+USER_LIBRARY = "MAGIC = 918273645\n"      # a literal of a local module (not a test file)
+USER_TEST = '''
+from hypothesis.internal.conjecture import providers
+
+from mylib import MAGIC
+
+
+def test_hypothesis_still_mines_the_users_literals():
+    assert MAGIC in providers._get_local_constants().integers
+'''
+SUITE_FIRST = '''
+import pytest
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: not item.nodeid.startswith("dsv4spec::"))     # the suite's items run first
+'''
+
+
+@pytest.mark.thorough
+def test_the_plugin_leaves_a_users_hypothesis_tests_as_they_are(tmp_path):
+    """Beside the suite's items, a user's test sees Hypothesis as it would alone: drawing from the
+    literals of the user's own modules is how Hypothesis finds many bugs."""
+    (tmp_path / "mylib.py").write_text(USER_LIBRARY)
+    (tmp_path / "test_user.py").write_text(USER_TEST)
+    (tmp_path / "conftest.py").write_text(SUITE_FIRST)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--dsv4spec-target", "impl",
+                           "--dsv4spec-rules", "FMT.E2M1.ZERO_SIGN"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert "2 passed" in done.stdout, done.stdout[-3000:]
