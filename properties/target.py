@@ -228,7 +228,10 @@ def _owned(result):
     if isinstance(result, torch.Tensor):
         return result.clone()
     if isinstance(result, (tuple, list)):
-        return type(result)(_owned(r) for r in result)
+        items = [_owned(r) for r in result]
+        if all(a is b for a, b in zip(items, result)):
+            return result                   # nothing to copy (a record such as layer_role's)
+        return type(result)(*items) if hasattr(result, "_fields") else type(result)(items)
     if isinstance(result, dict):
         return {k: _owned(v) for k, v in result.items()}
     return result

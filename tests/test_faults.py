@@ -108,3 +108,9 @@ def test_the_plugin_leaves_a_users_hypothesis_tests_as_they_are(tmp_path):
                            "--dsv4spec-rules", "FMT.E2M1.ZERO_SIGN"], cwd=tmp_path, capture_output=True, text=True,
                           timeout=120)
     assert "2 passed" in done.stdout, done.stdout[-3000:]
+
+
+def test_records_and_tensors_of_correct_results_pass_the_call_boundary_unchanged(few_examples):
+    """The copy at the call boundary keeps a result's type: a named tuple (layer_role's Role) too."""
+    import dsv4spec.impl as impl
+    assert run_rule("LAYER.V4", Target(impl, "impl")).status == PASS
