@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -79,9 +80,8 @@ def cmd_spec(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from dsv4spec.properties import causes, report
     from dsv4spec.properties.entries import matching
-    from dsv4spec.properties.suite import DERANDOMIZED, RUN, exit_status, new_seed, program
+    from dsv4spec.properties.suite import DERANDOMIZED, RUN, new_seed, program
     rule_ids, specs, skip, xfail = _checked_verify_args(args)
     if args.seed is not None and args.profile in DERANDOMIZED:
         print(f"dsv4spec verify: --seed {args.seed} is ignored: profile {args.profile} is derandomized "
@@ -90,34 +90,94 @@ def cmd_verify(args) -> int:
     RUN.program = program(specs)
     RUN.debug = bool(getattr(args, "debug", False))
     RUN.max_examples = args.max_examples
-    run_ids = [r for r in rule_ids if not matching(skip, r)]
-    progress = Progress(len(run_ids) * len(specs), quiet=args.quiet, tty=sys.stderr.isatty())
-    started = time.monotonic()
-    rows, targets, interrupted = _run_verify(args, specs, run_ids, progress)
-    progress.end()
-    rows = _listed(rows, targets, rule_ids, skip, xfail)
-    rows = causes.annotate(rows)       # one cause, one verdict: the others "same cause as …"
-    expected = {r for r in rule_ids if matching(xfail, r)}
-    header = _header(args, targets, _prefixes(args.rules), rule_ids)
-    header["wall_s"] = round(time.monotonic() - started, 1)
-    header["slowest"] = report.slowest(rows)
-    done = {(r.rule_id, r.target) for r in rows}
-    not_run = [(r, t.name) for t in targets for r in run_ids if (r, t.name) not in done] if interrupted else []
-    print(report.header_line(header))
-    print(report.terminal(rows, color=sys.stdout.isatty()))
-    for path, write in ((args.json, report.to_json), (args.junit, report.to_junit), (args.markdown, report.to_markdown)):
-        if path:
-            report.write_atomically(path, write(rows, header, interrupted, not_run))
-    if interrupted:
-        print("\n" + "\n".join(report.interruption(not_run, len(rows))), file=sys.stderr)
-        return 130
-    unloadable = [t for t in targets if getattr(t, "load_error", "")]
-    for t in unloadable:
-        print(f"dsv4spec verify: error: {t.load_error}", file=sys.stderr)
-    usage = any(getattr(t, "usage_error", False) for t in unloadable)
-    status = 2 if usage else 3 if unloadable else exit_status(rows, targets, expected)
-    print("\n" + report.conclusion(rows, {t.name: t.claims_conformance for t in targets}, status, expected))
-    return status
+    run = _Run(args, specs, rule_ids, [r for r in rule_ids if not matching(skip, r)], skip, xfail)
+    # The command (not the library) outlives its targets: an in-process run goes on in a forked
+    # child, whose end without a verdict (os._exit, C exit, a signal) the parent reports itself.
+    if getattr(args, "command_line", False) and not (args.jobs > 1 or args.isolate) and hasattr(os, "fork"):
+        from dsv4spec import guard
+        return guard.supervised(run)
+    with _terminated_as_interrupted():
+        return run.here()
+
+
+class _Run:
+    """One verify run: its selection, run in this process (`here`), and its reports (`conclude`)."""
+
+    def __init__(self, args, specs, rule_ids, run_ids, skip, xfail):
+        self.args, self.specs, self.rule_ids, self.run_ids, self.skip, self.xfail = \
+            args, specs, rule_ids, run_ids, skip, xfail
+        self.started = time.monotonic()
+        self.on_row = self.on_targets = lambda _: None      # the guard's (dsv4spec/guard.py)
+
+    def here(self) -> int:
+        args = self.args
+        progress = Progress(len(self.run_ids) * len(self.specs), quiet=args.quiet, tty=sys.stderr.isatty(),
+                            also=self.on_row)
+        rows, targets, interrupted = _run_verify(args, self.specs, self.run_ids, progress, self.on_targets)
+        progress.end()
+        return self.conclude(rows, targets, interrupted)
+
+    def conclude(self, rows, targets, interrupted, forced=0) -> int:
+        """Print and write the reports of `rows`; the exit status (at least `forced`)."""
+        from dsv4spec.properties import causes, report
+        from dsv4spec.properties.entries import matching
+        from dsv4spec.properties.suite import exit_status
+        args, rule_ids, run_ids = self.args, self.rule_ids, self.run_ids
+        rows = _listed(rows, targets, rule_ids, self.skip, self.xfail)
+        rows = causes.annotate(rows)       # one cause, one verdict: the others "same cause as …"
+        expected = {r for r in rule_ids if matching(self.xfail, r)}
+        header = _header(args, targets, _prefixes(args.rules), rule_ids)
+        header["wall_s"] = round(time.monotonic() - self.started, 1)
+        header["slowest"] = report.slowest(rows)
+        cause = "SIGTERM" if _SIGNALLED.get("signal") == signal.SIGTERM else "Ctrl-C"
+        if interrupted:
+            header["interrupted_by"] = cause
+        done = {(r.rule_id, r.target) for r in rows}
+        not_run = [(r, t.name) for t in targets for r in run_ids if (r, t.name) not in done] if interrupted else []
+        print(report.header_line(header))
+        print(report.terminal(rows, color=sys.stdout.isatty()))
+        for path, write in ((args.json, report.to_json), (args.junit, report.to_junit),
+                            (args.markdown, report.to_markdown)):
+            if path:
+                report.write_atomically(path, write(rows, header, interrupted, not_run))
+        if interrupted:
+            print("\n" + "\n".join(report.interruption(not_run, len(rows), cause)), file=sys.stderr)
+            return 128 + _SIGNALLED.get("signal", signal.SIGINT)
+        unloadable = [t for t in targets if getattr(t, "load_error", "")]
+        for t in unloadable:
+            print(f"dsv4spec verify: error: {t.load_error}", file=sys.stderr)
+        usage = any(getattr(t, "usage_error", False) for t in unloadable)
+        status = 2 if usage else 3 if unloadable else max(exit_status(rows, targets, expected), forced)
+        print("\n" + report.conclusion(rows, {t.name: t.claims_conformance for t in targets}, status, expected))
+        return status
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled as Ctrl-C is: what finished is printed and written, marked interrupted."""
+
+
+_SIGNALLED: dict = {}
+
+
+class _terminated_as_interrupted:
+    """SIGTERM (and SIGINT) raise KeyboardInterrupt once; a second signal while the reports are
+    written is ignored, so that they are written whole."""
+
+    def __enter__(self):
+        self.saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        for s in self.saved:
+            signal.signal(s, self._raise)
+
+    def _raise(self, number, _frame):
+        for s in self.saved:
+            signal.signal(s, signal.SIG_IGN)
+        _SIGNALLED["signal"] = number
+        raise Terminated() if number == signal.SIGTERM else KeyboardInterrupt()
+
+    def __exit__(self, *exc):
+        for s, handler in self.saved.items():
+            signal.signal(s, handler)
+        return False
 
 
 def _listed(rows, targets, rule_ids, skip, xfail):
@@ -178,15 +238,17 @@ def _default_targets() -> list[str]:
     return [t for t in DEFAULT_TARGETS if t != "kernels"]
 
 
-def _run_verify(args, specs, rule_ids, progress):
+def _run_verify(args, specs, rule_ids, progress, on_targets=lambda _: None):
     """(rows, targets, interrupted): in this process, or in worker processes for --isolate/--jobs."""
     from dsv4spec.properties.suite import RUN, load_checks, verify
     from dsv4spec.properties.target import load_target
     workers = args.jobs > 1 or args.isolate
-    targets = [] if workers else [load_target(spec) for spec in specs]
-    for t in targets:
-        t.timeout = args.timeout
+    targets = []
     try:
+        for spec in [] if workers else specs:
+            targets.append(load_target(spec))
+            targets[-1].timeout = args.timeout
+        on_targets(targets)
         if not workers:
             load_checks()
             return verify(targets, profile=args.profile, progress=progress, rule_ids=rule_ids), targets, False
@@ -236,14 +298,15 @@ class Progress:
 
     EVERY_S = 10.0
 
-    def __init__(self, total: int, quiet: bool, tty: bool):
+    def __init__(self, total: int, quiet: bool, tty: bool, also=lambda _: None):
         import time
-        self.total, self.quiet, self.tty = total, quiet, tty
+        self.total, self.quiet, self.tty, self.also = total, quiet, tty, also
         self.rows, self.clock = [], time.monotonic
         self.last = self.clock()
 
     def __call__(self, row):
         self.rows.append(row)
+        self.also(row)
         if self.quiet:
             return
         done = len(self.rows)
@@ -325,7 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "sets CLAIMS_CONFORMANCE = False) has no FAIL/ERROR/TIMEOUT; "
                     "1 otherwise; 2 on a usage error (a target that implements no operation included); 3 when a "
                     "target could not be loaded; 130 when "
-                    "interrupted (what finished is printed). The ml_dtypes and torch targets are element "
+                    "interrupted (Ctrl-C), 143 on SIGTERM (what finished is printed and written). The ml_dtypes and torch targets are element "
                     "casts whose deviations are findings, not failures.",
         epilog="A target: impl, kernels, official, ml_dtypes, torch; an entry point of group "
                "dsv4spec.targets; a module (pkg.module, or mytarget for mytarget.py in the working "
@@ -377,14 +440,20 @@ RUNS_TARGETS = {"verify", "golden", "coverage", "mutate"}     # the commands tha
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.command_line = argv is None        # the `dsv4spec` command itself, not a library call
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    from dsv4spec.properties.target import TargetLoadError
     if args.command in RUNS_TARGETS:
         skip_dead_overflow_checks()     # our own process (dsv4spec/interpreter.py: why no result changes)
+    return handled(lambda: args.func(args) or 0, args)
+
+
+def handled(call, args) -> int:
+    """call(), with a usage or load error reported in one line and its exit status."""
+    from dsv4spec.properties.target import TargetLoadError
     try:
-        return args.func(args) or 0
+        return call()
     except (UsageError, ValueError, FileNotFoundError, TargetLoadError) as e:
         if args.debug:
             raise

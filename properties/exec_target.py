@@ -27,7 +27,9 @@ from urllib.parse import quote, unquote
 
 import numpy as np
 
-from .target import (DEFAULT_TIMEOUT_S, NotImplementedOp, OperationTimeout, Target, TargetLoadError,
+from dsv4spec.guard import signal_on_parent_death
+
+from .target import (DEFAULT_TIMEOUT_S, WATCH, NotImplementedOp, OperationTimeout, Target, TargetLoadError,
                      TargetNotFound, known_ops)
 
 PREFIX = "exec:"
@@ -261,9 +263,11 @@ class Port:
     def _start(self) -> dict:
         try:
             self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE, start_new_session=True)
+                                         stderr=subprocess.PIPE, start_new_session=True,
+                                         preexec_fn=_dies_with_the_suite)
         except OSError as e:
             raise ProtocolError(f"cannot start {shlex.join(self.argv)}: {e.strerror or e}") from None
+        WATCH.port(self.proc.pid)
         self.buffer = bytearray()
         self.stderr.clear()
         threading.Thread(target=_drain, args=(self.proc.stderr, self.stderr), daemon=True).start()
@@ -291,22 +295,25 @@ class Port:
         try:
             proc.wait(EXIT_GRACE_S)
         except subprocess.TimeoutExpired:
-            self._kill(proc)
+            pass
+        self._kill(proc)                # what it started and left running, if not the port itself
         proc.stdout.close()
 
     def _kill(self, proc):
+        """Kill the port's process group (start_new_session), whose members outlive the port itself
+        when it has ended (a grandchild holding its pipes)."""
         try:
-            os.killpg(proc.pid, signal.SIGKILL)      # the port's own process group (start_new_session)
+            os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
-            proc.kill()
+            if proc.poll() is None:
+                proc.kill()
         proc.wait()
 
     def _abandon(self):
         """Kill the port after a violation: its stream is no longer in step with ours."""
         proc, self.proc = self.proc, None
         if proc is not None:
-            if proc.poll() is None:
-                self._kill(proc)
+            self._kill(proc)
             for stream in (proc.stdin, proc.stdout):
                 try:
                     stream.close()
@@ -528,6 +535,11 @@ class Port:
         if not text:
             return ""
         return f"\nthe port's standard error ends with:\n{text[-STDERR_TAIL:]}"
+
+
+def _dies_with_the_suite():
+    """In the port's process before it starts: SIGKILL when the suite's process dies (Linux)."""
+    signal_on_parent_death(signal.SIGKILL)
 
 
 def _drain(stream, tail: deque):

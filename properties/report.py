@@ -13,7 +13,8 @@ JSON (schema_version 3; properties/report.schema.json is its JSON Schema), one o
                      gpus [names], date (UTC, ISO 8601), command, wall_s (the run's wall time:
                      loading the targets and running every rule, the report's writing excluded),
                      slowest [{rule, target, seconds}] (the three longest rules, a second or more)
-    interrupted      true when the run was stopped (Ctrl-C) before every result was in
+    interrupted      true when the run was stopped (Ctrl-C or SIGTERM: the header's interrupted_by)
+                     before every result was in
     not_run          [{rule, target}] the results an interrupted run did not reach
     counts           {target: {status: n}}
     results          [{rule, target, status, detail, reproduce, seconds, checks {check: status}}]
@@ -151,10 +152,10 @@ def conclusion(rows: list[Row], claims: dict[str, bool], status: int, expected=f
     return line
 
 
-def interruption(not_run: list[tuple[str, str]], finished: int) -> list[str]:
+def interruption(not_run: list[tuple[str, str]], finished: int, cause: str = "Ctrl-C") -> list[str]:
     """What an interrupted run says in every format: how far it got and, per target, what did not run."""
     total = finished + len(not_run)
-    lines = [f"INTERRUPTED (Ctrl-C): {finished} of {total} results finished; not run:"]
+    lines = [f"INTERRUPTED ({cause}): {finished} of {total} results finished; not run:"]
     for target in dict.fromkeys(t for _, t in not_run):
         lines.append(f"  {target}: " + ", ".join(r for r, t in not_run if t == target))
     return lines
@@ -217,7 +218,7 @@ def to_markdown(rows: list[Row], header: dict | None = None, interrupted: bool =
     targets, rules, cell = _matrix(rows)
     lines = ["# dsv4spec conformance report", ""]
     if interrupted:
-        first, *rest = interruption(list(not_run), len(rows))
+        first, *rest = interruption(list(not_run), len(rows), (header or {}).get("interrupted_by", "Ctrl-C"))
         lines += [f"**{first}**", "", *(f"- {line.strip()}" for line in rest), ""]
     if header:
         lines += [f"`{header_line(header)}`", "",

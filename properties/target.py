@@ -291,10 +291,12 @@ def _kind(x) -> str:
 
 class Watch:
     """Where a target process is: the operation now running (None between calls).  A supervisor
-    (suite.run_isolated) replaces `report` to see a call that never returns, even in C code."""
+    (workers.py, dsv4spec/guard.py) replaces `report` to see a call that never returns, even in C
+    code, and `port` to end the process groups of the ports left behind by a process it ends."""
 
     def __init__(self):
         self.report = lambda op: None
+        self.port = lambda pgid: None       # the process group of a port the target started (exec_target)
 
 
 WATCH = Watch()

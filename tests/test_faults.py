@@ -1,8 +1,14 @@
 """Faults a target or its environment may bring, none of which may turn a verdict false (issue 34):
 a target that ends the process, reuses its result buffers, writes into its inputs, leaves a thread
 running, or a port that lies about sizes, prints control characters, or hangs with children."""
+import json
+import os
+import shlex
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -114,3 +120,119 @@ def test_records_and_tensors_of_correct_results_pass_the_call_boundary_unchanged
     """The copy at the call boundary keeps a result's type: a named tuple (layer_role's Role) too."""
     import dsv4spec.impl as impl
     assert run_rule("LAYER.V4", Target(impl, "impl")).status == PASS
+
+
+# ------------------------------------------------------------------------------------------------
+# The command: a target that ends the process, leaves a thread, or a run ended by SIGTERM
+# ------------------------------------------------------------------------------------------------
+
+HOME = str(Path(__file__).resolve().parents[1])
+ENV = {"TRITON_INTERPRET": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": HOME, "OMP_NUM_THREADS": "1"}
+HOSTILE = "exec:" + shlex.join([sys.executable, str(Path(__file__).with_name("hostile_port.py"))])
+REPORTS = ("--json", "r.json", "--junit", "r.xml", "--markdown", "r.md")
+
+
+def _verify(tmp_path, *args, env=None, **popen):
+    return subprocess.Popen([sys.executable, "-m", "dsv4spec", "verify", "--quiet", "--max-examples", "1", *args],
+                            cwd=tmp_path, env={**ENV, **(env or {})}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, **popen)
+
+
+def _state(pid: int) -> str | None:
+    """A process's state letter from /proc (None: no such process)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def _group(pgid: int) -> list[int]:
+    """The live processes of process group `pgid` (the one a test started its verify in)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                members.append(int(entry))
+    return members
+
+
+def _group_ended(pgid: int, within_s=30.0) -> list[int]:
+    """The processes of group `pgid` still alive after up to `within_s` seconds (polled)."""
+    deadline = time.monotonic() + within_s
+    while _group(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [f"{pid}: {open(f'/proc/{pid}/cmdline').read()}" for pid in _group(pgid)]
+
+
+def _gone(pids, within_s=30.0) -> bool:
+    """Whether every pid has ended (polled: a killed process is reaped a moment later)."""
+    deadline = time.monotonic() + within_s
+    while any(_state(p) not in (None, "Z") for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return all(_state(p) in (None, "Z") for p in pids)
+
+
+ENDS_THE_PROCESS = {
+    "os._exit": "import os\ndef end():\n    os._exit(0)\n",
+    "C exit": "import ctypes\ndef end():\n    ctypes.CDLL(None).exit(0)\n",
+    "sys.exit": "import sys\ndef end():\n    sys.exit(0)\n",
+}
+
+
+@pytest.mark.parametrize("how", [pytest.param(h, marks=[pytest.mark.thorough] if h != "os._exit" else [])
+                                 for h in ENDS_THE_PROCESS])
+def test_a_target_that_ends_the_process_is_an_error_in_every_report(tmp_path, how):
+    (tmp_path / "ender.py").write_text(ENDS_THE_PROCESS[how] + "def e2m1_encode(x):\n    end()\n")
+    run = _verify(tmp_path, "--target", "ender", "--rules", "FMT.E2M1.RNE,FMT.E2M1.SATURATE", *REPORTS)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 1, out + err
+    said = "SystemExit: 0" if how == "sys.exit" else "the target ended the process (exit status 0) during e2m1_encode"
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert [r["status"] for r in report["results"]] == ["ERROR", "ERROR"]
+    assert said in report["results"][0]["detail"]
+    for name in ("r.xml", "r.md"):
+        assert said in (tmp_path / name).read_text()
+    assert said in out and "exit 1" in out.splitlines()[-1]
+    assert _group_ended(run.pid) == []
+
+
+def test_a_thread_the_target_leaves_running_does_not_keep_verify_from_ending(tmp_path):
+    (tmp_path / "spinner.py").write_text(
+        "import threading, time\nfrom dsv4spec.impl import e2m1_encode as _e\n"
+        "LEFT = threading.Thread(target=time.sleep, args=(3600,), name='left-behind')\n"
+        "def e2m1_encode(x):\n"
+        "    LEFT.is_alive() or LEFT.start()\n"
+        "    return _e(x)\n")
+    run = _verify(tmp_path, "--target", "spinner", "--rules", "FMT.E2M1.ZERO_SIGN", "--json", "r.json")
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 1 and "the target left 1 non-daemon thread(s) running (left-behind)" in err, err
+    assert json.loads((tmp_path / "r.json").read_text())["results"][0]["status"] == PASS
+    assert _group_ended(run.pid) == []
+
+
+@pytest.mark.parametrize("isolate", [False, pytest.param(True, marks=pytest.mark.thorough)])
+def test_sigterm_writes_every_report_marked_interrupted_and_ends_a_hung_port_and_its_children(tmp_path, isolate):
+    pids = tmp_path / "pids"
+    run = _verify(tmp_path, "--target", HOSTILE, "--rules", "FMT.E2M1.VALUES", *REPORTS, *["--isolate"] * isolate,
+                  env={"HOSTILE": "hang_with_child", "HOSTILE_PIDS": str(pids)})
+    deadline = time.monotonic() + 120           # the signal lands while the port hangs, however loaded the machine
+    while not (pids.exists() and pids.read_text().endswith("\n")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    port, grandchild = map(int, pids.read_text().split())
+    run.send_signal(signal.SIGTERM)
+    out, err = run.communicate(timeout=60)
+    assert run.returncode == 143, out + err
+    assert "INTERRUPTED (SIGTERM): 0 of 1 results finished; not run:" in err
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["interrupted"] and report["header"]["interrupted_by"] == "SIGTERM"
+    assert report["not_run"] == [{"rule": "FMT.E2M1.VALUES", "target": "hostile"}]
+    assert '<property name="interrupted" value="true" />' in (tmp_path / "r.xml").read_text()
+    assert "**INTERRUPTED (SIGTERM)" in (tmp_path / "r.md").read_text()
+    assert _gone([port, grandchild]), "the port or its child outlived the run"
+    assert _group_ended(run.pid) == []
