@@ -3,7 +3,8 @@ the protocol; tests/test_faults.py picks the attack with HOSTILE:
 
     hang_with_child   at its first call, starts a grandchild that holds the port's standard output
                       and error, writes both process ids to $HOSTILE_PIDS, and never answers
-    huge              answers with a tensor record declaring 2^40 bytes (a shape that agrees)
+    huge              answers with a tensor record declaring 2^40 bytes (a shape that agrees),
+                      then sends zeros for as long as the suite reads them
     ansi              writes ANSI colours and a NUL to its standard error, then exits
 
 Its one operation is e2m1_decode.
@@ -40,8 +41,10 @@ def main():
             time.sleep(3600)
         if HOSTILE == "huge":
             OUT.write(b"ok n=1\ntensor dtype=float32 shape=274877906944 nbytes=1099511627776\n")
-            OUT.flush()
-            time.sleep(3600)
+            zeros = bytes(1 << 20)
+            while True:             # until the suite closes the pipe
+                OUT.write(zeros)
+                OUT.flush()
         if HOSTILE == "ansi":
             sys.stderr.write("\x1b[31mred alert\x1b[0m \x00 nul ``` fence\n")
             sys.stderr.flush()

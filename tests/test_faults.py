@@ -236,3 +236,44 @@ def test_sigterm_writes_every_report_marked_interrupted_and_ends_a_hung_port_and
     assert "**INTERRUPTED (SIGTERM)" in (tmp_path / "r.md").read_text()
     assert _gone([port, grandchild]), "the port or its child outlived the run"
     assert _group_ended(run.pid) == []
+
+
+# ------------------------------------------------------------------------------------------------
+# Ports: sizes they declare, what they print
+# ------------------------------------------------------------------------------------------------
+
+def test_a_port_declaring_a_terabyte_is_an_error_naming_the_limit(tmp_path):
+    """Run under a 4 GB address-space limit: the declared size is refused before any byte is read."""
+    command = shlex.join([sys.executable, "-m", "dsv4spec", "verify", "--quiet", "--target", HOSTILE,
+                          "--rules", "FMT.E2M1.VALUES", "--timeout", "30", "--json", "r.json"])
+    done = subprocess.run(["bash", "-c", f"ulimit -v 4000000 && exec {command}"], cwd=tmp_path,
+                          env={**ENV, "HOSTILE": "huge"}, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    detail = json.loads((tmp_path / "r.json").read_text())["results"][0]["detail"]
+    assert "nbytes=1099511627776 is beyond the 128 bytes a reply to e2m1_decode may hold" in detail, detail
+
+
+class _EndlessLine:
+    """A standard error that never writes a line feed: 1 MiB chunks, 64 of them."""
+
+    def __init__(self):
+        self.left = 64
+
+    def read1(self, n):
+        assert 0 < n <= 1 << 16, f"read1({n}): an unbounded read"
+        self.left -= 1
+        return b"x" * n if self.left > 0 else b""
+
+    def readline(self, size=-1):
+        raise AssertionError("readline buffers a line without a line feed whole")
+
+    def close(self):
+        pass
+
+
+def test_a_ports_standard_error_is_kept_as_a_bounded_tail():
+    from collections import deque
+    from dsv4spec.properties.exec_target import STDERR_TAIL, _drain
+    tail = deque(maxlen=4)
+    _drain(_EndlessLine(), tail)
+    assert 0 < sum(map(len, tail)) <= 4 * STDERR_TAIL
