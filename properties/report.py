@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import stat
 import tempfile
 import xml.etree.ElementTree as ET
@@ -174,6 +175,16 @@ def to_json(rows: list[Row], header: dict, interrupted: bool = False, not_run=()
     }, indent=2)
 
 
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def xml_safe(text: str) -> str:
+    """`text` with every character XML 1.0 cannot hold (control characters such as ESC and NUL
+    from a port's standard error) written as \\xNN, so that the JUnit file stays well-formed."""
+    return _NOT_XML.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256 else f"\\u{ord(m.group()):04x}",
+                        text)
+
+
 def to_junit(rows: list[Row], header: dict | None = None, interrupted: bool = False, not_run=()) -> str:
     """One testsuite per target, one testcase per rule; a failure's text ends with its reproduce
     command.  An interrupted run says so in each suite's properties, and every rule it did not
@@ -183,31 +194,33 @@ def to_junit(rows: list[Row], header: dict | None = None, interrupted: bool = Fa
     for t in dict.fromkeys([*targets, *(t for _, t in not_run)]):
         mine = [r for r in rows if r.target == t]
         missed = [rule for rule, target in not_run if target == t]
-        suite = ET.SubElement(suites, "testsuite", name=t, tests=str(len(mine) + len(missed)),
+        suite = ET.SubElement(suites, "testsuite", name=xml_safe(t), tests=str(len(mine) + len(missed)),
                               failures=str(sum(r.status == FAIL for r in mine)),
                               errors=str(sum(r.status in (ERROR, TIMEOUT) for r in mine)),
                               skipped=str(sum(r.status in (SKIP, NOT_IMPLEMENTED) for r in mine) + len(missed)))
         if header or interrupted:
             props = ET.SubElement(suite, "properties")
             for key in ("profile", "seed", "torch", "device", "date") if header else ():
-                ET.SubElement(props, "property", name=key, value=str(header.get(key)))
+                ET.SubElement(props, "property", name=key, value=xml_safe(str(header.get(key))))
             if interrupted:
                 ET.SubElement(props, "property", name="interrupted", value="true")
         for r in mine:
-            case = ET.SubElement(suite, "testcase", classname=f"{t}.{RULES[r.rule_id].family}",
+            case = ET.SubElement(suite, "testcase", classname=xml_safe(f"{t}.{RULES[r.rule_id].family}"),
                                  name=r.rule_id, time=f"{r.seconds:.3f}")
-            text = r.detail + (f"\n\nreproduce: {r.reproduce}" if r.reproduce else "")
-            first = r.detail.splitlines()[0] if r.detail else r.status
+            detail = xml_safe(r.detail)
+            text = detail + (f"\n\nreproduce: {xml_safe(r.reproduce)}" if r.reproduce else "")
+            first = detail.splitlines()[0] if detail else r.status
             if r.status == FAIL:
                 ET.SubElement(case, "failure", message=first).text = text
             elif r.status in (ERROR, TIMEOUT):
                 ET.SubElement(case, "error", message=f"{r.status}: {first}", type=r.status).text = text
             elif r.status in (SKIP, NOT_IMPLEMENTED):
-                ET.SubElement(case, "skipped", message=f"{r.status}: {r.detail}")
+                ET.SubElement(case, "skipped", message=f"{r.status}: {detail}")
             elif r.status == VARIANT:
-                ET.SubElement(case, "system-out").text = r.detail
+                ET.SubElement(case, "system-out").text = detail
         for rule_id in missed:
-            case = ET.SubElement(suite, "testcase", classname=f"{t}.{RULES[rule_id].family}", name=rule_id, time="0")
+            case = ET.SubElement(suite, "testcase", classname=xml_safe(f"{t}.{RULES[rule_id].family}"), name=rule_id,
+                                 time="0")
             ET.SubElement(case, "skipped", message="not run (interrupted)")
     return ET.tostring(suites, encoding="unicode")
 
@@ -241,10 +254,18 @@ def to_markdown(rows: list[Row], header: dict | None = None, interrupted: bool =
         lines += ["", "## Details"]
     for r in problems:
         lines += ["", f"### {r.status} `{r.rule_id}` on {r.target}", "", RULES[r.rule_id].statement, "",
-                  "```", r.detail, "```"]
+                  *_fenced(r.detail)]
         if r.reproduce:
-            lines += ["", "Reproduce:", "", "```sh", r.reproduce, "```"]
+            lines += ["", "Reproduce:", "", *_fenced(r.reproduce, "sh")]
     return "\n".join(lines) + "\n"
+
+
+def _fenced(text: str, language: str = "") -> list[str]:
+    """A Markdown code block of `text` whose fence is longer than any run of backticks in it, so
+    that nothing a target prints can close it."""
+    longest = max((len(run) for run in re.findall("`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [fence + language, text, fence]
 
 
 def check_writable(path: str) -> None:

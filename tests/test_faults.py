@@ -277,3 +277,16 @@ def test_a_ports_standard_error_is_kept_as_a_bounded_tail():
     tail = deque(maxlen=4)
     _drain(_EndlessLine(), tail)
     assert 0 < sum(map(len, tail)) <= 4 * STDERR_TAIL
+
+
+def test_control_characters_and_fences_a_port_prints_leave_the_reports_well_formed(tmp_path):
+    import xml.etree.ElementTree as ET
+    run = _verify(tmp_path, "--target", HOSTILE, "--rules", "FMT.E2M1.VALUES", "--junit", "r.xml", "--markdown", "r.md",
+                  env={"HOSTILE": "ansi"})
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 1 and "red alert" in out, out + err
+    error = ET.parse(tmp_path / "r.xml").getroot().find("testsuite/testcase/error")
+    assert "\\x1b[31mred alert\\x1b[0m \\x00 nul" in error.text, error.text
+    markdown = (tmp_path / "r.md").read_text()
+    block = markdown.split("````\n", 2)
+    assert len(block) == 3 and "red alert" in block[1] and "``` fence" in block[1], markdown
