@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 from dsv4spec.interpreter import skip_dead_overflow_checks
 
 DEFAULT_TARGETS = ["impl", "kernels", "ml_dtypes", "torch"]
+STDOUT = "-"        # a report path meaning standard output (the matrix then goes to standard error)
 
 
 class UsageError(Exception):
@@ -134,22 +136,44 @@ class _Run:
             header["interrupted_by"] = cause
         done = {(r.rule_id, r.target) for r in rows}
         not_run = [(r, t.name) for t in targets for r in run_ids if (r, t.name) not in done] if interrupted else []
-        print(report.header_line(header))
-        print(report.terminal(rows, color=sys.stdout.isatty()))
+        table = _table_stream(args)
+        print(report.header_line(header), file=table)
+        print(report.terminal(rows, color=colored(table)), file=table)
+        unwritten = []
         for path, write in ((args.json, report.to_json), (args.junit, report.to_junit),
                             (args.markdown, report.to_markdown)):
             if path:
-                report.write_atomically(path, write(rows, header, interrupted, not_run))
+                try:
+                    report.write_atomically(path, write(rows, header, interrupted, not_run))
+                except ValueError as e:         # one report lost; the others and the verdict still come
+                    unwritten.append(str(e))
         if interrupted:
             print("\n" + "\n".join(report.interruption(not_run, len(rows), cause)), file=sys.stderr)
-            return 128 + _SIGNALLED.get("signal", signal.SIGINT)
-        unloadable = [t for t in targets if getattr(t, "load_error", "")]
-        for t in unloadable:
-            print(f"dsv4spec verify: error: {t.load_error}", file=sys.stderr)
-        usage = any(getattr(t, "usage_error", False) for t in unloadable)
-        status = 2 if usage else 3 if unloadable else max(exit_status(rows, targets, expected), forced)
-        print("\n" + report.conclusion(rows, {t.name: t.claims_conformance for t in targets}, status, expected))
-        return status
+            status = 128 + _SIGNALLED.get("signal", signal.SIGINT)
+        else:
+            unloadable = [t for t in targets if getattr(t, "load_error", "")]
+            for t in unloadable:
+                print(f"dsv4spec verify: error: {t.load_error}", file=sys.stderr)
+            usage = any(getattr(t, "usage_error", False) for t in unloadable)
+            status = 2 if usage else 3 if unloadable else max(exit_status(rows, targets, expected), forced)
+            print("\n" + report.conclusion(rows, {t.name: t.claims_conformance for t in targets}, status, expected),
+                  file=table)
+        for why in unwritten:
+            print(f"dsv4spec verify: error: {why}", file=sys.stderr)
+        return REPORT_LOST if unwritten else status
+
+
+REPORT_LOST = 4        # a report could not be written (the others and the verdict line were)
+
+
+def _table_stream(args):
+    """Where the matrix and the verdict go: standard output, unless a report is written there."""
+    return sys.stderr if STDOUT in (args.json, args.junit, args.markdown) else sys.stdout
+
+
+def colored(stream) -> bool:
+    """ANSI colours on a terminal, unless $NO_COLOR is set and not empty (https://no-color.org)."""
+    return stream.isatty() and not os.environ.get("NO_COLOR")
 
 
 class Terminated(KeyboardInterrupt):
@@ -205,15 +229,19 @@ def _checked_verify_args(args) -> tuple[list[str], list[str]]:
     from dsv4spec.spec import select
     if args.profile not in PROFILES:
         raise UsageError(f"unknown profile {args.profile!r}; expected one of {', '.join(PROFILES)}")
-    if args.timeout <= 0:
-        raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise UsageError(f"--timeout must be a positive, finite number of seconds, got {args.timeout:g}")
     if args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
     if args.max_examples is not None and args.max_examples < 1:
         raise UsageError(f"--max-examples must be at least 1, got {args.max_examples}")
     rule_ids = [r.id for r in select(_prefixes(args.rules))]
-    for path in filter(None, (args.json, args.junit, args.markdown)):
-        report.check_writable(path)
+    paths = [p for p in (args.json, args.junit, args.markdown) if p]
+    if paths.count(STDOUT) > 1:
+        raise UsageError("only one of --json, --junit and --markdown can be written to standard output (-)")
+    for path in paths:
+        if path != STDOUT:
+            report.check_writable(path)
     specs = list(dict.fromkeys(args.target or targets_from_environment() or _default_targets()))
     for spec in specs:
         locate(spec)
@@ -362,6 +390,8 @@ def build_parser() -> argparse.ArgumentParser:
                "  dsv4spec bench --record          # on a CUDA GPU: kernels vs torch vs ceilings",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    from dsv4spec import __version__
+    parser.add_argument("--version", action="version", version=f"dsv4spec {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("rules", help="list the rules (id, status, policy, title)")
@@ -388,7 +418,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "sets CLAIMS_CONFORMANCE = False) has no FAIL/ERROR/TIMEOUT; "
                     "1 otherwise; 2 on a usage error (a target that implements no operation included); 3 when a "
                     "target could not be loaded; 130 when "
-                    "interrupted (Ctrl-C), 143 on SIGTERM (what finished is printed and written). The ml_dtypes and torch targets are element "
+                    "interrupted (Ctrl-C), 143 on SIGTERM (what finished is printed and written); 4 when a "
+                    "report could not be written (the others and the verdict line were). The ml_dtypes and torch targets are element "
                     "casts whose deviations are findings, not failures.",
         epilog="A target: impl, kernels, official, ml_dtypes, torch; an entry point of group "
                "dsv4spec.targets; a module (pkg.module, or mytarget for mytarget.py in the working "
@@ -419,7 +450,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="spread the rules over N worker "
                    "processes (each pinned to its own GPU when several are visible); implies --isolate")
     p.add_argument("--json", metavar="F", help="write a JSON report (schema_version 3; its JSON Schema: "
-                                                "dsv4spec/properties/report.schema.json)")
+                                                "dsv4spec/properties/report.schema.json); F - is standard "
+                                                "output, as for --junit and --markdown (the matrix then goes "
+                                                "to standard error)")
     p.add_argument("--junit", metavar="F", help="write a JUnit XML report")
     p.add_argument("--markdown", metavar="F", help="write a Markdown report (matrix, counts, failures)")
     p.add_argument("--quiet", action="store_true", help="no progress on standard error")

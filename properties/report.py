@@ -26,11 +26,13 @@ and held profile/targets/rules at the top level.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import re
 import stat
+import sys
 import tempfile
 import xml.etree.ElementTree as ET
 
@@ -298,14 +300,30 @@ def write_atomically(path: str, text: str) -> None:
     that file is the link's target, and the link stays.  Anything else (a FIFO, a device,
     /dev/stdout) is opened and written through, never replaced.  The file's mode is that of the
     file it replaces, else 0666 less the umask (0644 as a rule), as `open` would give it."""
+    if path == "-":
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        sys.stdout.flush()
+        return
     try:
         if _special(path):
-            with open(path, "w") as f:
-                f.write(text)
+            _write_through(path, text)
             return
         _replace(os.path.realpath(path), text)
     except OSError as e:
         raise ValueError(f"cannot write report {path}: {e.strerror or e}") from None
+
+
+def _write_through(path: str, text: str) -> None:
+    """Write to a FIFO or a device as it is; a FIFO no one reads is an error, not a hang."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as e:
+        if e.errno == errno.ENXIO:
+            raise ValueError(f"cannot write report {path}: a FIFO with no reader (start its reader first)") from None
+        raise
+    os.set_blocking(fd, True)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
 
 
 def _replace(path: str, text: str) -> None:

@@ -5,6 +5,7 @@ import json
 import os
 import shlex
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -138,6 +139,15 @@ def _verify(tmp_path, *args, env=None, **popen):
                             stderr=subprocess.PIPE, text=True, start_new_session=True, **popen)
 
 
+def _finished(run, timeout=120):
+    """run.communicate(), its process group killed if it outlives `timeout` (a hang is a failure)."""
+    try:
+        return run.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(run.pid, signal.SIGKILL)
+        raise
+
+
 def _state(pid: int) -> str | None:
     """A process's state letter from /proc (None: no such process)."""
     try:
@@ -190,7 +200,7 @@ ENDS_THE_PROCESS = {
 def test_a_target_that_ends_the_process_is_an_error_in_every_report(tmp_path, how):
     (tmp_path / "ender.py").write_text(ENDS_THE_PROCESS[how] + "def e2m1_encode(x):\n    end()\n")
     run = _verify(tmp_path, "--target", "ender", "--rules", "FMT.E2M1.RNE,FMT.E2M1.SATURATE", *REPORTS)
-    out, err = run.communicate(timeout=120)
+    out, err = _finished(run)
     assert run.returncode == 1, out + err
     said = "SystemExit: 0" if how == "sys.exit" else "the target ended the process (exit status 0) during e2m1_encode"
     report = json.loads((tmp_path / "r.json").read_text())
@@ -210,7 +220,7 @@ def test_a_thread_the_target_leaves_running_does_not_keep_verify_from_ending(tmp
         "    LEFT.is_alive() or LEFT.start()\n"
         "    return _e(x)\n")
     run = _verify(tmp_path, "--target", "spinner", "--rules", "FMT.E2M1.ZERO_SIGN", "--json", "r.json")
-    out, err = run.communicate(timeout=120)
+    out, err = _finished(run)
     assert run.returncode == 1 and "the target left 1 non-daemon thread(s) running (left-behind)" in err, err
     assert json.loads((tmp_path / "r.json").read_text())["results"][0]["status"] == PASS
     assert _group_ended(run.pid) == []
@@ -226,7 +236,7 @@ def test_sigterm_writes_every_report_marked_interrupted_and_ends_a_hung_port_and
         time.sleep(0.05)
     port, grandchild = map(int, pids.read_text().split())
     run.send_signal(signal.SIGTERM)
-    out, err = run.communicate(timeout=60)
+    out, err = _finished(run, 60)
     assert run.returncode == 143, out + err
     assert "INTERRUPTED (SIGTERM): 0 of 1 results finished; not run:" in err
     report = json.loads((tmp_path / "r.json").read_text())
@@ -283,10 +293,71 @@ def test_control_characters_and_fences_a_port_prints_leave_the_reports_well_form
     import xml.etree.ElementTree as ET
     run = _verify(tmp_path, "--target", HOSTILE, "--rules", "FMT.E2M1.VALUES", "--junit", "r.xml", "--markdown", "r.md",
                   env={"HOSTILE": "ansi"})
-    out, err = run.communicate(timeout=120)
+    out, err = _finished(run)
     assert run.returncode == 1 and "red alert" in out, out + err
     error = ET.parse(tmp_path / "r.xml").getroot().find("testsuite/testcase/error")
     assert "\\x1b[31mred alert\\x1b[0m \\x00 nul" in error.text, error.text
     markdown = (tmp_path / "r.md").read_text()
     block = markdown.split("````\n", 2)
     assert len(block) == 3 and "red alert" in block[1] and "``` fence" in block[1], markdown
+
+
+# ------------------------------------------------------------------------------------------------
+# Reports that cannot be written, and command-line conventions
+# ------------------------------------------------------------------------------------------------
+
+def test_a_lost_report_keeps_the_verdict_and_the_other_reports(tmp_path):
+    """/dev/full fails the write (disk full); a FIFO no one reads is refused at once, never waited
+    on nor replaced.  Exit status 4: a report was lost."""
+    os.mkfifo(tmp_path / "fifo")
+    run = _verify(tmp_path, "--target", "impl", "--rules", "FMT.E2M1.ZERO_SIGN", "--json", "fifo",
+                  "--junit", "/dev/full", "--markdown", "r.md")
+    out, err = _finished(run)
+    assert run.returncode == 4, out + err
+    assert out.strip().splitlines()[-1].startswith("conformance claimed by impl: no FAIL, ERROR or TIMEOUT"), out
+    assert "cannot write report fifo: a FIFO with no reader" in err
+    assert "cannot write report /dev/full: No space left on device" in err
+    assert "| `FMT.E2M1.ZERO_SIGN` |" in (tmp_path / "r.md").read_text()
+    assert stat.S_ISFIFO(os.stat(tmp_path / "fifo").st_mode)
+
+
+@pytest.mark.parametrize("seconds", ["nan", "inf", "-inf", "0"])
+def test_a_timeout_that_is_not_a_positive_finite_number_is_a_usage_error(seconds, capsys):
+    from dsv4spec.cli import main
+    assert main(["verify", "--target", "impl", "--rules", "FMT.E2M1.ZERO_SIGN", f"--timeout={seconds}"]) == 2
+    assert "--timeout must be a positive, finite number of seconds" in capsys.readouterr().err
+
+
+def test_a_report_to_standard_output_moves_the_matrix_to_standard_error(tmp_path):
+    run = _verify(tmp_path, "--target", "impl", "--rules", "FMT.E2M1.ZERO_SIGN", "--json", "-")
+    out, err = _finished(run)
+    assert run.returncode == 0, out + err
+    assert json.loads(out)["results"][0]["status"] == PASS
+    assert "FMT.E2M1.ZERO_SIGN  PASS" in err and "conformance claimed by impl" in err
+
+
+def test_two_reports_to_standard_output_are_a_usage_error(capsys):
+    from dsv4spec.cli import main
+    assert main(["verify", "--target", "impl", "--rules", "FMT.E2M1.ZERO_SIGN", "--json", "-", "--junit", "-"]) == 2
+    assert "only one of --json, --junit and --markdown" in capsys.readouterr().err
+
+
+class _Terminal:
+    def isatty(self):
+        return True
+
+
+def test_no_color_turns_the_matrix_colours_off(monkeypatch):
+    from dsv4spec.cli import colored
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert not colored(_Terminal())
+    monkeypatch.setenv("NO_COLOR", "")          # set but empty: colours stay (no-color.org)
+    assert colored(_Terminal())
+
+
+def test_version(capsys):
+    import dsv4spec
+    from dsv4spec.cli import main
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == f"dsv4spec {dsv4spec.__version__}"
