@@ -3,6 +3,7 @@ the protocol; tests/test_faults.py picks the attack with HOSTILE:
 
     hang_with_child   at its first call, starts a grandchild that holds the port's standard output
                       and error, writes both process ids to $HOSTILE_PIDS, and never answers
+    exit_with_child   the same, but exits at once, leaving the grandchild holding its pipes
     huge              answers with a tensor record declaring 2^40 bytes (a shape that agrees),
                       then sends zeros for as long as the suite reads them
     ansi              writes ANSI colours and a NUL to its standard error, then exits
@@ -39,6 +40,11 @@ def main():
             with open(os.environ["HOSTILE_PIDS"], "w") as f:
                 f.write(f"{os.getpid()} {child.pid}\n")
             time.sleep(3600)
+        if HOSTILE == "exit_with_child":
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+            with open(os.environ["HOSTILE_PIDS"], "w") as f:
+                f.write(f"{os.getpid()} {child.pid}\n")
+            os._exit(3)
         if HOSTILE == "huge":
             OUT.write(b"ok n=1\ntensor dtype=float32 shape=274877906944 nbytes=1099511627776\n")
             zeros = bytes(1 << 20)

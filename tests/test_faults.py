@@ -361,3 +361,18 @@ def test_version(capsys):
     with pytest.raises(SystemExit) as done:
         main(["--version"])
     assert done.value.code == 0 and capsys.readouterr().out.strip() == f"dsv4spec {dsv4spec.__version__}"
+
+
+def test_a_port_that_exits_leaving_a_child_on_its_pipes_takes_the_child_along(tmp_path, monkeypatch):
+    from dsv4spec.properties.exec_target import ProtocolError
+    from dsv4spec.properties.target import load_target
+    pids = tmp_path / "pids"
+    monkeypatch.setenv("HOSTILE", "exit_with_child")
+    monkeypatch.setenv("HOSTILE_PIDS", str(pids))
+    target = load_target(HOSTILE)
+    target.timeout = 60
+    with pytest.raises(ProtocolError, match="exited with status 3"):
+        target.e2m1_decode(torch.arange(16, dtype=torch.uint8))
+    port, grandchild = map(int, pids.read_text().split())
+    assert _gone([port, grandchild]), "the port's child outlived it"
+    target.provider.close()
