@@ -28,6 +28,7 @@ PR_SET_PDEATHSIG = 1
 
 def supervised(run) -> int:
     """`run.here()` in a forked child; its exit status, or the parent's report of its end."""
+    import torch  # noqa: F401 -- imported once for both (the parent's report needs it); no CUDA yet
     read, write = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
