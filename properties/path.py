@@ -897,15 +897,17 @@ PUBLISHED_EXAMPLES = (("v4.1-flash", 2, 1, 40, 30),       # 20 entries: the scor
 
 @st.composite
 def published_k_keys(draw):
-    """A V4.1 ratio-2 source decoding an even position (it publishes nothing): half about the
-    top-k's edge (E = index_topk − 1 … + 2), half any up to 2^12; and the inputs' seed."""
+    """A V4.1 ratio-2 source decoding an even position (it publishes nothing) with more entries
+    than the top-k, where the selection follows the scored cache: half at the top-k's edge
+    (E = index_topk + 1 or + 2), half any up to 2^12 tokens; and the inputs' seed.  (Fewer
+    entries: every one is taken, the scores alone differ: PUBLISHED_EXAMPLES[0].)"""
     m = profile("v4.1-flash")
     layer = draw(st.sampled_from([s for s in m.kv_source_layers if m.ratio(s) > 1]))
     ratio = m.ratio(layer)
     if draw(st.booleans()):
-        start_pos = (m.index_topk + draw(st.integers(-1, 2))) * ratio
+        start_pos = (m.index_topk + draw(st.integers(1, 2))) * ratio
     else:
-        start_pos = ratio * draw(st.integers(1, 2 ** 12 // ratio))
+        start_pos = ratio * draw(st.integers(m.index_topk + 1, 2 ** 12 // ratio))
     return m.name, layer, 1, start_pos, draw(st.integers(0, 2 ** 32 - 1))
 
 
