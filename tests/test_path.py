@@ -221,3 +221,32 @@ def test_the_layer_check_blames_the_published_cache_for_a_port_scoring_its_own()
     stage, rule_id, message = checks.first_broken_stage(target, case)
     assert (stage, rule_id) == ("scored_k", "PATH.K.PUBLISHED") and "layer's own index-K cache" in message
     assert checks.first_broken_stage(load_target("impl"), case) is None
+
+
+OWN_CACHE_PORT = """from unittest import mock
+from dsv4spec.impl import path as reference
+NAME = {name!r}
+VARIANTS = {variants!r}
+
+
+def index_layer(inputs, **kwargs):          # one index-K cache per layer, always its own
+    with mock.patch.object(reference, "_scored_keys", lambda *args: args[-1]):
+        return reference.index_layer(inputs, **kwargs)
+"""
+
+
+@pytest.mark.thorough
+def test_the_installed_command_fails_an_own_cache_port_and_names_it_variant_when_declared(tmp_path):
+    import json
+    import os
+    import subprocess
+    from test_contract_versions import dsv4spec_command
+    for name, variants in (("undeclared", {}), ("declared", {"index_k_read": "own"})):
+        (tmp_path / f"{name}.py").write_text(OWN_CACHE_PORT.format(name=name, variants=variants))
+    result = subprocess.run([*dsv4spec_command(), "verify", "--target", "undeclared", "--target", "declared",
+                             "--rules", "PATH.K.PUBLISHED", "--quiet", "--json", "r.json"], cwd=tmp_path,
+                            capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 1, result.stdout + result.stderr
+    rows = {r["target"]: r for r in json.loads((tmp_path / "r.json").read_text())["results"]}
+    assert rows["undeclared"]["status"] == "FAIL" and "matches index_k_read=own" in rows["undeclared"]["detail"]
+    assert rows["declared"]["status"] == "VARIANT", rows["declared"]
