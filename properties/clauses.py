@@ -406,6 +406,7 @@ CLAUSES: dict[str, tuple[Clause, ...]] = {
         c("q · 2^e (FP8 E4M3, E8M0 per 32)", "window_kv_scale_per_128", check="attention_reads_the_exact_fp8_e8m0_32_values")),
     "PATH.K.CACHE": (c("so k̂ is dequantize(quantize(k)) bit for bit", "index_k_cache_unquantized"),
                      c("(FP4 with one E8M0 scale per 32)", "index_k_cache_scale_per_128")),
+    "PATH.K.PUBLISHED": (c("At an even decode position p they complete none", "sources_score_their_own_index_k"),),
     "PATH.WINDOW.RING": (c("each to slot p mod 128", "window_ring_in_prefill_order"),
                          c("writes positions max(0, s−128) … s−1", "ring_keeps_the_first_128"),
                          c("Decode at position p writes slot p mod 128", "ring_decode_in_the_next_slot"),

@@ -122,7 +122,7 @@ SEED_ALONE = _NO_LOCAL_CONSTANTS is not None
 # its fixed cases (path.FIXED_LAYERS) run as explicit examples and ci draws 2 more (a key "RULE::check" sizes one
 # check of a rule whose other checks are cheap).
 LAYER_CHECKS = ("PATH.Q.PROJ", "PATH.K.PROJ", "PATH.K.NORM", "PATH.HADAMARD", "PATH.W.PROJ", "ROPE.POSITIONS",
-                "PATH.ORDER::layer_quantizes_after_rope", "PATH.LAYER", "ATTN.LAYER")
+                "PATH.ORDER::layer_quantizes_after_rope", "PATH.LAYER", "ATTN.LAYER", "PATH.K.PUBLISHED")
 CI_EXAMPLES = {"FMT": 400, "FP4": 200, "FP8": 200, "FP8.LINEAR": 50, "IDX": 50, "IDX.VISIBLE": 400, "IDX.WEIGHT": 400,
                "POOL": 50, "POOL.SIZE": 25, **dict.fromkeys(LAYER_CHECKS, 2)}
 # The layer checks draw whole layers: dev and thorough draw 10 and 100 of them (a dev seed's layer

@@ -422,7 +422,8 @@ rule("IDX.MASK", "Invisible entries score −inf, never 0",
 rule("IDX.CHUNK", "Decode, chunked and one-chunk prefill scores agree",
      """The scores of a query depend only on its own q, w and visible count: the row of a query
      computed alone (decode: the first end_pos//ratio entries, none masked) equals that query's row
-     of a one-chunk prefill, with −inf at exactly the same positions.  Extension `chunked_prefill`
+     of a one-chunk prefill, with −inf at exactly the same positions, given the same keys (which
+     cache a V4.1 decode step scores: PATH.K.PUBLISHED).  Extension `chunked_prefill`
      (beyond the official domain, checked only for targets that declare it): so does its row inside any
      chunk of queries.""",
      applies_to=V4_ALL, policy="tolerance",
