@@ -271,7 +271,9 @@ CLAUSES: dict[str, tuple[Clause, ...]] = {
                  c("the softmax taken over the slots separately for every channel", "cmp-softmax-over-channels"),
                  c("computed in fp32", "cmp-gate-softmax-in-bf16")),
     "CMP.RATIO1": (c("entry_t = RoPE(RMSNorm(wkv·x_t), position t)", "cmp-ratio1-unnormalized",
-                     "cmp-ratio1-rope-at-t-plus-1"),),
+                     "cmp-ratio1-rope-at-t-plus-1"),
+                   c("the projection wkv·x_t is summed in fp32 and rounded once to BF16 before RMSNorm",
+                     "cmp-ratio1-projection-in-fp32")),
     "CMP.NORM": (
         c("y = w · p / sqrt(mean(p^2) + eps)", "cmp-norm-skipped"),
         c("with the learned weight w", "cmp-norm-weight-ignored"),
