@@ -815,7 +815,8 @@ def assert_fp8_linear(got, x, w, w_scale, block: int, what: str, shape=None, bou
 def with_block_outlier(rng, x, w, w_scale, block: int, exponent: int, small: str):
     """One run of 32 activations (the same in every row) times 2^exponent, and the weights over it
     made small so the rest of the row decides the sum: `small` "zero" gives those weight columns E4M3
-    zeros; "scale" lowers the E8M0 scale of the weight's K block holding the run by exponent + 8.
+    zeros and their K block the largest scale of its weight rows (so the run's neighbours in a block
+    of 128 weigh as much as any block); "scale" lowers the E8M0 scale of that K block by exponent + 8.
     act_quant per block keeps every other block exact; a scale shared with the outlier (per row, per
     tensor, a block of 128 where it is 32) puts the others' values among E4M3 subnormals or 0."""
     run = int(rng.integers(x.shape[-1] // 32))
@@ -823,6 +824,7 @@ def with_block_outlier(rng, x, w, w_scale, block: int, exponent: int, small: str
     x[..., run * 32:(run + 1) * 32] *= np.float32(2.0 ** exponent)
     if small == "zero":
         w[:, run * 32:(run + 1) * 32] = 0
+        w_scale[:, run * 32 // block] = w_scale.max(axis=1)
     else:
         w_scale[:, run * 32 // block] -= np.uint8(exponent + 8)
     return x, w, w_scale
