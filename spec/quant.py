@@ -517,6 +517,6 @@ rule("FP8.LINEAR", "FP8 linear: act_quant, then per K block the E4M3 dot times b
                "its row and the weights over it are small, a scale shared with that run sends the "
                "other values to subnormals or 0 while E is set by the rest of the row: the result "
                "moves by about 150 E (the median of the largest element over 60 such cases; "
-               "the check draws them, with_block_outlier in properties/quant.py).  The weight's "
+               "the check draws them).  The weight's "
                "block is fixed by the shape of its scale tensor; a scale that is not a power of two "
                "(scale_fmt None) moves every value and fails like a skipped act_quant.")
