@@ -140,13 +140,16 @@ CLAUSES: dict[str, tuple[Clause, ...]] = {
                       c("raising ValueError instead is allowed (nonfinite_input=reject)",
                         "nonfinite_rejected_against_declaration")),
     "FP8.LINEAR": (
-        c("x is first act_quant-ed per block of b along K", "fp8_linear_without_act_quant"),
+        c("x is first act_quant-ed", "fp8_linear_without_act_quant"),
+        c("per block of b along K", "fp8_linear_act_scale_per_row", "fp8_linear_act_scale_from_global_amax"),
         c("with a power-of-two scale (FP8.SCALE, FP8.E4M3, scale_fmt 'ue8m0')", "fp8_linear_scale_not_pow2"),
         c("the weight is E4M3 [N, K] with one E8M0 scale per b×b block [ceil(N/b), K/b]",
           "fp8_linear_one_weight_scale_row"),
         c("each block's sum is multiplied by the product of its two scales", "fp8_linear_scales_after_the_sum"),
         c("the terms are accumulated in fp32 in K order", "fp8_linear_accumulates_in_bf16"),
-        c("the sum is rounded once to BF16", "fp8_linear_output_fp32")),
+        c("the sum is rounded once to BF16", "fp8_linear_output_fp32"),
+        c("b = 128 in V4 (block_size), 32 in V4.1 (fp8_block_size, act_quant and weight alike)",
+          "fp8_linear_act_block_of_the_other_model")),
     # ---- IDX -------------------------------------------------------------------------------------
     "IDX.WEIGHT.SCALE": (
         c("bf16(fl32(weights_proj(x)[t, h] · fl32(128^-0.5 · n^-0.5)))", "weight_factor_missing", "weight_factor_bf16",
@@ -271,7 +274,9 @@ CLAUSES: dict[str, tuple[Clause, ...]] = {
                  c("the softmax taken over the slots separately for every channel", "cmp-softmax-over-channels"),
                  c("computed in fp32", "cmp-gate-softmax-in-bf16")),
     "CMP.RATIO1": (c("entry_t = RoPE(RMSNorm(wkv·x_t), position t)", "cmp-ratio1-unnormalized",
-                     "cmp-ratio1-rope-at-t-plus-1"),),
+                     "cmp-ratio1-rope-at-t-plus-1"),
+                   c("the projection wkv·x_t is summed in fp32 and rounded once to BF16 before RMSNorm",
+                     "cmp-ratio1-projection-in-fp32")),
     "CMP.NORM": (
         c("y = w · p / sqrt(mean(p^2) + eps)", "cmp-norm-skipped"),
         c("with the learned weight w", "cmp-norm-weight-ignored"),
