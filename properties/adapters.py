@@ -30,6 +30,8 @@ and refuse (ValueError) what they cannot convert exactly.
 | rows of 128 (a paged cache) and back        | as_blocks / from_blocks       |
 | selected block ids, −1 padded               | pool_mask                     |
 | kv_qdq for one format only                  | name it kv_qdq_fp4_e4m3 or kv_qdq_fp8_e8m0_32 |
+| takes a complex RoPE table / cos and sin    | with_freqs_cis / with_cos_sin (tables: freqs_cis, cos_sin) |
+| the official kernel.py signatures           | from_official_kernels(module) (a whole target) |
 """
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ import numpy as np
 __all__ = ["as_bytes", "e8m0_from_pow2", "e4m3_from_values", "as_index", "reshape_like", "as_column",
            "as_flat", "rows", "e2m1_codes", "e8m0_from_words", "split_row", "join_row", "as_blocks",
            "from_blocks", "pool_mask", "from_official_kernels", "OfficialKernelSignatures",
-           "OFFICIAL_KERNEL_OPERATIONS", "default_dtype"]
+           "OFFICIAL_KERNEL_OPERATIONS", "default_dtype", "freqs_cis", "cos_sin", "with_freqs_cis", "with_cos_sin"]
 
 _BYTE_DTYPES = ("uint8", "int8", "float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu", "float4_e2m1fn_x2")
 
@@ -411,3 +413,46 @@ def from_official_kernels(module, *, name: str | None = None, device=None,
     after).  device: where the kernels run (None: where the suite's inputs are); shapes: the sizes
     sparse_attn takes (default: the official kernel's, head dim 512, heads in 16s, lists in 64s)."""
     return OfficialKernelSignatures(module, name=name, device=device, shapes=shapes)
+
+
+# ------------------------------------------------------------------------------------------------
+# RoPE tables: the suite passes (positions int64 [T], freqs f32 [d/2]) to rope_rotate,
+# rope_quantize and attention_output; libraries take the complex table or cos/sin
+# ------------------------------------------------------------------------------------------------
+def freqs_cis(positions, freqs):
+    """The complex64 table [T, d/2] the official model indexes at these positions: the angles
+    outer(positions, freqs) in fp32 (int64 positions times fp32 frequencies, exact for positions
+    below 2^24), then polar(1, angle) (V4-model L226-228, precompute_freqs_cis).  No other rounding."""
+    import torch
+    angle = torch.outer(positions, freqs.to(torch.float32))
+    return torch.polar(torch.ones_like(angle), angle)
+
+
+def cos_sin(positions, freqs, *, repeat: bool = False):
+    """(cos, sin) fp32 [T, d/2]: the real and imaginary parts of freqs_cis(positions, freqs), the
+    same values; repeat=True gives each twice, [T, d], for code that multiplies the consecutive
+    pairs (x[2i], x[2i+1]) element by element."""
+    table = freqs_cis(positions, freqs)
+    cos, sin = table.real.contiguous(), table.imag.contiguous()
+    return (cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)) if repeat else (cos, sin)
+
+
+def with_freqs_cis(fn, *, inverse: bool = False):
+    """fn(x, table, *rest) called as the suite calls rope_rotate / attention_output / rope_quantize:
+    (x, positions, freqs, *rest).  inverse=True passes the conjugate table (attention_output's
+    de-rotation, V4-model L237)."""
+    @functools.wraps(fn)
+    def call(x, positions, freqs, *args, **kwargs):
+        table = freqs_cis(positions, freqs)
+        return fn(x, table.conj() if inverse else table, *args, **kwargs)
+    return call
+
+
+def with_cos_sin(fn, *, inverse: bool = False, repeat: bool = False):
+    """fn(x, cos, sin, *rest) called as (x, positions, freqs, *rest); inverse=True negates sin
+    (exact: the conjugate table); repeat as in cos_sin."""
+    @functools.wraps(fn)
+    def call(x, positions, freqs, *args, **kwargs):
+        cos, sin = cos_sin(positions, freqs, repeat=repeat)
+        return fn(x, cos, -sin if inverse else sin, *args, **kwargs)
+    return call
