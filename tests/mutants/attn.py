@@ -179,6 +179,14 @@ LAYER_STAGE = {"layer_q_not_rescaled_on_v4": "q_rescale", "layer_window_kv_not_q
                "layer_output_not_derotated": "o_derot"}
 
 
+def _int32_lists_read_as_row_0(q, kv, sink, indices, scale, *, model):
+    """A port whose gather of an int32, expanded index reads every listed row as row 0 (as torch's
+    gather once did); int64 lists are read right."""
+    if indices.dtype == torch.int32:
+        indices = torch.where(indices == -1, indices, torch.zeros_like(indices))
+    return ref.sparse_attention(q, kv, sink, indices, scale, model=model)
+
+
 def _m(name, rule_id, **ops):
     return name, (mutant(name, **ops), rule_id)
 
@@ -202,6 +210,7 @@ MUTANTS = dict([
     _m("output_left_fp32", "ATTN.OUTPUT", sparse_attention=_variant(output="fp32")),
     _m("derotation_by_plus_p", "ATTN.DEROTATE", attention_output=_derotate_plus),
     _m("minus_one_only_at_the_tail", "ATTN.GATHER", sparse_attention=_variant(gather="tail_only")),
+    _m("int32_lists_read_as_row_0", "ATTN.GATHER", sparse_attention=_int32_lists_read_as_row_0),
     _m("probabilities_truncated_to_bf16", "ATTN.PROB.BF16", sparse_attention=_variant(probs="truncated")),
     _m("denominator_of_the_rounded_probabilities", "ATTN.PROB.BF16", sparse_attention=_variant(total_of="rounded")),
     _m("derotates_the_first_64", "ATTN.DEROTATE", attention_output=_derotate_first_64),
