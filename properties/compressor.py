@@ -44,7 +44,7 @@ from ..spec.indexer import round_bf16
 from ..spec.models import profile
 from ..spec.rules import V4, V41, V4_ALL
 from .compare import as_numpy, assert_same_shape
-from .suite import check, forall
+from .suite import RUN, check, forall
 
 OPS = {
     "compress": "compress(x [B,S,dim] f32, params, *, model, ratio) -> entries [B, S//ratio, d] f32",
@@ -447,9 +447,11 @@ def chunked_feeding_matches_prefill(target):
             assert_within(streamed, prefill, 2 * tol,
                           what="CMP.STREAM: entries fed in chunks differ from one prefill", case=case)
 
-    # The explain phase replays a failing machine hundreds of times (minutes); shrinking is kept.
-    phases = [p for p in settings.default.phases if p != Phase.explain]
-    run_state_machine_as_test(Streaming, settings=settings(stateful_step_count=8, phases=phases))
+    # Under the check's own settings (the suite's profile: derandomized at ci, no deadline, no health
+    # check that a loaded machine could fail), never the process's default profile.  The explain
+    # phase replays a failing machine hundreds of times (minutes); shrinking is kept.
+    phases = [p for p in RUN.settings.phases if p != Phase.explain]
+    run_state_machine_as_test(Streaming, settings=settings(RUN.settings, stateful_step_count=8, phases=phases))
 
 
 # --- CMP.STATE ----------------------------------------------------------------------------------

@@ -258,3 +258,22 @@ def test_the_bf16_projection_clause_admits_what_the_fp32_summation_order_changes
     monkeypatch.setattr(spec, "U32", 0.0)
     with pytest.raises(AssertionError, match="rounded once to BF16"):
         assert_ratio1_bf16_projection(run_compress(official, case), case)
+
+
+def test_the_stateful_check_runs_under_the_suites_settings_not_the_process_default():
+    """A user's default profile (a tight deadline, every health check on) must not reach CMP.STREAM:
+    on a loaded machine it turned a conforming target into an ERROR."""
+    from hypothesis import settings as hsettings
+    from dsv4spec.properties.suite import PASS, RUN, run_rule
+    from dsv4spec.properties.target import load_target
+    hsettings.register_profile("users-tight-deadline", deadline=0.001, max_examples=3)
+    before = hsettings.default
+    hsettings.load_profile("users-tight-deadline")
+    RUN.max_examples = 3
+    try:
+        row = run_rule("CMP.STREAM", load_target("impl"))
+    finally:
+        RUN.max_examples = None
+        hsettings.load_profile("default")
+        assert hsettings.default.deadline == before.deadline
+    assert row.status == PASS, row.detail
