@@ -1,5 +1,6 @@
 """One cause, one verdict (properties/causes.py): a wrong shared operation fails several rules; the
-report names the rule whose clause comes first and marks the others, statuses unchanged."""
+report names the rule whose clause a probe shows broken (else the first in the computation order)
+and marks the others, statuses unchanged."""
 from mutants.indexer import MUTANTS
 
 from dsv4spec.properties import causes as C
