@@ -132,7 +132,7 @@ class _Run:
         from dsv4spec.properties.suite import exit_status
         args, rule_ids, run_ids = self.args, self.rule_ids, self.run_ids
         rows = _listed(rows, targets, rule_ids, self.skip, self.xfail)
-        rows = causes.annotate(rows)       # one cause, one verdict: the others "same cause as …"
+        rows = causes.annotate(rows, targets)       # one cause, one verdict: the others "same cause as …"
         expected = {r for r in rule_ids if matching(self.xfail, r)}
         header = _header(args, targets, _prefixes(args.rules), rule_ids)
         header["xfail"] = sorted(expected)

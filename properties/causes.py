@@ -1,15 +1,19 @@
 """One cause, one verdict: when several rules of a target fail on one shared operation, name the
-rule whose clause comes first and mark the others "same cause as …".
+rule whose clause the evidence shows broken and mark the others "same cause as …".
 
 Most checks judge one clause on the target's own outputs (a payload against its own scales), so
 their failures are independent.  A few operations are judged whole by several rules, each from
 another angle (the scores of `index_scores` by the formula, the BF16 rounding, the mask, the
 chunking …), and one wrong step there fails all of them.  For those operations CLAUSE_ORDER lists
 the rules in the order the computation meets their clauses (formula before rounding before the
-mask; the compressor's groups before its gate before its norm); among the rules that fail on such
-an operation, every check of which calls it, the first in that order is the cause.  A layer rule
-(PATH.LAYER on index_layer, ATTN.LAYER on attention_layer) names the first stage that breaks its own
-rule; when that rule fails too, it is the cause (followed to its own cause).  The statuses and the
+mask; the compressor's groups before its gate before its norm).  Some clauses also have a probe
+(PROBES): one small call of the operation on which that clause alone decides the result.  Among the
+rules that fail on such an operation, every check of which calls it, the cause is the first in
+that order whose probe fails on the target; else the first without a probe; a rule whose probe
+passes (its clause shown intact in isolation) leads only when nothing else can.  The probes run
+only where the targets are given (verify's own report; a merge of shards keeps the order alone).
+A layer rule (PATH.LAYER on index_layer, ATTN.LAYER on attention_layer) names the first stage that
+breaks its own rule; when that rule fails too, it is the cause (followed to its own cause).  The statuses and the
 exit status stay as they are: only the details say which failure to read first.
 """
 from __future__ import annotations
@@ -52,9 +56,63 @@ def _failing_ops(row) -> set[str] | None:
     return set.intersection(*(set(c.ops) for c in failing))
 
 
-def causes(rows) -> dict[tuple[str, str], tuple[str, str]]:
+def _gather_probe(target) -> bool:
+    """ATTN.GATHER alone: q = 0 makes every score 0 and every probability 1 (the scale, the rounding
+    and the max then change nothing), the sink adds nothing beside 4, and kv row r holds 4 at channel r:
+    the output is 1 exactly at the channels of the listed rows, 0 elsewhere; −1 adds nothing.  Int64
+    and int32 lists alike (the contract takes both)."""
+    import torch
+    kv = torch.eye(16, 32) * 4
+    listed = [3, -1, 7, 11, 12]
+    expected = torch.zeros(1, 1, 32)
+    expected[0, 0, [r for r in listed if r >= 0]] = 1.0
+    args = (torch.zeros(1, 1, 32), kv, torch.tensor([-100.0]))
+    return all(torch.equal(target.sparse_attention(*args, torch.tensor([listed], dtype=dtype), 0.125,
+                                                   model=_attention_model(target)).float(), expected)
+               for dtype in (torch.int64, torch.int32))
+
+
+def _attention_model(target) -> str:
+    """A V4 or V4.1 model the target serves (V3.2's attention is outside the ATTN rules)."""
+    return next(m for m in target.models if not m.startswith("v3"))
+
+
+def _newest_probe(target) -> bool:
+    """POOL.PIN_NEWEST alone: rows whose newest block scores below every older block keep it."""
+    from .pool import _pool_check, make_pool
+    try:
+        _pool_check(target, make_pool("weak_newest", 1, 3, 61, 3), ("newest",), "POOL.PIN_NEWEST probe")
+    except AssertionError:
+        return False
+    return True
+
+
+# a clause's probe: True when the target keeps that clause on an input where it alone decides
+PROBES = {"ATTN.GATHER": _gather_probe, "POOL.PIN_NEWEST": _newest_probe}
+PROBE_FAILS, NO_PROBE, PROBE_PASSES = 0, 1, 2
+
+
+def _probed(rule: str, target) -> int:
+    """How the evidence ranks `rule` as a cause on `target` (PROBE_FAILS first)."""
+    if target is None or rule not in PROBES:
+        return NO_PROBE
+    try:
+        return PROBE_PASSES if PROBES[rule](target) else PROBE_FAILS
+    except Exception:  # noqa: BLE001 -- a probe the target cannot take (its SHAPES, an exception) says nothing
+        return NO_PROBE
+
+
+def _cause_first(on_op: list[str], target) -> list[str]:
+    """The failing rules of one operation, the cause first: by their probes, then by CLAUSE_ORDER."""
+    if len(on_op) < 2:
+        return on_op
+    return sorted(on_op, key=lambda rule: _probed(rule, target))      # stable: CLAUSE_ORDER within a rank
+
+
+def causes(rows, targets=()) -> dict[tuple[str, str], tuple[str, str]]:
     """{(rule, target): (the rule named as the cause, the shared operation)} for every failing row
-    that another failing row of the same target explains."""
+    that another failing row of the same target explains; `targets` (by name) are probed."""
+    by_name = {t.name: t for t in targets}
     out = {}
     by_target: dict[str, list] = {}
     for row in rows:
@@ -67,7 +125,7 @@ def causes(rows) -> dict[tuple[str, str], tuple[str, str]]:
                 out[row.rule_id, target] = (stage[2], f"{LAYER_RULES[row.rule_id]} stage {stage[1]}")
         ops = {row.rule_id: _failing_ops(row) for row in failing}
         for op, order in CLAUSE_ORDER.items():
-            on_op = [rule for rule in order if ops.get(rule) and op in ops[rule]]
+            on_op = _cause_first([rule for rule in order if ops.get(rule) and op in ops[rule]], by_name.get(target))
             for rule in on_op[1:]:
                 out.setdefault((rule, target), (on_op[0], op))
     return {key: _root(out, *cause, key[1]) for key, cause in out.items()}
@@ -82,10 +140,10 @@ def _root(found: dict, rule: str, op: str, target: str) -> tuple[str, str]:
     return rule, op
 
 
-def annotate(rows) -> list:
+def annotate(rows, targets=()) -> list:
     """The rows, each failure explained by another marked "same cause as RULE (op): …" at the head
-    of its detail; statuses unchanged."""
-    found = causes(rows)
+    of its detail; statuses unchanged.  `targets`: those of the rows, whose clauses may be probed."""
+    found = causes(rows, targets)
     marked = []
     for row in rows:
         cause = found.get((row.rule_id, row.target))

@@ -1,5 +1,6 @@
 """One cause, one verdict (properties/causes.py): a wrong shared operation fails several rules; the
-report names the rule whose clause comes first and marks the others, statuses unchanged."""
+report names the rule whose clause a probe shows broken (else the first in the computation order)
+and marks the others, statuses unchanged."""
 from mutants.indexer import MUTANTS
 
 from dsv4spec.properties import causes as C
@@ -80,3 +81,67 @@ def test_a_wrong_sparse_attention_is_reported_on_its_clause():
     rows = C.annotate([run_rule(r, target) for r in ("ATTN.INIT", "ATTN.PROB.ORDER")])
     assert [r.status for r in rows] == [FAIL, FAIL]
     assert rows[0].detail.startswith("same cause as ATTN.PROB.ORDER (sparse_attention): ") and not C.is_marked(rows[1])
+
+
+# A port whose gather reads the row after each listed one (−1 still adds nothing): every ATTN
+# check reads the output, so ATTN.SCORE, first in CLAUSE_ORDER, fails too.
+NEXT_ROW_PORT = """import torch
+from dsv4spec.impl import sparse_attention as _reference
+NAME = "next_row"
+
+def sparse_attention(q, kv, sink, indices, scale, *, model):
+    shifted = torch.where(indices == -1, indices, (indices + 1) % kv.shape[0])
+    return _reference(q, kv, sink, shifted, scale, model=model)
+"""
+
+
+def _next_row_target(tmp_path, monkeypatch):
+    (tmp_path / "next_row_port.py").write_text(NEXT_ROW_PORT)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import next_row_port
+    return Target(next_row_port, "next_row_port")
+
+
+def test_a_gather_reading_the_wrong_rows_is_reported_on_attn_gather(tmp_path, monkeypatch):
+    """The gather probe (only the listed rows decide the output) fails: ATTN.GATHER leads although
+    ATTN.SCORE comes first in the computation order; without the target, the order alone decides."""
+    target = _next_row_target(tmp_path, monkeypatch)
+    rows = [run_rule(r, target) for r in ("ATTN.SCORE", "ATTN.GATHER")]
+    assert [r.status for r in rows] == [FAIL, FAIL], [(r.rule_id, r.detail) for r in rows]
+    score, gather = C.annotate(rows, [target])
+    assert not C.is_marked(gather), gather.detail
+    assert score.detail.startswith("same cause as ATTN.GATHER (sparse_attention): "), score.detail
+    assert C.causes(rows) == {("ATTN.GATHER", "next_row"): ("ATTN.SCORE", "sparse_attention")}
+
+
+def test_the_verify_report_names_the_gather_as_the_cause(tmp_path, monkeypatch):
+    """verify's report probes the targets it loaded (in process: the subprocess costs seconds)."""
+    import json
+    from dsv4spec.cli import main
+    (tmp_path / "next_row_port.py").write_text(NEXT_ROW_PORT)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["verify", "--target", "next_row_port", "--rules", "ATTN.SCORE,ATTN.GATHER", "--quiet",
+                 "--json", "r.json"]) == 1
+    details = {r["rule"]: r["detail"] for r in json.loads((tmp_path / "r.json").read_text())["results"]}
+    assert details["ATTN.SCORE"].startswith("same cause as ATTN.GATHER (sparse_attention): "), details
+    assert not details["ATTN.GATHER"].startswith("same cause as"), details
+
+
+def test_a_pool_that_does_not_pin_the_newest_block_is_reported_on_pool_pin_newest():
+    """Leaving the newest block out also breaks the top-k selection BLOCK_SCORE judges (its block
+    is missing where it should be kept): the newest-block probe fails, so PIN_NEWEST leads."""
+    from mutants.pool import MUTANTS as POOL
+    target = Target(POOL["newest_not_pinned"][0], "newest_not_pinned")
+    rows = [run_rule(r, target) for r in ("POOL.BLOCK_SCORE", "POOL.PIN_NEWEST")]
+    assert [r.status for r in rows] == [FAIL, FAIL], [(r.rule_id, r.detail) for r in rows]
+    block_score, newest = C.annotate(rows, [target])
+    assert not C.is_marked(newest), newest.detail
+    assert block_score.detail.startswith("same cause as POOL.PIN_NEWEST (candidate_blocks): "), block_score.detail
+
+
+def test_the_probes_pass_on_the_reference():
+    """A probe that failed correct code would blame the wrong clause."""
+    import dsv4spec.impl as impl
+    target = Target(impl, "impl")
+    assert all(probe(target) for probe in C.PROBES.values())
