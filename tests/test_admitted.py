@@ -99,6 +99,15 @@ def fp8_linear_probe(rng, scale):
     return exact, tol, "bf16"
 
 
+def entry_probe(rng, scale):
+    from dsv4spec.properties.compressor import make_case
+    from dsv4spec.spec import compressor as scomp
+    x_scale = min(max(scale, 2.0 ** -60), 2.0 ** 60)             # fp32 x·W must not overflow
+    case = make_case("v4-flash", 4, 12, int(rng.integers(2 ** 31)), x_scale=x_scale)
+    return (scomp.compress(case.x, case.params, case.model, case.ratio),
+            scomp.entry_tolerance(case.x, case.params, case.model, case.ratio), "bf16")
+
+
 JUDGES = {      # every judge -> its probe, or why its admitted set needs none of its own
     "spec/path.py:matmul_tolerance": matmul_probe,
     "spec/path.py:rms_norm_tolerance": rms_norm_probe,
@@ -110,7 +119,7 @@ JUDGES = {      # every judge -> its probe, or why its admitted set needs none o
     "spec/attn.py:bounds": attn_bounds_probe,
     "properties/quant.py:fp8_linear_bounds": fp8_linear_probe,
     "properties/path.py:_q_bounds": "caches fp8_linear_bounds",
-    "spec/compressor.py:entry_tolerance": "not probed yet: sums a BF16 ulp of each rounded stage (see its docstring)",
+    "spec/compressor.py:entry_tolerance": entry_probe,
 }
 
 
@@ -144,3 +153,15 @@ def test_admitted_set_holds_a_value_of_the_dtype(name, probe, scale):
     bad = finite & ~(np.abs(near - centre) <= tol)
     assert not bad.any(), (f"{name}: {int(bad.sum())} admitted sets hold no {dtype} value; e.g. centre "
                            f"{centre[bad][0]!r} ± {tol[bad][0]:.3g}, the nearest {dtype} {near[bad][0]!r}")
+
+
+def test_the_layers_derotation_admits_the_official_value_beside_a_bf16_midpoint():
+    """Issue 33's element: V4-Pro layer 2 at position 27, o pair (−0.1650390625, 0.49609375); the exact
+    de-rotated odd channel 0.0129111… lies 2.2e-6 above a BF16 midpoint and the official
+    apply_rotary_emb(..., inverse=True) gives its upper neighbour 0.012939453125."""
+    o = np.zeros((1, 1, 512))
+    o[0, 0, 448:450] = -0.1650390625, 0.49609375
+    freqs, positions = srope.frequencies_fp32(profile("v4-pro"), 2), np.array([-27])
+    exact = srope.rotate_exact(o, positions, freqs)[0, 0, 449]
+    tol = srope.rotate_tolerance(o, positions, freqs)[0, 0, 449]
+    assert abs(exact - 0.012911149476) < 1e-11 and abs(0.012939453125 - exact) <= tol
