@@ -195,7 +195,7 @@ def fp4_pack(codes: torch.Tensor) -> torch.Tensor:
 
 def fp4_unpack(packed: torch.Tensor) -> torch.Tensor:
     packed = _bytes("fp4_unpack", packed, "packed bytes")
-    return torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(*packed.shape[:-1], -1)
+    return torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(*packed.shape[:-1], 2 * packed.shape[-1])
 
 
 def _blocks(x: torch.Tensor, block: int) -> torch.Tensor:
@@ -205,7 +205,7 @@ def _blocks(x: torch.Tensor, block: int) -> torch.Tensor:
 def _e2m1_of_ratio(ratio: torch.Tensor) -> torch.Tensor:
     """clamp(r, −6, 6) then E2M1, flattened back to the element axis."""
     codes = e2m1_encode(ratio.clamp(-FP4_MAX, FP4_MAX).contiguous())
-    return codes.reshape(*codes.shape[:-2], -1)
+    return codes.reshape(*codes.shape[:-2], codes.shape[-2] * codes.shape[-1])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -125,6 +125,8 @@ def attention_layer(inputs: dict, *, model: str, layer: int, start_pos: int = 0)
             latent = inputs["kv_entries"].to(torch.bfloat16).clone()
             apply_rotary_emb(latent[..., -64:], freqs_cis(torch.arange(E) * ratio, rope_freqs(model, layer)))
             out["cmp_rot"] = latent.float()
+            # E = 0 (seqlen < ratio): the compressor returns None and attention goes on over the window
+            # (V4-model L360-361, L527); the QDQ of no rows is no rows
             latent = _qdq(latent, model, True)
         else:
             latent = inputs["kv_cache"].to(torch.bfloat16)

@@ -22,6 +22,8 @@ what the official code does, where impl states the rule.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 __all__ = [
@@ -103,7 +105,8 @@ def _pack(codes: torch.Tensor) -> torch.Tensor:
 
 
 def _unblock(t: torch.Tensor, lead) -> torch.Tensor:
-    return t.reshape(*lead, -1)
+    """[rows, blocks(, block)] back to [*lead, width]; the width is explicit, so zero rows reshape too."""
+    return t.reshape(*lead, math.prod(t.shape[1:]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -174,7 +177,7 @@ def fp4_e4m3_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _fp4_dequantize(packed, scales, block, decode_scale):
     values = e2m1_decode(fp4_unpack(packed))
-    values = values.reshape(*values.shape[:-1], -1, block) * decode_scale(scales).unsqueeze(-1)
+    values = values.reshape(*values.shape[:-1], values.shape[-1] // block, block) * decode_scale(scales).unsqueeze(-1)
     return values.flatten(-2)
 
 
@@ -207,7 +210,7 @@ def fp8_quantize(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tenso
 
 def fp8_dequantize(q: torch.Tensor, scales: torch.Tensor, block: int) -> torch.Tensor:
     values = e4m3_decode(q)
-    values = values.reshape(*values.shape[:-1], -1, block) * e8m0_decode(scales).unsqueeze(-1)
+    values = values.reshape(*values.shape[:-1], values.shape[-1] // block, block) * e8m0_decode(scales).unsqueeze(-1)
     return values.flatten(-2)
 
 
@@ -246,4 +249,4 @@ def fp8_linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, block: i
     "ue8m0"); fp8_gemm(x, s, weight, weight.scale).  BF16 values out, as f32."""
     lead, k = x.shape[:-1], x.shape[-1]
     q, s = fp8_quantize(x.reshape(-1, k), block)
-    return fp8_gemm(q, s, w.view(torch.uint8), w_scale.view(torch.uint8), block).reshape(*lead, -1).float()
+    return fp8_gemm(q, s, w.view(torch.uint8), w_scale.view(torch.uint8), block).reshape(*lead, w.shape[0]).float()

@@ -468,6 +468,13 @@ def reuse_layer_case(model: str, layer: int, seqlen: int, start_pos: int = 0, se
                      (("x", normal_bf16(rng, (seqlen, m.dim))), ("source_topk", topk)))
 
 
+# prefills shorter than the ratio (model, layer, seqlen, seed): no compressed entry is complete, the
+# official compressor returns None and attention goes on over the window alone (V4-model L360-361, L527)
+NO_ENTRY_PREFILLS = (
+    ("v4-flash", 3, 1, 22),                 # HCA, one token
+    ("v4-flash", 2, 3, 23),                 # CSA: the indexer has no entry to score
+    ("v4.1-flash", 2, 1, 24),               # ratio-2 index source, one token
+)
 # the layer kinds and steps beyond path.layer_cases' (model, layer, seqlen, start_pos, seed)
 KIND_CASES = (
     ("v4-flash", 2, 1, 27, 11),             # CSA, decode
@@ -479,6 +486,7 @@ KIND_CASES = (
     ("v4.1-flash", 5, 1, 30, 18),           # reuse of layer 2, decode
     ("v4.1-flash", 25, 1, 40, 19),          # reuse of layer 24's lists and layer 20's KV, decode
     ("v4.1-flash", 20, 258, 0, 21),         # ratio-1 entries at 256, 257: BF16 holds 257 as 256
+    *((model, layer, seqlen, 0, seed) for model, layer, seqlen, seed in NO_ENTRY_PREFILLS),
 )
 
 

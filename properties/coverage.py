@@ -1246,7 +1246,9 @@ def attn_boundaries() -> dict[str, list[Boundary]]:
     layer += [seen("attention_layer", "attention_layer in prefill (start_pos 0)", "range",
                    lambda c: int(arg(c, 3, "start_pos") or 0) == 0),
               seen("attention_layer", "attention_layer in decode (start_pos > 0)", "range",
-                   lambda c: int(arg(c, 3, "start_pos") or 0) > 0)]
+                   lambda c: int(arg(c, 3, "start_pos") or 0) > 0),
+              seen("attention_layer", "a prefill with no compressed entry yet (seqlen < ratio)", "range",
+                   _no_entry_yet)]
     return {"ATTN.GATHER": gather + blocks[:1] + models, "ATTN.DUPLICATES": [
                 kernel("a row listed twice", "element", lambda i, c: twice(i)),
                 kernel("a row listed twice, in different blocks of 64", "layout", lambda i, c: i.shape[1] > spec_attn.BLOCK
@@ -1259,6 +1261,12 @@ def attn_boundaries() -> dict[str, list[Boundary]]:
             "ATTN.Q_NORM": [q_model("v4-flash"), q_model("v4.1-flash"),
                             seen("attention_q", "heads of unequal RMS (4× apart)", "scale", heads_of_unequal_rms)],
             "ATTN.DEROTATE": derotate, "ATTN.LAYER": layer}
+
+
+def _no_entry_yet(c) -> bool:
+    """A prefill of a compressed layer shorter than its ratio: the official compressor returns None."""
+    _, ratio, seqlen, start_pos = _layer_call(c)
+    return start_pos == 0 and 0 < seqlen < ratio
 
 
 def other_families() -> dict[str, list[Boundary]]:

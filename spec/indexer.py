@@ -253,7 +253,9 @@ def index_score_tolerance(q, k, w, score_dtype: str = "bf16") -> np.ndarray:
           |w_h| times the spread of those roundings plus one ulp of the head's product: each such
           head may flip.  Two ulps cover the roundings of the two sums (the target's possibly one
           binade up).  With no such head this is 2 ulps of M.
-    fp32: (D + H)·2^-24 · Σ_h |w_h| · Σ_d |q_hd·k_d|, the recursive-summation bound."""
+    fp32: (D + H)·2^-24 · Σ_h |w_h| · Σ_d |q_hd·k_d|, the recursive-summation bound, plus (D + H)·2^-149:
+          each of the 2(D + H) fp32 products and sums may lose half the subnormal spacing 2^-149 to
+          underflow (scores near 0 or below fp32's range round to a subnormal or 0)."""
     if score_dtype == "bf16":
         dots, l1, w3 = _score_terms(q, k, w)
         reach = np.asarray(q).shape[-1] * 2.0 ** -24 * l1          # fp32, any order: products are exact
@@ -265,7 +267,7 @@ def index_score_tolerance(q, k, w, score_dtype: str = "bf16") -> np.ndarray:
         return flips + 2.0 * bf16_quantum(index_score_magnitude(q, k, w) + flips) + head_sum
     dots, l1, w = _score_terms(q, k, w)
     depth = dots.shape[1] + np.asarray(q).shape[-1]
-    return depth * 2.0 ** -24 * (np.abs(w) * l1).sum(axis=1)
+    return depth * 2.0 ** -24 * (np.abs(w) * l1).sum(axis=1) + depth * 2.0 ** -149
 
 
 def _head_terms(q, k, w) -> np.ndarray:

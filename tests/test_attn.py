@@ -206,3 +206,22 @@ def test_every_layer_kind_passes_official(key):
 def test_bad_input_is_named(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+@pytest.mark.parametrize("provider", [impl, official], ids=["impl", "official"])
+@pytest.mark.parametrize("prefill", checks.NO_ENTRY_PREFILLS, ids=lambda p: "-".join(map(str, p)))
+def test_a_prefill_with_no_compressed_entry_attends_the_window_alone(provider, prefill):
+    """seqlen < ratio: the official compressor returns None (V4-model L360-361) and attention goes on
+    over the window rows (L527); the layer's stages, index path included, keep their rules."""
+    model, layer, seqlen, seed = prefill
+    case = checks.attention_case((model, layer, seqlen, 0, seed))
+    assert checks.first_broken_attention_stage(Target(provider, provider.__name__), case) is None
+    assert checks.run_attention_layer(Target(provider, provider.__name__), case)["kv"].shape[0] == seqlen
+
+
+@pytest.mark.parametrize("provider", [impl, official], ids=["impl", "official"])
+@pytest.mark.parametrize("prefill", checks.NO_ENTRY_PREFILLS, ids=lambda p: "-".join(map(str, p)))
+def test_an_index_layer_with_no_compressed_entry_keeps_its_rules(provider, prefill):
+    from dsv4spec.properties.path import first_broken_stage, make_layer_case
+    model, layer, seqlen, seed = prefill
+    assert first_broken_stage(Target(provider, provider.__name__), make_layer_case(model, layer, seqlen, 0, seed)) is None

@@ -177,3 +177,27 @@ def test_official_index_topk_derives_k_and_holds_the_caller_to_it():
     assert official.index_topk(scores, visible, 5, "score").shape == (2, 5)
     with pytest.raises(AssertionError, match="min\\(index_topk, end_pos // ratio\\) = 5"):
         official.index_topk(scores, visible, 6, "score")
+
+
+ZERO_ROWS = [("fp8_quantize", (torch.zeros(0, 64, dtype=torch.bfloat16), 64), [(0, 64), (0, 1)]),
+             ("fp8_qdq", (torch.zeros(0, 64, dtype=torch.bfloat16), 64), [(0, 64)]),
+             ("fp8_dequantize", (torch.zeros(0, 64, dtype=torch.uint8), torch.zeros(0, 1, dtype=torch.uint8), 64),
+              [(0, 64)]),
+             ("fp4_e4m3_quantize", (torch.zeros(0, 32, dtype=torch.bfloat16),), [(0, 16), (0, 2)]),
+             ("fp4_e8m0_quantize", (torch.zeros(0, 32, dtype=torch.bfloat16),), [(0, 16), (0, 1)]),
+             ("fp4_e4m3_dequantize", (torch.zeros(0, 16, dtype=torch.uint8), torch.zeros(0, 2, dtype=torch.uint8)),
+              [(0, 32)]),
+             ("fp4_e8m0_dequantize", (torch.zeros(0, 16, dtype=torch.uint8), torch.zeros(0, 1, dtype=torch.uint8)),
+              [(0, 32)]),
+             ("fp8_linear", (torch.zeros(0, 128, dtype=torch.bfloat16), torch.zeros(128, 128, dtype=torch.uint8),
+                             torch.full((1, 1), 127, dtype=torch.uint8), 128), [(0, 128)])]
+
+
+@pytest.mark.parametrize("provider", [impl, official], ids=["impl", "official"])
+@pytest.mark.parametrize("op, args, shapes", ZERO_ROWS, ids=[z[0] for z in ZERO_ROWS])
+def test_codecs_take_zero_rows(provider, op, args, shapes):
+    """No row (a prefill shorter than the ratio has no compressed entry to quantize): empty results
+    of the contract's widths, not a reshape of 0 elements with an inferred dimension."""
+    got = getattr(provider, op)(*args)
+    got = got if isinstance(got, tuple) else (got,)
+    assert [tuple(t.shape) for t in got] == shapes
