@@ -55,9 +55,15 @@ def cmd_ops(args) -> int:
         for op, doc in ops.items():
             rules = sorted({c.rule_id for c in checks if op in c.ops})
             table.setdefault(family, []).append({"op": op, "signature": doc, "rules": rules})
+    from dsv4spec.properties.target import CONTRACT_CHANGES, CONTRACT_VERSION
     if args.json:
-        print(json.dumps(table, indent=2))
+        contract = {"version": CONTRACT_VERSION,
+                    "changes": [{"version": v, "date": date, "change": text}
+                                for v, (date, text) in CONTRACT_CHANGES.items()]}
+        print(json.dumps({"contract": contract, **table}, indent=2))
         return 0
+    print(f"# contract version {CONTRACT_VERSION} (a target may declare CONTRACT = N, the version it was "
+          "written against; README.md lists the changes)\n")
     for family, ops in table.items():
         print(f"# {family}  (contract: properties/{family}.py)")
         for entry in ops:
@@ -99,6 +105,7 @@ def cmd_verify(args) -> int:
     rows = causes.annotate(rows)       # one cause, one verdict: the others "same cause as …"
     expected = {r for r in rule_ids if matching(xfail, r)}
     header = _header(args, targets, _prefixes(args.rules), rule_ids)
+    header["xfail"] = sorted(expected)
     header["wall_s"] = round(time.monotonic() - started, 1)
     header["slowest"] = report.slowest(rows)
     done = {(r.rule_id, r.target) for r in rows}
@@ -141,7 +148,7 @@ def _checked_verify_args(args) -> tuple[list[str], list[str]]:
     from dsv4spec.properties import report
     from dsv4spec.properties.entries import read_entries, stale
     from dsv4spec.properties.suite import PROFILES
-    from dsv4spec.properties.target import locate, targets_from_environment
+    from dsv4spec.properties.target import targets_from_environment
     from dsv4spec.spec import select
     if args.profile not in PROFILES:
         raise UsageError(f"unknown profile {args.profile!r}; expected one of {', '.join(PROFILES)}")
@@ -156,12 +163,37 @@ def _checked_verify_args(args) -> tuple[list[str], list[str]]:
         report.check_writable(path)
     specs = list(dict.fromkeys(args.target or targets_from_environment() or _default_targets()))
     for spec in specs:
-        locate(spec)
+        _locate(spec)
     skip, xfail = read_entries(args.skip, "--skip"), read_entries(args.xfail, "--xfail")
     for kind, entries in (("--skip", skip), ("--xfail", xfail)):
         for warning in stale(entries, rule_ids, kind):
             print(f"dsv4spec verify: warning: {warning}", file=sys.stderr)
+    if args.shard:
+        from dsv4spec.properties.shard import shard_of
+        rule_ids = shard_of(rule_ids, *args.shard)
     return rule_ids, specs, skip, xfail
+
+
+def _locate(spec: str) -> None:
+    """locate(spec), where an exec: port that cannot be started (no such file or program, not
+    executable) could not be loaded: exit status 3 (PROTOCOL.md, README); a malformed spec stays a
+    usage error."""
+    from dsv4spec.properties.exec_target import PREFIX
+    from dsv4spec.properties.target import TargetLoadError, TargetNotFound, locate
+    try:
+        locate(spec)
+    except TargetNotFound as e:
+        if spec.startswith(PREFIX) and _splits_into_a_command(spec[len(PREFIX):]):
+            raise TargetLoadError(str(e)) from e
+        raise
+
+
+def _splits_into_a_command(text: str) -> bool:
+    import shlex
+    try:
+        return bool(shlex.split(text))
+    except ValueError:
+        return False
 
 
 def _default_targets() -> list[str]:
@@ -221,11 +253,14 @@ def _header(args, targets, prefixes, rule_ids) -> dict:
     return {"tool": {"name": "dsv4spec", "version": dsv4spec.__version__},
             "spec": {"rules": len(RULES), "digest": report.spec_digest()},
             "targets": [{"spec": t.spec, "name": t.name, "module": t.module, "version": t.version,
-                         "device": str(t.device),
-                         "claims_conformance": t.claims_conformance} for t in targets],
+                         "device": str(t.device), "claims_conformance": t.claims_conformance,
+                         **({"load_error": t.load_error, "usage_error": bool(getattr(t, "usage_error", False))}
+                            if getattr(t, "load_error", "") else {})} for t in targets],
             "profile": args.profile, "seed": RUN.seed, "timeout_s": args.timeout,
             "examples_per_check": examples_per_check(rule_ids, args.profile),
-            "rules": prefixes or "all", "workers": args.jobs, "worker_devices": devices,
+            "rules": prefixes or "all", "max_examples": args.max_examples,
+            "shard": {"index": args.shard[0], "count": args.shard[1], "rules": rule_ids} if args.shard else None,
+            "workers": args.jobs, "worker_devices": devices,
             "isolate": bool(args.isolate), **report.environment(),
             "command": " ".join(shlex.quote(a) for a in ["dsv4spec", *sys.argv[1:]])}
 
@@ -268,6 +303,14 @@ class Progress:
     def end(self):
         if self.tty and not self.quiet and self.rows:
             print(file=sys.stderr)
+
+
+def _shard(text: str) -> tuple[int, int]:
+    from dsv4spec.properties.shard import parse
+    try:
+        return parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _prefixes(text: str | None) -> list[str] | None:
@@ -355,6 +398,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "hang (even in C code) costs only the rule that was running")
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="spread the rules over N worker "
                    "processes (each pinned to its own GPU when several are visible); implies --isolate")
+    p.add_argument("--shard", type=_shard, metavar="K/N", help="run only shard K of N (1 <= K <= N) of the "
+                   "selected rules, for N CI jobs: every rule in exactly one shard, the same split on every "
+                   "machine, balanced by the rules' expected cost; `dsv4spec report merge` joins the shards' "
+                   "--json reports")
     p.add_argument("--json", metavar="F", help="write a JSON report (schema_version 3; its JSON Schema: "
                                                 "dsv4spec/properties/report.schema.json)")
     p.add_argument("--junit", metavar="F", help="write a JUnit XML report")
@@ -365,8 +412,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "of the target's (else the first and the last two)")
     p.set_defaults(func=cmd_verify)
 
-    from dsv4spec import cmd_bench, cmd_budget, cmd_claims, cmd_coverage, cmd_golden, cmd_mutate
-    for module in (cmd_budget, cmd_claims, cmd_golden, cmd_coverage, cmd_bench, cmd_mutate):
+    from dsv4spec import cmd_bench, cmd_budget, cmd_claims, cmd_coverage, cmd_golden, cmd_mutate, cmd_report
+    for module in (cmd_report, cmd_budget, cmd_claims, cmd_golden, cmd_coverage, cmd_bench, cmd_mutate):
         module.register(sub)
     return parser
 

@@ -5,6 +5,11 @@ import sys
 from pathlib import Path
 
 
+OPS_HELP = ("the operations the port implements (canonical names, `dsv4spec ops`; default: OUT/port.txt's "
+            "ops= line): what calls none of them and has no output file reads n/i, as in verify, and a "
+            "declared operation's missing output is still an error.  Declaring none, every output is expected")
+
+
 def register(subparsers):
     p = subparsers.add_parser(
         "golden", help="generate or check the golden tensors (regression gate for ports and kernels)",
@@ -45,14 +50,21 @@ def register(subparsers):
                                    "(LAYOUT.md states the format): the same comparison policies, failure "
                                    "messages and variant naming as verify.  A missing or unreadable file or "
                                    "record is ERROR on the checks that need it; the rest is still judged.  "
+                                   "A port that declares its operations (--ops, or ops= in OUT/port.txt) "
+                                   "reads n/i on a rule that calls none of them and has no output file.  "
                                    "Exit 1 on any FAIL or ERROR.")
     v.add_argument("dir", type=Path, help="the export (written by `golden export`)")
     v.add_argument("out", type=Path, help="the port's outputs, one RULE.txt per rule it implements")
     v.add_argument("--rules", metavar="PREFIX,...", help="only these rules (the others are not expected)")
-    o = sub.add_parser("check-outputs", help="compare a port's output directory with the goldens")
+    v.add_argument("--ops", metavar="OP,...", help=OPS_HELP)
+    o = sub.add_parser("check-outputs", help="compare a port's output directory with the goldens",
+                       description="Compares the port's OUT/CASE.safetensors or OUT/CASE.txt with each golden "
+                                   "case, bit for bit: PASS, FAIL, MISSING (no file, or an output absent), "
+                                   "ERROR (unreadable) or n/i.  Exit 1 on any FAIL, MISSING or ERROR.")
     o.add_argument("dir", type=Path)
     o.add_argument("--rules", metavar="PREFIX,...", help="only the cases gating these rules (the others "
                                                          "are not expected)")
+    o.add_argument("--ops", metavar="OP,...", help=OPS_HELP)
     p.set_defaults(func=run)
 
 
@@ -84,11 +96,13 @@ def run(args) -> int:
     if args.action == "check-vectors":
         return _check_vectors(args, rules)
     if args.action == "check-outputs":
-        results = store.check_outputs(args.dir, rules=rules)
+        results = store.check_outputs(args.dir, rules=rules, ops=args.ops)
         for rule, status, detail in results:
             print(f"{status:<8} {rule:<20} {detail}")
-        bad = [s for _, s, _ in results if s != "PASS"]
-        print(f"\n{len(results) - len(bad)} of {len(results)} golden outputs PASS"
+        bad = [s for _, s, _ in results if s not in ("PASS", "n/i")]
+        absent = sum(s == "n/i" for _, s, _ in results)
+        print(f"\n{sum(s == 'PASS' for _, s, _ in results)} of {len(results)} golden outputs PASS"
+              + (f", {absent} n/i (not implemented)" if absent else "")
               + (f"; {len(bad)} FAIL, MISSING or ERROR (exit 1)" if bad else ""))
         if any(s == "FAIL" for _, s, _ in results):
             print("(a case is filed under the rule it gates; for the clause a difference breaks and the variant "
@@ -106,7 +120,7 @@ def _check_vectors(args, rules) -> int:
     from dsv4spec.golden import vectors
     from dsv4spec.properties.suite import program
     try:
-        rows = vectors.judge(args.dir, args.out, rules=rules, program=program())
+        rows = vectors.judge(args.dir, args.out, rules=rules, program=program(), ops=args.ops)
     except (FileNotFoundError, ValueError) as e:
         print(f"dsv4spec golden check-vectors: {e}", file=sys.stderr)
         return 2
@@ -118,7 +132,9 @@ def _check_vectors(args, rules) -> int:
         if row.reproduce:
             print(f"{'':<41} reproduce: {row.reproduce}")
     bad = [r for r in rows if r.status in ("FAIL", "ERROR")]
+    absent = sum(r.status == "n/i" for r in rows)
     print(f"\n{sum(r.status == 'PASS' for r in rows)} of {len(rows)} rules PASS"
+          + (f", {absent} n/i (not implemented)" if absent else "")
           + (f"; {len(bad)} FAIL or ERROR (exit 1)" if bad else ""))
     return 1 if bad else 0
 

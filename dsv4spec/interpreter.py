@@ -2,6 +2,8 @@
 workers it starts, its test run); never in a process of the suite's users, whose settings stay theirs."""
 import dataclasses
 
+from dsv4spec.triton_mode import choose
+
 
 def skip_dead_overflow_checks() -> bool:
     """The interpreter evaluates Triton's integer-overflow sanitizer on every int32 add, sub and mul
@@ -9,7 +11,10 @@ def skip_dead_overflow_checks() -> bool:
     time) and then drops it: the device_assert it feeds returns at once unless options.debug
     (triton-lang/triton python/triton/language/semantic.py, TritonSemantic.device_assert, L1840-1842
     in 3.6.0).  With debug off, switching the sanitizer off removes only that dead work.  True when
-    it was switched off here."""
+    it was switched off here.  Makes the interpreter-or-GPU choice first: importing Triton before it
+    would decorate Triton's library for a GPU on a machine without one (dsv4spec/triton_mode.py)."""
+    if not choose():
+        return False
     try:
         from triton.runtime import interpreter
     except ImportError:                       # (every rule but the kernels' runs without Triton)

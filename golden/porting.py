@@ -62,7 +62,15 @@ the reference's own outputs in exactly this form).  Where the operation rejects 
 malformed entry: `result=error` in `{EXPECTED}/`), write `@ id=N error=SHORT_REASON` and no
 value lines.  Records of an operation the port does not implement are simply left out.
 
-    dsv4spec golden check-vectors EXPORT OUT [--rules PREFIX,...]
+A port that implements some operations only declares them, so that what it leaves out reads n/i
+and a crash before it wrote an output does not: a line `ops=OP1,OP2` (canonical names) in
+`OUT/port.txt`, or `--ops OP1,OP2` on the command line (which wins).  A rule that calls none of
+the declared operations and has no output file is then n/i; one that calls a declared operation
+needs its file and every record of that operation (ERROR otherwise).  A port that declares
+nothing must write a file for every rule (a missing one is ERROR); an empty file reads n/i.
+`OUT/port.txt` may also hold `name=...`, `variant.KNOB=VALUE` and `extensions=A,B`.
+
+    dsv4spec golden check-vectors EXPORT OUT [--rules PREFIX,...] [--ops OP,...]
 
 replays every rule's checks on those outputs (the same checks, comparison policies and failure
 messages as `dsv4spec verify`, with the bits of the first differences decoded) and prints one row
@@ -100,10 +108,13 @@ each in two forms holding the same inputs:
 A port writes `OUT/NAME.txt` (one `@ case=NAME` header, one value line per output, named as in
 `outputs=`) or `OUT/NAME.safetensors` (tensors `out.OUTPUT`), then
 
-    dsv4spec golden check-outputs OUT [--rules PREFIX,...]
+    dsv4spec golden check-outputs OUT [--rules PREFIX,...] [--ops OP,...]
 
 compares bit for bit (rows sorted where their order is free), by case: PASS, FAIL (the first
-difference decoded), MISSING, or ERROR (a file that cannot be read; the others are still judged).
+difference decoded), MISSING, ERROR (a file that cannot be read; the others are still judged), or
+n/i: no file for a case whose operation the port does not declare (`ops=` in `OUT/port.txt` or
+`--ops`, as for check-vectors; a `kv_qdq` case is also `kv_qdq_FMT`'s).  Exit 1 on any FAIL,
+MISSING or ERROR.
 """
 
 

@@ -228,19 +228,28 @@ def _input_names(case: Case, stored: dict) -> list[str]:
     return sorted(stored) if case.call == "mapping" else list(case.inputs)
 
 
-def check_outputs(port_dir: Path, data: Path = DATA, rules: list[str] | None = None) -> list[tuple[str, str, str]]:
+def check_outputs(port_dir: Path, data: Path = DATA, rules: list[str] | None = None,
+                  ops: str | None = None) -> list[tuple[str, str, str]]:
     """(rule, status, detail) per golden case, comparing the files a port wrote in `port_dir`
     (`<case>.safetensors` with `out.*` tensors, or `<case>.txt` in the text form) with the goldens:
-    PASS, FAIL, MISSING (no file, or an output absent) or ERROR (a file that cannot be read: the
-    other cases are still judged)."""
+    PASS, FAIL, MISSING (no file, or an output absent), ERROR (a file that cannot be read: the
+    other cases are still judged) or n/i (no file, and the port declares its operations, `ops` or
+    port.txt's ops=, without the case's)."""
+    from .vectors import declared_ops
     port_dir = Path(port_dir)
     if not port_dir.is_dir():
         raise FileNotFoundError(f"{port_dir} is not a directory of port outputs")
+    implemented = declared_ops(port_dir, ops)
     results = []
     for case in selected(rules):
         binary, text = port_dir / f"{case.name}.safetensors", port_dir / f"{case.name}.txt"
         if not binary.exists() and not text.exists():
-            results.append((case.rule, "MISSING", f"{case.name}: neither {binary.name} nor {text.name} in {port_dir}"))
+            if implemented is not None and not _case_ops(case) & implemented:
+                results.append((case.rule, "n/i", f"{case.name}: missing {case.op} (not among the operations "
+                                                  f"the port declares)"))
+            else:
+                results.append((case.rule, "MISSING", f"{case.name}: neither {binary.name} nor {text.name} "
+                                                      f"in {port_dir}"))
             continue
         f = binary if binary.exists() else text
         try:
@@ -256,6 +265,14 @@ def check_outputs(port_dir: Path, data: Path = DATA, rules: list[str] | None = N
         problem = compare(case, got, want)
         results.append((case.rule, "FAIL" if problem else "PASS", problem or case.name))
     return results
+
+
+def _case_ops(case: Case) -> set[str]:
+    """The operation names that answer a case: its own, and the per-format name of a bundled one
+    (the kv_qdq case of fmt fp4_e4m3 is kv_qdq_fp4_e4m3's)."""
+    from ..properties.target import SPLIT
+    return {case.op} | {split for split, (bundled, fmt) in SPLIT.items()
+                        if bundled == case.op and case.args.get("fmt") == fmt}
 
 
 def _save(tensors: dict, path: Path, metadata: dict) -> None:

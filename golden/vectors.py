@@ -662,10 +662,13 @@ def plain(text: str) -> str:
     return _NUMPY_REPR.sub(r"\1", text)
 
 
-def judge(export_dir: Path, port_dir: Path, rules: list[str] | None = None, program: str = "dsv4spec"):
+def judge(export_dir: Path, port_dir: Path, rules: list[str] | None = None, program: str = "dsv4spec",
+          ops: str | None = None):
     """One suite Row per exported rule selected: the rule's checks replayed on the port's outputs
-    (port_dir/<RULE>.txt).  A missing or unreadable file is ERROR on the checks that need it."""
-    from ..properties.suite import ERROR, Row, load_checks, run_rule
+    (port_dir/<RULE>.txt).  A missing or unreadable file is ERROR on the checks that need it.  Where
+    the port declares its operations (`ops`, else port.txt's ops=), a rule that calls none of them
+    and has no output file is n/i, as `verify` reads a target without them."""
+    from ..properties.suite import ERROR, NOT_IMPLEMENTED, Row, load_checks, run_rule
     from ..properties.target import Target
     from ..spec.rules import _matches
     export_dir, port_dir = Path(export_dir), Path(port_dir)
@@ -675,6 +678,7 @@ def judge(export_dir: Path, port_dir: Path, rules: list[str] | None = None, prog
         raise FileNotFoundError(f"{port_dir} is not a directory of port outputs")
     load_checks()
     declared = read_declarations(port_dir)
+    implemented = declared_ops(port_dir, ops)
     chosen = [r for r in exported_rules(export_dir) if not rules or any(_matches(r, p) for p in rules)]
     if rules and not chosen:
         raise ValueError(f"no exported vectors for a rule matching {', '.join(rules)}; the export holds "
@@ -685,6 +689,11 @@ def judge(export_dir: Path, port_dir: Path, rules: list[str] | None = None, prog
         outputs = read_outputs(port_dir / rule_file(rule_id), {r.id: r for r in records})
         names = _checks_of(export_dir / INPUTS / rule_file(rule_id))
         repro = f"{program} golden check-vectors {export_dir} {port_dir} --rules {rule_id}"
+        called = sorted({r.op for r in records})
+        if implemented is not None and not set(called) & implemented and not (port_dir / rule_file(rule_id)).exists():
+            rows.append(Row(rule_id, f"vectors:{port_dir}", NOT_IMPLEMENTED,
+                            f"missing {', '.join(called)} (not among the operations the port declares)"))
+            continue
         if outputs.file_error and not outputs.results and not outputs.errors:
             rows.append(Row(rule_id, f"vectors:{port_dir}", ERROR, outputs.file_error, repro))
             continue
@@ -703,9 +712,26 @@ def judge(export_dir: Path, port_dir: Path, rules: list[str] | None = None, prog
 PORT = "port.txt"
 
 
+def declared_ops(port_dir: Path, ops: str | None = None) -> frozenset | None:
+    """The operations a port declares it implements: `ops` (comma-separated, the command line's
+    --ops), else OUT/port.txt's `ops=`; None where it declares none.  Unknown names are a ValueError."""
+    from ..properties.target import known_ops
+    text = ops if ops is not None else read_declarations(port_dir).get("ops")
+    if text is None:
+        return None
+    names = frozenset(n.strip() for n in text.split(",") if n.strip())
+    unknown = sorted(names - known_ops())
+    if unknown:
+        where = "--ops" if ops is not None else f"{Path(port_dir) / PORT} ops="
+        raise ValueError(f"{where} names operations the contract does not know: {', '.join(unknown)} "
+                         f"(`dsv4spec ops` lists them)")
+    return names
+
+
 def read_declarations(port_dir: Path) -> dict:
     """OUT/port.txt, optional: `name=...`, `variant.KNOB=VALUE` (the implementation-defined choices
-    and variants the port declares, as a Python target's VARIANTS), `extensions=A,B`."""
+    and variants the port declares, as a Python target's VARIANTS), `extensions=A,B`, `ops=A,B` (the
+    operations it implements)."""
     path = Path(port_dir) / PORT
     if not path.is_file():
         return {}
@@ -714,7 +740,7 @@ def read_declarations(port_dir: Path) -> dict:
         if line.strip() and not line.startswith("#"):
             key, eq, value = line.strip().partition("=")
             if not eq:
-                raise ValueError(f"{path} line {n}: expected key=value (name=, variant.KNOB=VALUE, extensions=)")
+                raise ValueError(f"{path} line {n}: expected key=value (name=, variant.KNOB=VALUE, extensions=, ops=)")
             declared[key] = value
     from ..spec.rules import check_variants
     check_variants({k[len("variant."):]: v for k, v in declared.items() if k.startswith("variant.")})

@@ -5,14 +5,20 @@ JSON (schema_version 3; properties/report.schema.json is its JSON Schema), one o
     schema_version   3
     header           the run: tool {name, version}, spec {rules, digest} (the digest is a sha256
                      prefix of every rule's id, status, statement and knob: equal digests, equal
-                     rules), targets [{spec, name, module, version, device, claims_conformance}], profile,
+                     rules), targets [{spec, name, module, version, device, claims_conformance, and
+                     load_error and usage_error when a worker could not load it}], profile,
                      seed (null when derandomized), timeout_s, examples_per_check {rule: n}
                      (the profile's size per rule: ci is sized by measured cost), rules (the
                      prefixes, or "all"),
                      workers, worker_devices, isolate, python, torch, device ("cpu" or "cuda"),
                      gpus [names], date (UTC, ISO 8601), command, wall_s (the run's wall time:
                      loading the targets and running every rule, the report's writing excluded),
-                     slowest [{rule, target, seconds}] (the three longest rules, a second or more)
+                     slowest [{rule, target, seconds}] (the three longest rules, a second or more),
+                     max_examples (--max-examples, null for the profile's), xfail [rules an --xfail
+                     file expects to fail], shard ({index K, count N, rules [its rule ids]} of
+                     `verify --shard K/N`, else null); a merged report (`report merge`) has no shard
+                     but merged {count N, shards [K merged], missing [K], not_merged [rules of the
+                     missing shards], runs [{shard, date, wall_s, device, command}]}
     interrupted      true when the run was stopped (Ctrl-C) before every result was in
     not_run          [{rule, target}] the results an interrupted run did not reach
     counts           {target: {status: n}}
@@ -75,9 +81,32 @@ def header_line(header: dict) -> str:
     return (f"dsv4spec {header['tool']['version']} · rules {header['spec']['digest']} · profile "
             f"{header['profile']}{examples} · {seed} · torch {header.get('torch', '?')} · {where}"
             + (f" · {workers} workers on {', '.join(header['worker_devices'])}" if workers > 1 else "")
+            + _shards(header)
             + (f" · {header['wall_s']:g} s" if "wall_s" in header else "")
             + ("; slowest: " + ", ".join(f"{r['rule']} on {r['target']} {r['seconds']:.1f} s"
                                          for r in header["slowest"]) if header.get("slowest") else ""))
+
+
+def _shards(header: dict) -> str:
+    """Which shard of the run a report holds ("shard 2/4"), or which shards it merged."""
+    if header.get("shard"):
+        return f" · shard {header['shard']['index']}/{header['shard']['count']}"
+    merged = header.get("merged")
+    if not merged:
+        return ""
+    n = merged["count"]
+    missing = ", ".join(f"{k}/{n}" for k in merged["missing"])
+    return f" · {len(merged['shards'])} of {n} shards merged" + (f" (INCOMPLETE: {missing} missing)" if missing else "")
+
+
+def incompleteness(header: dict) -> list[str]:
+    """What a merged report of an incomplete set of shards says first: the shards and rules it lacks."""
+    merged = header.get("merged") or {}
+    if not merged.get("missing"):
+        return []
+    shards = ", ".join(f"{k}/{merged['count']}" for k in merged["missing"])
+    return [f"INCOMPLETE: shard{'s' * (len(merged['missing']) > 1)} {shards} not merged; their rules are "
+            f"not in this report: {', '.join(merged['not_merged'])}"]
 
 
 def slowest(rows: list[Row], n: int = 3) -> list[dict]:
@@ -190,6 +219,10 @@ def to_junit(rows: list[Row], header: dict | None = None, interrupted: bool = Fa
             props = ET.SubElement(suite, "properties")
             for key in ("profile", "seed", "torch", "device", "date") if header else ():
                 ET.SubElement(props, "property", name=key, value=str(header.get(key)))
+            if header and header.get("shard"):
+                ET.SubElement(props, "property", name="shard", value=_shards(header).removeprefix(" · shard "))
+            for line in incompleteness(header or {}):
+                ET.SubElement(props, "property", name="incomplete", value=line)
             if interrupted:
                 ET.SubElement(props, "property", name="interrupted", value="true")
         for r in mine:
@@ -216,6 +249,7 @@ def to_markdown(rows: list[Row], header: dict | None = None, interrupted: bool =
     interrupted run says so first, with the rules that did not run."""
     targets, rules, cell = _matrix(rows)
     lines = ["# dsv4spec conformance report", ""]
+    lines += [f"**{line}**\n" for line in incompleteness(header or {})]
     if interrupted:
         first, *rest = interruption(list(not_run), len(rows))
         lines += [f"**{first}**", "", *(f"- {line.strip()}" for line in rest), ""]

@@ -12,6 +12,7 @@ metadata:
     INPUT_DTYPES = {"fp8_quantize": "float32"}   # per operation, overriding INPUT_DTYPE
     MODELS = ("v4.1-flash",)            # the model profiles it serves (default: all)
     SHAPES = {"sparse_attention": {"D": (512,), "H": 16, "K": 64}}   # per operation, the sizes it takes
+    CONTRACT = 5                        # the contract version it was written against (CONTRACT_VERSION)
 
 Input dtypes are "float32" (the default) or "bfloat16".  The suite generates values representable
 in the dtype an operation declares and passes it tensors of that dtype, so a BF16-only kernel is
@@ -30,6 +31,12 @@ A kernel compiled for some sizes only declares SHAPES: per operation, per dimens
 multiple of.  The checks then draw their examples at those sizes (a list widened with −1 entries,
 which contribute nothing, heads and head dims as declared), so a rule is judged where the kernel
 can run; a clause that needs a size the target refuses is NOT_IMPLEMENTED.
+
+A target written against an earlier version of this contract keeps its verdicts: kv_qdq(x, fmt)
+provides the per-format operations, but a format the bundled form took only from a later version
+(fp4_e8m0, from version 2) is asked of it only where it declares a CONTRACT from that version on
+(an exception is then judged), or, declaring none, where it answers one call of that format: an
+adapter that predates the format reads n/i there, not ERROR; one that answers is judged.
 
 How `--target T` is resolved (the same rule for the CLI, the pytest plugin and `load_target`):
 
@@ -94,6 +101,23 @@ def targets_from_environment() -> list[str]:
     return [s.strip() for s in os.environ.get(TARGET_VARIABLE, "").split(",") if s.strip()]
 
 
+# The version of this contract (the operations, their arguments and results, the metadata a target
+# declares), and when each version came and what it changed (README.md's "Contract versions").
+CONTRACT_VERSION = 5
+CONTRACT_CHANGES = {
+    1: ("2026-11-30", "operations by canonical name; NAME, DEVICE, VARIANTS, EXTENSIONS, INPUT_DTYPES; results "
+        "checked strictly; kv_qdq(x, fmt) for fp4_e4m3 and fp8_e8m0_32"),
+    2: ("2026-12-01", "kv_qdq(x, fmt) also takes fp4_e8m0 (PATH.K.CACHE); window_ring, index_weights_v32; "
+        "exec:CMD ports (PROTOCOL.md, protocol 1)"),
+    3: ("2026-12-01", "kv_qdq split into kv_qdq_fp4_e4m3, kv_qdq_fp8_e8m0_32 and kv_qdq_fp4_e8m0 (kv_qdq(x, fmt) "
+        "still provides them); index_scores_raw; MODELS; INPUT_DTYPE reaches every operation; a named target "
+        "claims conformance unless CLAIMS_CONFORMANCE = False"),
+    4: ("2026-12-02", "SHAPES; fp8_linear, sparse_attention, attention_q, attention_output, attention_layer"),
+    5: ("2026-12-05", "CONTRACT, the version a target was written against; a format kv_qdq(x, fmt) took only "
+        "from a later version is asked of an undeclared target only when it answers it"),
+}
+
+
 class NotImplementedOp(AttributeError):
     """The target does not provide an operation a check needs (an AttributeError, so that tools
     probing attributes, such as Hypothesis on a @given argument, see a plain missing attribute)."""
@@ -150,6 +174,9 @@ RESULTS = {
 # Per-format operations a bundled one also provides: kv_qdq(x, fmt) is kv_qdq_<fmt>(x).
 SPLIT = {"kv_qdq_fp4_e4m3": ("kv_qdq", "fp4_e4m3"), "kv_qdq_fp8_e8m0_32": ("kv_qdq", "fp8_e8m0_32"),
          "kv_qdq_fp4_e8m0": ("kv_qdq", "fp4_e8m0")}
+# The contract version from which the bundled form took a format (absent: from version 1): an
+# adapter written before it never had to.
+BUNDLED_SINCE = {"kv_qdq_fp4_e8m0": 2}
 # Operations whose result is not a tensor (a record, an opaque state, a number, a dict of stages).
 NO_TENSOR_RESULT = {"layer_role", "compressor_state", "kv_bytes_per_token", "window_bytes_per_layer",
                     "indexer_macs_per_token", "core_attention_macs", "index_layer",
@@ -371,6 +398,8 @@ class Target:
         self.received = Received()          # the last call's inputs (shared by the views of this target)
         self.input_dtypes = _input_dtypes(provider)
         self.shapes = _shapes(provider)
+        self.contract = _contract(provider)
+        self.answers: dict = {}             # a later format of a bundled operation: whether the target answers it
         self.models = tuple(getattr(provider, "MODELS", None) or MODELS)
         if isinstance(getattr(provider, "MODELS", None), str) or set(self.models) - set(MODELS):
             raise ValueError(f"target {self.name}: MODELS must be a tuple of {', '.join(MODELS)}; "
@@ -389,7 +418,35 @@ class Target:
             bundled, fmt = SPLIT[name]
             whole = getattr(self.provider, bundled, None)
             fn = (lambda x, *rest, **kw: whole(x, fmt, *rest, **kw)) if callable(whole) else None
+            if fn is not None and not self._takes_format(name, fn):
+                return None
         return fn
+
+    def _takes_format(self, name: str, fn) -> bool:
+        """Whether the bundled form is asked for the format of `name`: always for a format it took
+        from version 1; for a later one, when the target declares a CONTRACT from that version on
+        (its exceptions are then judged), or, undeclared, when it answers one call (a row of 128
+        ones): an adapter written before the format existed may reject it, and is not judged on it."""
+        since = BUNDLED_SINCE.get(name, 1)
+        if since == 1:
+            return True
+        if self.contract is not None:
+            return self.contract >= since
+        if name not in self.answers:
+            self.answers[name] = self._answers(name, fn)
+        return self.answers[name]
+
+    def _answers(self, name: str, fn) -> bool:
+        import torch
+        dtype = torch.bfloat16 if self.input_dtype(name) == "bfloat16" else torch.float32
+        try:
+            with _deadline(self.timeout, name):
+                fn(torch.ones((1, 128), dtype=dtype))
+        except KeyboardInterrupt:
+            raise
+        except BaseException:  # noqa: BLE001 -- a rejection of the format, whatever the adapter raises
+            return False
+        return True
 
     def op(self, name: str):
         """The operation `name`, with its results checked against the contract and its time limited."""
@@ -496,6 +553,17 @@ def known_ops() -> set[str]:
 
 
 INPUT_DTYPES = ("float32", "bfloat16")
+
+
+def _contract(provider) -> int | None:
+    """The CONTRACT version a provider declares (None: undeclared), validated."""
+    declared = getattr(provider, "CONTRACT", None)
+    if declared is None:
+        return None
+    if isinstance(declared, bool) or not isinstance(declared, int) or not 1 <= declared <= CONTRACT_VERSION:
+        raise ValueError(f"CONTRACT must be an int from 1 to {CONTRACT_VERSION} (the contract version the target "
+                         f"was written against; `dsv4spec ops --json` states this suite's), got {declared!r}")
+    return declared
 
 
 def _input_dtypes(provider) -> dict:

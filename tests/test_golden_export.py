@@ -143,3 +143,19 @@ def test_case_text_form_needs_no_json(exported):
     assert int(head["lines"]) == len(text) - 1 and text[-1] == "block int 32"
     name, x = V.parse_value(text[1].split())
     assert name == "x" and x.dtype == np.float32 and x.shape[-1] == 512
+
+
+def test_a_port_declaring_its_operations_reads_n_i_for_the_cases_it_leaves_out(exported, tmp_path):
+    """As exec: judges a partial port: a case of an undeclared operation without a file is n/i (exit
+    0; a kv_qdq case is its per-format operation's); a declared operation's missing case stays MISSING."""
+    from dsv4spec.golden import store
+    for name in ("fp4_e4m3_kv", "kv_qdq_fp4_e4m3"):
+        (tmp_path / f"{name}.safetensors").write_bytes((exported / "out" / f"{name}.safetensors").read_bytes())
+    (tmp_path / "port.txt").write_text("ops=fp4_e4m3_quantize,kv_qdq_fp4_e4m3\n")
+    result = cli("check-outputs", str(tmp_path), "--rules", "FP4,FP8,PATH.QDQ")
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [line.split()[:2] for line in result.stdout.splitlines() if line[:1] in ("P", "n")]
+    assert rows.count(["PASS", "FP4.KV.SCALE"]) == 1 and rows.count(["PASS", "PATH.QDQ"]) == 1
+    assert ["n/i", "FP4.IDX.SCALE"] in rows and ["n/i", "FP8.SCALE"] in rows and ["n/i", "PATH.QDQ"] in rows
+    declared = store.check_outputs(tmp_path, rules=["FP8"], ops="fp4_e4m3_quantize,fp8_quantize")
+    assert {status for _, status, _ in declared} == {"MISSING"}

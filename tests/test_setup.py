@@ -1,10 +1,15 @@
-"""Installing: CPU torch where no GPU is present (an index URL), Triton an extra that no rule
-outside the kernels needs, Hypothesis pinned to the range its private hook is tested on."""
+"""Installing: CPU torch where no GPU is present (an index URL), torch bounded to the releases tested,
+Triton an extra that no rule outside the kernels needs, Hypothesis pinned to the range its private hook
+is tested on, no hard dependency the package does not import, the MIT license; CI runs the README."""
+import ast
 import os
 import subprocess
 import sys
 import tomllib
+from importlib.metadata import packages_distributions
 from pathlib import Path
+
+from packaging.requirements import Requirement
 
 import dsv4spec
 
@@ -26,11 +31,67 @@ def test_without_a_gpu_make_installs_the_cpu_torch_from_its_index(tmp_path):
     assert "--index-url" not in make_n(tmp_path, gpu="yes")          # a GPU machine: pip's default (CUDA) torch
 
 
-def test_triton_is_an_extra_and_hypothesis_is_pinned():
-    project = tomllib.loads((HOME / "pyproject.toml").read_text())["project"]
-    assert not [d for d in project["dependencies"] if d.startswith("triton")]
-    assert project["optional-dependencies"]["kernels"] == ["triton==3.6.0"]
-    assert "hypothesis>=6.170,<7" in project["dependencies"]
+PYPROJECT = tomllib.loads((HOME / "pyproject.toml").read_text())
+PROJECT = PYPROJECT["project"]
+
+
+def make_pin(variable: str) -> str:
+    """The requirement the Makefile installs for VARIABLE (`TORCH ?= torch==2.13.0`)."""
+    line = next(line for line in (HOME / "Makefile").read_text().splitlines() if line.startswith(f"{variable} ?="))
+    return line.split("?=", 1)[1].strip()
+
+
+def test_triton_is_only_in_the_kernels_extra_pinned_to_makes_and_hypothesis_is_pinned():
+    groups = {"dependencies": PROJECT["dependencies"], **PROJECT["optional-dependencies"]}
+    holding = {group: [r for r in reqs if Requirement(r).name == "triton"] for group, reqs in groups.items()}
+    assert {group: reqs for group, reqs in holding.items() if reqs} == {"kernels": [make_pin("TRITON")]}, holding
+    assert make_pin("TRITON").startswith("triton==")
+    assert "hypothesis>=6.170,<7" in PROJECT["dependencies"]
+
+
+def test_torch_is_bounded_above_and_admits_the_release_make_installs():
+    torch = next(Requirement(r) for r in PROJECT["dependencies"] if Requirement(r).name == "torch")
+    assert any(s.operator in ("<", "<=", "==", "~=") for s in torch.specifier), \
+        f"expected an upper bound on torch (the releases tested), got {torch}"
+    pinned = Requirement(make_pin("TORCH"))
+    assert torch.specifier.contains(next(iter(pinned.specifier)).version), (str(torch), str(pinned))
+
+
+def imported_distributions() -> set[str]:
+    """The distributions that the package's own modules (pyproject's package-dir) import."""
+    owners = packages_distributions()
+    names = set()
+    for folder in PYPROJECT["tool"]["setuptools"]["package-dir"].values():
+        for path in (HOME / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Import):
+                    names.update(alias.name.split(".")[0] for alias in node.names)
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names.add(node.module.split(".")[0])
+    return {canonical(d) for name in names for d in owners.get(name, [])}
+
+
+def canonical(name: str) -> str:
+    return name.lower().replace("-", "_")
+
+
+def test_every_hard_dependency_is_imported_by_the_package():
+    imported = imported_distributions()
+    unused = [r for r in PROJECT["dependencies"] if canonical(Requirement(r).name) not in imported]
+    assert not unused, f"hard dependencies no module of the package imports (an extra's, or none): {unused}"
+
+
+def test_the_license_is_mit_and_the_metadata_says_so():
+    text = (HOME / "LICENSE").read_text()
+    assert text.startswith("MIT License") and "Copyright (c) 2026 the dsv4spec authors" in text
+    assert PROJECT.get("license") == "MIT" and "LICENSE" in PROJECT.get("license-files", []), \
+        'expected license = "MIT" and license-files = ["LICENSE"] in pyproject.toml'
+
+
+def test_ci_runs_the_readmes_two_commands_and_sets_nothing():
+    script = (HOME / ".ci" / "run").read_text().splitlines()
+    commands = [line for line in script if line.strip() and not line.startswith("#")]
+    assert commands == ["set -euo pipefail", 'cd "$(dirname "$0")/.."', "make verify", "make test"], commands
 
 
 def test_every_rule_but_the_kernels_runs_without_triton(tmp_path):
@@ -47,3 +108,9 @@ def test_every_rule_but_the_kernels_runs_without_triton(tmp_path):
     assert default.returncode == 0, default.stdout + default.stderr
     assert "kernels left out: Triton is not installed" in default.stderr
     assert "conformance claimed by impl:" in default.stdout
+
+
+def test_the_readmes_pytest_route_installs_the_cpu_torch_that_pyproject_admits():
+    torch = next(r for r in PROJECT["dependencies"] if Requirement(r).name == "torch")
+    line = f"pip install --index-url https://download.pytorch.org/whl/cpu '{torch}'"
+    assert line in (HOME / "README.md").read_text(), f"expected README's pytest route to say: {line}"

@@ -153,3 +153,25 @@ def test_every_kv_mutant_fails_its_rule_through_the_vectors(export, tmp_path, na
     V.answer(export, tmp_path, Target(provider, name), rules=[rule_id])
     (row,) = [r for r in V.judge(export, tmp_path, rules=[rule_id]) if r.rule_id == rule_id]
     assert row.status == "FAIL", f"mutant {name} survived {rule_id} in the vectors: {row.status} {row.detail}"
+
+
+def test_a_port_declaring_its_operations_reads_n_i_where_it_wrote_nothing(export, tmp_path):
+    """As exec: judges a partial port (here one of fp4_e8m0_quantize alone, judged on the KV rules):
+    a rule calling none of the declared operations, without an output file, is n/i (exit 0);
+    undeclared, it stays ERROR; so does a declared operation's missing file (a port that crashed
+    before writing)."""
+    out = tmp_path / "out"
+    out.mkdir()
+
+    def status(**kw):
+        (row,) = V.judge(export, out, rules=["FP4.KV.SCALE"], **kw)
+        return row.status
+    assert status() == "ERROR"
+    (out / V.PORT).write_text("ops=fp4_e8m0_quantize\n")
+    assert status() == "n/i" and status(ops="fp4_e4m3_quantize") == "ERROR"
+    with pytest.raises(ValueError, match="--ops names operations the contract does not know: fp4_quantize"):
+        status(ops="fp4_quantize")
+    result = cli("check-vectors", str(export), str(out), "--rules", "FP4.KV")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert any(line.startswith("n/i") and "FP4.KV.SCALE" in line and "missing fp4_e4m3_quantize" in line
+               for line in result.stdout.splitlines()), result.stdout

@@ -1,0 +1,110 @@
+"""A versioned target contract: adapters written against an earlier version keep their verdicts on
+upgrade (tests/frozen_adapters, never edited), a wrong one keeps its FAIL, and `dsv4spec ops --json`
+states the version with its changes."""
+import json
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from dsv4spec.properties.suite import RUN, load_checks, run_rule
+from dsv4spec.properties import target as contract
+from dsv4spec.properties.target import Target
+
+FROZEN = Path(__file__).parent / "frozen_adapters"
+HOME = Path(__file__).resolve().parent.parent
+README, PROTOCOL = HOME / "README.md", HOME / "PROTOCOL.md"
+RULES = ("PATH.QDQ", "PATH.K.CACHE")
+# adapter -> its verdict on each rule of RULES: the one it had under the contract it was written for
+VERDICTS = {
+    "contract1_kv_qdq": {"PATH.QDQ": "PASS", "PATH.K.CACHE": "n/i"},      # fp4_e8m0 came in version 2
+    "contract2_kv_qdq": {"PATH.QDQ": "PASS", "PATH.K.CACHE": "PASS"},
+    "contract2_kv_qdq_wrong": {"PATH.QDQ": "PASS", "PATH.K.CACHE": "FAIL"},
+    "contract3_split": {"PATH.QDQ": "PASS", "PATH.K.CACHE": "PASS"},
+}
+
+
+def dsv4spec_command() -> list[str]:
+    """The installed console script beside this interpreter (what users run)."""
+    script = Path(sys.executable).parent / "dsv4spec"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "dsv4spec"]
+
+
+def test_frozen_adapters_keep_their_verdicts_on_upgrade(tmp_path):
+    targets = [arg for name in VERDICTS for arg in ("--target", name)]
+    result = subprocess.run([*dsv4spec_command(), "verify", *targets, "--rules", ",".join(RULES),
+                             "--max-examples", "2", "--quiet", "--json", str(tmp_path / "r.json")],
+                            cwd=FROZEN, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 1, result.stdout + result.stderr          # the wrong adapter's FAIL
+    rows = json.loads((tmp_path / "r.json").read_text())["results"]
+    got = {}
+    for row in rows:                # each adapter's NAME is its module's
+        got.setdefault(row["target"], {})[row["rule"]] = row["status"]
+    assert got == VERDICTS, result.stdout
+    detail = {(r["target"], r["rule"]): r["detail"] for r in rows}
+    assert "missing kv_qdq_fp4_e8m0" in detail[("contract1_kv_qdq", "PATH.K.CACHE")]
+
+
+def _rule(provider, rule_id="PATH.K.CACHE"):
+    load_checks()
+    RUN.max_examples, before = 2, RUN.max_examples
+    try:
+        return run_rule(rule_id, Target(provider, "frozen")).status
+    finally:
+        RUN.max_examples = before
+
+
+def _kv_qdq(formats, asked):
+    import dsv4spec.impl as lib
+
+    def kv_qdq(x, fmt):
+        asked.append(fmt)
+        if fmt not in formats:
+            raise ValueError(f"unknown fmt {fmt!r}")
+        return lib.kv_qdq(x, fmt)
+    return kv_qdq
+
+
+def test_a_declared_contract_decides_without_asking():
+    """CONTRACT = 1: fp4_e8m0 is never asked (n/i); CONTRACT = 2: it is, and a rejection is ERROR."""
+    asked = []
+    old = types.SimpleNamespace(CONTRACT=1, kv_qdq=_kv_qdq(("fp4_e4m3", "fp8_e8m0_32", "fp4_e8m0"), asked))
+    assert _rule(old) == "n/i" and "fp4_e8m0" not in asked
+    broken = types.SimpleNamespace(CONTRACT=2, kv_qdq=_kv_qdq(("fp4_e4m3", "fp8_e8m0_32"), []))
+    assert _rule(broken) == "ERROR"
+
+
+def test_an_undeclared_adapter_is_asked_once_whether_it_takes_a_later_format():
+    asked = []
+    target = Target(types.SimpleNamespace(kv_qdq=_kv_qdq(("fp4_e4m3", "fp8_e8m0_32"), asked)), "frozen")
+    assert not target.has("kv_qdq_fp4_e8m0") and not target.has("kv_qdq_fp4_e8m0")
+    assert asked == ["fp4_e8m0"] and target.has("kv_qdq_fp4_e4m3", "kv_qdq_fp8_e8m0_32")
+
+
+@pytest.mark.parametrize("declared", [0, 6, "5", True, 5.0])
+def test_a_contract_outside_the_known_versions_is_refused(declared):
+    with pytest.raises(ValueError, match=f"CONTRACT must be an int from 1 to {contract.CONTRACT_VERSION}"):
+        Target(types.SimpleNamespace(CONTRACT=declared, e2m1_encode=abs), "bad")
+
+
+def test_ops_json_states_the_contract_version_and_each_change(capsys):
+    from dsv4spec.cli import main
+    assert main(["ops", "--json"]) == 0
+    stated = json.loads(capsys.readouterr().out)["contract"]
+    assert stated["version"] == contract.CONTRACT_VERSION
+    assert [c["version"] for c in stated["changes"]] == list(range(1, contract.CONTRACT_VERSION + 1))
+    assert all(c["date"] and c["change"] for c in stated["changes"])
+
+
+def test_the_readme_changelog_lists_every_version():
+    text = README.read_text()
+    changelog = text[text.index("### Contract versions"):]
+    for version, (date, _) in contract.CONTRACT_CHANGES.items():
+        assert f"- **{version}** ({date})" in changelog, version
+
+
+def test_the_exec_protocol_states_the_same_contract_version():
+    assert f"**target contract version {contract.CONTRACT_VERSION}**" in " ".join(PROTOCOL.read_text().split())
