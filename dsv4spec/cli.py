@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -11,6 +13,7 @@ from pathlib import Path
 from dsv4spec.interpreter import skip_dead_overflow_checks
 
 DEFAULT_TARGETS = ["impl", "kernels", "ml_dtypes", "torch"]
+STDOUT = "-"        # a report path meaning standard output (the matrix then goes to standard error)
 
 
 class UsageError(Exception):
@@ -85,9 +88,8 @@ def cmd_spec(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from dsv4spec.properties import causes, report
     from dsv4spec.properties.entries import matching
-    from dsv4spec.properties.suite import DERANDOMIZED, RUN, exit_status, new_seed, program
+    from dsv4spec.properties.suite import DERANDOMIZED, RUN, new_seed, program
     rule_ids, specs, skip, xfail = _checked_verify_args(args)
     if args.seed is not None and args.profile in DERANDOMIZED:
         print(f"dsv4spec verify: --seed {args.seed} is ignored: profile {args.profile} is derandomized "
@@ -96,35 +98,117 @@ def cmd_verify(args) -> int:
     RUN.program = program(specs)
     RUN.debug = bool(getattr(args, "debug", False))
     RUN.max_examples = args.max_examples
-    run_ids = [r for r in rule_ids if not matching(skip, r)]
-    progress = Progress(len(run_ids) * len(specs), quiet=args.quiet, tty=sys.stderr.isatty())
-    started = time.monotonic()
-    rows, targets, interrupted = _run_verify(args, specs, run_ids, progress)
-    progress.end()
-    rows = _listed(rows, targets, rule_ids, skip, xfail)
-    rows = causes.annotate(rows)       # one cause, one verdict: the others "same cause as …"
-    expected = {r for r in rule_ids if matching(xfail, r)}
-    header = _header(args, targets, _prefixes(args.rules), rule_ids)
-    header["xfail"] = sorted(expected)
-    header["wall_s"] = round(time.monotonic() - started, 1)
-    header["slowest"] = report.slowest(rows)
-    done = {(r.rule_id, r.target) for r in rows}
-    not_run = [(r, t.name) for t in targets for r in run_ids if (r, t.name) not in done] if interrupted else []
-    print(report.header_line(header))
-    print(report.terminal(rows, color=sys.stdout.isatty()))
-    for path, write in ((args.json, report.to_json), (args.junit, report.to_junit), (args.markdown, report.to_markdown)):
-        if path:
-            report.write_atomically(path, write(rows, header, interrupted, not_run))
-    if interrupted:
-        print("\n" + "\n".join(report.interruption(not_run, len(rows))), file=sys.stderr)
-        return 130
-    unloadable = [t for t in targets if getattr(t, "load_error", "")]
-    for t in unloadable:
-        print(f"dsv4spec verify: error: {t.load_error}", file=sys.stderr)
-    usage = any(getattr(t, "usage_error", False) for t in unloadable)
-    status = 2 if usage else 3 if unloadable else exit_status(rows, targets, expected)
-    print("\n" + report.conclusion(rows, {t.name: t.claims_conformance for t in targets}, status, expected))
-    return status
+    run = _Run(args, specs, rule_ids, [r for r in rule_ids if not matching(skip, r)], skip, xfail)
+    # The command (not the library) outlives its targets: an in-process run goes on in a forked
+    # child, whose end without a verdict (os._exit, C exit, a signal) the parent reports itself.
+    if getattr(args, "command_line", False) and not (args.jobs > 1 or args.isolate) and hasattr(os, "fork"):
+        from dsv4spec import guard
+        return guard.supervised(run)
+    with _terminated_as_interrupted():
+        return run.here()
+
+
+class _Run:
+    """One verify run: its selection, run in this process (`here`), and its reports (`conclude`)."""
+
+    def __init__(self, args, specs, rule_ids, run_ids, skip, xfail):
+        self.args, self.specs, self.rule_ids, self.run_ids, self.skip, self.xfail = \
+            args, specs, rule_ids, run_ids, skip, xfail
+        self.started = time.monotonic()
+        self.on_row = self.on_targets = lambda _: None      # the guard's (dsv4spec/guard.py)
+
+    def here(self) -> int:
+        args = self.args
+        progress = Progress(len(self.run_ids) * len(self.specs), quiet=args.quiet, tty=sys.stderr.isatty(),
+                            also=self.on_row)
+        rows, targets, interrupted = _run_verify(args, self.specs, self.run_ids, progress, self.on_targets)
+        progress.end()
+        return self.conclude(rows, targets, interrupted)
+
+    def conclude(self, rows, targets, interrupted, forced=0) -> int:
+        """Print and write the reports of `rows`; the exit status (at least `forced`)."""
+        from dsv4spec.properties import causes, report
+        from dsv4spec.properties.entries import matching
+        from dsv4spec.properties.suite import exit_status
+        args, rule_ids, run_ids = self.args, self.rule_ids, self.run_ids
+        rows = _listed(rows, targets, rule_ids, self.skip, self.xfail)
+        rows = causes.annotate(rows)       # one cause, one verdict: the others "same cause as …"
+        expected = {r for r in rule_ids if matching(self.xfail, r)}
+        header = _header(args, targets, _prefixes(args.rules), rule_ids)
+        header["xfail"] = sorted(expected)
+        header["wall_s"] = round(time.monotonic() - self.started, 1)
+        header["slowest"] = report.slowest(rows)
+        cause = "SIGTERM" if _SIGNALLED.get("signal") == signal.SIGTERM else "Ctrl-C"
+        if interrupted:
+            header["interrupted_by"] = cause
+        done = {(r.rule_id, r.target) for r in rows}
+        not_run = [(r, t.name) for t in targets for r in run_ids if (r, t.name) not in done] if interrupted else []
+        table = _table_stream(args)
+        print(report.header_line(header), file=table)
+        print(report.terminal(rows, color=colored(table)), file=table)
+        unwritten = []
+        for path, write in ((args.json, report.to_json), (args.junit, report.to_junit),
+                            (args.markdown, report.to_markdown)):
+            if path:
+                try:
+                    report.write_atomically(path, write(rows, header, interrupted, not_run))
+                except ValueError as e:         # one report lost; the others and the verdict still come
+                    unwritten.append(str(e))
+        if interrupted:
+            print("\n" + "\n".join(report.interruption(not_run, len(rows), cause)), file=sys.stderr)
+            status = 128 + _SIGNALLED.get("signal", signal.SIGINT)
+        else:
+            unloadable = [t for t in targets if getattr(t, "load_error", "")]
+            for t in unloadable:
+                print(f"dsv4spec verify: error: {t.load_error}", file=sys.stderr)
+            usage = any(getattr(t, "usage_error", False) for t in unloadable)
+            status = 2 if usage else 3 if unloadable else max(exit_status(rows, targets, expected), forced)
+            print("\n" + report.conclusion(rows, {t.name: t.claims_conformance for t in targets}, status, expected),
+                  file=table)
+        for why in unwritten:
+            print(f"dsv4spec verify: error: {why}", file=sys.stderr)
+        return REPORT_LOST if unwritten else status
+
+
+REPORT_LOST = 4        # a report could not be written (the others and the verdict line were)
+
+
+def _table_stream(args):
+    """Where the matrix and the verdict go: standard output, unless a report is written there."""
+    return sys.stderr if STDOUT in (args.json, args.junit, args.markdown) else sys.stdout
+
+
+def colored(stream) -> bool:
+    """ANSI colours on a terminal, unless $NO_COLOR is set and not empty (https://no-color.org)."""
+    return stream.isatty() and not os.environ.get("NO_COLOR")
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled as Ctrl-C is: what finished is printed and written, marked interrupted."""
+
+
+_SIGNALLED: dict = {}
+
+
+class _terminated_as_interrupted:
+    """SIGTERM (and SIGINT) raise KeyboardInterrupt once; a second signal while the reports are
+    written is ignored, so that they are written whole."""
+
+    def __enter__(self):
+        self.saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        for s in self.saved:
+            signal.signal(s, self._raise)
+
+    def _raise(self, number, _frame):
+        for s in self.saved:
+            signal.signal(s, signal.SIG_IGN)
+        _SIGNALLED["signal"] = number
+        raise Terminated() if number == signal.SIGTERM else KeyboardInterrupt()
+
+    def __exit__(self, *exc):
+        for s, handler in self.saved.items():
+            signal.signal(s, handler)
+        return False
 
 
 def _listed(rows, targets, rule_ids, skip, xfail):
@@ -152,15 +236,19 @@ def _checked_verify_args(args) -> tuple[list[str], list[str]]:
     from dsv4spec.spec import select
     if args.profile not in PROFILES:
         raise UsageError(f"unknown profile {args.profile!r}; expected one of {', '.join(PROFILES)}")
-    if args.timeout <= 0:
-        raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise UsageError(f"--timeout must be a positive, finite number of seconds, got {args.timeout:g}")
     if args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
     if args.max_examples is not None and args.max_examples < 1:
         raise UsageError(f"--max-examples must be at least 1, got {args.max_examples}")
     rule_ids = [r.id for r in select(_prefixes(args.rules))]
-    for path in filter(None, (args.json, args.junit, args.markdown)):
-        report.check_writable(path)
+    paths = [p for p in (args.json, args.junit, args.markdown) if p]
+    if paths.count(STDOUT) > 1:
+        raise UsageError("only one of --json, --junit and --markdown can be written to standard output (-)")
+    for path in paths:
+        if path != STDOUT:
+            report.check_writable(path)
     specs = list(dict.fromkeys(args.target or targets_from_environment() or _default_targets()))
     for spec in specs:
         _locate(spec)
@@ -210,15 +298,17 @@ def _default_targets() -> list[str]:
     return [t for t in DEFAULT_TARGETS if t != "kernels"]
 
 
-def _run_verify(args, specs, rule_ids, progress):
+def _run_verify(args, specs, rule_ids, progress, on_targets=lambda _: None):
     """(rows, targets, interrupted): in this process, or in worker processes for --isolate/--jobs."""
     from dsv4spec.properties.suite import RUN, load_checks, verify
     from dsv4spec.properties.target import load_target
     workers = args.jobs > 1 or args.isolate
-    targets = [] if workers else [load_target(spec) for spec in specs]
-    for t in targets:
-        t.timeout = args.timeout
+    targets = []
     try:
+        for spec in [] if workers else specs:
+            targets.append(load_target(spec))
+            targets[-1].timeout = args.timeout
+        on_targets(targets)
         if not workers:
             load_checks()
             return verify(targets, profile=args.profile, progress=progress, rule_ids=rule_ids), targets, False
@@ -271,14 +361,15 @@ class Progress:
 
     EVERY_S = 10.0
 
-    def __init__(self, total: int, quiet: bool, tty: bool):
+    def __init__(self, total: int, quiet: bool, tty: bool, also=lambda _: None):
         import time
-        self.total, self.quiet, self.tty = total, quiet, tty
+        self.total, self.quiet, self.tty, self.also = total, quiet, tty, also
         self.rows, self.clock = [], time.monotonic
         self.last = self.clock()
 
     def __call__(self, row):
         self.rows.append(row)
+        self.also(row)
         if self.quiet:
             return
         done = len(self.rows)
@@ -342,6 +433,8 @@ def build_parser() -> argparse.ArgumentParser:
                "  dsv4spec bench --record          # on a CUDA GPU: kernels vs torch vs ceilings",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    from dsv4spec import __version__
+    parser.add_argument("--version", action="version", version=f"dsv4spec {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("rules", help="list the rules (id, status, policy, title)")
@@ -368,7 +461,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "sets CLAIMS_CONFORMANCE = False) has no FAIL/ERROR/TIMEOUT; "
                     "1 otherwise; 2 on a usage error (a target that implements no operation included); 3 when a "
                     "target could not be loaded; 130 when "
-                    "interrupted (what finished is printed). The ml_dtypes and torch targets are element "
+                    "interrupted (Ctrl-C), 143 on SIGTERM (what finished is printed and written); 4 when a "
+                    "report could not be written (the others and the verdict line were). The ml_dtypes and torch targets are element "
                     "casts whose deviations are findings, not failures.",
         epilog="A target: impl, kernels, official, ml_dtypes, torch; an entry point of group "
                "dsv4spec.targets; a module (pkg.module, or mytarget for mytarget.py in the working "
@@ -403,7 +497,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "machine, balanced by the rules' expected cost; `dsv4spec report merge` joins the shards' "
                    "--json reports")
     p.add_argument("--json", metavar="F", help="write a JSON report (schema_version 3; its JSON Schema: "
-                                                "dsv4spec/properties/report.schema.json)")
+                                                "dsv4spec/properties/report.schema.json); F - is standard "
+                                                "output, as for --junit and --markdown (the matrix then goes "
+                                                "to standard error)")
     p.add_argument("--junit", metavar="F", help="write a JUnit XML report")
     p.add_argument("--markdown", metavar="F", help="write a Markdown report (matrix, counts, failures)")
     p.add_argument("--quiet", action="store_true", help="no progress on standard error")
@@ -424,14 +520,20 @@ RUNS_TARGETS = {"verify", "golden", "coverage", "mutate"}     # the commands tha
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.command_line = argv is None        # the `dsv4spec` command itself, not a library call
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    from dsv4spec.properties.target import TargetLoadError
     if args.command in RUNS_TARGETS:
         skip_dead_overflow_checks()     # our own process (dsv4spec/interpreter.py: why no result changes)
+    return handled(lambda: args.func(args) or 0, args)
+
+
+def handled(call, args) -> int:
+    """call(), with a usage or load error reported in one line and its exit status."""
+    from dsv4spec.properties.target import TargetLoadError
     try:
-        return args.func(args) or 0
+        return call()
     except (UsageError, ValueError, FileNotFoundError, TargetLoadError) as e:
         if args.debug:
             raise

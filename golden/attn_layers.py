@@ -6,7 +6,7 @@ exp's, and about 1% of the outputs lie within ATTN's tolerance of a BF16 midpoin
 redraw.  These inputs make o exact instead:
 
 - the main q [T, 4, 512] reads two channels only, 2t and 2t+1 for token t (q_attn 8 or 2 there, so
-  V4's rescale is by exactly 2 or 8 and q_norm is 16 in both; V4.1 passes q_attn = 16), and its RoPE
+  V4's rescale is by exactly 2 or 8 and q_rescale is 16 in both; V4.1 passes q_attn = 16), and its RoPE
   tail is 0: every product q·k is exact and so is every partial sum (ATTN.SCORE's error is 0);
 - the token's own new KV row (kv_normed[t], 256 in channels 2t and 2t+1) is its "star": its score
   s* = fl32(8192·scale) ≈ 362 is at least 120 above every other listed row's, so every other
@@ -49,7 +49,7 @@ MARGIN = 120.0                  # s* − every other score: exp underflows to 0 
 SINK_BELOW = -256.0
 
 ATTN_STAGE_RULES = {
-    "q_norm": "ATTN.Q_NORM", "q_attn_rot": "ROPE.POSITIONS", "kv_rot": "ROPE.POSITIONS", "kv_window": "PATH.QDQ",
+    "q_rescale": "ATTN.Q_NORM", "q_attn_rot": "ROPE.POSITIONS", "kv_rot": "ROPE.POSITIONS", "kv_window": "PATH.QDQ",
     "cmp_rot": "ROPE.POSITIONS", "cmp": "PATH.QDQ", "kv": "ATTN.GATHER", "o": "ATTN.PROB.ORDER",
     "o_derot": "ATTN.DEROTATE",
 }
@@ -59,7 +59,7 @@ NOTES = {
     "o": "determined: one listed row (the token's own, 'star') scores >= 120 above the others, so o = "
          "kv[star] / L with L = 1 (heads 0, 1, sink far below) or 2 (heads 2, 3, sink = the star's score); "
          "spec.attn.bounds (any blocking) admits that one BF16 value; the list order is free",
-    "q_attn_rot": "the main q's RoPE tail is 0 (it keeps the dot products exact): this stage equals q_norm, "
+    "q_attn_rot": "the main q's RoPE tail is 0 (it keeps the dot products exact): this stage equals q_rescale, "
                   "its zeros compared without their sign (a rotated 0 is +0 or -0 by the formula's signs)",
     "index stages": "q .. scores of the index path are gated by the index_layer case of the same layer and inputs; "
                     "only the lists are stored here",
@@ -100,8 +100,8 @@ def _layer(a: dict, model: str, layer: int, start_pos: int) -> tuple[dict, dict]
     T = out["window_idx"].shape[0]
     positions, freqs = SP.token_positions(T, start_pos), R.frequencies(m, layer)
     q = np.asarray(a["q_attn"], np.float64)
-    out["q_norm"], loose["q_norm"] = SA.q_rescale(q, m), _q_norm_loose(q, m)
-    rot, where = _rotation(out["q_norm"], positions, freqs, False)
+    out["q_rescale"], loose["q_rescale"] = SA.q_rescale(q, m), _q_rescale_loose(q, m)
+    rot, where = _rotation(out["q_rescale"], positions, freqs, False)
     out["q_attn_rot"], loose["q_attn_rot"] = rot["rot"], where["rot"]
     rot, where = _rotation(np.asarray(a["kv_normed"], np.float64), positions, freqs, False)
     out["kv_rot"], loose["kv_rot"] = rot["rot"], where["rot"]
@@ -133,7 +133,7 @@ def _layer(a: dict, model: str, layer: int, start_pos: int) -> tuple[dict, dict]
     return out, loose
 
 
-def _q_norm_loose(q, m) -> np.ndarray:
+def _q_rescale_loose(q, m) -> np.ndarray:
     """V4: where the rescale is not one BF16 value for every rsqrt within 2^-16 of the exact one
     (the squares and their mean are exact on these inputs: asserted); V4.1: nowhere (identity)."""
     if m.name in V41:
@@ -281,7 +281,7 @@ def _built(name: str, model: str, layer: int, seqlen: int, start_pos: int, seed:
         values["kv_normed"] = _with_stars(_with_pairs(values["kv_normed"], pairs, seed))
         inputs = {**base, **values, "q_attn": _q_attn(model, seqlen), "sink": _sink(model)}
         stages, loose = _layer(inputs, model, layer, start_pos)
-        if loose["q_norm"].any() or loose["q_attn_rot"].any() or loose["star"].any():
+        if loose["q_rescale"].any() or loose["q_attn_rot"].any() or loose["star"].any():
             raise AssertionError(f"{name}: the main q's stages are not determined by construction")
         rows, redraw = set(), {"kv_entries": {int(j) for j in np.argwhere(loose["cmp_rot"])[:, 0]}
                                if "cmp_rot" in loose else set()}

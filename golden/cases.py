@@ -172,7 +172,8 @@ def fp4_operands(seed: int, rows: int, heads: int, keys: int, dim: int = 128):
 def _cases() -> tuple[Case, ...]:
     from .layers import path_cases          # layers builds on the helpers of this module
     from .attn_layers import attention_layer_cases
-    return (*codec_cases(), *indexer_cases(), *path_cases(), *attention_cases(), *attention_layer_cases())
+    return (*codec_cases(), *indexer_cases(), *path_cases(), *attention_cases(), *attention_layer_cases(),
+            *fp32_codec_cases())
 
 
 def built(case: Case) -> Case:
@@ -198,6 +199,82 @@ def codec_cases() -> list[Case]:
         Case("fp8_v4_main_kv", "FP8.SCALE", "fp8_quantize", {"x": x448}, {"block": 64}, ("q", "scales")),
         Case("fp8_v41_swa", "FP8.SCALE", "fp8_quantize", {"x": swa}, {"block": 32}, ("q", "scales")),
         Case("fp8_v32_index", "FP8.SCALE", "fp8_quantize", {"x": v32}, {"block": 128}, ("q", "scales")),
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# fp32 codec inputs: the scale classes no BF16 amax reaches (properties/coverage.py: pow2_scale,
+# kv_midpoints); a target whose quantizers take BF16 is not asked them (store.check_target)
+# ---------------------------------------------------------------------------------------------
+
+def _f32_steps(v: float, ulps) -> np.ndarray:
+    """The fp32 values `ulps` fp32 ulps above v (away from zero)."""
+    return F.f32_from_bits(F.f32_bits(np.float32(v)) + np.asarray(ulps, dtype=np.int64))
+
+
+def log2_edge_amaxes(top: float, ks) -> list[float]:
+    """For each k, the first fp32 amax at or above top·2^k whose v = fl32(amax · fl32(1/top)) is
+    one ulp above 2^k: a floating log2 of v rounds to k there, the exact ceil is k + 1
+    (FMT.CEIL_LOG2; the product is correctly rounded, the same on every machine)."""
+    inverse = np.float32(1) / np.float32(top)
+    out = []
+    for k in ks:
+        amax = _f32_steps(top * _pow2(k), np.arange(64))
+        v = amax * inverse
+        hit = np.flatnonzero((F.f32_bits(v) & 0x7FFFFF) == 1)
+        if hit.size == 0:
+            raise RuntimeError(f"log2_edge_amaxes: no fp32 amax near {top}·2^{k} puts v one ulp above 2^{k}")
+        out.append(float(amax[hit[0]]))
+    return out
+
+
+def e4m3_reciprocal_amaxes(count: int) -> list[float]:
+    """fp32 amaxes near 6·m for E4M3 midpoints m (normal and subnormal) where E4M3(fl32(amax/6))
+    differs from E4M3(fl32(amax · fl32(1/6))): the division FP4.KV.SCALE names, told apart from
+    the reciprocal product."""
+    codes = np.arange(0x01, 0x7E, dtype=np.uint8)
+    values = F.e4m3_decode(codes).astype(np.float64)
+    midpoints = (values[:-1] + values[1:]) / 2
+    sixth = np.float32(1) / np.float32(6)
+    out = []
+    for m in midpoints:
+        amax = _f32_steps(6 * m, np.arange(-4, 5))
+        divided, multiplied = amax / np.float32(6), amax * sixth
+        differ = F.e4m3_encode(divided) != F.e4m3_encode(multiplied)
+        out += [float(a) for a in amax[differ][:1]]
+    step = max(len(out) // count, 1)
+    return out[::step][:count]
+
+
+def blocks_of_amaxes(amaxes, block: int, width: int) -> np.ndarray:
+    """One block per amax, [amax, −amax/2, amax/3 (rounded to fp32)], laid out `width` wide."""
+    x = np.zeros((-(-len(amaxes) * block // width) * (width // block), block), dtype=np.float32)
+    for i, a in enumerate(np.asarray(amaxes, dtype=np.float32)):
+        x[i, :3] = [a, -a / np.float32(2), a / np.float32(3)]
+    return x.reshape(-1, width)
+
+
+LOG2_KS = (-120, -100, -20, -9, -5, -4, 4, 5, 9, 20, 100, 120)
+FP8_LOG2_KS = (-20, -9, -5, -4, 4, 5, 9, 20, 100, 118)         # amax ≥ the floor 1e-4: v ≥ 2^-22
+
+
+def one_ulp_around(*points) -> list[float]:
+    """Each point and the fp32 values one ulp either side (floors and saturation points that are
+    not BF16 values, or whose neighbours are not)."""
+    return [float(v) for p in points for v in _f32_steps(p, (-1, 0, 1))]
+
+
+def fp32_codec_cases() -> list[Case]:
+    kv = e4m3_reciprocal_amaxes(32) + one_ulp_around(6 * _pow2(-9), 6 * 448.0, 6 * 464.0)
+    idx = log2_edge_amaxes(6.0, LOG2_KS) + one_ulp_around(6 * _pow2(-126))
+    fp8 = log2_edge_amaxes(448.0, FP8_LOG2_KS) + one_ulp_around(np.float32(1e-4))
+    return [
+        Case("fp4_e4m3_kv_fp32", "FP4.KV.SCALE", "fp4_e4m3_quantize", {"x": blocks_of_amaxes(kv, 16, 128)},
+             outputs=("packed", "scales")),
+        Case("fp4_e8m0_index_fp32", "FP4.IDX.SCALE", "fp4_e8m0_quantize", {"x": blocks_of_amaxes(idx, 32, 128)},
+             outputs=("packed", "scales")),
+        Case("fp8_fp32_log2", "FP8.SCALE", "fp8_quantize", {"x": blocks_of_amaxes(fp8, 32, 128)}, {"block": 32},
+             ("q", "scales")),
     ]
 
 

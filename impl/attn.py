@@ -136,7 +136,7 @@ def attention_layer(inputs: dict, *, model: str, layer: int, start_pos: int = 0)
     """index_layer's stages (a V4.1 reuse layer: window_idx, and indices from the index source's
     top-k `source_topk`), then the attention's, each from the stage before:
 
-    q_norm (attention_q of the input q_attn), q_attn_rot (RoPE at the tokens' positions), kv_rot and
+    q_rescale (attention_q of the input q_attn), q_attn_rot (RoPE at the tokens' positions), kv_rot and
     kv_window (the new tokens' kv_normed rotated, then QDQ), cmp_rot and cmp (prefill on a layer that
     compresses its KV: the entries kv_entries rotated at j·ratio, then QDQ; otherwise the cache
     kv_cache as attention reads it), kv ([window rows | compressed rows]; decode: the ring
@@ -150,8 +150,8 @@ def attention_layer(inputs: dict, *, model: str, layer: int, start_pos: int = 0)
     freqs = rope_freqs(model, layer, "q")
     q = bf16_layer_input(op, inputs, "q_attn", (T, None, m.head_dim))
     sink = layer_input(op, inputs, "sink", (q.shape[1],)).float()
-    out["q_norm"] = attention_q(q, model=model)
-    out["q_attn_rot"] = rope_rotate(out["q_norm"], positions, freqs)
+    out["q_rescale"] = attention_q(q, model=model)
+    out["q_attn_rot"] = rope_rotate(out["q_rescale"], positions, freqs)
     kv_new = bf16_layer_input(op, inputs, "kv_normed", (T, m.head_dim))
     out["kv_rot"] = rope_rotate(kv_new, positions, rope_freqs(model, layer, "window_kv"))
     out["kv_window"] = window_kv_qdq(out["kv_rot"], model)

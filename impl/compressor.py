@@ -28,7 +28,7 @@ __all__ = ["compress", "compressor_state", "compressor_feed"]
 def compress(x: torch.Tensor, params: dict, *, model: str, ratio: int) -> torch.Tensor:
     _check(params, model, ratio, x=x, what="compress")
     seqlen = x.shape[1]
-    kv = x @ params["wkv"].T
+    kv = _project(x, params["wkv"], ratio)
     groups = seqlen // ratio
     if not spec.has_gate(ratio):
         pooled = kv[:, :groups]
@@ -84,7 +84,7 @@ def _step(state: CompressorState, x: torch.Tensor):
     """One token (the official decode step); mutates the state's buffers, returns the entry or None."""
     p, ratio, pos = state.params, state.ratio, state.position
     state = replace(state, position=pos + 1)
-    kv = x @ p["wkv"].T
+    kv = _project(x, p["wkv"], ratio)
     if not spec.has_gate(ratio):
         pooled = kv
     else:
@@ -106,6 +106,12 @@ def _step(state: CompressorState, x: torch.Tensor):
         pooled = (window_kv * window_score.softmax(dim=1)).sum(dim=1)
     normed = _rms_norm(pooled, p["norm"], profile(state.model).norm_eps)
     return state, _rope(normed, torch.tensor([pos + 1 - ratio]), p["rope_freqs"])
+
+
+def _project(x: torch.Tensor, wkv: torch.Tensor, ratio: int) -> torch.Tensor:
+    """wkv·x in fp32; at ratio 1 (a BF16 Linear, CMP.RATIO1) that sum rounded once to BF16."""
+    kv = x @ wkv.T
+    return kv if spec.has_gate(ratio) else kv.bfloat16().float()
 
 
 def _overlap_windows(t: torch.Tensor, fill: float) -> torch.Tensor:

@@ -10,6 +10,7 @@ Operations (contract in dsv4spec.properties.path):
     kv_qdq(x [..., D], fmt) -> f32                                            (BF16 values)
     pool_scan_topk(q, k, w, visible, pool, topk) -> int64 [T, topk]
     index_layer(inputs: dict, *, model, layer, start_pos=0) -> dict of stages
+        (a V4.1 KV source decoding a step that completes no group scores published_k_*: PATH.K.PUBLISHED)
 """
 from __future__ import annotations
 
@@ -242,8 +243,9 @@ def index_layer(inputs: dict, *, model: str, layer: int, start_pos: int = 0) -> 
     out["w_raw"] = _project(x, weights_proj)
     out["weights"] = index_weights(out["w_raw"], model)
     visible = torch.div(positions + 1, ratio, rounding_mode="floor")
+    own_k = fp4_e8m0_dequantize(out["k_packed"], out["k_scales"])
     scores = index_scores(fp4_e8m0_dequantize(out["q_packed"], out["q_scales"]),
-                          fp4_e8m0_dequantize(out["k_packed"], out["k_scales"]), out["weights"], visible)
+                          _scored_keys(op, inputs, m, layer, T, start_pos, own_k), out["weights"], visible)
     out["scores"] = scores
     k_top = min(m.index_topk, E)
     eligible = _visibility_mask(visible, E)
@@ -256,6 +258,18 @@ def index_layer(inputs: dict, *, model: str, layer: int, start_pos: int = 0) -> 
     out["topk"] = _topk_from(scores, eligible, k_top, "score" if model in spec.V4 else "position")
     out["indices"] = attention_index(out["window_idx"], out["topk"], T, start_pos)
     return out
+
+
+def _scored_keys(op: str, inputs: dict, m, layer: int, seqlen: int, start_pos: int,
+                 own_k: torch.Tensor) -> torch.Tensor:
+    """The index keys the layer scores: its own, or at a V4.1 decode step where it publishes
+    nothing, the first rows of the cache published last (PATH.K.PUBLISHED)."""
+    if not spec.reads_published_k(m, layer, seqlen, start_pos):
+        return own_k
+    rows, D = spec.published_k_rows(m, start_pos), m.index_head_dim
+    packed = layer_input(op, inputs, "published_k_packed", (rows, D // 2))
+    scales = layer_input(op, inputs, "published_k_scales", (rows, D // 32))
+    return fp4_e8m0_dequantize(packed, scales)[:own_k.shape[0]]
 
 
 def _project(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

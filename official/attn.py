@@ -106,7 +106,7 @@ def attention_layer(inputs: dict, *, model: str, layer: int, start_pos: int = 0)
     q = inputs["q_attn"].to(torch.bfloat16).clone()
     if model in spec.V4:
         q *= torch.rsqrt(q.square().mean(-1, keepdim=True) + m.norm_eps)
-    out["q_norm"] = q.float()
+    out["q_rescale"] = q.float()
     apply_rotary_emb(q[..., -64:], table)
     out["q_attn_rot"] = q.float()
     kv = inputs["kv_normed"].to(torch.bfloat16).clone()

@@ -1,5 +1,7 @@
 """official.path: the index lists, RoPE then quantization, and one layer's indexer path as the
 official code computes them (V4-model Indexer/Attention L380-509; V4.1 upstream L488-580, L680-760).
+A V4.1 KV source at a decode step that completes no group scores the cache published last
+(published_k_*, PATH.K.PUBLISHED); its own K stages are still returned, as its own cache holds them.
 
 BF16 tensors throughout, torch.topk with its own ties, int32 index lists.  The FP4 and FP8 bytes
 come from the official codecs (official.quant); the reference itself keeps them as in-place QDQ.
@@ -10,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..spec.models import profile
+from ..spec.path import reads_published_k
 from ..spec.pool import layer_role
 from ..spec.quant import FP8_LINEAR_BLOCK
 from .indexer import rotate_activation
@@ -160,6 +163,8 @@ def index_layer(inputs: dict, *, model: str, layer: int, start_pos: int = 0) -> 
     out["w_raw"] = weights.clone()
     weights = weights * (D ** -0.5 * H ** -0.5)
     out["weights"] = weights.clone()
+    if reads_published_k(m, layer, seqlen, start_pos):   # no latent: nothing published (L537); L554 reads layer 20's
+        k = _codec("fp4_e8m0_dequantize")(inputs["published_k_packed"], inputs["published_k_scales"]).to(BF16)
     score = torch.einsum("shd,td->sht", q, k[:entries])
     score = (score.relu_() * weights.unsqueeze(-1)).sum(dim=1)
     if start_pos == 0:

@@ -30,16 +30,22 @@ and refuse (ValueError) what they cannot convert exactly.
 | rows of 128 (a paged cache) and back        | as_blocks / from_blocks       |
 | selected block ids, −1 padded               | pool_mask                     |
 | kv_qdq for one format only                  | name it kv_qdq_fp4_e4m3 or kv_qdq_fp8_e8m0_32 |
+| takes a complex RoPE table / cos and sin    | with_freqs_cis / with_cos_sin (tables: freqs_cis, cos_sin) |
+| the official kernel.py signatures           | from_official_kernels(module) (a whole target) |
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import inspect
+import math
 
 import numpy as np
 
 __all__ = ["as_bytes", "e8m0_from_pow2", "e4m3_from_values", "as_index", "reshape_like", "as_column",
            "as_flat", "rows", "e2m1_codes", "e8m0_from_words", "split_row", "join_row", "as_blocks",
-           "from_blocks", "pool_mask"]
+           "from_blocks", "pool_mask", "from_official_kernels", "OfficialKernelSignatures",
+           "OFFICIAL_KERNEL_OPERATIONS", "default_dtype", "freqs_cis", "cos_sin", "with_freqs_cis", "with_cos_sin"]
 
 _BYTE_DTYPES = ("uint8", "int8", "float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu", "float4_e2m1fn_x2")
 
@@ -222,3 +228,231 @@ def _float32(t, what):
     if not isinstance(t, torch.Tensor) or t.dtype != torch.float32:
         raise ValueError(f"{what}: expected a float32 tensor, got {getattr(t, 'dtype', type(t).__name__)}")
     return t.contiguous()
+
+
+# ------------------------------------------------------------------------------------------------
+# A module with the official kernel.py's signatures (act_quant, fp4_act_quant, fp8_gemm, sparse_attn)
+# ------------------------------------------------------------------------------------------------
+def _fp8_quantize(k, x, block):
+    z, n = k.blocks_in(x, block)
+    y, s = k.kernel.act_quant(z, block, "ue8m0", _e8m0())
+    return k.out(as_bytes(y)[:, :n], x), k.out(as_bytes(s)[:, :n // block], x, n // block)
+
+
+def _fp8_qdq(k, x, block):
+    z, n = k.blocks_in(x, block)
+    k.kernel.act_quant(z, block, "ue8m0", _e8m0(), True)          # written back into z
+    return k.out(z[:, :n].float(), x)
+
+
+def _fp4_e8m0_quantize(k, x):
+    z, n = k.blocks_in(x, 32)
+    y, s = k.kernel.fp4_act_quant(z, 32)
+    return k.out(as_bytes(y)[:, :n // 2], x, n // 2), k.out(as_bytes(s)[:, :n // 32], x, n // 32)
+
+
+def _fp4_e4m3_quantize(k, x):
+    import torch
+    z, n = k.blocks_in(x, 16)
+    y, s = k.kernel.fp4_act_quant(z, 16, scale_dtype=torch.float8_e4m3fn)
+    return k.out(as_bytes(y)[:, :n // 2], x, n // 2), k.out(as_bytes(s)[:, :n // 16], x, n // 16)
+
+
+def _fp8_linear(k, x, w, w_scale, block):
+    """The official linear() of an FP8 weight: act_quant, then fp8_gemm under the default dtype BF16."""
+    import torch
+    if block != k.GEMM_BLOCK:
+        raise ValueError(f"{k.NAME}: this kernel's fp8_gemm uses {k.GEMM_BLOCK}×{k.GEMM_BLOCK} blocks; got "
+                         f"block {block} (V4.1's 32×32 needs the V4.1 kernel.py)")
+    kdim, n = x.shape[-1], w.shape[0]
+    a, a_s = k.kernel.act_quant(k.bf16(x).reshape(-1, kdim), block, "ue8m0", _e8m0())
+    b = k.on_device(w).contiguous().view(torch.float8_e4m3fn)
+    if w_scale.dtype == torch.uint8:
+        b_s, scale_dtype = k.on_device(w_scale).contiguous().view(_e8m0()), _e8m0()
+    else:
+        b_s, scale_dtype = k.on_device(w_scale).to(torch.float32).contiguous(), torch.float32
+    with default_dtype(torch.bfloat16):
+        c = k.kernel.fp8_gemm(a, a_s, b, b_s, scale_dtype)
+    return c.float().reshape(*x.shape[:-1], n).to(x.device)
+
+
+def _sparse_attention(k, q, kv, sink, indices, softmax_scale, *, model=None):
+    """The suite's q [T,H,D], kv [N,D], indices [T,K] as the kernel's batch of one ([1,T,H,D],
+    [1,N,D], [1,T,K]), indices int32 as the official model passes them; model is the suite's
+    (MODELS keeps the other model's examples away)."""
+    import torch
+    batch = q.dim() == 3
+    q_, kv_, idx = (q[None], kv[None], indices[None]) if batch else (q, kv, indices)
+    o = k.kernel.sparse_attn(k.bf16(q_), k.bf16(kv_), k.on_device(sink).to(torch.float32).contiguous(),
+                             k.on_device(idx).to(torch.int32).contiguous(), softmax_scale)
+    return (o[0] if batch else o).float().to(q.device)
+
+
+# suite operation -> (the kernel function it calls, the adapter[, a parameter the function must
+# have]): the one mapping of every target over the official signatures (official-kernels too).
+OFFICIAL_KERNEL_OPERATIONS = {
+    "fp8_quantize": ("act_quant", _fp8_quantize),
+    "fp8_qdq": ("act_quant", _fp8_qdq),
+    "fp4_e8m0_quantize": ("fp4_act_quant", _fp4_e8m0_quantize),
+    "fp4_e4m3_quantize": ("fp4_act_quant", _fp4_e4m3_quantize, "scale_dtype"),    # V4.1's kernel.py
+    "fp8_linear": ("fp8_gemm", _fp8_linear),
+    "sparse_attention": ("sparse_attn", _sparse_attention),
+}
+
+
+def _e8m0():
+    import torch
+    return torch.float8_e8m0fnu
+
+
+@contextlib.contextmanager
+def default_dtype(dtype):
+    """torch's default dtype set to `dtype` inside the block and restored after, also on an exception."""
+    import torch
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def bucket(n_blocks: int) -> int:
+    """The padded block count: the next power of two."""
+    return 1 << max(n_blocks - 1, 0).bit_length()
+
+
+def _serves(fn, needs: str | None) -> bool:
+    if not callable(fn):
+        return False
+    if needs is None:
+        return True
+    try:
+        return needs in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+class OfficialKernelSignatures:
+    """A target over a module with the official kernel.py's signatures: it has exactly the
+    operations whose kernel function the module defines (OFFICIAL_KERNEL_OPERATIONS)."""
+
+    CLAIMS_CONFORMANCE = True
+    VARIANTS: dict = {}
+    INPUT_DTYPE = "bfloat16"        # the kernels take BF16 activations
+    GEMM_BLOCK = 128                # V4 kernel.py fp8_gemm_kernel: group_size = block_N = block_K = 128
+    # sparse_attn_kernel (V4-kernel L276-352) compiles for head dim 512 (the model's; at 16 TileLang
+    # finds "No valid warp partition" for its GEMMs on the H200), heads in 16s (its launcher pads
+    # fewer than 16, L358-363) and, as run here, lists in whole blocks of 64
+    SHAPES = {"sparse_attention": {"D": (512,), "H": 16, "K": 64}}
+
+    def __init__(self, module, *, name: str | None = None, device=None, shapes: dict | None = None):
+        self.kernel = module
+        self.NAME = name or getattr(module, "NAME", None) or getattr(module, "__name__", type(module).__name__)
+        self.device = device            # None: where the inputs are
+        self.DEVICE = getattr(device, "type", device) or "cpu"
+        if shapes is not None:
+            self.SHAPES = shapes
+        self.served = {}
+        for op, (function, adapter, *needs) in OFFICIAL_KERNEL_OPERATIONS.items():
+            if _serves(getattr(module, function, None), needs[0] if needs else None):
+                setattr(self, op, _bound(adapter, self, op))
+                self.served[op] = function
+        # V4's fp4_act_quant has no scale_dtype (E8M0 only): the file's model is the one its kernels
+        # are, and only that model's examples reach it (the running max of sparse_attn, fp8_gemm's block)
+        from ..spec.rules import V4, V41
+        self.MODELS = V41 if "fp4_e4m3_quantize" in self.served else V4
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.NAME!r}: {', '.join(self.served) or 'nothing'})"
+
+    def on_device(self, x):
+        return x if self.device is None else x.to(self.device)
+
+    def bf16(self, x):
+        import torch
+        return self.on_device(x).to(torch.bfloat16).contiguous()
+
+    def blocks_in(self, x, block: int):
+        """x as contiguous BF16 rows [M, N'] on the device, its blocks padded with zero blocks to a
+        power-of-two count (one compiled kernel per bucket, not per width); and the real width n."""
+        import torch
+        n = x.shape[-1]
+        if n % block:
+            raise ValueError(f"{self.NAME}: the last dimension {n} is not a multiple of the block {block}")
+        rows = self.bf16(x).reshape(-1, n)
+        if rows.shape[0] == 0:              # no launch of zero rows: one zero row, dropped by out()
+            rows = rows.new_zeros(1, n)
+        width = bucket(n // block) * block
+        if width != n:
+            rows = torch.cat([rows, rows.new_zeros(rows.shape[0], width - n)], dim=1).contiguous()
+        return rows, n
+
+    @staticmethod
+    def out(t, like, last: int | None = None):
+        """A result [M, last] back in the input's leading shape and on its device."""
+        t = t[:math.prod(like.shape[:-1])]
+        return t.contiguous().reshape(*like.shape[:-1], like.shape[-1] if last is None else last).to(like.device)
+
+
+def _bound(adapter, k: OfficialKernelSignatures, op: str):
+    def call(*args, **kwargs):
+        return adapter(k, *args, **kwargs)
+    call.__name__ = call.__qualname__ = op
+    call.__doc__ = adapter.__doc__
+    return call
+
+
+def from_official_kernels(module, *, name: str | None = None, device=None,
+                          shapes: dict | None = None) -> OfficialKernelSignatures:
+    """The target of a module (or object) with the official kernel.py's signatures: act_quant,
+    fp4_act_quant, fp8_gemm and sparse_attn serve the suite's fp8_quantize, fp8_qdq,
+    fp4_e8m0_quantize, fp4_e4m3_quantize (a fp4_act_quant taking scale_dtype), fp8_linear and
+    sparse_attention, with the glue the official model has around them (BF16 and int32 inputs, the
+    batch dimension, linear() as act_quant then fp8_gemm under the default dtype BF16, restored
+    after).  device: where the kernels run (None: where the suite's inputs are); shapes: the sizes
+    sparse_attn takes (default: the official kernel's, head dim 512, heads in 16s, lists in 64s)."""
+    return OfficialKernelSignatures(module, name=name, device=device, shapes=shapes)
+
+
+# ------------------------------------------------------------------------------------------------
+# RoPE tables: the suite passes (positions int64 [T], freqs f32 [d/2]) to rope_rotate,
+# rope_quantize and attention_output; libraries take the complex table or cos/sin
+# ------------------------------------------------------------------------------------------------
+def freqs_cis(positions, freqs):
+    """The complex64 table [T, d/2] the official model indexes at these positions: the angles
+    outer(positions, freqs) in fp32 (int64 positions times fp32 frequencies, exact for positions
+    below 2^24), then polar(1, angle) (V4-model L226-228, precompute_freqs_cis).  No other rounding."""
+    import torch
+    angle = torch.outer(positions, freqs.to(torch.float32))
+    return torch.polar(torch.ones_like(angle), angle)
+
+
+def cos_sin(positions, freqs, *, repeat: bool = False):
+    """(cos, sin) fp32 [T, d/2]: the real and imaginary parts of freqs_cis(positions, freqs), the
+    same values; repeat=True gives each twice, [T, d], for code that multiplies the consecutive
+    pairs (x[2i], x[2i+1]) element by element."""
+    table = freqs_cis(positions, freqs)
+    cos, sin = table.real.contiguous(), table.imag.contiguous()
+    return (cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)) if repeat else (cos, sin)
+
+
+def with_freqs_cis(fn, *, inverse: bool = False):
+    """fn(x, table, *rest) called as the suite calls rope_rotate / attention_output / rope_quantize:
+    (x, positions, freqs, *rest).  inverse=True passes the conjugate table (attention_output's
+    de-rotation, V4-model L237)."""
+    @functools.wraps(fn)
+    def call(x, positions, freqs, *args, **kwargs):
+        table = freqs_cis(positions, freqs)
+        return fn(x, table.conj() if inverse else table, *args, **kwargs)
+    return call
+
+
+def with_cos_sin(fn, *, inverse: bool = False, repeat: bool = False):
+    """fn(x, cos, sin, *rest) called as (x, positions, freqs, *rest); inverse=True negates sin
+    (exact: the conjugate table); repeat as in cos_sin."""
+    @functools.wraps(fn)
+    def call(x, positions, freqs, *args, **kwargs):
+        cos, sin = cos_sin(positions, freqs, repeat=repeat)
+        return fn(x, cos, -sin if inverse else sin, *args, **kwargs)
+    return call

@@ -41,6 +41,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from ..spec import compressor as spec
 from ..spec.indexer import round_bf16
+from ..spec.models import profile
 from ..spec.rules import V4, V41, V4_ALL
 from .compare import as_numpy, assert_same_shape
 from .suite import check, forall
@@ -251,13 +252,89 @@ def softmax_over_slots_per_channel(target, case):
     assert_direction(target, case, "CMP.GATE: pooled direction (softmax over the window per channel)")
 
 
+def make_midpoint_case(seqlen: int, seed: int, *, batch: int = 1, dim: int = 4, d: int = 8, rope_pairs: int = 1,
+                       midpoints: int = 1) -> Case:
+    """A V4.1 ratio-1 case where rounding the projection to BF16 decides the entry's BF16 value.
+
+    Every token is x = ±2^s on two columns (the rest random, multiplied by zero weights).  `midpoints`
+    channels project to ±2^s·(1 + 2^-8 − 2^-16), just under a BF16 midpoint, so BF16 rounds them to
+    ±2^s; the other d − midpoints (more of them) project to ±2^s·(1 − 2^-8), exact in BF16.  From the
+    BF16 projections 1/RMS is 2^-s·(1 + f·2^-8) for f < 1 and the midpoint channels normalize to
+    (1 + f·2^-8), BF16 1; from the fp32 projections the RMS is lower and they normalize past
+    1 + 2^-8, BF16 1 + 2^-7.  The norm weights are powers of two, which keep both sides."""
+    if not 1 <= midpoints < d / 2 or dim < 2:
+        raise ValueError(f"make_midpoint_case: need 1 <= midpoints < d/2 and dim >= 2, got {midpoints}, d {d}, dim {dim}")
+    rng = np.random.default_rng(seed)
+    x = bf16_values(rng.standard_normal((batch, seqlen, dim)))
+    cols = rng.permutation(dim)[:2]
+    x[..., cols] = (rng.choice([-1.0, 1.0], (batch, seqlen)) * 2.0 ** rng.integers(-4, 5, (batch, seqlen)))[..., None]
+    wkv = np.zeros((d, dim))
+    wkv[:, cols[0]] = 1 - 2.0 ** -8
+    mid = rng.permutation(d)[:midpoints]
+    wkv[mid, cols[0]], wkv[mid, cols[1]] = 1.0, 2.0 ** -8 - 2.0 ** -16
+    wkv *= rng.choice([-1.0, 1.0], (d, 1))
+    norm = rng.choice([-1.0, 1.0], d) * 2.0 ** rng.integers(-2, 3, d)
+    params = {"wkv": wkv, "norm": norm, "rope_freqs": spec.rope_frequencies(2 * rope_pairs, 160000.0)}
+    recipe = (f"make_midpoint_case({seqlen}, {seed}, batch={batch}, dim={dim}, d={d}, rope_pairs={rope_pairs}, "
+              f"midpoints={midpoints})")
+    return Case("v4.1-flash", 1, x, {k: np.asarray(v, np.float32) for k, v in params.items()}, recipe)
+
+
+@st.composite
+def midpoint_cases(draw) -> Case:
+    d = draw(st.sampled_from([8, 16]))
+    return make_midpoint_case(draw(st.integers(1, 6)), draw(st.integers(0, 2**32 - 1)), batch=draw(st.integers(1, 2)),
+                              dim=draw(st.integers(2, 10)), d=d, rope_pairs=draw(st.integers(0, 4)),
+                              midpoints=draw(st.integers(1, d // 2 - 1)))
+
+
+def ratio1_bf16_range(case: Case) -> tuple[np.ndarray, np.ndarray]:
+    """The least and greatest BF16 value of each ratio-1 entry before RoPE, as the official code can
+    compute it: the fp32 sum wkv·x in any order (within (dim + 2)·u·Σ|x||W| of exact) rounded once to
+    BF16, RMSNorm of those BF16 values in fp32 (relative (d + 8)·u), rounded to BF16."""
+    x, wkv = np.asarray(case.x, np.float64), np.asarray(case.params["wkv"], np.float64)
+    exact, spread = x @ wkv.T, (x.shape[-1] + 2) * spec.U32 * (np.abs(x) @ np.abs(wkv).T)
+    lo, hi = round_bf16(exact - spread), round_bf16(exact + spread)
+    least_sq = np.where(lo * hi > 0, np.minimum(lo * lo, hi * hi), 0.0)
+    eps = profile(case.model).norm_eps
+    inv_rms = [1 / np.sqrt(np.mean(sq, axis=-1, keepdims=True) + eps) for sq in (np.maximum(lo * lo, hi * hi), least_sq)]
+    w = np.asarray(case.params["norm"], np.float64)
+    corners = np.stack([w * p * r for p in (lo, hi) for r in inv_rms])
+    slack = (lo.shape[-1] + 8) * spec.U32 * np.abs(corners).max(axis=0)
+    return round_bf16(corners.min(axis=0) - slack), round_bf16(corners.max(axis=0) + slack)
+
+
+def assert_ratio1_bf16_projection(got: np.ndarray, case: Case):
+    """Where the rotation leaves the entry alone (the channels before the last rope_dim, and all of
+    entry 0), the target's entry rounded to BF16 is within ratio1_bf16_range."""
+    least, greatest = ratio1_bf16_range(case)
+    assert_same_shape(got, least, "CMP.RATIO1")
+    unrotated = np.zeros(got.shape, bool)
+    unrotated[..., :got.shape[-1] - 2 * len(case.params["rope_freqs"])] = True
+    unrotated[:, :1] = True
+    rounded = round_bf16(got)
+    bad = unrotated & ~((least <= rounded) & (rounded <= greatest))
+    if not bad.any():
+        return
+    lines = [f"CMP.RATIO1: {int(bad.sum())} entry values, rounded to BF16, are not what BF16(RMSNorm(BF16(wkv·x))) "
+             f"gives: the projection must be rounded once to BF16 before the norm ({case!r})"]
+    for idx in list(zip(*np.nonzero(bad)))[:4]:
+        idx = tuple(int(i) for i in idx)
+        lines.append(f"  at [batch, entry, channel] {idx}: got {float(got[idx])!r} (BF16 {float(rounded[idx])!r}), "
+                     f"expected BF16 {float(least[idx])!r}" + ("" if least[idx] == greatest[idx] else
+                                                               f" to {float(greatest[idx])!r}"))
+    raise AssertionError("\n".join(lines))
+
+
 @check("CMP.RATIO1", ops=("compress",))
-@forall(case=cases(models=V41, ratios=(1,)))
+@forall(dict(case=make_midpoint_case(3, 0, dim=3, d=8, rope_pairs=2, midpoints=2)),
+        case=st.one_of(cases(models=V41, ratios=(1,)), midpoint_cases()))
 def ratio_one_is_normalized_projection(target, case):
     got = run_compress(target, case)
     ref = spec.compress(case.x, case.params, case.model, case.ratio)
     tol = spec.entry_tolerance(case.x, case.params, case.model, case.ratio)
     assert_within(got, ref, tol, what="CMP.RATIO1: entry = RoPE(RMSNorm(wkv·x), t)", case=case)
+    assert_ratio1_bf16_projection(got, case)
 
 
 # --- CMP.NORM -----------------------------------------------------------------------------------

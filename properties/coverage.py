@@ -1096,6 +1096,19 @@ def layer_call_boundaries() -> list[Boundary]:
                  _layer_call(c)[0].candidate_topk_blocks * _layer_call(c)[0].candidate_block_size > 0)]
 
 
+def published_k_boundaries() -> list[Boundary]:
+    """Where PATH.K.PUBLISHED decides: a V4.1 source's decode step that publishes nothing, and there
+    more entries than the top-k (the selection then follows the scored cache)."""
+    from ..spec.path import reads_published_k
+
+    def published(c):
+        m, r, T, p = _layer_call(c)
+        return reads_published_k(m, int(arg(c, 99, "layer")), T, p)
+    return [seen("index_layer", "a V4.1 source decoding a step that completes no group", "range", published),
+            seen("index_layer", "there more compressed entries than the top-k", "range",
+                 lambda c: published(c) and (_layer_call(c)[3] + 1) // _layer_call(c)[1] > _layer_call(c)[0].index_topk)]
+
+
 def path_boundaries() -> dict[str, list[Boundary]]:
     def start(c):
         return int(arg(c, 1, "start_pos"))
@@ -1140,6 +1153,7 @@ def path_boundaries() -> dict[str, list[Boundary]]:
                 for fmt in ("fp4_e4m3", "fp8_e8m0_32")],
             **{rule: layer + drawn for rule in ("PATH.Q.PROJ", "PATH.HADAMARD", "PATH.W.PROJ", "PATH.LAYER")},
             **{rule: layer[2:] + drawn for rule in ("PATH.K.PROJ", "PATH.K.NORM")},    # V4.1's index K
+            "PATH.K.PUBLISHED": published_k_boundaries(),
             "PATH.ORDER": layer + drawn + [seen("rope_quantize", "rope_quantize at a position > 0", "range",
                                         lambda c: np.any(np.asarray(arg(c, 1, "positions")) > 0))]}
 

@@ -27,7 +27,9 @@ from urllib.parse import quote, unquote
 
 import numpy as np
 
-from .target import (DEFAULT_TIMEOUT_S, NotImplementedOp, OperationTimeout, Target, TargetLoadError,
+from dsv4spec.guard import signal_on_parent_death
+
+from .target import (DEFAULT_TIMEOUT_S, WATCH, NotImplementedOp, OperationTimeout, Target, TargetLoadError,
                      TargetNotFound, known_ops)
 
 PREFIX = "exec:"
@@ -36,6 +38,8 @@ MAX_LINE = 65536
 EXIT_GRACE_S = 1.0
 START_VARIABLE = "DSV4SPEC_EXEC_START_S"     # seconds a port may take to answer the handshake
 STDERR_TAIL = 2000          # characters of the port's standard error shown with an error
+MAX_REPLY_BYTES = 1 << 30   # tensor bytes one reply may declare, whatever the operation
+WIDEST = 8                  # bytes of the widest element a reply may send (int64, float64)
 
 # dtype name -> (numpy little-endian dtype, element size); bfloat16 travels as its 16-bit pattern
 DTYPES = {"bool": ("|b1", 1), "uint8": ("|u1", 1), "int8": ("|i1", 1), "int16": ("<i2", 2),
@@ -183,6 +187,18 @@ def _int(fields: dict, key: str, what: str) -> int:
         raise ProtocolError(f"{what}: {key}={fields[key]!r} is not an integer") from None
 
 
+def reply_limit(op: str, args: tuple, kwargs: dict) -> int:
+    """The tensor bytes a reply to this request may hold: its results' shapes (where the contract
+    fixes them) at the widest element, within MAX_REPLY_BYTES."""
+    from .target import SHAPES
+    try:
+        shapes = SHAPES[op](args, kwargs)
+    except Exception:       # noqa: BLE001 -- no shape the contract fixes (or inputs chosen malformed)
+        return MAX_REPLY_BYTES
+    shapes = [shapes] if shapes and not isinstance(shapes[0], tuple) else list(shapes)
+    return min(MAX_REPLY_BYTES, sum(int(np.prod(s, dtype=np.int64)) for s in shapes) * WIDEST)
+
+
 # ------------------------------------------------------------------------------------------------
 # The port process
 # ------------------------------------------------------------------------------------------------
@@ -202,8 +218,9 @@ class Port:
     def __init__(self, spec: str, argv: list[str]):
         self.spec, self.argv = spec, argv
         self.proc = None
+        self.reply_left = self.reply_limit = MAX_REPLY_BYTES
         self.buffer = bytearray()
-        self.stderr: deque = deque(maxlen=64)
+        self.stderr: deque = deque(maxlen=4)        # chunks of at most STDERR_TAIL bytes
         self.timeout_of = lambda: None
         _PORTS.add(self)
         try:
@@ -261,9 +278,11 @@ class Port:
     def _start(self) -> dict:
         try:
             self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE, start_new_session=True)
+                                         stderr=subprocess.PIPE, start_new_session=True,
+                                         preexec_fn=_dies_with_the_suite)
         except OSError as e:
             raise ProtocolError(f"cannot start {shlex.join(self.argv)}: {e.strerror or e}") from None
+        WATCH.port(self.proc.pid)
         self.buffer = bytearray()
         self.stderr.clear()
         threading.Thread(target=_drain, args=(self.proc.stderr, self.stderr), daemon=True).start()
@@ -291,22 +310,25 @@ class Port:
         try:
             proc.wait(EXIT_GRACE_S)
         except subprocess.TimeoutExpired:
-            self._kill(proc)
+            pass
+        self._kill(proc)                # what it started and left running, if not the port itself
         proc.stdout.close()
 
     def _kill(self, proc):
+        """Kill the port's process group (start_new_session), whose members outlive the port itself
+        when it has ended (a grandchild holding its pipes)."""
         try:
-            os.killpg(proc.pid, signal.SIGKILL)      # the port's own process group (start_new_session)
+            os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
-            proc.kill()
+            if proc.poll() is None:
+                proc.kill()
         proc.wait()
 
     def _abandon(self):
         """Kill the port after a violation: its stream is no longer in step with ours."""
         proc, self.proc = self.proc, None
         if proc is not None:
-            if proc.poll() is None:
-                self._kill(proc)
+            self._kill(proc)
             for stream in (proc.stdin, proc.stdout):
                 try:
                     stream.close()
@@ -325,6 +347,7 @@ class Port:
         records = [r for i, a in enumerate(args) for r in encode_value(a, f"{op} argument {i}")]
         records += [r for k, v in kwargs.items() for r in encode_value(v, f"{op} argument {k}", key=k)]
         request = _header("call", op=op, args=len(args), kwargs=len(kwargs)) + b"".join(records)
+        self.reply_left = self.reply_limit = reply_limit(op, args, kwargs)
         try:
             if self.proc is None or self.proc.poll() is not None:
                 self._abandon()
@@ -428,6 +451,11 @@ class Port:
         if nbytes != expected:
             raise ProtocolError(f"{what}: nbytes={nbytes}, but dtype {dtype} and shape {list(shape)} take "
                                 f"{expected} bytes")
+        if nbytes > self.reply_left:
+            raise ProtocolError(f"{what}: nbytes={nbytes} is beyond the {self.reply_limit} bytes a reply to {op} "
+                                f"may hold (its results' shapes at {WIDEST} bytes an element where the contract "
+                                f"fixes them, else {MAX_REPLY_BYTES})")
+        self.reply_left -= nbytes
         data = self._bytes(nbytes, deadline, op, what)
         array = np.frombuffer(data, dtype=DTYPES[dtype][0]).reshape(shape)
         if dtype == "bool":
@@ -530,11 +558,17 @@ class Port:
         return f"\nthe port's standard error ends with:\n{text[-STDERR_TAIL:]}"
 
 
+def _dies_with_the_suite():
+    """In the port's process before it starts: SIGKILL when the suite's process dies (Linux)."""
+    signal_on_parent_death(signal.SIGKILL)
+
+
 def _drain(stream, tail: deque):
-    """Keep the last lines the port writes to its standard error (the rest is dropped)."""
+    """Keep the last of what the port writes to its standard error, read in bounded chunks (a
+    stream without line feeds is never buffered whole); the rest is dropped."""
     try:
-        for line in iter(stream.readline, b""):
-            tail.append(line[:STDERR_TAIL])
+        for chunk in iter(lambda: stream.read1(STDERR_TAIL), b""):
+            tail.append(chunk)
     except (OSError, ValueError):
         pass
     finally:

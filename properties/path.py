@@ -31,7 +31,10 @@ Operation contract (torch CPU tensors; a target provides any subset):
         index_entry [E, 128] (the
         indexer compressor's normed pre-RoPE entries); V4.1 KV sources latent [E, 512], wk [128, 512],
         k_norm [128]; re-index layers k_packed [E, 64] u8, k_scales [E, 4] u8, candidates bool [T, E];
-        E = (start_pos + T) // ratio.  Stages returned: window_idx, indices; HCA compressed_idx;
+        E = (start_pos + T) // ratio; a V4.1 ratio-2 source decoding a step that completes no group
+        (even start_pos) also published_k_packed [P, 64] u8, published_k_scales [P, 4] u8, the
+        index-K cache published last (layer 20's, P = start_pos rows), whose first E rows it
+        scores (PATH.K.PUBLISHED; index_k_read=own ignores them).  Stages returned: window_idx, indices; HCA compressed_idx;
         indexer layers q, q_rot, q_had (V4), q_packed, q_scales, k, k_normed (V4.1 sources),
         k_rot, k_had (V4), k_packed, k_scales, w_raw, weights, scores, topk (compressed indices
         without offset), candidates (layer 20).
@@ -332,6 +335,9 @@ def make_layer_case(model: str, layer: int, seqlen: int, start_pos: int = 0, see
         else:
             inputs.update(latent=normal_bf16(rng, (E, m.head_dim)), wk=normal_bf16(rng, (D, m.head_dim), m.head_dim ** -0.5),
                           k_norm=normal_bf16(rng, (D,), 0.1, 1.0))
+        if spec.reads_published_k(m, layer, seqlen, start_pos):
+            packed, scales = spec_quant.fp4_e8m0_quantize(normal_bf16(rng, (spec.published_k_rows(m, start_pos), D)))
+            inputs.update(published_k_packed=packed, published_k_scales=scales)
     label = f"{model} layer {layer} ({role.kind}, ratio {ratio}), seqlen {seqlen}, start_pos {start_pos}, seed {seed}"
     return LayerCase(label, model, layer, start_pos, tuple(inputs.items()))
 
@@ -622,21 +628,62 @@ def _visible(case) -> np.ndarray:
     return spec_indexer.index_visible(case.positions, profile(case.model).ratio(case.layer))
 
 
-def _judge_scores(target, case, out):
+def scores_published_k(case) -> bool:
+    """Whether the case is a V4.1 source's decode step that scores the cache published last."""
+    return spec.reads_published_k(profile(case.model), case.layer, case.seqlen, case.start_pos)
+
+
+READINGS = {"published": "the cache published last (layer 20's)", "own": "the layer's own index-K cache"}
+
+
+def scored_keys(case, out, reading: str) -> np.ndarray:
+    """The dequantized keys the layer scores under index_k_read = `reading`."""
+    if reading == "published" and scores_published_k(case):
+        a = case.arrays()
+        k = spec_quant.fp4_e8m0_dequantize(a["published_k_packed"], a["published_k_scales"])[:_entries(case)]
+    else:
+        k = spec_quant.fp4_e8m0_dequantize(_need(out, "k_packed", case), _need(out, "k_scales", case))
+    return k.astype(np.float64)
+
+
+def _reading(target, case) -> str:
+    return target.variant("index_k_read") if scores_published_k(case) else "own"
+
+
+def score_mismatch(case, out, k) -> str | None:
+    """Why the layer's scores are not IDX.SCORE.FP4's of its q, weights and the keys k (None: they are)."""
     q = spec_quant.fp4_e8m0_dequantize(_need(out, "q_packed", case), _need(out, "q_scales", case)).astype(np.float64)
-    k = spec_quant.fp4_e8m0_dequantize(_need(out, "k_packed", case), _need(out, "k_scales", case)).astype(np.float64)
     w = _need(out, "weights", case)
     ref = spec_indexer.index_scores(q, k, w, _visible(case))
     tol = spec_indexer.index_score_tolerance(q, k, w)
     got = _need(out, "scores", case)
     if got.shape != ref.shape:
-        raise AssertionError(f"IDX.SCORE.FP4: scores shape {got.shape}, expected {ref.shape} [{case!r}]")
+        return f"scores shape {got.shape}, expected {ref.shape}"
     with np.errstate(invalid="ignore"):
         bad = np.argwhere(np.where(np.isfinite(ref), ~(np.abs(got - ref) <= tol), got != ref))
-    if bad.size:
-        t, s = bad[0]
-        raise AssertionError(f"IDX.SCORE.FP4: {len(bad)} scores off; at (t={t}, s={s}) got {got[t, s]!r}, "
-                             f"expected {ref[t, s]!r} ± {tol[t, s]:.3g} [{case!r}]")
+    if not bad.size:
+        return None
+    t, s = bad[0]
+    return f"{len(bad)} scores off; at (t={t}, s={s}) got {got[t, s]!r}, expected {ref[t, s]!r} ± {tol[t, s]:.3g}"
+
+
+def _judge_scores(target, case, out):
+    why = score_mismatch(case, out, scored_keys(case, out, _reading(target, case)))
+    if why:
+        raise AssertionError(f"IDX.SCORE.FP4: {why} [{case!r}]")
+
+
+def _judge_scored_keys(target, case, out):
+    """At a step where a V4.1 source publishes nothing: scores of the other reading's keys break
+    PATH.K.PUBLISHED (scores off under both readings are IDX.SCORE.FP4's to report)."""
+    if not scores_published_k(case):
+        return
+    reading = target.variant("index_k_read")
+    other = "own" if reading == "published" else "published"
+    why = score_mismatch(case, out, scored_keys(case, out, reading))
+    if why and score_mismatch(case, out, scored_keys(case, out, other)) is None:
+        raise AssertionError(f"PATH.K.PUBLISHED (index_k_read={reading}): the scores are those of {READINGS[other]}, "
+                             f"expected those of {READINGS[reading]}: {why} [{case!r}]")
 
 
 def _judge_candidates(target, case, out):
@@ -700,6 +747,7 @@ STAGES = (
     Stage("k_fp4", "PATH.ORDER", OWN_K, _judge_fp4("k")),
     Stage("w_raw", "PATH.W.PROJ", INDEXER, _judge_w_raw),
     Stage("weights", "IDX.WEIGHT.SCALE", INDEXER, _judge_weights),
+    Stage("scored_k", "PATH.K.PUBLISHED", V41_K, _judge_scored_keys),
     Stage("scores", "IDX.SCORE.FP4", INDEXER, _judge_scores),
     Stage("candidates", "POOL.TOPK_BLOCKS", ("candidate_source",), _judge_candidates),
     Stage("topk", "IDX.TOPK.SELECTION", INDEXER, _judge_topk),
@@ -838,3 +886,41 @@ def completing_decode_case() -> LayerCase:
 @check("ROPE.POSITIONS", ops=("index_layer",))
 def decode_entry_rotated_at_its_groups_first_token(target):
     _judge_stages(target, completing_decode_case(), _judge_q_rot, _judge_k_rot)
+
+
+# ------------------------------------------------------------------------------------------------
+# which index-K cache a V4.1 source scores where it publishes nothing (PATH.K.PUBLISHED)
+# ------------------------------------------------------------------------------------------------
+PUBLISHED_EXAMPLES = (("v4.1-flash", 2, 1, 40, 30),       # 20 entries: the scores differ, the selection not
+                      ("v4.1-flash", 14, 1, 1026, 31))    # 513 entries: the selection differs too
+
+
+@st.composite
+def published_k_keys(draw):
+    """A V4.1 ratio-2 source decoding an even position (it publishes nothing) with more entries
+    than the top-k, where the selection follows the scored cache: half at the top-k's edge
+    (E = index_topk + 1 or + 2), half any up to 2^12 tokens; and the inputs' seed.  (Fewer
+    entries: every one is taken, the scores alone differ: PUBLISHED_EXAMPLES[0].)"""
+    m = profile("v4.1-flash")
+    layer = draw(st.sampled_from([s for s in m.kv_source_layers if m.ratio(s) > 1]))
+    ratio = m.ratio(layer)
+    if draw(st.booleans()):
+        start_pos = (m.index_topk + draw(st.integers(1, 2))) * ratio
+    else:
+        start_pos = ratio * draw(st.integers(m.index_topk + 1, 2 ** 12 // ratio))
+    return m.name, layer, 1, start_pos, draw(st.integers(0, 2 ** 32 - 1))
+
+
+@check("PATH.K.PUBLISHED", ops=("index_layer",))
+@forall(*(dict(key=key) for key in PUBLISHED_EXAMPLES), key=published_k_keys())
+def sources_score_the_cache_published_last(target, key):
+    case = layer_case(key)
+    out = run_layer(target, case)
+    reading = target.variant("index_k_read")
+    why = score_mismatch(case, out, scored_keys(case, out, reading))
+    if why:
+        other = "own" if reading == "published" else "published"
+        hint = "" if score_mismatch(case, out, scored_keys(case, out, other)) else f" (they are those of {READINGS[other]})"
+        raise AssertionError(f"PATH.K.PUBLISHED (index_k_read={reading}): scores of {READINGS[reading]} "
+                             f"expected{hint}: {why} [{case!r}]")
+    _judge_topk(target, case, out)

@@ -812,20 +812,48 @@ def assert_fp8_linear(got, x, w, w_scale, block: int, what: str, shape=None, bou
                   note=f" (the FP8 GEMM writes BF16: Σ_k s_k·S_k of the act_quant-ed x, block {block})")
 
 
+def with_block_outlier(rng, x, w, w_scale, block: int, exponent: int, small: str):
+    """One run of 32 activations (the same in every row) times 2^exponent, and the weights over it
+    made small so the rest of the row decides the sum: `small` "zero" gives those weight columns E4M3
+    zeros and their K block the largest scale of its weight rows (so the run's neighbours in a block
+    of 128 weigh as much as any block); "scale" lowers the E8M0 scale of that K block by exponent + 8.
+    act_quant per block keeps every other block exact; a scale shared with the outlier (per row, per
+    tensor, a block of 128 where it is 32) puts the others' values among E4M3 subnormals or 0."""
+    run = int(rng.integers(x.shape[-1] // 32))
+    x, w, w_scale = x.copy(), w.copy(), w_scale.copy()
+    x[..., run * 32:(run + 1) * 32] *= np.float32(2.0 ** exponent)
+    if small == "zero":
+        w[:, run * 32:(run + 1) * 32] = 0
+        w_scale[:, run * 32 // block] = w_scale.max(axis=1)
+    else:
+        w_scale[:, run * 32 // block] -= np.uint8(exponent + 8)
+    return x, w, w_scale
+
+
 @check("FP8.LINEAR", ops=("fp8_linear",))
-@forall(dict(seed=0, model="v4-flash", shape=(2, 8, 2), spread=3), dict(seed=1, model="v4.1-flash", shape=(2, 40, 3), spread=3),
-        dict(seed=2, model="v4-flash", shape=(2, 4, 1), spread=8),
+@forall(dict(seed=0, model="v4-flash", shape=(2, 8, 2), spread=3, outlier=None),
+        dict(seed=1, model="v4.1-flash", shape=(2, 40, 3), spread=3, outlier=None),
+        dict(seed=2, model="v4-flash", shape=(2, 4, 1), spread=8, outlier=None),
+        dict(seed=3, model="v4-flash", shape=(2, 2, 1), spread=3, outlier=(16, "zero")),
+        dict(seed=4, model="v4.1-flash", shape=(2, 4, 1), spread=3, outlier=(20, "scale")),
         seed=st.integers(0, 2 ** 32 - 1), model=st.sampled_from(tuple(Q.FP8_LINEAR_BLOCK)),
-        shape=st.tuples(st.integers(1, 2), st.integers(2, 6), st.integers(1, 2)), spread=st.sampled_from((3, 8)))
-def fp8_linear_is_block_scaled(target, seed, model, shape, spread):
+        shape=st.tuples(st.integers(1, 2), st.integers(2, 6), st.integers(1, 2)), spread=st.sampled_from((3, 8)),
+        outlier=st.one_of(st.none(), st.tuples(st.integers(16, 22), st.sampled_from(("zero", "scale")))))
+def fp8_linear_is_block_scaled(target, seed, model, shape, spread, outlier):
     """shape = (rows, K blocks, N blocks) at the model's block size; spread 8 puts runs of 32 up to
-    2^16 apart, so some act_quant values are E4M3 subnormals."""
+    2^16 apart, so some act_quant values are E4M3 subnormals; outlier = (e, small): one run of 32
+    times 2^e over small weights (with_block_outlier), where act_quant's span decides the result."""
     target.asked_for(model)
     rows, kb, nb = shape
     block = Q.FP8_LINEAR_BLOCK[model]
     rng = np.random.default_rng(seed)
     w, w_scale = fp8_weight(rng, nb * block, kb * block, block)
-    x, t = fed(target, "fp8_linear", fp8_activation(rng, (rows, kb * block), spread))
+    x = fp8_activation(rng, (rows, kb * block), spread)
+    if outlier is not None:
+        x, w, w_scale = with_block_outlier(rng, x, w, w_scale, block, *outlier)
+    x, t = fed(target, "fp8_linear", x)
     got = target.fp8_linear(t, tensor(w), tensor(w_scale), block)
     assert_fp8_linear(got, x, w, w_scale, block, f"FP8.LINEAR ({model}, block {block}, x {list(x.shape)}, "
-                                                 f"w [{nb * block}, {kb * block}])")
+                                                 f"w [{nb * block}, {kb * block}]"
+                                                 + (f", a run of 32 times 2^{outlier[0]} over {outlier[1]} weights"
+                                                    if outlier else "") + ")")

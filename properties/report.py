@@ -19,7 +19,8 @@ JSON (schema_version 3; properties/report.schema.json is its JSON Schema), one o
                      `verify --shard K/N`, else null); a merged report (`report merge`) has no shard
                      but merged {count N, shards [K merged], missing [K], not_merged [rules of the
                      missing shards], runs [{shard, date, wall_s, device, command}]}
-    interrupted      true when the run was stopped (Ctrl-C) before every result was in
+    interrupted      true when the run was stopped (Ctrl-C or SIGTERM: the header's interrupted_by)
+                     before every result was in
     not_run          [{rule, target}] the results an interrupted run did not reach
     counts           {target: {status: n}}
     results          [{rule, target, status, detail, reproduce, seconds, checks {check: status}}]
@@ -31,10 +32,13 @@ and held profile/targets/rules at the top level.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import re
 import stat
+import sys
 import tempfile
 import xml.etree.ElementTree as ET
 
@@ -180,10 +184,10 @@ def conclusion(rows: list[Row], claims: dict[str, bool], status: int, expected=f
     return line
 
 
-def interruption(not_run: list[tuple[str, str]], finished: int) -> list[str]:
+def interruption(not_run: list[tuple[str, str]], finished: int, cause: str = "Ctrl-C") -> list[str]:
     """What an interrupted run says in every format: how far it got and, per target, what did not run."""
     total = finished + len(not_run)
-    lines = [f"INTERRUPTED (Ctrl-C): {finished} of {total} results finished; not run:"]
+    lines = [f"INTERRUPTED ({cause}): {finished} of {total} results finished; not run:"]
     for target in dict.fromkeys(t for _, t in not_run):
         lines.append(f"  {target}: " + ", ".join(r for r, t in not_run if t == target))
     return lines
@@ -202,6 +206,16 @@ def to_json(rows: list[Row], header: dict, interrupted: bool = False, not_run=()
     }, indent=2)
 
 
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def xml_safe(text: str) -> str:
+    """`text` with every character XML 1.0 cannot hold (control characters such as ESC and NUL
+    from a port's standard error) written as \\xNN, so that the JUnit file stays well-formed."""
+    return _NOT_XML.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256 else f"\\u{ord(m.group()):04x}",
+                        text)
+
+
 def to_junit(rows: list[Row], header: dict | None = None, interrupted: bool = False, not_run=()) -> str:
     """One testsuite per target, one testcase per rule; a failure's text ends with its reproduce
     command.  An interrupted run says so in each suite's properties, and every rule it did not
@@ -211,35 +225,37 @@ def to_junit(rows: list[Row], header: dict | None = None, interrupted: bool = Fa
     for t in dict.fromkeys([*targets, *(t for _, t in not_run)]):
         mine = [r for r in rows if r.target == t]
         missed = [rule for rule, target in not_run if target == t]
-        suite = ET.SubElement(suites, "testsuite", name=t, tests=str(len(mine) + len(missed)),
+        suite = ET.SubElement(suites, "testsuite", name=xml_safe(t), tests=str(len(mine) + len(missed)),
                               failures=str(sum(r.status == FAIL for r in mine)),
                               errors=str(sum(r.status in (ERROR, TIMEOUT) for r in mine)),
                               skipped=str(sum(r.status in (SKIP, NOT_IMPLEMENTED) for r in mine) + len(missed)))
         if header or interrupted:
             props = ET.SubElement(suite, "properties")
             for key in ("profile", "seed", "torch", "device", "date") if header else ():
-                ET.SubElement(props, "property", name=key, value=str(header.get(key)))
+                ET.SubElement(props, "property", name=key, value=xml_safe(str(header.get(key))))
             if header and header.get("shard"):
                 ET.SubElement(props, "property", name="shard", value=_shards(header).removeprefix(" · shard "))
             for line in incompleteness(header or {}):
-                ET.SubElement(props, "property", name="incomplete", value=line)
+                ET.SubElement(props, "property", name="incomplete", value=xml_safe(line))
             if interrupted:
                 ET.SubElement(props, "property", name="interrupted", value="true")
         for r in mine:
-            case = ET.SubElement(suite, "testcase", classname=f"{t}.{RULES[r.rule_id].family}",
+            case = ET.SubElement(suite, "testcase", classname=xml_safe(f"{t}.{RULES[r.rule_id].family}"),
                                  name=r.rule_id, time=f"{r.seconds:.3f}")
-            text = r.detail + (f"\n\nreproduce: {r.reproduce}" if r.reproduce else "")
-            first = r.detail.splitlines()[0] if r.detail else r.status
+            detail = xml_safe(r.detail)
+            text = detail + (f"\n\nreproduce: {xml_safe(r.reproduce)}" if r.reproduce else "")
+            first = detail.splitlines()[0] if detail else r.status
             if r.status == FAIL:
                 ET.SubElement(case, "failure", message=first).text = text
             elif r.status in (ERROR, TIMEOUT):
                 ET.SubElement(case, "error", message=f"{r.status}: {first}", type=r.status).text = text
             elif r.status in (SKIP, NOT_IMPLEMENTED):
-                ET.SubElement(case, "skipped", message=f"{r.status}: {r.detail}")
+                ET.SubElement(case, "skipped", message=f"{r.status}: {detail}")
             elif r.status == VARIANT:
-                ET.SubElement(case, "system-out").text = r.detail
+                ET.SubElement(case, "system-out").text = detail
         for rule_id in missed:
-            case = ET.SubElement(suite, "testcase", classname=f"{t}.{RULES[rule_id].family}", name=rule_id, time="0")
+            case = ET.SubElement(suite, "testcase", classname=xml_safe(f"{t}.{RULES[rule_id].family}"), name=rule_id,
+                                 time="0")
             ET.SubElement(case, "skipped", message="not run (interrupted)")
     return ET.tostring(suites, encoding="unicode")
 
@@ -251,7 +267,7 @@ def to_markdown(rows: list[Row], header: dict | None = None, interrupted: bool =
     lines = ["# dsv4spec conformance report", ""]
     lines += [f"**{line}**\n" for line in incompleteness(header or {})]
     if interrupted:
-        first, *rest = interruption(list(not_run), len(rows))
+        first, *rest = interruption(list(not_run), len(rows), (header or {}).get("interrupted_by", "Ctrl-C"))
         lines += [f"**{first}**", "", *(f"- {line.strip()}" for line in rest), ""]
     if header:
         lines += [f"`{header_line(header)}`", "",
@@ -274,10 +290,18 @@ def to_markdown(rows: list[Row], header: dict | None = None, interrupted: bool =
         lines += ["", "## Details"]
     for r in problems:
         lines += ["", f"### {r.status} `{r.rule_id}` on {r.target}", "", RULES[r.rule_id].statement, "",
-                  "```", r.detail, "```"]
+                  *_fenced(r.detail)]
         if r.reproduce:
-            lines += ["", "Reproduce:", "", "```sh", r.reproduce, "```"]
+            lines += ["", "Reproduce:", "", *_fenced(r.reproduce, "sh")]
     return "\n".join(lines) + "\n"
+
+
+def _fenced(text: str, language: str = "") -> list[str]:
+    """A Markdown code block of `text` whose fence is longer than any run of backticks in it, so
+    that nothing a target prints can close it."""
+    longest = max((len(run) for run in re.findall("`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [fence + language, text, fence]
 
 
 def check_writable(path: str) -> None:
@@ -310,14 +334,30 @@ def write_atomically(path: str, text: str) -> None:
     that file is the link's target, and the link stays.  Anything else (a FIFO, a device,
     /dev/stdout) is opened and written through, never replaced.  The file's mode is that of the
     file it replaces, else 0666 less the umask (0644 as a rule), as `open` would give it."""
+    if path == "-":
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        sys.stdout.flush()
+        return
     try:
         if _special(path):
-            with open(path, "w") as f:
-                f.write(text)
+            _write_through(path, text)
             return
         _replace(os.path.realpath(path), text)
     except OSError as e:
         raise ValueError(f"cannot write report {path}: {e.strerror or e}") from None
+
+
+def _write_through(path: str, text: str) -> None:
+    """Write to a FIFO or a device as it is; a FIFO no one reads is an error, not a hang."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as e:
+        if e.errno == errno.ENXIO:
+            raise ValueError(f"cannot write report {path}: a FIFO with no reader (start its reader first)") from None
+        raise
+    os.set_blocking(fd, True)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
 
 
 def _replace(path: str, text: str) -> None:

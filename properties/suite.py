@@ -15,6 +15,7 @@ an undeclared deviation is named ("matches e2m1_ties=toward_zero").
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import inspect
@@ -72,27 +73,45 @@ PROFILES = ("ci", "dev", "thorough")
 DERANDOMIZED = ("ci",)
 
 
-def _examples_from_the_seed_alone() -> bool:
-    """Hypothesis mixes the literals of every 'local' module that happens to be imported into its
-    examples, so one seed drew different examples in the CLI, in a worker process and under
-    pytest, and in a checkout versus an installed wheel: a printed seed did not reproduce.  The
-    checks carry their own edge values, so the suite turns that mining off (a private hook of
-    Hypothesis, present in the range pyproject.toml pins and tested in tests/test_suite.py;
-    without it, nothing changes).  True when the hook was found and patched."""
+@contextlib.contextmanager
+def examples_from_the_seed_alone():
+    """While a check runs: Hypothesis mixes the literals of every 'local' module that happens to be
+    imported into its examples, so one seed drew different examples in the CLI, in a worker process
+    and under pytest, and in a checkout versus an installed wheel: a printed seed did not reproduce.
+    The checks carry their own edge values, so the suite turns that mining off for its own checks
+    only (a private hook of Hypothesis, present in the range pyproject.toml pins and tested in
+    tests/test_suite.py; without it, nothing changes) and gives it back after each, so that a
+    user's own Hypothesis tests in the same process (the pytest plugin) draw as they would alone."""
+    try:
+        from hypothesis.internal.conjecture import providers
+        original, cache = providers._get_local_constants, providers.CONSTANTS_CACHE.cache
+    except (ImportError, AttributeError):
+        yield
+        return
+    providers._get_local_constants = lambda: _NO_LOCAL_CONSTANTS
+    cache.clear()                   # filtered from the constants of whoever ran before
+    try:
+        yield
+    finally:
+        providers._get_local_constants = original
+        cache.clear()
+
+
+def _no_local_constants():
+    """Hypothesis's collection of local constants, emptied (None without the private hook)."""
     import copy
     try:
         from hypothesis.internal.conjecture import providers
         empty = copy.deepcopy(providers._local_constants)
         for name in ("integers", "floats", "bytes", "strings"):
             getattr(empty, name).clear()
-        providers._get_local_constants = lambda: empty
-        providers.CONSTANTS_CACHE.cache.clear()
-        return True
+        return empty
     except (ImportError, AttributeError):
-        return False
+        return None
 
 
-SEED_ALONE = _examples_from_the_seed_alone()
+_NO_LOCAL_CONSTANTS = _no_local_constants()
+SEED_ALONE = _NO_LOCAL_CONSTANTS is not None
 # Examples per check in the ci profile, by rule-id prefix (the longest matching prefix wins; 25
 # otherwise), sized by measurement.  CPU ms per generated example, impl / kernels in the Triton
 # interpreter: FMT 1–3 / 5–9; FP4 2–5 / 12–26; FP8 1–3 / 9–13; IDX.VISIBLE, IDX.WEIGHT 1 / 6;
@@ -103,7 +122,7 @@ SEED_ALONE = _examples_from_the_seed_alone()
 # its fixed cases (path.FIXED_LAYERS) run as explicit examples and ci draws 2 more (a key "RULE::check" sizes one
 # check of a rule whose other checks are cheap).
 LAYER_CHECKS = ("PATH.Q.PROJ", "PATH.K.PROJ", "PATH.K.NORM", "PATH.HADAMARD", "PATH.W.PROJ", "ROPE.POSITIONS",
-                "PATH.ORDER::layer_quantizes_after_rope", "PATH.LAYER", "ATTN.LAYER")
+                "PATH.ORDER::layer_quantizes_after_rope", "PATH.LAYER", "ATTN.LAYER", "PATH.K.PUBLISHED")
 CI_EXAMPLES = {"FMT": 400, "FP4": 200, "FP8": 200, "FP8.LINEAR": 50, "IDX": 50, "IDX.VISIBLE": 400, "IDX.WEIGHT": 400,
                "POOL": 50, "POOL.SIZE": 25, **dict.fromkeys(LAYER_CHECKS, 2)}
 # The layer checks draw whole layers: dev and thorough draw 10 and 100 of them (a dev seed's layer
@@ -207,7 +226,8 @@ def forall(*examples: dict, **strategies):
                 test = example(**ex)(test)
             if RUN.seed is not None:
                 test = hypothesis_seed(RUN.seed)(test)
-            settings(RUN.settings)(test)()
+            with examples_from_the_seed_alone():
+                settings(RUN.settings)(test)()
         del run.__wrapped__               # the check's own signature is (target)
         return run
     return wrap

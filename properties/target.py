@@ -248,6 +248,57 @@ def check_result(op: str, result, args: tuple, kwargs: dict):
                                 "extra size-1 or flattened dimensions)")
 
 
+def _owned(result):
+    """The result with every tensor in it copied, so that the suite owns what it compares (a
+    CUDA-graph-style target returns the same static buffers from every call)."""
+    import torch
+    if isinstance(result, torch.Tensor):
+        return result.clone()
+    if isinstance(result, (tuple, list)):
+        items = [_owned(r) for r in result]
+        if all(a is b for a, b in zip(items, result)):
+            return result                   # nothing to copy (a record such as layer_role's)
+        return type(result)(*items) if hasattr(result, "_fields") else type(result)(items)
+    if isinstance(result, dict):
+        return {k: _owned(v) for k, v in result.items()}
+    return result
+
+
+def _tensor_copies(args: tuple, kwargs: dict) -> dict:
+    """{argument position or keyword: a copy} of every tensor argument."""
+    import torch
+    given = {**dict(enumerate(args)), **kwargs}
+    return {k: v.detach().clone() for k, v in given.items() if isinstance(v, torch.Tensor)}
+
+
+def _check_inputs_kept(op: str, before: dict, args: tuple, kwargs: dict, fn):
+    """Raise ContractError when the call changed a tensor argument (bit for bit, NaNs included)."""
+    given = {**dict(enumerate(args)), **kwargs}
+    for key, copy in before.items():
+        if not _same_bits(copy, given[key]):
+            raise ContractError(f"{op} modified its input {_argument_name(fn, key)} in place; expected the "
+                                "inputs to be left as they were given (copy before writing)")
+
+
+def _same_bits(a, b) -> bool:
+    import torch
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    flat = lambda t: t.detach().reshape(-1).view(torch.uint8) if t.numel() else t.reshape(-1)    # noqa: E731
+    return torch.equal(flat(a).cpu(), flat(b).cpu())
+
+
+def _argument_name(fn, key) -> str:
+    if isinstance(key, str):
+        return repr(key)
+    try:
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        return repr(params[key].name)
+    except (TypeError, ValueError, IndexError):
+        return f"argument {key}"
+
+
 def _numel(shape) -> int:
     n = 1
     for d in shape:
@@ -267,10 +318,12 @@ def _kind(x) -> str:
 
 class Watch:
     """Where a target process is: the operation now running (None between calls).  A supervisor
-    (suite.run_isolated) replaces `report` to see a call that never returns, even in C code."""
+    (workers.py, dsv4spec/guard.py) replaces `report` to see a call that never returns, even in C
+    code, and `port` to end the process groups of the ports left behind by a process it ends."""
 
     def __init__(self):
         self.report = lambda op: None
+        self.port = lambda pgid: None       # the process group of a port the target started (exec_target)
 
 
 WATCH = Watch()
@@ -465,12 +518,15 @@ class Target:
             if self.input_dtype(name) == "bfloat16":
                 args, kwargs = _as_bfloat16(args), dict(zip(kwargs, _as_bfloat16(tuple(kwargs.values()))))
             self.received.call = (name, args, kwargs)
+            before = _tensor_copies(args, kwargs)
             try:
                 with _deadline(self.timeout, name):
                     result = fn(*args, **kwargs)
             except OperationTimeout as e:
                 self.hung[name] = str(e)
                 raise
+            result = _owned(result)     # a buffer the target reuses on its next call must not change it
+            _check_inputs_kept(name, before, args, kwargs, fn)
             check_result(name, result, args, kwargs)
             return result
         call.__name__ = name

@@ -89,12 +89,15 @@ def _pin(cores: list[int]):
 # ------------------------------------------------------------------------------------------------
 
 def _worker(conn, cores, run: dict, timeout):
+    from dsv4spec.guard import signal_on_parent_death
+    signal_on_parent_death(signal.SIGKILL)             # a supervisor that dies takes its workers along
     signal.signal(signal.SIGINT, signal.SIG_IGN)       # the supervisor handles Ctrl-C
     _pin(cores)
     skip_dead_overflow_checks()                        # a process of ours (dsv4spec/interpreter.py)
     for setting, value in run.items():                 # the supervisor's RUN: seed, program, isolate, ...
         setattr(suite.RUN, setting, value)
     WATCH.report = lambda op: conn.send(("op", op))
+    WATCH.port = lambda pgid: conn.send(("port", pgid))
     suite.load_checks()
     targets = {}
     while True:
@@ -122,12 +125,24 @@ def _worker(conn, cores, run: dict, timeout):
 # The supervisor
 # ------------------------------------------------------------------------------------------------
 
+def end_groups(pgids: set[int]) -> None:
+    """SIGKILL the process groups of the ports a worker started (their children included), once
+    the worker is gone: a port outlives a worker killed in the middle of a call."""
+    for pgid in pgids:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    pgids.clear()
+
+
 class _Slot:
     def __init__(self, ctx, device, cores, *args):
         self.ctx, self.device = ctx, device
         self.args = (cores, *args)
         self.process = self.conn = self.task = None
         self.op, self.since = None, 0.0
+        self.ports: set[int] = set()        # process groups of the ports its worker started
 
     def start(self):
         parent, child = self.ctx.Pipe()
@@ -157,6 +172,7 @@ class _Slot:
             self.process.kill()
             self.process.join()
         self.process = self.conn = None
+        end_groups(self.ports)
 
     def stop(self):
         if self.process is not None and self.process.is_alive():
@@ -280,6 +296,8 @@ def _drain(slot, record, infos, ready):
         kind = message[0]
         if kind == "op":
             slot.op, slot.since = message[1], time.monotonic()
+        elif kind == "port":
+            slot.ports.add(message[1])
         elif kind == "loaded":
             infos[message[1]["spec"]] = TargetInfo(**message[1])
         elif kind == "row":

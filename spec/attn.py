@@ -257,15 +257,37 @@ def q_rescale(q, model: Model) -> np.ndarray:
     return round_bf16(q * r)
 
 
-def q_rescale_tolerance(q, model: Model) -> np.ndarray:
-    """V4: the mean's fp32 sum and the rsqrt may each land one BF16 ulp away: |got − q·r*| ≤
-    |q|·3·ulp(r*) + ulp(q·r*).  V4.1: 0 (identity)."""
-    q = np.asarray(q, dtype=np.float64)
+def q_rescale_factors(q, model: Model) -> tuple[np.ndarray, np.ndarray]:
+    """V4: (lo, hi) [..., 1], BF16: the factors r a conforming rescale may use for each head, every
+    BF16 value from lo to hi.  r = bf16(rsqrt(bf16(bf16(mean) + eps))): the mean an fp32 sum of the
+    BF16 squares in any order (relative 512·2^-23 at most), the add a round to fp32 then BF16, the
+    rsqrt within 2^-8 + 2^-16 before its BF16 rounding (torch's CPU kernel for one BF16 value
+    rounds the square root to BF16 before the reciprocal; a GPU's rsqrtf is within 2^-22)."""
     if model.name in V41:
-        return np.zeros_like(q)
+        raise ValueError(f"{model.name}: V4.1 does not rescale q; expected a V4 model")
+    running_max_init(model)
+    q = np.asarray(q, dtype=np.float64)
     mean = round_bf16(q * q).mean(-1, keepdims=True)
-    r = 1.0 / np.sqrt(mean + model.norm_eps)
-    return np.abs(q) * 3 * bf16_quantum(r) + bf16_quantum(2 * np.abs(q) * r)
+    sum_error = q.shape[-1] * 2.0 ** -23
+    added = [round_bf16(round_bf16(mean * (1 + sign * sum_error)) + model.norm_eps) * (1 + sign * 2.0 ** -23)
+             for sign in (-1, 1)]
+    rsqrt_error = 2.0 ** -8 + 2.0 ** -16
+    return (round_bf16(1 / np.sqrt(added[1]) * (1 - rsqrt_error)),
+            round_bf16(1 / np.sqrt(added[0]) * (1 + rsqrt_error)))
+
+
+def q_rescale_admitted(got, q, model: Model) -> np.ndarray:
+    """[..., 1]: whether each head of got is bf16(q · r), element by element, for one factor r of
+    `q_rescale_factors` (the same r for the whole head)."""
+    q, got = np.asarray(q, dtype=np.float64), np.asarray(got, dtype=np.float64)
+    r, hi = q_rescale_factors(q, model)
+    ok = np.zeros(r.shape, dtype=bool)
+    for _ in range(16):                  # a handful of BF16 values apart at most
+        ok |= (round_bf16(q * r) == got).all(-1, keepdims=True) & (r <= hi)
+        if (r >= hi).all():
+            return ok
+        r = r + bf16_quantum(r)
+    raise AssertionError("q_rescale_factors: more than 16 admitted factors; the bounds are wrong")
 
 
 def derotation_freqs(freqs) -> np.ndarray:
@@ -376,12 +398,22 @@ rule("ATTN.OUTPUT", "The output is the numerator divided by the denominator, wri
      applies_to=V4_ALL, policy="tolerance", tolerance=_TOL,
      sources=(kernel("L347-350", "acc_o /= sum_exp, copied to the BF16 output"), SOURCE_V41_KERNEL))
 
-rule("ATTN.DUPLICATES", "No de-duplication: an index listed twice is attended twice",
+rule("ATTN.DUPLICATES", "No de-duplication: each entry is attended, an index listed twice twice, a token in both caches twice",
      """The kernel handles each list entry independently: a row named by two entries contributes
-     two scores to the denominator and twice its value to the numerator (the indexer's lists have
-     no duplicates, but a concatenated window and compressed list, or a port's list, may).""",
+     two scores to the denominator and twice its value to the numerator.  The official lists never
+     name a row twice (the window indices lie below the offset and the compressed ones at or above
+     it, PATH.CONCAT, and the indexer's lists have no duplicates); a port's list may.  One token is
+     nevertheless attended twice, once per cache: in V4.1's ratio-1 layers compressed entry j is
+     token j, and with at most 512 entries every entry is listed, so each of the last 128 tokens
+     is attended as its FP8 window row and again as its FP4 compressed row; V4's compressed entries,
+     each pooling the ratio tokens of its group, overlap the window rows of those tokens the same way.
+     These are distinct rows with distinct values, and a port that drops one of them (de-duplicating
+     window and compressed rows of the same token) departs from the official output.""",
      applies_to=V4_ALL, policy="tolerance", tolerance=_TOL,
-     sources=(kernel("L322-327", "each entry on its own"), "V41-model L409-426 (order within a row does not matter)"))
+     sources=(kernel("L322-327", "each entry on its own"), "V41-model L409-426 (order within a row does not matter)",
+              "V4-model L509, L514 (offset, then [window | compressed] concatenated)",
+              "V41-model L462 (ratio 1: one token per entry, no pooling)",
+              "V41-model L744 (entry j stands at position j·ratio)"))
 
 rule("ATTN.DEROTATE", "The output's RoPE tail is de-rotated with the conjugate at the query's position",
      """After sparse attention the last 64 channels of each head of o are rotated by e^(−i·p·f_i)
@@ -391,20 +423,28 @@ rule("ATTN.DEROTATE", "The output's RoPE tail is de-rotated with the conjugate a
      applies_to=V4_ALL, policy="tolerance", tolerance="that of ROPE.ROUNDING, with the conjugate angle",
      sources=("V4-model L534", "V41-model L781", "V4-model L232-244 (inverse: freqs_cis.conj())"))
 
-rule("ATTN.Q_NORM", "V4 rescales each head of the main q to unit RMS; V4.1 does not",
-     """V4 multiplies each head of q = wq_b(qr) (BF16) by rsqrt(mean(q²) + norm_eps) before RoPE,
-     in BF16 tensor ops (square, mean, add, rsqrt, product each rounded to BF16); V4.1's
-     Attention.forward has no such step (q goes from wq_b straight to RoPE).""",
+rule("ATTN.Q_NORM", "V4 rescales each head of the main q to unit RMS, in BF16 steps; V4.1 does not",
+     """V4 multiplies each head of q = wq_b(qr) (BF16) by r = rsqrt(mean(q²) + norm_eps) before
+     RoPE, in BF16 tensor ops: the square, the mean (an fp32 sum, rounded once), the add and the
+     rsqrt each rounded to BF16, so r is a BF16 value, and the product q·r of two BF16 values is
+     rounded once to BF16.  A rescale computed in fp32 and rounded once at the end (r never rounded)
+     is not the official result.  V4.1's Attention.forward has no such step (q goes from wq_b
+     straight to RoPE).""",
      applies_to=V4_ALL, policy="tolerance",
-     tolerance="|got − q·r*| ≤ 3·|q|·ulp(r*) + ulp(q·r*) for V4 (the mean's fp32 sum and the rsqrt "
-               "one BF16 ulp each); exact identity for V4.1",
-     sources=("V4-model L498", "V41-model L770-772 (q from wq_b, then RoPE)"))
+     tolerance="""V4: got = bf16(q·r) element by element, with one factor r per head, r any BF16
+     value from bf16(ρ_lo) to bf16(ρ_hi): ρ = rsqrt(bf16(bf16(m) + eps)), m the mean of the BF16
+     squares within 512·2^-23 (its fp32 sum in any order), the add within 2^-23 before its BF16
+     rounding, and the rsqrt within 2^-8 + 2^-16 before its own (torch's CPU kernel rounds the
+     square root of a lone BF16 value to BF16 before taking the reciprocal; a GPU's rsqrtf is within
+     2^-22); the product itself has no tolerance.  V4.1: the exact identity.""",
+     sources=("V4-model L497-498 (q from wq_b in BF16; q *= rsqrt(q.square().mean(-1) + eps), BF16 tensors)",
+              "V41-model L770-772 (q from wq_b, then RoPE)"))
 
 rule("ATTN.LAYER", "Every stage of a layer's attention, each on the stage before it",
      """A layer operation returns index_layer's stages (PATH.LAYER; a V4.1 layer that reuses its
      index source's lists instead returns window_idx and indices, the window list and the source's
      top-k source_topk shifted by the window rows, PATH.CONCAT) and then, by name: the main q
-     after V4's rescale (q_norm), rotated (q_attn_rot); the new tokens' window KV rotated (kv_rot)
+     after V4's rescale (q_rescale), rotated (q_attn_rot); the new tokens' window KV rotated (kv_rot)
      and as attention reads it (kv_window); on a layer that writes its compressed KV in prefill,
      the entries rotated at j·ratio (cmp_rot) and read (cmp); the rows attention gathers from, [window
      rows | compressed rows] with decode's new row in ring slot start_pos mod 128 (kv); the sparse

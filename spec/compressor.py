@@ -111,8 +111,22 @@ rule("CMP.GATE", "per-channel softmax over the window",
 rule("CMP.RATIO1", "V4.1 ratio 1: a normalized projection",
      """At ratio 1 (V4.1 decoder layers) there is no gate: entry_t = RoPE(RMSNorm(wkv·x_t),
      position t). Unlike ratio 2, the official ratio-1 wkv is a BF16 Linear (no fp32): the
-     projection, the normed entry and the rotated entry are each rounded to BF16.""",
-     applies_to=V41, policy="tolerance", sources=SOURCES_V41, tolerance=ENTRY_TOLERANCE)
+     projection wkv·x_t is summed in fp32 and rounded once to BF16 before RMSNorm, and the normed
+     entry and the rotated entry are each rounded to BF16.""",
+     applies_to=V41, policy="tolerance",
+     sources=SOURCES_V41 + ("V41-model L446 (ratio 1: wkv a Linear of dtype bfloat16)",
+                            "V41-model L461-462 (ratio 1: self.norm(self.wkv(x)), no fp32)",
+                            "V41-model L181-207 (linear: F.linear for a BF16 weight)"),
+     tolerance=ENTRY_TOLERANCE + """  And exactly where the BF16 result is determined: on the channels the
+     rotation leaves alone (those before the last rope_dim, and every channel of entry 0, rotated by
+     angle 0), the target's entry rounded to BF16 lies between the least and the greatest BF16 value
+     the official computation can give: the fp32 sum wkv·x_t in any order (within (dim + 2)·u·Σ|x||W|
+     of exact) rounded once to BF16, RMSNorm of those BF16 projections in fp32 (relative (d + 8)·u)
+     over every choice the spread leaves, rounded to BF16.  Where no BF16 rounding boundary is that
+     close (almost everywhere) one BF16 value is admitted.  A projection kept in fp32 moves the
+     normed value by up to 2^-9 of itself, into the neighbouring BF16 value where it lies near a
+     BF16 midpoint; the drawn midpoint cases (channels projecting to 2^s·(1 + 2^-8 − 2^-16)) put
+     it there.""")
 
 rule("CMP.NORM", "RMSNorm of the pooled vector, eps from the profile",
      """The pooled vector is normalized as y = w · p / sqrt(mean(p^2) + eps) over its d channels,

@@ -163,6 +163,8 @@ GLOSSARY: dict[str, str] = {
     "wq_b": "the up-projection from the q latent qr to the (index) query heads.",
     "wk": "the V4.1 (and V3.2) index-K projection.",
     "q_norm": "the RMSNorm of the q latent: qr = q_norm(wq_a(x)).",
+    "q_rescale": "V4's per-head rescale of the main q, q · rsqrt(mean(q²) + eps) after wq_b (ATTN.Q_NORM); "
+                 "ATTN.LAYER's stage of that name.  Not q_norm.",
     "k_norm": "the RMSNorm of the V4.1 index K (V3.2: a LayerNorm).",
     "attn_norm": "the RMSNorm before a layer's attention; its output is the attention input x.",
     "q_nope": "the NoPE part of a V3.2 index query.",

@@ -422,7 +422,8 @@ rule("IDX.MASK", "Invisible entries score −inf, never 0",
 rule("IDX.CHUNK", "Decode, chunked and one-chunk prefill scores agree",
      """The scores of a query depend only on its own q, w and visible count: the row of a query
      computed alone (decode: the first end_pos//ratio entries, none masked) equals that query's row
-     of a one-chunk prefill, with −inf at exactly the same positions.  Extension `chunked_prefill`
+     of a one-chunk prefill, with −inf at exactly the same positions, given the same keys (which
+     cache a V4.1 decode step scores: PATH.K.PUBLISHED).  Extension `chunked_prefill`
      (beyond the official domain, checked only for targets that declare it): so does its row inside any
      chunk of queries.""",
      applies_to=V4_ALL, policy="tolerance",
@@ -529,16 +530,21 @@ rule("IDX.TOPK.V32", "V3.2 top-k: min(2048, end_pos), by score, no −1",
      applies_to=V32, policy="tie-aware", status=INFORMATIVE,
      sources=("V32-model L431-480", "V32-kernel L199-274", "V32-model L476 (topk(min(index_topk, end_pos)))"))
 
-rule("IDX.TOPK.TP", "Tensor parallelism: V3.2 broadcasts rank 0's top-k; V4/V4.1 trust identical all-reduces",
-     """With the index heads sharded over ranks, V3.2 takes its top-k on every rank, broadcasts rank
-     0's indices and asserts that each rank's equal them: a rank whose scores differ stops the
-     run.  V4 and V4.1 neither broadcast nor compare: every rank all-reduces the head-sharded
-     scores (IDX.SCORE.TP) and takes its own top-k, relying on the all-reduce giving every rank the
-     same bits and torch.topk the same indices for the same input.  A tensor-parallel port must
-     therefore give every rank bit-identical scores, or choose on one rank and broadcast.
-     Informative: one process sees one rank, and each rank's result is judged by the IDX.TOPK
-     rules.""",
+rule("IDX.TOPK.TP", "Tensor parallelism: V3.2 checks a replicated top-k; V4/V4.1 trust identical all-reduces",
+     """V3.2's indexer is not sharded: its wq_b and weights_proj are plain (replicated) linears,
+     so every rank computes every index head and the whole score, with no all-reduce; each rank
+     takes its top-k, broadcasts rank 0's indices and asserts that its own equal them, so the
+     broadcast checks that the replicated computations agree, and a rank whose scores differ stops
+     the run.  V4 and V4.1 shard the index heads (wq_b and weights_proj column-parallel) and
+     neither broadcast nor compare: every rank all-reduces the head-sharded scores (IDX.SCORE.TP)
+     and takes its own top-k, relying on the all-reduce giving every rank the same bits and
+     torch.topk the same indices for the same input.  A tensor-parallel port must therefore give
+     every rank bit-identical scores, or choose on one rank and broadcast.  Informative: one
+     process sees one rank, and each rank's result is judged by the IDX.TOPK rules.""",
      applies_to=V32 + V4_ALL, policy="tie-aware", status=INFORMATIVE,
-     sources=("V32-model L476-479 (topk, broadcast from rank 0, assert equal)",
+     sources=("V32-model L441, L444 (wq_b and weights_proj: Linear, not ColumnParallelLinear)",
+              "V32-model L455-476 (all heads scored, no all_reduce)",
+              "V32-model L476-479 (topk, broadcast from rank 0, assert equal)",
+              "V4-model L393-394 (wq_b, weights_proj column-parallel)",
               "V4-model L422-423 (all_reduce), L427 (each rank's topk)",
               "V41-model L558-559 (all_reduce)", "V41-model L578-579 (each rank's topk)"))

@@ -338,7 +338,7 @@ rule("PATH.K.CACHE", "The index-K cache: BF16 QDQ values in V4/V4.1, FP8 bytes a
      after the Hadamard), exact in BF16, so k̂ is dequantize(quantize(k)) bit for bit.  V4's
      indexer fills its own cache from its compressor; in V4.1 only the KV-source layers 2, 8, 14
      and 20 own an index-K cache, and index sources 24, 28, 32 and 36 score against the one layer
-     20 published (LAYER.V41).  V3.2 keeps, per token, the E4M3 bytes of act_quant(k, 128) in a
+     20 published (LAYER.V41); which cache a V4.1 indexer scores at a given step is PATH.K.PUBLISHED's.  V3.2 keeps, per token, the E4M3 bytes of act_quant(k, 128) in a
      float8_e4m3fn cache and their power-of-two scale in an fp32 cache (the bytes: LAYOUT.V32.INDEX_K,
      which checks this clause).""",
      applies_to=V32 + V4_ALL, policy="exact",
@@ -348,3 +348,60 @@ rule("PATH.K.CACHE", "The index-K cache: BF16 QDQ values in V4/V4.1, FP8 bytes a
               "V41-model L517-525 (k_cache)", "V41-model L544-548 (fp4_act_quant in place, published)",
               "V41-model L554 (every index source reads the published cache)",
               "V32-model L448-449 (k_cache float8_e4m3fn, k_scale_cache fp32)", "V32-model L468-470 (k_fp8 and k_scale written per token)"))
+
+
+# ------------------------------------------------------------------------------------------------
+# which index-K cache a V4.1 indexer scores: the one published last
+# ------------------------------------------------------------------------------------------------
+def reads_published_k(model, layer: int, seqlen: int, start_pos: int) -> bool:
+    """Whether a V4.1 KV-source layer scores the cache another layer published, not its own: a
+    decode step (seqlen 1, start_pos > 0) at which its compressor completes no group (ratio > 1 and
+    (start_pos + 1) mod ratio ≠ 0), so it publishes nothing and the last publication stands."""
+    if model.candidate_source_layer < 0 or layer not in model.kv_source_layers:
+        return False
+    ratio = model.ratio(layer)
+    return start_pos > 0 and seqlen == 1 and ratio > 1 and (start_pos + 1) % ratio != 0
+
+
+def last_publisher(model) -> int:
+    """The layer whose index-K cache stands published when a step starts: the last KV source of
+    the backbone (V4.1-Flash: 20, ratio 1, which publishes at every step)."""
+    return max(model.kv_source_layers)
+
+
+def published_k_rows(model, start_pos: int) -> int:
+    """Rows of the last publisher's cache written before the step at start_pos (its entries of
+    positions 0 … start_pos − 1)."""
+    return start_pos // model.ratio(last_publisher(model))
+
+
+knob("index_k_read", "published",
+     {"own": "each KV-source layer scores its own index-K cache at every step, fresh (a port that keeps "
+             "one cache per layer and reads it directly)"},
+     """Which index-K cache a V4.1 KV-source indexer scores at a decode step where its compressor
+     completes no group.  Canonical: published — the cache published last (layer 20's), as the
+     official code reads it.""")
+
+rule("PATH.K.PUBLISHED", "A V4.1 indexer scores the index-K cache published last, not always its own",
+     """A V4.1 KV-source layer publishes its index-K cache only at a step where its compressor
+     completes a group, and every indexer scores the first end_pos // ratio rows of the cache
+     published last, with its own ratio.  Prefill and odd decode positions: the ratio-2 sources
+     2, 8 and 14 complete a group and score their own cache.  At an even decode position p they
+     complete none, the cache published last is layer 20's (ratio 1, written up to position p − 1
+     at the step before), and they score its rows 0 … p/2 − 1 — the index keys of tokens 0 …
+     p/2 − 1, rotated at their own positions — in place of their own entries.  Their compressed
+     KV, their q and head weights stay their own; their top-k, and the lists of the layers that
+     reuse it, follow those scores.  The selection differs from the own cache's once more than
+     index_topk = 512 entries are visible (p ≥ 1026): below, every visible entry is taken.  Layer
+     20 publishes at every step and the re-index layers own no cache: both always score layer
+     20's current one.  V4 indexers keep their own cache.""",
+     applies_to=V41, policy="tolerance", knob="index_k_read",
+     sources=("V41-model L461-462 (ratio 1: a latent every step)",
+              "V41-model L476-484 (decode at ratio > 1: a latent only when (start_pos + 1) % ratio == 0, else None)",
+              "V41-model L537-548 (the cache written and published only when the latent is not None)",
+              "V41-model L554 (index_k = the published cache's first end_pos // ratio rows)",
+              "V41-model L500, L517-525 (owns_k: the KV sources keep a cache)",
+              "V41-model L746-748 (the compressed KV: the layer's own at every step)",
+              "V41-model L725-726, L736 (the reuse layers take the index source's top-k)",
+              "V4-model L399, L420 (V4: each indexer scores its own kv_cache)"),
+     tolerance="IDX.SCORE.FP4's on the scored keys; the top-k tie-aware (IDX.TOPK.SELECTION)")

@@ -237,7 +237,8 @@ rule("LAYER.V4", "V4 layer roles: indexer only in ratio-4 layers",
 
 rule("LAYER.V41", "V4.1 layer roles: sources, candidate source, re-index, reuse",
      """V4.1-Flash: layers 0, 1 and 40–42 are window-only; 2, 8, 14 (ratio 2) own their KV and
-     index K and take their own top-512; 20 (ratio 1) does the same and is the candidate source
+     index K and take their own top-512 (of scores against layer 20's index K at even decode
+     positions: PATH.K.PUBLISHED); 20 (ratio 1) does the same and is the candidate source
      (its own top-512 unrestricted); 24, 28, 32, 36 read layer 20's KV and index K, mask their
      own scores to layer 20's pool and take top-512; every other layer reuses the KV of the
      preceding KV source and the top-k of the preceding index source.""",

@@ -510,8 +510,13 @@ rule("FP8.LINEAR", "FP8 linear: act_quant, then per K block the E4M3 dot times b
                "while skipping the act_quant (E4M3 rounding errors of about 2^-5.5 rms) moves y by "
                "about 2^-10 of Σ|x̂·ŵ| at K = 1024-1536, so it exceeds E in about half of the elements "
                "in V4 and most of them in V4.1; applying the scales after the whole sum fails by far more wherever the block "
-               "scales differ.  A wrong act_quant block size is out of reach of any tolerance: a power-of-two scale "
-               "moves no E4M3 rounding except where small values fall to E4M3 subnormals, at most "
-               "2^-9 of the block's scale each, far below E (and the weight's block is fixed by the "
-               "shape of its scale tensor); a scale that is not a power of two (scale_fmt None) moves "
-               "them all and fails like a skipped act_quant.")
+               "scales differ.  act_quant over a wrong span (one scale per row or per tensor, blocks of 128 "
+               "where they are 32 or of 32 where they are 128) moves nothing on rows of like "
+               "magnitudes: a power-of-two scale moves no E4M3 rounding except where values fall to "
+               "E4M3 subnormals.  Where one run of 32 activations is 2^16 or more above the rest of "
+               "its row and the weights over it are small, a scale shared with that run sends the "
+               "other values to subnormals or 0 while E is set by the rest of the row: the result "
+               "moves by about 150 E (the median of the largest element over 60 such cases; "
+               "the check draws them).  The weight's "
+               "block is fixed by the shape of its scale tensor; a scale that is not a power of two "
+               "(scale_fmt None) moves every value and fails like a skipped act_quant.")

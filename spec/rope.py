@@ -2,7 +2,7 @@
 and at which positions.
 
 The official code builds one table per attention layer (`precompute_freqs_cis`, V4-model
-L475-481 and its definition; V4.1 upstream L680-694) and uses it for everything that layer
+L475-481 and its definition; V4.1 upstream L680-696) and uses it for everything that layer
 rotates: the main q, the window KV, the compressed KV and the indexer's q and k.
 
     f_i = θ^(-2i/d),  i = 0 .. d/2 − 1,  d = rope_dim = 64
@@ -45,7 +45,7 @@ from .models import Model
 from .rules import INFORMATIVE, V4_ALL, rule
 
 SOURCE_V4 = "V4-model L475-481 (Attention: compress_rope_theta with YaRN iff the layer compresses)"
-SOURCE_V41 = "V41-model L680-694 (the same, per layer)"
+SOURCE_V41 = "V41-model L680-696 (the same, per layer)"
 SOURCE_TABLE = "V4-model L199-229 (precompute_freqs_cis; YaRN L205-224, fp32 table L220-228)"
 SOURCE_APPLY = "V4-model L232-244 (apply_rotary_emb: consecutive pairs as complex64, copied back)"
 SOURCE_CONFIG = "V41-config (compress_rope_theta 160000, rope_theta 10000, original_seq_len 65536, rope_factor 16)"
@@ -220,7 +220,7 @@ rule("ROPE.SHARED", "One table per layer for the main q, the window KV, the comp
      pairing).  An indexer does not have a RoPE configuration of its own (unlike V3.2's HF indexer,
      whose half-split pairing differs from its main attention's).""",
      applies_to=V4_ALL, policy="exact",
-     sources=(SOURCE_V4, SOURCE_V41, "V4-model L380-433 (Indexer: freqs_cis is the attention's)",
+     sources=(SOURCE_V4, SOURCE_V41, "V4-model L493-494 (the attention hands its freqs_cis to its indexer)",
               "V41-model L551, L733-734 (the indexer's q at the attention's table)",
               "V32-model L457-464 (V3.2's indexer: [rope | nope] split)"))
 

@@ -143,3 +143,59 @@ def test_kv_qdq_is_offered_per_format_and_the_bundled_name_still_works():
     assert row.status == PASS and "1 of 2 checks ran" in row.detail, row
     both = Target(SimpleNamespace(NAME="bundled", kv_qdq=impl_path.kv_qdq), "bundled")
     assert run_rule("PATH.QDQ", both).status == PASS and both.has("kv_qdq_fp4_e4m3", "kv_qdq_fp8_e8m0_32")
+
+
+def test_freqs_cis_is_the_official_table_at_the_positions():
+    """precompute_freqs_cis (V4-model L226-228) indexed at the positions, bit for bit."""
+    from dsv4spec.official.rope import rope_freqs
+    freqs = rope_freqs("v4.1-flash", 20)
+    positions = torch.tensor([0, 1, 2, 4095, 65535, 65536, 70001, 2 ** 17 - 1])
+    whole = torch.arange(2 ** 17)
+    angle = torch.outer(whole, freqs)
+    official = torch.polar(torch.ones_like(angle), angle)[positions]
+    table = A.freqs_cis(positions, freqs)
+    assert table.dtype == torch.complex64 and torch.equal(table, official)
+    cos, sin = A.cos_sin(positions, freqs)
+    assert torch.equal(cos, official.real) and torch.equal(sin, official.imag)
+    cos2, sin2 = A.cos_sin(positions, freqs, repeat=True)
+    assert cos2.shape == (8, 64) and torch.equal(cos2[:, 1::2], cos) and torch.equal(sin2[:, ::2], sin)
+
+
+def _library_rope_by_table(x, table):
+    """A library's rotation: x [T, H, D] BF16, the last 2·table.shape[-1] channels by table [T, d/2]."""
+    rd = 2 * table.shape[-1]
+    y = x.to(torch.bfloat16)
+    z = torch.view_as_complex(y[..., -rd:].float().unflatten(-1, (-1, 2)))
+    y[..., -rd:] = torch.view_as_real(z * table[:, None, :]).flatten(-2).to(torch.bfloat16)
+    return y.float()
+
+
+def _library_rope_by_cos_sin(x, cos, sin):
+    """A library's rotate-every-two rotation by cos and sin [T, d], each value twice."""
+    rd = cos.shape[-1]
+    y = x.to(torch.bfloat16).float()
+    tail = y[..., -rd:]
+    every_two = torch.stack([-tail[..., 1::2], tail[..., ::2]], dim=-1).flatten(-2)
+    y[..., -rd:] = tail * cos[:, None, :] + every_two * sin[:, None, :]
+    return y.to(torch.bfloat16).float()
+
+
+@pytest.mark.parametrize("rope_rotate, attention_output", [
+    (A.with_freqs_cis(_library_rope_by_table), A.with_freqs_cis(_library_rope_by_table, inverse=True)),
+    (A.with_cos_sin(_library_rope_by_cos_sin, repeat=True),
+     A.with_cos_sin(_library_rope_by_cos_sin, repeat=True, inverse=True)),
+], ids=["complex table", "cos/sin"])
+def test_a_library_taking_a_rope_table_passes_through_the_wrappers(rope_rotate, attention_output, monkeypatch):
+    from dsv4spec.properties.suite import RUN
+    monkeypatch.setattr(RUN, "max_examples", 5)
+    target = Target(mutant("rope by table", rope_rotate=rope_rotate, attention_output=attention_output), "t")
+    for rule_id in ("ROPE.PAIRS", "ROPE.ROUNDING", "ATTN.DEROTATE"):
+        row = run_rule(rule_id, target)
+        assert row.status == PASS, (rule_id, row.detail)
+
+
+def test_the_de_rotation_needs_the_inverse_table(monkeypatch):
+    from dsv4spec.properties.suite import FAIL, RUN
+    monkeypatch.setattr(RUN, "max_examples", 5)
+    forward = Target(mutant("forward", attention_output=A.with_cos_sin(_library_rope_by_cos_sin, repeat=True)), "f")
+    assert run_rule("ATTN.DEROTATE", forward).status == FAIL

@@ -157,6 +157,16 @@ def _layer_case(model, layer, start_pos):
                                       if (key[0], key[1], key[3]) == (model, layer, start_pos)))
 
 
+def test_a_port_attending_a_token_once_not_once_per_cache_breaks_the_ratio1_layer_at_o():
+    """ATTN.DUPLICATES: V4.1's ratio-1 prefill lists each recent token's window row and its
+    compressed row; dropping the compressed one changes the attention output."""
+    name = "layer_window_and_compressed_rows_deduplicated"
+    case = _layer_case("v4.1-flash", 20, 0)
+    stage, _, _ = checks.first_broken_attention_stage(Target(attn_mutants.MUTANTS[name][0], name), case)
+    assert stage == "o"
+    assert checks.first_broken_attention_stage(Target(impl, "impl"), case) is None
+
+
 @pytest.mark.parametrize("name", sorted(attn_mutants.STAGE_PLANTS))
 def test_the_layer_check_names_the_stage_of_each_part_where_a_mistake_is_planted(name):
     provider, stage, where = attn_mutants.STAGE_PLANTS[name]

@@ -131,8 +131,41 @@ def test_builtin_targets_reproduce_the_goldens(name):
     assert all(status == "PASS" for _, status, _ in results if status != "n/i"), results
     missing = {case for case, status, _ in results if status == "n/i"}
     ops = {case.name: case.op for case in cases()}
-    assert all(not target.has(ops[case]) for case in missing)
-    assert (len(missing) < len(results) - 10) if name == "kernels" else not missing
+    bf16_only = {case for case in FP32_CASES if target.input_dtype(ops[case]) == "bfloat16"}
+    assert all(not target.has(ops[case]) for case in missing - bf16_only)
+    assert (len(missing) < len(results) - 10) if name == "kernels" else missing == bf16_only
+    assert bf16_only == (set(FP32_CASES) if name == "official" else set())
+
+
+FP32_CASES = ("fp4_e4m3_kv_fp32", "fp4_e8m0_index_fp32", "fp8_fp32_log2")
+
+
+def test_a_bf16_quantizer_is_not_asked_the_fp32_cases():
+    results = {n: (s, d) for n, s, d in store.check_target(load_target("official"), names=set(FP32_CASES))}
+    assert all(s == "n/i" and "takes bfloat16" in d for s, d in results.values()) and len(results) == 3
+
+
+def _planted(name):
+    """A Python port with one deviation a Rust port planted (tests/mutants/quant.py)."""
+    from mutants import quant as Q
+    if name == "e4m3_scale_from_amax_times_fl32_one_sixth":
+        return mutant(name, fp4_e4m3_quantize=Q.MUTANTS["kv_scale_reciprocal_6"].fp4_e4m3_quantize)
+    log2 = Q.exponent_float_log2
+    return mutant(name, fp4_e8m0_quantize=lambda x: Q.fp4_idx(x, exponent=log2),
+                  fp8_quantize=lambda x, block: Q.fp8(x, block, exponent=log2))
+
+
+@pytest.mark.parametrize("deviation, failing", [
+    ("e4m3_scale_from_amax_times_fl32_one_sixth", {"fp4_e4m3_kv_fp32"}),
+    ("e8m0_exponent_from_a_float_log2", {"fp4_e8m0_index_fp32", "fp8_fp32_log2"}),
+])
+def test_the_planted_scale_deviations_fail_the_fp32_golden_cases(deviation, failing):
+    """No BF16 amax tells these apart (spec/formats.py, e8m0_rounding; FP4.KV.SCALE): the BF16
+    codec cases pass them, the fp32 cases built on their boundaries fail them."""
+    codec = {"fp4_e4m3_kv", "fp4_e8m0_index", "fp8_v4_main_kv", "fp8_v41_swa", "fp8_v32_index", *FP32_CASES}
+    results = {n: (s, d) for n, s, d in store.check_target(Target(_planted(deviation), deviation), names=codec)}
+    assert {n for n, (s, _) in results.items() if s != "PASS"} == failing, results
+    assert all(results[n][0] == "FAIL" and "differ from the golden" in results[n][1] for n in failing)
 
 
 def test_a_wrong_codec_is_caught_by_the_goldens():
@@ -151,10 +184,16 @@ def test_port_outputs_are_compared(tmp_path):
     case = cases()[0]
     _, want = store.load_case(case.name)
     save_file({f"out.{k}": v for k, v in want.items()}, str(tmp_path / f"{case.name}.safetensors"))
-    results = {rule: s for rule, s, _ in store.check_outputs(tmp_path)}
-    assert results[case.rule] == "PASS"
+    results = by_case(store.check_outputs(tmp_path))
+    assert results[case.name] == "PASS"
     broken = {k: v.copy() for k, v in want.items()}
     first = next(iter(broken))
     broken[first].reshape(-1)[0] ^= np.array(1, dtype=broken[first].dtype)
     save_file({f"out.{k}": v for k, v in broken.items()}, str(tmp_path / f"{case.name}.safetensors"))
-    assert {rule: s for rule, s, _ in store.check_outputs(tmp_path)}[case.rule] == "FAIL"
+    assert by_case(store.check_outputs(tmp_path))[case.name] == "FAIL"
+
+
+def by_case(results) -> dict:
+    """check_outputs' (rule, status, detail) rows by case: several cases gate one rule."""
+    import re
+    return {re.match(r"\w+", detail).group(): status for _, status, detail in results}

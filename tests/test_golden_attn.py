@@ -58,7 +58,7 @@ def test_the_cases_say_how_o_is_determined_and_what_they_leave_to_the_checks():
     for name in ATTN:
         with safe_open(str(store.DATA / f"{name}.safetensors"), "np") as handle:
             notes = json.loads(handle.metadata()["case"])["notes"]
-        assert "bounds" in notes["o"] and "q_norm" in notes["q_attn_rot"], name
+        assert "bounds" in notes["o"] and "q_rescale" in notes["q_attn_rot"], name
 
 
 def test_the_dot_error_ignores_the_channels_q_does_not_read():
@@ -106,7 +106,7 @@ def test_generating_a_selection_into_the_stored_goldens_is_refused():
     ("compressed_rows_before_the_window", "attention_layer_v4_hca", "kv"),
     ("reused_lists_without_offset", "attention_layer_v41_l21", "indices"),
     ("unfilled_ring_slots_as_row_0", "attention_layer_v4_csa", "window_idx"),
-    ("layer_q_not_rescaled_on_v4", "attention_layer_v4_window", "q_norm"),
+    ("layer_q_not_rescaled_on_v4", "attention_layer_v4_window", "q_rescale"),
     ("layer_window_kv_not_quantized", "attention_layer_v41_window", "kv_window"),
     ("layer_compressed_kv_not_quantized", "attention_layer_v41_l20", "cmp"),
     ("layer_attention_without_sink", "attention_layer_v41_l21", "o"),

@@ -108,11 +108,17 @@ def test_a_corrupt_output_file_is_an_error_on_its_case_and_the_others_are_judged
     assert sum(line.startswith("PASS") for line in lines) == len([f for f in tmp_path.iterdir()]) - 1
 
 
+def copy_outputs(exported: Path, to: Path, *names: str):
+    for name in names:
+        (to / f"{name}.safetensors").write_bytes((exported / "out" / f"{name}.safetensors").read_bytes())
+
+
 def test_text_outputs_are_read_like_safetensors(exported, tmp_path):
     from dsv4spec.golden import vectors as V
     tensors = load_file(str(exported / "out" / "fp4_e4m3_kv.safetensors"))
     lines = [line for name in ("packed", "scales") for line in V.value_lines(name, tensors[f"out.{name}"])]
     (tmp_path / "fp4_e4m3_kv.txt").write_text("@ case=fp4_e4m3_kv\n" + "\n".join(lines) + "\n")
+    copy_outputs(exported, tmp_path, "fp4_e4m3_kv_fp32")       # FP4.KV.SCALE's other case
     assert cli("check-outputs", str(tmp_path), "--rules", "FP4.KV").returncode == 0
     (tmp_path / "fp4_e4m3_kv.txt").write_text("@ case=fp4_e4m3_kv\n" + lines[0][:40] + "\n")
     result = cli("check-outputs", str(tmp_path), "--rules", "FP4.KV")
@@ -127,7 +133,7 @@ def test_an_empty_or_wrong_folder_fails(tmp_path):
 
 
 def test_a_partial_port_selects_its_rules_and_a_missing_tensor_fails(exported, tmp_path):
-    (tmp_path / "fp4_e4m3_kv.safetensors").write_bytes((exported / "out" / "fp4_e4m3_kv.safetensors").read_bytes())
+    copy_outputs(exported, tmp_path, "fp4_e4m3_kv", "fp4_e4m3_kv_fp32")
     assert cli("check-outputs", str(tmp_path), "--rules", "FP4.KV").returncode == 0
     tensors = load_file(str(tmp_path / "fp4_e4m3_kv.safetensors"))
     save_file({"out.packed": tensors["out.packed"]}, str(tmp_path / "fp4_e4m3_kv.safetensors"))
@@ -149,13 +155,12 @@ def test_a_port_declaring_its_operations_reads_n_i_for_the_cases_it_leaves_out(e
     """As exec: judges a partial port: a case of an undeclared operation without a file is n/i (exit
     0; a kv_qdq case is its per-format operation's); a declared operation's missing case stays MISSING."""
     from dsv4spec.golden import store
-    for name in ("fp4_e4m3_kv", "kv_qdq_fp4_e4m3"):
-        (tmp_path / f"{name}.safetensors").write_bytes((exported / "out" / f"{name}.safetensors").read_bytes())
+    copy_outputs(exported, tmp_path, "fp4_e4m3_kv", "fp4_e4m3_kv_fp32", "kv_qdq_fp4_e4m3")
     (tmp_path / "port.txt").write_text("ops=fp4_e4m3_quantize,kv_qdq_fp4_e4m3\n")
     result = cli("check-outputs", str(tmp_path), "--rules", "FP4,FP8,PATH.QDQ")
     assert result.returncode == 0, result.stdout + result.stderr
     rows = [line.split()[:2] for line in result.stdout.splitlines() if line[:1] in ("P", "n")]
-    assert rows.count(["PASS", "FP4.KV.SCALE"]) == 1 and rows.count(["PASS", "PATH.QDQ"]) == 1
+    assert rows.count(["PASS", "FP4.KV.SCALE"]) == 2 and rows.count(["PASS", "PATH.QDQ"]) == 1   # two cases gate it
     assert ["n/i", "FP4.IDX.SCALE"] in rows and ["n/i", "FP8.SCALE"] in rows and ["n/i", "PATH.QDQ"] in rows
     declared = store.check_outputs(tmp_path, rules=["FP8"], ops="fp4_e4m3_quantize,fp8_quantize")
     assert {status for _, status, _ in declared} == {"MISSING"}

@@ -172,3 +172,81 @@ def test_layer_results_are_kept_per_provider_object_and_never_lent_to_another():
     provider = mutant("kept", index_layer=counting)
     out = checks.run_layer(Target(provider, "c"), case)
     assert checks.run_layer(Target(provider, "d"), case) is out and calls == [0, 0, 0]
+
+
+def test_a_ratio2_source_at_an_even_decode_position_scores_the_published_cache():
+    """PATH.K.PUBLISHED: layer 2 decoding position 40 (no group completes) scores rows 0..19 of
+    the published cache, not its own entries; at 41 (entry 20 completes) its own."""
+    from dsv4spec.spec.models import profile
+    m = profile("v4.1-flash")
+    assert [spec.reads_published_k(m, layer, 1, p) for layer, p in ((2, 40), (2, 41), (20, 40), (24, 40), (2, 0))] \
+        == [True, False, False, False, False]
+    case = checks.layer_case(checks.PUBLISHED_EXAMPLES[0])
+    out = checks.run_layer(load_target("impl"), case)
+    published = checks.scored_keys(case, out, "published")
+    assert published.shape == (20, 128) and case.arrays()["published_k_packed"].shape == (40, 64)
+    assert checks.score_mismatch(case, out, published) is None
+    assert checks.score_mismatch(case, out, checks.scored_keys(case, out, "own")) is not None
+
+
+def test_the_published_cache_changes_the_selection_past_512_entries():
+    """The fixed case of 513 entries: the top-512 of the published keys' scores is not that of
+    the own keys' (below 513 entries both take every entry)."""
+    import numpy as np
+    from dsv4spec.spec import indexer as spec_indexer
+    from dsv4spec.spec import quant as spec_quant
+    case = checks.layer_case(checks.PUBLISHED_EXAMPLES[1])
+    out = checks.run_layer(load_target("impl"), case)
+    q = spec_quant.fp4_e8m0_dequantize(out["q_packed"], out["q_scales"]).astype(np.float64)
+    visible = checks._visible(case)
+    chosen = [set(spec_indexer.index_topk(spec_indexer.index_scores(q, checks.scored_keys(case, out, reading),
+                                                                    out["weights"], visible), visible, 512, "position")[0])
+              for reading in ("published", "own")]
+    assert visible.tolist() == [513] and chosen[0] != chosen[1]
+
+
+def test_a_port_scoring_its_own_index_k_fails_undeclared_and_is_a_variant_declared():
+    own, rule_id = MUTANTS["sources_score_their_own_index_k"]
+    row = run_rule(rule_id, Target(own, "own"))
+    assert row.status == FAIL and "matches index_k_read=own" in row.detail, row.detail
+    assert "PATH.K.PUBLISHED (index_k_read=published)" in row.detail, row.detail
+    declared = mutant("own_declared", variants={"index_k_read": "own"}, index_layer=own.index_layer)
+    row = run_rule(rule_id, Target(declared, "own_declared"))
+    assert row.status == VARIANT and "index_k_read=own" in row.detail, row.detail
+
+
+def test_the_layer_check_blames_the_published_cache_for_a_port_scoring_its_own():
+    target = Target(MUTANTS["sources_score_their_own_index_k"][0], "own")
+    case = checks.layer_case(checks.PUBLISHED_EXAMPLES[0])
+    stage, rule_id, message = checks.first_broken_stage(target, case)
+    assert (stage, rule_id) == ("scored_k", "PATH.K.PUBLISHED") and "layer's own index-K cache" in message
+    assert checks.first_broken_stage(load_target("impl"), case) is None
+
+
+OWN_CACHE_PORT = """from unittest import mock
+from dsv4spec.impl import path as reference
+NAME = {name!r}
+VARIANTS = {variants!r}
+
+
+def index_layer(inputs, **kwargs):          # one index-K cache per layer, always its own
+    with mock.patch.object(reference, "_scored_keys", lambda *args: args[-1]):
+        return reference.index_layer(inputs, **kwargs)
+"""
+
+
+@pytest.mark.thorough
+def test_the_installed_command_fails_an_own_cache_port_and_names_it_variant_when_declared(tmp_path):
+    import json
+    import os
+    import subprocess
+    from test_contract_versions import dsv4spec_command
+    for name, variants in (("undeclared", {}), ("declared", {"index_k_read": "own"})):
+        (tmp_path / f"{name}.py").write_text(OWN_CACHE_PORT.format(name=name, variants=variants))
+    result = subprocess.run([*dsv4spec_command(), "verify", "--target", "undeclared", "--target", "declared",
+                             "--rules", "PATH.K.PUBLISHED", "--quiet", "--json", "r.json"], cwd=tmp_path,
+                            capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 1, result.stdout + result.stderr
+    rows = {r["target"]: r for r in json.loads((tmp_path / "r.json").read_text())["results"]}
+    assert rows["undeclared"]["status"] == "FAIL" and "matches index_k_read=own" in rows["undeclared"]["detail"]
+    assert rows["declared"]["status"] == "VARIANT", rows["declared"]

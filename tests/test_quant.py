@@ -226,3 +226,38 @@ def test_float8_dtypes_are_accepted_as_bytes():
     q, scales = impl.fp8_quantize(x, 32)
     as_dtypes = impl.fp8_dequantize(q.view(torch.float8_e4m3fn), scales.view(torch.float8_e8m0fnu), 32)
     assert torch.equal(as_dtypes, impl.fp8_dequantize(q, scales, 32))
+
+
+# ---------------------------------------------------------------------------------------------
+# FP8.LINEAR: act_quant's span shows where one run of activations is an outlier (issue 35)
+# ---------------------------------------------------------------------------------------------
+
+def _fp8_linear_case(seed: int, model: str, outlier):
+    from dsv4spec.properties.quant import fp8_activation, fp8_weight, with_block_outlier
+    block = Q.FP8_LINEAR_BLOCK[model]
+    rng = np.random.default_rng(seed)
+    w, w_scale = fp8_weight(rng, block, 3 * block, block)
+    x = fp8_activation(rng, (2, 3 * block), 3)
+    return (with_block_outlier(rng, x, w, w_scale, block, *outlier) if outlier else (x, w, w_scale)), block
+
+
+@pytest.mark.parametrize("model, small", [("v4-flash", "zero"), ("v4.1-flash", "zero"), ("v4.1-flash", "scale")])
+@pytest.mark.parametrize("name", ["fp8_linear_act_scale_per_row", "fp8_linear_act_scale_from_global_amax",
+                                  "fp8_linear_act_block_of_the_other_model"])
+def test_act_quant_over_a_wrong_span_passes_plain_rows_and_fails_rows_with_a_block_outlier(name, model, small):
+    """Plain rows: the wrong span stays within FP8.LINEAR's tolerance (why the check draws outliers);
+    a run of 32 times 2^18 over small weights: far outside it, while impl stays within."""
+    from mutants import quant as mutants
+
+    from dsv4spec.properties.quant import fp8_linear_bounds
+
+    def error_ratio(op, outlier, seed=7):
+        (x, w, w_scale), block = _fp8_linear_case(seed, model, outlier)
+        exact, tol = fp8_linear_bounds(x, w, w_scale, block)
+        got = op(torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(w_scale), block).numpy()
+        return float((np.abs(got - exact) / tol).max())
+
+    wrong = getattr(mutants, name)
+    assert error_ratio(wrong, None) <= 1
+    assert error_ratio(wrong, (18, small)) > 10
+    assert error_ratio(impl.fp8_linear, (18, small)) <= 1

@@ -240,10 +240,14 @@ def test_the_official_factorisation_is_an_entry_point_checked_by_the_same_rules(
 def test_the_private_hypothesis_hook_the_suite_patches_is_there_and_patched():
     """properties/suite.py turns off Hypothesis's mining of local modules' literals through a private
     hook; in the Hypothesis range pyproject.toml pins, the hook must exist and be patched, or a
-    printed seed stops reproducing (this test then names the change)."""
+    printed seed stops reproducing (this test then names the change); it is patched only while a check
+    runs."""
     from hypothesis.internal.conjecture import providers
 
     from dsv4spec.properties import suite
     assert suite.SEED_ALONE, "hypothesis.internal.conjecture.providers no longer has the hook suite.py patches"
-    constants = providers._get_local_constants()
-    assert all(not getattr(constants, kind) for kind in ("integers", "floats", "bytes", "strings"))
+    original = providers._get_local_constants
+    with suite.examples_from_the_seed_alone():
+        constants = providers._get_local_constants()
+        assert all(not getattr(constants, kind) for kind in ("integers", "floats", "bytes", "strings"))
+    assert providers._get_local_constants is original, "the hook is given back after a check"

@@ -120,11 +120,16 @@ def _q_norm_with_eps(eps):
 
 
 def _q_norm_in_fp32(q, *, model):
-    """V4's q rescale computed in fp32 and left unrounded (within the tolerance around q·r*)."""
+    """V4's q rescale computed in fp32 and left unrounded."""
     qf = q.float()
     if model in ref.spec.V41:
         return qf
     return qf * torch.rsqrt(qf.square().mean(-1, keepdim=True) + ref.spec.model_of(model).norm_eps)
+
+
+def _q_norm_in_fp32_rounded_once(q, *, model):
+    """V4's q rescale computed in fp32 (the factor never rounded to BF16), the product rounded once."""
+    return _q_norm_in_fp32(q, model=model).to(torch.bfloat16).float()
 
 
 def _derotate_first_64(o, positions, freqs):
@@ -148,10 +153,38 @@ def _layer_with(**patches):
     return attention_layer
 
 
+def _layer_deduplicating_tokens(inputs, *, model, layer, start_pos=0):
+    """impl's attention_layer that drops a ratio-1 compressed entry (entry j is token j) whose token
+    also has a window row in the query's window (j > position − 128): each token attended once."""
+    m = ref.spec.model_of(model)
+    if m.ratio(layer) != 1:
+        return ref.attention_layer(inputs, model=model, layer=layer, start_pos=start_pos)
+    attend = ref.sparse_attention
+
+    def sparse_attention(q, kv, sink, indices, scale, *, model):
+        T, entries = q.shape[0], start_pos + q.shape[0]
+        offset = kv.shape[0] - entries
+        token = indices.long() - offset
+        position = torch.arange(start_pos, start_pos + T)[:, None]
+        in_window = (indices >= offset) & (token > position - m.window)
+        return attend(q, kv, sink, torch.where(in_window, -1, indices), scale, model=model)
+
+    with mock.patch.object(ref, "sparse_attention", sparse_attention):
+        return ref.attention_layer(inputs, model=model, layer=layer, start_pos=start_pos)
+
+
 # the stage each layer mutant breaks first (tests/test_attn.py asserts the check names it)
-LAYER_STAGE = {"layer_q_not_rescaled_on_v4": "q_norm", "layer_window_kv_not_quantized": "kv_window",
+LAYER_STAGE = {"layer_q_not_rescaled_on_v4": "q_rescale", "layer_window_kv_not_quantized": "kv_window",
                "layer_compressed_kv_not_quantized": "cmp", "layer_attention_without_sink": "o",
                "layer_output_not_derotated": "o_derot"}
+
+
+def _int32_lists_read_as_row_0(q, kv, sink, indices, scale, *, model):
+    """A port whose gather of an int32, expanded index reads every listed row as row 0 (as torch's
+    gather once did); int64 lists are read right."""
+    if indices.dtype == torch.int32:
+        indices = torch.where(indices == -1, indices, torch.zeros_like(indices))
+    return ref.sparse_attention(q, kv, sink, indices, scale, model=model)
 
 
 def _m(name, rule_id, **ops):
@@ -177,6 +210,7 @@ MUTANTS = dict([
     _m("output_left_fp32", "ATTN.OUTPUT", sparse_attention=_variant(output="fp32")),
     _m("derotation_by_plus_p", "ATTN.DEROTATE", attention_output=_derotate_plus),
     _m("minus_one_only_at_the_tail", "ATTN.GATHER", sparse_attention=_variant(gather="tail_only")),
+    _m("int32_lists_read_as_row_0", "ATTN.GATHER", sparse_attention=_int32_lists_read_as_row_0),
     _m("probabilities_truncated_to_bf16", "ATTN.PROB.BF16", sparse_attention=_variant(probs="truncated")),
     _m("denominator_of_the_rounded_probabilities", "ATTN.PROB.BF16", sparse_attention=_variant(total_of="rounded")),
     _m("derotates_the_first_64", "ATTN.DEROTATE", attention_output=_derotate_first_64),
@@ -184,6 +218,7 @@ MUTANTS = dict([
     _m("q_rescaled_on_v41", "ATTN.Q_NORM", attention_q=_q_norm_always),
     _m("q_not_rescaled_on_v4", "ATTN.Q_NORM", attention_q=_q_norm_never),
     _m("q_rescaled_in_fp32_on_v4", "ATTN.Q_NORM", attention_q=_q_norm_in_fp32),
+    _m("q_rescaled_in_fp32_rounded_once_on_v4", "ATTN.Q_NORM", attention_q=_q_norm_in_fp32_rounded_once),
     _m("layer_q_not_rescaled_on_v4", "ATTN.LAYER", attention_layer=_layer_with(attention_q=lambda q, *, model: q)),
     _m("layer_window_kv_not_quantized", "ATTN.LAYER",
        attention_layer=_layer_with(window_kv_qdq=lambda x, model: x)),
@@ -191,6 +226,7 @@ MUTANTS = dict([
        attention_layer=_layer_with(compressed_kv_qdq=lambda x, model: x)),
     _m("layer_attention_without_sink", "ATTN.LAYER",
        attention_layer=_layer_with(sparse_attention=_variant(sink_mode="none"))),
+    _m("layer_window_and_compressed_rows_deduplicated", "ATTN.LAYER", attention_layer=_layer_deduplicating_tokens),
     _m("layer_output_not_derotated", "ATTN.LAYER",
        attention_layer=_layer_with(attention_output=lambda o, positions, freqs: o)),
 ])

@@ -18,7 +18,7 @@ def _compress(x, params, *, model, ratio, eps=None, score_fill=float("-inf"), ro
               look_ahead=False, normalize=True, mean_pool=False, drop_ape=False, swap_halves=False,
               emit_partial=False, skip_norm=False, no_previous=False, ape_shift=0, ape_at_128=True,
               softmax_dim=2, softmax_bf16=False, rope_pairing="adjacent", rope_first=False, shift_tokens=False,
-              rope_shift=0, norm_weight=True):
+              rope_shift=0, norm_weight=True, ratio1_fp32=False):
     """impl.compress with switches, each one mistake."""
     seqlen = x.shape[1]
     if shift_tokens:    # group boundaries one token early: entry j pools tokens j·m − 1 .. j·m + m − 2
@@ -36,7 +36,7 @@ def _compress(x, params, *, model, ratio, eps=None, score_fill=float("-inf"), ro
         ape = torch.cat([ape[:, d:], ape[:, :d]], dim=1)
     kv = x @ wkv.T
     if not spec.has_gate(ratio):
-        pooled = kv[:, :groups]
+        pooled = kv[:, :groups] if ratio1_fp32 else kv[:, :groups].bfloat16().float()
     else:
         score = x @ wgate.T
         if mean_pool:
@@ -130,6 +130,7 @@ MUTANTS.update({
     "cmp-rope-half-split": ("CMP.ROPE", dict(compress=partial(_compress, rope_pairing="half"))),
     "cmp-rope-first-channels": ("CMP.ROPE", dict(compress=partial(_compress, rope_first=True))),
     "cmp-norm-weight-ignored": ("CMP.NORM", dict(compress=partial(_compress, norm_weight=False))),
+    "cmp-ratio1-projection-in-fp32": ("CMP.RATIO1", dict(compress=partial(_compress, ratio1_fp32=True))),
     "cmp-chunks-fed-without-the-state": ("CMP.STREAM", dict(compressor_feed=_feed_chunks_without_the_state)),
 })
 # Further rules a mutant breaks (one clause each; the catalogue lists each (mutant, rule) pair).

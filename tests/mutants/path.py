@@ -334,3 +334,10 @@ MUTANTS.update({
     "index_q_rope_from_position_0": (mutant("index_q_rope_from_position_0", index_layer=_layer_with(
         rope_rotate=_index_q_rope_from_0)), "ROPE.POSITIONS"),
 })
+
+
+# A port that keeps one index-K cache per layer and always scores its own, fresh: at even decode
+# positions the official V4.1 ratio-2 sources score layer 20's (PATH.K.PUBLISHED).
+OWN_INDEX_K = _layer_with(_scored_keys=lambda op, inputs, m, layer, seqlen, start_pos, own_k: own_k)
+MUTANTS["sources_score_their_own_index_k"] = (mutant("sources_score_their_own_index_k", index_layer=OWN_INDEX_K),
+                                              "PATH.K.PUBLISHED")

@@ -931,3 +931,52 @@ CAUGHT += [
     ("idx_scale_byte_bias_126", "FP4.IDX.SCALE"),
     ("fp8_scale_byte_bias_126", "FP8.SCALE"),
 ]
+
+
+# ---------------------------------------------------------------------------------------------
+# act_quant over the wrong span inside the FP8 linear (issue 35): a power-of-two scale moves no
+# E4M3 rounding except where values fall to subnormals, so these show where one activation block
+# holds an outlier and the weights over it are small (properties/quant.py draws such cases).
+# ---------------------------------------------------------------------------------------------
+
+def _act_values(x: torch.Tensor, span: int) -> torch.Tensor:
+    """act_quant of x [..., K] with one scale per `span` values along K (zeros pad the last span),
+    dequantized exactly: [..., K] float64."""
+    k = x.shape[-1]
+    padded = torch.nn.functional.pad(x.float(), (0, -k % span))
+    q, s = impl.fp8_quantize(padded, span)
+    return impl.fp8_dequantize(q, s, span)[..., :k].double()
+
+
+def _fp8_linear_of_act_values(xv: torch.Tensor, w, w_scale, block):
+    """FP8.LINEAR after act_quant: per K block the exact dot, rounded to fp32, times the weight's
+    scale; fp32 adds in K order; BF16."""
+    n = w.shape[0]
+    sums = torch.einsum("...kb,nkb->...nk", impl._blocks(xv, block), impl._blocks(impl.e4m3_decode(w).double(), block))
+    terms = sums.float() * impl.e8m0_decode(w_scale).repeat_interleave(block, dim=0)[:n]
+    acc = torch.zeros(terms.shape[:-1])
+    for kb in range(terms.shape[-1]):
+        acc = acc + terms[..., kb]
+    return impl.bf16_round(acc)
+
+
+def fp8_linear_act_scale_per_row(x, w, w_scale, block):
+    """act_quant with one scale per row (its amax over the whole K)."""
+    return _fp8_linear_of_act_values(_act_values(x, x.shape[-1]), w, w_scale, block)
+
+
+def fp8_linear_act_scale_from_global_amax(x, w, w_scale, block):
+    """act_quant with one scale for the whole tensor (the amax of every row)."""
+    flat = x.reshape(1, -1)
+    return _fp8_linear_of_act_values(_act_values(flat, flat.shape[-1]).reshape(x.shape), w, w_scale, block)
+
+
+def fp8_linear_act_block_of_the_other_model(x, w, w_scale, block):
+    """act_quant per 128 in V4.1 (V4's block_size) and per 32 in V4 (V4.1's fp8_block_size); the
+    weight's blocks stay right."""
+    return _fp8_linear_of_act_values(_act_values(x, 128 if block == 32 else 32), w, w_scale, block)
+
+
+for _f in (fp8_linear_act_scale_per_row, fp8_linear_act_scale_from_global_amax, fp8_linear_act_block_of_the_other_model):
+    MUTANTS[_f.__name__] = mutant(_f.__name__, fp8_linear=_f)
+    CAUGHT.append((_f.__name__, "FP8.LINEAR"))
