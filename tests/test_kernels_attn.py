@@ -201,6 +201,6 @@ BUILDS = 13
 def test_kernel_compiles_for_sm90_at_its_launch_configurations():
     pytest.importorskip("triton.backends.nvidia")
     env = dict(os.environ, TRITON_INTERPRET="0")
-    done = subprocess.run([sys.executable, "-c", COMPILE_SM90], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", COMPILE_SM90], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert done.stdout.count("compiled") == BUILDS, done.stdout

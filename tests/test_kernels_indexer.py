@@ -1178,7 +1178,7 @@ def test_every_kernel_compiles_for_sm90(group):
     pytest.importorskip("triton.backends.nvidia")
     env = dict(os.environ, TRITON_INTERPRET="0")
     done = subprocess.run([sys.executable, "-c", COMPILE_SM90, group], env=env, capture_output=True,
-                          text=True, timeout=300)
+                          text=True)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     built = done.stdout.strip().splitlines()[-1].split()[1:]
     assert set(built) == COMPILE_GROUPS[group], done.stdout[-2000:]

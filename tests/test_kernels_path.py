@@ -83,6 +83,6 @@ COMPILE_SM90 = textwrap.dedent("""
 def test_fused_kernel_compiles_for_sm90_without_fma():
     pytest.importorskip("triton.backends.nvidia")
     env = dict(os.environ, TRITON_INTERPRET="0")
-    done = subprocess.run([sys.executable, "-c", COMPILE_SM90], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", COMPILE_SM90], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert done.stdout.count("compiled") == 3

@@ -575,6 +575,6 @@ def test_every_kernel_compiles_for_sm90():
     pytest.importorskip("triton.backends.nvidia")
     env = dict(os.environ, TRITON_INTERPRET="0")
     done = subprocess.run([sys.executable, "-c", COMPILE_SM90], env=env, capture_output=True,
-                          text=True, timeout=300)
+                          text=True)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert done.stdout.count("compiled") == 6 + 3 * 2 + 3 * 2 + 2

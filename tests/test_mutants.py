@@ -8,9 +8,13 @@ from mutants import catalogue
 CATALOGUE = catalogue()
 
 
-# Caught only after several layer cases (about 40 s): make thorough runs them; tests/test_attn.py
-# keeps a cheap sample (the one case that catches it).
-THOROUGH = {("layer_window_and_compressed_rows_deduplicated", "ATTN.LAYER")}
+# Caught only after several layer cases (20-40 s each on the CI machine): make thorough runs them.
+# ATTN.LAYER keeps its teeth in make test through its two cheapest layer mutants (a KV cache not
+# quantized, window and compressed), tests/test_attn.py's one-case sample of the de-duplication,
+# and tests/test_golden_attn.py's planted mistakes at each stage.
+THOROUGH = {("layer_window_and_compressed_rows_deduplicated", "ATTN.LAYER"),
+            ("layer_output_not_derotated", "ATTN.LAYER"), ("layer_q_not_rescaled_on_v4", "ATTN.LAYER"),
+            ("layer_attention_without_sink", "ATTN.LAYER")}
 MARKED = [pytest.param(*row, marks=pytest.mark.thorough) if row[:2] in THOROUGH else row for row in CATALOGUE]
 
 
