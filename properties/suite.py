@@ -552,8 +552,23 @@ def _target_frames(e: BaseException):
 
 
 def _describe(e: BaseException, limit: int = 2500, max_lines: int = 40) -> str:
-    if isinstance(e, BaseExceptionGroup):
-        e = e.exceptions[0]
+    others = []
+    if isinstance(e, BaseExceptionGroup):       # several distinct failing examples: the first in full
+        e, others = e.exceptions[0], list(e.exceptions[1:])
+    text = _first_example(e, max_lines)
+    text = text if len(text) <= limit else text[:limit] + " …"
+    if others:
+        heads = [_first_example(o, 1).splitlines()[0][:200] for o in others[:_MORE_EXAMPLES]]
+        more = len(others) - len(heads)
+        text += (f"\nalso failing: {len(others)} more example{'s' * (len(others) > 1)} with another error:\n"
+                 + "\n".join("  " + h for h in heads) + (f"\n  … and {more} more" if more else ""))
+    return text
+
+
+_MORE_EXAMPLES = 4     # the other failing examples of a check, one line each
+
+
+def _first_example(e: BaseException, max_lines: int) -> str:
     text = f"{type(e).__name__}: {e}" if not isinstance(e, AssertionError) else str(e)
     notes = [n for n in getattr(e, "__notes__", []) if n.strip() and not any(k in n for k in _INTERNAL)]
     if notes:
@@ -564,5 +579,4 @@ def _describe(e: BaseException, limit: int = 2500, max_lines: int = 40) -> str:
     lines = text.splitlines()
     if len(lines) > max_lines:
         lines = lines[:max_lines] + [f"… ({len(lines) - max_lines} more lines)"]
-    text = "\n".join(lines)
-    return text if len(text) <= limit else text[:limit] + " …"
+    return "\n".join(lines)

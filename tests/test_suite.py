@@ -251,3 +251,16 @@ def test_the_private_hypothesis_hook_the_suite_patches_is_there_and_patched():
         constants = providers._get_local_constants()
         assert all(not getattr(constants, kind) for kind in ("integers", "floats", "bytes", "strings"))
     assert providers._get_local_constants is original, "the hook is given back after a check"
+
+
+def test_a_check_failing_on_several_examples_reports_each_not_only_the_first():
+    """Hypothesis raises a group when examples fail with distinct errors (a layer check's fixed
+    cases): the first is described in full, each other one in a line, so no mistake hides behind it."""
+    from dsv4spec.properties.suite import _describe
+    group = ExceptionGroup("several", [AssertionError("case A: stage q differs\ncounterexample: A"),
+                                       AssertionError("case B: stage o differs\ncounterexample: B"),
+                                       ValueError("case C: cannot reshape")])
+    text = _describe(group)
+    assert text.startswith("case A: stage q differs\ncounterexample: A")
+    assert "also failing: 2 more examples with another error:\n  case B: stage o differs\n" \
+           "  ValueError: case C: cannot reshape" in text
