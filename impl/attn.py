@@ -20,8 +20,9 @@ from ..spec import attn as spec
 from ..spec import pool as spec_pool
 from ..spec.models import profile
 from .indexer import _bf16, _bf16_values, _tensor
-from .path import attention_index, bf16_layer_input, index_layer, kv_qdq, layer_input, window_index
-from .quant import fp8_qdq
+from ..spec.quant import FP8_LINEAR_BLOCK
+from .path import _rms_norm, attention_index, bf16_layer_input, index_layer, kv_qdq, layer_input, window_index
+from .quant import fp8_linear, fp8_qdq
 from .rope import rope_freqs, rope_rotate, rope_table
 
 __all__ = ["sparse_attention", "attention_scale", "attention_q", "attention_output", "attention_layer"]
@@ -136,7 +137,11 @@ def attention_layer(inputs: dict, *, model: str, layer: int, start_pos: int = 0)
     """index_layer's stages (a V4.1 reuse layer: window_idx, and indices from the index source's
     top-k `source_topk`), then the attention's, each from the stage before:
 
-    q_rescale (attention_q of the input q_attn), q_attn_rot (RoPE at the tokens' positions), kv_rot and
+    from the attention input x (when the inputs hold attn_wq_a; else q_attn and kv_normed are given, the
+    contract before version 6): q_latent = wq_a(x), q_norm (its RMSNorm), q_attn = wq_b(q_norm)
+    (FP8 linears, the heads of the given wq_b), kv_proj = wkv(x) (FP8 linear) and kv_normed (its
+    RMSNorm); the weights are the inputs attn_wq_a, attn_q_norm, attn_wq_b, attn_wkv, attn_kv_norm (E4M3
+    weights with their E8M0 scales `name`_scale); then q_rescale (attention_q of q_attn), q_attn_rot (RoPE at the tokens' positions), kv_rot and
     kv_window (the new tokens' kv_normed rotated, then QDQ), cmp_rot and cmp (prefill on a layer that
     compresses its KV: the entries kv_entries rotated at j·ratio, then QDQ; otherwise the cache
     kv_cache as attention reads it), kv ([window rows | compressed rows]; decode: the ring
@@ -148,11 +153,13 @@ def attention_layer(inputs: dict, *, model: str, layer: int, start_pos: int = 0)
     T = out["window_idx"].shape[0]
     positions = torch.arange(start_pos, start_pos + T)
     freqs = rope_freqs(model, layer, "q")
-    q = bf16_layer_input(op, inputs, "q_attn", (T, None, m.head_dim))
+    if "attn_wq_a" in inputs:
+        out.update(projections(op, inputs, m, T))
+    q = out["q_attn"] if "q_attn" in out else bf16_layer_input(op, inputs, "q_attn", (T, None, m.head_dim))
     sink = layer_input(op, inputs, "sink", (q.shape[1],)).float()
     out["q_rescale"] = attention_q(q, model=model)
     out["q_attn_rot"] = rope_rotate(out["q_rescale"], positions, freqs)
-    kv_new = bf16_layer_input(op, inputs, "kv_normed", (T, m.head_dim))
+    kv_new = out["kv_normed"] if "kv_normed" in out else bf16_layer_input(op, inputs, "kv_normed", (T, m.head_dim))
     out["kv_rot"] = rope_rotate(kv_new, positions, rope_freqs(model, layer, "window_kv"))
     out["kv_window"] = window_kv_qdq(out["kv_rot"], model)
     ring = None if start_pos == 0 else bf16_layer_input(op, inputs, "window_cache", (m.window, m.head_dim))
@@ -171,6 +178,30 @@ def attention_layer(inputs: dict, *, model: str, layer: int, start_pos: int = 0)
     return out
 
 
+def _fp8_projection(op: str, inputs: dict, name: str, x: torch.Tensor, rows, block: int) -> torch.Tensor:
+    """FP8.LINEAR of x by the E4M3 weight `name` [rows, K] and its E8M0 scales `name`_scale."""
+    k = x.shape[-1]
+    w = layer_input(op, inputs, name, (rows, k))
+    w_scale = layer_input(op, inputs, f"{name}_scale", (-(-w.shape[0] // block), k // block))
+    return fp8_linear(x, w, w_scale, block)
+
+
+def projections(op: str, inputs: dict, m, T: int) -> dict:
+    """The main q and the window KV from the attention input x: q_latent = wq_a(x), q_norm,
+    q_attn = wq_b(q_norm) as [T, heads, head_dim], kv_proj = wkv(x), kv_normed; FP8 linears."""
+    b = FP8_LINEAR_BLOCK[m.name]
+    x = bf16_layer_input(op, inputs, "x", (T, m.dim))
+    out = {"q_latent": _fp8_projection(op, inputs, "attn_wq_a", x, m.q_lora_rank, b)}
+    out["q_norm"] = _rms_norm(out["q_latent"], layer_input(op, inputs, "attn_q_norm", (m.q_lora_rank,)).float(), m.norm_eps)
+    q = _fp8_projection(op, inputs, "attn_wq_b", out["q_norm"], None, b)
+    if q.shape[-1] % m.head_dim:
+        raise ValueError(f"{op}: wq_b must have a multiple of head_dim = {m.head_dim} rows, got {q.shape[-1]}")
+    out["q_attn"] = q.view(T, -1, m.head_dim)
+    out["kv_proj"] = _fp8_projection(op, inputs, "attn_wkv", x, m.head_dim, b)
+    out["kv_normed"] = _rms_norm(out["kv_proj"], layer_input(op, inputs, "attn_kv_norm", (m.head_dim,)).float(), m.norm_eps)
+    return out
+
+
 def attended_rows(new: torch.Tensor, ring, compressed, start_pos: int) -> torch.Tensor:
     """The rows the lists index: [window rows | compressed rows]; the window rows are the new
     tokens' (prefill) or the ring with the new row written to slot start_pos mod its size (decode)."""
@@ -186,7 +217,8 @@ def _lists(op: str, inputs: dict, model: str, layer: int, start_pos: int) -> dic
     window_idx and indices, [window | the source's top-k source_topk + offset]."""
     if spec_pool.layer_role(profile(model), layer).kind != "reuse":
         return index_layer(inputs, model=model, layer=layer, start_pos=start_pos)
-    T = bf16_layer_input(op, inputs, "kv_normed", (None, profile(model).head_dim)).shape[0]
+    T = (layer_input(op, inputs, "x", (None, None)) if "attn_wq_a" in inputs
+         else bf16_layer_input(op, inputs, "kv_normed", (None, profile(model).head_dim))).shape[0]
     window = window_index(T, start_pos)
     topk = _tensor(op, "source_topk", layer_input(op, inputs, "source_topk", (T, None)), integer=True)
     return {"window_idx": window, "indices": attention_index(window, topk, T, start_pos)}

@@ -15,8 +15,9 @@ import torch
 from ..spec import attn as spec
 from ..spec.models import profile
 from ..spec.pool import layer_role
-from .path import index_layer, kv_qdq, window_index
-from .quant import fp8_qdq
+from ..spec.quant import FP8_LINEAR_BLOCK
+from .path import _rms_norm, index_layer, kv_qdq, window_index
+from .quant import fp8_linear, fp8_qdq
 from .rope import apply_rotary_emb, freqs_cis, rope_freqs
 
 __all__ = ["sparse_attention", "attention_scale", "attention_q", "attention_output", "attention_layer"]
@@ -92,8 +93,27 @@ def _qdq(x: torch.Tensor, model: str, compressed: bool) -> torch.Tensor:
     return (kv_qdq(x, "fp4_e4m3") if compressed else fp8_qdq(x, 32)).to(torch.bfloat16)
 
 
+def _linear(x: torch.Tensor, inputs: dict, name: str, model: str) -> torch.Tensor:
+    """linear() of a float8_e4m3fn weight: act_quant, then fp8_gemm (V4-model L116-118, V4.1 L196-205)."""
+    return fp8_linear(x, inputs[name], inputs[f"{name}_scale"], FP8_LINEAR_BLOCK[model]).to(torch.bfloat16)
+
+
+def _projections(inputs: dict, m, model: str) -> dict:
+    """Attention.forward's q and window KV from x (V4-model L494-496, L502-503; V41-model L705, L770):
+    wq_a, wq_b and wkv take the default dtype, float8_e4m3fn (V4-model L457-463, L777)."""
+    x = inputs["x"].to(torch.bfloat16)
+    out = {"q_latent": _linear(x, inputs, "attn_wq_a", model)}
+    out["q_norm"] = _rms_norm(out["q_latent"], inputs["attn_q_norm"], m.norm_eps)
+    out["q_attn"] = _linear(out["q_norm"], inputs, "attn_wq_b", model).unflatten(-1, (-1, m.head_dim))
+    out["kv_proj"] = _linear(x, inputs, "attn_wkv", model)
+    out["kv_normed"] = _rms_norm(out["kv_proj"], inputs["attn_kv_norm"], m.norm_eps)
+    return {k: v.float() for k, v in out.items()}
+
+
 def attention_layer(inputs: dict, *, model: str, layer: int, start_pos: int = 0) -> dict:
     m = spec.model_of(model)
+    projected = _projections(inputs, m, model) if "attn_wq_a" in inputs else {}
+    inputs = {**inputs, **projected}
     T = inputs["kv_normed"].shape[0]
     if layer_role(m, layer).kind == "reuse":     # V41-model L725-726: the index source's published lists
         window, topk = window_index(T, start_pos), inputs["source_topk"]
@@ -102,6 +122,7 @@ def attention_layer(inputs: dict, *, model: str, layer: int, start_pos: int = 0)
                "indices": torch.cat([window.expand(T, -1), torch.where(topk >= 0, topk + offset, -1)], -1).int()}
     else:
         out = index_layer(inputs, model=model, layer=layer, start_pos=start_pos)
+    out.update(projected)
     table = freqs_cis(torch.arange(start_pos, start_pos + T), rope_freqs(model, layer))
     q = inputs["q_attn"].to(torch.bfloat16).clone()
     if model in spec.V4:

@@ -24,6 +24,7 @@ mistake in those clauses is reported on its own rule.
 from __future__ import annotations
 
 import functools
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +34,7 @@ from hypothesis import strategies as st
 from ..spec import attn as spec
 from ..spec import path as spec_path
 from ..spec import pool as spec_pool
+from ..spec import quant as spec_quant
 from ..spec import rope as spec_rope
 from ..spec.indexer import is_bf16, round_bf16
 from ..spec.models import PROFILES, profile
@@ -40,6 +42,7 @@ from ..spec.rules import V41
 from .compare import as_numpy, assert_equal, assert_within
 from .path import (STAGES, LayerCase, cached_run, judge_rotation, layer_cases, layer_kind, make_layer_case,
                    normal_bf16, report_first_broken)
+from .quant import assert_fp8_linear, fp8_linear_bounds, fp8_weight
 from .suite import check, forall
 
 OPS = {
@@ -408,15 +411,17 @@ def output_rope_tail_rotated_back(target, seed, layer, far):
 # ------------------------------------------------------------------------------------------------
 OPS["attention_layer"] = ("attention_layer(inputs: dict, *, model, layer, start_pos) -> dict: index_layer's stages "
                           "(a V4.1 reuse layer: window_idx, and indices from the input source_topk), "
-                          "then q_rescale, q_attn_rot, kv_rot, kv_window, cmp_rot, cmp, kv, o, o_derot")
+                          "then (from contract 6, inputs x and the weights attn_wq_a, attn_q_norm, attn_wq_b, attn_wkv, attn_kv_norm) "
+                          "q_latent, q_norm, q_attn, kv_proj, kv_normed, then q_rescale, q_attn_rot, kv_rot, kv_window, cmp_rot, cmp, kv, o, o_derot")
 LAYER_HEADS = 16
 
 
-def attention_layer_case(case, seed: int | None = None):
+def attention_layer_case(case, seed: int | None = None, projected: bool = False):
     """A path LayerCase with the attention's inputs added: q_attn [T, 16, 512] (heads of unlike
     RMS), sink [16], kv_normed [T, 512], and window_cache (decode), kv_entries (prefill on a layer
     that writes its compressed KV) or kv_cache; drawn from `seed` (a fixed case: from its layer
-    and start position)."""
+    and start position).  `projected`: q_attn and kv_normed replaced by the weights that make them
+    from the case's x (projection_weights)."""
     m = profile(case.model)
     rng = np.random.default_rng(1000 + case.layer + case.start_pos if seed is None else (seed, 1))
     T, D, ratio = case.seqlen, m.head_dim, m.ratio(case.layer)
@@ -432,8 +437,32 @@ def attention_layer_case(case, seed: int | None = None):
     for name in ("kv_normed", "kv_entries"):    # what the window and compressed QDQ read: see _small_groups
         if name in extra:
             extra[name] = _small_groups(rng, extra[name])
-    return LayerCase(case.label + ", with attention", case.model, case.layer, case.start_pos,
-                     case.inputs + tuple(extra.items()))
+    if projected:
+        del extra["q_attn"], extra["kv_normed"]
+        extra.update(projection_weights(m, np.random.default_rng((rng.integers(2 ** 32), 2))))
+    return LayerCase(case.label + (", from x" if projected else ", with attention"), case.model, case.layer,
+                     case.start_pos, case.inputs + tuple(extra.items()))
+
+
+PROJECTED_TOKENS = 32     # cases up to this length start from x; the longer ones (window and entry
+                          # boundaries) from the given q_attn and kv_normed: an FP8 projection of 260
+                          # tokens at the real widths costs seconds to judge, its numerics no more
+
+
+def projection_weights(m, rng) -> dict:
+    """E4M3 wq_a [q_lora_rank, dim], wq_b [16·512, q_lora_rank], wkv [512, dim] with E8M0 block scales
+    (unit-RMS outputs on unit x; the scales of each head of wq_b 2^-3..2^3 apart: heads of unlike
+    RMS for V4's rescale), and the RMSNorm weights q_norm and kv_norm (a quarter of kv_norm's
+    16-channel groups 2^-16 smaller: _small_groups)."""
+    b = spec_quant.FP8_LINEAR_BLOCK[m.name]
+    wq_a, wq_a_scale = fp8_weight(rng, m.q_lora_rank, m.dim, b, exponents=(-14, -12))
+    wq_b, wq_b_scale = fp8_weight(rng, LAYER_HEADS * m.head_dim, m.q_lora_rank, b, exponents=(-13, -11))
+    head_shift = rng.integers(-3, 4, LAYER_HEADS).repeat(m.head_dim // b)
+    wq_b_scale = (wq_b_scale.astype(np.int64) + head_shift[:, None]).astype(np.uint8)
+    wkv, wkv_scale = fp8_weight(rng, m.head_dim, m.dim, b, exponents=(-14, -12))
+    return {"attn_wq_a": wq_a, "attn_wq_a_scale": wq_a_scale, "attn_q_norm": normal_bf16(rng, (m.q_lora_rank,), 0.1, 1.0),
+            "attn_wq_b": wq_b, "attn_wq_b_scale": wq_b_scale, "attn_wkv": wkv, "attn_wkv_scale": wkv_scale,
+            "attn_kv_norm": _small_groups(rng, normal_bf16(rng, (1, m.head_dim), 0.1, 1.0))[0]}
 
 
 def _small_groups(rng, x):
@@ -496,7 +525,7 @@ def kind_cases() -> list:
 
 
 @functools.lru_cache(maxsize=32)
-def attention_case(key: tuple):
+def attention_case(key: tuple, projected: bool = False):
     """The attention case of a layer key (path.FIXED_LAYERS, KIND_CASES, path.layer_keys): a fixed
     key keeps its inputs of old, a drawn one takes its seed's.  Kept for the 21 fixed keys and a
     run's draws (about 250 MB), so a process's ATTN.LAYER runs (impl, official, each mutant) build
@@ -504,7 +533,8 @@ def attention_case(key: tuple):
     from .path import FIXED_LAYERS, layer_case
     model, layer = key[:2]
     base = reuse_layer_case(*key) if spec_pool.layer_role(profile(model), layer).kind == "reuse" else layer_case(key)
-    return attention_layer_case(base, None if key in FIXED_LAYERS or key in KIND_CASES else key[-1])
+    return attention_layer_case(base, None if key in FIXED_LAYERS or key in KIND_CASES else key[-1],
+                                projected and key[2] <= PROJECTED_TOKENS)
 
 
 def attention_layer_cases():
@@ -535,8 +565,50 @@ def _qdq(x, model: str, compressed: bool) -> np.ndarray:
     return spec_path.kv_qdq(x) if compressed else spec_quant.fp8_qdq(x, 32)
 
 
+def _given(out, name, case) -> np.ndarray:
+    """A stage the case starts from x computes (then the target's own), or an input it gives."""
+    return _stage(out, name, case) if "attn_wq_a" in case.arrays() else case.arrays()[name].astype(np.float64)
+
+
+_LINEAR_BOUNDS: dict = {}        # (sha1 of x, id(w)) -> (w, FP8.LINEAR's bounds), oldest first
+
+
+def _linear_bounds(x, w, w_scale, block):
+    """fp8_linear_bounds, kept for the inputs of a target's stage (every correct target writes the
+    same one: computed once)."""
+    key = (hashlib.sha1(np.ascontiguousarray(x)).hexdigest(), id(w))
+    kept = _LINEAR_BOUNDS.get(key)
+    if kept is None or kept[0] is not w:
+        kept = _LINEAR_BOUNDS[key] = (w, fp8_linear_bounds(x, w, w_scale, block))
+        while len(_LINEAR_BOUNDS) > 32:
+            _LINEAR_BOUNDS.pop(next(iter(_LINEAR_BOUNDS)))
+    return kept[1]
+
+
+def _projection(name, weight, source):
+    """The stage `name` = FP8.LINEAR(source, weight) (source: a stage, or the input x)."""
+    def judge(target, case, out):
+        a, b = case.arrays(), spec_quant.FP8_LINEAR_BLOCK[case.model]
+        x = _stage(out, source, case) if source in out else a[source].astype(np.float64)
+        x = x.reshape(x.shape[0], -1)
+        got = _stage(out, name, case)
+        assert_fp8_linear(got.reshape(got.shape[0], -1), x, a[weight], a[f"{weight}_scale"], b,
+                          f"FP8.LINEAR: {name} = {weight}({source}), act_quant per {b}, E4M3 × E4M3 block GEMM "
+                          f"[{case!r}]", bounds=_linear_bounds(x, a[weight], a[f"{weight}_scale"], b))
+    return judge
+
+
+def _rms(name, source, weight):
+    def judge(target, case, out):
+        x, w, eps = _stage(out, source, case), case.arrays()[weight], profile(case.model).norm_eps
+        assert_within(_stage(out, name, case), spec_path.rms_norm(x, w, eps), spec_path.rms_norm_tolerance(x, w, eps),
+                      what=f"ATTN.LAYER: {name} = RMSNorm({source}) with the weight {weight}, eps = norm_eps, fp32, "
+                           f"written BF16", bf16=True, note=f" [{case!r}]")
+    return judge
+
+
 def _judge_q_rescale(target, case, out):
-    q = case.arrays()["q_attn"].astype(np.float64)
+    q = _given(out, "q_attn", case)
     m = profile(case.model)
     got = _stage(out, "q_rescale", case)
     if case.model in V41:
@@ -606,9 +678,18 @@ def _entry_positions(case):
     return np.arange(case.arrays()["kv_entries"].shape[0]) * profile(case.model).ratio(case.layer)
 
 
+def _projects(case) -> bool:
+    return "attn_wq_a" in case.arrays()
+
+
 ATTN_STAGES = (
+    ("q_latent", "FP8.LINEAR", _projects, _projection("q_latent", "attn_wq_a", "x")),
+    ("q_norm", "ATTN.LAYER", _projects, _rms("q_norm", "q_latent", "attn_q_norm")),
+    ("q_attn", "FP8.LINEAR", _projects, _projection("q_attn", "attn_wq_b", "q_norm")),
     ("q_rescale", "ATTN.Q_NORM", lambda case: True, _judge_q_rescale),
     ("q_attn_rot", "ROPE.POSITIONS", lambda case: True, _rotation("q_attn_rot", "q_rescale", "q", lambda c: c.positions)),
+    ("kv_proj", "FP8.LINEAR", _projects, _projection("kv_proj", "attn_wkv", "x")),
+    ("kv_normed", "ATTN.LAYER", _projects, _rms("kv_normed", "kv_proj", "attn_kv_norm")),
     ("kv_rot", "ROPE.POSITIONS", lambda case: True,
      _rotation("kv_rot", "kv_normed", "window_kv", lambda c: c.positions)),
     ("kv_window", "PATH.QDQ", lambda case: True, _judge_qdq("kv_window", "kv_rot", False)),
@@ -645,6 +726,25 @@ def first_broken_attention_stage(target, case):
     return None
 
 
+PROJECTIONS_SINCE = 6     # the contract version whose attention_layer starts from x
+
+
+def takes_projections(target) -> bool:
+    """Whether attention_layer is given x and the projection weights: a target declaring contract 6
+    or later; one declaring an earlier version is given q_attn and kv_normed, as then; an undeclared
+    one where it answers a case from x with its stages (an adapter written before may not)."""
+    if target.contract is not None:
+        return target.contract >= PROJECTIONS_SINCE
+    case = attention_case(PROBE_KEY, True)
+    try:
+        return "q_latent" in run_attention_layer(target, case)
+    except Exception:
+        return False
+
+
+PROBE_KEY = ("v4-flash", 0, 1, 126, 9)   # path.FIXED_LAYERS' one-token window decode: the cheapest case
+
+
 def _every_layer_kind(fn):
     """forall over the fixed layer cases and KIND_CASES (explicit examples), then drawn layers."""
     from .path import ALL_KINDS, FIXED_LAYERS, LAYER_CHECK_KINDS, layer_keys
@@ -655,5 +755,5 @@ def _every_layer_kind(fn):
 @check("ATTN.LAYER", ops=("attention_layer",))
 @_every_layer_kind
 def every_attention_stage_on_the_stage_before(target, key):
-    case = attention_case(key)
+    case = attention_case(key, takes_projections(target))
     report_first_broken("ATTN.LAYER", case, first_broken_attention_stage(target, case))

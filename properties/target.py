@@ -103,7 +103,7 @@ def targets_from_environment() -> list[str]:
 
 # The version of this contract (the operations, their arguments and results, the metadata a target
 # declares), and when each version came and what it changed (README.md's "Contract versions").
-CONTRACT_VERSION = 5
+CONTRACT_VERSION = 6
 CONTRACT_CHANGES = {
     1: ("2026-11-30", "operations by canonical name; NAME, DEVICE, VARIANTS, EXTENSIONS, INPUT_DTYPES; results "
         "checked strictly; kv_qdq(x, fmt) for fp4_e4m3 and fp8_e8m0_32"),
@@ -115,6 +115,9 @@ CONTRACT_CHANGES = {
     4: ("2026-12-02", "SHAPES; fp8_linear, sparse_attention, attention_q, attention_output, attention_layer"),
     5: ("2026-12-05", "CONTRACT, the version a target was written against; a format kv_qdq(x, fmt) took only "
         "from a later version is asked of an undeclared target only when it answers it"),
+    6: ("2026-12-05", "attention_layer starts from the attention input x (inputs attn_wq_a, attn_q_norm, attn_wq_b, attn_wkv, attn_kv_norm; "
+        "stages q_latent, q_norm, q_attn, kv_proj, kv_normed) on cases of up to 32 tokens; a target declaring an "
+        "earlier version, or undeclared and not answering such a case, is given q_attn and kv_normed as before"),
 }
 
 

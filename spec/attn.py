@@ -443,16 +443,23 @@ rule("ATTN.Q_NORM", "V4 rescales each head of the main q to unit RMS, in BF16 st
 rule("ATTN.LAYER", "Every stage of a layer's attention, each on the stage before it",
      """A layer operation returns index_layer's stages (PATH.LAYER; a V4.1 layer that reuses its
      index source's lists instead returns window_idx and indices, the window list and the source's
-     top-k source_topk shifted by the window rows, PATH.CONCAT) and then, by name: the main q
-     after V4's rescale (q_rescale), rotated (q_attn_rot); the new tokens' window KV rotated (kv_rot)
+     top-k source_topk shifted by the window rows, PATH.CONCAT) and then, by name: from the
+     attention input x, the q latent wq_a(x) (q_latent), its RMSNorm (q_norm), the main q
+     wq_b(q_norm) (q_attn), the window KV projection wkv(x) (kv_proj) and its RMSNorm (kv_normed),
+     where wq_a, wq_b and wkv are FP8 linears (E4M3 weights: act_quant of their input, then the
+     block-scaled FP8 GEMM, FP8.LINEAR) and the RMSNorms are computed in fp32 and written BF16
+     (eps = norm_eps); the main q after V4's rescale (q_rescale), rotated (q_attn_rot); the new tokens' window KV rotated (kv_rot)
      and as attention reads it (kv_window); on a layer that writes its compressed KV in prefill,
      the entries rotated at j·ratio (cmp_rot) and read (cmp); the rows attention gathers from, [window
      rows | compressed rows] with decode's new row in ring slot start_pos mod 128 (kv); the sparse
      attention output (o) and its de-rotation (o_derot).  Each is judged by its own rule on the
      target's own output of the stage before (teacher forcing); the report names the first stage
      that breaks a rule.  The checks run 16 of the layer's heads (ATTN.HEADS: heads are
-     independent).""",
-     applies_to=V4_ALL, policy="tolerance", tolerance="each stage's own rule's tolerance",
-     sources=("V4-model L483-534 (Attention.forward)", "V41-model L700-781 (_window_kv, _compress_kv, forward)",
+     independent); cases of more than 32 tokens start from the normed q and KV, given.""",
+     applies_to=V4_ALL, policy="tolerance", tolerance="each stage's own rule's tolerance; the RMSNorms (D + 8)·2^-24 relative before the BF16 rounding, as PATH.K.NORM",
+     sources=("V4-model L483-534 (Attention.forward)",
+              "V4-model L457-463, L777 (wq_a, wq_b, wkv of the default dtype float8_e4m3fn; wo_a BF16)",
+              "V4-model L494-496, L502-503 (q = wq_b(q_norm(wq_a(x))); kv = kv_norm(wkv(x)))",
+              "V41-model L640-650, L705 (the same FP8 linears, act_quant per 32; kv_norm(wkv(x)))", "V41-model L700-781 (_window_kv, _compress_kv, forward)",
               "V41-model L725-726, L763 (a layer that is not a source reads the published top-k and compressed KV)",
               "V4-model L372, L506 (FP8/64 on the NoPE channels)", "V41-model L707, L760 (FP8/32; FP4 E4M3/16)"))

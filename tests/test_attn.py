@@ -146,9 +146,47 @@ def test_derotation_undoes_the_rotation():
 @pytest.mark.parametrize("name", sorted(attn_mutants.LAYER_STAGE))
 def test_the_layer_check_names_the_planted_stage(name):
     provider = attn_mutants.MUTANTS[name][0]
-    case = checks.attention_case(FIXED_LAYERS[0])             # V4 CSA, prefill: every stage
+    case = checks.attention_case(FIXED_LAYERS[0], True)       # V4 CSA, prefill from x: every stage
     stage, _, _ = checks.first_broken_attention_stage(Target(provider, name), case)
     assert stage == attn_mutants.LAYER_STAGE[name]
+
+
+def test_a_short_case_starts_from_x_and_passes_impl_with_the_projection_stages():
+    case = checks.attention_case(FIXED_LAYERS[0], True)
+    assert "attn_wq_a" in case.arrays() and "q_attn" not in case.arrays()
+    out = checks.run_attention_layer(Target(impl, "impl"), case)
+    assert {"q_latent", "q_norm", "q_attn", "kv_proj", "kv_normed"} <= set(out)
+    assert checks.first_broken_attention_stage(Target(impl, "impl"), case) is None
+
+
+class _OldFormLayer:
+    """A target written against contract 5: attention_layer reads the given q_attn and kv_normed."""
+    rope_freqs = staticmethod(impl.rope_freqs)
+
+    def __init__(self, contract):
+        if contract is not None:
+            self.CONTRACT = contract
+
+    @staticmethod
+    def attention_layer(inputs, *, model, layer, start_pos=0):
+        if "attn_wq_a" in inputs:
+            raise KeyError("q_attn")
+        return impl.attention_layer(inputs, model=model, layer=layer, start_pos=start_pos)
+
+
+@pytest.mark.parametrize("contract", [5, None])
+def test_a_target_of_the_old_contract_is_given_q_attn_and_kv_normed_and_keeps_its_verdict(contract):
+    target = Target(_OldFormLayer(contract), "old")
+    assert not checks.takes_projections(target)
+    case = checks.attention_case(FIXED_LAYERS[0], checks.takes_projections(target))
+    assert "q_attn" in case.arrays()
+    assert checks.first_broken_attention_stage(target, case) is None
+
+
+def test_a_target_of_contract_6_is_given_x_and_the_weights():
+    assert checks.takes_projections(Target(impl, "impl"))
+    provider = _OldFormLayer(6)
+    assert checks.takes_projections(Target(provider, "new"))
 
 
 def _layer_case(model, layer, start_pos):

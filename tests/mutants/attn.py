@@ -173,8 +173,22 @@ def _layer_deduplicating_tokens(inputs, *, model, layer, start_pos=0):
         return ref.attention_layer(inputs, model=model, layer=layer, start_pos=start_pos)
 
 
+_fp8_projection = ref._fp8_projection
+
+
+def _bf16_projection_at(weight):
+    """impl's attention_layer whose projection by `weight` is a BF16 GEMM (the dequantized weight
+    times x, no act_quant): a port that runs the main attention's linears in BF16."""
+    def projection(op, inputs, name, x, rows, block):
+        if name != weight:
+            return _fp8_projection(op, inputs, name, x, rows, block)
+        return fp8_linear_without_act_quant(x, inputs[name], inputs[f"{name}_scale"], block)
+    return _layer_with(_fp8_projection=projection)
+
+
 # the stage each layer mutant breaks first (tests/test_attn.py asserts the check names it)
-LAYER_STAGE = {"layer_q_not_rescaled_on_v4": "q_rescale", "layer_window_kv_not_quantized": "kv_window",
+LAYER_STAGE = {"layer_wq_a_in_bf16": "q_latent", "layer_wq_b_in_bf16": "q_attn", "layer_wkv_in_bf16": "kv_proj",
+               "layer_q_not_rescaled_on_v4": "q_rescale", "layer_window_kv_not_quantized": "kv_window",
                "layer_compressed_kv_not_quantized": "cmp", "layer_attention_without_sink": "o",
                "layer_output_not_derotated": "o_derot"}
 
@@ -227,6 +241,9 @@ MUTANTS = dict([
     _m("layer_attention_without_sink", "ATTN.LAYER",
        attention_layer=_layer_with(sparse_attention=_variant(sink_mode="none"))),
     _m("layer_window_and_compressed_rows_deduplicated", "ATTN.LAYER", attention_layer=_layer_deduplicating_tokens),
+    _m("layer_wq_a_in_bf16", "ATTN.LAYER", attention_layer=_bf16_projection_at("attn_wq_a")),
+    _m("layer_wq_b_in_bf16", "ATTN.LAYER", attention_layer=_bf16_projection_at("attn_wq_b")),
+    _m("layer_wkv_in_bf16", "ATTN.LAYER", attention_layer=_bf16_projection_at("attn_wkv")),
     _m("layer_output_not_derotated", "ATTN.LAYER",
        attention_layer=_layer_with(attention_output=lambda o, positions, freqs: o)),
 ])
