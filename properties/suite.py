@@ -531,7 +531,12 @@ def _with_origin(detail: str, e: BaseException, target: Target) -> str:
     where = ["raised in the target" + (" (every frame, --debug)" if RUN.debug else "") + ":"] + [
         "  …" if f is None else f"  {f.filename}:{f.lineno} in {f.name}" + (f": {f.line}" if f.line else "")
         for f in frames] if frames else []
-    return "\n".join([detail, *where, target.received.describe()])
+    return "\n".join([detail, *where, target.received.describe(_reported(e))])
+
+
+def _reported(e: BaseException) -> BaseException:
+    """The exception a detail describes: of several (an ExceptionGroup of Hypothesis's), the first."""
+    return e.exceptions[0] if isinstance(e, BaseExceptionGroup) else e
 
 
 def _target_frames(e: BaseException):
@@ -540,8 +545,7 @@ def _target_frames(e: BaseException):
     call into the target."""
     import traceback
     from . import target as target_module
-    if isinstance(e, BaseExceptionGroup):
-        e = e.exceptions[0]
+    e = _reported(e)
     ours = os.path.realpath(target_module.__file__)
     frames = traceback.extract_tb(e.__traceback__)
     entry = next((i for i, f in enumerate(frames) if f.name == "call" and os.path.realpath(f.filename) == ours), None)
@@ -552,8 +556,7 @@ def _target_frames(e: BaseException):
 
 
 def _describe(e: BaseException, limit: int = 2500, max_lines: int = 40) -> str:
-    if isinstance(e, BaseExceptionGroup):
-        e = e.exceptions[0]
+    e = _reported(e)
     text = f"{type(e).__name__}: {e}" if not isinstance(e, AssertionError) else str(e)
     notes = [n for n in getattr(e, "__notes__", []) if n.strip() and not any(k in n for k in _INTERNAL)]
     if notes:
