@@ -103,6 +103,14 @@ def test_the_received_call_shown_is_the_counterexamples():
     assert received and tuple(map(int, received.groups())) == (2, n, block), row.detail
 
 
+def test_a_variant_that_admits_the_canonical_result_too_is_not_named():
+    """fp32 probabilities (no blocking at all) pass ATTN.PROB.ORDER's checks under attn_order=list_order
+    only because that reading widens the interval: impl, canonical, passes them as well."""
+    from mutants import attn
+    row = run_rule("ATTN.PROB.ORDER", Target(attn.MUTANTS["fp32_probabilities"][0], "m"))
+    assert row.status == FAIL and "matches" not in row.detail and "list_order" not in row.detail, row.detail
+
+
 def test_an_operation_over_its_time_limit_is_a_timeout_that_costs_one_limit():
     def hangs(x):
         time.sleep(30)
