@@ -111,6 +111,21 @@ def test_a_variant_that_admits_the_canonical_result_too_is_not_named():
     assert row.status == FAIL and "matches" not in row.detail and "list_order" not in row.detail, row.detail
 
 
+def _flushes_subnormal_inputs(x):
+    return impl_quant.bf16_round(torch.where(x.abs() < 2.0 ** -126, x * 0, x))
+
+
+def _truncates(x):
+    return impl_quant.bf16_round(x.view(torch.int32).bitwise_and(-65536).view(torch.float32))
+
+
+@pytest.mark.parametrize("port, hinted", [(_flushes_subnormal_inputs, True), (_truncates, False)])
+def test_subnormals_flushed_to_zero_are_named_in_the_failure(port, hinted):
+    row = run_rule("FMT.BF16.RNE", Target(mutant("bf16", bf16_round=port), "m"))
+    assert row.status == FAIL, row.detail
+    assert ("the mismatches are subnormal values flushed to zero (FTZ/DAZ)" in row.detail) == hinted, row.detail
+
+
 def test_an_operation_over_its_time_limit_is_a_timeout_that_costs_one_limit():
     def hangs(x):
         time.sleep(30)
