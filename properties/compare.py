@@ -28,11 +28,32 @@ def assert_same_shape(actual, expected, what: str):
         raise AssertionError(f"{what}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}")
 
 
-def assert_bytes_equal(actual, expected, *, what: str, decode=None, context=None, limit: int = 4):
+FTZ_HINT = "the mismatches are subnormal values flushed to zero (FTZ/DAZ)"
+SMALLEST_NORMAL = 2.0 ** -126           # of fp32 and of BF16 alike
+
+
+def _subnormal(v: np.ndarray) -> np.ndarray:
+    v = np.abs(np.asarray(v, dtype=np.float64))
+    return (v > 0) & (v < SMALLEST_NORMAL)
+
+
+def flush_hint(got, want, bad, inputs=None) -> list[str]:
+    """[FTZ_HINT] when every mismatch (flat indices `bad` of the values got and want) is a zero where
+    an fp32/BF16 subnormal was due, or a zero out of a subnormal input (as a zero input would give)."""
+    got, want = np.asarray(got, np.float64).reshape(-1)[bad], np.asarray(want, np.float64).reshape(-1)[bad]
+    due = _subnormal(want)
+    if inputs is not None:
+        due |= _subnormal(np.asarray(inputs, np.float64).reshape(-1)[bad])
+    return [FTZ_HINT] if bad.size and bool(np.all((got == 0) & due)) else []
+
+
+def assert_bytes_equal(actual, expected, *, what: str, decode=None, context=None, limit: int = 4,
+                       values=None, inputs=None):
     """Exact equality of integer codes/bytes.
 
     decode(code) -> str renders one code (e.g. 'sign=1 exp=2 man=1 (-3.0)'); context(index) -> str
-    describes the input that produced the element at that index.
+    describes the input that produced the element at that index; values(codes) -> floats, with
+    `inputs` (one per code), lets the message say when the mismatches are flushed subnormals.
     """
     a, e = as_numpy(actual), as_numpy(expected)
     assert_same_shape(a, e, what)
@@ -48,6 +69,8 @@ def assert_bytes_equal(actual, expected, *, what: str, decode=None, context=None
         if context:
             line += f"; {context(idx)}"
         lines.append(line)
+    if values is not None:
+        lines += flush_hint(values(a), values(e), bad, inputs)
     raise AssertionError("\n".join(lines))
 
 
@@ -70,6 +93,8 @@ def assert_equal(actual, expected, *, what: str, context=None, limit: int = 4):
         if context:
             line += f"; {context(idx)}"
         lines.append(line)
+    if a.dtype.kind == "f" and e.dtype.kind == "f":
+        lines += flush_hint(a, e, bad)
     raise AssertionError("\n".join(lines))
 
 

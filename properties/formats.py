@@ -282,7 +282,8 @@ def _check_bf16(target, x, what):
     actual = F.f32_bits(as_numpy(target.bf16_round(t)))
     nan = np.isnan(F.bf16_round(x))
     actual = np.where(nan & np.isnan(F.f32_from_bits(actual)), expected, actual)  # any NaN will do
-    assert_bytes_equal(actual, expected, what=what, decode=f32_text, context=_value_context(x))
+    assert_bytes_equal(actual, expected, what=what, decode=f32_text, context=_value_context(x),
+                       values=F.f32_from_bits, inputs=x)
 
 
 @check("FMT.BF16.RNE", ops=("bf16_round",))

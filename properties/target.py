@@ -70,6 +70,7 @@ converter of dsv4spec.adapters that fits; it is reported ERROR, never passed.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import importlib.util
@@ -415,10 +416,20 @@ class Received:
         self.call = None
         self.unserved = ""      # an example left out because it asked for a model the target does not serve
 
-    def describe(self) -> str:
-        if self.call is None:
+    @staticmethod
+    def tag(e: BaseException, call: tuple):
+        """Mark `e` with the call it was raised in (the innermost, when calls nest): Hypothesis replays
+        several failing examples before it reports the first, so the last call is not always its."""
+        if not hasattr(e, "dsv4spec_call"):
+            with contextlib.suppress(AttributeError, TypeError):
+                e.dsv4spec_call = call
+
+    def describe(self, e: BaseException | None = None) -> str:
+        """The call `e` was raised in (where tagged), else the last call."""
+        call = getattr(e, "dsv4spec_call", None) or self.call
+        if call is None:
             return ""
-        name, args, kwargs = self.call
+        name, args, kwargs = call
         shown = [_value(a) for a in args] + [f"{k}={_value(v)}" for k, v in kwargs.items()]
         return f"the target received: {name}(" + ", ".join(shown) + ")"
 
@@ -521,17 +532,21 @@ class Target:
             if self.input_dtype(name) == "bfloat16":
                 args, kwargs = _as_bfloat16(args), dict(zip(kwargs, _as_bfloat16(tuple(kwargs.values()))))
             self.received.call = (name, args, kwargs)
-            before = _tensor_copies(args, kwargs)
             try:
-                with _deadline(self.timeout, name):
-                    result = fn(*args, **kwargs)
-            except OperationTimeout as e:
-                self.hung[name] = str(e)
+                before = _tensor_copies(args, kwargs)
+                try:
+                    with _deadline(self.timeout, name):
+                        result = fn(*args, **kwargs)
+                except OperationTimeout as e:
+                    self.hung[name] = str(e)
+                    raise
+                result = _owned(result)     # a buffer the target reuses on its next call must not change it
+                _check_inputs_kept(name, before, args, kwargs, fn)
+                check_result(name, result, args, kwargs)
+                return result
+            except BaseException as e:
+                Received.tag(e, (name, args, kwargs))
                 raise
-            result = _owned(result)     # a buffer the target reuses on its next call must not change it
-            _check_inputs_kept(name, before, args, kwargs, fn)
-            check_result(name, result, args, kwargs)
-            return result
         call.__name__ = name
         return call
 

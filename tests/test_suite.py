@@ -1,4 +1,5 @@
 """The runner's contract: how outcomes map to statuses, and the exit status of a verify run."""
+import re
 import sys
 import time
 from types import SimpleNamespace
@@ -80,6 +81,49 @@ def test_a_failure_reads_without_hypothesis_internals_and_is_capped():
     text = rows[0].detail
     assert not any(word in text for word in ("reproduce_failure", "Hypothesis", "inner("))
     assert len(text.splitlines()) <= 41 and "fp4_e8m0_rounds_ties_to_even(" in text
+
+
+def _no_narrow_tiles(x, block=128):
+    """Fails on some inputs only, with two errors: Hypothesis replays both and reports the first."""
+    if block == 64:
+        raise RuntimeError(f"no tile of {block} for {x.shape[1]} columns")
+    if block == 32:
+        raise ValueError(f"block {block} is too narrow")
+    return impl_quant.fp8_quantize(x, block)
+
+
+def test_the_received_call_shown_is_the_counterexamples():
+    """The call shown under an error is the one the reported counterexample made, not the last call
+    (Hypothesis replays every distinct failure, and reports the first)."""
+    row = run_rule("FP8.BLOCKS", Target(mutant("no-narrow-tiles", fp8_quantize=_no_narrow_tiles), "m"))
+    assert row.status == ERROR, row.detail
+    n, block = map(int, re.search(r"shape=\((\d+), (\d+)\)", row.detail).groups())
+    received = re.search(r"the target received: fp8_quantize\(tensor\(float32, shape \[(\d+), (\d+)\].*, (\d+)\)$",
+                         row.detail, re.M | re.S)
+    assert received and tuple(map(int, received.groups())) == (2, n, block), row.detail
+
+
+def test_a_variant_that_admits_the_canonical_result_too_is_not_named():
+    """fp32 probabilities (no blocking at all) pass ATTN.PROB.ORDER's checks under attn_order=list_order
+    only because that reading widens the interval: impl, canonical, passes them as well."""
+    from mutants import attn
+    row = run_rule("ATTN.PROB.ORDER", Target(attn.MUTANTS["fp32_probabilities"][0], "m"))
+    assert row.status == FAIL and "matches" not in row.detail and "list_order" not in row.detail, row.detail
+
+
+def _flushes_subnormal_inputs(x):
+    return impl_quant.bf16_round(torch.where(x.abs() < 2.0 ** -126, x * 0, x))
+
+
+def _truncates(x):
+    return impl_quant.bf16_round(x.view(torch.int32).bitwise_and(-65536).view(torch.float32))
+
+
+@pytest.mark.parametrize("port, hinted", [(_flushes_subnormal_inputs, True), (_truncates, False)])
+def test_subnormals_flushed_to_zero_are_named_in_the_failure(port, hinted):
+    row = run_rule("FMT.BF16.RNE", Target(mutant("bf16", bf16_round=port), "m"))
+    assert row.status == FAIL, row.detail
+    assert ("the mismatches are subnormal values flushed to zero (FTZ/DAZ)" in row.detail) == hinted, row.detail
 
 
 def test_an_operation_over_its_time_limit_is_a_timeout_that_costs_one_limit():
