@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import signal
 import sys
@@ -232,12 +231,14 @@ def _checked_verify_args(args) -> tuple[list[str], list[str]]:
     from dsv4spec.properties import report
     from dsv4spec.properties.entries import read_entries, stale
     from dsv4spec.properties.suite import PROFILES
-    from dsv4spec.properties.target import targets_from_environment
+    from dsv4spec.properties.target import targets_from_environment, timeout_seconds
     from dsv4spec.spec import select
     if args.profile not in PROFILES:
         raise UsageError(f"unknown profile {args.profile!r}; expected one of {', '.join(PROFILES)}")
-    if not (math.isfinite(args.timeout) and args.timeout > 0):
-        raise UsageError(f"--timeout must be a positive, finite number of seconds, got {args.timeout:g}")
+    try:
+        timeout_seconds(args.timeout)
+    except ValueError as e:
+        raise UsageError(f"--timeout {e}") from None
     if args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
     if args.max_examples is not None and args.max_examples < 1:

@@ -43,6 +43,15 @@ from .entries import matching, read_entries, stale
 SEED_VARIABLE = "DSV4SPEC_SEED"
 
 
+def _timeout(text: str) -> float:
+    import argparse
+    from .target import timeout_seconds
+    try:
+        return timeout_seconds(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def pytest_addoption(parser):
     group = parser.getgroup("dsv4spec", "dsv4spec conformance suite")
     group.addoption("--dsv4spec-target", action="append", default=[], metavar="T",
@@ -52,7 +61,8 @@ def pytest_addoption(parser):
     group.addoption("--dsv4spec-profile", default="ci", metavar="P", help="ci (default), dev or thorough")
     group.addoption("--dsv4spec-rules", metavar="PREFIX,...", help="only rules whose id starts with a prefix")
     group.addoption("--dsv4spec-seed", type=int, metavar="N", help="seed of the dev and thorough profiles")
-    group.addoption("--dsv4spec-timeout", type=float, metavar="S", help="seconds one operation call may take")
+    group.addoption("--dsv4spec-timeout", type=_timeout, metavar="S",
+                    help="seconds one operation call may take (positive, finite)")
     group.addoption("--dsv4spec-isolate", action="store_true",
                     help="run the targets in a worker process, as `dsv4spec verify --isolate`: a crash or a "
                          "hang (even in C code) costs only the rule that was running, not the session")

@@ -75,6 +75,7 @@ import functools
 import importlib
 import importlib.util
 import inspect
+import math
 import os
 import signal
 import sys
@@ -94,6 +95,15 @@ BUILTIN = {
 }
 ENTRY_POINT_GROUP = "dsv4spec.targets"
 DEFAULT_TIMEOUT_S = 60.0       # one operation call; `verify --timeout` changes it
+
+
+def timeout_seconds(text) -> float:
+    """A --timeout value: a positive, finite number of seconds (nan or inf would blame every call
+    on the target)."""
+    seconds = float(text)
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"must be a positive, finite number of seconds, got {seconds:g}")
+    return seconds
 TARGET_VARIABLE = "DSV4SPEC_TARGET"     # the targets when none is named (comma-separated), CLI and pytest alike
 
 

@@ -1,6 +1,8 @@
 """The pytest route: one item per (rule, target), FAIL with its reproduce line, skip and xfail files
 with reasons, a warning for an entry that matches nothing."""
 import subprocess
+
+import pytest
 import sys
 from pathlib import Path
 
@@ -156,3 +158,10 @@ def test_the_target_variable_selects_the_target_for_pytest_too(tmp_path):
                             env={"PATH": "/usr/bin:/bin", "PYTHONPATH": HOME, "TRITON_INTERPRET": "1",
                                  "DSV4SPEC_TARGET": "impl"})
     assert "PASSED dsv4spec::FMT.E2M1.RNE[impl]" in result.stdout, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("seconds", ["nan", "inf", "0"])
+def test_a_timeout_that_is_not_a_positive_finite_number_is_refused_by_the_plugin(tmp_path, seconds):
+    run = pytest_run(tmp_path, "--dsv4spec-target", "impl", f"--dsv4spec-timeout={seconds}")
+    assert run.returncode == 4, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "must be a positive, finite number of seconds" in run.stderr
