@@ -49,7 +49,7 @@ import triton.language as tl
 
 from ..impl.indexer import _bf16_values as _impl_bf16_values
 from ..impl.indexer import _tensor as _impl_tensor
-from . import INTERPRET
+from .mode import INTERPRET
 from .topk import _pow2, _topk_engine
 from ..spec import indexer as spec
 from ..spec.models import profile

@@ -47,7 +47,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import INTERPRET
+from .mode import INTERPRET
 from .indexer import (_check_k, _check_lengths, _device, _float_input, _launch_scores, _need_tensor,
                       _score_inputs)
 from .topk import _boundary_bin, _order_key, _pow2, _topk_engine

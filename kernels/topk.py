@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import INTERPRET
+from .mode import INTERPRET
 
 
 def _pow2(n: int, lo: int = 1) -> int:
