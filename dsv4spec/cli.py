@@ -64,7 +64,7 @@ def cmd_ops(args) -> int:
         print(json.dumps({"contract": contract, **table}, indent=2))
         return 0
     print(f"# contract version {CONTRACT_VERSION} (a target may declare CONTRACT = N, the version it was "
-          "written against; README.md lists the changes)\n")
+          "written against; docs/ADAPTERS.md lists the changes)\n")
     for family, ops in table.items():
         print(f"# {family}  (contract: properties/{family}.py)")
         for entry in ops:

@@ -24,7 +24,7 @@ DEFAULT_TIMEOUT_S = 60.0       # one operation call; `verify --timeout` changes 
 
 
 # The version of this contract (the operations, their arguments and results, the metadata a target
-# declares), and when each version came and what it changed (README.md's "Contract versions").
+# declares), and when each version came and what it changed (docs/ADAPTERS.md, "Contract versions").
 CONTRACT_VERSION = 5
 CONTRACT_CHANGES = {
     1: ("2026-11-30", "operations by canonical name; NAME, DEVICE, VARIANTS, EXTENSIONS, INPUT_DTYPES; results "

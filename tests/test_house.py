@@ -176,3 +176,39 @@ def test_house_md_states_the_layers_this_test_enforces():
         list(enumerate(LAYERS)), "docs/HOUSE.md's table '| rank | layer | ...' differs from LAYERS"
     for module in sorted(BASE - {"dsv4spec"}):
         assert module.rpartition(".")[2] in text, f"docs/HOUSE.md does not name the base module {module}"
+
+
+def test_bench_holds_scripts_only():
+    """Run records live under docs/records/ (dated, as measured); bench/ holds what measures."""
+    others = sorted(p.name for p in (ROOT / "bench").iterdir()
+                    if p.name != "__pycache__" and not (p.is_file() and p.suffix in {".py", ".sh"}))
+    assert not others, f"bench/ should hold only .py and .sh scripts; move these under docs/records/: {others}"
+
+
+MARKDOWN_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def broken_links(page: Path) -> list[str]:
+    """The relative links of a Markdown page whose file or folder does not exist."""
+    broken = []
+    for target in MARKDOWN_LINK.findall(page.read_text()):
+        path = target.split("#")[0]
+        if path and "://" not in path and not path.startswith("mailto:") and not (page.parent / path).exists():
+            broken.append(f"{page.relative_to(ROOT)}: {target}")
+    return broken
+
+
+def test_every_relative_link_of_the_docs_resolves():
+    pages = [ROOT / "README.md", ROOT / "PROTOCOL.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    broken = [b for page in pages for b in broken_links(page)]
+    assert not broken, "links to files that do not exist:\n" + "\n".join(broken)
+
+
+def test_the_readme_is_short_and_links_every_page():
+    """README.md is read in five minutes; every other page is one link away from it."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) < 250, f"README.md has {len(readme.splitlines())} lines; move detail into docs/"
+    linked = set(MARKDOWN_LINK.findall(readme))
+    pages = ["PROTOCOL.md", "SPEC.md", *(f"docs/{p.name}" for p in sorted((ROOT / "docs").glob("*.md")))]
+    unlinked = [p for p in pages if not any(link.split("#")[0] == p for link in linked)]
+    assert not unlinked, f"pages README.md does not link: {unlinked}"
