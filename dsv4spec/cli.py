@@ -46,13 +46,14 @@ def cmd_ops(args) -> int:
     families = [f for f in FAMILY_MODULES if not args.family or f == args.family]
     if not families:
         raise UsageError(f"unknown family {args.family!r}; expected one of {', '.join(FAMILY_MODULES)}")
-    every = {op: doc for f in FAMILY_MODULES
-             for op, doc in getattr(importlib.import_module(f"dsv4spec.properties.{f}"), "OPS", {}).items()}
+    declared = {f: getattr(importlib.import_module(f"dsv4spec.properties.{f}"), "OPS", {}) for f in FAMILY_MODULES}
+    every = {op: doc for ops in declared.values() for op, doc in ops.items()}
     table = {}
     for family in families:
-        module = importlib.import_module(f"dsv4spec.properties.{family}")
-        ops = getattr(module, "OPS", None) or {     # formats: its checks call quant's element codecs
-            op: every[op] for op in sorted({op for c in checks if c.fn.__module__ == module.__name__ for op in c.ops})}
+        module = f"dsv4spec.properties.{family}"
+        ops = declared[family] or {     # formats: its checks call quant's element codecs
+            op: every[op] for op in sorted({op for c in checks if c.fn.__module__ == module for op in c.ops})
+            if args.family or op not in every}      # listed once, under the family that declares it
         for op, doc in ops.items():
             rules = sorted({c.rule_id for c in checks if op in c.ops})
             table.setdefault(family, []).append({"op": op, "signature": doc, "rules": rules})

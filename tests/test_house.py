@@ -212,3 +212,38 @@ def test_the_readme_is_short_and_links_every_page():
     pages = ["PROTOCOL.md", "SPEC.md", *(f"docs/{p.name}" for p in sorted((ROOT / "docs").glob("*.md")))]
     unlinked = [p for p in pages if not any(link.split("#")[0] == p for link in linked)]
     assert not unlinked, f"pages README.md does not link: {unlinked}"
+
+
+def paragraphs(markdown: str, longer_than: int = 100) -> list[str]:
+    return [p.strip() for p in markdown.split("\n\n") if len(p.strip()) > longer_than]
+
+
+def test_spec_md_states_each_paragraph_once():
+    """A shared tolerance or policy is stated once (its section) and named by each rule; the rule
+    book repeats no paragraph (the rendered one: another test holds SPEC.md equal to it)."""
+    from dsv4spec.spec.document import render
+    seen, repeated = set(), set()
+    for p in paragraphs(render()):
+        (repeated if p in seen else seen).add(p)
+    assert not repeated, "SPEC.md repeats:\n" + "\n".join(p[:120] for p in repeated)
+
+
+def test_every_family_heading_of_spec_md_has_a_title():
+    from dsv4spec.spec.document import render
+    headings = re.findall(r"^## ([A-Z]+) — (.+)$", render(), re.M)
+    assert headings and all(title != family for family, title in headings), \
+        f"family headings without a title (give it one in spec/document.py FAMILY_TITLES): {headings}"
+
+
+def test_dsv4spec_ops_lists_each_operation_once(capsys):
+    """Each operation under the family that declares it (formats' checks call quant's codecs)."""
+    import json
+    from dsv4spec.cli import main
+    assert main(["ops"]) == 0
+    listed = [line.split("(")[0].strip() for line in capsys.readouterr().out.splitlines()
+              if line.startswith("  ") and not line.lstrip().startswith("checked by")]
+    assert main(["ops", "--json"]) == 0
+    table = json.loads(capsys.readouterr().out)
+    in_json = [entry["op"] for family, entries in table.items() if family != "contract" for entry in entries]
+    for ops in (listed, in_json):
+        assert ops and len(ops) == len(set(ops)), f"listed more than once: {sorted({o for o in ops if ops.count(o) > 1})}"
