@@ -10,8 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from dsv4spec.command import (SIGNALLED, Terminated, Unloaded, UsageError, handled, prefixes,  # noqa: F401 -- re-exported
-                              terminated_as_interrupted)
+from dsv4spec.command import (  # noqa: F401 -- Terminated and UsageError re-exported where they always were
+    SIGNALLED, Terminated, Unloaded, UsageError, handled, prefixes, terminated_as_interrupted)
 from dsv4spec.interpreter import skip_dead_overflow_checks
 
 DEFAULT_TARGETS = ["impl", "kernels", "ml_dtypes", "torch"]

@@ -69,8 +69,8 @@ compressor that skips the gate, the norm or the APE moves entries by a fraction 
 exceeds it by 3× to 15× at the least, 66× to 252× in the median (tests/test_compressor.py).""")
 
 DIRECTION_TOLERANCE = shared_tolerance("entry direction", """The entry's direction (rope off, norm weight 1,
-scaled to unit RMS) within 2·entry_tolerance / rms(reference entry): """ + ENTRY_TOLERANCE[0].lower() + ENTRY_TOLERANCE[1:])
-TWICE_ENTRY_TOLERANCE = shared_tolerance("twice entry_tolerance", "Twice " + ENTRY_TOLERANCE[0].lower() + ENTRY_TOLERANCE[1:])
+scaled to unit RMS) within 2·entry_tolerance / rms(reference entry): """ + ENTRY_TOLERANCE)
+TWICE_ENTRY_TOLERANCE = shared_tolerance("twice entry_tolerance", "Twice " + ENTRY_TOLERANCE)
 
 rule("CMP.GROUPS", "one entry per complete group of m tokens",
      """A ratio-m compressor fed n tokens from position 0 has emitted exactly n // m entries; entry
