@@ -15,7 +15,7 @@ compared bit for bit with old's.  One table last: µs, vs copy (gathered KV byte
 graph time, against the measured copy rate), new/old (graph time; < 1 is faster), validity.
 Writes ab_attn.json and ab_attn.md to --out.  Refuses (exit 2) without a GPU.
 
-Predictions (written before the call; old's graph µs from bench/h200/2026-12-01-attn.md): T = 1
+Predictions (written before the call; old's graph µs from docs/records/h200/2026-12-01-attn.md): T = 1
 reads 0.66 MB (0.2 µs at the copy rate): latency-bound, old walks 10 blocks in series (33 µs);
 split-K runs one block per program in two launches, so fused c1 ≈ 10-14 µs, the three-launch split
 2-3 µs more.  T = 32 (old 44 µs): ≈ 15-20 µs.  T = 128 (old 103 µs): the partials cost

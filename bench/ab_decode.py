@@ -32,7 +32,7 @@ plans' bit comparisons at a small size in the Triton interpreter (no timing): th
 check before a device call.
 
 Predictions (written before the call; the record: 206 µs graph / 1464 µs eager,
-bench/h200/2026-12-01-profile-reindex-before.txt; per-kernel device µs there): old ≈ 200 / 1350
+docs/records/h200/2026-12-01-profile-reindex-before.txt; per-kernel device µs there): old ≈ 200 / 1350
 (two launches fewer than the record's code: the gather's zeroed count and the all-blocks fill).
 fused_bm: −3 to −5 µs graph (the block-max launch, 1.7 µs, its gap, and 1 MB written and read
 back), −40 µs eager.  row_topk: a re-index top-k engine call is ≈ 28 µs of device time at one row

@@ -12,7 +12,7 @@ logits T=1 S=1M ≥ 40 % of copy"), each with the scores written ([1, S] fp32) a
 maxima written instead (BLOCK_MAX = 8, [1, S/8], as the decode step takes them).
 
 Variants: kernels.indexer.SCORE_AB, the score kernel's switches, each the shipped bits by
-construction.  Shipped since the 12-02 run (bench/h200/2026-12-02-ab-logits.md): the epilogue's BF16
+construction.  Shipped since the 12-02 run (docs/records/h200/2026-12-02-ab-logits.md): the epilogue's BF16
 roundings as packed pairs in inline PTX (cvt.rn.bf16x2.f32, mul.rn.bf16x2) and the keys' FP4 decode
 with a byte's two codes in one register (placed by two integer multiplies and two masks, scaled by
 two mul.rn.bf16x2).  The others: int_fp32 (the integer roundings and one code a register, shipped

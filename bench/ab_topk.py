@@ -21,7 +21,7 @@ replay, the few-row bits against the engine's on the device):
 
     export TRITON_INTERPRET=0; python3 -m pip install --no-build-isolation --no-deps -q -e . >/dev/null 2>&1; timeout 240 python bench/ab_topk.py --out $OUT/ab_topk_few.json --rep 30 2>&1 | tee $OUT/ab_topk_few.txt | tail -40; timeout 90 python -m pytest -q -p no:cacheprovider tests/test_kernels_device.py -k "sync or graph" 2>&1 | tee $OUT/pytest_device.txt | tail -3
 
-Predictions (written before the call; bench/h200/TOPK.md): graph ≈ 2.5 µs a launch plus the pass's
+Predictions (written before the call; docs/records/h200/TOPK.md): graph ≈ 2.5 µs a launch plus the pass's
 reads (pass 0 reads the row from HBM, passes 1-3 only the chunks still holding the prefix, the
 emission only the chunks holding picks, from L2 while the rows fit it): 1x64K k 2048 ≈ 15-25 µs
 (shipped 61, torch ≈ 52), 1x1M k 512 ≈ 15-22 (shipped 33), 1x1M k 2048 ≈ 15-22 (shipped 76),

@@ -18,7 +18,7 @@
 #   pytest tests/test_kernels_ops.py (the operators compiled with inductor, no sync)     (TESTS_S, default 40 s)
 # record runs, with the same set-up, `dsv4spec bench --record OUTDIR/record --out OUTDIR/bench` with the
 # peers (RECORD_S, default 560 s): OUTDIR/record/<date>.json and .md are the record to copy into
-# bench/h200/ (the folder on the GPU machine does not come back), bench.txt its terminal table.
+# docs/records/h200/ (the folder on the GPU machine does not come back), bench.txt its terminal table.
 # run's OUTDIR receives log.txt, peers/ and attn/ (bench.json, bench.md, parts/ of each run), peers.txt,
 # attn.txt and pytest_ops.txt.  ATTN_FULL=1 runs every attention shape (about 20 s more).
 # QUICK=1 runs the smaller shapes; REP (default 50) is do_bench's time per timing in ms; FLAGGEMS_S

@@ -10,7 +10,7 @@ outside the report:
   logits-t1    index_scores_fp4 of one query, 64 heads, over 1M FP4 keys ("logits decode fp4 T=1 S=1048576")
   topk-1m-512  the top-k engine's five launches on one row of 1M, k 512 (what a CUDA graph replays)
 
-The readings of 12-03 are in bench/h200/README.md ("Issue 23's goals at head").
+The readings of 12-03 are in docs/records/h200/README.md ("Issue 23's goals at head").
 
     python bench/probe_ncu.py CASE            (runs the case)
     python bench/probe_ncu.py --cases         (prints the cases' names)

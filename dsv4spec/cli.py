@@ -9,19 +9,17 @@ import sys
 import time
 from pathlib import Path
 
+from dsv4spec.command import (  # noqa: F401 -- Terminated and UsageError re-exported where they always were
+    SIGNALLED, Terminated, Unloaded, UsageError, handled, prefixes, terminated_as_interrupted)
 from dsv4spec.interpreter import skip_dead_overflow_checks
 
 DEFAULT_TARGETS = ["impl", "kernels", "ml_dtypes", "torch"]
 STDOUT = "-"        # a report path meaning standard output (the matrix then goes to standard error)
 
 
-class UsageError(Exception):
-    """A mistake in the command line or its inputs: reported in one line, exit status 2."""
-
-
 def cmd_rules(args) -> int:
     from dsv4spec.spec import select
-    rules = select(_prefixes(args.rules))
+    rules = select(prefixes(args.rules))
     if not rules:
         raise UsageError("the rule registry is empty")
     if args.json:
@@ -47,13 +45,14 @@ def cmd_ops(args) -> int:
     families = [f for f in FAMILY_MODULES if not args.family or f == args.family]
     if not families:
         raise UsageError(f"unknown family {args.family!r}; expected one of {', '.join(FAMILY_MODULES)}")
-    every = {op: doc for f in FAMILY_MODULES
-             for op, doc in getattr(importlib.import_module(f"dsv4spec.properties.{f}"), "OPS", {}).items()}
+    declared = {f: getattr(importlib.import_module(f"dsv4spec.properties.{f}"), "OPS", {}) for f in FAMILY_MODULES}
+    every = {op: doc for ops in declared.values() for op, doc in ops.items()}
     table = {}
     for family in families:
-        module = importlib.import_module(f"dsv4spec.properties.{family}")
-        ops = getattr(module, "OPS", None) or {     # formats: its checks call quant's element codecs
-            op: every[op] for op in sorted({op for c in checks if c.fn.__module__ == module.__name__ for op in c.ops})}
+        module = f"dsv4spec.properties.{family}"
+        ops = declared[family] or {     # formats: its checks call quant's element codecs
+            op: every[op] for op in sorted({op for c in checks if c.fn.__module__ == module for op in c.ops})
+            if args.family or op not in every}      # listed once, under the family that declares it
         for op, doc in ops.items():
             rules = sorted({c.rule_id for c in checks if op in c.ops})
             table.setdefault(family, []).append({"op": op, "signature": doc, "rules": rules})
@@ -65,7 +64,7 @@ def cmd_ops(args) -> int:
         print(json.dumps({"contract": contract, **table}, indent=2))
         return 0
     print(f"# contract version {CONTRACT_VERSION} (a target may declare CONTRACT = N, the version it was "
-          "written against; README.md lists the changes)\n")
+          "written against; docs/ADAPTERS.md lists the changes)\n")
     for family, ops in table.items():
         print(f"# {family}  (contract: properties/{family}.py)")
         for entry in ops:
@@ -103,7 +102,7 @@ def cmd_verify(args) -> int:
     if getattr(args, "command_line", False) and not (args.jobs > 1 or args.isolate) and hasattr(os, "fork"):
         from dsv4spec import guard
         return guard.supervised(run)
-    with _terminated_as_interrupted():
+    with terminated_as_interrupted():
         return run.here()
 
 
@@ -133,11 +132,11 @@ class _Run:
         rows = _listed(rows, targets, rule_ids, self.skip, self.xfail)
         rows = causes.annotate(rows, targets)       # one cause, one verdict: the others "same cause as …"
         expected = {r for r in rule_ids if matching(self.xfail, r)}
-        header = _header(args, targets, _prefixes(args.rules), rule_ids)
+        header = _header(args, targets, prefixes(args.rules), rule_ids)
         header["xfail"] = sorted(expected)
         header["wall_s"] = round(time.monotonic() - self.started, 1)
         header["slowest"] = report.slowest(rows)
-        cause = "SIGTERM" if _SIGNALLED.get("signal") == signal.SIGTERM else "Ctrl-C"
+        cause = "SIGTERM" if SIGNALLED.get("signal") == signal.SIGTERM else "Ctrl-C"
         if interrupted:
             header["interrupted_by"] = cause
         done = {(r.rule_id, r.target) for r in rows}
@@ -155,7 +154,7 @@ class _Run:
                     unwritten.append(str(e))
         if interrupted:
             print("\n" + "\n".join(report.interruption(not_run, len(rows), cause)), file=sys.stderr)
-            status = 128 + _SIGNALLED.get("signal", signal.SIGINT)
+            status = 128 + SIGNALLED.get("signal", signal.SIGINT)
         else:
             unloadable = [t for t in targets if getattr(t, "load_error", "")]
             for t in unloadable:
@@ -180,34 +179,6 @@ def _table_stream(args):
 def colored(stream) -> bool:
     """ANSI colours on a terminal, unless $NO_COLOR is set and not empty (https://no-color.org)."""
     return stream.isatty() and not os.environ.get("NO_COLOR")
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, handled as Ctrl-C is: what finished is printed and written, marked interrupted."""
-
-
-_SIGNALLED: dict = {}
-
-
-class _terminated_as_interrupted:
-    """SIGTERM (and SIGINT) raise KeyboardInterrupt once; a second signal while the reports are
-    written is ignored, so that they are written whole."""
-
-    def __enter__(self):
-        self.saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-        for s in self.saved:
-            signal.signal(s, self._raise)
-
-    def _raise(self, number, _frame):
-        for s in self.saved:
-            signal.signal(s, signal.SIG_IGN)
-        _SIGNALLED["signal"] = number
-        raise Terminated() if number == signal.SIGTERM else KeyboardInterrupt()
-
-    def __exit__(self, *exc):
-        for s, handler in self.saved.items():
-            signal.signal(s, handler)
-        return False
 
 
 def _listed(rows, targets, rule_ids, skip, xfail):
@@ -243,7 +214,7 @@ def _checked_verify_args(args) -> tuple[list[str], list[str]]:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
     if args.max_examples is not None and args.max_examples < 1:
         raise UsageError(f"--max-examples must be at least 1, got {args.max_examples}")
-    rule_ids = [r.id for r in select(_prefixes(args.rules))]
+    rule_ids = [r.id for r in select(prefixes(args.rules))]
     paths = [p for p in (args.json, args.junit, args.markdown) if p]
     if paths.count(STDOUT) > 1:
         raise UsageError("only one of --json, --junit and --markdown can be written to standard output (-)")
@@ -321,15 +292,7 @@ def _run_verify(args, specs, rule_ids, progress, on_targets=lambda _: None):
         names = list(dict.fromkeys(r.target for r in progress.rows))
         rows = sorted(progress.rows, key=lambda r: (names.index(r.target), rule_ids.index(r.rule_id)))
         infos = getattr(e, "infos", None)       # the worker run's (workers.Interrupted)
-        return rows, targets or ([infos[s] for s in specs] if infos else [_Unloaded(s) for s in specs]), True
-
-
-class _Unloaded:
-    """A target whose worker was stopped before it reported (Ctrl-C)."""
-
-    def __init__(self, spec):
-        self.spec = self.name = spec
-        self.claims_conformance, self.module, self.version, self.device = False, "", "", ""
+        return rows, targets or ([infos[s] for s in specs] if infos else [Unloaded(s) for s in specs]), True
 
 
 def _header(args, targets, prefixes, rule_ids) -> dict:
@@ -403,12 +366,6 @@ def _shard(text: str) -> tuple[int, int]:
         return parse(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _prefixes(text: str | None) -> list[str] | None:
-    if not text:
-        return None
-    return [p.strip() for p in text.split(",") if p.strip()]
 
 
 class Parser(argparse.ArgumentParser):
@@ -528,21 +485,6 @@ def main(argv=None) -> int:
     if args.command in RUNS_TARGETS:
         skip_dead_overflow_checks()     # our own process (dsv4spec/interpreter.py: why no result changes)
     return handled(lambda: args.func(args) or 0, args)
-
-
-def handled(call, args) -> int:
-    """call(), with a usage or load error reported in one line and its exit status."""
-    from dsv4spec.properties.target import TargetLoadError
-    try:
-        return call()
-    except (UsageError, ValueError, FileNotFoundError, TargetLoadError) as e:
-        if args.debug:
-            raise
-        print(f"dsv4spec {args.command}: error: {e}", file=sys.stderr)
-        return 3 if isinstance(e, TargetLoadError) else 2
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
 
 
 if __name__ == "__main__":

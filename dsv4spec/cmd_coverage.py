@@ -29,7 +29,7 @@ def register(subparsers):
 
 
 def run(args) -> int:
-    from dsv4spec.cli import UsageError, _prefixes
+    from dsv4spec.command import UsageError, prefixes
     from dsv4spec.properties.coverage import coverage, render
     from dsv4spec.properties.suite import DERANDOMIZED, PROFILES, RUN, new_seed
     from dsv4spec.properties.target import load_target
@@ -42,7 +42,7 @@ def run(args) -> int:
     def progress(rc):
         print(f"{rc.rule_id} …", file=sys.stderr, flush=True)
 
-    results = coverage(_prefixes(args.rules), load_target(args.target), args.profile,
+    results = coverage(prefixes(args.rules), load_target(args.target), args.profile,
                        progress=None if not sys.stderr.isatty() else progress)
     print(render(results, show_reached=args.reached, show_clauses=args.clauses))
     return 1 if any(rc.missed for rc in results) else 0

@@ -37,7 +37,7 @@ def register(subparsers):
 
 def run(args) -> int:
     from dsv4spec import mutate as M
-    from dsv4spec.cli import UsageError, _prefixes
+    from dsv4spec.command import UsageError, prefixes
     modules = [m.strip() for m in args.modules.split(",") if m.strip()]
     unknown = [m for m in modules if m not in M.MODULES]
     operators = [o.strip() for o in args.operators.split(",") if o.strip()]
@@ -65,7 +65,7 @@ def run(args) -> int:
             print(f"{m.path}:{m.line}  [{m.operator}] {m.change}\n    {m.id}")
         print(f"{len(mutants)} mutants")
         return 0
-    prefixes = _prefixes(args.rules)
+    prefixes = prefixes(args.rules)
 
     done_so_far = list(earlier)
 

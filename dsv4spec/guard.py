@@ -23,8 +23,8 @@ import threading
 from dataclasses import asdict
 from multiprocessing.connection import Connection
 
-PR_SET_PDEATHSIG = 1
-
+from dsv4spec.command import Unloaded, handled, terminated_as_interrupted
+from dsv4spec.parent_death import signal_on_parent_death
 
 def supervised(run) -> int:
     """`run.here()` in a forked child; its exit status, or the parent's report of its end."""
@@ -44,13 +44,12 @@ def _child(run, conn):
     status = 70
     try:
         signal_on_parent_death(signal.SIGTERM)
-        from dsv4spec.cli import _terminated_as_interrupted, handled
         from dsv4spec.properties.target import WATCH
         WATCH.report = lambda op: conn.send(("op", op))
         WATCH.port = lambda pgid: conn.send(("port", pgid))
         run.on_row = lambda row: conn.send(("row", asdict(row)))
         run.on_targets = lambda targets: conn.send(("targets", [_info(t) for t in targets]))
-        with _terminated_as_interrupted():
+        with terminated_as_interrupted():
             status = handled(run.here, run.args)
     except BaseException:       # noqa: BLE001 -- a defect of the suite's own: shown, exit status 1
         import traceback
@@ -125,11 +124,10 @@ def _ended(code: int) -> str:
 def _report_the_end(run, rows: list, infos, op, how: str) -> int:
     """The reports of a run whose process the target ended: the rows that finished, an ERROR for
     the rule that was running, and an ERROR "not run" for each rule after it."""
-    from dsv4spec.cli import _Unloaded
     from dsv4spec.properties.suite import ERROR, Row
     from dsv4spec.properties.workers import TargetInfo
     rows = [Row(**r) for r in rows]
-    targets = [TargetInfo(**i) for i in infos] if infos else [_Unloaded(s) for s in run.specs]
+    targets = [TargetInfo(**i) for i in infos] if infos else [Unloaded(s) for s in run.specs]
     done = {(r.rule_id, r.target) for r in rows}
     pending = [(r, t.name) for t in targets for r in run.run_ids if (r, t.name) not in done]
     where = op or ("loading the target" if infos is None else "the check code")
@@ -140,14 +138,3 @@ def _report_the_end(run, rows: list, infos, op, how: str) -> int:
         rows.append(Row(rule_id, name, ERROR, why + " (--isolate runs every rule in a worker process, so that "
                                                    "a process the target ends costs only its rule)"))
     return run.conclude(rows, targets, interrupted=False, forced=1)
-
-
-def signal_on_parent_death(number: int) -> None:
-    """Have the kernel send this process `number` when its parent dies (Linux; elsewhere nothing)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(number), 0, 0, 0)
-    except (OSError, AttributeError):
-        pass

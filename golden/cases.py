@@ -14,7 +14,6 @@ is exact.
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -168,22 +167,9 @@ def fp4_operands(seed: int, rows: int, heads: int, keys: int, dim: int = 128):
     return q_packed, q_scales.astype(np.uint8), k_packed, k_scales.astype(np.uint8), w.astype(np.float32)
 
 
-@functools.lru_cache(maxsize=1)
-def _cases() -> tuple[Case, ...]:
-    from .layers import path_cases          # layers builds on the helpers of this module
-    from .attn_layers import attention_layer_cases
-    return (*codec_cases(), *indexer_cases(), *path_cases(), *attention_cases(), *attention_layer_cases(),
-            *fp32_codec_cases())
-
-
 def built(case: Case) -> Case:
     """The case with its inputs (a layer case is described without them until it is generated)."""
     return case.build() if case.build is not None else case
-
-
-def cases() -> list[Case]:
-    """Every golden case, in file order (built once: the layer cases search for determined inputs)."""
-    return list(_cases())
 
 
 def codec_cases() -> list[Case]:
@@ -387,16 +373,3 @@ SPEC = {
     "candidate_blocks": spec_pool.candidate_blocks,
     "sparse_attention": _sparse_attention,
 }
-
-
-def spec_outputs(case: Case) -> dict[str, np.ndarray]:
-    from .attn_layers import ATTN_SPEC
-    from .layers import PATH_SPEC
-    definition = {**SPEC, **PATH_SPEC, **ATTN_SPEC}[case.op]
-    if case.call == "mapping":
-        result = definition(dict(case.inputs), **case.args)
-        return {name: result[name] for name in case.outputs}
-    extra, keywords = case.call_args()
-    result = definition(*case.inputs.values(), *extra, **keywords)
-    result = result if isinstance(result, tuple) else (result,)
-    return dict(zip(case.outputs, result))

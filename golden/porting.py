@@ -1,6 +1,9 @@
 """LAYOUT.md of an export: everything a port in another language reads, without the project's Python."""
 from __future__ import annotations
 
+import importlib
+
+from ..properties.families import FAMILY_MODULES
 from .vectors import EXPECTED, INFO, INPUTS, LEVELS
 
 SAFETENSORS_SPEC = "https://github.com/huggingface/safetensors#format"
@@ -120,8 +123,7 @@ MISSING or ERROR.
 
 def layout_text(recorded: dict, sections: list[str], level: int, layers: bool) -> str:
     from ..spec import RULES
-    from .store import _op_contract
-    ops = _op_contract()
+    ops = op_contract()
     used = sorted({r.op for rv in recorded.values() for r in rv.records})
     with_vectors = [rv for rv in recorded.values() if rv.records]
     without = [rv for rv in recorded.values() if not rv.records]
@@ -164,3 +166,11 @@ def layout_text(recorded: dict, sections: list[str], level: int, layers: bool) -
                   "`dsv4spec golden export DIR --layers`.", ""]
     lines += ["", *sections]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def op_contract() -> dict[str, str]:
+    """{operation: its call, as the family module of properties/ writes it} for every operation."""
+    contract = {}
+    for family in FAMILY_MODULES:
+        contract.update(getattr(importlib.import_module(f"dsv4spec.properties.{family}"), "OPS", {}))
+    return contract

@@ -17,8 +17,10 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
-from .cases import Case, built, cases, spec_outputs
+from .cases import Case, built
+from .catalog import cases, spec_outputs
 from .layers import rebuild
+from .porting import layout_text, op_contract
 
 DATA = Path(__file__).resolve().parent / "data"
 MANIFEST = "manifest.json"
@@ -336,7 +338,6 @@ def export(out: Path, data: Path = DATA, rules: list[str] | None = None, level: 
         os.chmod(path, V.FILE_MODE)
         V.write_text(out / CASES / f"{case.name}.txt", _case_text(case, inputs, names))
         sections.append(_layout(case, {k: inputs[k] for k in names}, want))
-    from .porting import layout_text
     V.write_text(out / LAYOUT, layout_text(recorded, sections, level, layers))
     return {"vectors": recorded, "cases": chosen}
 
@@ -367,7 +368,7 @@ def _describe_array(name, a) -> str:
 
 def _layout(case: Case, inputs: dict, want: dict) -> str:
     from ..spec import RULES
-    ops = _op_contract()
+    ops = op_contract()
     lines = [f"### cases/{case.name}.safetensors, cases/{case.name}.txt", "",
              f"- operation: `{ops.get(case.op, case.op)}`",
              f"- rule: `{case.rule}`: {RULES[case.rule].statement}",
@@ -383,12 +384,3 @@ def _layout(case: Case, inputs: dict, want: dict) -> str:
     lines += [_describe_array(f"in.{k}", v) for k, v in inputs.items()]
     lines += [_describe_array(f"out.{k}", want[k]) + " (you write it)" for k in case.outputs]
     return "\n".join(lines) + "\n"
-
-
-def _op_contract() -> dict[str, str]:
-    import importlib
-    from ..properties.suite import FAMILY_MODULES
-    contract = {}
-    for family in FAMILY_MODULES:
-        contract.update(getattr(importlib.import_module(f"dsv4spec.properties.{family}"), "OPS", {}))
-    return contract

@@ -51,7 +51,7 @@ SM_TARGET = 128            # programs below which the output channels are split 
 STAGES = 2                 # software pipelining of the list's blocks on the GPU
 PATHS = ("serial", "wide", "split", "split_fused")
 FORCE_PATH = None          # a path name: every launch takes it (tests and benchmarks)
-# The A/B of 2026-12-02 (bench/h200/2026-12-02-ab-attn.md): split-K is faster only replayed from a
+# The A/B of 2026-12-02 (docs/records/h200/2026-12-02-ab-attn.md): split-K is faster only replayed from a
 # CUDA graph at T = 1 (20 µs against 34), slower eagerly (its three launches) and at T ≥ 32; the
 # serial path with 4 warps is 0.90× at prefill 1024.  So: serial by default, split on request.
 SPLIT_MAX_TOKENS = 0       # auto: split-K at T ≤ this, else the serial path

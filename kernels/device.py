@@ -69,7 +69,7 @@ import types
 import torch
 
 
-from . import INTERPRET
+from .mode import INTERPRET
 from .graph_backed import graph_backed
 from .indexer import _launch_scores
 from .pool import _candidate_list, _gather_blocks, _reindex_topk

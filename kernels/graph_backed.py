@@ -38,7 +38,7 @@ from collections import OrderedDict
 
 import torch
 
-from . import INTERPRET
+from .mode import INTERPRET
 
 ENV = "DSV4SPEC_GRAPHED"
 ENTRIES = 16

@@ -49,7 +49,7 @@ import triton.language as tl
 
 from ..impl.indexer import _bf16_values as _impl_bf16_values
 from ..impl.indexer import _tensor as _impl_tensor
-from . import INTERPRET
+from .mode import INTERPRET
 from .topk import _pow2, _topk_engine
 from ..spec import indexer as spec
 from ..spec.models import profile
@@ -471,7 +471,7 @@ _SCORE_GPU_OPS = True
 # same bits, tests/test_kernels_indexer.py checks each on the GPU).  The BF16 roundings of the
 # epilogue (ROUNDINGS; the interpreter always takes "int"): s_h and p_h, and the per-key score I.
 # Shipped: packed pairs ("x2") and the FP4 keys decoded a byte at a time in BF16 pairs ("bytes"):
-# on the H200 (12-02, bench/h200/2026-12-02-ab-logits.md) T = 1 S = 1M H = 64 took 80 µs against
+# on the H200 (12-02, docs/records/h200/2026-12-02-ab-logits.md) T = 1 S = 1M H = 64 took 80 µs against
 # 100 with the integer rounding and fp32 decode (still "int_fp32"), the same bits.
 _SCORE_HEAD_ROUND = "x2"
 _SCORE_FINAL_ROUND = "x2"

@@ -47,7 +47,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import INTERPRET
+from .mode import INTERPRET
 from .indexer import (_check_k, _check_lengths, _device, _float_input, _launch_scores, _need_tensor,
                       _score_inputs)
 from .topk import _boundary_bin, _order_key, _pow2, _topk_engine
@@ -182,7 +182,7 @@ def _top_blocks(block_scores: torch.Tensor, topk_blocks: int, *, sync: bool) -> 
 # memory, where the top-k engine takes five.  Rows longer than _ROW_TOPK_MAX go to the engine (the
 # 32768 block maxima of a 1M context would need 64 keys a thread of 16 warps: ptxas spills 14 KB
 # a thread at sm_90; 16384 at 16 warps fits in 128 registers).  Used eagerly, off in a CUDA graph
-# capture: on the H200 (12-02, bench/h200/2026-12-02-ab-decode.md) top-512 of 16384 took 75 / 75 µs
+# capture: on the H200 (12-02, docs/records/h200/2026-12-02-ab-decode.md) top-512 of 16384 took 75 / 75 µs
 # eager / graph at 16 warps and 55 / 56 at 32, the engine 54 / 44, but the whole step eagerly 466 µs
 # with it against 917 without (four launches fewer a layer: the host is the eager step's cost).
 # DSV4SPEC_ROW_TOPK=0 turns it off, =1 on in a capture too; =2 also serves rows of up to _ROW_TOPK_CHUNKS chunks of

@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import INTERPRET
+from .mode import INTERPRET
 from ..impl.quant import _block_param as _impl_block_param
 from ..impl.quant import _bytes as _impl_bytes
 from ..impl.quant import _values as _impl_values

@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import INTERPRET
+from .mode import INTERPRET
 
 
 def _pow2(n: int, lo: int = 1) -> int:
@@ -969,7 +969,7 @@ def _filter_plan(N: int, k: int, block: int, group: int | None, cap: int | None)
 TOPK_PATHS = ("auto", "fused", "launches")
 _TOPK_PATH = [os.environ.get("DSV4SPEC_TOPK_PATH", "auto")]   # the env var: the A/B's other sides
 # "auto" takes the fused path eagerly on calls of up to this many scores (R·N).  H200, 12-03
-# (bench/h200/2026-12-03-ab-topk-mid-rows.txt, -many-rows.txt), eager µs fused / launches: 8×1M
+# (docs/records/h200/2026-12-03-ab-topk-mid-rows.txt, -many-rows.txt), eager µs fused / launches: 8×1M
 # 134 / 337 and 64×256K 196 / 324 (16M scores: the launches path pays its five launches' host
 # time), 512×64K 673 / 263, 1024×32K 585 / 194, 64×1M 469 / 270, 1024×64K 1442 / 476 (32M and
 # more: the fused kernels' longer device time is no longer hidden behind the host's).
@@ -1061,7 +1061,7 @@ def _topk_engine(x: torch.Tensor, n_valid: torch.Tensor, k: int, *, by_score: bo
 
 def _fused_serves(x: torch.Tensor) -> bool:
     """Whether _topk_engine takes the fused path on x (topk_path's modes).  Measured on the H200
-    (bench/h200/2026-12-02-ab-topk.json): the fused path costs less host time (eager 103 against
+    (docs/records/h200/2026-12-02-ab-topk.json): the fused path costs less host time (eager 103 against
     471 µs at 1×1M k 512) but more device time (graph 49 against 33 µs), so a CUDA-graph capture,
     where host time is paid once, takes the launches path, and so do large eager calls
     (_FUSED_MAX_SCORES).  Same bits."""
@@ -1238,7 +1238,7 @@ class _FusedPlan:
 # Rows up to this length are one program's in the fused path (one launch); longer rows are cut into
 # the filter's chunks (two launches).  Under the interpreter, rows the tests and rules draw go both
 # ways.  H200, 12-02: at 1×64K k 2048 one program took 117 / 131 µs eager / graph, the two
-# launches 85 / 68 (bench/h200/2026-12-02-ab-topk.json); rows below 4096 were not measured.
+# launches 85 / 68 (docs/records/h200/2026-12-02-ab-topk.json); rows below 4096 were not measured.
 _ONE_PROGRAM_ROW = 1024 if INTERPRET else 4096
 
 
@@ -1331,7 +1331,7 @@ def _topk_fused(plan: _FusedPlan, x, n_valid, out, remap, mask: bool):
 
 
 # ------------------------------------------------------------------------------------------------
-# Few rows (issue 23; bench/h200/TOPK.md, design item 1): at 1 to 64 rows the filter's threshold
+# Few rows (issue 23; docs/records/h200/TOPK.md, design item 1): at 1 to 64 rows the filter's threshold
 # and select are one program a row, a single SM walking >= 2k candidates through serial digit
 # passes while the rest of the machine idles.  Here every stage is spread over the row's chunks:
 # _few_pass_kernel, once a digit of the key (_FEW_DIGITS, high to low), has each program histogram
@@ -1353,7 +1353,7 @@ FEW_ROWS_MODES = ("auto", "always", "on", "off")
 _FEW_ROWS = [os.environ.get("DSV4SPEC_FEW_ROWS", "auto")]   # "off": the engine as before
 if _FEW_ROWS[0] not in FEW_ROWS_MODES:
     raise ValueError(f"DSV4SPEC_FEW_ROWS must be one of {FEW_ROWS_MODES}, got {_FEW_ROWS[0]!r}")
-# "auto" serves, inside a CUDA graph capture, what the H200 A/B (bench/h200/2026-12-02-ab-topk-few.txt)
+# "auto" serves, inside a CUDA graph capture, what the H200 A/B (docs/records/h200/2026-12-02-ab-topk-few.txt)
 # measured faster than the shipped graph path: one row of at least _FEW_ROWS_MIN_N positions with
 # k >= _FEW_ROWS_MIN_K (1x64K k 2048: 62 -> 35 us; 1x1M k 2048: 75 -> 56 us).  Slower there:
 # 1x1M k 512 (31 -> 51 us: the fused filter leaves few candidates) and 8 or 64 rows (96 -> 274 and

@@ -27,10 +27,10 @@ from urllib.parse import quote, unquote
 
 import numpy as np
 
-from dsv4spec.guard import signal_on_parent_death
+from dsv4spec.parent_death import signal_on_parent_death
 
-from .target import (DEFAULT_TIMEOUT_S, WATCH, NotImplementedOp, OperationTimeout, Target, TargetLoadError,
-                     TargetNotFound, known_ops)
+from .contract import (DEFAULT_TIMEOUT_S, SHAPES, WATCH, NotImplementedOp, OperationTimeout, Target,
+                       TargetLoadError, TargetNotFound, known_ops)
 
 PREFIX = "exec:"
 PROTOCOL = 1
@@ -190,7 +190,6 @@ def _int(fields: dict, key: str, what: str) -> int:
 def reply_limit(op: str, args: tuple, kwargs: dict) -> int:
     """The tensor bytes a reply to this request may hold: its results' shapes (where the contract
     fixes them) at the widest element, within MAX_REPLY_BYTES."""
-    from .target import SHAPES
     try:
         shapes = SHAPES[op](args, kwargs)
     except Exception:       # noqa: BLE001 -- no shape the contract fixes (or inputs chosen malformed)

@@ -34,15 +34,14 @@ from hypothesis.errors import Unsatisfiable
 
 from ..spec import RULES
 from ..spec.rules import EXTENSIONS, IMPLEMENTATION_DEFINED, INFORMATIVE, KNOBS, select
-from .target import DEFAULT_TIMEOUT_S as DEFAULT_TIMEOUT, NotImplementedOp, OperationTimeout, Target
+from .contract import DEFAULT_TIMEOUT_S as DEFAULT_TIMEOUT, NotImplementedOp, OperationTimeout, Target
+from .families import FAMILY_MODULES
 
 PASS, FAIL, ERROR, TIMEOUT = "PASS", "FAIL", "ERROR", "TIMEOUT"
 # One word for a missing operation everywhere (matrix, progress, JSON, JUnit, pytest): n/i.
 NOT_IMPLEMENTED, SKIP, VARIANT = "n/i", "SKIP", "VARIANT"
 # When a rule has several checks, the worst outcome is the rule's.
 SEVERITY = [PASS, VARIANT, SKIP, NOT_IMPLEMENTED, TIMEOUT, FAIL, ERROR]
-
-FAMILY_MODULES = ("formats", "quant", "indexer", "pool", "compressor", "layout", "budget", "rope", "path", "attn")
 
 # The explain phase can take minutes on a failing stateful check; reports already decode the failure.
 _phases = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink)
@@ -561,7 +560,7 @@ def _target_frames(e: BaseException):
     last); [] when the exception is the contract's, on a result; None when it was not raised in a
     call into the target."""
     import traceback
-    from . import target as target_module
+    from . import contract as target_module
     e = _reported(e)
     ours = os.path.realpath(target_module.__file__)
     frames = traceback.extract_tb(e.__traceback__)

@@ -89,7 +89,7 @@ def _pin(cores: list[int]):
 # ------------------------------------------------------------------------------------------------
 
 def _worker(conn, cores, run: dict, timeout):
-    from dsv4spec.guard import signal_on_parent_death
+    from dsv4spec.parent_death import signal_on_parent_death
     signal_on_parent_death(signal.SIGKILL)             # a supervisor that dies takes its workers along
     signal.signal(signal.SIGINT, signal.SIG_IGN)       # the supervisor handles Ctrl-C
     _pin(cores)

@@ -32,7 +32,7 @@ import numpy as np
 
 from .indexer import bf16_quantum, round_bf16
 from .models import Model, profile
-from .rules import INFORMATIVE, V4, V4_ALL, V41, knob, rule
+from .rules import INFORMATIVE, V4, V4_ALL, V41, knob, rule, shared_tolerance
 
 BLOCK = 64                      # indices per block of the online softmax (V4-kernel L290)
 PAD_HEADS = 16                  # V4's launcher pads fewer heads to 16 (V4-kernel L359-367)
@@ -304,7 +304,8 @@ def model_of(name: str) -> Model:
 # ------------------------------------------------------------------------------------------------
 # rules
 # ------------------------------------------------------------------------------------------------
-_TOL = """the interval [bf16(o* − E), bf16(o* + E)] around the official float64 value o*: E sums,
+_TOL = shared_tolerance("attention output", """
+the interval [bf16(o* − E), bf16(o* + E)] around the official float64 value o*: E sums,
 over the listed rows, each weight times |v| times (the fp32 score error, 0 when the dot's partial
 sums are exact with two bits to spare and else D·2^-23·Σ|q·k|, plus 2^-23·|s| for the scale product; fp32 exp within
 4·2^-23 plus 2·2^-23 of its argument; the rescales' 4·2^-23 per block plus 2·2^-23·(M − m_1);
@@ -317,7 +318,7 @@ Why this admits every block and accumulation order yet fails the mistakes: on th
 the dot products are exact and the row max comes first, so every list-order blocking rounds every
 probability against the same max and E is ~K·2^-23 of the output, while fp32 probabilities move
 each weight by up to 2^-8 (one-sided on the probes), a missing sink or a sink in the numerator by
-its weight exp(sink − M)/L (the probes give it ≥ 1/8), and a wrong scale every exponent."""
+its weight exp(sink − M)/L (the probes give it ≥ 1/8), and a wrong scale every exponent.""")
 
 rule("ATTN.GATHER", "The list names KV rows; −1 contributes nothing",
      """Entry j of a query's list selects row kv[i_j] of [window KV | compressed KV] for both the

@@ -34,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from .models import profile
-from .rules import V4, V41, V4_ALL, rule
+from .rules import V4, V41, V4_ALL, rule, shared_tolerance
 
 V4_CODE = "V4-model L279-377 (Compressor; prefill L325-342, decode L343-359)"
 V41_CODE = "V41-model L429-485 (Compressor)"
@@ -53,7 +53,8 @@ SOURCES_V41 = (V41_CODE, "V41-model L485, L758 (BF16: norm(kv.to(dtype)); the ro
 U32 = 2.0 ** -24
 U16 = 2.0 ** -8          # unit roundoff of BF16 (8 significant bits): |bf16(v) − v| ≤ 2^-8·|v|
 
-ENTRY_TOLERANCE = """entry_tolerance, per element: twice the first-order bound of fp32 rounding through
+ENTRY_TOLERANCE = shared_tolerance("entry_tolerance", """\
+entry_tolerance, per element: twice the first-order bound of fp32 rounding through
 the pipeline plus the three official BF16 roundings, at every ratio (u = 2^-24, b = 2^-8).  Pooled
 vector p: e₃₂ = (dim + 2m + 4)·u·P + δw·P, with P = max over the window's slots of Σ_k |x_k||W_ck|
 (the softmax weights sum to 1, so |p| ≤ P) and δw = 2·(dim + 2)·u·max|score| + 8m·u the relative
@@ -65,10 +66,11 @@ RoPE: a pair keeps its error through the rotation (twice the larger component's)
 BF16 terms are what the official code adds: without them a faithful port exceeds the bound (measured
 up to 122× at ratio 4, 8.5× at 128, 465× at ratio 2); with them its worst is 0.34 of it.  A
 compressor that skips the gate, the norm or the APE moves entries by a fraction of their size and
-exceeds it by 3× to 15× at the least, 66× to 252× in the median (tests/test_compressor.py)."""
+exceeds it by 3× to 15× at the least, 66× to 252× in the median (tests/test_compressor.py).""")
 
-DIRECTION_TOLERANCE = """The entry's direction (rope off, norm weight 1, scaled to unit RMS) within
-2·entry_tolerance / rms(reference entry): """ + ENTRY_TOLERANCE[0].lower() + ENTRY_TOLERANCE[1:]
+DIRECTION_TOLERANCE = shared_tolerance("entry direction", """The entry's direction (rope off, norm weight 1,
+scaled to unit RMS) within 2·entry_tolerance / rms(reference entry): """ + ENTRY_TOLERANCE)
+TWICE_ENTRY_TOLERANCE = shared_tolerance("twice entry_tolerance", "Twice " + ENTRY_TOLERANCE)
 
 rule("CMP.GROUPS", "one entry per complete group of m tokens",
      """A ratio-m compressor fed n tokens from position 0 has emitted exactly n // m entries; entry
@@ -80,7 +82,7 @@ rule("CMP.CAUSAL", "entries never depend on later tokens",
      """Entry j depends only on tokens at positions < (j+1)·m: changing or appending later tokens
      leaves every entry already emitted unchanged.""",
      applies_to=V4_ALL, policy="tolerance", sources=SOURCES_V4 + SOURCES_V41,
-     tolerance="Twice " + ENTRY_TOLERANCE[0].lower() + ENTRY_TOLERANCE[1:] + "  (Both sides are the target's own entries.)")
+     tolerance=TWICE_ENTRY_TOLERANCE + "  (Both sides are the target's own entries.)")
 
 rule("CMP.OVERLAP", "V4 ratio 4: overlapping 8-token windows",
      """With ratio 4 (V4 only) wkv and wgate project to 2·d channels.  Entry j pools an 8-slot
@@ -159,7 +161,7 @@ rule("CMP.STREAM", "prefill, decode and chunked prefill agree",
      sources=SOURCES_V4 + SOURCES_V41 + ("V41-model L479-480 (decode writes one token into its state slot)",
                                          "V4-model L344-359 (decode: the state carries the group and, at ratio 4, "
                                          "the previous window half)"),
-     tolerance="Twice " + ENTRY_TOLERANCE[0].lower() + ENTRY_TOLERANCE[1:] + "  (Both sides are the target's own entries.)")
+     tolerance=TWICE_ENTRY_TOLERANCE + "  (Both sides are the target's own entries.)")
 
 
 rule("CMP.STATE", "decode state: fp32 slots, scores from −inf, filled by the prefill's tail",
@@ -179,7 +181,7 @@ rule("CMP.STATE", "decode state: fp32 slots, scores from −inf, filled by the p
               "V4-model L343-359 (decode: slot, pool, shift)",
               "V41-model L450-456 (kv_state zeros, score_state −inf, fp32)",
               "V41-model L470-472 (prefill: trailing tokens)", "V41-model L476-482 (decode: slot, pool)"),
-     tolerance="Twice " + ENTRY_TOLERANCE[0].lower() + ENTRY_TOLERANCE[1:] + "  (Both sides are the target's own "
+     tolerance=TWICE_ENTRY_TOLERANCE + "  (Both sides are the target's own "
                "entries: decoded after a prefill, and one prefill of everything.)")
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from . import glossary, sources
 from .models import PROFILES
-from .rules import EXTENSIONS, KNOBS, OFFICIAL_DOMAIN, OFFICIAL_DOMAIN_SOURCES, POLICIES, RULES
+from .rules import EXTENSIONS, KNOBS, OFFICIAL_DOMAIN, OFFICIAL_DOMAIN_SOURCES, POLICIES, RULES, SHARED_TOLERANCES
 
 FAMILY_TITLES = {
     "FMT": "Exact number formats",
@@ -18,6 +18,7 @@ FAMILY_TITLES = {
     "BUDGET": "Bytes and work per token",
     "ROPE": "RoPE per layer",
     "PATH": "The indexer path, stage by stage",
+    "ATTN": "Sparse attention",
 }
 
 
@@ -35,6 +36,12 @@ def render() -> str:
         "## Comparison policies",
         "",
         *[f"- **{name}**: {text}" for name, text in POLICIES.items()],
+        "",
+        "## Shared tolerances",
+        "",
+        "A tolerance several rules share, stated once; each of them names it.",
+        "",
+        *_shared_tolerances(),
         "",
         *glossary.render(),
         "## The official domain",
@@ -54,13 +61,13 @@ def render() -> str:
         for r in sorted((r for r in RULES.values() if r.family == family), key=lambda r: r.id):
             out += [f"### `{r.id}` — {r.title}", "",
                     f"*{r.status}*; applies to {', '.join(r.applies_to)}; compared by **{r.policy}**"
-                    + (f"; variant knob `{r.knob}`" if r.knob else "") + ".", "",
+                    + (f"; variant knob `{r.knob}`" if r.knob else "") + ".",
                     r.statement, ""]
             if r.extension:
                 out += [f"> **Extension** `{r.extension}`: beyond the official domain (see The official domain); checked only for "
                         "targets that declare it.", ""]
             if r.tolerance:
-                out += [f"Tolerance: {r.tolerance}", ""]
+                out += [_tolerance(r.tolerance), ""]
             if r.differs:
                 out += [f"> **Differs from the source documents.** {r.differs}", ""]
             out += ["Sources: " + "; ".join(r.sources) + ".", ""]
@@ -75,6 +82,27 @@ def render() -> str:
                    f"{m.index_topk} | {m.score_dtype} | {'yes' if m.hadamard else 'no'} | {m.norm_eps:g} |")
     out += ["", *sources.render()]
     return "\n".join(out).rstrip("\n") + "\n"
+
+
+def _shared_tolerances() -> list[str]:
+    """Each shared tolerance once; one that contains an earlier one names it instead of repeating it."""
+    lines = []
+    for name, text in SHARED_TOLERANCES.items():
+        for earlier in list(SHARED_TOLERANCES)[:list(SHARED_TOLERANCES).index(name)]:
+            text = text.replace(SHARED_TOLERANCES[earlier], f"**{earlier}** (above)")
+        lines.append(f"- **{name}**: {text}")
+    return lines
+
+
+def _tolerance(text: str) -> str:
+    """A rule's tolerance, naming the shared tolerance it starts with (the longest) instead of
+    repeating it."""
+    shared = [name for name, common in SHARED_TOLERANCES.items() if text.startswith(common)]
+    if not shared:
+        return f"Tolerance: {text}"
+    name = max(shared, key=lambda n: len(SHARED_TOLERANCES[n]))
+    rest = text[len(SHARED_TOLERANCES[name]):].strip()
+    return f"Tolerance: **{name}** (Shared tolerances)" + (f"; {rest}" if rest else ".")
 
 
 def _order(rule):

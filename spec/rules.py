@@ -104,6 +104,16 @@ class Rule:
 
 RULES: dict[str, Rule] = {}
 KNOBS: dict[str, Knob] = {}
+SHARED_TOLERANCES: dict[str, str] = {}      # name -> a tolerance several rules share (SPEC.md states it once)
+
+
+def shared_tolerance(name: str, text: str) -> str:
+    """Name a tolerance several rules share, so that SPEC.md states it once and each rule refers to
+    it by name; returns the text, for rule(..., tolerance=...)."""
+    if name in SHARED_TOLERANCES:
+        raise ValueError(f"shared tolerance {name!r} declared twice")
+    SHARED_TOLERANCES[name] = " ".join(text.split())
+    return text
 
 
 def rule(id: str, title: str, statement: str, *, applies_to, policy: str, sources,

@@ -113,8 +113,8 @@ def test_the_score_rounding_claim_follows_the_score_dtype(monkeypatch):
     assert next(c for c in claims.CLAIMS if c.id == "score-fp32-then-bf16").computed == "fp32 throughout"
 
 
-def test_the_readme_lists_every_correction_and_the_counts():
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+def test_the_findings_page_lists_every_correction_and_the_counts():
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "FINDINGS.md").read_text()
     section = readme.split("## What the source documents get wrong", 1)[1].split("\n## ", 1)[0]
     corrected = {c.id for c in claims.CLAIMS if c.verdict == claims.CORRECTED}
     assert set(re.findall(r"`([a-z0-9.-]+)`", section)) & {c.id for c in claims.CLAIMS} == corrected

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from dsv4spec.golden import store
-from dsv4spec.golden.cases import cases, splitmix64
+from dsv4spec.golden.cases import splitmix64
+from dsv4spec.golden.catalog import cases
 from dsv4spec.spec import formats as F
 from dsv4spec.properties.target import Target, load_target
 from mutants import mutant

@@ -12,7 +12,7 @@ import pytest
 from safetensors import safe_open
 
 from dsv4spec.golden import attn_layers, store
-from dsv4spec.golden.cases import cases
+from dsv4spec.golden.catalog import cases
 from dsv4spec.properties.target import Target
 from dsv4spec.spec import attn as SA
 from dsv4spec.spec import indexer as SI

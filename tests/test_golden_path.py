@@ -18,7 +18,7 @@ from safetensors.numpy import load_file
 import dsv4spec
 import dsv4spec.impl as impl
 from dsv4spec.golden import layers, store
-from dsv4spec.golden.cases import cases
+from dsv4spec.golden.catalog import cases
 from dsv4spec.impl import path as impl_path
 from dsv4spec.properties.target import Target
 from dsv4spec.spec import indexer as SI

@@ -466,3 +466,19 @@ def test_ab_logits_sweep_rows_and_record(monkeypatch, tmp_path):
     common.record(str(tmp_path), "ab_logits", res, ab.markdown(res))
     md = (tmp_path / "ab_logits.md").read_text()
     assert md.count("| logits fp4 T=1 S=256 H=16 |") == len(rows) and "Skipped (out of --budget): 1 rows." in md
+
+
+def test_bench_defaults_to_the_records_folder_and_the_kernels_page(tmp_path):
+    """`dsv4spec bench --record` writes under docs/records/h200/, where the dated runs are, and
+    `--readme` regenerates docs/KERNELS.md's table, which is fresh for the latest of them."""
+    import shutil
+    from pathlib import Path
+    from dsv4spec.cli import build_parser
+    record = build_parser().parse_args(["bench", "--record"]).record
+    page = build_parser().parse_args(["bench", "--readme"]).readme
+    assert Path(record) == B.REPO / "docs" / "records" / "h200" and Path(page) == B.REPO / "docs" / "KERNELS.md"
+    latest = B.latest_record(Path(record))
+    assert latest.name >= "2026-12-03.json"
+    copy = Path(shutil.copy(page, tmp_path / "KERNELS.md"))
+    B.write_readme(copy, latest)
+    assert copy.read_text() == Path(page).read_text(), "docs/KERNELS.md's table is stale: dsv4spec bench --readme"

@@ -963,7 +963,7 @@ def test_hadamard_of_a_scalar_is_rejected():
 # side by side.  The top-k engine is compiled with a 1024-candidate cap: the same code as the
 # 8192 cap of k = 2048, which compiles too (about 40 s per variant, measured) but is not repeated
 # here.  The threshold filter's streaming pass is also checked free of barriers (its speed rests on
-# it: bench/RESULTS.md, "Threshold filter reworked").
+# it: docs/records/h200/SESSIONS.md, "Threshold filter reworked").
 # ------------------------------------------------------------------------------------------------
 COMPILE_SM90 = textwrap.dedent("""
     import sys

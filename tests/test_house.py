@@ -1,0 +1,249 @@
+"""The package's imports run one way (docs/HOUSE.md): no cycle among its modules, and no layer
+imports a layer above it.
+
+Every `import` and `from ... import` of a module counts, at module level AND inside functions: a
+function-level import still couples the two modules (the importing code cannot run, be read or be
+moved without the imported one), and hiding an import inside a function is how cycles were kept
+alive.  Imports by name at run time (importlib.import_module of a target or a family module) are
+not counted: they load what a user names or what a table lists, as the suite loads a user's target.
+Relative imports are resolved against the importing module; the folders are mapped to their
+package names as pyproject.toml's [tool.setuptools.package-dir] maps them (spec/ is dsv4spec.spec).
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import re
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# The layers, lowest first: a module may import its own layer and the layers below it, never one
+# above.  impl and official share a rank but are independent readings of the spec: neither imports
+# the other.  "base" is the few modules of dsv4spec/ that import nothing above themselves and that
+# every layer may use; the rest of dsv4spec/ is the command line, on top.
+LAYERS = (("base",), ("spec",), ("impl", "official"), ("kernels",), ("properties",), ("golden",), ("cli",))
+BASE = {"dsv4spec", "dsv4spec.triton_mode", "dsv4spec.interpreter", "dsv4spec.parent_death"}
+RANK = {layer: rank for rank, layers in enumerate(LAYERS) for layer in layers}
+
+
+def package_dirs(root: Path) -> dict[str, Path]:
+    """{package name: its folder}, from pyproject.toml's package-dir mapping."""
+    config = tomllib.loads((root / "pyproject.toml").read_text())
+    return {name: root / folder for name, folder in config["tool"]["setuptools"]["package-dir"].items()}
+
+
+def package_modules(root: Path) -> dict[str, tuple[Path, bool]]:
+    """{dotted module name: (its file, whether it is a package's __init__)} for every module."""
+    modules = {}
+    for package, folder in package_dirs(root).items():
+        for path in sorted(folder.glob("*.py")):
+            is_package = path.stem == "__init__"
+            modules[package if is_package else f"{package}.{path.stem}"] = (path, is_package)
+    return modules
+
+
+def imported(name: str, is_package: bool, node: ast.Import | ast.ImportFrom, known) -> set[str]:
+    """The package modules an import statement of module `name` imports."""
+    if isinstance(node, ast.Import):
+        candidates = [alias.name for alias in node.names]
+    else:
+        base = node.module or ""
+        if node.level:
+            parts = name.split(".") if is_package else name.split(".")[:-1]
+            parts = parts[:len(parts) - (node.level - 1)]
+            base = ".".join(parts + ([node.module] if node.module else []))
+        candidates = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
+    found = set()
+    for candidate in candidates:
+        while candidate and candidate not in known:       # `import a.b.c` of a non-module c
+            candidate = candidate.rpartition(".")[0]
+        if candidate and candidate != name:
+            found.add(candidate)
+    return found
+
+
+@functools.lru_cache(maxsize=1)
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """{module: the package modules it imports}, module-level and function-level imports alike."""
+    modules = package_modules(root)
+    graph = {}
+    for name, (path, is_package) in modules.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        graph[name] = set().union(*(imported(name, is_package, node, modules) for node in ast.walk(tree)
+                                    if isinstance(node, (ast.Import, ast.ImportFrom))))
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle (a path back to its start) through each strongly connected group of modules."""
+    index, low, stack, on_stack, groups = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = set()
+            while not group or v not in group:
+                group.add(stack.pop())
+            on_stack.difference_update(group)
+            if len(group) > 1:
+                groups.append(group)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return [_cycle_in(group, graph) for group in groups]
+
+
+def _cycle_in(group: set[str], graph) -> list[str]:
+    """A shortest path from the group's first module back to itself, inside the group."""
+    start = min(group)
+    paths, seen = [[start]], set()
+    while paths:
+        path = paths.pop(0)
+        for w in sorted(graph[path[-1]] & group):
+            if w == start:
+                return path + [start]
+            if w not in seen:
+                seen.add(w)
+                paths.append(path + [w])
+    raise AssertionError(f"no cycle in {sorted(group)}")
+
+
+def layer_of(module: str) -> str:
+    if module in BASE:
+        return "base"
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in RANK else "cli"
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Each import of a higher layer, and each import between impl and official."""
+    wrong = []
+    for module, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            mine, theirs = layer_of(module), layer_of(target)
+            if RANK[theirs] > RANK[mine] or (mine != theirs and RANK[mine] == RANK[theirs]):
+                wrong.append(f"{module} ({mine}) imports {target} ({theirs})")
+    return wrong
+
+
+def test_no_import_cycle():
+    found = cycles(import_graph(ROOT))
+    assert not found, "import cycles (move the shared piece down a module):\n" + "\n".join(
+        " -> ".join(c) for c in found)
+
+
+def test_no_layer_imports_a_higher_one():
+    wrong = layer_violations(import_graph(ROOT))
+    assert not wrong, ("imports against the layers (lowest first: " + " < ".join("/".join(l) for l in LAYERS)
+                       + ", docs/HOUSE.md):\n" + "\n".join(wrong))
+
+
+def test_the_graph_sees_every_package_and_both_kinds_of_import():
+    """The checker reads what it must: each package folder, relative and absolute imports, imports
+    inside functions."""
+    graph = import_graph(ROOT)
+    assert {layer_of(m) for m in graph} == set(RANK), "a package folder the layers do not name"
+    assert "dsv4spec.spec.rules" in graph["dsv4spec.properties.suite"]            # from ..spec.rules import
+    assert "dsv4spec.properties.target" in graph["dsv4spec.command"]              # inside handled()
+    assert "dsv4spec.triton_mode" in graph["dsv4spec.interpreter"]                # from dsv4spec.x import
+
+
+def test_the_checker_reports_a_cycle_and_an_upward_import():
+    graph = {"dsv4spec.spec.a": {"dsv4spec.properties.b"}, "dsv4spec.properties.b": {"dsv4spec.spec.a"},
+             "dsv4spec.impl.c": {"dsv4spec.official.d"}, "dsv4spec.official.d": set()}
+    assert cycles(graph) == [["dsv4spec.properties.b", "dsv4spec.spec.a", "dsv4spec.properties.b"]]
+    assert layer_violations(graph) == [
+        "dsv4spec.impl.c (impl) imports dsv4spec.official.d (official)",
+        "dsv4spec.spec.a (spec) imports dsv4spec.properties.b (properties)"]
+
+
+def test_house_md_states_the_layers_this_test_enforces():
+    """docs/HOUSE.md's layer table lists the same layers, in the same order, as LAYERS."""
+    text = (ROOT / "docs" / "HOUSE.md").read_text()
+    rows = re.findall(r"^\| (\d) \| ([a-z, ]+) \|", text, re.M)
+    assert [(int(rank), tuple(n.strip() for n in names.split(","))) for rank, names in rows] == \
+        list(enumerate(LAYERS)), "docs/HOUSE.md's table '| rank | layer | ...' differs from LAYERS"
+    for module in sorted(BASE - {"dsv4spec"}):
+        assert module.rpartition(".")[2] in text, f"docs/HOUSE.md does not name the base module {module}"
+
+
+def test_bench_holds_scripts_only():
+    """Run records live under docs/records/ (dated, as measured); bench/ holds what measures."""
+    others = sorted(p.name for p in (ROOT / "bench").iterdir()
+                    if p.name != "__pycache__" and not (p.is_file() and p.suffix in {".py", ".sh"}))
+    assert not others, f"bench/ should hold only .py and .sh scripts; move these under docs/records/: {others}"
+
+
+MARKDOWN_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def broken_links(page: Path) -> list[str]:
+    """The relative links of a Markdown page whose file or folder does not exist."""
+    broken = []
+    for target in MARKDOWN_LINK.findall(page.read_text()):
+        path = target.split("#")[0]
+        if path and "://" not in path and not path.startswith("mailto:") and not (page.parent / path).exists():
+            broken.append(f"{page.relative_to(ROOT)}: {target}")
+    return broken
+
+
+def test_every_relative_link_of_the_docs_resolves():
+    pages = [ROOT / "README.md", ROOT / "PROTOCOL.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    broken = [b for page in pages for b in broken_links(page)]
+    assert not broken, "links to files that do not exist:\n" + "\n".join(broken)
+
+
+def test_the_readme_is_short_and_links_every_page():
+    """README.md is read in five minutes; every other page is one link away from it."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) < 250, f"README.md has {len(readme.splitlines())} lines; move detail into docs/"
+    linked = set(MARKDOWN_LINK.findall(readme))
+    pages = ["PROTOCOL.md", "SPEC.md", *(f"docs/{p.name}" for p in sorted((ROOT / "docs").glob("*.md")))]
+    unlinked = [p for p in pages if not any(link.split("#")[0] == p for link in linked)]
+    assert not unlinked, f"pages README.md does not link: {unlinked}"
+
+
+def paragraphs(markdown: str, longer_than: int = 100) -> list[str]:
+    return [p.strip() for p in markdown.split("\n\n") if len(p.strip()) > longer_than]
+
+
+def test_spec_md_states_each_paragraph_once():
+    """A shared tolerance or policy is stated once (its section) and named by each rule; the rule
+    book repeats no paragraph (the rendered one: another test holds SPEC.md equal to it)."""
+    from dsv4spec.spec.document import render
+    seen, repeated = set(), set()
+    for p in paragraphs(render()):
+        (repeated if p in seen else seen).add(p)
+    assert not repeated, "SPEC.md repeats:\n" + "\n".join(p[:120] for p in repeated)
+
+
+def test_every_family_heading_of_spec_md_has_a_title():
+    from dsv4spec.spec.document import render
+    headings = re.findall(r"^## ([A-Z]+) — (.+)$", render(), re.M)
+    assert headings and all(title != family for family, title in headings), \
+        f"family headings without a title (give it one in spec/document.py FAMILY_TITLES): {headings}"
+
+
+def test_dsv4spec_ops_lists_each_operation_once(capsys):
+    """Each operation under the family that declares it (formats' checks call quant's codecs)."""
+    import json
+    from dsv4spec.cli import main
+    assert main(["ops"]) == 0
+    listed = [line.split("(")[0].strip() for line in capsys.readouterr().out.splitlines()
+              if line.startswith("  ") and not line.lstrip().startswith("checked by")]
+    assert main(["ops", "--json"]) == 0
+    table = json.loads(capsys.readouterr().out)
+    in_json = [entry["op"] for family, entries in table.items() if family != "contract" for entry in entries]
+    for ops in (listed, in_json):
+        assert ops and len(ops) == len(set(ops)), f"listed more than once: {sorted({o for o in ops if ops.count(o) > 1})}"
