@@ -160,7 +160,7 @@ rule("LAYOUT.V4.MAIN", "V4 main KV entry: 583 bytes of content, stored as 584",
      pool asserts 448 + 64·2 + 8), not the reference's, which keeps its caches in BF16 after an
      in-place QDQ.  This layout follows the engines, a choice of this suite: 584 bytes.
      Unpacking gives exactly act_quant's dequantization of the NoPE dims and the BF16 value of
-     the RoPE dims.  FlashMLA's MODEL1_FP8Sparse cache holds the same 584 bytes per token but is
+     the RoPE dims.  FlashMLA's MODEL1 FP8 sparse cache holds the same 584 bytes per token but is
      not this entry: a page of tokens stores, per token, the 448 E4M3 bytes followed by the 128
      RoPE bytes, and only after all the page's tokens the 8-byte scale groups (7 E8M0 scales, the
      8th byte never written), the page padded to a multiple of 576 B; and its scale is floored at
