@@ -4,7 +4,7 @@
     entry_unpack(kind, data uint8 [..., nbytes]) -> f32 [..., dims]
 
 kind is one of dsv4spec.spec.layout.KINDS: v4_main_kv (584 B), fp4_index_k (68 B), v41_main_kv
-(288 B), v41_swa_kv (528 B), v32_index_k (132 B).  The codecs are dsv4spec.impl.quant's.
+(288 B), v41_swa_kv (528 B), v32_index_k (132 B), v32_mla_kv (656 B).  The codecs are dsv4spec.impl.quant's.
 """
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ def entry_pack(kind: str, x: torch.Tensor) -> torch.Tensor:
     if lay.payload is spec.E2M1:
         codec = quant.fp4_e4m3_quantize if lay.scale is spec.E4M3 else quant.fp4_e8m0_quantize
         payload, scales = codec(quantized.contiguous())
+    elif lay.scale_rule == "scale_floor":
+        payload, scales = _floored_scale_quantize(quantized.contiguous(), lay.block)
     else:
         payload, scales = quant.fp8_quantize(quantized.contiguous(), lay.block)
         if lay.scale is spec.FP32:
@@ -54,6 +56,15 @@ def entry_unpack(kind: str, data: torch.Tensor) -> torch.Tensor:
         values = quant.fp8_dequantize(payload.contiguous(), scales.contiguous(), lay.block)
     tail_values = (tail.contiguous().view(torch.int16).to(torch.int32) << 16).view(torch.float32)
     return torch.cat([values, tail_values], dim=-1)
+
+
+def _floored_scale_quantize(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP8 tiles with FP32 scales 2^ceil(log2 max(amax / 448, 1e-4)) (LAYOUT.V32.MLA)."""
+    tiles = x.unflatten(-1, (-1, block))
+    v = (tiles.abs().amax(dim=-1) / 448.0).clamp(min=spec.SCALE_FLOOR.item())
+    s = quant._pow2(quant._ceil_log2(v))
+    ratio = quant._div(tiles, s.unsqueeze(-1)).clamp(-448.0, 448.0)
+    return quant.e4m3_encode(ratio.contiguous()).flatten(-2), _le_bytes(s)
 
 
 def _layout(kind: str) -> spec.Layout:

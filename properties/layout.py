@@ -10,7 +10,7 @@ The operations a target provides:
         TypeError on a malformed buffer.
 
 kind is one of spec.layout.KINDS (v4_main_kv, fp4_index_k, v41_main_kv, v41_swa_kv,
-v32_index_k).  The expected bytes are spec.layout.pack under every knob the target declares
+v32_index_k, v32_mla_kv).  The expected bytes are spec.layout.pack under every knob the target declares
 (entry_field_order, v41_main_rope and the codec knobs of the quant family), so a declared variant
 passes as VARIANT and an undeclared one is named.
 """
@@ -34,7 +34,7 @@ OPS = {
 
 RULE_OF_KIND = {"v4_main_kv": "LAYOUT.V4.MAIN", "fp4_index_k": "LAYOUT.INDEX_K",
                 "v41_main_kv": "LAYOUT.V41.MAIN", "v41_swa_kv": "LAYOUT.V41.SWA",
-                "v32_index_k": "LAYOUT.V32.INDEX_K"}
+                "v32_index_k": "LAYOUT.V32.INDEX_K", "v32_mla_kv": "LAYOUT.V32.MLA"}
 
 
 def variants_of(target) -> dict:
@@ -112,6 +112,7 @@ def field_at(lay: spec.Layout, order: str):
 def _kind_checks(kind: str):
     rule_id = RULE_OF_KIND[kind]
     examples = [dict(x=edge_entry(kind, b, i)) for i, b in enumerate(EDGE_BLOCKS)]
+    examples.append(dict(x=edge_entry(kind, [], 9) * np.float32(2.0 ** -10)))   # every block's amax < 448·1e-4
 
     @check(rule_id, ops=("entry_pack",))
     @forall(dict(x=edge_entry(kind, [])), x=entries(kind))
@@ -206,7 +207,8 @@ NAN_SCALE_BYTES = {"E8M0": [F.E8M0_NAN_CODE], "E4M3": [F.E4M3_NAN_CODE, 0x80 | F
 
 
 @check("LAYOUT.REJECT", ops=("entry_unpack",))
-@forall(kind=st.sampled_from(spec.KINDS), seed=st.integers(0, 2**32 - 1), which=st.integers(0, 10**6))
+@forall(*[dict(kind=k, seed=0, which=w) for k in spec.KINDS for w in (0, 1, 2)],   # each NaN code of each kind
+        kind=st.sampled_from(spec.KINDS), seed=st.integers(0, 2**32 - 1), which=st.integers(0, 10**6))
 def malformed_entries_raise(target, kind, seed, which):
     variants = variants_of(target)
     lay = layout_of(target, kind)
@@ -220,7 +222,8 @@ def malformed_entries_raise(target, kind, seed, which):
     scales = spec.split(lay, bad, {"entry_field_order": order})["scales"]   # a view into bad
     row = which % scales.shape[0]
     if lay.scale is spec.FP32:
-        scales[row] = spec.le_bytes(np.array([np.nan if which % 3 else np.inf], "<f4"))
+        at = 4 * ((which // 2) % (scales.shape[1] // 4))
+        scales[row, at:at + 4] = spec.le_bytes(np.array([np.nan if which % 3 else np.inf], "<f4"))
         label = "an FP32 NaN/Inf scale"
     else:
         code = NAN_SCALE_BYTES[lay.scale.name][which % len(NAN_SCALE_BYTES[lay.scale.name])]

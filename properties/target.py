@@ -41,6 +41,8 @@ adapter that predates the format reads n/i there, not ERROR; one that answers is
 How `--target T` is resolved (the same rule for the CLI, the pytest plugin and `load_target`):
 
     impl, kernels, official, ml_dtypes, torch   the built-in targets
+    flashmla, deepgemm, sgl-kernel              the production libraries you installed, run on a
+                                                CUDA GPU (dsv4spec.production)
     official-kernels[:PATH]                     your own copy of the official V4 kernel.py (PATH,
                                                 else $DSV4SPEC_OFFICIAL_KERNEL), run as it is on
                                                 a CUDA GPU with TileLang (dsv4spec.official_kernels)
@@ -161,6 +163,9 @@ def _official_kernels(spec: str):
     return None
 
 
+PRODUCTION = ("flashmla", "deepgemm", "sgl-kernel")     # installed production libraries (dsv4spec.production)
+
+
 def locate(spec: str) -> str:
     """The `pkg.module[:attr]` reference a target spec stands for, without importing the target;
     TargetNotFound when there is nothing of that name."""
@@ -173,6 +178,8 @@ def locate(spec: str) -> str:
         except ok.KernelUnavailable as e:
             raise TargetNotFound(str(e)) from None
         return spec
+    if spec in PRODUCTION:
+        return spec
     known = {**_entry_points(), **BUILTIN}
     if spec in known:
         return known[spec]
@@ -181,7 +188,8 @@ def locate(spec: str) -> str:
     module = spec.partition(":")[0]
     if ":" not in spec and _find(module) is None:
         hint = f"; for the file {spec}, write --target {_module_of_file(spec)}" if spec.endswith(".py") else ""
-        raise TargetNotFound(f"unknown target {spec!r}{hint}; built-in targets are {', '.join(BUILTIN)}; "
+        raise TargetNotFound(f"unknown target {spec!r}{hint}; built-in targets are "
+                             f"{', '.join((*BUILTIN, *PRODUCTION))}; "
                              f"otherwise give an entry point of group {ENTRY_POINT_GROUP}, a module "
                              f"(pkg.module, or a file in the working directory without .py) or pkg.module:attr")
     return spec
@@ -205,6 +213,12 @@ def load_target(spec: str) -> Target:
         try:
             return Target(ok.target(spec), spec, name=OFFICIAL_KERNELS)
         except ok.KernelUnavailable as e:
+            raise TargetLoadError(str(e)) from None
+    if spec in PRODUCTION:
+        production = importlib.import_module("dsv4spec.production")
+        try:
+            return Target(production.target(spec), spec, name=spec)
+        except production.LibraryUnavailable as e:
             raise TargetLoadError(str(e)) from None
     if ref != spec:
         return _implementing(Target(_import(ref), spec, name=spec))

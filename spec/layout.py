@@ -24,6 +24,7 @@ and ignored when reading.  Sizes, derived here from bits and block sizes:
     v41_main_kv   512   512 E2M1            32 E4M3 (per 16)     0    -              288
     v41_swa_kv    512   512 E4M3            16 E8M0 (per 32)     0    -              528
     v32_index_k   128   128 E4M3            1 FP32 (per 128)     0    -              132
+    v32_mla_kv    576   512 E4M3            4 FP32 (per 128)     0    64 BF16        656
 
 The V4 index K is Hadamard-rotated before it is packed (HAD rules); packing takes the vector to
 store.  Paged engines may store a whole page planar (all payloads, then all scales, as DeepGEMM's
@@ -85,6 +86,7 @@ class Layout:
     block: int
     tail_dims: int = 0          # BF16 dims after the quantized ones
     scale_align: int = 1        # the scale run is padded to a multiple of this many bytes
+    scale_rule: str = "act_quant"   # act_quant, or "scale_floor": FlashMLA's 2^ceil(log2 max(amax/448, 1e-4))
 
     @property
     def dims(self) -> int:
@@ -115,10 +117,13 @@ FP4_INDEX_K = Layout("fp4_index_k", 128, E2M1, E8M0, Q.FP4_IDX_BLOCK)
 V41_MAIN_KV = Layout("v41_main_kv", 512, E2M1, E4M3, Q.FP4_KV_BLOCK)
 V41_SWA_KV = Layout("v41_swa_kv", 512, E4M3, E8M0, Q.FP8_BLOCKS["v4.1 SWA KV (512 dims)"])
 V32_INDEX_K = Layout("v32_index_k", 128, E4M3, FP32, Q.FP8_BLOCKS["v3.2 indexer Q/K (128 dims)"])
+# FlashMLA's V3.2 sparse-decode entry (FP8 NoPE in four tiles of 128, FP32 power-of-two scales).
+V32_MLA_KV = Layout("v32_mla_kv", 512, E4M3, FP32, 128, tail_dims=64, scale_rule="scale_floor")
 # The variant seen in ports: V4.1 main KV with the RoPE dims kept in BF16, V4-style.
 V41_MAIN_KV_BF16_ROPE = Layout("v41_main_kv", 448, E2M1, E4M3, Q.FP4_KV_BLOCK, tail_dims=64, scale_align=8)
 
-LAYOUTS: dict[str, Layout] = {l.kind: l for l in (V4_MAIN_KV, FP4_INDEX_K, V41_MAIN_KV, V41_SWA_KV, V32_INDEX_K)}
+LAYOUTS: dict[str, Layout] = {l.kind: l for l in (V4_MAIN_KV, FP4_INDEX_K, V41_MAIN_KV, V41_SWA_KV, V32_INDEX_K,
+                                                   V32_MLA_KV)}
 KINDS = tuple(LAYOUTS)
 
 # ------------------------------------------------------------------------------------------------
@@ -141,6 +146,11 @@ knob("v41_main_rope", "fp4", {
             "E4M3 scales + 4 pad + 64 BF16 (128 B) = 384 B",
 }, "Whether the V4.1 main KV quantizes its RoPE dims with the rest.")
 
+knob("v32_mla_scale_floor", "scale", {
+    "amax": "act_quant's floor: amax clamped to 1e-4 before the division by 448 (an all-zero tile "
+            "gets 2^-22 instead of 2^-13)",
+}, "Where the 1e-4 floor of the V3.2 sparse-decode FP8 KV entry's tile scale applies.")
+
 _NO_PACKING = "V4-model L372, L506 (the reference quantizes its caches in place and keeps them as BF16: no packed entry)"
 
 rule("LAYOUT.V4.MAIN", "V4 main KV entry: 583 bytes of content, stored as 584",
@@ -150,10 +160,36 @@ rule("LAYOUT.V4.MAIN", "V4 main KV entry: 583 bytes of content, stored as 584",
      pool asserts 448 + 64·2 + 8), not the reference's, which keeps its caches in BF16 after an
      in-place QDQ.  This layout follows the engines, a choice of this suite: 584 bytes.
      Unpacking gives exactly act_quant's dequantization of the NoPE dims and the BF16 value of
-     the RoPE dims.""",
+     the RoPE dims.  FlashMLA's MODEL1 FP8 sparse cache holds the same 584 bytes per token but is
+     not this entry: a page of tokens stores, per token, the 448 E4M3 bytes followed by the 128
+     RoPE bytes, and only after all the page's tokens the 8-byte scale groups (7 E8M0 scales, the
+     8th byte never written), the page padded to a multiple of 576 B; and its scale is floored at
+     1e-4 after the division by 448 (as in LAYOUT.V32.MLA), where act_quant floors amax at 1e-4.""",
      applies_to=V4, policy="bytes", sources=("V4-model L372, L505-506", "V4-model L473-474 (kv_cache [.., head_dim] BF16)",
                                              "SGLang-v4-kv-pool DeepSeekV4SingleKVPool (584 bytes per token, one pad byte)",
+                                             "FlashMLA-quant L14, L56-62 (MODEL1: tiles of 64, the page's NoPE+RoPE "
+                                             "part, then 8-byte scale groups of which 7 are used)",
+                                             "FlashMLA-quant L58 (torch.empty: the 8th byte is not written)",
+                                             "FlashMLA-quant L66-67 (scale floor)",
                                              "doc-000 FP4 storage L8", "doc-000 summary L3"))
+
+rule("LAYOUT.V32.MLA", "V3.2 sparse-decode FP8 KV entry: 656 bytes",
+     """A V3.2 MLA KV entry as FlashMLA's FP8 sparse decode reads it (and the engines that call it
+     write it) is 576 dims: the 512 NoPE dims as FP8 E4M3 (512 B) in four tiles of 128, then the
+     four tiles' scales as FP32 (16 B, tile order, little-endian), then the 64 RoPE dims as BF16
+     (128 B): 656 bytes, no pad.  A tile's scale is the power of two
+     s = 2^ceil(log2 max(fl32(amax / 448), 1e-4)): the floor is on the scale, so a tile whose amax
+     is below 448·10^-4 gets s = 2^-13; the values are fl32(x / s) encoded E4M3 (round to nearest
+     even, saturating).  Unpacking gives exactly the E4M3 value times the scale, and the BF16
+     value of the RoPE dims.  The official V3.2-Exp code materializes no such entry: it keeps the
+     latent and the RoPE key in BF16 caches; this layout is FlashMLA's convention.""",
+     applies_to=("v3.2",), policy="bytes", status=IMPLEMENTATION_DEFINED, knob="v32_mla_scale_floor",
+     sources=("V32-model L533-534, L561-562 (kv_cache and pe_cache in the default dtype)",
+              "V32-model L906 (the default dtype is BF16)",
+              "FlashMLA-api L92-98 (the 656-byte entry: 512 E4M3, 4 FP32 scales, 64 BF16)",
+              "FlashMLA-quant L13, L35-53 (V32_FP8Sparse: tiles of 128, amax / 448, the scale floor, "
+              "the E4M3 cast)", "FlashMLA-quant L17-18 (scale = 2^ceil(log2 max(v, 1e-4)))",
+              "FlashMLA-quant L93-104 (dequantization: value × its tile's FP32 scale)"))
 
 rule("LAYOUT.INDEX_K", "indexer K entry: 68 bytes",
      """An indexer K entry (V4 and V4.1) of 128 dims is FP4 E2M1 (64 B, two per byte) with one E8M0
@@ -239,7 +275,31 @@ def codec_knobs(fn, variants: dict) -> dict:
     return {k: v for k, v in variants.items() if k in names and names[k].kind is inspect.Parameter.KEYWORD_ONLY}
 
 
+SCALE_FLOOR = np.float32(1e-4)
+
+
+def floored_scale_quantize(x, block: int, *, e8m0_rounding="ceil_exact", v32_mla_scale_floor="scale"):
+    """x [..., b·k] -> (E4M3 bytes, FP32 scales [..., k]): s = 2^ceil(log2 max(fl32(amax / 448), 1e-4)).
+
+    The floor is on the scale, not on amax as in act_quant: a tile with amax below 448·1e-4 gets
+    s = 2^-13."""
+    xb = Q.blocks(x, block)
+    amax = Q.block_amax(xb)
+    if v32_mla_scale_floor == "scale":
+        v = np.maximum(amax / np.float32(F.E4M3_MAX), SCALE_FLOOR)
+    elif v32_mla_scale_floor == "amax":
+        v = np.maximum(amax, SCALE_FLOOR) / np.float32(F.E4M3_MAX)
+    else:
+        raise ValueError(f"unknown v32_mla_scale_floor {v32_mla_scale_floor!r}")
+    exponent = Q.pow2_scale_exponent(v, np.float32(1), 0, e8m0_rounding=e8m0_rounding)
+    s = np.ldexp(np.float32(1), exponent).astype(np.float32)
+    return Q.unblock(F.e4m3_encode(Q.fp8_ratio(xb, s))), s
+
+
 def _quantize(lay: Layout, x: np.ndarray, variants: dict):
+    if lay.scale_rule == "scale_floor":
+        payload, s = floored_scale_quantize(x, lay.block, **codec_knobs(floored_scale_quantize, variants))
+        return payload, le_bytes(s.astype("<f4"))
     if lay.payload is E2M1:
         fn = Q.fp4_e4m3_quantize if lay.scale is E4M3 else Q.fp4_e8m0_quantize
         return fn(x, **codec_knobs(fn, variants))

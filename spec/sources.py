@@ -70,6 +70,14 @@ CODE: dict[str, Code] = {
         "python/sglang/srt/mem_cache/deepseek_v4_memory_pool.py", "007bddd4a95b44d3c8cd22c8a24d0ee1455955fd",
         "cited by class: DeepSeekV4SingleKVPool.get_bytes_per_token (448 + 64·2 + 448/64 + scale_pad 1) and "
         "create_buffer (asserts 448 + 64 * 2 + 8 = 584 bytes per token)", lines=False, official=False),
+    "FlashMLA-quant": Code(
+        "FlashMLA's test-side KV-cache quantizer (the FP8 sparse cache layouts V32_FP8Sparse and "
+        "MODEL1_FP8Sparse; shipped library code, not official model code)", "deepseek-ai/FlashMLA",
+        "tests/quant.py", "9241ae3ef9bac614dd25e45e507e089f888280e0", official=False),
+    "FlashMLA-api": Code(
+        "FlashMLA's Python interface (flash_mla_with_kvcache, flash_mla_sparse_fwd; shipped library code)",
+        "deepseek-ai/FlashMLA", "flash_mla/flash_mla_interface.py", "9241ae3ef9bac614dd25e45e507e089f888280e0",
+        official=False),
     "V41-model": Code(
         "DeepSeek-V4.1-Flash inference/model.py", "HF deepseek-ai/DeepSeek-V4.1-Flash",
         "inference/model.py", "dba1be0a40aa45a94ad051997016db3960a90277",

@@ -15,6 +15,7 @@ from dsv4spec.spec import layout as spec
     ("v41_main_kv", 288, Fraction(9, 2)),   # 512·4/8 = 256 + 512/16 = 32 -> 288 B = 4.5 bits/dim
     ("v41_swa_kv", 528, Fraction(33, 4)),   # 512 + 512/32 = 16 -> 528
     ("v32_index_k", 132, Fraction(33, 4)),  # 128 + one 4-byte fp32 scale -> 132
+    ("v32_mla_kv", 656, Fraction(82, 9)),   # 512 + 4 fp32 scales (16) + 64·2 = 656 B over 576 dims
 ])
 def test_entry_sizes(kind, nbytes, bits):
     assert spec.LAYOUTS[kind].nbytes == nbytes
@@ -54,6 +55,26 @@ def test_v32_scale_is_a_little_endian_fp32():
     assert spec.unpack("v32_index_k", data[None])[0, 5] == 1.0
 
 
+def test_v32_mla_bytes_by_hand():
+    """FlashMLA's 656-byte entry (FlashMLA-api L94-98): tile 0's amax 448 gives scale 1; tile 1's
+    amax 0.01 is below 448·1e-4, so its scale is the floor's 2^ceil(log2 1e-4) = 2^-13."""
+    x = np.zeros((1, 576), np.float32)
+    x[0, 0], x[0, 130], x[0, 512] = 448.0, 0.01, 1.0
+    data = spec.pack("v32_mla_kv", x)[0]
+    assert data[0] == 0x7E                                   # E4M3 448
+    assert data[130] == 0x6A                                 # 0.01 / 2^-13 = 81.92 -> E4M3 80 = 0 1101 010
+    assert list(data[512:520]) == [0, 0, 0x80, 0x3F, 0, 0, 0, 0x39]   # fp32 1.0, then 2^-13
+    assert list(data[520:528]) == [0, 0, 0, 0x39] * 2                  # all-zero tiles: the floor too
+    assert list(data[528:530]) == [0x80, 0x3F] and not data[530:].any()
+    assert spec.unpack("v32_mla_kv", data[None])[0, 130] == 80 * 2.0 ** -13
+
+
+def test_v32_mla_scale_floor_variant_floors_amax_instead():
+    x = np.zeros((1, 576), np.float32)
+    data = spec.pack("v32_mla_kv", x, {"v32_mla_scale_floor": "amax"})[0]
+    assert list(data[512:516]) == [0, 0, 0x80, 0x34]         # 2^ceil(log2(1e-4 / 448)) = 2^-22
+
+
 def test_fp4_entries_put_the_even_element_low():
     x = np.zeros((1, 128), np.float32)
     x[0, :2] = [6.0, 1.0]    # scale 1 (2^ceil(log2(6·fl(1/6))) = 2^0): codes 7 (6.0) low, 2 (1.0) high
@@ -70,7 +91,7 @@ def test_spec_unpack_rejects_malformed_buffers(kind):
     data = spec.pack(kind, np.ones((1, lay.dims), np.float32))
     scales = spec.split(kind, data)["scales"]
     if lay.scale is spec.FP32:
-        scales[0] = spec.le_bytes(np.array([np.nan], "<f4"))
+        scales[0, :4] = spec.le_bytes(np.array([np.nan], "<f4"))
     else:
         scales[0, 0] = 0xFF
     with pytest.raises(ValueError, match="NaN"):

@@ -110,6 +110,45 @@ def _codes_repacked(lay, data):
     return np.concatenate([codes[..., 0::2] | (codes[..., 1::2] << 4), data[..., lay.quantized_dims:]], axis=-1)
 
 
+def _mla_tiles_reversed(lay, fields):
+    """The four FP32 tile scales written last tile first."""
+    if lay.kind != "v32_mla_kv":
+        return fields
+    s = fields["scales"]
+    return {**fields, "scales": s.reshape(*s.shape[:-1], -1, 4)[..., ::-1, :].reshape(s.shape)}
+
+
+def _mla_scales_as_bf16(lay, fields):
+    """The tile scales stored as BF16 (2 B each): exact for a power of two, but 8 bytes, not 16."""
+    if lay.kind != "v32_mla_kv":
+        return fields
+    s = fields["scales"]
+    return {**fields, "scales": np.ascontiguousarray(s.reshape(*s.shape[:-1], -1, 4)[..., 2:]).reshape(
+        *s.shape[:-1], -1)}
+
+
+def _mla_scales_from_bf16(lay, data):
+    """The reader matching _mla_scales_as_bf16: BF16 scales widened back to FP32 bytes."""
+    if lay.kind != "v32_mla_kv":
+        return data
+    values, bf16, tail = data[..., :512], data[..., 512:520], data[..., 520:]
+    pairs = bf16.reshape(*bf16.shape[:-1], 4, 2)
+    fp32 = np.concatenate([np.zeros_like(pairs), pairs], axis=-1).reshape(*bf16.shape[:-1], 16)
+    return np.concatenate([values, fp32, tail], axis=-1)
+
+
+def _mla_rope_first(lay, fields):
+    """The BF16 RoPE dims before the E4M3 values."""
+    if lay.kind != "v32_mla_kv":
+        return fields
+    moved = np.concatenate([fields["tail"], fields["payload"]], axis=-1)
+    return {**fields, "payload": moved, "tail": fields["tail"][..., :0]}
+
+
+def _as_written(lay, data):
+    return data
+
+
 def _unpacker(*, int8=False, longer=False, e4m3_nan=(0x7F, 0xFF), fp32_inf=False, tail_fp16=False, tail_shift=0,
               read=None):
     """entry_unpack over the spec's fields, with one of its checks or readings changed (`read`:
@@ -184,6 +223,13 @@ MUTANTS.update({
     "layout-swa-unpack-e8m0-bias-126": ("LAYOUT.V41.SWA", _round_trip(_e8m0_bias_126)),
     "layout-v4-unpack-e8m0-bias-126": ("LAYOUT.V4.MAIN", _round_trip(_e8m0_bias_126)),
     "layout-v32-unpack-scale-big-endian": ("LAYOUT.V32.INDEX_K", _round_trip(_fp32_big_endian)),
+    # FlashMLA's 656-byte V3.2 entry written with one mistake, read by a correct reader
+    "layout-v32-mla-tiles-swapped": ("LAYOUT.V32.MLA", _edited(_mla_tiles_reversed, _as_written)),
+    "layout-v32-mla-scale-as-bf16": ("LAYOUT.V32.MLA", _edited(_mla_scales_as_bf16, _mla_scales_from_bf16)),
+    "layout-v32-mla-rope-first": ("LAYOUT.V32.MLA", _edited(_mla_rope_first, _as_written)),
+    "layout-v32-mla-act-quant-floor-declared-scale": ("LAYOUT.V32.MLA", dict(
+        variants={"v32_mla_scale_floor": "scale"}, **_packer(variants={"v32_mla_scale_floor": "amax"}))),
+    "layout-v32-mla-unpack-scale-big-endian": ("LAYOUT.V32.MLA", _round_trip(_fp32_big_endian)),
 })
 
 
@@ -192,6 +238,8 @@ MUTANTS.update({
 CHOICES = {
     "layout-scales-first-undeclared": ("LAYOUT.ORDER", "entry_field_order", "scales_first",
                                        _packer(variants={"entry_field_order": "scales_first"})),
+    "layout-v32-mla-act-quant-floor-undeclared": ("LAYOUT.V32.MLA", "v32_mla_scale_floor", "amax",
+                                                  _packer(variants={"v32_mla_scale_floor": "amax"})),
 }
 
 

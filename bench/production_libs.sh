@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# FlashMLA, DeepGEMM (and sgl-kernel's top-k) built on the GPU machine and run through the suite's
+# built-in targets flashmla, deepgemm, sgl-kernel (dsv4spec/production.py).  Nothing of theirs is
+# committed: the sources travel in the ignored folder .production/ (bench/production_libs.md).
+#
+#   here, once:    bash bench/production_libs.sh prepare          (needs the fetched mirrors)
+#   on the GPU:    bash bench/production_libs.sh run OUTDIR       (carry .production)
+#
+# OUTDIR receives log.txt and verify_<target>_<profile>.json for each built target at ci and dev.
+# VERIFY_S (default 150) bounds each verify run; SEED the dev seed; NVCC_THREADS the nvcc threads.
+set -uo pipefail
+MIRROR=${MIRROR:-/work/.mirror}
+FLASHMLA_REV=9241ae3ef9bac614dd25e45e507e089f888280e0
+DEEPGEMM_REV=54e22612409371d6364144b69086735beb54e98b
+export_tree() {   # export_tree GITDIR REV DEST [PATH...]: the tree at REV (only PATHs), no .git
+  local git=$1 rev=$2 dest=$3; shift 3
+  mkdir -p "$dest" && git --git-dir="$git" archive "$rev" "$@" | tar -x -C "$dest"
+}
+case "${1:-}" in
+prepare)
+  rm -rf .production && mkdir -p .production
+  export_tree "$MIRROR/deepseek-ai+FlashMLA/repo" $FLASHMLA_REV .production/FlashMLA || exit 1
+  rm -rf .production/FlashMLA/benchmark .production/FlashMLA/tests/*.png
+  # CUTLASS at each library's submodule commit: only the headers the builds include
+  # (a partial mirror may print "invalid object" for files outside these paths: harmless)
+  export_tree "$MIRROR/NVIDIA+cutlass/repo" 147f5673d0c1c3dcf66f78d677fd647e4a020219 \
+    .production/FlashMLA/csrc/cutlass include tools/util/include || exit 1
+  export_tree "$MIRROR/deepseek-ai+DeepGEMM/repo" $DEEPGEMM_REV .production/DeepGEMM || exit 1
+  export_tree "$MIRROR/NVIDIA+cutlass/repo" f3fde58372d33e9a5650ba7b80fc48b3b49d40c8 \
+    .production/DeepGEMM/third-party/cutlass include || exit 1
+  if [ -d "$MIRROR/fmtlib+fmt/repo" ]; then
+    export_tree "$MIRROR/fmtlib+fmt/repo" 553ec11ec06fbe0beebfbb45f9dc3c9eabd83d28 .production/DeepGEMM/third-party/fmt include
+  else
+    echo "fmt missing: fetch github:fmtlib/fmt (DeepGEMM's third-party/fmt, commit 553ec11e)" >&2; exit 1
+  fi
+  # headers compress about tenfold: carry one archive, not the trees (64 MiB with the checkout)
+  tar -C .production -cJf .production/src.tar.xz FlashMLA DeepGEMM && rm -rf .production/FlashMLA .production/DeepGEMM
+  du -sh .production/src.tar.xz
+  exit 0;;
+run)
+  out=${2:?usage: bash bench/production_libs.sh run OUTDIR};;
+*)
+  echo "usage: bash bench/production_libs.sh prepare | run OUTDIR" >&2; exit 2;;
+esac
+
+mkdir -p "$out"; log="$out/log.txt"
+exec > >(tee -a "$log") 2>&1
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; nvcc --version | tail -1
+python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+pip install -q --no-deps --no-build-isolation -e . || exit 1
+[ -d .production/FlashMLA ] || tar -C .production -xJf .production/src.tar.xz || exit 1
+export NVCC_THREADS=${NVCC_THREADS:-16} MAX_JOBS=${MAX_JOBS:-16}
+( cd .production/FlashMLA && FLASH_MLA_DISABLE_SM100=1 pip install -q --no-deps --no-build-isolation . ) \
+  && built="flashmla" || echo "FlashMLA build failed"
+( cd .production/DeepGEMM && pip install -q --no-deps --no-build-isolation . ) \
+  && built="${built:-} deepgemm" || echo "DeepGEMM build failed"
+seed=${SEED:-$RANDOM}
+for t in ${built:-}; do
+  for p in ci dev; do
+    extra=(); [ $p = dev ] && extra=(--seed "$seed")
+    timeout "${VERIFY_S:-150}" dsv4spec verify --target "$t" --profile $p "${extra[@]}" \
+      --json "$out/verify_${t}_$p.json" --quiet; echo "$t $p exit $?"
+  done
+done

@@ -1,0 +1,156 @@
+"""Built-in targets over the production libraries that serve V4/V4.1 and V3.2 (issue 37).
+
+    dsv4spec verify --target flashmla   --rules ATTN --profile ci
+    dsv4spec verify --target deepgemm   --rules FP8.LINEAR --profile ci
+    dsv4spec verify --target sgl-kernel --rules IDX.TOPK --profile ci
+
+Each imports the library you installed (never a copy of ours) and maps its calls onto the suite's
+operations; every other operation is n/i.  They need a CUDA GPU: without the library, or without
+CUDA, loading the target fails with one line saying what is missing and how to install it (exit
+status 3).  bench/production_libs.md builds the three on the GPU machine.
+
+    flashmla    sparse_attention(q, kv, sink, indices, scale, *, model)
+                    flash_mla.flash_mla_sparse_fwd(q [T,H,D] bf16, kv [N,1,D] bf16, indices [T,1,K]
+                    int32, scale, d_v=D, attn_sink=sink): the sparse prefill kernel (FlashMLA-api,
+                    flash_mla_sparse_fwd), V4's head dim 512, heads 64 or 128 (its
+                    csrc/api/sparse_fwd.h checks h_q), lists in 64s; its BF16 output widened
+    deepgemm    fp8_linear(x, w, w_scale, block)
+                    act_quant of x by the suite's impl (exact), then deep_gemm.fp8_gemm_nt((a, sfa),
+                    (w, sfb), d) with fp32 power-of-two scales (the SM90 recipe, 1×128 and 128×128
+                    blocks) into a BF16 d; block 128 only
+    sgl-kernel  index_topk(scores, visible, k, order)
+                    sgl_kernel.fast_topk_v2(scores, lengths=visible, topk=k): its set of indices,
+                    ordered as the caller asks (descending score, ties by position, for 'score';
+                    ascending position for 'position'); −1 entries kept at the tail
+
+Tensors go to the GPU as the library takes them and results come back on the inputs' device.  A
+module that declares DSV4SPEC_CPU_STANDIN = True (the tests' fakes in tests/fake_*/) runs where the
+inputs are, so the mapping is exercised on a machine without CUDA.
+"""
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from .impl import quant as impl_quant
+from .spec.rules import V4
+
+STANDIN = "DSV4SPEC_CPU_STANDIN"
+
+
+class LibraryUnavailable(Exception):
+    """The library cannot serve here (not installed, or no CUDA); the message is one line."""
+
+
+LIBRARIES = {
+    "flashmla": ("flash_mla", "FlashMLA (github.com/deepseek-ai/FlashMLA) is built from source: "
+                              "`git clone --recursive` it, then `pip install --no-build-isolation -v .` "
+                              "(bench/production_libs.md)"),
+    "deepgemm": ("deep_gemm", "DeepGEMM (github.com/deepseek-ai/DeepGEMM) is built from source: "
+                              "`git clone --recursive` it, then `./install.sh` or `pip install "
+                              "--no-build-isolation .` (bench/production_libs.md)"),
+    "sgl-kernel": ("sgl_kernel", "install the wheel with `pip install sgl-kernel` (matching your torch "
+                                 "and CUDA), or build sgl-kernel/ of github.com/sgl-project/sglang "
+                                 "(bench/production_libs.md)"),
+}
+
+
+def import_library(name: str):
+    """The installed module of library `name`, on a machine where it can run; else LibraryUnavailable."""
+    module_name, how = LIBRARIES[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name and e.name.split(".")[0] != module_name:
+            raise LibraryUnavailable(f"{name}: importing {module_name} failed: No module named {e.name!r} "
+                                     f"(a dependency of {module_name}, or its compiled extension missing)") from None
+        raise LibraryUnavailable(f"{name}: the Python module {module_name!r} is not installed here; {how}") from None
+    except Exception as e:  # noqa: BLE001 -- a broken build: one line
+        raise LibraryUnavailable(f"{name}: importing {module_name} raised {type(e).__name__}: {e}") from None
+    if not getattr(module, STANDIN, False) and not torch.cuda.is_available():
+        raise LibraryUnavailable(f"{name}: {module_name} needs a CUDA GPU and this machine has none "
+                                 f"(torch.cuda.is_available() is False)")
+    return module
+
+
+class LibraryTarget:
+    CLAIMS_CONFORMANCE = True
+    VARIANTS: dict = {}
+    INPUT_DTYPE = "bfloat16"
+
+    def __init__(self, module):
+        self.lib = module
+        self.device = None if getattr(module, STANDIN, False) else torch.device("cuda")
+        self.DEVICE = "cpu" if self.device is None else "cuda"
+        self.__version__ = str(getattr(module, "__version__", "unknown version"))
+
+    def on_device(self, x: torch.Tensor, dtype=None) -> torch.Tensor:
+        x = x if self.device is None else x.to(self.device)
+        return (x if dtype is None else x.to(dtype)).contiguous()
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.NAME!r}, {self.__version__})"
+
+
+class FlashMLA(LibraryTarget):
+    NAME = "flashmla"
+    MODELS = V4
+    SHAPES = {"sparse_attention": {"D": (512,), "H": (64, 128), "K": 64}}
+
+    def sparse_attention(self, q, kv, sink, indices, scale, *, model=None):
+        out, _max_logits, _lse = self.lib.flash_mla_sparse_fwd(
+            self.on_device(q, torch.bfloat16), self.on_device(kv, torch.bfloat16)[:, None, :],
+            self.on_device(indices, torch.int32)[:, None, :], scale, d_v=q.shape[-1],
+            attn_sink=self.on_device(sink, torch.float32))
+        return out.float().to(q.device)
+
+
+class DeepGEMM(LibraryTarget):
+    NAME = "deepgemm"
+    MODELS = V4                 # V4.1's FP8 linear has 32-wide blocks, outside the SM90 recipe
+    BLOCK = 128
+
+    def fp8_linear(self, x, w, w_scale, block):
+        if block != self.BLOCK:
+            raise ValueError(f"deepgemm: fp8_gemm_nt's SM90 recipe uses {self.BLOCK}-wide blocks; got block {block}")
+        k, n = x.shape[-1], w.shape[0]
+        codes, scales = impl_quant.fp8_quantize(x.float().reshape(-1, k).cpu(), block)
+        a = self.on_device(codes).view(torch.float8_e4m3fn)
+        sfa = self.on_device(impl_quant.e8m0_decode(scales))
+        b = self.on_device(w).view(torch.float8_e4m3fn)
+        sfb = self.on_device(impl_quant.e8m0_decode(w_scale) if w_scale.dtype == torch.uint8 else w_scale.float())
+        d = torch.empty(a.shape[0], n, dtype=torch.bfloat16, device=a.device)
+        self.lib.fp8_gemm_nt((a, sfa), (b, sfb), d)
+        return d.float().reshape(*x.shape[:-1], n).to(x.device)
+
+
+class SglKernel(LibraryTarget):
+    NAME = "sgl-kernel"
+    INPUT_DTYPE = "float32"
+
+    def index_topk(self, scores, visible, k, order):
+        chosen = self.lib.fast_topk_v2(self.on_device(scores, torch.float32), self.on_device(visible, torch.int32), k)
+        return ordered(scores, chosen.long().cpu(), order).to(scores.device)
+
+
+def ordered(scores: torch.Tensor, chosen: torch.Tensor, order: str) -> torch.Tensor:
+    """The chosen indices [T, k] (−1 for none) sorted as `order` asks, the −1 entries last."""
+    if order not in ("score", "position"):
+        raise ValueError(f"sgl-kernel: order must be 'score' or 'position', got {order!r}")
+    valid = chosen >= 0
+    position = torch.where(valid, chosen, torch.iinfo(torch.int64).max)
+    by_position = torch.sort(position, dim=-1, stable=True)
+    chosen = torch.where(by_position.values == torch.iinfo(torch.int64).max, -1, by_position.values)
+    if order == "position":
+        return chosen
+    score = torch.where(chosen >= 0, scores.float().cpu().gather(1, chosen.clamp(min=0)), -torch.inf)
+    rank = torch.sort(score, dim=-1, descending=True, stable=True).indices
+    return chosen.gather(1, rank)
+
+
+TARGETS = {"flashmla": FlashMLA, "deepgemm": DeepGEMM, "sgl-kernel": SglKernel}
+
+
+def target(name: str) -> LibraryTarget:
+    return TARGETS[name](import_library(name))

@@ -1,0 +1,75 @@
+"""The built-in targets over production libraries (dsv4spec.production): on this CPU machine the
+libraries are the stand-ins in tests/fake_*/ (their signatures, bodies computing with impl/), put on
+PYTHONPATH of the installed `dsv4spec` command; without them loading fails with exit 3."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from dsv4spec import production
+from dsv4spec.properties.suite import run_rule
+from dsv4spec.properties.target import Target
+
+TESTS = Path(__file__).resolve().parent
+DSV4SPEC = str(Path(sys.executable).with_name("dsv4spec"))
+
+# target, its fake library's folder, the rules checked (cheap ones of each family), a rule that must PASS
+CASES = [("flashmla", "fake_flashmla", "ATTN.SINK,ATTN.GATHER", "ATTN.SINK"),
+         ("deepgemm", "fake_deepgemm", "FP8.LINEAR", "FP8.LINEAR"),
+         ("sgl-kernel", "fake_sgl_kernel", "IDX.TOPK.ORDER,IDX.TOPK.COUNT", "IDX.TOPK.ORDER")]
+
+
+def verify(target: str, rules: str, tmp_path, fake: str | None = None):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(TESTS / fake) if fake else ""}
+    report = tmp_path / "report.json"
+    done = subprocess.run([DSV4SPEC, "verify", "--target", target, "--rules", rules, "--profile", "ci",
+                           "--max-examples", "2", "--json", str(report), "--quiet"],
+                          env=env, capture_output=True, text=True, cwd=tmp_path)
+    return done, (json.loads(report.read_text())["results"] if report.exists() else [])
+
+
+@pytest.mark.parametrize("target, fake, rules, must_pass", CASES)
+def test_the_mapping_passes_on_a_faithful_stand_in(target, fake, rules, must_pass, tmp_path):
+    done, results = verify(target, rules, tmp_path, fake)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert {r["rule"]: r["status"] for r in results}[must_pass] == "PASS"
+
+
+@pytest.mark.parametrize("target, module, how", [("flashmla", "flash_mla", "git clone --recursive"),
+                                                 ("deepgemm", "deep_gemm", "git clone --recursive"),
+                                                 ("sgl-kernel", "sgl_kernel", "pip install sgl-kernel")])
+def test_a_missing_library_exits_3_saying_how_to_install_it(target, module, how, tmp_path):
+    done, _ = verify(target, "ATTN.SINK", tmp_path)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert f"the Python module '{module}' is not installed here" in done.stderr and how in done.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="names the missing GPU")
+def test_a_library_without_cuda_is_refused_naming_the_gpu(monkeypatch):
+    monkeypatch.setitem(sys.modules, "flash_mla", types.ModuleType("flash_mla"))   # a real build: no stand-in flag
+    with pytest.raises(production.LibraryUnavailable, match="flash_mla needs a CUDA GPU"):
+        production.target("flashmla")
+
+
+def test_a_library_that_drops_the_sink_fails():
+    """The mapping hands the sink over: a FlashMLA that ignores attn_sink is caught on ATTN.SINK."""
+    found = importlib.util.spec_from_file_location("fake_flash_mla", TESTS / "fake_flashmla" / "flash_mla" / "__init__.py")
+    flash_mla = importlib.util.module_from_spec(found)
+    found.loader.exec_module(flash_mla)
+    sinkless = types.SimpleNamespace(
+        DSV4SPEC_CPU_STANDIN=True,
+        flash_mla_sparse_fwd=lambda *a, attn_sink=None, **kw: flash_mla.flash_mla_sparse_fwd(*a, **kw))
+    assert run_rule("ATTN.SINK", Target(production.FlashMLA(sinkless), "flashmla")).status == "FAIL"
+
+
+@pytest.mark.parametrize("order, want", [("score", [[3, 0, 1, -1]]), ("position", [[0, 1, 3, -1]])])
+def test_the_top_k_set_is_ordered_as_the_caller_asks(order, want):
+    scores = torch.tensor([[2.0, 1.0, 9.0, 5.0]])
+    chosen = torch.tensor([[1, -1, 3, 0]])        # a kernel's set, in no order, padded with −1
+    assert production.ordered(scores, chosen, order).tolist() == want
