@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # FlashMLA, DeepGEMM (and sgl-kernel's top-k) built on the GPU machine and run through the suite's
 # built-in targets flashmla, deepgemm, sgl-kernel (dsv4spec/production.py).  Nothing of theirs is
-# committed: the sources travel in the ignored folder .production/ (bench/production_libs.md).
+# committed: the sources travel in the ignored folder .production/ (docs/PRODUCTION.md).
 #
 #   here, once:    bash bench/production_libs.sh prepare          (needs the fetched mirrors)
 #   on the GPU:    bash bench/production_libs.sh run OUTDIR       (carry .production)

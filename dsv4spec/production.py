@@ -7,7 +7,7 @@
 Each imports the library you installed (never a copy of ours) and maps its calls onto the suite's
 operations; every other operation is n/i.  They need a CUDA GPU: without the library, or without
 CUDA, loading the target fails with one line saying what is missing and how to install it (exit
-status 3).  bench/production_libs.md builds the three on the GPU machine.
+status 3).  docs/PRODUCTION.md builds the three on the GPU machine.
 
     flashmla    sparse_attention(q, kv, sink, indices, scale, *, model)
                     flash_mla.flash_mla_sparse_fwd(q [T,H,D] bf16, kv [N,1,D] bf16, indices [T,1,K]
@@ -46,13 +46,13 @@ class LibraryUnavailable(Exception):
 LIBRARIES = {
     "flashmla": ("flash_mla", "FlashMLA (github.com/deepseek-ai/FlashMLA) is built from source: "
                               "`git clone --recursive` it, then `pip install --no-build-isolation -v .` "
-                              "(bench/production_libs.md)"),
+                              "(docs/PRODUCTION.md)"),
     "deepgemm": ("deep_gemm", "DeepGEMM (github.com/deepseek-ai/DeepGEMM) is built from source: "
                               "`git clone --recursive` it, then `./install.sh` or `pip install "
-                              "--no-build-isolation .` (bench/production_libs.md)"),
+                              "--no-build-isolation .` (docs/PRODUCTION.md)"),
     "sgl-kernel": ("sgl_kernel", "install the wheel with `pip install sgl-kernel` (matching your torch "
                                  "and CUDA), or build sgl-kernel/ of github.com/sgl-project/sglang "
-                                 "(bench/production_libs.md)"),
+                                 "(docs/PRODUCTION.md)"),
 }
 
 
