@@ -78,10 +78,13 @@ def index_score_fp32_probe(rng, scale):
 
 
 def q_rescale_probe(rng, scale):
+    """ATTN.Q_NORM's set is exact, bf16(q·r) for each BF16 factor r from q_rescale_factors' lo to hi:
+    its own lowest member must be admitted (an empty range of factors admits nothing)."""
     q = round_bf16(rng.standard_normal((2, 3, 64)) * scale)
     m = profile("v4-flash")
-    exact = q / np.sqrt(round_bf16(q * q).mean(-1, keepdims=True) + m.norm_eps)
-    return exact, sattn.q_rescale_tolerance(q, m), "bf16"
+    lo, _ = sattn.q_rescale_factors(q, m)
+    got = round_bf16(q * lo)
+    return got, sattn.q_rescale_admitted(got, q, m)
 
 
 def attn_bounds_probe(rng, scale):
@@ -115,7 +118,11 @@ JUDGES = {      # every judge -> its probe, or why its admitted set needs none o
     "spec/indexer.py:hadamard_tolerance": hadamard_probe,
     "spec/indexer.py:index_score_tolerance": (index_score_probe, index_score_fp32_probe),
     "spec/indexer.py:index_score_allreduce_tolerance": "added to index_score_tolerance's (never alone)",
-    "spec/attn.py:q_rescale_tolerance": q_rescale_probe,
+    "spec/attn.py:q_rescale_admitted": q_rescale_probe,
+    "spec/attn.py:admitted": "the BF16 values of [bf16(lo), bf16(hi)] of spec/attn.py:bounds (probed there)",
+    "properties/attn.py:_linear_bounds": "caches fp8_linear_bounds",
+    "spec/document.py:_tolerance": "renders a rule's tolerance text (not a judge)",
+    "spec/rules.py:shared_tolerance": "names a tolerance text SPEC.md states once (not a judge)",
     "spec/attn.py:bounds": attn_bounds_probe,
     "properties/quant.py:fp8_linear_bounds": fp8_linear_probe,
     "properties/path.py:_q_bounds": "caches fp8_linear_bounds",
@@ -128,8 +135,8 @@ def _judges_in_code() -> set[str]:
     for folder in ("spec", "properties"):
         for path in sorted((ROOT / folder).glob("*.py")):
             for node in ast.parse(path.read_text()).body:
-                if isinstance(node, ast.FunctionDef) and (node.name.endswith(("_tolerance", "_bounds"))
-                                                          or node.name == "bounds"):
+                if isinstance(node, ast.FunctionDef) and (node.name.endswith(("_tolerance", "_bounds", "_admitted"))
+                                                          or node.name in ("bounds", "admitted")):
                     found.add(f"{folder}/{path.name}:{node.name}")
     return found
 
@@ -146,7 +153,12 @@ PROBES = [(name, p) for name, probes in JUDGES.items() if not isinstance(probes,
 @pytest.mark.parametrize("scale", SCALES)
 def test_admitted_set_holds_a_value_of_the_dtype(name, probe, scale):
     rng = np.random.default_rng(int(np.log2(scale)) + 200)
-    centre, tol, dtype = probe(rng, scale)
+    result = probe(rng, scale)
+    if len(result) == 2:                      # an exact set, probed with one of its own members
+        got, admitted = result
+        assert np.asarray(admitted).all(), f"{name}: the set leaves out its own member {np.asarray(got).ravel()[:4]}"
+        return
+    centre, tol, dtype = result
     centre, tol = np.broadcast_arrays(np.asarray(centre, np.float64), np.asarray(tol, np.float64))
     finite = np.isfinite(centre) & (np.abs(_round(centre, dtype)) < np.inf)
     near = _round(centre, dtype)
