@@ -29,9 +29,15 @@ RANK = {layer: rank for rank, layers in enumerate(LAYERS) for layer in layers}
 
 
 def package_dirs(root: Path) -> dict[str, Path]:
-    """{package name: its folder}, from pyproject.toml's package-dir mapping."""
-    config = tomllib.loads((root / "pyproject.toml").read_text())
-    return {name: root / folder for name, folder in config["tool"]["setuptools"]["package-dir"].items()}
+    """{package name: its folder} for every package pyproject.toml lists: a mapped one's folder from
+    package-dir, a subpackage's (dsv4spec.kernels.topk) inside its parent's."""
+    setuptools = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {name: root / folder for name, folder in setuptools["package-dir"].items()}
+    for name in sorted(setuptools["packages"], key=len):
+        if name not in folders:
+            parent, _, last = name.rpartition(".")
+            folders[name] = folders[parent] / last
+    return folders
 
 
 def package_modules(root: Path) -> dict[str, tuple[Path, bool]]:
@@ -157,6 +163,7 @@ def test_the_graph_sees_every_package_and_both_kinds_of_import():
     assert "dsv4spec.spec.rules" in graph["dsv4spec.properties.suite"]            # from ..spec.rules import
     assert "dsv4spec.properties.target" in graph["dsv4spec.command"]              # inside handled()
     assert "dsv4spec.triton_mode" in graph["dsv4spec.interpreter"]                # from dsv4spec.x import
+    assert "dsv4spec.kernels.topk.radix" in graph["dsv4spec.kernels.topk.filter"]   # a subpackage's modules
 
 
 def test_the_checker_reports_a_cycle_and_an_upward_import():
