@@ -346,7 +346,7 @@ def make_layer_case(model: str, layer: int, seqlen: int, start_pos: int = 0, see
 # on both sides of a full window ring, decode while the ring fills completing an entry at ratio > 1
 # (V4-Pro, V4.1's index source), and V4.1 decode above 16384 entries; every layer check runs these,
 # then draws from the run's seed.  Together they reach every boundary coverage lists for the layer
-# checks (coverage.layer_call_boundaries, each model; tests/test_coverage.py keeps it so).
+# checks (coverage/path.py layer_call_boundaries, each model; tests/test_coverage.py keeps it so).
 FIXED_LAYERS = (
     ("v4-flash", 2, 20, 0, 1),             # CSA
     ("v4-flash", 3, 260, 0, 2),            # HCA (2 entries of 128)

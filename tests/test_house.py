@@ -29,9 +29,15 @@ RANK = {layer: rank for rank, layers in enumerate(LAYERS) for layer in layers}
 
 
 def package_dirs(root: Path) -> dict[str, Path]:
-    """{package name: its folder}, from pyproject.toml's package-dir mapping."""
-    config = tomllib.loads((root / "pyproject.toml").read_text())
-    return {name: root / folder for name, folder in config["tool"]["setuptools"]["package-dir"].items()}
+    """{package name: its folder} for every package pyproject.toml lists: a mapped one's folder from
+    package-dir, a subpackage's (dsv4spec.kernels.topk) inside its parent's."""
+    setuptools = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {name: root / folder for name, folder in setuptools["package-dir"].items()}
+    for name in sorted(setuptools["packages"], key=len):
+        if name not in folders:
+            parent, _, last = name.rpartition(".")
+            folders[name] = folders[parent] / last
+    return folders
 
 
 def package_modules(root: Path) -> dict[str, tuple[Path, bool]]:
@@ -157,6 +163,7 @@ def test_the_graph_sees_every_package_and_both_kinds_of_import():
     assert "dsv4spec.spec.rules" in graph["dsv4spec.properties.suite"]            # from ..spec.rules import
     assert "dsv4spec.properties.target" in graph["dsv4spec.command"]              # inside handled()
     assert "dsv4spec.triton_mode" in graph["dsv4spec.interpreter"]                # from dsv4spec.x import
+    assert "dsv4spec.kernels.topk.radix" in graph["dsv4spec.kernels.topk.filter"]   # a subpackage's modules
 
 
 def test_the_checker_reports_a_cycle_and_an_upward_import():
@@ -176,6 +183,42 @@ def test_house_md_states_the_layers_this_test_enforces():
         list(enumerate(LAYERS)), "docs/HOUSE.md's table '| rank | layer | ...' differs from LAYERS"
     for module in sorted(BASE - {"dsv4spec"}):
         assert module.rpartition(".")[2] in text, f"docs/HOUSE.md does not name the base module {module}"
+
+
+MODULE_LINES = 900
+LAYER_FOLDERS = ("spec", "impl", "properties", "kernels", "golden")
+
+
+def long_modules(root: Path) -> dict[str, int]:
+    """{path: lines} of the layers' modules over MODULE_LINES lines, subpackages included."""
+    found = {}
+    for folder in LAYER_FOLDERS:
+        for path in sorted((root / folder).rglob("*.py")):
+            lines = len(path.read_text().splitlines())
+            if lines > MODULE_LINES:
+                found[path.relative_to(root).as_posix()] = lines
+    return found
+
+
+def long_modules_explained(house_md: str) -> dict[str, str]:
+    """{path: why it is one thing} from docs/HOUSE.md's list of long modules ("- `path`: why")."""
+    section = house_md.partition("## Modules over 900 lines")[2].partition("\n## ")[0]
+    return dict(re.findall(r"^- `([\w/.]+\.py)`: (\S.*)$", section, re.M))
+
+
+def test_no_long_module_without_a_reason():
+    """One engine, one module: a module of spec/, impl/, properties/, kernels/ or golden/ over 900
+    lines is either cut where its structure says or named in docs/HOUSE.md with why it is one thing."""
+    explained = long_modules_explained((ROOT / "docs" / "HOUSE.md").read_text())
+    unexplained = {path: n for path, n in long_modules(ROOT).items() if path not in explained}
+    assert not unexplained, (f"modules over {MODULE_LINES} lines (split them, or add '- `path`: why it is one "
+                             f"thing' under docs/HOUSE.md's '## Modules over 900 lines'): {unexplained}")
+
+
+def test_the_long_module_check_reads_the_list_it_enforces():
+    house = ("# x\n\n## Modules over 900 lines\n\n- `properties/path.py`: the PATH checks.\n\n"
+             "## Next\n\n- `a/b.py`: not in the section\n")
+    assert long_modules_explained(house) == {"properties/path.py": "the PATH checks."}
 
 
 def test_bench_holds_scripts_only():
