@@ -220,7 +220,8 @@ def _same_bits(a, b) -> bool:
     import torch
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
-    flat = lambda t: t.detach().reshape(-1).view(torch.uint8) if t.numel() else t.reshape(-1)    # noqa: E731
+    # contiguous first: a strided view (a column of a wider tensor) cannot be viewed as bytes
+    flat = lambda t: t.detach().contiguous().reshape(-1).view(torch.uint8) if t.numel() else t.reshape(-1)  # noqa: E731
     return torch.equal(flat(a).cpu(), flat(b).cpu())
 
 

@@ -376,3 +376,15 @@ def test_a_port_that_exits_leaving_a_child_on_its_pipes_takes_the_child_along(tm
     port, grandchild = map(int, pids.read_text().split())
     assert _gone([port, grandchild]), "the port's child outlived it"
     target.provider.close()
+
+
+def test_a_strided_input_is_compared_not_refused():
+    """The in-place check compares bits: a column of a wider tensor (the compressor's decode token
+    at dim 1, drawn at dev seed 3) must be compared as well as a contiguous one."""
+    import torch
+    from dsv4spec.properties.contract import _same_bits
+    wide = torch.arange(16, dtype=torch.float32).reshape(2, 1, 8)
+    column = wide[:, :, 3:4]
+    assert column.reshape(-1).stride(-1) != 1
+    assert _same_bits(column, column.clone())
+    assert not _same_bits(column, column.clone() + 1)
