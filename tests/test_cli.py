@@ -196,7 +196,7 @@ def test_ctrl_c_prints_and_writes_what_finished(tmp_path, isolate):
     while not (tmp_path / "started").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     process.send_signal(signal.SIGINT)
-    out, err = process.communicate(timeout=60)
+    out, err = process.communicate(timeout=900)     # ends a hang (the failure looked for), far above a loaded run
     assert process.returncode == 130 and "INTERRUPTED (Ctrl-C): 1 of 2 results finished; not run:" in err, err
     assert "  slow: FMT.E4M3.RNE" in err
     assert "FMT.E2M1.RNE  FAIL" in out and "FMT.E4M3.RNE" not in out.split("\n\n")[0]

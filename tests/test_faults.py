@@ -112,8 +112,7 @@ def test_the_plugin_leaves_a_users_hypothesis_tests_as_they_are(tmp_path):
     (tmp_path / "test_user.py").write_text(USER_TEST)
     (tmp_path / "conftest.py").write_text(SUITE_FIRST)
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--dsv4spec-target", "impl",
-                           "--dsv4spec-rules", "FMT.E2M1.ZERO_SIGN"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=120)
+                           "--dsv4spec-rules", "FMT.E2M1.ZERO_SIGN"], cwd=tmp_path, capture_output=True, text=True)
     assert "2 passed" in done.stdout, done.stdout[-3000:]
 
 
@@ -139,8 +138,9 @@ def _verify(tmp_path, *args, env=None, **popen):
                             stderr=subprocess.PIPE, text=True, start_new_session=True, **popen)
 
 
-def _finished(run, timeout=120):
-    """run.communicate(), its process group killed if it outlives `timeout` (a hang is a failure)."""
+def _finished(run, timeout=900):
+    """run.communicate(), its process group killed if it outlives `timeout` (a hang is the failure
+    these tests look for; the bound is far above what a run takes on a loaded machine, seconds)."""
     try:
         return run.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -257,7 +257,7 @@ def test_a_port_declaring_a_terabyte_is_an_error_naming_the_limit(tmp_path):
     command = shlex.join([sys.executable, "-m", "dsv4spec", "verify", "--quiet", "--target", HOSTILE,
                           "--rules", "FMT.E2M1.VALUES", "--timeout", "30", "--json", "r.json"])
     done = subprocess.run(["bash", "-c", f"ulimit -v 4000000 && exec {command}"], cwd=tmp_path,
-                          env={**ENV, "HOSTILE": "huge"}, capture_output=True, text=True, timeout=120)
+                          env={**ENV, "HOSTILE": "huge"}, capture_output=True, text=True)
     assert done.returncode == 1, done.stdout + done.stderr
     detail = json.loads((tmp_path / "r.json").read_text())["results"][0]["detail"]
     assert "nbytes=1099511627776 is beyond the 128 bytes a reply to e2m1_decode may hold" in detail, detail

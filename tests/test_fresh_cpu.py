@@ -19,7 +19,7 @@ def scrubbed(home: Path) -> dict:
 def dsv4spec(tmp_path, *args) -> subprocess.CompletedProcess:
     assert COMMAND.is_file(), f"expected the installed dsv4spec command at {COMMAND} (pip install -e .)"
     return subprocess.run([str(COMMAND), *args], capture_output=True, text=True, cwd=tmp_path,
-                          env=scrubbed(tmp_path), timeout=300)
+                          env=scrubbed(tmp_path))
 
 
 def passes(done: subprocess.CompletedProcess, rules: int) -> bool:
@@ -61,7 +61,7 @@ def test_triton_imported_for_a_gpu_on_a_cpu_machine_is_an_error_that_says_what_t
         pytest.skip("a GPU machine runs the kernels compiled, as the Triton imported expects")
     done = subprocess.run([sys.executable, "-c", IMPORTS_TRITON_FIRST, "verify", "--target", "kernels",
                            "--rules", "FP4.KV.SCALE", "--max-examples", "1", "--quiet"],
-                          capture_output=True, text=True, cwd=tmp_path, env=scrubbed(tmp_path), timeout=300)
+                          capture_output=True, text=True, cwd=tmp_path, env=scrubbed(tmp_path))
     assert done.returncode == 3, done.stdout[-3000:] + done.stderr[-2000:]
     assert "TritonModeMismatch: Triton was imported for a GPU" in done.stderr, done.stderr
     assert "Set TRITON_INTERPRET=1 in the environment before Python starts" in done.stderr, done.stderr
