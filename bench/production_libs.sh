@@ -45,20 +45,29 @@ esac
 
 mkdir -p "$out"; log="$out/log.txt"
 exec > >(tee -a "$log") 2>&1
+t0=$SECONDS; stamp() { echo "[$((SECONDS - t0)) s] $*"; }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; nvcc --version | tail -1
-python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
-pip install -q --no-deps --no-build-isolation -e . || exit 1
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+python3 -c "import ninja" 2>/dev/null && echo "ninja: yes" || echo "ninja: no (setuptools compiles one file at a time)"
+python3 -m pip install -q --no-deps --no-build-isolation -e . || exit 1
 [ -d .production/FlashMLA ] || tar -C .production -xJf .production/src.tar.xz || exit 1
-export NVCC_THREADS=${NVCC_THREADS:-16} MAX_JOBS=${MAX_JOBS:-16}
-( cd .production/FlashMLA && FLASH_MLA_DISABLE_SM100=1 pip install -q --no-deps --no-build-isolation . ) \
-  && built="flashmla" || echo "FlashMLA build failed"
-( cd .production/DeepGEMM && pip install -q --no-deps --no-build-isolation . ) \
-  && built="${built:-} deepgemm" || echo "DeepGEMM build failed"
+export NVCC_THREADS=${NVCC_THREADS:-4} MAX_JOBS=${MAX_JOBS:-16}
+# The two builds run side by side, each with its own log; BUILD_S bounds them.
+build() {   # build NAME DIR [ENV=VALUE...]
+  local name=$1 dir=$2; shift 2
+  ( cd "$dir" && env "$@" timeout "${BUILD_S:-420}" python3 -m pip install -v --no-deps --no-build-isolation . ) \
+    > "$out/build_$name.txt" 2>&1 && stamp "$name built" || { stamp "$name build failed"; tail -20 "$out/build_$name.txt"; }
+}
+build flashmla .production/FlashMLA FLASH_MLA_DISABLE_SM100=1 & build deepgemm .production/DeepGEMM & wait
+built=""
+for t in flashmla deepgemm; do
+  python3 -c "from dsv4spec.production import target; print(target('$t'))" && built="$built $t"
+done
 seed=${SEED:-$RANDOM}
-for t in ${built:-}; do
-  for p in ci dev; do
+for p in ${PROFILES:-ci dev}; do
+  for t in $built; do
     extra=(); [ $p = dev ] && extra=(--seed "$seed")
-    timeout "${VERIFY_S:-150}" dsv4spec verify --target "$t" --profile $p "${extra[@]}" \
-      --json "$out/verify_${t}_$p.json" --quiet; echo "$t $p exit $?"
+    timeout "${VERIFY_S:-150}" dsv4spec verify --target "$t" --profile $p "${extra[@]}" ${RULES:+--rules $RULES} \
+      --json "$out/verify_${t}_$p.json" --quiet; stamp "$t $p exit $?"
   done
 done

@@ -262,18 +262,20 @@ def test_the_bf16_projection_clause_admits_what_the_fp32_summation_order_changes
 
 def test_the_stateful_check_runs_under_the_suites_settings_not_the_process_default():
     """A user's default profile (a tight deadline, every health check on) must not reach CMP.STREAM:
-    on a loaded machine it turned a conforming target into an ERROR."""
+    on a loaded machine it turned a conforming target into an ERROR.  The profile the process had
+    (Hypothesis loads its own `ci` profile where CI=true) is the one given back."""
     from hypothesis import settings as hsettings
     from dsv4spec.properties.suite import PASS, RUN, run_rule
     from dsv4spec.properties.target import load_target
     hsettings.register_profile("users-tight-deadline", deadline=0.001, max_examples=3)
-    before = hsettings.default
+    theirs = hsettings.get_current_profile_name()
     hsettings.load_profile("users-tight-deadline")
+    tight = repr(hsettings.default)
     RUN.max_examples = 3
     try:
         row = run_rule("CMP.STREAM", load_target("impl"))
+        assert (hsettings.get_current_profile_name(), repr(hsettings.default)) == ("users-tight-deadline", tight)
     finally:
         RUN.max_examples = None
-        hsettings.load_profile("default")
-        assert hsettings.default.deadline == before.deadline
+        hsettings.load_profile(theirs)
     assert row.status == PASS, row.detail
