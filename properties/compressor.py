@@ -369,11 +369,7 @@ def rope_at_the_groups_first_position(target, case):
     got = run_compress(target, case)
     positions = np.arange(plain.shape[1]) * case.ratio
     want = spec.rope(plain, positions, freqs)
-    rd = 2 * len(freqs)
-    pair = np.repeat(np.hypot(plain[..., -rd::2], plain[..., -rd + 1::2]), 2, axis=-1)
-    angle = np.repeat(np.abs(spec.rope_angles(positions, freqs).astype(np.float64)), 2, axis=-1)
-    tol = np.zeros_like(plain)
-    tol[..., -rd:] = pair * (4 * spec.U32 * angle + 16 * spec.U32 + spec.U16) + 1e-35   # + one BF16 rounding
+    tol = spec.rope_tolerance(plain, positions, freqs)
     assert_within(got, want, tol, what=f"CMP.ROPE: entry j rotated at position j·{case.ratio}", case=case)
 
 

@@ -232,6 +232,20 @@ def rope(y: np.ndarray, positions: np.ndarray, freqs: np.ndarray) -> np.ndarray:
     return out
 
 
+def rope_tolerance(plain: np.ndarray, positions: np.ndarray, freqs: np.ndarray) -> np.ndarray:
+    """CMP.ROPE's per-element bound on |rotated entry - rope(plain)|: 0 on the channels left alone,
+    (4u·|angle| + 16u + b)·|(a, b)| on each rotated pair (the rule's tolerance text)."""
+    rd = 2 * len(freqs)
+    tol = np.zeros(np.shape(plain))
+    if rd == 0:
+        return tol
+    plain = np.asarray(plain, np.float64)
+    pair = np.repeat(np.hypot(plain[..., -rd::2], plain[..., -rd + 1::2]), 2, axis=-1)
+    angle = np.repeat(np.abs(rope_angles(positions, freqs).astype(np.float64)), 2, axis=-1)
+    tol[..., -rd:] = pair * (4 * U32 * angle + 16 * U32 + U16) + 1e-35
+    return tol
+
+
 def rms_norm(p: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return weight * p / np.sqrt(np.mean(p * p, axis=-1, keepdims=True) + eps)
 

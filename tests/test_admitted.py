@@ -111,6 +111,13 @@ def entry_probe(rng, scale):
             scomp.entry_tolerance(case.x, case.params, case.model, case.ratio), "bf16")
 
 
+def compressed_rope_probe(rng, scale):
+    from dsv4spec.spec import compressor as scomp
+    plain = round_bf16(rng.standard_normal((2, 8, 16)) * scale)
+    positions, freqs = np.arange(8) * int(rng.integers(1, 129)), scomp.rope_frequencies(8, 10000.0)
+    return scomp.rope(plain, positions, freqs), scomp.rope_tolerance(plain, positions, freqs), "bf16"
+
+
 JUDGES = {      # every judge -> its probe, or why its admitted set needs none of its own
     "spec/path.py:matmul_tolerance": matmul_probe,
     "spec/path.py:rms_norm_tolerance": rms_norm_probe,
@@ -127,6 +134,7 @@ JUDGES = {      # every judge -> its probe, or why its admitted set needs none o
     "properties/quant.py:fp8_linear_bounds": fp8_linear_probe,
     "properties/path.py:_q_bounds": "caches fp8_linear_bounds",
     "spec/compressor.py:entry_tolerance": entry_probe,
+    "spec/compressor.py:rope_tolerance": compressed_rope_probe,
 }
 
 
