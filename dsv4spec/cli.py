@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from dsv4spec.command import (  # noqa: F401 -- Terminated and UsageError re-exported where they always were
-    SIGNALLED, Terminated, Unloaded, UsageError, handled, prefixes, terminated_as_interrupted)
+    SIGNALLED, Terminated, Unloaded, UsageError, handled, prefixes, report_threads_left, terminated_as_interrupted)
 from dsv4spec.interpreter import skip_dead_overflow_checks
 
 DEFAULT_TARGETS = ["impl", "kernels", "ml_dtypes", "torch"]
@@ -121,7 +121,10 @@ class _Run:
                             also=self.on_row)
         rows, targets, interrupted = _run_verify(args, self.specs, self.run_ids, progress, self.on_targets)
         progress.end()
-        return self.conclude(rows, targets, interrupted)
+        status = self.conclude(rows, targets, interrupted)
+        for t in targets:           # a worker's (--isolate, --jobs); in this process the guard looks
+            status = report_threads_left(getattr(t, "threads_left", []), status, f"{t.name}'s worker process")
+        return status
 
     def conclude(self, rows, targets, interrupted, forced=0) -> int:
         """Print and write the reports of `rows`; the exit status (at least `forced`)."""

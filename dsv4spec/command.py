@@ -1,6 +1,6 @@
 """What the command line's subcommands and the verify supervisor (guard.py) share: the usage error,
-the rule prefixes of --rules, SIGTERM handled as Ctrl-C, and the one-line report of a usage or load
-error with its exit status.  Imports no subcommand, so that each may import it."""
+the rule prefixes of --rules, SIGTERM handled as Ctrl-C, the one-line report of a usage or load
+error with its exit status, and the finding of threads a target left running.  Imports no subcommand, so that each may import it."""
 from __future__ import annotations
 
 import os
@@ -68,3 +68,14 @@ def handled(call, args) -> int:
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+
+
+def report_threads_left(names: list[str], status: int, where: str = "the process") -> int:
+    """Threads a target started and left running keep a process from ending: named as a finding on
+    standard error; the exit status becomes at least 1 (`where` ended regardless)."""
+    if not names:
+        return status
+    print(f"dsv4spec verify: error: the target left {len(names)} non-daemon thread(s) running "
+          f"({', '.join(names)}); a target must end the threads it starts (exit status 1 at least; "
+          f"{where} ended regardless)", file=sys.stderr)
+    return max(status, 1)

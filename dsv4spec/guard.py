@@ -19,11 +19,10 @@ import atexit
 import os
 import signal
 import sys
-import threading
 from dataclasses import asdict
 from multiprocessing.connection import Connection
 
-from dsv4spec.command import Unloaded, handled, terminated_as_interrupted
+from dsv4spec.command import Unloaded, handled, report_threads_left, terminated_as_interrupted
 from dsv4spec.parent_death import signal_on_parent_death
 
 def supervised(run) -> int:
@@ -56,26 +55,14 @@ def _child(run, conn):
         traceback.print_exc()
         status = 1
     try:
-        status = _threads_left(status)
+        from dsv4spec.properties.workers import threads_left
+        status = report_threads_left(threads_left(), status)
         conn.send(("done", status))
     finally:
         atexit._run_exitfuncs()         # the ports' cleanup (exec_target)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)
-
-
-def _threads_left(status: int) -> int:
-    """Threads the target started and left running would keep the process from ending: named as
-    a finding on standard error, exit status at least 1 (the child then ends regardless)."""
-    left = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon and t.is_alive()]
-    if not left:
-        return status
-    names = ", ".join(t.name for t in left)
-    print(f"dsv4spec verify: error: the target left {len(left)} non-daemon thread(s) running ({names}); "
-          "a target must end the threads it starts (exit status 1 at least; the process ended regardless)",
-          file=sys.stderr)
-    return max(status, 1)
 
 
 def _info(target):

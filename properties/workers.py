@@ -21,9 +21,10 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import wait
 
 from dsv4spec.interpreter import skip_dead_overflow_checks
@@ -48,6 +49,13 @@ class TargetInfo:
     device: str = ""
     load_error: str = ""
     usage_error: bool = False       # the spec names something that is not a target (exit status 2)
+    threads_left: list = field(default_factory=list)    # non-daemon threads it left running in a worker
+
+
+def threads_left() -> list[str]:
+    """The names of the non-daemon threads alive beside the main thread: a target's leftovers."""
+    return [t.name for t in threading.enumerate()
+            if t is not threading.main_thread() and not t.daemon and t.is_alive()]
 
 
 def visible_gpus() -> list[str]:
@@ -118,6 +126,8 @@ def _worker(conn, cores, run: dict, timeout):
             conn.send(("loaded", asdict(TargetInfo(spec, t.name, t.module, t.claims_conformance, t.version, str(t.device)))))
         targets[spec].hung.update(hung)         # operations that hung a worker before are not called again
         row = suite.run_rule(rule_id, targets[spec], profile)
+        if threads_left():          # before the row: the supervisor may end this worker on it
+            conn.send(("threads", spec, threads_left()))
         conn.send(("row", index, asdict(row)))
 
 
@@ -298,6 +308,9 @@ def _drain(slot, record, infos, ready):
             slot.op, slot.since = message[1], time.monotonic()
         elif kind == "port":
             slot.ports.add(message[1])
+        elif kind == "threads":
+            known = infos[message[1]].threads_left
+            known.extend(n for n in message[2] if n not in known)
         elif kind == "loaded":
             infos[message[1]["spec"]] = TargetInfo(**message[1])
         elif kind == "row":

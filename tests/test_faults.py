@@ -212,14 +212,17 @@ def test_a_target_that_ends_the_process_is_an_error_in_every_report(tmp_path, ho
     assert _group_ended(run.pid) == []
 
 
-def test_a_thread_the_target_leaves_running_does_not_keep_verify_from_ending(tmp_path):
+@pytest.mark.parametrize("isolate", [[], ["--isolate"]], ids=["in-process", "isolate"])
+def test_a_thread_the_target_leaves_running_does_not_keep_verify_from_ending(tmp_path, isolate):
+    """Named on standard error, exit status 1, whether the target ran in the command's process or
+    in a worker (where a killed worker used to hide it)."""
     (tmp_path / "spinner.py").write_text(
         "import threading, time\nfrom dsv4spec.impl import e2m1_encode as _e\n"
         "LEFT = threading.Thread(target=time.sleep, args=(3600,), name='left-behind')\n"
         "def e2m1_encode(x):\n"
         "    LEFT.is_alive() or LEFT.start()\n"
         "    return _e(x)\n")
-    run = _verify(tmp_path, "--target", "spinner", "--rules", "FMT.E2M1.ZERO_SIGN", "--json", "r.json")
+    run = _verify(tmp_path, "--target", "spinner", "--rules", "FMT.E2M1.ZERO_SIGN", "--json", "r.json", *isolate)
     out, err = _finished(run)
     assert run.returncode == 1 and "the target left 1 non-daemon thread(s) running (left-behind)" in err, err
     assert json.loads((tmp_path / "r.json").read_text())["results"][0]["status"] == PASS
