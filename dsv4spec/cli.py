@@ -99,11 +99,19 @@ def cmd_verify(args) -> int:
     run = _Run(args, specs, rule_ids, [r for r in rule_ids if not matching(skip, r)], skip, xfail)
     # The command (not the library) outlives its targets: an in-process run goes on in a forked
     # child, whose end without a verdict (os._exit, C exit, a signal) the parent reports itself.
-    if getattr(args, "command_line", False) and not (args.jobs > 1 or args.isolate) and hasattr(os, "fork"):
+    if _forks(args):
         from dsv4spec import guard
         return guard.supervised(run)
     with terminated_as_interrupted():
         return run.here()
+
+
+def _forks(args) -> bool:
+    """Whether verify runs in a child forked by the command (dsv4spec/guard.py): the command's own
+    process must then leave CUDA alone until the fork (a CUDA driver initialized before fork() is
+    unusable in the child), so the child, not it, chooses where the kernels run."""
+    return (args.command == "verify" and getattr(args, "command_line", False)
+            and not (args.jobs > 1 or args.isolate) and hasattr(os, "fork"))
 
 
 class _Run:
@@ -485,7 +493,7 @@ def main(argv=None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    if args.command in RUNS_TARGETS:
+    if args.command in RUNS_TARGETS and not _forks(args):
         skip_dead_overflow_checks()     # our own process (dsv4spec/interpreter.py: why no result changes)
     return handled(lambda: args.func(args) or 0, args)
 

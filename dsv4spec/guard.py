@@ -23,11 +23,12 @@ from dataclasses import asdict
 from multiprocessing.connection import Connection
 
 from dsv4spec.command import Unloaded, handled, report_threads_left, terminated_as_interrupted
+from dsv4spec.interpreter import skip_dead_overflow_checks
 from dsv4spec.parent_death import signal_on_parent_death
 
 def supervised(run) -> int:
     """`run.here()` in a forked child; its exit status, or the parent's report of its end."""
-    import torch  # noqa: F401 -- imported once for both (the parent's report needs it); no CUDA yet
+    import torch  # noqa: F401 -- imported once for both (the parent's report needs it); no CUDA asked
     read, write = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -43,6 +44,7 @@ def _child(run, conn):
     status = 70
     try:
         signal_on_parent_death(signal.SIGTERM)
+        skip_dead_overflow_checks()         # here, not in the parent: it may ask torch for CUDA
         from dsv4spec.properties.target import WATCH
         WATCH.report = lambda op: conn.send(("op", op))
         WATCH.port = lambda pgid: conn.send(("port", pgid))

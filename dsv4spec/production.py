@@ -96,7 +96,7 @@ class LibraryTarget:
 class FlashMLA(LibraryTarget):
     NAME = "flashmla"
     MODELS = V4
-    SHAPES = {"sparse_attention": {"D": (512,), "H": (64, 128), "K": 64}}
+    SHAPES = {"sparse_attention": {"D": (512,), "H": (64, 128), "K": 128}}   # phase1.cuh: topk % (2·B_TOPK) == 0
 
     def sparse_attention(self, q, kv, sink, indices, scale, *, model=None):
         out, _max_logits, _lse = self.lib.flash_mla_sparse_fwd(
@@ -121,7 +121,8 @@ class DeepGEMM(LibraryTarget):
         b = self.on_device(w).view(torch.float8_e4m3fn)
         sfb = self.on_device(impl_quant.e8m0_decode(w_scale) if w_scale.dtype == torch.uint8 else w_scale.float())
         d = torch.empty(a.shape[0], n, dtype=torch.bfloat16, device=a.device)
-        self.lib.fp8_gemm_nt((a, sfa), (b, sfb), d)
+        # fp32 scales as given: the SM90 recipe (its default casts them to packed UE8M0, an SM100 form)
+        self.lib.fp8_gemm_nt((a, sfa), (b, sfb), d, recipe=(1, self.BLOCK, self.BLOCK), disable_ue8m0_cast=True)
         return d.float().reshape(*x.shape[:-1], n).to(x.device)
 
 

@@ -19,7 +19,9 @@ def choose() -> bool:
     kept (TRITON_INTERPRET=0 without a GPU compiles ahead of time).  True when kernels interpret."""
     if "TRITON_INTERPRET" not in os.environ:
         import torch
-        if not torch.cuda.is_available():
+        # device_count asks NVML first; is_available would initialize the CUDA driver, and a process
+        # that forks afterwards (the command's verify, a user's DataLoader) has none in its children
+        if torch.cuda.device_count() == 0:
             os.environ["TRITON_INTERPRET"] = "1"
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 

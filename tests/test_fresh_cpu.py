@@ -89,3 +89,37 @@ def test_an_exec_port_that_cannot_be_started_is_a_target_not_loaded(tmp_path):
 def test_only_a_malformed_exec_spec_is_a_usage_error(capsys, spec, status):
     assert main(["verify", "--target", spec, "--rules", "FMT.E2M1.RNE"]) == status
     assert capsys.readouterr().err.startswith(f"dsv4spec verify: error: target {spec!r}: ")
+
+
+# Every way torch has of asking for CUDA, wrapped to note the asking process.  torch.cuda.is_available
+# initializes the CUDA driver (cudaGetDeviceCount) and poisons fork: the command's forked verify
+# (dsv4spec/guard.py) then died at its first CUDA call on a GPU machine ("Cannot re-initialize CUDA in
+# forked subprocess", H100, this suite's flashmla and deepgemm targets).  A CPU machine shows where the
+# question is asked; the command's own process, which forks, must never ask it.
+ASKS = """
+import os, torch, torch.cuda
+def noted(name, fn):
+    def asked(*a, **k):
+        with open(os.environ["DSV4SPEC_TEST_ASKED"], "a") as f:
+            f.write(f"{os.getpid()} {name}\\n")
+        return fn(*a, **k)
+    return asked
+torch.cuda.is_available = noted("is_available", torch.cuda.is_available)
+torch.cuda.device_count = noted("device_count", torch.cuda.device_count)
+torch.cuda.init = noted("init", torch.cuda.init)
+torch.cuda._lazy_init = noted("_lazy_init", torch.cuda._lazy_init)
+"""
+
+
+def test_the_command_that_forks_never_asks_for_cuda_before_its_child_does(tmp_path):
+    site, asked = tmp_path / "site", tmp_path / "asked.txt"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(ASKS)
+    env = {**scrubbed(tmp_path), "PYTHONPATH": str(site), "DSV4SPEC_TEST_ASKED": str(asked)}
+    done = subprocess.Popen([str(COMMAND), "verify", "--target", "impl", "--rules", "FMT.E2M1.RNE", "--quiet"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = done.communicate()
+    assert done.returncode == 0, out + err
+    askers = [line.split() for line in asked.read_text().splitlines()] if asked.exists() else []
+    assert askers, "the child decides the Triton mode, so someone asks (or the wrapping saw nothing)"
+    assert [a for a in askers if int(a[0]) == done.pid] == [], f"the forking process asked: {askers}"
