@@ -52,22 +52,28 @@ python3 -c "import ninja" 2>/dev/null && echo "ninja: yes" || echo "ninja: no (s
 python3 -m pip install -q --no-deps --no-build-isolation -e . || exit 1
 [ -d .production/FlashMLA ] || tar -C .production -xJf .production/src.tar.xz || exit 1
 export NVCC_THREADS=${NVCC_THREADS:-4} MAX_JOBS=${MAX_JOBS:-16}
-# The two builds run side by side, each with its own log; BUILD_S bounds them.
-build() {   # build NAME DIR [ENV=VALUE...]
-  local name=$1 dir=$2; shift 2
-  ( cd "$dir" && env "$@" timeout "${BUILD_S:-420}" python3 -m pip install -v --no-deps --no-build-isolation . ) \
-    > "$out/build_$name.txt" 2>&1 && stamp "$name built" || { stamp "$name build failed"; tail -20 "$out/build_$name.txt"; }
-}
-build flashmla .production/FlashMLA FLASH_MLA_DISABLE_SM100=1 & build deepgemm .production/DeepGEMM & wait
-built=""
-for t in flashmla deepgemm; do
-  python3 -c "from dsv4spec.production import target; print(target('$t'))" && built="$built $t"
-done
+# CUDA 13 keeps libcu++ (cuda/std/...) under include/cccl, which FlashMLA's setup.py does not add
+cuda_home=$(python3 -c "from torch.utils.cpp_extension import CUDA_HOME; print(CUDA_HOME)")
+export NVCC_APPEND_FLAGS="${NVCC_APPEND_FLAGS:-} -I$cuda_home/include/cccl"
+export CPLUS_INCLUDE_PATH="$cuda_home/include/cccl${CPLUS_INCLUDE_PATH:+:$CPLUS_INCLUDE_PATH}"
 seed=${SEED:-$RANDOM}
-for p in ${PROFILES:-ci dev}; do
-  for t in $built; do
-    extra=(); [ $p = dev ] && extra=(--seed "$seed")
-    timeout "${VERIFY_S:-150}" dsv4spec verify --target "$t" --profile $p "${extra[@]}" ${RULES:+--rules $RULES} \
-      --json "$out/verify_${t}_$p.json" --quiet; stamp "$t $p exit $?"
+# One lane a library, side by side: build (BUILD_S), load, then verify at each profile (VERIFY_S).
+lane() {   # lane NAME DIR [ENV=VALUE...]
+  local name=$1 dir=$2; shift 2
+  if ! ( cd "$dir" && env "$@" timeout "${BUILD_S:-420}" python3 -m pip install -v --no-deps --no-build-isolation . ) \
+      > "$out/build_$name.txt" 2>&1; then
+    stamp "$name build failed"; grep -m5 -i "error" "$out/build_$name.txt"; return
+  fi
+  stamp "$name built"
+  python3 -c "from dsv4spec.production import target; print(target('$name'))" || return
+  for p in ${PROFILES:-ci dev}; do
+    local extra=(); [ "$p" = dev ] && extra=(--seed "$seed")
+    timeout -k 10 "${VERIFY_S:-150}" dsv4spec verify --target "$name" --profile "$p" "${extra[@]}" \
+      ${RULES:+--rules $RULES} --json "$out/verify_${name}_$p.json" --quiet > "$out/verify_${name}_$p.txt" 2>&1
+    stamp "$name $p exit $?"; tail -3 "$out/verify_${name}_$p.txt"
   done
-done
+}
+lane flashmla .production/FlashMLA FLASH_MLA_DISABLE_SM100=1 & flashmla=$!
+lane deepgemm .production/DeepGEMM & deepgemm=$!
+wait $flashmla $deepgemm        # by pid: a bare wait would also wait for the tee above, forever
+stamp done
