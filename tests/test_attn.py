@@ -1,6 +1,8 @@
 """Sparse attention: the definition by hand, the policy's claims (other blockings and accumulation
 orders pass, the official blocks of 64 alone pass ATTN.PROB.ORDER), edge cases, clear errors."""
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -111,6 +113,73 @@ def test_other_list_order_blockings_pass_every_rule_but_the_order(shape):
     declared = mutant("declared", variants={"attn_order": "list_order"},
                       sparse_attention=lambda *a, **k: _blocked(*a, **k, **shape))
     assert run_rule("ATTN.PROB.ORDER", Target(declared, "declared")).status in (VARIANT, PASS)
+
+
+def _flashmla_pairs(q, kv, sink, indices, scale, *, model):
+    """FlashMLA's SM90 sparse prefill order (csrc/sm90/prefill/sparse/phase1.cuh at 9241ae3e): blocks
+    of 64 in pairs, one a warpgroup, V's channels split in halves.  The even block's probabilities
+    are rounded against the max after it for channels below D/2 (L144-173, L326) and, scaled from
+    fp32 to the max after the odd block, rounded again for the upper half (L283-291, L333-341, L422)."""
+    q, kv, sink, indices, scale = impl.attn.check_attention_inputs("sparse_attention", q, kv, sink, indices, scale)
+    T, H, D = q.shape
+    acc, total = torch.zeros(T, H, D), torch.zeros(T, H)
+    m = torch.full((T, H), spec.running_max_init(profile(model)))
+    upper = torch.arange(D) >= D // 2
+
+    def block(start):
+        blk = indices[:, start:start + 64]
+        valid = blk != -1
+        rows = kv[blk.clamp_min(0)] * valid[..., None]
+        s = (torch.einsum("thd,tbd->thb", q, rows) * scale).masked_fill(~valid[:, None, :], float("-inf"))
+        return s, rows
+
+    for start in range(0, indices.shape[1], 128):
+        s_even, rows_even = block(start)
+        m_even = torch.maximum(m, s_even.amax(-1))
+        p_even = torch.exp(s_even - m_even[..., None])
+        total = total * torch.exp(m - m_even) + p_even.sum(-1)
+        acc = acc * torch.exp(m - m_even)[..., None]
+        lower_part = torch.einsum("thb,tbd->thd", p_even.bfloat16().float(), rows_even)
+        m = m_even
+        if start + 64 < indices.shape[1]:
+            s_odd, rows_odd = block(start + 64)
+            m_odd = torch.maximum(m, s_odd.amax(-1))
+            r = torch.exp(m - m_odd)
+            p_odd = torch.exp(s_odd - m_odd[..., None])
+            total = total * r + p_odd.sum(-1)
+            upper_part = torch.einsum("thb,tbd->thd", (p_even * r[..., None]).bfloat16().float(), rows_even)
+            even = torch.where(upper, upper_part, lower_part * r[..., None])
+            acc = acc * r[..., None] + even + torch.einsum("thb,tbd->thd", p_odd.bfloat16().float(), rows_odd)
+            m = m_odd
+        else:
+            acc = acc + lower_part
+    total = total + torch.exp(sink[None, :] - m)
+    return (acc / total[..., None]).bfloat16().float()
+
+
+def test_flashmla_order_fails_only_the_order_and_is_the_list_order_variant():
+    """What the H100 record found (docs/PRODUCTION.md): FlashMLA's order FAILs ATTN.PROB.ORDER alone;
+    a port that rounds so and says so (attn_order = list_order) reads VARIANT there."""
+    target = Target(mutant("flashmla_pairs", sparse_attention=_flashmla_pairs), "flashmla_pairs")
+    for rule_id in KERNEL_RULES:
+        status = run_rule(rule_id, target).status
+        assert status == (FAIL if rule_id == "ATTN.PROB.ORDER" else PASS), (rule_id, status)
+    declared = mutant("declared", variants={"attn_order": "list_order"}, sparse_attention=_flashmla_pairs)
+    assert run_rule("ATTN.PROB.ORDER", Target(declared, "declared")).status == VARIANT
+
+
+def test_flashmla_order_on_flashmlas_shapes_gives_what_the_h100_gave():
+    """The ci check fitted to FlashMLA's SHAPES (docs/records/h100/2026-12-05-verify-flashmla-ci-attn.json):
+    the emulation above fails on the same outputs with the same values as the library did."""
+    emulated = mutant("flashmla_pairs", sparse_attention=_flashmla_pairs)
+    emulated.SHAPES = {"sparse_attention": {"D": (512,), "H": (64, 128), "K": 128}}
+    row = run_rule("ATTN.PROB.ORDER", Target(emulated, "flashmla_pairs"))
+    seen = ("197 of 32768 outputs outside the admitted BF16 interval; at token 0 head 0 channel 264: "
+            "got np.float64(0.00946044921875)")
+    record = Path(__file__).resolve().parents[1] / "docs/records/h100/2026-12-05-verify-flashmla-ci-attn.json"
+    fails = [r["detail"] for r in json.loads(record.read_text())["results"] if r["rule"] == "ATTN.PROB.ORDER"]
+    assert fails and seen in fails[0], "the library's own FAIL"
+    assert row.status == FAIL and seen in row.detail, row.detail
 
 
 def test_a_split_kernel_passes_when_it_declares_it():
