@@ -16,6 +16,6 @@ from .attn import *  # noqa: F401,F403
 NAME = "impl"
 DEVICE = "cpu"
 CLAIMS_CONFORMANCE = True
-CONTRACT = 6                     # the target contract version it is written against (properties/target.py)
+CONTRACT = 7                     # the target contract version it is written against (properties/target.py)
 VARIANTS: dict = {}
 EXTENSIONS = {"chunked_prefill", "streaming"}   # beyond the official domain (spec.rules.EXTENSIONS)

@@ -146,7 +146,9 @@ def attention_layer(inputs: dict, *, model: str, layer: int, start_pos: int = 0)
     compresses its KV: the entries kv_entries rotated at j·ratio, then QDQ; otherwise the cache
     kv_cache as attention reads it), kv ([window rows | compressed rows]; decode: the ring
     window_cache with the new row at start_pos % 128), o (sparse attention over the lists
-    `indices`, the sink `sink`), o_derot (attention_output)."""
+    `indices`, the sink `sink`), o_derot (attention_output); then, when the inputs hold attn_wo_a
+    (contract 7), o_lora (o_derot's head groups times the BF16 attn_wo_a) and out = wo_b(o_lora)
+    (FP8 linear, the E4M3 attn_wo_b with attn_wo_b_scale)."""
     op = "attention_layer"
     m = _model(op, model)
     out = _lists(op, inputs, model, layer, start_pos)
@@ -175,6 +177,8 @@ def attention_layer(inputs: dict, *, model: str, layer: int, start_pos: int = 0)
     out["kv"] = attended_rows(out["kv_window"], ring, out.get("cmp"), start_pos)
     out["o"] = sparse_attention(out["q_attn_rot"], out["kv"], sink, out["indices"], spec.softmax_scale(m), model=model)
     out["o_derot"] = attention_output(out["o"], positions, freqs)
+    if "attn_wo_a" in inputs:
+        out.update(output_projections(op, inputs, out["o_derot"], m))
     return out
 
 
@@ -200,6 +204,25 @@ def projections(op: str, inputs: dict, m, T: int) -> dict:
     out["kv_proj"] = _fp8_projection(op, inputs, "attn_wkv", x, m.head_dim, b)
     out["kv_normed"] = _rms_norm(out["kv_proj"], layer_input(op, inputs, "attn_kv_norm", (m.head_dim,)).float(), m.norm_eps)
     return out
+
+
+def output_projections(op: str, inputs: dict, o: torch.Tensor, m) -> dict:
+    """o_lora = wo_a per head group of o [T, H, D] (BF16 wo_a [g·r, H·D/g]), out = wo_b(o_lora
+    flattened), an FP8 linear to [T, dim]."""
+    wo_a = bf16_layer_input(op, inputs, "attn_wo_a", (None, None))
+    width = o[0].numel()
+    if width % wo_a.shape[1] or wo_a.shape[0] % (width // wo_a.shape[1]):
+        raise ValueError(f"{op}: wo_a must be [groups·o_lora_rank, H·D/groups], got {tuple(wo_a.shape)} "
+                         f"for o {tuple(o.shape)}")
+    o_lora = grouped_product(o, wo_a)
+    return {"o_lora": o_lora,
+            "out": _fp8_projection(op, inputs, "attn_wo_b", o_lora.flatten(1), m.dim, FP8_LINEAR_BLOCK[m.name])}
+
+
+def grouped_product(o: torch.Tensor, wo_a: torch.Tensor) -> torch.Tensor:
+    """[T, g, r]: bf16(o_i · wo_a_iᵀ) in fp32, o_i the i-th of g equal runs of heads, wo_a_i the i-th run of r rows."""
+    g = o[0].numel() // wo_a.shape[1]
+    return _bf16(torch.einsum("tgd,grd->tgr", o.reshape(o.shape[0], g, -1), wo_a.view(g, -1, wo_a.shape[1])))
 
 
 def attended_rows(new: torch.Tensor, ring, compressed, start_pos: int) -> torch.Tensor:

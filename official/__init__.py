@@ -18,6 +18,6 @@ from . import quant as _quant
 NAME = "official"
 DEVICE = "cpu"
 CLAIMS_CONFORMANCE = True
-CONTRACT = 6                     # the target contract version it is written against (properties/target.py)
+CONTRACT = 7                     # the target contract version it is written against (properties/target.py)
 VARIANTS: dict = {}
 INPUT_DTYPES = {**_quant.INPUT_DTYPES}      # the operations the official code feeds BF16

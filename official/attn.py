@@ -110,6 +110,17 @@ def _projections(inputs: dict, m, model: str) -> dict:
     return {k: v.float() for k, v in out.items()}
 
 
+def _output_projections(o: torch.Tensor, inputs: dict, model: str) -> dict:
+    """Attention.forward's end (V4-model L537-542, V41-model L785-788): o's head groups times the BF16
+    wo_a (L462, V41-model L645-649) by einsum, then wo_b of the default dtype, an FP8 linear (L463, L777;
+    V41-model L650)."""
+    wo_a = inputs["attn_wo_a"].to(torch.bfloat16)
+    groups = o[0].numel() // wo_a.shape[1]
+    o = o.to(torch.bfloat16).view(1, o.shape[0], groups, -1)
+    o = torch.einsum("bsgd,grd->bsgr", o, wo_a.view(groups, -1, wo_a.shape[1]))[0]
+    return {"o_lora": o.float(), "out": _linear(o.flatten(1), inputs, "attn_wo_b", model).float()}
+
+
 def attention_layer(inputs: dict, *, model: str, layer: int, start_pos: int = 0) -> dict:
     m = spec.model_of(model)
     projected = _projections(inputs, m, model) if "attn_wq_a" in inputs else {}
@@ -158,4 +169,6 @@ def attention_layer(inputs: dict, *, model: str, layer: int, start_pos: int = 0)
                          model=model)
     out["o"] = o
     out["o_derot"] = attention_output(o, torch.arange(start_pos, start_pos + T), rope_freqs(model, layer))
+    if "attn_wo_a" in inputs:
+        out.update(_output_projections(out["o_derot"], inputs, model))
     return out

@@ -412,16 +412,18 @@ def output_rope_tail_rotated_back(target, seed, layer, far):
 OPS["attention_layer"] = ("attention_layer(inputs: dict, *, model, layer, start_pos) -> dict: index_layer's stages "
                           "(a V4.1 reuse layer: window_idx, and indices from the input source_topk), "
                           "then (from contract 6, inputs x and the weights attn_wq_a, attn_q_norm, attn_wq_b, attn_wkv, attn_kv_norm) "
-                          "q_latent, q_norm, q_attn, kv_proj, kv_normed, then q_rescale, q_attn_rot, kv_rot, kv_window, cmp_rot, cmp, kv, o, o_derot")
+                          "q_latent, q_norm, q_attn, kv_proj, kv_normed, then q_rescale, q_attn_rot, kv_rot, kv_window, cmp_rot, cmp, kv, o, o_derot, "
+                          "then (from contract 7, inputs attn_wo_a, attn_wo_b) o_lora, out")
 LAYER_HEADS = 16
 
 
-def attention_layer_case(case, seed: int | None = None, projected: bool = False):
+def attention_layer_case(case, seed: int | None = None, projected: bool = False, output: bool = False):
     """A path LayerCase with the attention's inputs added: q_attn [T, 16, 512] (heads of unlike
     RMS), sink [16], kv_normed [T, 512], and window_cache (decode), kv_entries (prefill on a layer
     that writes its compressed KV) or kv_cache; drawn from `seed` (a fixed case: from its layer
     and start position).  `projected`: q_attn and kv_normed replaced by the weights that make them
-    from the case's x (projection_weights)."""
+    from the case's x (projection_weights); `output` (with projected): the output projections'
+    weights too (output_weights)."""
     m = profile(case.model)
     rng = np.random.default_rng(1000 + case.layer + case.start_pos if seed is None else (seed, 1))
     T, D, ratio = case.seqlen, m.head_dim, m.ratio(case.layer)
@@ -439,7 +441,10 @@ def attention_layer_case(case, seed: int | None = None, projected: bool = False)
             extra[name] = _small_groups(rng, extra[name])
     if projected:
         del extra["q_attn"], extra["kv_normed"]
-        extra.update(projection_weights(m, np.random.default_rng((rng.integers(2 ** 32), 2))))
+        weights = rng.integers(2 ** 32)
+        extra.update(projection_weights(m, np.random.default_rng((weights, 2))))
+        if output:
+            extra.update(output_weights(m, np.random.default_rng((weights, 3))))
     return LayerCase(case.label + (", from x" if projected else ", with attention"), case.model, case.layer,
                      case.start_pos, case.inputs + tuple(extra.items()))
 
@@ -463,6 +468,19 @@ def projection_weights(m, rng) -> dict:
     return {"attn_wq_a": wq_a, "attn_wq_a_scale": wq_a_scale, "attn_q_norm": normal_bf16(rng, (m.q_lora_rank,), 0.1, 1.0),
             "attn_wq_b": wq_b, "attn_wq_b_scale": wq_b_scale, "attn_wkv": wkv, "attn_wkv_scale": wkv_scale,
             "attn_kv_norm": _small_groups(rng, normal_bf16(rng, (1, m.head_dim), 0.1, 1.0))[0]}
+
+
+OUTPUT_RANK = 64          # o_lora_rank of the cases (1024 in the models): wo_b's K is 2·64 = 128
+
+
+def output_weights(m, rng) -> dict:
+    """BF16 wo_a [g·64, 16·512/g] and E4M3 wo_b [dim, g·64] with its E8M0 block scales, g = the 16 heads
+    in the model's groups (o_groups of n_heads: 8 heads a group, g = 2); o_lora and out of about o's RMS."""
+    b, groups = spec_quant.FP8_LINEAR_BLOCK[m.name], LAYER_HEADS * m.o_groups // m.n_heads
+    width = LAYER_HEADS * m.head_dim // groups
+    wo_b, wo_b_scale = fp8_weight(rng, m.dim, groups * OUTPUT_RANK, b, exponents=(-12, -10))
+    return {"attn_wo_a": normal_bf16(rng, (groups * OUTPUT_RANK, width), width ** -0.5),
+            "attn_wo_b": wo_b, "attn_wo_b_scale": wo_b_scale}
 
 
 def _small_groups(rng, x):
@@ -525,7 +543,7 @@ def kind_cases() -> list:
 
 
 @functools.lru_cache(maxsize=32)
-def attention_case(key: tuple, projected: bool = False):
+def attention_case(key: tuple, projected: bool = False, output: bool = False):
     """The attention case of a layer key (path.FIXED_LAYERS, KIND_CASES, path.layer_keys): a fixed
     key keeps its inputs of old, a drawn one takes its seed's.  Kept for the 21 fixed keys and a
     run's draws (about 250 MB), so a process's ATTN.LAYER runs (impl, official, each mutant) build
@@ -534,7 +552,7 @@ def attention_case(key: tuple, projected: bool = False):
     model, layer = key[:2]
     base = reuse_layer_case(*key) if spec_pool.layer_role(profile(model), layer).kind == "reuse" else layer_case(key)
     return attention_layer_case(base, None if key in FIXED_LAYERS or key in KIND_CASES else key[-1],
-                                projected and key[2] <= PROJECTED_TOKENS)
+                                projected and key[2] <= PROJECTED_TOKENS, output)
 
 
 def attention_layer_cases():
@@ -670,6 +688,14 @@ def _judge_o_derot(target, case, out):
                     f"ATTN.DEROTATE: o_derot, the last 64 channels of o turned by −p·f [{case!r}]")
 
 
+def _judge_o_lora(target, case, out):
+    o, wo_a = _stage(out, "o_derot", case), case.arrays()["attn_wo_a"]
+    assert_within(_stage(out, "o_lora", case), spec.grouped_matmul(o, wo_a, spec_path.matmul),
+                  spec.grouped_matmul(o, wo_a, spec_path.matmul_tolerance),
+                  what="ATTN.LAYER: o_lora = bf16(o_derot · wo_aᵀ) per head group, fp32 sums in any order",
+                  bf16=True, note=f" [{case!r}]")
+
+
 def _compressing(case) -> bool:
     return case.start_pos == 0 and _compresses_here(profile(case.model), case.layer)
 
@@ -680,6 +706,10 @@ def _entry_positions(case):
 
 def _projects(case) -> bool:
     return "attn_wq_a" in case.arrays()
+
+
+def _projects_output(case) -> bool:
+    return "attn_wo_a" in case.arrays()
 
 
 ATTN_STAGES = (
@@ -698,6 +728,8 @@ ATTN_STAGES = (
     ("kv", "ATTN.GATHER", lambda case: True, _judge_kv),
     ("o", "ATTN.PROB.ORDER", lambda case: True, _judge_o),
     ("o_derot", "ATTN.DEROTATE", lambda case: True, _judge_o_derot),
+    ("o_lora", "ATTN.LAYER", _projects_output, _judge_o_lora),
+    ("out", "FP8.LINEAR", _projects_output, _projection("out", "attn_wo_b", "o_lora")),
 )
 
 
@@ -742,6 +774,15 @@ def takes_projections(target) -> bool:
         return False
 
 
+OUTPUT_SINCE = 7          # the contract version whose attention_layer ends with wo_a and wo_b
+
+
+def takes_output(target) -> bool:
+    """Whether attention_layer is given wo_a and wo_b (on the cases from x): a target declaring contract 7
+    or later; never one declaring an earlier version or none."""
+    return target.contract is not None and target.contract >= OUTPUT_SINCE
+
+
 PROBE_KEY = ("v4-flash", 0, 1, 126, 9)   # path.FIXED_LAYERS' one-token window decode: the cheapest case
 
 
@@ -755,5 +796,5 @@ def _every_layer_kind(fn):
 @check("ATTN.LAYER", ops=("attention_layer",))
 @_every_layer_kind
 def every_attention_stage_on_the_stage_before(target, key):
-    case = attention_case(key, takes_projections(target))
+    case = attention_case(key, takes_projections(target), takes_output(target))
     report_first_broken("ATTN.LAYER", case, first_broken_attention_stage(target, case))

@@ -36,7 +36,7 @@ def timeout_seconds(text) -> float:
 
 # The version of this contract (the operations, their arguments and results, the metadata a target
 # declares), and when each version came and what it changed (docs/ADAPTERS.md, "Contract versions").
-CONTRACT_VERSION = 6
+CONTRACT_VERSION = 7
 CONTRACT_CHANGES = {
     1: ("2026-11-30", "operations by canonical name; NAME, DEVICE, VARIANTS, EXTENSIONS, INPUT_DTYPES; results "
         "checked strictly; kv_qdq(x, fmt) for fp4_e4m3 and fp8_e8m0_32"),
@@ -51,6 +51,9 @@ CONTRACT_CHANGES = {
     6: ("2026-12-05", "attention_layer starts from the attention input x (inputs attn_wq_a, attn_q_norm, attn_wq_b, attn_wkv, attn_kv_norm; "
         "stages q_latent, q_norm, q_attn, kv_proj, kv_normed) on cases of up to 32 tokens; a target declaring an "
         "earlier version, or undeclared and not answering such a case, is given q_attn and kv_normed as before"),
+    7: ("2026-12-05", "attention_layer ends with the output projections on the cases from x (inputs attn_wo_a, a BF16 "
+        "[groups·o_lora_rank, H·D/groups], attn_wo_b and attn_wo_b_scale, an FP8 linear; stages o_lora, out); a "
+        "target declaring an earlier version, or none, is never given them nor judged on o_lora and out"),
 }
 
 

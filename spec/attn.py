@@ -295,6 +295,19 @@ def derotation_freqs(freqs) -> np.ndarray:
     return -np.asarray(freqs, dtype=np.float32)
 
 
+def _groups(o, wo_a) -> tuple[np.ndarray, np.ndarray]:
+    """o [T, H, D] as [T, g, H·D/g] and wo_a [g·r, H·D/g] as [g, r, H·D/g] (g from the widths)."""
+    o, wo_a = np.asarray(o, np.float64), np.asarray(wo_a, np.float64)
+    g = o[0].size // wo_a.shape[1]
+    return o.reshape(o.shape[0], g, -1), wo_a.reshape(g, -1, wo_a.shape[1])
+
+
+def grouped_matmul(o, wo_a, fn) -> np.ndarray:
+    """[T, g, r]: fn(o of group i, its r rows of wo_a) for each group (fn: path.matmul, or its tolerance)."""
+    x, w = _groups(o, wo_a)
+    return np.stack([fn(x[:, i], w[i]) for i in range(w.shape[0])], 1)
+
+
 def model_of(name: str) -> Model:
     m = profile(name)
     running_max_init(m)
@@ -453,14 +466,22 @@ rule("ATTN.LAYER", "Every stage of a layer's attention, each on the stage before
      and as attention reads it (kv_window); on a layer that writes its compressed KV in prefill,
      the entries rotated at j·ratio (cmp_rot) and read (cmp); the rows attention gathers from, [window
      rows | compressed rows] with decode's new row in ring slot start_pos mod 128 (kv); the sparse
-     attention output (o) and its de-rotation (o_derot).  Each is judged by its own rule on the
+     attention output (o) and its de-rotation (o_derot); then, from x, the output projections: o_derot
+     cut into o_groups runs of heads, each times its o_lora_rank rows of the BF16 wo_a (an einsum: fp32
+     sums in any order, one BF16 rounding; o_lora [T, groups, o_lora_rank], judged here by
+     matmul_tolerance per group), and wo_b of o_lora flattened, an FP8 linear as wq_a (out [T, dim],
+     FP8.LINEAR).  Each is judged by its own rule on the
      target's own output of the stage before (teacher forcing); the report names the first stage
      that breaks a rule.  The checks run 16 of the layer's heads (ATTN.HEADS: heads are
-     independent); cases of more than 32 tokens start from the normed q and KV, given.""",
-     applies_to=V4_ALL, policy="tolerance", tolerance="each stage's own rule's tolerance; the RMSNorms (D + 8)·2^-24 relative before the BF16 rounding, as PATH.K.NORM",
+     independent), in 2 groups of 8 heads with o_lora_rank 64; cases of more than 32 tokens start from the normed q and KV, given.""",
+     applies_to=V4_ALL, policy="tolerance", tolerance="each stage's own rule's tolerance; the RMSNorms (D + 8)·2^-24 relative before the BF16 rounding, as PATH.K.NORM; "
+               "o_lora matmul_tolerance per group",
      sources=("V4-model L483-534 (Attention.forward)",
               "V4-model L457-463, L777 (wq_a, wq_b, wkv of the default dtype float8_e4m3fn; wo_a BF16)",
               "V4-model L494-496, L502-503 (q = wq_b(q_norm(wq_a(x))); kv = kv_norm(wkv(x)))",
               "V41-model L640-650, L705 (the same FP8 linears, act_quant per 32; kv_norm(wkv(x)))", "V41-model L700-781 (_window_kv, _compress_kv, forward)",
               "V41-model L725-726, L763 (a layer that is not a source reads the published top-k and compressed KV)",
-              "V4-model L372, L506 (FP8/64 on the NoPE channels)", "V41-model L707, L760 (FP8/32; FP4 E4M3/16)"))
+              "V4-model L372, L506 (FP8/64 on the NoPE channels)", "V41-model L707, L760 (FP8/32; FP4 E4M3/16)",
+              "V4-model L62-63, L462-463, L537-542 (o_groups, o_lora_rank; wo_a BF16, wo_b of the default dtype; "
+              "o in groups times wo_a by einsum, then wo_b)",
+              "V41-model L645-650, L785-788 (the same wo_a, wo_b and grouped einsum; wo_b an FP8 linear per 32)"))

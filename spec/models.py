@@ -49,6 +49,8 @@ class Model:
     hadamard: bool                     # indexer q/k rotated before quantization
     score_dtype: str                   # dtype of every step of the indexer score
     q_lora_rank: int = 0               # width of the q latent qr = q_norm(wq_a(x))
+    o_groups: int = 0                  # the output projection wo_a's head groups
+    o_lora_rank: int = 0               # wo_a's width per group, wo_b's input o_groups·o_lora_rank
     rope: Rope | None = None           # None: this model's RoPE is outside the rules (V3.2)
     kv_source_layers: tuple[int, ...] = ()
     index_source_layers: tuple[int, ...] = ()
@@ -87,6 +89,7 @@ V4_FLASH = Model(
     window=128, index_n_heads=64, index_head_dim=128, index_topk=512,
     compress_ratios=(0, 0) + (4, 128) * 20 + (4,) + (0,),
     norm_eps=1e-6, hadamard=True, score_dtype="bf16", q_lora_rank=1024, rope=V4_ROPE,
+    o_groups=8, o_lora_rank=1024,
 )
 
 V4_PRO = Model(
@@ -94,6 +97,7 @@ V4_PRO = Model(
     window=128, index_n_heads=64, index_head_dim=128, index_topk=1024,
     compress_ratios=(128, 128) + (4, 128) * 29 + (4,) + (0,),
     norm_eps=1e-6, hadamard=True, score_dtype="bf16", q_lora_rank=1536, rope=V4_ROPE,
+    o_groups=16, o_lora_rank=1024,
 )
 
 V4_1_FLASH = Model(
@@ -101,6 +105,7 @@ V4_1_FLASH = Model(
     window=128, index_n_heads=32, index_head_dim=128, index_topk=512,
     compress_ratios=(0, 0) + (2,) * 18 + (1,) * 20 + (0, 0, 0),
     norm_eps=1e-20, hadamard=False, score_dtype="bf16", q_lora_rank=1280, rope=V4_ROPE,
+    o_groups=8, o_lora_rank=1024,
     kv_source_layers=(2, 8, 14, 20), index_source_layers=(2, 8, 14, 20, 24, 28, 32, 36),
     candidate_source_layer=20, candidate_topk_blocks=2048, candidate_block_size=8,
 )

@@ -215,17 +215,25 @@ def test_derotation_undoes_the_rotation():
 @pytest.mark.parametrize("name", sorted(attn_mutants.LAYER_STAGE))
 def test_the_layer_check_names_the_planted_stage(name):
     provider = attn_mutants.MUTANTS[name][0]
-    case = checks.attention_case(FIXED_LAYERS[0], True)       # V4 CSA, prefill from x: every stage
+    case = checks.attention_case(FIXED_LAYERS[0], True, True)  # V4 CSA, prefill from x to out: every stage
     stage, _, _ = checks.first_broken_attention_stage(Target(provider, name), case)
     assert stage == attn_mutants.LAYER_STAGE[name]
 
 
-def test_a_short_case_starts_from_x_and_passes_impl_with_the_projection_stages():
-    case = checks.attention_case(FIXED_LAYERS[0], True)
-    assert "attn_wq_a" in case.arrays() and "q_attn" not in case.arrays()
-    out = checks.run_attention_layer(Target(impl, "impl"), case)
-    assert {"q_latent", "q_norm", "q_attn", "kv_proj", "kv_normed"} <= set(out)
-    assert checks.first_broken_attention_stage(Target(impl, "impl"), case) is None
+@pytest.mark.parametrize("provider", [impl, official], ids=["impl", "official"])
+def test_a_short_case_starts_from_x_and_passes_with_the_projection_stages(provider):
+    case = checks.attention_case(FIXED_LAYERS[0], True, True)
+    assert "attn_wq_a" in case.arrays() and "attn_wo_a" in case.arrays() and "q_attn" not in case.arrays()
+    out = checks.run_attention_layer(Target(provider, "t"), case)
+    assert {"q_latent", "q_norm", "q_attn", "kv_proj", "kv_normed", "o_lora", "out"} <= set(out)
+    assert out["o_lora"].shape == (case.seqlen, 2, checks.OUTPUT_RANK) and out["out"].shape == (case.seqlen, 4096)
+    assert checks.first_broken_attention_stage(Target(provider, "t"), case) is None
+
+
+def test_the_output_projections_keep_the_q_and_kv_weights_of_contract_6():
+    six, seven = (checks.attention_case(FIXED_LAYERS[0], True, output).arrays() for output in (False, True))
+    assert set(seven) - set(six) == {"attn_wo_a", "attn_wo_b", "attn_wo_b_scale"}
+    assert all(np.array_equal(six[name], seven[name]) for name in six)
 
 
 class _OldFormLayer:
@@ -256,6 +264,12 @@ def test_a_target_of_contract_6_is_given_x_and_the_weights():
     assert checks.takes_projections(Target(impl, "impl"))
     provider = _OldFormLayer(6)
     assert checks.takes_projections(Target(provider, "new"))
+
+
+@pytest.mark.parametrize("contract", [5, 6, None])
+def test_only_a_target_of_contract_7_is_given_the_output_projections(contract):
+    assert checks.takes_output(Target(impl, "impl")) and checks.takes_output(Target(_OldFormLayer(7), "new"))
+    assert not checks.takes_output(Target(_OldFormLayer(contract), "old"))
 
 
 def _layer_case(model, layer, start_pos):

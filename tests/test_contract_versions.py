@@ -84,7 +84,7 @@ def test_an_undeclared_adapter_is_asked_once_whether_it_takes_a_later_format():
     assert asked == ["fp4_e8m0"] and target.has("kv_qdq_fp4_e4m3", "kv_qdq_fp8_e8m0_32")
 
 
-@pytest.mark.parametrize("declared", [0, 7, "5", True, 5.0])
+@pytest.mark.parametrize("declared", [0, 8, "5", True, 5.0])
 def test_a_contract_outside_the_known_versions_is_refused(declared):
     with pytest.raises(ValueError, match=f"CONTRACT must be an int from 1 to {contract.CONTRACT_VERSION}"):
         Target(types.SimpleNamespace(CONTRACT=declared, e2m1_encode=abs), "bad")
@@ -108,3 +108,21 @@ def test_the_changelog_lists_every_version():
 
 def test_the_exec_protocol_states_the_same_contract_version():
     assert f"**target contract version {contract.CONTRACT_VERSION}**" in " ".join(PROTOCOL.read_text().split())
+
+
+def test_a_contract_6_layer_is_never_given_the_output_projections():
+    """contract6_layer (version 6) is given x and the q/kv weights, never wo_a and wo_b: it passes, as
+    it did; handed them, it would miss o_lora."""
+    import importlib.util
+    from dsv4spec.properties import attn as checks
+    from dsv4spec.properties.path import FIXED_LAYERS
+    spec = importlib.util.spec_from_file_location("contract6_layer", FROZEN / "contract6_layer.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    target = Target(module, "contract6_layer")
+    assert checks.takes_projections(target) and not checks.takes_output(target)
+    for key in (FIXED_LAYERS[0], checks.PROBE_KEY):
+        case = checks.attention_case(key, True, checks.takes_output(target))
+        assert "attn_wq_a" in case.arrays() and "attn_wo_a" not in case.arrays()
+        assert checks.first_broken_attention_stage(target, case) is None
+    assert checks.first_broken_attention_stage(target, checks.attention_case(FIXED_LAYERS[0], True, True))[0] == "o_lora"

@@ -186,11 +186,28 @@ def _bf16_projection_at(weight):
     return _layer_with(_fp8_projection=projection)
 
 
+_grouped_product = ref.grouped_product
+OUTPUT_CONTRACT = 7     # the output projections' mutants declare it: only then is a layer given wo_a and wo_b
+
+
+def _wo_a_product_in_fp32(o, wo_a):
+    """The grouped product of o and wo_a left in fp32 (a port whose einsum accumulates and returns fp32)."""
+    g = o[0].numel() // wo_a.shape[1]
+    return torch.einsum("tgd,grd->tgr", o.reshape(o.shape[0], g, -1), wo_a.view(g, -1, wo_a.shape[1]))
+
+
+def _wo_a_heads_round_robin(o, wo_a):
+    """The heads dealt to the groups in turn (head h to group h mod g), not in runs of H/g."""
+    g = o[0].numel() // wo_a.shape[1]
+    return _grouped_product(o.unflatten(1, (-1, g)).transpose(1, 2), wo_a)
+
+
 # the stage each layer mutant breaks first (tests/test_attn.py asserts the check names it)
 LAYER_STAGE = {"layer_wq_a_in_bf16": "q_latent", "layer_wq_b_in_bf16": "q_attn", "layer_wkv_in_bf16": "kv_proj",
                "layer_q_not_rescaled_on_v4": "q_rescale", "layer_window_kv_not_quantized": "kv_window",
                "layer_compressed_kv_not_quantized": "cmp", "layer_attention_without_sink": "o",
-               "layer_output_not_derotated": "o_derot"}
+               "layer_output_not_derotated": "o_derot", "layer_wo_a_product_in_fp32": "o_lora",
+               "layer_wo_a_heads_round_robin": "o_lora", "layer_wo_b_in_bf16": "out"}
 
 
 def _int32_lists_read_as_row_0(q, kv, sink, indices, scale, *, model):
@@ -246,6 +263,9 @@ MUTANTS = dict([
     _m("layer_wkv_in_bf16", "ATTN.LAYER", attention_layer=_bf16_projection_at("attn_wkv")),
     _m("layer_output_not_derotated", "ATTN.LAYER",
        attention_layer=_layer_with(attention_output=lambda o, positions, freqs: o)),
+    _m("layer_wo_a_product_in_fp32", "ATTN.LAYER", CONTRACT=OUTPUT_CONTRACT, attention_layer=_layer_with(grouped_product=_wo_a_product_in_fp32)),
+    _m("layer_wo_a_heads_round_robin", "ATTN.LAYER", CONTRACT=OUTPUT_CONTRACT, attention_layer=_layer_with(grouped_product=_wo_a_heads_round_robin)),
+    _m("layer_wo_b_in_bf16", "ATTN.LAYER", CONTRACT=OUTPUT_CONTRACT, attention_layer=_bf16_projection_at("attn_wo_b")),
 ])
 
 
