@@ -131,8 +131,8 @@ def _worker(conn, cores, run: dict, timeout):
             conn.send(("loaded", asdict(TargetInfo(spec, t.name, t.module, t.claims_conformance, t.version, str(t.device)))))
         targets[spec].hung.update(hung)         # operations that hung a worker before are not called again
         row = suite.run_rule(rule_id, targets[spec], profile)
-        if threads_left():          # before the row: the supervisor may end this worker on it
-            conn.send(("threads", spec, threads_left()))
+        if left := threads_left():  # before the row: the supervisor may end this worker on it
+            conn.send(("threads", spec, left))
         conn.send(("row", index, asdict(row)))
 
 
