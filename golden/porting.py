@@ -69,8 +69,9 @@ A port that implements some operations only declares them, so that what it leave
 and a crash before it wrote an output does not: a line `ops=OP1,OP2` (canonical names) in
 `OUT/port.txt`, or `--ops OP1,OP2` on the command line (which wins).  A rule that calls none of
 the declared operations and has no output file is then n/i; one that calls a declared operation
-needs its file and every record of that operation (ERROR otherwise).  A port that declares
-nothing must write a file for every rule (a missing one is ERROR); an empty file reads n/i.
+needs its file and every record of that operation (ERROR otherwise: an empty file answers none).
+A port that declares nothing must write a file for every rule (a missing one is ERROR); an empty
+file then reads n/i.  An empty declaration (`ops=`, `--ops ""`) is refused (exit 2).
 `OUT/port.txt` may also hold `name=...`, `variant.KNOB=VALUE` and `extensions=A,B`.
 
     dsv4spec golden check-vectors EXPORT OUT [--rules PREFIX,...] [--ops OP,...]

@@ -265,6 +265,10 @@ def check_outputs(port_dir: Path, data: Path = DATA, rules: list[str] | None = N
                                                       f"in {port_dir}"))
             continue
         f = binary if binary.exists() else text
+        if not f.is_file():
+            results.append((case.rule, "ERROR", f"{case.name}: {f.name} is not a regular file (never read: it "
+                                                f"could block)"))
+            continue
         try:
             got = _port_outputs(f)
         except Exception as e:      # noqa: BLE001 -- a corrupt or truncated file is the port's, reported

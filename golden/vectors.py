@@ -514,7 +514,8 @@ def read_outputs(path: Path, records: dict[int, Record]) -> PortOutputs:
     """Parse a port's output file; every problem is kept against the record it concerns."""
     got = PortOutputs()
     if not path.is_file():
-        got.file_error = f"no output file {path}"
+        got.file_error = f"{path} is not a regular file (never read: it could block)" if path.exists() \
+            else f"no output file {path}"
         return got
     try:
         groups, stray = read_records(path)
@@ -578,7 +579,7 @@ class _Replay:
     """A provider answering each call with the port's output for the vector of the same inputs."""
 
     def __init__(self, rule_id, records: list[Record], expected: dict[int, Record], outputs: PortOutputs,
-                 info: dict, where: str, declared: dict):
+                 info: dict, where: str, declared: dict, required: set = frozenset()):
         self.NAME = declared.get("name") or f"vectors:{where}"
         self.VARIANTS = {k[len("variant."):]: v for k, v in declared.items() if k.startswith("variant.")}
         self.EXTENSIONS = set(declared.get("extensions", "").split(",")) - {""}
@@ -588,7 +589,8 @@ class _Replay:
         self._by_key = {key_of(r.op, r.lines): r for r in records}
         self._expected, self._outputs = expected, outputs
         answered = set(outputs.results) | set(outputs.errors) | set(outputs.raised)
-        self._ops = {r.op for r in records if r.id in answered or outputs.file_error}
+        # a declared operation answers every record of it: one it left out (an empty file) is ERROR
+        self._ops = {r.op for r in records if r.id in answered or outputs.file_error} | set(required)
         self._methods = {op: self._answering(op) for op in self._ops}
 
     def __getattr__(self, name):
@@ -690,14 +692,16 @@ def judge(export_dir: Path, port_dir: Path, rules: list[str] | None = None, prog
         names = _checks_of(export_dir / INPUTS / rule_file(rule_id))
         repro = f"{program} golden check-vectors {export_dir} {port_dir} --rules {rule_id}"
         called = sorted({r.op for r in records})
-        if implemented is not None and not set(called) & implemented and not (port_dir / rule_file(rule_id)).exists():
+        required = set(called) & implemented if implemented is not None else set()
+        if implemented is not None and not required and not (port_dir / rule_file(rule_id)).exists():
             rows.append(Row(rule_id, f"vectors:{port_dir}", NOT_IMPLEMENTED,
                             f"missing {', '.join(called)} (not among the operations the port declares)"))
             continue
         if outputs.file_error and not outputs.results and not outputs.errors:
             rows.append(Row(rule_id, f"vectors:{port_dir}", ERROR, outputs.file_error, repro))
             continue
-        target = Target(_Replay(rule_id, records, expected, outputs, info, str(port_dir), declared), f"vectors:{port_dir}")
+        replay = _Replay(rule_id, records, expected, outputs, info, str(port_dir), declared, required)
+        target = Target(replay, f"vectors:{port_dir}")
         target.timeout = 0
         with only_checks(rule_id, names):
             row = run_rule(rule_id, target, profile(level, rule_id))
@@ -720,9 +724,12 @@ def declared_ops(port_dir: Path, ops: str | None = None) -> frozenset | None:
     if text is None:
         return None
     names = frozenset(n.strip() for n in text.split(",") if n.strip())
+    where = "--ops" if ops is not None else f"{Path(port_dir) / PORT} ops="
+    if not names:       # declaring nothing is not conformance: every rule would read n/i
+        raise ValueError(f"{where} declares no operation; name the operations the port implements "
+                         f"(`dsv4spec ops` lists them), or leave it out to expect every output")
     unknown = sorted(names - known_ops())
     if unknown:
-        where = "--ops" if ops is not None else f"{Path(port_dir) / PORT} ops="
         raise ValueError(f"{where} names operations the contract does not know: {', '.join(unknown)} "
                          f"(`dsv4spec ops` lists them)")
     return names
@@ -733,8 +740,10 @@ def read_declarations(port_dir: Path) -> dict:
     and variants the port declares, as a Python target's VARIANTS), `extensions=A,B`, `ops=A,B` (the
     operations it implements)."""
     path = Path(port_dir) / PORT
-    if not path.is_file():
+    if not path.exists():
         return {}
+    if not path.is_file():
+        raise ValueError(f"{path} is not a regular file (never read: it could block)")
     declared = {}
     for n, line in enumerate(path.read_text().splitlines(), 1):
         if line.strip() and not line.startswith("#"):

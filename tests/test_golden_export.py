@@ -164,3 +164,22 @@ def test_a_port_declaring_its_operations_reads_n_i_for_the_cases_it_leaves_out(e
     assert ["n/i", "FP4.IDX.SCALE"] in rows and ["n/i", "FP8.SCALE"] in rows and ["n/i", "PATH.QDQ"] in rows
     declared = store.check_outputs(tmp_path, rules=["FP8"], ops="fp4_e4m3_quantize,fp8_quantize")
     assert {status for _, status, _ in declared} == {"MISSING"}
+
+
+def test_declaring_no_operation_or_writing_zero_bytes_is_never_green(tmp_path):
+    """`ops=` empty or `--ops ""` is a usage error (exit 2), not every case n/i; a 0-byte output
+    file is ERROR; a FIFO where an output belongs is refused in one line, never read (it would block)."""
+    import os
+    (tmp_path / "port.txt").write_text("ops=\n")
+    for extra in ((), ("--ops", "")):
+        result = cli("check-outputs", str(tmp_path), "--rules", "FP4.KV", *extra)
+        assert result.returncode == 2 and "declares no operation" in result.stderr, result.stdout + result.stderr
+    (tmp_path / "port.txt").write_text("ops=fp4_e4m3_quantize\n")
+    (tmp_path / "fp4_e4m3_kv.safetensors").write_bytes(b"")
+    os.mkfifo(tmp_path / "fp4_e4m3_kv_fp32.txt")
+    result = subprocess.run([sys.executable, "-m", "dsv4spec", "golden", "check-outputs", str(tmp_path), "--rules",
+                             "FP4.KV"], capture_output=True, text=True, timeout=60,
+                            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": HOME})
+    rows = [line.split(None, 2) for line in result.stdout.splitlines() if line.startswith(("ERROR", "PASS", "n/i"))]
+    assert result.returncode == 1 and [r[0] for r in rows] == ["ERROR", "ERROR"], result.stdout + result.stderr
+    assert "fp4_e4m3_kv_fp32.txt is not a regular file" in result.stdout and "Traceback" not in result.stdout

@@ -175,3 +175,27 @@ def test_a_port_declaring_its_operations_reads_n_i_where_it_wrote_nothing(export
     assert result.returncode == 0, result.stdout + result.stderr
     assert any(line.startswith("n/i") and "FP4.KV.SCALE" in line and "missing fp4_e4m3_quantize" in line
                for line in result.stdout.splitlines()), result.stdout
+
+
+def test_declaring_no_operation_or_writing_empty_files_is_never_green(export, tmp_path):
+    """`ops=` empty in port.txt or `--ops ""` is a usage error (exit 2), never every rule n/i; a
+    declared operation's 0-byte output file is ERROR (its records are unanswered), as a missing one
+    is; a FIFO is refused without being read."""
+    import os
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / V.PORT).write_text("ops=\n")
+    for extra in ((), ("--ops", "")):
+        result = cli("check-vectors", str(export), str(out), "--rules", "FP4.KV.SCALE", *extra)
+        assert result.returncode == 2 and "declares no operation" in result.stderr, result.stdout + result.stderr
+    (out / V.PORT).write_text("ops=fp4_e4m3_quantize,e2m1_encode\n")
+    for rule in ("FP4.KV.SCALE", "FP4.E2M1.RNE"):
+        (out / V.rule_file(rule)).write_bytes(b"")
+    (row,) = V.judge(export, out, rules=["FP4.KV.SCALE"])
+    assert row.status == "ERROR" and "no output for vector" in row.detail, row.detail
+    (rne,) = V.judge(export, out, rules=["FP4.E2M1.RNE"])
+    assert rne.status == "ERROR", rne.detail
+    (out / V.rule_file("FP4.KV.SCALE")).unlink()
+    os.mkfifo(out / V.rule_file("FP4.KV.SCALE"))
+    (row,) = V.judge(export, out, rules=["FP4.KV.SCALE"])
+    assert row.status == "ERROR" and "is not a regular file" in row.detail, row.detail
