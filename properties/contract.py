@@ -12,6 +12,7 @@ import importlib
 import importlib.util
 import inspect
 import math
+import re
 import signal
 import sys
 import threading
@@ -210,6 +211,12 @@ def _tensor_copies(args: tuple, kwargs: dict) -> dict:
     return {k: v.detach().clone() for k, v in given.items() if isinstance(v, torch.Tensor)}
 
 
+def _with_copies(args: tuple, kwargs: dict, copies: dict) -> tuple[tuple, dict]:
+    """args and kwargs with each tensor replaced by its copy (`_tensor_copies`)."""
+    return (tuple(copies.get(i, a) for i, a in enumerate(args)),
+            {k: copies.get(k, v) for k, v in kwargs.items()})
+
+
 def _check_inputs_kept(op: str, before: dict, args: tuple, kwargs: dict, fn):
     """Raise ContractError when the call changed a tensor argument (bit for bit, NaNs included)."""
     given = {**dict(enumerate(args)), **kwargs}
@@ -381,11 +388,23 @@ def _value(x) -> str:
     return repr(x) if len(repr(x)) < 200 else repr(x)[:200] + " …"
 
 
+# What a terminal or a Markdown table would obey rather than show: control characters (ESC starts
+# a colour, NUL, a carriage return; C1's CSI) and the lone surrogates no UTF-8 stream can encode.
+_UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def printable(text: str) -> str:
+    """`text` with every character above written as \\xNN or \\uNNNN (line feeds and tabs kept):
+    what a target says is shown, in every report, never obeyed and never fatal to the writing."""
+    return _UNPRINTABLE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256
+                            else f"\\u{ord(m.group()):04x}", text)
+
+
 class Target:
     def __init__(self, provider, spec: str, name: str | None = None):
         self.provider = provider
         self.spec = spec
-        self.name = name or getattr(provider, "NAME", spec)
+        self.name = printable(str(name or getattr(provider, "NAME", spec))).replace("\n", "\\n")
         self.device = getattr(provider, "DEVICE", "cpu")
         self.claims_conformance = bool(getattr(provider, "CLAIMS_CONFORMANCE", True))
         self.declared = dict(getattr(provider, "VARIANTS", {}) or {})
@@ -467,9 +486,10 @@ class Target:
                 _not_asked(self.received.unserved)
             if self.input_dtype(name) == "bfloat16":
                 args, kwargs = _as_bfloat16(args), dict(zip(kwargs, _as_bfloat16(tuple(kwargs.values()))))
-            self.received.call = (name, args, kwargs)
+            before = _tensor_copies(args, kwargs)
+            sent = (name, *_with_copies(args, kwargs, before))   # as sent, whatever the target writes on them
+            self.received.call = sent
             try:
-                before = _tensor_copies(args, kwargs)
                 try:
                     with _deadline(self.timeout, name):
                         result = fn(*args, **kwargs)
@@ -481,7 +501,7 @@ class Target:
                 check_result(name, result, args, kwargs)
                 return result
             except BaseException as e:
-                Received.tag(e, (name, args, kwargs))
+                Received.tag(e, sent)
                 raise
         call.__name__ = name
         return call

@@ -43,6 +43,7 @@ import tempfile
 import xml.etree.ElementTree as ET
 
 from ..spec import RULES
+from .contract import printable
 from .suite import ERROR, FAIL, NOT_IMPLEMENTED, PASS, SKIP, TIMEOUT, VARIANT, Row
 
 SCHEMA_VERSION = 3
@@ -272,14 +273,15 @@ def to_markdown(rows: list[Row], header: dict | None = None, interrupted: bool =
     if header:
         lines += [f"`{header_line(header)}`", "",
                   "| target | version | device | claims conformance |", "|---|---|---|---|"]
-        lines += [f"| {t['name']} (`{t['spec']}`) | {t.get('version') or '-'} | {t.get('device') or '-'} | "
+        lines += [f"| {_cell(t['name'])} (`{_cell(t['spec'])}`) | {_cell(t.get('version') or '-')} | "
+                  f"{_cell(t.get('device') or '-')} | "
                   f"{'yes' if t.get('claims_conformance') else 'no'} |" for t in header.get("targets", [])]
         lines.append("")
     lines += ["## Counts", "", "| target | " + " | ".join(SHORT.values()) + " |",
               "|---|" + "---|" * len(SHORT)]
     for t, c in counts(rows).items():
-        lines.append(f"| {t} | " + " | ".join(str(c.get(s, 0)) for s in SHORT) + " |")
-    lines += ["", "## Matrix", "", "| rule | title | " + " | ".join(targets) + " |",
+        lines.append(f"| {_cell(t)} | " + " | ".join(str(c.get(s, 0)) for s in SHORT) + " |")
+    lines += ["", "## Matrix", "", "| rule | title | " + " | ".join(map(_cell, targets)) + " |",
               "|---|---|" + "---|" * len(targets)]
     for rule_id in rules:
         lines.append(f"| `{rule_id}` | {RULES[rule_id].title} | "
@@ -289,11 +291,16 @@ def to_markdown(rows: list[Row], header: dict | None = None, interrupted: bool =
     if problems:
         lines += ["", "## Details"]
     for r in problems:
-        lines += ["", f"### {r.status} `{r.rule_id}` on {r.target}", "", RULES[r.rule_id].statement, "",
+        lines += ["", f"### {r.status} `{r.rule_id}` on {_cell(r.target)}", "", RULES[r.rule_id].statement, "",
                   *_fenced(r.detail)]
         if r.reproduce:
             lines += ["", "Reproduce:", "", *_fenced(r.reproduce, "sh")]
     return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    """`text` as one cell of a Markdown table row: its `|` escaped, its line breaks spaces."""
+    return printable(str(text)).replace("|", "\\|").replace("\n", " ")
 
 
 def _fenced(text: str, language: str = "") -> list[str]:

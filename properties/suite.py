@@ -34,7 +34,7 @@ from hypothesis.errors import Unsatisfiable
 
 from ..spec import RULES
 from ..spec.rules import EXTENSIONS, IMPLEMENTATION_DEFINED, INFORMATIVE, KNOBS, select
-from .contract import DEFAULT_TIMEOUT_S as DEFAULT_TIMEOUT, NotImplementedOp, OperationTimeout, Target
+from .contract import DEFAULT_TIMEOUT_S as DEFAULT_TIMEOUT, NotImplementedOp, OperationTimeout, Target, printable
 from .families import FAMILY_MODULES
 
 PASS, FAIL, ERROR, TIMEOUT = "PASS", "FAIL", "ERROR", "TIMEOUT"
@@ -289,6 +289,12 @@ class Row:
     reproduce: str = ""
     seconds: float = 0.0
     checks: dict = field(default_factory=dict)
+
+    def __setattr__(self, name, value):     # a target's words, shown by every report as they are
+        super().__setattr__(name, printable(value) if name in _SHOWN and isinstance(value, str) else value)
+
+
+_SHOWN = ("target", "detail", "reproduce")
 
 
 class Run:
