@@ -13,12 +13,16 @@ is then killed and a fresh one answers the next call.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import itertools
+import math
 import os
 import select
 import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 import weakref
@@ -29,8 +33,8 @@ import numpy as np
 
 from dsv4spec.parent_death import signal_on_parent_death
 
-from .contract import (DEFAULT_TIMEOUT_S, SHAPES, WATCH, NotImplementedOp, OperationTimeout, Target,
-                       TargetLoadError, TargetNotFound, known_ops)
+from .contract import (DEFAULT_TIMEOUT_S, SHAPES, WATCH, NotImplementedOp, NothingImplemented, OperationTimeout,
+                       Target, TargetLoadError, TargetNotFound, known_ops)
 
 PREFIX = "exec:"
 PROTOCOL = 1
@@ -39,6 +43,9 @@ EXIT_GRACE_S = 1.0
 START_VARIABLE = "DSV4SPEC_EXEC_START_S"     # seconds a port may take to answer the handshake
 STDERR_TAIL = 2000          # characters of the port's standard error shown with an error
 MAX_REPLY_BYTES = 1 << 30   # tensor bytes one reply may declare, whatever the operation
+MAX_REPLY_RECORDS = 1 << 16  # value records one reply may hold (a result is a few tensors, a dict of them)
+INT64 = (-(1 << 63), (1 << 63) - 1)
+MARKER = "DSV4SPEC_EXEC_PORT"    # in every port's environment, so that what it leaves anywhere is found
 WIDEST = 8                  # bytes of the widest element a reply may send (int64, float64)
 
 # dtype name -> (numpy little-endian dtype, element size); bfloat16 travels as its 16-bit pattern
@@ -179,12 +186,36 @@ def _show(data: bytes, limit: int = 120) -> str:
 
 
 def _int(fields: dict, key: str, what: str) -> int:
+    if key not in fields:
+        raise ProtocolError(f"{what} has no {key}=")
+    return _int64(fields[key], f"{what}: {key}")
+
+
+def _int64(text: str, what: str) -> int:
+    """The 64-bit signed integer `text` (PROTOCOL.md); ProtocolError naming `what` otherwise."""
     try:
-        return int(fields[key])
-    except KeyError:
-        raise ProtocolError(f"{what} has no {key}=") from None
+        value = int(text)
     except ValueError:
-        raise ProtocolError(f"{what}: {key}={fields[key]!r} is not an integer") from None
+        raise ProtocolError(f"{what}={text!r} is not an integer") from None
+    if not INT64[0] <= value <= INT64[1]:
+        raise ProtocolError(f"{what}={text[:40]}{'…' if len(text) > 40 else ''} is beyond a 64-bit signed integer")
+    return value
+
+
+def _sized(op: str, values: tuple, args: tuple, kwargs: dict):
+    """ProtocolError when a result tensor holds another number of elements than the contract fixes
+    for this request's inputs: a reply to another request, or a wrong size, named as such."""
+    try:
+        shapes = SHAPES[op](args, kwargs)
+    except Exception:       # noqa: BLE001 -- no shape the contract fixes (or inputs chosen malformed)
+        return
+    shapes = [shapes] if shapes and not isinstance(shapes[0], tuple) else list(shapes)
+    for i, (value, shape) in enumerate(zip(values, shapes if len(values) == len(shapes) else ())):
+        if hasattr(value, "numel") and value.numel() != math.prod(shape):
+            what = f"{op} result {i}" if len(values) > 1 else f"{op} result"
+            raise ProtocolError(f"{what} holds {value.numel()} elements (shape {list(value.shape)}); this request's "
+                                f"inputs make it {list(shape)}, {math.prod(shape)} elements: a reply to another "
+                                f"request, or a wrong size")
 
 
 def reply_limit(op: str, args: tuple, kwargs: dict) -> int:
@@ -221,6 +252,7 @@ class Port:
         self.buffer = bytearray()
         self.stderr: deque = deque(maxlen=4)        # chunks of at most STDERR_TAIL bytes
         self.timeout_of = lambda: None
+        self.last_op = "the handshake"
         _PORTS.add(self)
         try:
             hello = self._start()
@@ -246,9 +278,14 @@ class Port:
                     out[unquote(k)] = unquote(v)
             return out
         if "ops" not in hello:
+            self.close()
             raise TargetLoadError(f"target {self.spec!r}: the port's hello has no ops= (the operations it "
                                   f"implements, comma-separated; see PROTOCOL.md)")
         self.ops = frozenset(items("ops"))
+        if not self.ops:                # as a Python target providing none of them: a usage error
+            self.close()
+            raise NothingImplemented(f"target {self.spec!r}: the port's hello declares no operation (ops= is "
+                                     f"empty); a port lists the operations it implements (`dsv4spec ops`)")
         unknown = sorted(self.ops - known_ops())
         if unknown:
             self.close()
@@ -276,9 +313,10 @@ class Port:
 
     def _start(self) -> dict:
         try:
+            self.marker = f"{os.getpid()}.{next(_STARTED)}"
             self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=subprocess.PIPE, start_new_session=True,
-                                         preexec_fn=_dies_with_the_suite)
+                                         preexec_fn=_dies_with_the_suite, env={**os.environ, MARKER: self.marker})
         except OSError as e:
             raise ProtocolError(f"cannot start {shlex.join(self.argv)}: {e.strerror or e}") from None
         WATCH.port(self.proc.pid)
@@ -315,13 +353,20 @@ class Port:
 
     def _kill(self, proc):
         """Kill the port's process group (start_new_session), whose members outlive the port itself
-        when it has ended (a grandchild holding its pipes)."""
+        when it has ended (a grandchild holding its pipes), then whatever still carries the port's
+        marker in its environment (a descendant that left the group for a session of its own),
+        naming it."""
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             if proc.poll() is None:
                 proc.kill()
         proc.wait()
+        for pid, command_line in _marked(self.marker, proc.pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+            print(f"dsv4spec: error: the port {self.spec} left process {pid} ({command_line}) running outside "
+                  f"its process group; it was killed (a port must end what it starts)", file=sys.stderr)
 
     def _abandon(self):
         """Kill the port after a violation: its stream is no longer in step with ours."""
@@ -347,6 +392,7 @@ class Port:
         records += [r for k, v in kwargs.items() for r in encode_value(v, f"{op} argument {k}", key=k)]
         request = _header("call", op=op, args=len(args), kwargs=len(kwargs)) + b"".join(records)
         self.reply_left = self.reply_limit = reply_limit(op, args, kwargs)
+        self.records_left = MAX_REPLY_RECORDS
         try:
             if self.proc is None or self.proc.poll() is not None:
                 self._abandon()
@@ -357,8 +403,11 @@ class Port:
             kind, fields = self._reply(op, deadline)
             if kind == "ok":
                 n = _int(fields, "n", f"{op}: the reply 'ok'")
+                self._count(op, n, f"{op} result", spend=False)
                 values = tuple(self._value(op, deadline, f"{op} result {i}" if n > 1 else f"{op} result")
                                for i in range(n))
+                _sized(op, values, args, kwargs)
+            self._nothing_after(op)
         except BaseException:
             self._abandon()
             raise
@@ -381,12 +430,24 @@ class Port:
         return time.monotonic() + self.seconds - min(0.01 * self.seconds, 0.1) if self.seconds else None
 
     def _nothing_pending(self, op):
-        ready, _, _ = select.select([self.proc.stdout], [], [], 0)
-        extra = bytes(self.buffer) + ((self._read_some() or b"") if ready else b"")
+        extra = self._pending()
         if extra:
             raise ProtocolError(f"{op}: before the request, the port had written {len(extra)} bytes after its "
-                                f"last reply: {_show(extra)} (expected nothing between a reply and the next "
-                                f"request){self._stderr_note()}")
+                                f"last reply (to {self.last_op}): {_show(extra)} (expected nothing between a reply "
+                                f"and the next request){self._stderr_note()}")
+
+    def _nothing_after(self, op):
+        """ProtocolError on this call, the offender, when the port has already written past its reply."""
+        self.last_op = op
+        extra = self._pending()
+        if extra:
+            raise ProtocolError(f"{op}: after its reply, the port wrote {len(extra)} more bytes: {_show(extra)} "
+                                f"(expected nothing between a reply and the next request){self._stderr_note()}")
+
+    def _pending(self) -> bytes:
+        """What the port has written and the suite has not read (without waiting)."""
+        ready = self._readable(self.proc.stdout.fileno())
+        return bytes(self.buffer) + ((self._read_some() or b"") if ready else b"")
 
     def _reply(self, op, deadline):
         expected = "a reply line 'ok n=N' or 'error kind=K message=...'"
@@ -402,6 +463,7 @@ class Port:
     def _record(self, op, deadline, what):
         """(its key= or None, the value) of the next value record."""
         expected = "a value record (tensor, int, float, str, bool, none, list, dict)"
+        self._count(op, 1, what)
         line = self._line(deadline, f"{expected} for {what}", op)
         kind, fields = parse_header(line, f"{expected} for {what}", VALUE_KINDS)
         key = unquote(fields["key"]) if "key" in fields else None
@@ -409,7 +471,7 @@ class Port:
             if kind == "tensor":
                 return key, self._tensor(op, deadline, what, fields)
             if kind == "int":
-                return key, int(fields["value"])
+                return key, _int64(fields["value"], f"{what}: int value")
             if kind == "float":
                 text = fields["value"]
                 return key, float.fromhex(text) if "0x" in text.lower() else float(text)
@@ -422,6 +484,7 @@ class Port:
             if kind == "none":
                 return key, None
             n = _int(fields, "n", f"{what}: the {kind} record")
+            self._count(op, n, what, spend=False)
             if kind == "list":
                 return key, [self._value(op, deadline, f"{what}[{i}]") for i in range(n)]
             entries = [self._record(op, deadline, f"{what} entry {i}") for i in range(n)]
@@ -430,6 +493,16 @@ class Port:
             return key, dict(entries)
         except (KeyError, ValueError):
             raise ProtocolError(f"{what}: malformed {kind} record {_show(line)}") from None
+
+    def _count(self, op, n, what, spend=True):
+        """Spend (or, announced by a list, dict or reply, only foresee) n of the reply's records."""
+        if n < 0:
+            raise ProtocolError(f"{what}: a count of {n} records")
+        if n > self.records_left:
+            raise ProtocolError(f"{what}: {n} more value records are beyond the {MAX_REPLY_RECORDS} a reply to {op} "
+                                f"may hold (a result is a few tensors, or a dict of them)")
+        if spend:
+            self.records_left -= n
 
     def _tensor(self, op, deadline, what, fields):
         import torch
@@ -445,8 +518,10 @@ class Port:
             raise ProtocolError(f"{what}: shape={shape_text!r} is not comma-separated integers") from None
         if any(d < 0 for d in shape):
             raise ProtocolError(f"{what}: shape={shape_text} has a negative dimension")
+        for d in shape:
+            _int64(str(d), f"{what}: a dimension of shape")
         nbytes = _int(fields, "nbytes", f"{what}: the tensor record")
-        expected = int(np.prod(shape, dtype=np.int64)) * DTYPES[dtype][1]
+        expected = math.prod(shape) * DTYPES[dtype][1]
         if nbytes != expected:
             raise ProtocolError(f"{what}: nbytes={nbytes}, but dtype {dtype} and shape {list(shape)} take "
                                 f"{expected} bytes")
@@ -555,6 +630,30 @@ class Port:
         if not text:
             return ""
         return f"\nthe port's standard error ends with:\n{text[-STDERR_TAIL:]}"
+
+
+_STARTED = itertools.count()
+
+
+def _marked(marker: str, group: int) -> list[tuple[int, str]]:
+    """(pid, command line) of the live processes outside process group `group` whose environment
+    holds MARKER=marker (Linux's /proc; elsewhere none are found)."""
+    wanted, found = f"\0{MARKER}={marker}\0".encode(), []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if wanted not in b"\0" + f.read() + b"\0":
+                    continue
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                if int(f.read().rsplit(b")", 1)[1].split()[2]) == group:
+                    continue            # the group's own, killed a moment ago
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                found.append((int(entry), f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:200]))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
 
 
 def _dies_with_the_suite():

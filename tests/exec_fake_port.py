@@ -4,7 +4,8 @@ only, that misbehaves on request: tests/test_exec_target.py drives it by environ
     FAKE_FAULT   what goes wrong (default: nothing): crash, hang, junk, junk_first, short, nbytes,
                  dtype, float64, trailing, huge_line, chatter, chatter_crash, value_error,
                  port_error, not_implemented, swap_nibbles; values (every kind of result); at
-                 the handshake: no_hello, silent, bad_hello, protocol_2, unknown_op; deaf
+                 the handshake: no_hello, silent, bad_hello, protocol_2, unknown_op,
+                 no_ops (ops= empty); deaf
                  (reads no request)
     FAKE_OP      the one operation that misbehaves (default: every one)
     FAKE_HELLO   extra words for the hello line (e.g. "variants=nibble_order:high_first")
@@ -115,6 +116,7 @@ def main():
         time.sleep(3600)
     IN.readline()
     ops = "e2m1_decode,e8m0_decode,fp4_pack,fp4_unpack" + (",fp4_frobnicate" if FAULT == "unknown_op" else "")
+    ops = "" if FAULT == "no_ops" else ops
     hello = {"bad_hello": "hi there\n",
              "protocol_2": f"hello protocol=2 ops={ops}\n"}.get(
         FAULT, f"hello protocol=1 name=fake%20port ops={ops} claims_conformance=1 version=0.1 "

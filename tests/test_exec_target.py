@@ -13,7 +13,7 @@ import torch
 
 from dsv4spec.properties.exec_target import PortError, ProtocolError, encode_value
 from dsv4spec.properties.suite import ERROR, FAIL, NOT_IMPLEMENTED, PASS, TIMEOUT, VARIANT, run_rule
-from dsv4spec.properties.target import OperationTimeout, TargetLoadError, TargetNotFound, load_target
+from dsv4spec.properties.target import NothingImplemented, OperationTimeout, TargetLoadError, TargetNotFound, load_target
 
 HOME = Path(__file__).resolve().parent.parent
 FAKE = Path(__file__).resolve().parent / "exec_fake_port.py"
@@ -114,12 +114,12 @@ def test_what_the_other_families_pass_and_return_travels_too():
     assert {r: run_rule(r, relay).status for r in RELAYED} == {r: PASS for r in RELAYED}
 
 
-def test_bytes_after_a_reply_are_an_error_of_the_next_call(port):
+def test_bytes_after_a_reply_are_an_error_of_the_call_that_wrote_them(port):
+    """The offender is the rule whose call the port answered with bytes to spare, not the next."""
     t = port("trailing", op="e8m0_decode")
-    assert run_rule("FMT.E8M0.VALUES", t).status == PASS
-    row = run_rule("FMT.E2M1.VALUES", t)
-    assert row.status == ERROR and "before the request, the port had written 10 bytes after its last reply: " \
-        "b'left over\\n' (expected nothing between a reply and the next request)" in row.detail
+    row = run_rule("FMT.E8M0.VALUES", t)
+    assert row.status == ERROR and "e8m0_decode: after its reply, the port wrote 10 more bytes: b'left over\\n' " \
+        "(expected nothing between a reply and the next request)" in row.detail, row.detail
     assert run_rule("FMT.E2M1.VALUES", t).status == PASS
 
 
@@ -229,3 +229,24 @@ def test_the_pytest_plugin_takes_an_exec_target(tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     assert "PASSED dsv4spec::FMT.E8M0.VALUES[fake port]" in run.stdout
     assert "SKIPPED" in run.stdout and "n/i" in run.stdout
+
+
+@pytest.mark.parametrize("route", [(), ("--isolate",), ("--jobs", "2")], ids=["command", "isolate", "jobs"])
+def test_a_port_declaring_no_operation_is_a_usage_error_on_every_route(tmp_path, monkeypatch, route):
+    """ops= empty declares nothing: exit 2 in one line, as a Python target providing no operation
+    (never a green run of n/i rows)."""
+    monkeypatch.setenv("FAKE_FAULT", "no_ops")
+    with pytest.raises(NothingImplemented, match="declares no operation"):
+        load_target(SPEC)
+    run = _cli("verify", "--target", SPEC, "--rules", "FMT.E8M0", "--quiet", *route,
+               env_extra={"FAKE_FAULT": "no_ops"}, cwd=tmp_path)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "declares no operation (ops= is empty)" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_the_pytest_plugin_refuses_a_port_declaring_no_operation(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--dsv4spec-target", SPEC,
+                          "--dsv4spec-rules", "FMT.E8M0"], capture_output=True, text=True, cwd=tmp_path,
+                         env={**__import__("os").environ, "FAKE_FAULT": "no_ops"})
+    assert run.returncode == 4, run.stdout + run.stderr        # pytest's usage error
+    assert "declares no operation (ops= is empty)" in run.stdout + run.stderr
