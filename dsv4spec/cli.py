@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 from dsv4spec.command import (  # noqa: F401 -- Terminated and UsageError re-exported where they always were
-    SIGNALLED, Terminated, Unloaded, UsageError, handled, prefixes, report_threads_left, terminated_as_interrupted)
+    SIGNALLED, Terminated, Unloaded, UsageError, handled, prefixes, report_finding, terminated_as_interrupted,
+    threads_finding)
 from dsv4spec.interpreter import skip_dead_overflow_checks
 
 DEFAULT_TARGETS = ["impl", "kernels", "ml_dtypes", "torch"]
@@ -129,13 +130,21 @@ class _Run:
                             also=self.on_row)
         rows, targets, interrupted = _run_verify(args, self.specs, self.run_ids, progress, self.on_targets)
         progress.end()
-        status = self.conclude(rows, targets, interrupted)
-        for t in targets:           # a worker's (--isolate, --jobs); in this process the guard looks
-            status = report_threads_left(getattr(t, "threads_left", []), status, f"{t.name}'s worker process")
-        return status
+        return self.conclude(rows, targets, interrupted, findings=self.process_findings(targets))
 
-    def conclude(self, rows, targets, interrupted, forced=0) -> int:
-        """Print and write the reports of `rows`; the exit status (at least `forced`)."""
+    def process_findings(self, targets) -> list[str]:
+        """What the rows cannot say: threads a target left running in a worker (--isolate, --jobs) or,
+        in the guard's child, in this process."""
+        from dsv4spec.properties.workers import threads_left
+        findings = [threads_finding(t.threads_left, f"{t.name}'s worker process")
+                    for t in targets if getattr(t, "threads_left", [])]
+        here = threads_left() if _forks(self.args) else []
+        return findings + ([threads_finding(here)] if here else [])
+
+    def conclude(self, rows, targets, interrupted, forced=0, findings=()) -> int:
+        """Print and write the reports of `rows`, with the process-level `findings` (each makes the
+        exit status at least 1, as does `forced`: the guard's report of a process the target ended);
+        the exit status."""
         from dsv4spec.properties import causes, report
         from dsv4spec.properties.entries import matching
         from dsv4spec.properties.suite import exit_status
@@ -147,6 +156,12 @@ class _Run:
         header["xfail"] = sorted(expected)
         header["wall_s"] = round(time.monotonic() - self.started, 1)
         header["slowest"] = report.slowest(rows)
+        header["entries"] = {"skip": [[p, why] for p, why, _ in self.skip], "xfail": [[p, why] for p, why, _ in self.xfail]}
+        findings = list(findings) + ([f"the target ended the process running the suite before its verdict (exit "
+                                      f"status {forced} at least)"] if forced and not findings else [])
+        header["findings"] = findings
+        for finding in findings:
+            report_finding(finding)
         cause = "SIGTERM" if SIGNALLED.get("signal") == signal.SIGTERM else "Ctrl-C"
         if interrupted:
             header["interrupted_by"] = cause
@@ -171,7 +186,8 @@ class _Run:
             for t in unloadable:
                 print(f"dsv4spec verify: error: {t.load_error}", file=sys.stderr)
             usage = any(getattr(t, "usage_error", False) for t in unloadable)
-            status = 2 if usage else 3 if unloadable else max(exit_status(rows, targets, expected), forced)
+            status = 2 if usage else 3 if unloadable else max(exit_status(rows, targets, expected), forced,
+                                                              1 if findings else 0)
             print("\n" + report.conclusion(rows, {t.name: t.claims_conformance for t in targets}, status, expected),
                   file=table)
         for why in unwritten:

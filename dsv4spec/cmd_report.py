@@ -13,11 +13,12 @@ def register(subparsers):
         description="Join the JSON reports of the N shards of one verify run (verify --shard K/N --json) "
                     "into the report of the whole run: the matrix printed, the reports written, and the "
                     "exit status of verify (0: every target that claims conformance has no FAIL, ERROR or "
-                    "TIMEOUT; 1 otherwise; 2 on a usage error; 3 when a shard could not load a target; 130 when a "
+                    "TIMEOUT and no shard reports a process-level finding (threads a target left running, a process it "
+                    "ended); 1 otherwise; 2 on a usage error; 3 when a shard could not load a target; 130 when a "
                     "shard was interrupted). Refused "
                     "(exit 2) unless the reports are one run (the same tool version, rules digest, profile, "
-                    "seed, targets, rule selection, --max-examples, --timeout and N) and every shard is "
-                    "there exactly once.",
+                    "seed, targets, rule selection, --max-examples, --timeout, --skip and --xfail entries and N), every "
+                    "shard is there exactly once and holds every result its run had.",
         epilog="Example, after a CI matrix ran `dsv4spec verify --target mytarget --shard K/4 --json r-K.json`:\n"
                "  dsv4spec report merge r-1.json r-2.json r-3.json r-4.json --junit all.xml --markdown all.md",
         formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
@@ -53,7 +54,10 @@ def merge(args) -> int:
     for t in unloadable:
         print(f"dsv4spec report merge: error: {t.load_error}", file=sys.stderr)
     usage = any(t.usage_error for t in unloadable)
-    status = 2 if usage else 3 if unloadable else exit_status(run.rows, targets, run.expected)
+    for finding in run.findings:        # what a shard's process did beyond its rows: exit 1 at least, as it did
+        print(f"dsv4spec report merge: error: {finding}", file=sys.stderr)
+    status = 2 if usage else 3 if unloadable else max(exit_status(run.rows, targets, run.expected),
+                                                      1 if run.findings else 0)
     claims = {t.name: t.claims_conformance for t in targets}
     print("\n" + report.conclusion(run.rows, claims, status, run.expected))
     return status

@@ -70,12 +70,27 @@ def handled(call, args) -> int:
         return 0
 
 
+def threads_finding(names: list[str], where: str = "the process") -> str:
+    """The finding of non-daemon threads a target left running in `where`."""
+    return (f"the target left {len(names)} non-daemon thread(s) running ({', '.join(names)}); a target must end "
+            f"the threads it starts (exit status 1 at least; {where} ended regardless)")
+
+
+FINDINGS_SHOWN: set = set()     # process-level findings already on standard error (with the reports)
+
+
+def report_finding(finding: str) -> None:
+    """A process-level finding on standard error, once."""
+    if finding not in FINDINGS_SHOWN:
+        FINDINGS_SHOWN.add(finding)
+        print(f"dsv4spec verify: error: {finding}", file=sys.stderr)
+
+
 def report_threads_left(names: list[str], status: int, where: str = "the process") -> int:
     """Threads a target started and left running keep a process from ending: named as a finding on
-    standard error; the exit status becomes at least 1 (`where` ended regardless)."""
+    standard error (once: the run's reports may have named them already); the exit status becomes
+    at least 1 (`where` ended regardless)."""
     if not names:
         return status
-    print(f"dsv4spec verify: error: the target left {len(names)} non-daemon thread(s) running "
-          f"({', '.join(names)}); a target must end the threads it starts (exit status 1 at least; "
-          f"{where} ended regardless)", file=sys.stderr)
+    report_finding(threads_finding(names, where))
     return max(status, 1)

@@ -31,6 +31,8 @@ ONE_RUN = (
     ("--max-examples", lambda h: h.get("max_examples")),
     ("--timeout", lambda h: h["timeout_s"]),
     ("shard count N", lambda h: h["shard"]["count"]),
+    ("--skip entries", lambda h: (h.get("entries") or {}).get("skip")),
+    ("--xfail entries", lambda h: (h.get("entries") or {}).get("xfail")),
 )
 SAME_CAUSE = re.compile(r"^same cause as [A-Z0-9_.]+ \([^)]*\): ")
 
@@ -42,22 +44,62 @@ class Merged:
     interrupted: bool
     not_run: list[tuple[str, str]]
     expected: set = field(default_factory=set)     # rules an --xfail file expects to fail
+    findings: list = field(default_factory=list)   # the shards' process-level findings (exit status 1 at least)
 
 
 def read(path: str) -> dict:
     """A shard's JSON report; ValueError naming the file and what was expected."""
-    with open(path) as f:
-        try:
+    try:
+        with open(path, encoding="utf-8") as f:
             data = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: expected a JSON report of dsv4spec verify --json, not JSON: {e}") from None
+    except OSError as e:
+        raise ValueError(f"{path}: cannot be read: {e.strerror or e}") from None
+    except ValueError as e:         # not JSON, or not UTF-8
+        raise ValueError(f"{path}: expected a JSON report of dsv4spec verify --json, not JSON: {e}") from None
     version = data.get("schema_version") if isinstance(data, dict) else None
     if version != SCHEMA_VERSION:
         raise ValueError(f"{path}: expected a dsv4spec verify JSON report of schema_version {SCHEMA_VERSION}, "
                          f"found schema_version {version!r}")
+    problem = malformed(data)
+    if problem:
+        raise ValueError(f"{path}: a malformed report: {problem}")
     if not data["header"].get("shard"):
         raise ValueError(f"{path}: expected a shard's report (verify --shard K/N), found an unsharded run's")
     return data
+
+
+# What merge reads of a report, and the type of each (report.schema.json states all of it)
+_HEADER = {"tool": dict, "spec": dict, "profile": str, "targets": list, "rules": (str, list), "timeout_s": (int, float),
+           "examples_per_check": dict, "date": str, "command": str, "device": str}
+_RESULT = {"rule": str, "target": str, "status": str, "detail": str, "reproduce": str, "seconds": (int, float),
+           "checks": dict}
+
+
+def malformed(data: dict) -> str:
+    """What a report lacks of what merge reads (empty when nothing)."""
+    from ..spec import RULES
+    from .report import SHORT
+
+    def lacks(record, fields, where):
+        if not isinstance(record, dict):
+            return f"{where} is not an object"
+        return next((f"{where}.{k} is missing or not {getattr(t, '__name__', 'of its type')}"
+                     for k, t in fields.items() if not isinstance(record.get(k), t)), "")
+    problem = lacks(data, {"header": dict, "results": list, "not_run": list, "interrupted": bool}, "the report") \
+        or lacks(data["header"], _HEADER, "header") or lacks(data["header"]["tool"], {"version": str}, "header.tool") \
+        or lacks(data["header"]["spec"], {"digest": str}, "header.spec")
+    shard = data["header"].get("shard") if not problem else None
+    problem = problem or (shard is not None and lacks(shard, {"index": int, "count": int, "rules": list}, "header.shard"))
+    for i, t in enumerate(data["header"]["targets"] if not problem else ()):
+        problem = problem or lacks(t, {"spec": str, "name": str}, f"header.targets[{i}]")
+    for i, r in enumerate(data["results"] if not problem else ()):
+        problem = problem or lacks(r, _RESULT, f"results[{i}]") or (
+            r["rule"] not in RULES and f"results[{i}].rule {r['rule']!r} is not a rule of this dsv4spec") or (
+            r["status"] not in SHORT and f"results[{i}].status {r['status']!r} is not a status")
+    for i, r in enumerate(data["not_run"] if not problem else ()):
+        problem = problem or lacks(r, {"rule": str, "target": str}, f"not_run[{i}]")
+    return problem or ""
+
 
 
 def merge(reports: list[tuple[str, dict]], allow_incomplete: bool = False) -> Merged:
@@ -78,8 +120,10 @@ def merge(reports: list[tuple[str, dict]], allow_incomplete: bool = False) -> Me
     rows = _rows(by_index, selection, [t["name"] for t in first["targets"]])
     header = _header(by_index, first, selection, missing, not_merged, rows)
     not_run = [(e["rule"], e["target"]) for k in sorted(by_index) for e in by_index[k]["not_run"]]
+    findings = [f"shard {k}/{n}: {f}" for k, d in by_index.items() for f in d["header"].get("findings", [])]
+    header["findings"] = findings
     return Merged(rows, header, any(d["interrupted"] for d in by_index.values()), not_run,
-                  {r for d in by_index.values() for r in d["header"].get("xfail", [])})
+                  {r for d in by_index.values() for r in d["header"].get("xfail", [])}, findings)
 
 
 def _check_one_run(reports: list[tuple[str, dict]]) -> None:
@@ -129,6 +173,7 @@ def _check_partition(by_index: dict[int, dict], selection: list[str], complete: 
         stray = sorted({r["rule"] for r in data["results"]} - set(mine))
         if stray:
             raise ValueError(f"shard {k} reports rules outside its shard: {', '.join(stray)}")
+        _check_whole(k, data, mine)
     outside = sorted(set(owner) - set(selection))
     if outside:
         raise ValueError(f"the shards hold rules outside the selection: {', '.join(outside)}")
@@ -136,6 +181,24 @@ def _check_partition(by_index: dict[int, dict], selection: list[str], complete: 
     if complete and not_merged:
         raise ValueError(f"the shards leave out rules of the selection: {', '.join(not_merged)}")
     return not_merged
+
+
+def _check_whole(k: int, data: dict, mine: list[str]) -> None:
+    """ValueError when shard k lacks a result its run had (every rule of its shard on every target
+    it loaded, unless listed as not run by an interrupted run), or holds one twice: rows deleted or
+    copied by hand."""
+    header = data["header"]
+    loaded = [t["name"] for t in header["targets"] if not t.get("load_error")]
+    held = [(r["rule"], r["target"]) for r in data["results"]]
+    twice = sorted({pair for pair in held if held.count(pair) > 1})
+    if twice:
+        raise ValueError(f"shard {k} holds the result of {twice[0][0]} on {twice[0][1]} more than once")
+    accounted = set(held) | {(e["rule"], e["target"]) for e in data["not_run"]}
+    lacking = [(rule, t) for t in loaded for rule in mine if (rule, t) not in accounted]
+    if lacking and not any(t.get("load_error") for t in header["targets"]):
+        raise ValueError(f"shard {k}'s report lacks {len(lacking)} of its results ({lacking[0][0]} on "
+                         f"{lacking[0][1]}{', …' if len(lacking) > 1 else ''}): rows deleted? merge the reports "
+                         f"verify wrote")
 
 
 def _rows(by_index: dict[int, dict], selection: list[str], targets: list[str]) -> list[Row]:

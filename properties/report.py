@@ -16,7 +16,10 @@ JSON (schema_version 3; properties/report.schema.json is its JSON Schema), one o
                      slowest [{rule, target, seconds}] (the three longest rules, a second or more),
                      max_examples (--max-examples, null for the profile's), xfail [rules an --xfail
                      file expects to fail], shard ({index K, count N, rules [its rule ids]} of
-                     `verify --shard K/N`, else null); a merged report (`report merge`) has no shard
+                     `verify --shard K/N`, else null), entries {skip, xfail: [[prefix, reason]]} (the
+                     --skip and --xfail files'), findings [what the process showed beyond the rows:
+                     threads a target left running, a process it ended; each makes the exit status at
+                     least 1, merged too]; a merged report (`report merge`) has no shard
                      but merged {count N, shards [K merged], missing [K], not_merged [rules of the
                      missing shards], runs [{shard, date, wall_s, device, command}]}
     interrupted      true when the run was stopped (Ctrl-C or SIGTERM: the header's interrupted_by)
@@ -267,6 +270,7 @@ def to_markdown(rows: list[Row], header: dict | None = None, interrupted: bool =
     targets, rules, cell = _matrix(rows)
     lines = ["# dsv4spec conformance report", ""]
     lines += [f"**{line}**\n" for line in incompleteness(header or {})]
+    lines += [f"**Finding: {printable(line)}**\n" for line in (header or {}).get("findings", [])]
     if interrupted:
         first, *rest = interruption(list(not_run), len(rows), (header or {}).get("interrupted_by", "Ctrl-C"))
         lines += [f"**{first}**", "", *(f"- {line.strip()}" for line in rest), ""]

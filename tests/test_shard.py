@@ -307,3 +307,73 @@ def test_the_sharded_ci_example_parses():
         c.replace("${{ matrix.shard }}", "3").replace("r-*.json", "r-1.json r-2.json"))[1:]) for c in commands]
     assert (verify.command, verify.shard, verify.json) == ("verify", (3, 4), "r-3.json")
     assert (merge.command, merge.action, merge.reports) == ("report", "merge", ["r-1.json", "r-2.json"])
+
+
+THREADED = """
+import threading
+import dsv4spec.impl as impl
+NAME = "threaded"
+
+def e2m1_encode(x):
+    if not any(t.name == "left-behind" for t in threading.enumerate()):
+        threading.Thread(target=threading.Event().wait, args=(3,), name="left-behind").start()
+    return impl.e2m1_encode(x)
+"""
+
+
+def test_a_shards_process_level_finding_is_in_its_json_and_the_merge_exits_as_the_shard_did(tmp_path, capsys):
+    """A thread a target leaves running makes each shard exit 1 though every row passes (worker
+    route and in-process route alike): the finding is in the JSON, and the merge exits 1 too."""
+    (tmp_path / "threaded.py").write_text(THREADED)
+    rules = ["--target", "threaded", "--rules", "FMT.E2M1.RNE,FMT.E2M1.SATURATE", "--max-examples", "2", "--quiet"]
+    for k, route in ((1, ["--isolate"]), (2, [])):
+        shard = installed("verify", *rules, "--shard", f"{k}/2", *route, "--json", f"{k}.json", cwd=tmp_path)
+        assert shard.returncode == 1 and "left-behind" in shard.stderr, shard.stdout + shard.stderr
+        report = json.loads((tmp_path / f"{k}.json").read_text())
+        assert {r["status"] for r in report["results"]} == {"PASS"}
+        assert any("left-behind" in f for f in report["header"]["findings"]), report["header"]
+    assert main(["report", "merge", *(str(tmp_path / f"{k}.json") for k in (1, 2)), "--json",
+                 str(tmp_path / "m.json")]) == 1
+    assert "shard 1/2: the target left 1 non-daemon thread(s) running (left-behind)" in capsys.readouterr().err
+    assert len(json.loads((tmp_path / "m.json").read_text())["header"]["findings"]) == 2
+
+
+def test_merge_refuses_a_shard_whose_rows_were_deleted(reports, tmp_path, capsys):
+    folder, _ = reports
+    two = load(folder, "2")
+    gone = two["results"].pop()
+    assert main(["report", "merge", str(folder / "1.json"), write(tmp_path / "2.json", two)]) == 2
+    err = capsys.readouterr().err
+    assert "shard 2's report lacks 1 of its results" in err and f"{gone['rule']} on {gone['target']}" in err
+
+
+@pytest.mark.parametrize("option", ["--skip", "--xfail"])
+def test_merge_refuses_shards_run_with_other_skip_or_xfail_entries(reports, tmp_path, capsys, option):
+    folder, _ = reports
+    (tmp_path / "list.txt").write_text("FP4.PACK known (ticket 1)\n")
+    saved = dict(vars(suite.RUN))
+    try:
+        main(["verify", *RUN, "--shard", "2/2", option, str(tmp_path / "list.txt"), "--json", str(tmp_path / "2.json")])
+    finally:
+        vars(suite.RUN).update(saved)
+    capsys.readouterr()
+    assert main(["report", "merge", str(folder / "1.json"), str(tmp_path / "2.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"dsv4spec report: error: not one run: {option} entries differ") and "\n" not in err
+
+
+@pytest.mark.parametrize("damage", ["header not an object", "result without status", "unknown rule", "targets None"])
+def test_a_malformed_report_is_one_line_not_a_traceback(reports, tmp_path, capsys, damage):
+    folder, _ = reports
+    two = load(folder, "2")
+    if damage == "header not an object":
+        two["header"] = []
+    elif damage == "result without status":
+        del two["results"][0]["status"]
+    elif damage == "unknown rule":
+        two["results"][0]["rule"] = "NO.SUCH.RULE"
+    else:
+        two["header"]["targets"] = None
+    assert main(["report", "merge", str(folder / "1.json"), write(tmp_path / "2.json", two)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"dsv4spec report: error: {tmp_path / '2.json'}: a malformed report: ") and err.count("\n") == 1
