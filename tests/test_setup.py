@@ -9,6 +9,7 @@ import tomllib
 from importlib.metadata import packages_distributions
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 
 import dsv4spec
@@ -114,3 +115,17 @@ def test_the_readmes_pytest_route_installs_the_cpu_torch_that_pyproject_admits()
     torch = next(r for r in PROJECT["dependencies"] if Requirement(r).name == "torch")
     line = f"pip install --index-url https://download.pytorch.org/whl/cpu '{torch}'"
     assert line in (HOME / "README.md").read_text(), f"expected README's pytest route to say: {line}"
+
+
+@pytest.mark.parametrize("installed, kernels", [("3.7.1", False), ("3.6.0", True), ("3.6.1", True)])
+def test_kernels_are_a_default_target_only_on_the_tested_triton(monkeypatch, capsys, installed, kernels):
+    """A plain pip install may pair torch 2.13 with Triton 3.7.1: the kernels, tested on 3.6, are then
+    left out of the defaults, saying so (`--target kernels` still runs them)."""
+    from importlib import metadata
+    from dsv4spec import cli
+    real = metadata.version
+    monkeypatch.setattr(metadata, "version", lambda name: installed if name == "triton" else real(name))
+    assert ("kernels" in cli._default_targets()) is kernels
+    err = capsys.readouterr().err
+    assert (f"kernels left out: Triton {installed} is installed; the kernels are tested on Triton 3.6" in err) \
+        is not kernels, err
