@@ -97,20 +97,34 @@ def generate(out: Path, *, force: bool = False, names=None) -> dict:
     return manifest
 
 
-def verify_manifest(data: Path = DATA) -> list[str]:
-    """Problems with the stored goldens: missing files, hash mismatches, files not in the manifest."""
+def verify_manifest(data: Path | None = None) -> list[str]:
+    """Problems with the stored goldens: a malformed manifest, an entry naming anything but a file
+    of the data folder, missing files, hash mismatches, files not in the manifest."""
+    data = DATA if data is None else data
     path = data / MANIFEST
     if not path.exists():
         raise FileNotFoundError(f"no golden manifest at {path}; run `dsv4spec golden generate`")
-    manifest = json.loads(path.read_text())
+    try:
+        manifest = json.loads(path.read_text())
+    except (ValueError, OSError) as e:
+        return [f"{path}: malformed: not readable JSON ({e})"]
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict):
+        return [f"{path}: malformed: expected an object with \"files\": {{NAME: {{\"sha256\": HEX}}}}"]
     problems = []
-    for name, entry in manifest["files"].items():
+    for name, entry in files.items():
+        if Path(name).name != name or name in (".", ".."):
+            problems.append(f"{name!r}: not a file name of the data folder (refused, never opened)")
+            continue
+        if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str):
+            problems.append(f"{name}: malformed entry {entry!r}; expected {{\"sha256\": HEX}}")
+            continue
         f = data / name
-        if not f.exists():
+        if not f.is_file():
             problems.append(f"{name}: listed in the manifest but missing")
         elif sha256(f) != entry["sha256"]:
             problems.append(f"{name}: sha256 differs from the manifest (edited by hand?)")
-    extra = {p.name for p in data.glob("*.safetensors")} - set(manifest["files"])
+    extra = {p.name for p in data.glob("*.safetensors")} - set(files)
     problems += [f"{name}: not in the manifest" for name in sorted(extra)]
     return problems
 

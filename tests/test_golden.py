@@ -198,3 +198,26 @@ def by_case(results) -> dict:
     """check_outputs' (rule, status, detail) rows by case: several cases gate one rule."""
     import re
     return {re.match(r"\w+", detail).group(): status for _, status, detail in results}
+
+
+@pytest.mark.parametrize("manifest, says", [
+    ("{not json", "malformed: not readable JSON"),
+    ('{"files": []}', 'malformed: expected an object with "files"'),
+    ('{"files": {"fp4_e4m3_kv.safetensors": "abc"}}', "fp4_e4m3_kv.safetensors: malformed entry 'abc'"),
+    ('{"files": {"../outside.safetensors": {"sha256": "00"}}}', "'../outside.safetensors': not a file name of the "
+                                                                "data folder (refused, never opened)"),
+])
+def test_golden_manifest_validates_a_malformed_manifest_in_one_line(tmp_path, monkeypatch, capsys, manifest, says):
+    from dsv4spec.cli import main
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / store.MANIFEST).write_text(manifest)
+    (tmp_path / "outside.safetensors").write_bytes(b"secret")
+    opened = []
+    real_sha256 = store.sha256
+    monkeypatch.setattr(store, "sha256", lambda f: opened.append(f) or real_sha256(f))
+    monkeypatch.setattr(store, "DATA", data)
+    assert main(["golden", "manifest"]) == 1
+    out = capsys.readouterr()
+    assert out.err.count("\n") == 1 and says in out.err and "Traceback" not in out.err, out.err
+    assert out.out.strip() == "manifest: 1 problems" and not opened
