@@ -53,6 +53,8 @@ def run(args) -> int:
         except (ValueError, AssertionError):
             raise UsageError(f"--shard expects K/N with 1 ≤ K ≤ N, got {args.shard!r}") from None
         shard = (k, n)
+    if not args.list:
+        M.load_equivalent()         # before anything runs: a wheel without the checkout's file is told at once
     if args.merge:
         results = M.from_json(open(path).read() for path in args.merge)
         return _report(M, args, results, "dsv4spec mutate --merge " + " ".join(args.merge))

@@ -644,10 +644,14 @@ def run_mutant(mutant: Mutant, prefixes=None, profile: str = "ci", limit_s: int 
     return Result(mutant, "survived", "", "", ran, time.perf_counter() - start)
 
 
-def load_equivalent(path: Path = EQUIVALENT_FILE) -> dict[str, str]:
-    """{mutant id: the reason it cannot change any result}, from the committed TOML file."""
+def load_equivalent(path: Path | None = None) -> dict[str, str]:
+    """{mutant id: the reason it cannot change any result}, from the committed TOML file (a
+    checkout's: FileNotFoundError where it is missing, as in an installed wheel)."""
+    path = EQUIVALENT_FILE if path is None else path
     if not path.exists():
-        return {}
+        raise FileNotFoundError(f"no {path}: the equivalent mutants are marked in the repository's tests, which "
+                                f"an installed wheel does not ship; run mutate in a checkout (git clone, then "
+                                f"pip install -e .)")
     import tomllib
     data = tomllib.loads(path.read_text())
     return {k: v["reason"] for k, v in data.get("mutant", {}).items()}

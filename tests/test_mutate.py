@@ -147,3 +147,14 @@ def test_the_official_floor_equivalences_hold_at_every_bf16_amax():
         want, got = getattr(official, op)(x, *args), getattr(M.mutated_module(_by_id(mutant_id)), op)(x, *args)
         same = all(torch.equal(a, b) for a, b in zip(want, got))
         assert same == (mutant_id in marked), mutant_id
+
+
+def test_mutate_outside_a_checkout_says_it_needs_one(monkeypatch, tmp_path, capsys):
+    """From an installed wheel (no tests/mutants/EQUIVALENT.toml), every equivalent mutant would read
+    as a survivor: mutate refuses in one line instead (exit 2)."""
+    monkeypatch.setattr(M, "EQUIVALENT_FILE", tmp_path / "tests" / "mutants" / "EQUIVALENT.toml")
+    assert main(["mutate", "--id", "no-such-mutant"]) == 2
+    err = capsys.readouterr().err
+    assert "EQUIVALENT.toml: the equivalent mutants are marked in the repository's tests, which an installed wheel " \
+           "does not ship; run mutate in a checkout" in err and err.count("\n") == 1, err
+    assert main(["mutate", "--id", "no-such-mutant", "--list"]) == 0       # listing needs no equivalence file
