@@ -12,16 +12,19 @@ TORCH_INDEX ?= $(if $(HAVE_GPU)$(PIP_FIND_LINKS),,https://download.pytorch.org/w
 # Triton is the kernels' extra (pinned to the GPU's); every other rule runs without it.
 TRITON ?= triton==3.6.0
 DEPS := $(TRITON) numpy ml_dtypes "hypothesis>=6.170,<7" pytest pytest-xdist safetensors matplotlib jsonschema
+# The exact versions CI ran with (empty: the newest that pyproject.toml and DEPS admit)
+CONSTRAINTS ?= constraints.txt
+PIN := $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 JOBS ?= auto
 VERIFY_JOBS ?= $(shell nproc)
 
 .PHONY: verify thorough test spec clean
 
-$(BIN)/.installed: pyproject.toml Makefile
+$(BIN)/.installed: pyproject.toml Makefile $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip setuptools
-	$(BIN)/pip install --quiet $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) $(TORCH)
-	$(BIN)/pip install --quiet $(DEPS)
+	$(BIN)/pip install --quiet $(PIN) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) $(TORCH)
+	$(BIN)/pip install --quiet $(PIN) $(DEPS)
 	$(BIN)/pip install --quiet --no-build-isolation --no-deps -e .
 	touch $@
 

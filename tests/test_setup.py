@@ -129,3 +129,46 @@ def test_kernels_are_a_default_target_only_on_the_tested_triton(monkeypatch, cap
     err = capsys.readouterr().err
     assert (f"kernels left out: Triton {installed} is installed; the kernels are tested on Triton 3.6" in err) \
         is not kernels, err
+
+
+@pytest.mark.thorough       # about 15 s: the package is built from a copy of the working tree
+def test_the_sdist_and_the_wheel_carry_what_a_porter_and_a_type_checker_need(tmp_path):
+    import shutil
+    import tarfile
+    import zipfile
+    source = tmp_path / "src"
+    shutil.copytree(HOME, source, ignore=shutil.ignore_patterns(".venv", ".git", "__pycache__", "*.egg-info", "build"))
+    code = "from setuptools import build_meta as b; b.build_sdist('../dist'); b.build_wheel('../dist')"
+    built = subprocess.run([sys.executable, "-c", code], cwd=source, capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr[-2000:]
+    (sdist,) = (tmp_path / "dist").glob("*.tar.gz")
+    names = {n.split("/", 1)[1] for n in tarfile.open(sdist).getnames() if "/" in n}
+    assert {"PROTOCOL.md", "examples/c_port/port.c", "examples/fp4_port/fp4_port.py"} <= names
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        metadata = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+        assert "dsv4spec/py.typed" in z.namelist()
+    assert "Classifier: Programming Language :: Python :: 3" in metadata
+    assert "Project-URL: Source, " in metadata and "Classifier: Typing :: Typed" in metadata
+
+
+def test_the_makefile_installs_the_exact_versions_ci_used_and_pyproject_admits_them():
+    """constraints.txt pins every package the Makefile installs (torch and Triton are its own pins)
+    to one version, each admitted by pyproject.toml; the README's commands stay `make verify`, `make test`."""
+    pins = {}
+    for line in (HOME / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            requirement = Requirement(line)
+            (spec,) = requirement.specifier
+            assert spec.operator == "==", line
+            pins[requirement.name.lower().replace("_", "-")] = spec.version
+    makefile = (HOME / "Makefile").read_text()
+    assert "CONSTRAINTS ?= constraints.txt" in makefile and makefile.count("$(PIN)") == 2
+    for needed in ["numpy", "ml-dtypes", "hypothesis", "pytest", "pytest-xdist", "safetensors", "matplotlib",
+                   "jsonschema"]:
+        assert needed in pins, f"constraints.txt does not pin {needed}"
+    for dependency in PROJECT["dependencies"]:
+        requirement = Requirement(dependency)
+        name = requirement.name.lower().replace("_", "-")
+        if name in pins:
+            assert requirement.specifier.contains(pins[name]), f"{name}=={pins[name]} is not {requirement}"
