@@ -184,7 +184,7 @@ class _Run:
         else:
             unloadable = [t for t in targets if getattr(t, "load_error", "")]
             for t in unloadable:
-                print(f"dsv4spec verify: error: {t.load_error}", file=sys.stderr)
+                print(f"dsv4spec verify: error: {report.printable(t.load_error)}", file=sys.stderr)
             usage = any(getattr(t, "usage_error", False) for t in unloadable)
             status = 2 if usage else 3 if unloadable else max(exit_status(rows, targets, expected), forced,
                                                               1 if findings else 0)

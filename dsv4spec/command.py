@@ -57,13 +57,14 @@ class Unloaded:
 
 def handled(call, args) -> int:
     """call(), with a usage or load error reported in one line and its exit status."""
+    from dsv4spec.properties.contract import printable
     from dsv4spec.properties.target import TargetLoadError
     try:
         return call()
     except (UsageError, ValueError, FileNotFoundError, TargetLoadError) as e:
         if args.debug:
             raise
-        print(f"dsv4spec {args.command}: error: {e}", file=sys.stderr)
+        print(f"dsv4spec {args.command}: error: {printable(str(e))}", file=sys.stderr)   # a target's words, shown
         return 3 if isinstance(e, TargetLoadError) else 2
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

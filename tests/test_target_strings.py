@@ -58,3 +58,11 @@ def test_an_in_place_write_shows_the_values_sent_as_what_the_target_received():
     assert row.status == ERROR and "modified its input 'x' in place" in row.detail, row.detail
     received = row.detail[row.detail.index("the target received:"):]
     assert "12345" not in received and "e2m1_encode(tensor(float32" in received, received
+
+
+def test_a_load_error_a_target_raises_is_shown_not_obeyed(tmp_path):
+    (tmp_path / "loud.py").write_text('raise RuntimeError("\\x1b[2J\\x1b[31mcleared \\x00")\n')
+    run = subprocess.run([sys.executable, "-m", "dsv4spec", "verify", "--quiet", "--target", "loud", "--rules",
+                          "FMT.E2M1.RNE"], cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 3 and "\\x1b[2J\\x1b[31mcleared \\x00" in run.stderr, run.stderr
+    assert not re.search("[\x00\x1b]", run.stderr + run.stdout)
