@@ -205,11 +205,7 @@ def _int64(text: str, what: str) -> int:
 def _sized(op: str, values: tuple, args: tuple, kwargs: dict):
     """ProtocolError when a result tensor holds another number of elements than the contract fixes
     for this request's inputs: a reply to another request, or a wrong size, named as such."""
-    try:
-        shapes = SHAPES[op](args, kwargs)
-    except Exception:       # noqa: BLE001 -- no shape the contract fixes (or inputs chosen malformed)
-        return
-    shapes = [shapes] if shapes and not isinstance(shapes[0], tuple) else list(shapes)
+    shapes = _result_shapes(op, args, kwargs) or []
     for i, (value, shape) in enumerate(zip(values, shapes if len(values) == len(shapes) else ())):
         if hasattr(value, "numel") and value.numel() != math.prod(shape):
             what = f"{op} result {i}" if len(values) > 1 else f"{op} result"
@@ -221,12 +217,19 @@ def _sized(op: str, values: tuple, args: tuple, kwargs: dict):
 def reply_limit(op: str, args: tuple, kwargs: dict) -> int:
     """The tensor bytes a reply to this request may hold: its results' shapes (where the contract
     fixes them) at the widest element, within MAX_REPLY_BYTES."""
+    shapes = _result_shapes(op, args, kwargs)
+    if shapes is None:
+        return MAX_REPLY_BYTES
+    return min(MAX_REPLY_BYTES, sum(int(np.prod(s, dtype=np.int64)) for s in shapes) * WIDEST)
+
+
+def _result_shapes(op: str, args: tuple, kwargs: dict) -> list[tuple] | None:
+    """The shapes of the results the contract fixes for these inputs (None: it fixes none)."""
     try:
         shapes = SHAPES[op](args, kwargs)
     except Exception:       # noqa: BLE001 -- no shape the contract fixes (or inputs chosen malformed)
-        return MAX_REPLY_BYTES
-    shapes = [shapes] if shapes and not isinstance(shapes[0], tuple) else list(shapes)
-    return min(MAX_REPLY_BYTES, sum(int(np.prod(s, dtype=np.int64)) for s in shapes) * WIDEST)
+        return None
+    return [shapes] if shapes and not isinstance(shapes[0], tuple) else list(shapes)
 
 
 # ------------------------------------------------------------------------------------------------
