@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 from dsv4spec.command import (  # noqa: F401 -- Terminated and UsageError re-exported where they always were
-    SIGNALLED, Terminated, Unloaded, UsageError, handled, prefixes, report_threads_left, terminated_as_interrupted)
+    SIGNALLED, Terminated, Unloaded, UsageError, act_on_a_signal, handled, prefixes, report_processes_left,
+    report_threads_left, terminated_as_interrupted)
 from dsv4spec.interpreter import skip_dead_overflow_checks
 
 DEFAULT_TARGETS = ["impl", "kernels", "ml_dtypes", "torch"]
@@ -129,9 +130,14 @@ class _Run:
                             also=self.on_row)
         rows, targets, interrupted = _run_verify(args, self.specs, self.run_ids, progress, self.on_targets)
         progress.end()
+        interrupted = interrupted or bool(SIGNALLED.get("signal"))     # one that came after the last safe point
+        SIGNALLED["acted"] = True
         status = self.conclude(rows, targets, interrupted)
+        if SIGNALLED.get("signal") and not interrupted:        # came while the reports were written: said so
+            status = 128 + SIGNALLED["signal"]
         for t in targets:           # a worker's (--isolate, --jobs); in this process the guard looks
             status = report_threads_left(getattr(t, "threads_left", []), status, f"{t.name}'s worker process")
+            status = report_processes_left(getattr(t, "processes_left", []), status, f"{t.name}'s worker process")
         return status
 
     def conclude(self, rows, targets, interrupted, forced=0) -> int:
@@ -292,6 +298,7 @@ def _run_verify(args, specs, rule_ids, progress, on_targets=lambda _: None):
             targets.append(load_target(spec))
             targets[-1].timeout = args.timeout
         on_targets(targets)
+        act_on_a_signal()
         if not workers:
             load_checks()
             return verify(targets, profile=args.profile, progress=progress, rule_ids=rule_ids), targets, False
@@ -345,6 +352,7 @@ class Progress:
     def __call__(self, row):
         self.rows.append(row)
         self.also(row)
+        act_on_a_signal()           # a safe point: a signal recorded during the row ends the run here
         if self.quiet:
             return
         done = len(self.rows)

@@ -10,8 +10,13 @@ the process ended, an ERROR "not run" for every rule after it, every report writ
 or more.  A fork, not a worker (--isolate): no second import of torch and the target, the same
 process for the target as before, and a verdict no target can end.
 
-The parent forwards SIGTERM and SIGINT to the child (the child handles the first, writing what
-finished, marked interrupted, and ignores the rest); the child receives SIGTERM if the parent dies.
+The parent forwards SIGTERM and SIGINT to the child, which ends the run at its next safe point and
+writes what finished, marked interrupted; a child that has not ended STOP_GRACE_S later (a target
+hung in C, or one whose own handler took the signal) is killed with its process group, and the
+parent writes those reports from the rows it was told.  The child leads a process group of its own:
+whatever a target forked or started there and left running is named, ended, and makes the exit
+status at least 1 (it would hold the pipe, and the command, open).  The child is killed if the
+parent dies (SIGKILL: no signal handler of Python's runs in a target hung in C).
 """
 from __future__ import annotations
 
@@ -19,12 +24,18 @@ import atexit
 import os
 import signal
 import sys
+import time
 from dataclasses import asdict
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 
-from dsv4spec.command import Unloaded, handled, report_threads_left, terminated_as_interrupted
+from dsv4spec.command import (SIGNALLED, Unloaded, handled, report_processes_left, report_threads_left,
+                              terminated_as_interrupted)
 from dsv4spec.interpreter import skip_dead_overflow_checks
 from dsv4spec.parent_death import signal_on_parent_death
+
+STOP_GRACE_S = 5.0      # after a signal is forwarded, before the child's group is killed (a target hung in C)
+POLL_S = 0.1            # how often the parent looks at the child while it waits
+
 
 def supervised(run) -> int:
     """`run.here()` in a forked child; its exit status, or the parent's report of its end."""
@@ -37,13 +48,25 @@ def supervised(run) -> int:
         os.close(read)
         _child(run, Connection(write, readable=False))
     os.close(write)
+    _own_group(pid)
     return _parent(run, pid, Connection(read, writable=False))
+
+
+def _own_group(pid: int) -> None:
+    """The child leads a process group of its own (set on both sides of the fork, whichever runs
+    first): what a target forks or starts is found there, and a Ctrl-C at the terminal reaches the
+    parent only, which forwards it once."""
+    try:
+        os.setpgid(pid, pid)
+    except OSError:         # the other side did it first, or the child has already ended
+        pass
 
 
 def _child(run, conn):
     status = 70
     try:
-        signal_on_parent_death(signal.SIGTERM)
+        _own_group(0)
+        signal_on_parent_death(signal.SIGKILL)     # a command killed outright takes its child along, even one hung in C
         skip_dead_overflow_checks()         # here, not in the parent: it may ask torch for CUDA
         from dsv4spec.properties.target import WATCH
         WATCH.report = lambda op: conn.send(("op", op))
@@ -74,34 +97,93 @@ def _info(target):
 
 
 def _parent(run, pid: int, conn) -> int:
-    forward = lambda number, _frame: os.kill(pid, number)       # noqa: E731
-    saved = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    rows, infos, op, verdict, ports = [], None, None, None, set()
+    watch = _Watch(run, pid, conn)
+    saved = {s: signal.signal(s, watch.forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        while True:
-            try:
-                kind, value = conn.recv()
-            except (EOFError, OSError):
-                break
-            if kind == "row":
-                rows.append(value)
-            elif kind == "targets":
-                infos = value
-            elif kind == "op":
-                op = value
-            elif kind == "port":
-                ports.add(value)
-            elif kind == "done":
-                verdict = value
-        _, code = os.waitpid(pid, 0)
+        code = watch.until_the_child_ends()
     finally:
         for s, handler in saved.items():
             signal.signal(s, handler)
-    from dsv4spec.properties.workers import end_groups
-    end_groups(ports)                   # what the child's ports left running, however it ended
-    if verdict is not None:
-        return verdict
-    return _report_the_end(run, rows, infos, op, _ended(code))
+    from dsv4spec.properties.workers import end_groups, processes_left
+    end_groups(watch.ports)             # what the child's ports left running, however it ended
+    left = processes_left(pid)          # what the target forked or started in the child's group
+    if watch.verdict is not None:
+        status = watch.verdict
+    elif SIGNALLED.get("signal"):       # the child did not write the reports of the interrupted run
+        how = f"did not stop within {STOP_GRACE_S:g} s of the signal and was killed" if watch.killed \
+            else f"ended ({_ended(code)})"
+        print(f"dsv4spec verify: the run's process {how} before writing its reports; they are written from "
+              f"the results that finished", file=sys.stderr)
+        status = _report_the_interruption(run, watch)
+    else:
+        status = _report_the_end(run, watch.rows, watch.infos, watch.op, _ended(code))
+    return report_processes_left(left, status, "the command's process group")
+
+
+class _Watch:
+    """What the parent knows of the child: the rows it finished, its targets, the operation it is
+    in, its verdict; and the child's end, which it waits for by pid, not by the end of the pipe (a
+    process the target forked holds the pipe open)."""
+
+    def __init__(self, run, pid: int, conn):
+        self.run, self.pid, self.conn = run, pid, conn
+        self.rows, self.infos, self.op, self.verdict, self.ports = [], None, None, None, set()
+        self.kill_at, self.killed = None, False
+
+    def forward(self, number, _frame):
+        """A signal for the command: the child's to act on; its group is killed if it has not ended
+        STOP_GRACE_S later (a target hung in C, or one whose own handler took the signal)."""
+        SIGNALLED.setdefault("signal", number)
+        if self.kill_at is None:
+            self.kill_at = time.monotonic() + STOP_GRACE_S
+        try:
+            os.kill(self.pid, number)
+        except ProcessLookupError:
+            pass
+
+    def until_the_child_ends(self) -> int:
+        while True:
+            self.read(POLL_S)
+            ended, code = os.waitpid(self.pid, os.WNOHANG)
+            if ended:
+                self.read(0)
+                return code
+            if self.kill_at is not None and time.monotonic() > self.kill_at:
+                self.killed = True
+                try:
+                    os.killpg(self.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                return os.waitpid(self.pid, 0)[1]
+
+    def read(self, timeout: float) -> None:
+        if self.conn is None:
+            time.sleep(timeout)
+            return
+        while wait([self.conn], timeout):
+            timeout = 0
+            try:
+                kind, value = self.conn.recv()
+            except (EOFError, OSError):
+                self.conn = None
+                return
+            if kind == "row":
+                self.rows.append(value)
+            elif kind == "targets":
+                self.infos = value
+            elif kind == "op":
+                self.op = value
+            elif kind == "port":
+                self.ports.add(value)
+            elif kind == "done":
+                self.verdict = value
+
+
+def _report_the_interruption(run, watch) -> int:
+    from dsv4spec.properties.suite import Row
+    from dsv4spec.properties.workers import TargetInfo
+    targets = [TargetInfo(**i) for i in watch.infos] if watch.infos else [Unloaded(s) for s in run.specs]
+    return run.conclude([Row(**r) for r in watch.rows], targets, interrupted=True)
 
 
 def _ended(code: int) -> str:

@@ -264,6 +264,7 @@ class Watch:
     def __init__(self):
         self.report = lambda op: None
         self.port = lambda pgid: None       # the process group of a port the target started (exec_target)
+        self.safe_point = lambda: None      # the command's: a SIGTERM or SIGINT it recorded ends the run here
 
 
 WATCH = Watch()
@@ -279,6 +280,7 @@ class _deadline:
             and hasattr(signal, "setitimer")
 
     def __enter__(self):
+        WATCH.safe_point()
         WATCH.report(self.op)
         if self.armed:
             self.previous = signal.signal(signal.SIGALRM, self._fire)
@@ -295,6 +297,7 @@ class _deadline:
             if self.left:                   # give the other timer back what it had left
                 signal.setitimer(signal.ITIMER_REAL, max(self.left - (time.monotonic() - self.start), 1e-3))
         WATCH.report(None)
+        WATCH.safe_point()
         return False
 
 

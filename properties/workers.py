@@ -51,12 +51,50 @@ class TargetInfo:
     load_error: str = ""
     usage_error: bool = False       # the spec names something that is not a target (exit status 2)
     threads_left: list = field(default_factory=list)    # non-daemon threads it left running in a worker
+    processes_left: list = field(default_factory=list)  # processes it left running there (ended since)
 
 
 def threads_left() -> list[str]:
     """The names of the non-daemon threads alive beside the main thread: a target's leftovers."""
     return [t.name for t in threading.enumerate()
             if t is not threading.main_thread() and not t.daemon and t.is_alive()]
+
+
+def processes_in_group(pgid: int, besides: int | None = None) -> list[tuple[int, str]]:
+    """(pid, command line) of each live process of group `pgid` but `besides` (Linux's /proc; elsewhere none)."""
+    try:
+        entries = [int(e) for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return []
+    found = []
+    for pid in entries:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state, _, group = f.read().rsplit(")", 1)[1].split()[:3]
+            if pid == besides or state == "Z" or int(group) != pgid:
+                continue
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                found.append((pid, f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()[:120]))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+LEFT_GRACE_S = 2.0      # a helper process that ends on its own this soon is not left behind
+
+
+def processes_left(pgid: int, besides: int | None = None) -> list[str]:
+    """The processes a target left running in group `pgid` (all of it but `besides`), named and
+    ended with SIGKILL: a helper it forked or started keeps a pipe of the suite's open, or is orphaned."""
+    deadline = time.monotonic() + LEFT_GRACE_S
+    while (left := processes_in_group(pgid, besides)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid, _ in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return [f"pid {pid}: {command or '?'}" for pid, command in left]
 
 
 def visible_gpus() -> list[str]:
@@ -100,6 +138,7 @@ def _pin(cores: list[int]):
 def _worker(conn, cores, run: dict, timeout):
     from dsv4spec.parent_death import signal_on_parent_death
     signal_on_parent_death(signal.SIGKILL)             # a supervisor that dies takes its workers along
+    os.setpgid(0, 0)                                   # a group of its own: what a target forks is found in it
     signal.signal(signal.SIGINT, signal.SIG_IGN)       # the supervisor handles Ctrl-C
     _pin(cores)
     skip_dead_overflow_checks()                        # a process of ours (dsv4spec/interpreter.py)
@@ -133,6 +172,8 @@ def _worker(conn, cores, run: dict, timeout):
         row = suite.run_rule(rule_id, targets[spec], profile)
         if left := threads_left():  # before the row: the supervisor may end this worker on it
             conn.send(("threads", spec, left))
+        if left := processes_left(os.getpid(), besides=os.getpid()):
+            conn.send(("processes", spec, left))
         conn.send(("row", index, asdict(row)))
 
 
@@ -182,12 +223,16 @@ class _Slot:
         self.task, self.op, self.since = task, None, time.monotonic()
         self.conn.send((*task, hung))
 
-    def kill(self):
+    def kill(self) -> list[str]:
+        """End the worker, its ports and what it left running in its group (named)."""
+        left = []
         if self.process is not None:
             self.process.kill()
             self.process.join()
+            left = processes_left(self.process.pid)
         self.process = self.conn = None
         end_groups(self.ports)
+        return left
 
     def stop(self):
         if self.process is not None and self.process.is_alive():
@@ -261,7 +306,7 @@ class Pool:
                 infos[spec].load_error = f"target {spec!r} could not be loaded: {why}"
             elif status == TIMEOUT:
                 hung[spec][slot.op] = why
-            slot.kill()
+            infos[spec].processes_left.extend(slot.kill())
             repro = suite.reproduce_command(spec, rule_id, profile, seed, timeout, isolate=True)
             record(index, Row(rule_id, infos[spec].name, status, why, repro))
             slot.task = None
@@ -276,6 +321,7 @@ class Pool:
                             record(index, Row(rule_id, infos[spec].name, ERROR, infos[spec].load_error))
                             continue
                         slot.give(task, hung[spec])
+                WATCH.safe_point()          # the command's: a SIGTERM or SIGINT it recorded ends the run here
                 busy = [s for s in slots if s.task]
                 ready = wait([s.conn for s in busy] + [s.process.sentinel for s in busy], timeout=0.5)
                 for slot in busy:
@@ -313,8 +359,8 @@ def _drain(slot, record, infos, ready):
             slot.op, slot.since = message[1], time.monotonic()
         elif kind == "port":
             slot.ports.add(message[1])
-        elif kind == "threads":
-            known = infos[message[1]].threads_left
+        elif kind in ("threads", "processes"):
+            known = getattr(infos[message[1]], f"{kind}_left")
             known.extend(n for n in message[2] if n not in known)
         elif kind == "loaded":
             infos[message[1]["spec"]] = TargetInfo(**message[1])
