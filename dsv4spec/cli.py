@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from dsv4spec.command import (  # noqa: F401 -- Terminated and UsageError re-exported where they always were
-    SIGNALLED, Terminated, Unloaded, UsageError, act_on_a_signal, handled, prefixes, report_processes_left,
+    SIGNALLED, Terminated, Unloaded, UsageError, act_on_a_signal, handled, prefixes, printed, report_processes_left,
     report_threads_left, terminated_as_interrupted)
 from dsv4spec.interpreter import skip_dead_overflow_checks
 
@@ -158,9 +158,12 @@ class _Run:
             header["interrupted_by"] = cause
         done = {(r.rule_id, r.target) for r in rows}
         not_run = [(r, t.name) for t in targets for r in run_ids if (r, t.name) not in done] if interrupted else []
+        unloadable = [t for t in targets if getattr(t, "load_error", "")]
         table = _table_stream(args)
-        print(report.header_line(header), file=table)
-        print(report.terminal(rows, color=colored(table)), file=table)
+        shown = True
+        if not unloadable or interrupted:     # a target that cannot be loaded: its one line, as on every route
+            shown = printed(report.header_line(header), table)
+            shown &= printed(report.terminal(rows, color=colored(table)), table)
         unwritten = []
         for path, write in ((args.json, report.to_json), (args.junit, report.to_junit),
                             (args.markdown, report.to_markdown)):
@@ -172,20 +175,23 @@ class _Run:
         if interrupted:
             print("\n" + "\n".join(report.interruption(not_run, len(rows), cause)), file=sys.stderr)
             status = 128 + SIGNALLED.get("signal", signal.SIGINT)
-        else:
-            unloadable = [t for t in targets if getattr(t, "load_error", "")]
+        elif unloadable:
             for t in unloadable:
                 print(f"dsv4spec verify: error: {t.load_error}", file=sys.stderr)
-            usage = any(getattr(t, "usage_error", False) for t in unloadable)
-            status = 2 if usage else 3 if unloadable else max(exit_status(rows, targets, expected), forced)
-            print("\n" + report.conclusion(rows, {t.name: t.claims_conformance for t in targets}, status, expected),
-                  file=table)
+            status = 2 if any(getattr(t, "usage_error", False) for t in unloadable) else 3
+        else:
+            status = max(exit_status(rows, targets, expected), forced)
+            shown &= printed("\n" + report.conclusion(rows, {t.name: t.claims_conformance for t in targets}, status,
+                                                       expected), table)
+        if not shown:
+            unwritten.append("standard output is closed or has no reader: the matrix and the verdict line were "
+                             "not written (the reports to files were)")
         for why in unwritten:
             print(f"dsv4spec verify: error: {why}", file=sys.stderr)
         return REPORT_LOST if unwritten else status
 
 
-REPORT_LOST = 4        # a report could not be written (the others and the verdict line were)
+REPORT_LOST = 4        # a report could not be written (the others and the verdict line were), or standard output was lost
 
 
 def _table_stream(args):
@@ -195,7 +201,7 @@ def _table_stream(args):
 
 def colored(stream) -> bool:
     """ANSI colours on a terminal, unless $NO_COLOR is set and not empty (https://no-color.org)."""
-    return stream.isatty() and not os.environ.get("NO_COLOR")
+    return stream is not None and stream.isatty() and not os.environ.get("NO_COLOR")
 
 
 def _listed(rows, targets, rule_ids, skip, xfail):

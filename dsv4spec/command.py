@@ -109,3 +109,32 @@ def report_processes_left(described: list[str], status: int, where: str = "the p
           f"({'; '.join(described)}); a target must end the processes it starts (they were ended with SIGKILL; "
           f"exit status 1 at least)", file=sys.stderr)
     return max(status, 1)
+
+
+def printed(text: str, stream) -> bool:
+    """print(text) to `stream`; False where it is closed or its reader has gone (standard output
+    closed, `| head`): the reports to files are written regardless, and the exit status says so."""
+    try:
+        print(text, file=stream, flush=True)
+        return stream is not None
+    except (OSError, ValueError):
+        _to_devnull(stream)
+        return False
+
+
+def flushed(*streams) -> None:
+    """Flush each stream; one that is closed or has lost its reader is pointed at /dev/null, so
+    that no later flush (the interpreter's last) raises."""
+    for stream in streams:
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):
+            _to_devnull(stream)
+
+
+def _to_devnull(stream) -> None:
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass

@@ -28,7 +28,7 @@ import time
 from dataclasses import asdict
 from multiprocessing.connection import Connection, wait
 
-from dsv4spec.command import (SIGNALLED, Unloaded, handled, report_processes_left, report_threads_left,
+from dsv4spec.command import (SIGNALLED, Unloaded, flushed, handled, report_processes_left, report_threads_left,
                               terminated_as_interrupted)
 from dsv4spec.interpreter import skip_dead_overflow_checks
 from dsv4spec.parent_death import signal_on_parent_death
@@ -41,8 +41,7 @@ def supervised(run) -> int:
     """`run.here()` in a forked child; its exit status, or the parent's report of its end."""
     import torch  # noqa: F401 -- imported once for both (the parent's report needs it); no CUDA asked
     read, write = os.pipe()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    flushed(sys.stdout, sys.stderr)
     pid = os.fork()
     if pid == 0:
         os.close(read)
@@ -85,8 +84,7 @@ def _child(run, conn):
         conn.send(("done", status))
     finally:
         atexit._run_exitfuncs()         # the ports' cleanup (exec_target)
-        sys.stdout.flush()
-        sys.stderr.flush()
+        flushed(sys.stdout, sys.stderr)
         os._exit(status)
 
 

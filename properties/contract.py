@@ -25,12 +25,16 @@ from .families import FAMILY_MODULES
 DEFAULT_TIMEOUT_S = 60.0       # one operation call; `verify --timeout` changes it
 
 
+MAX_TIMEOUT_S = 86400.0     # a day: the system's timers refuse far larger ones (1e10 s failed every call)
+
+
 def timeout_seconds(text) -> float:
-    """A --timeout value: a positive, finite number of seconds (nan or inf would blame every call
-    on the target)."""
+    """A --timeout value: a positive, finite number of seconds, at most a day (nan, inf or 1e10 would
+    blame every call on the target)."""
     seconds = float(text)
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise ValueError(f"must be a positive, finite number of seconds, got {seconds:g}")
+    if not (math.isfinite(seconds) and 0 < seconds <= MAX_TIMEOUT_S):
+        raise ValueError(f"must be a positive, finite number of seconds, at most {MAX_TIMEOUT_S:g} (a day), "
+                         f"got {seconds:g}")
     return seconds
 
 

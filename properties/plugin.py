@@ -62,7 +62,7 @@ def pytest_addoption(parser):
     group.addoption("--dsv4spec-rules", metavar="PREFIX,...", help="only rules whose id starts with a prefix")
     group.addoption("--dsv4spec-seed", type=int, metavar="N", help="seed of the dev and thorough profiles")
     group.addoption("--dsv4spec-timeout", type=_timeout, metavar="S",
-                    help="seconds one operation call may take (positive, finite)")
+                    help="seconds one operation call may take (positive, finite, at most a day)")
     group.addoption("--dsv4spec-isolate", action="store_true",
                     help="run the targets in a worker process, as `dsv4spec verify --isolate`: a crash or a "
                          "hang (even in C code) costs only the rule that was running, not the session")

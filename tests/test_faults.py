@@ -326,11 +326,12 @@ def test_a_lost_report_keeps_the_verdict_and_the_other_reports(tmp_path):
     assert stat.S_ISFIFO(os.stat(tmp_path / "fifo").st_mode)
 
 
-@pytest.mark.parametrize("seconds", ["nan", "inf", "-inf", "0"])
-def test_a_timeout_that_is_not_a_positive_finite_number_is_a_usage_error(seconds, capsys):
+@pytest.mark.parametrize("seconds", ["nan", "inf", "-inf", "0", "1e10", "86400.5"])
+def test_a_timeout_that_is_not_a_positive_finite_number_up_to_a_day_is_a_usage_error(seconds, capsys):
+    """1e10 s used to turn every call into an ERROR (the timer's time_t overflowed)."""
     from dsv4spec.cli import main
     assert main(["verify", "--target", "impl", "--rules", "FMT.E2M1.ZERO_SIGN", f"--timeout={seconds}"]) == 2
-    assert "--timeout must be a positive, finite number of seconds" in capsys.readouterr().err
+    assert "--timeout must be a positive, finite number of seconds, at most 86400 (a day)" in capsys.readouterr().err
 
 
 def test_a_report_to_standard_output_moves_the_matrix_to_standard_error(tmp_path):

@@ -154,3 +154,27 @@ def test_a_process_the_target_leaves_running_is_named_and_ended(tmp_path, how, r
         if (tmp_path / "helper").exists():
             _kill(int((tmp_path / "helper").read_text()))
     assert _group_ended(run.pid) == []
+
+
+@pytest.mark.parametrize("lost", ["closed", "no reader"])
+def test_a_lost_standard_output_keeps_the_reports_and_says_so(tmp_path, lost):
+    """Standard output closed (`>&-`) used to end verify with a traceback and no report; one whose
+    reader has gone (`| true`), with exit status 0 and no report."""
+    import subprocess
+    import sys
+    from test_faults import ENV
+    command = [sys.executable, "-m", "dsv4spec", "verify", "--quiet", "--target", "impl", "--rules",
+               "FMT.E2M1.ZERO_SIGN", "--json", "r.json", "--markdown", "r.md"]
+    if lost == "closed":
+        run = subprocess.Popen(command, cwd=tmp_path, env=ENV, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True, preexec_fn=lambda: os.close(1))
+    else:
+        run = subprocess.Popen(command, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True)
+        run.stdout.close()
+    err = run.stderr.read()
+    assert run.wait(300) == 4, err
+    assert "standard output is closed or has no reader: the matrix and the verdict line were not written" in err
+    assert json.loads((tmp_path / "r.json").read_text())["results"][0]["status"] == "PASS"
+    assert "| `FMT.E2M1.ZERO_SIGN` |" in (tmp_path / "r.md").read_text()
+    assert _group_ended(run.pid) == []
