@@ -12,11 +12,13 @@ process for the target as before, and a verdict no target can end.
 
 The parent forwards SIGTERM and SIGINT to the child, which ends the run at its next safe point and
 writes what finished, marked interrupted; a child that has not ended STOP_GRACE_S later (a target
-hung in C, or one whose own handler took the signal) is killed with its process group, and the
-parent writes those reports from the rows it was told.  The child leads a process group of its own:
-whatever a target forked or started there and left running is named, ended, and makes the exit
-status at least 1 (it would hold the pipe, and the command, open).  The child is killed if the
-parent dies (SIGKILL: no signal handler of Python's runs in a target hung in C).
+hung in C, or one whose own handler took the signal) is killed with what it started, and the
+parent writes those reports from the rows it was told.  Whatever a target forked or started and
+left running in the command's process group (found against the group's members before the fork:
+a shell pipeline's other commands) is named, ended, and makes the exit status at least 1 (it would
+hold the pipe, and the command, open).  The child stays in the command's group, so that a target
+may still read the terminal (a debugger); a Ctrl-C there reaches both, and is not forwarded twice.
+The child is killed if the parent dies (SIGKILL: no handler of Python's runs in a target hung in C).
 """
 from __future__ import annotations
 
@@ -32,8 +34,9 @@ from dsv4spec.command import (SIGNALLED, Unloaded, flushed, handled, report_proc
                               terminated_as_interrupted)
 from dsv4spec.interpreter import skip_dead_overflow_checks
 from dsv4spec.parent_death import signal_on_parent_death
+from dsv4spec.processes import processes_in_group, processes_left
 
-STOP_GRACE_S = 5.0      # after a signal is forwarded, before the child's group is killed (a target hung in C)
+STOP_GRACE_S = 5.0      # after a signal is forwarded, before the child is killed (a target hung in C)
 POLL_S = 0.1            # how often the parent looks at the child while it waits
 
 
@@ -42,29 +45,18 @@ def supervised(run) -> int:
     import torch  # noqa: F401 -- imported once for both (the parent's report needs it); no CUDA asked
     read, write = os.pipe()
     flushed(sys.stdout, sys.stderr)
+    before = {pid for pid, _ in processes_in_group(os.getpgrp())}     # the shell's pipeline, this process
     pid = os.fork()
     if pid == 0:
         os.close(read)
         _child(run, Connection(write, readable=False))
     os.close(write)
-    _own_group(pid)
-    return _parent(run, pid, Connection(read, writable=False))
-
-
-def _own_group(pid: int) -> None:
-    """The child leads a process group of its own (set on both sides of the fork, whichever runs
-    first): what a target forks or starts is found there, and a Ctrl-C at the terminal reaches the
-    parent only, which forwards it once."""
-    try:
-        os.setpgid(pid, pid)
-    except OSError:         # the other side did it first, or the child has already ended
-        pass
+    return _parent(run, pid, Connection(read, writable=False), before)
 
 
 def _child(run, conn):
     status = 70
     try:
-        _own_group(0)
         signal_on_parent_death(signal.SIGKILL)     # a command killed outright takes its child along, even one hung in C
         skip_dead_overflow_checks()         # here, not in the parent: it may ask torch for CUDA
         from dsv4spec.properties.target import WATCH
@@ -94,17 +86,17 @@ def _info(target):
                              target.version, str(target.device)))
 
 
-def _parent(run, pid: int, conn) -> int:
-    watch = _Watch(run, pid, conn)
+def _parent(run, pid: int, conn, before: set[int]) -> int:
+    watch = _Watch(run, pid, conn, before)
     saved = {s: signal.signal(s, watch.forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         code = watch.until_the_child_ends()
     finally:
         for s, handler in saved.items():
             signal.signal(s, handler)
-    from dsv4spec.properties.workers import end_groups, processes_left
+    from dsv4spec.properties.workers import end_groups
     end_groups(watch.ports)             # what the child's ports left running, however it ended
-    left = processes_left(pid)          # what the target forked or started in the child's group
+    left = processes_left(os.getpgrp(), besides=before)    # what the target forked or started, still running
     if watch.verdict is not None:
         status = watch.verdict
     elif SIGNALLED.get("signal"):       # the child did not write the reports of the interrupted run
@@ -123,17 +115,20 @@ class _Watch:
     in, its verdict; and the child's end, which it waits for by pid, not by the end of the pipe (a
     process the target forked holds the pipe open)."""
 
-    def __init__(self, run, pid: int, conn):
-        self.run, self.pid, self.conn = run, pid, conn
+    def __init__(self, run, pid: int, conn, before: set[int]):
+        self.run, self.pid, self.conn, self.before = run, pid, conn, before
         self.rows, self.infos, self.op, self.verdict, self.ports = [], None, None, None, set()
         self.kill_at, self.killed = None, False
 
     def forward(self, number, _frame):
-        """A signal for the command: the child's to act on; its group is killed if it has not ended
-        STOP_GRACE_S later (a target hung in C, or one whose own handler took the signal)."""
+        """A signal for the command: the child's to act on (a Ctrl-C at the terminal reached it
+        already); the child and what it started are killed if it has not ended STOP_GRACE_S later
+        (a target hung in C, or one whose own handler took the signal)."""
         SIGNALLED.setdefault("signal", number)
         if self.kill_at is None:
             self.kill_at = time.monotonic() + STOP_GRACE_S
+        if number == signal.SIGINT and _foreground():
+            return
         try:
             os.kill(self.pid, number)
         except ProcessLookupError:
@@ -148,10 +143,8 @@ class _Watch:
                 return code
             if self.kill_at is not None and time.monotonic() > self.kill_at:
                 self.killed = True
-                try:
-                    os.killpg(self.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                os.kill(self.pid, signal.SIGKILL)
+                processes_left(os.getpgrp(), besides=self.before | {self.pid}, grace_s=0)
                 return os.waitpid(self.pid, 0)[1]
 
     def read(self, timeout: float) -> None:
@@ -175,6 +168,20 @@ class _Watch:
                 self.ports.add(value)
             elif kind == "done":
                 self.verdict = value
+
+
+def _foreground() -> bool:
+    """Whether this process's group is its terminal's foreground: a Ctrl-C there reaches the child too."""
+    try:
+        fd = os.open("/dev/tty", os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        return os.tcgetpgrp(fd) == os.getpgrp()
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _report_the_interruption(run, watch) -> int:

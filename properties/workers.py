@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import wait
 
 from dsv4spec.interpreter import skip_dead_overflow_checks
+from dsv4spec.processes import processes_left
 
 from . import suite
 from .suite import ERROR, TIMEOUT, Row
@@ -58,43 +59,6 @@ def threads_left() -> list[str]:
     """The names of the non-daemon threads alive beside the main thread: a target's leftovers."""
     return [t.name for t in threading.enumerate()
             if t is not threading.main_thread() and not t.daemon and t.is_alive()]
-
-
-def processes_in_group(pgid: int, besides: int | None = None) -> list[tuple[int, str]]:
-    """(pid, command line) of each live process of group `pgid` but `besides` (Linux's /proc; elsewhere none)."""
-    try:
-        entries = [int(e) for e in os.listdir("/proc") if e.isdigit()]
-    except OSError:
-        return []
-    found = []
-    for pid in entries:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                state, _, group = f.read().rsplit(")", 1)[1].split()[:3]
-            if pid == besides or state == "Z" or int(group) != pgid:
-                continue
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                found.append((pid, f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()[:120]))
-        except (OSError, ValueError):
-            continue
-    return found
-
-
-LEFT_GRACE_S = 2.0      # a helper process that ends on its own this soon is not left behind
-
-
-def processes_left(pgid: int, besides: int | None = None) -> list[str]:
-    """The processes a target left running in group `pgid` (all of it but `besides`), named and
-    ended with SIGKILL: a helper it forked or started keeps a pipe of the suite's open, or is orphaned."""
-    deadline = time.monotonic() + LEFT_GRACE_S
-    while (left := processes_in_group(pgid, besides)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    for pid, _ in left:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    return [f"pid {pid}: {command or '?'}" for pid, command in left]
 
 
 def visible_gpus() -> list[str]:
@@ -172,7 +136,7 @@ def _worker(conn, cores, run: dict, timeout):
         row = suite.run_rule(rule_id, targets[spec], profile)
         if left := threads_left():  # before the row: the supervisor may end this worker on it
             conn.send(("threads", spec, left))
-        if left := processes_left(os.getpid(), besides=os.getpid()):
+        if left := processes_left(os.getpid(), besides={os.getpid()}):
             conn.send(("processes", spec, left))
         conn.send(("row", index, asdict(row)))
 
