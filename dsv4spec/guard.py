@@ -26,18 +26,16 @@ import atexit
 import os
 import signal
 import sys
-import time
 from dataclasses import asdict
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 
 from dsv4spec.command import (SIGNALLED, Unloaded, flushed, handled, report_processes_left, report_threads_left,
                               terminated_as_interrupted)
 from dsv4spec.interpreter import skip_dead_overflow_checks
 from dsv4spec.parent_death import signal_on_parent_death
-from dsv4spec.processes import processes_in_group, processes_left
+from dsv4spec.processes import ForkedChild, ended, processes_in_group, processes_left
 
 STOP_GRACE_S = 5.0      # after a signal is forwarded, before the child is killed (a target hung in C)
-POLL_S = 0.1            # how often the parent looks at the child while it waits
 
 
 def supervised(run) -> int:
@@ -87,101 +85,50 @@ def _info(target):
 
 
 def _parent(run, pid: int, conn, before: set[int]) -> int:
-    watch = _Watch(run, pid, conn, before)
-    saved = {s: signal.signal(s, watch.forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        code = watch.until_the_child_ends()
-    finally:
-        for s, handler in saved.items():
-            signal.signal(s, handler)
+    watch = _Watch(pid, conn, before)
+    code = watch.until_it_ends()
+    if watch.signal:
+        SIGNALLED.setdefault("signal", watch.signal)        # the reports' interrupted_by and exit status
     from dsv4spec.properties.workers import end_groups
     end_groups(watch.ports)             # what the child's ports left running, however it ended
     left = processes_left(os.getpgrp(), besides=before)    # what the target forked or started, still running
     if watch.verdict is not None:
         status = watch.verdict
-    elif SIGNALLED.get("signal"):       # the child did not write the reports of the interrupted run
+    elif watch.signal:                  # the child did not write the reports of the interrupted run
         how = f"did not stop within {STOP_GRACE_S:g} s of the signal and was killed" if watch.killed \
-            else f"ended ({_ended(code)})"
+            else f"ended ({ended(code)})"
         print(f"dsv4spec verify: the run's process {how} before writing its reports; they are written from "
               f"the results that finished", file=sys.stderr)
         status = _report_the_interruption(run, watch)
     else:
-        status = _report_the_end(run, watch.rows, watch.infos, watch.op, _ended(code))
+        status = _report_the_end(run, watch.rows, watch.infos, watch.op, ended(code))
     return report_processes_left(left, status, "the command's process group")
 
 
-class _Watch:
+class _Watch(ForkedChild):
     """What the parent knows of the child: the rows it finished, its targets, the operation it is
-    in, its verdict; and the child's end, which it waits for by pid, not by the end of the pipe (a
-    process the target forked holds the pipe open)."""
+    in, its verdict, the ports it started."""
 
-    def __init__(self, run, pid: int, conn, before: set[int]):
-        self.run, self.pid, self.conn, self.before = run, pid, conn, before
+    def __init__(self, pid: int, conn, before: set[int]):
+        super().__init__(pid, conn, STOP_GRACE_S)
+        self.before = before
         self.rows, self.infos, self.op, self.verdict, self.ports = [], None, None, None, set()
-        self.kill_at, self.killed = None, False
 
-    def forward(self, number, _frame):
-        """A signal for the command: the child's to act on (a Ctrl-C at the terminal reached it
-        already); the child and what it started are killed if it has not ended STOP_GRACE_S later
-        (a target hung in C, or one whose own handler took the signal)."""
-        SIGNALLED.setdefault("signal", number)
-        if self.kill_at is None:
-            self.kill_at = time.monotonic() + STOP_GRACE_S
-        if number == signal.SIGINT and _foreground():
-            return
-        try:
-            os.kill(self.pid, number)
-        except ProcessLookupError:
-            pass
+    def kill(self):
+        super().kill()
+        processes_left(os.getpgrp(), besides=self.before | {self.pid}, grace_s=0)
 
-    def until_the_child_ends(self) -> int:
-        while True:
-            self.read(POLL_S)
-            ended, code = os.waitpid(self.pid, os.WNOHANG)
-            if ended:
-                self.read(0)
-                return code
-            if self.kill_at is not None and time.monotonic() > self.kill_at:
-                self.killed = True
-                os.kill(self.pid, signal.SIGKILL)
-                processes_left(os.getpgrp(), besides=self.before | {self.pid}, grace_s=0)
-                return os.waitpid(self.pid, 0)[1]
-
-    def read(self, timeout: float) -> None:
-        if self.conn is None:
-            time.sleep(timeout)
-            return
-        while wait([self.conn], timeout):
-            timeout = 0
-            try:
-                kind, value = self.conn.recv()
-            except (EOFError, OSError):
-                self.conn = None
-                return
-            if kind == "row":
-                self.rows.append(value)
-            elif kind == "targets":
-                self.infos = value
-            elif kind == "op":
-                self.op = value
-            elif kind == "port":
-                self.ports.add(value)
-            elif kind == "done":
-                self.verdict = value
-
-
-def _foreground() -> bool:
-    """Whether this process's group is its terminal's foreground: a Ctrl-C there reaches the child too."""
-    try:
-        fd = os.open("/dev/tty", os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        return os.tcgetpgrp(fd) == os.getpgrp()
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
+    def received(self, kind, value):
+        if kind == "row":
+            self.rows.append(value)
+        elif kind == "targets":
+            self.infos = value
+        elif kind == "op":
+            self.op = value
+        elif kind == "port":
+            self.ports.add(value)
+        elif kind == "done":
+            self.verdict = value
 
 
 def _report_the_interruption(run, watch) -> int:
@@ -189,12 +136,6 @@ def _report_the_interruption(run, watch) -> int:
     from dsv4spec.properties.workers import TargetInfo
     targets = [TargetInfo(**i) for i in watch.infos] if watch.infos else [Unloaded(s) for s in run.specs]
     return run.conclude([Row(**r) for r in watch.rows], targets, interrupted=True)
-
-
-def _ended(code: int) -> str:
-    if os.WIFSIGNALED(code):
-        return f"signal {signal.Signals(os.WTERMSIG(code)).name}"
-    return f"exit status {os.WEXITSTATUS(code)}"
 
 
 def _report_the_end(run, rows: list, infos, op, how: str) -> int:

@@ -41,3 +41,88 @@ def processes_left(pgid: int, besides=frozenset(), grace_s: float = LEFT_GRACE_S
         except (ProcessLookupError, PermissionError):
             pass
     return [f"pid {pid}: {command or '?'}" for pid, command in left]
+
+
+def terminal_foreground() -> bool:
+    """Whether this process's group is its terminal's foreground: a Ctrl-C there reaches its children too."""
+    try:
+        fd = os.open("/dev/tty", os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        return os.tcgetpgrp(fd) == os.getpgrp()
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+class ForkedChild:
+    """A parent's watch over the child it forked to run the targets (dsv4spec/guard.py, the pytest
+    plugin's guard): the messages the child sends over a pipe (`received`), its end, waited for by
+    pid, not by the end of the pipe (a process a target forked holds the pipe open), and the
+    signals the parent receives, forwarded (a Ctrl-C at the terminal reached the child already);
+    a child that has not ended `grace_s` after the first is killed (a target hung in C, or one whose
+    own handler took the signal), with what it started (`kill`)."""
+
+    POLL_S = 0.1
+
+    def __init__(self, pid: int, conn, grace_s: float):
+        self.pid, self.conn, self.grace_s = pid, conn, grace_s
+        self.kill_at, self.killed, self.signal = None, False, None
+
+    def forward(self, number, _frame):
+        self.signal = self.signal or number
+        if self.kill_at is None:
+            self.kill_at = time.monotonic() + self.grace_s
+        if number == signal.SIGINT and terminal_foreground():
+            return
+        try:
+            os.kill(self.pid, number)
+        except ProcessLookupError:
+            pass
+
+    def until_it_ends(self) -> int:
+        """The child's wait status, its signals forwarded meanwhile."""
+        saved = {s: signal.signal(s, self.forward) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            while True:
+                self.read(self.POLL_S)
+                ended, code = os.waitpid(self.pid, os.WNOHANG)
+                if ended:
+                    self.read(0)
+                    return code
+                if self.kill_at is not None and time.monotonic() > self.kill_at:
+                    self.killed = True
+                    self.kill()
+                    return os.waitpid(self.pid, 0)[1]
+        finally:
+            for s, handler in saved.items():
+                signal.signal(s, handler)
+
+    def kill(self):
+        os.kill(self.pid, signal.SIGKILL)
+
+    def read(self, timeout: float) -> None:
+        from multiprocessing.connection import wait
+        if self.conn is None:
+            time.sleep(timeout)
+            return
+        while wait([self.conn], timeout):
+            timeout = 0
+            try:
+                message = self.conn.recv()
+            except (EOFError, OSError):
+                self.conn = None
+                return
+            self.received(*message)
+
+    def received(self, kind: str, *values):
+        raise NotImplementedError
+
+
+def ended(code: int) -> str:
+    """How a process ended, from its wait status: `signal SIGKILL`, `exit status 3`."""
+    if os.WIFSIGNALED(code):
+        return f"signal {signal.Signals(os.WTERMSIG(code)).name}"
+    return f"exit status {os.WEXITSTATUS(code)}"

@@ -16,12 +16,12 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 
 import pytest
 
 from dsv4spec.parent_death import signal_on_parent_death
+from dsv4spec.processes import ForkedChild, ended
 
 STOP_GRACE_S = 5.0          # after a forwarded signal, before the child is killed (a target hung in C)
 
@@ -46,9 +46,7 @@ def fork_the_session(config) -> None:
         return
     os.close(write)
     watch = _Parent(pid, Connection(read, writable=False))
-    for s in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(s, watch.forward)
-    code = watch.until_the_child_ends()
+    code = watch.until_it_ends()
     status = os.waitstatus_to_exitcode(code)
     if watch.status is None and (status <= 0 or watch.item is not None):    # not pytest's own error (a usage error)
         status = watch.report(config, code)
@@ -86,63 +84,32 @@ class _Child:
         self.send("done", 0)        # its exit status is the process's
 
 
-class _Parent:
+class _Parent(ForkedChild):
+    """What the parent knows of the session: its items, the item and operation it is in, each
+    item's outcome, and whether it reached its end."""
+
     def __init__(self, pid: int, conn):
-        self.pid, self.conn = pid, conn
+        super().__init__(pid, conn, STOP_GRACE_S)
         self.items, self.item, self.op, self.outcomes, self.status = [], None, None, {}, None
-        self.kill_at = None
 
-    def forward(self, number, _frame):
-        if self.kill_at is None:
-            self.kill_at = time.monotonic() + STOP_GRACE_S
-        if number == signal.SIGINT and _foreground():
-            return
-        try:
-            os.kill(self.pid, number)
-        except ProcessLookupError:
-            pass
-
-    def until_the_child_ends(self) -> int:
-        while True:
-            self.read(0.1)
-            ended, code = os.waitpid(self.pid, os.WNOHANG)
-            if ended:
-                self.read(0)
-                return code
-            if self.kill_at is not None and time.monotonic() > self.kill_at:
-                os.kill(self.pid, signal.SIGKILL)
-                return os.waitpid(self.pid, 0)[1]
-
-    def read(self, timeout: float) -> None:
-        if self.conn is None:
-            time.sleep(timeout)
-            return
-        while wait([self.conn], timeout):
-            timeout = 0
-            try:
-                kind, *value = self.conn.recv()
-            except (EOFError, OSError):
-                self.conn = None
-                return
-            if kind == "items":
-                self.items = value[0]
-            elif kind == "item":
-                self.item, self.op = value[0], None
-            elif kind == "op":
-                self.op = value[0]
-            elif kind == "outcome":
-                self.outcomes.setdefault(value[0], (value[1], value[2]))
-            elif kind == "done":
-                self.status = value[0]
+    def received(self, kind, *value):
+        if kind == "items":
+            self.items = value[0]
+        elif kind == "item":
+            self.item, self.op = value[0], None
+        elif kind == "op":
+            self.op = value[0]
+        elif kind == "outcome":
+            self.outcomes.setdefault(value[0], (value[1], value[2]))
+        elif kind == "done":
+            self.status = value[0]
 
     def report(self, config, code: int) -> int:
         """The summary and the --junitxml of a session whose process the target ended: exit status 1."""
-        how = f"signal {signal.Signals(os.WTERMSIG(code)).name}" if os.WIFSIGNALED(code) \
-            else f"exit status {os.WEXITSTATUS(code)}"
         where = f"{self.op or 'the check code'} in {self.item}" if self.item else "the session's set-up"
-        ended = f"the target ended pytest's process ({how}) during {where}"
+        why = f"the target ended pytest's process ({ended(code)}) during {where}"
         after = [i for i in self.items if i not in self.outcomes and i != self.item]
-        print(f"\nERROR {self.item or 'dsv4spec'}: {ended} (--dsv4spec-isolate runs the targets in a worker "
+        print(f"\nERROR {self.item or 'dsv4spec'}: {why} (--dsv4spec-isolate runs the targets in a worker "
               f"process, so that a process the target ends costs only its item)", flush=True)
         counts = {}
         for outcome, _ in self.outcomes.values():
@@ -151,25 +118,11 @@ class _Parent:
         print(f"==== dsv4spec: 1 error, {len(after)} not run{', ' + done if done else ''} "
               f"(the session was ended; exit status 1) ====", flush=True)
         if getattr(config.option, "xmlpath", None):
-            _junit(config.option.xmlpath, self.items, self.outcomes, self.item, ended, after)
+            _junit(config.option.xmlpath, self.items, self.outcomes, self.item, why, after)
         return 1
 
 
-def _foreground() -> bool:
-    """Whether this process's group is its terminal's foreground: a Ctrl-C there reaches the child too."""
-    try:
-        fd = os.open("/dev/tty", os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        return os.tcgetpgrp(fd) == os.getpgrp()
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-
-
-def _junit(path: str, items: list[str], outcomes: dict, running, ended: str, after: list[str]) -> None:
+def _junit(path: str, items: list[str], outcomes: dict, running, why: str, after: list[str]) -> None:
     import xml.etree.ElementTree as ET
     suite = ET.Element("testsuite", name="pytest", tests=str(len(items)))
     for nodeid in items or [running or "dsv4spec"]:
@@ -181,9 +134,9 @@ def _junit(path: str, items: list[str], outcomes: dict, running, ended: str, aft
         elif outcome == "skipped":
             ET.SubElement(case, "skipped", message=text[:200])
         elif nodeid == running or (running is None and nodeid == "dsv4spec"):
-            ET.SubElement(case, "error", message=ended)
+            ET.SubElement(case, "error", message=why)
         elif nodeid in after:
-            ET.SubElement(case, "error", message=f"not run: {ended}")
+            ET.SubElement(case, "error", message=f"not run: {why}")
     suite.set("errors", str(len(suite.findall("testcase/error"))))
     suite.set("failures", str(len(suite.findall("testcase/failure"))))
     root = ET.Element("testsuites")
