@@ -14,10 +14,10 @@ The parent forwards SIGTERM and SIGINT to the child, which ends the run at its n
 writes what finished, marked interrupted; a child that has not ended STOP_GRACE_S later (a target
 hung in C, or one whose own handler took the signal) is killed with what it started, and the
 parent writes those reports from the rows it was told.  Whatever a target forked or started and
-left running in the command's process group (found against the group's members before the fork:
-a shell pipeline's other commands) is named, ended, and makes the exit status at least 1 (it would
-hold the pipe, and the command, open).  The child stays in the command's group, so that a target
-may still read the terminal (a debugger); a Ctrl-C there reaches both, and is not forwarded twice.
+left running (the parent is a subreaper: such a process stays its descendant when the child ends)
+is named, ended, and makes the exit status at least 1 (it would hold the pipe, and the command,
+open).  The child stays in the command's process group, so that a target may still read the
+terminal (a debugger); a Ctrl-C there reaches both, and is not forwarded twice.
 The child is killed if the parent dies (SIGKILL: no handler of Python's runs in a target hung in C).
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ from dsv4spec.command import (SIGNALLED, Unloaded, flushed, handled, report_proc
                               terminated_as_interrupted)
 from dsv4spec.interpreter import skip_dead_overflow_checks
 from dsv4spec.parent_death import signal_on_parent_death
-from dsv4spec.processes import ForkedChild, ended, processes_in_group, processes_left
+from dsv4spec.processes import ForkedChild, become_subreaper, descendants, ended, processes_left
 
 STOP_GRACE_S = 5.0      # after a signal is forwarded, before the child is killed (a target hung in C)
 
@@ -43,13 +43,13 @@ def supervised(run) -> int:
     import torch  # noqa: F401 -- imported once for both (the parent's report needs it); no CUDA asked
     read, write = os.pipe()
     flushed(sys.stdout, sys.stderr)
-    before = {pid for pid, _ in processes_in_group(os.getpgrp())}     # the shell's pipeline, this process
+    become_subreaper()          # what the target starts stays among this process's descendants
     pid = os.fork()
     if pid == 0:
         os.close(read)
         _child(run, Connection(write, readable=False))
     os.close(write)
-    return _parent(run, pid, Connection(read, writable=False), before)
+    return _parent(run, pid, Connection(read, writable=False))
 
 
 def _child(run, conn):
@@ -84,14 +84,14 @@ def _info(target):
                              target.version, str(target.device)))
 
 
-def _parent(run, pid: int, conn, before: set[int]) -> int:
-    watch = _Watch(pid, conn, before)
+def _parent(run, pid: int, conn) -> int:
+    watch = _Watch(pid, conn)
     code = watch.until_it_ends()
     if watch.signal:
         SIGNALLED.setdefault("signal", watch.signal)        # the reports' interrupted_by and exit status
     from dsv4spec.properties.workers import end_groups
     end_groups(watch.ports)             # what the child's ports left running, however it ended
-    left = processes_left(os.getpgrp(), besides=before)    # what the target forked or started, still running
+    left = processes_left(descendants)      # what the target forked or started, still running
     if watch.verdict is not None:
         status = watch.verdict
     elif watch.signal:                  # the child did not write the reports of the interrupted run
@@ -102,21 +102,20 @@ def _parent(run, pid: int, conn, before: set[int]) -> int:
         status = _report_the_interruption(run, watch)
     else:
         status = _report_the_end(run, watch.rows, watch.infos, watch.op, ended(code))
-    return report_processes_left(left, status, "the command's process group")
+    return report_processes_left(left, status, "the command's process")
 
 
 class _Watch(ForkedChild):
     """What the parent knows of the child: the rows it finished, its targets, the operation it is
     in, its verdict, the ports it started."""
 
-    def __init__(self, pid: int, conn, before: set[int]):
+    def __init__(self, pid: int, conn):
         super().__init__(pid, conn, STOP_GRACE_S)
-        self.before = before
         self.rows, self.infos, self.op, self.verdict, self.ports = [], None, None, None, set()
 
     def kill(self):
         super().kill()
-        processes_left(os.getpgrp(), besides=self.before | {self.pid}, grace_s=0)
+        processes_left(lambda: [p for p in descendants() if p[0] != self.pid], grace_s=0)    # it is waited for
 
     def received(self, kind, value):
         if kind == "row":

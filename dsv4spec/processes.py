@@ -1,13 +1,14 @@
-"""The processes a target leaves running (a helper it forked or started): found by process group
-in Linux's /proc, named and ended, by the command's guard and by the --isolate workers.  Imports
+"""The processes a target leaves running (a helper it forked or started): found in Linux's /proc (by
+process group in an --isolate worker, among the command's descendants by its guard), named and
+ended; and the guard's watch over the child it forks.  Imports
 nothing of the package, so that every layer may use it."""
 import os
 import signal
 import time
 
 
-def processes_in_group(pgid: int) -> list[tuple[int, str]]:
-    """(pid, command line) of each live process of group `pgid` (Linux's /proc; elsewhere none)."""
+def _live() -> list[tuple[int, int, int, str]]:
+    """(pid, parent pid, process group, command line) of every live process (Linux's /proc; elsewhere none)."""
     try:
         entries = [int(e) for e in os.listdir("/proc") if e.isdigit()]
     except OSError:
@@ -16,31 +17,67 @@ def processes_in_group(pgid: int) -> list[tuple[int, str]]:
     for pid in entries:
         try:
             with open(f"/proc/{pid}/stat") as f:
-                state, _, group = f.read().rsplit(")", 1)[1].split()[:3]
-            if state == "Z" or int(group) != pgid:
+                state, parent, group = f.read().rsplit(")", 1)[1].split()[:3]
+            if state == "Z":
                 continue
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                found.append((pid, f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()[:120]))
+                command = f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()[:120]
+            found.append((pid, int(parent), int(group), command))
         except (OSError, ValueError):
             continue
     return found
 
 
+def in_group(pgid: int, besides=frozenset()) -> list[tuple[int, str]]:
+    """(pid, command line) of each live process of group `pgid` but the pids `besides`."""
+    return [(pid, command) for pid, _, group, command in _live() if group == pgid and pid not in besides]
+
+
+def descendants() -> list[tuple[int, str]]:
+    """(pid, command line) of each live process descended from this one (its orphans come back to
+    it once it is a subreaper: become_subreaper)."""
+    live = _live()
+    mine, found = {os.getpid()}, []
+    while grown := [(pid, command) for pid, parent, _, command in live if parent in mine and pid not in mine]:
+        mine.update(pid for pid, _ in grown)
+        found += grown
+    return found
+
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> None:
+    """Have the processes this one's descendants orphan reparented to it, not to init (Linux), so that
+    what a target started is still found among its descendants after the target's process has ended."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
 LEFT_GRACE_S = 2.0      # a helper process that ends on its own this soon is not left behind
 
 
-def processes_left(pgid: int, besides=frozenset(), grace_s: float = LEFT_GRACE_S) -> list[str]:
-    """The processes a target left running in group `pgid` (all of it but the pids `besides`), named
-    and ended with SIGKILL: a helper it forked or started keeps a pipe of the suite's open, or is orphaned."""
+def processes_left(find, grace_s: float = LEFT_GRACE_S) -> list[str]:
+    """The processes `find()` lists that are still running `grace_s` later, ended with SIGKILL and
+    named: a helper a target forked or started holds a pipe of the suite's open, or is orphaned."""
     deadline = time.monotonic() + grace_s
-    while (left := [p for p in processes_in_group(pgid) if p[0] not in besides]) and time.monotonic() < deadline:
+    while (left := find()) and time.monotonic() < deadline:
         time.sleep(0.05)
     for pid, _ in left:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        _kill(pid)
     return [f"pid {pid}: {command or '?'}" for pid, command in left]
+
+
+def _kill(pid: int) -> None:
+    """SIGKILL, and collect it where it is a child of this process (a forked helper, an orphan come back)."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, PermissionError, ChildProcessError):
+        pass
 
 
 def terminal_foreground() -> bool:

@@ -48,7 +48,9 @@ def fork_the_session(config) -> None:
     watch = _Parent(pid, Connection(read, writable=False))
     code = watch.until_it_ends()
     status = os.waitstatus_to_exitcode(code)
-    if watch.status is None and (status <= 0 or watch.item is not None):    # not pytest's own error (a usage error)
+    if watch.status is None and watch.signal:       # stopped by the user, as pytest is without the plugin
+        status = 128 + watch.signal
+    elif watch.status is None and (status <= 0 or watch.item is not None):  # not pytest's own error (a usage error)
         status = watch.report(config, code)
     sys.stdout.flush()
     sys.stderr.flush()

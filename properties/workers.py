@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import wait
 
 from dsv4spec.interpreter import skip_dead_overflow_checks
-from dsv4spec.processes import processes_left
+from dsv4spec.processes import in_group, processes_left
 
 from . import suite
 from .suite import ERROR, TIMEOUT, Row
@@ -136,7 +136,7 @@ def _worker(conn, cores, run: dict, timeout):
         row = suite.run_rule(rule_id, targets[spec], profile)
         if left := threads_left():  # before the row: the supervisor may end this worker on it
             conn.send(("threads", spec, left))
-        if left := processes_left(os.getpid(), besides={os.getpid()}):
+        if left := processes_left(lambda: in_group(os.getpid(), besides={os.getpid()})):
             conn.send(("processes", spec, left))
         conn.send(("row", index, asdict(row)))
 
@@ -193,7 +193,7 @@ class _Slot:
         if self.process is not None:
             self.process.kill()
             self.process.join()
-            left = processes_left(self.process.pid)
+            left = processes_left(lambda: in_group(self.process.pid))
         self.process = self.conn = None
         end_groups(self.ports)
         return left
