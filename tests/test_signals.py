@@ -156,7 +156,7 @@ def test_a_process_the_target_leaves_running_is_named_and_ended(tmp_path, how, r
     assert _group_ended(run.pid) == []
 
 
-@pytest.mark.parametrize("lost", ["closed", "no reader"])
+@pytest.mark.parametrize("lost", ["closed", pytest.param("no reader", marks=pytest.mark.thorough)])
 def test_a_lost_standard_output_keeps_the_reports_and_says_so(tmp_path, lost):
     """Standard output closed (`>&-`) used to end verify with a traceback and no report; one whose
     reader has gone (`| true`), with exit status 0 and no report."""
