@@ -9,6 +9,9 @@ With --dsv4spec-isolate the targets run in one worker process kept for the sessi
 verify --isolate`): a segfault, an abort or a hang in C code is that item's ERROR or TIMEOUT, a
 fresh worker takes the next item, and the session completes with its summary and --junitxml.
 Items are then named by the target's spec (the target is not imported in pytest's process).
+Without it the session is forked before any target is loaded (pytest_guard.py): a target that ends
+pytest's process is the running item's error, with the summary, --junitxml and exit status 1.  A
+non-daemon thread a target leaves running is named in the summary and makes the exit status 1.
 
 PASS and VARIANT pass; NOT_IMPLEMENTED and SKIP are skipped with their reason; FAIL, ERROR and
 TIMEOUT fail with the decoded counterexample and the command that reproduces them -- XFAIL on a
