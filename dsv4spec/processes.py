@@ -99,8 +99,8 @@ class ForkedChild:
     plugin's guard): the messages the child sends over a pipe (`received`), its end, waited for by
     pid, not by the end of the pipe (a process a target forked holds the pipe open), and the
     signals the parent receives, forwarded (a Ctrl-C at the terminal reached the child already);
-    a child that has not ended `grace_s` after the first is killed (a target hung in C, or one whose
-    own handler took the signal), with what it started (`kill`)."""
+    a child that has not ended `grace_s` after the first forwarded one is killed (a target hung in C,
+    or one whose own handler took the signal), with what it started (`kill`)."""
 
     POLL_S = 0.1
 
@@ -110,10 +110,10 @@ class ForkedChild:
 
     def forward(self, number, _frame):
         self.signal = self.signal or number
+        if number == signal.SIGINT and terminal_foreground():
+            return      # the child has it from the terminal, where its user may be debugging, or press Ctrl-C again
         if self.kill_at is None:
             self.kill_at = time.monotonic() + self.grace_s
-        if number == signal.SIGINT and terminal_foreground():
-            return
         try:
             os.kill(self.pid, number)
         except ProcessLookupError:
