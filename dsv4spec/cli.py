@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 from dsv4spec.command import (  # noqa: F401 -- Terminated and UsageError re-exported where they always were
-    SIGNALLED, Terminated, Unloaded, UsageError, handled, prefixes, report_finding, terminated_as_interrupted,
-    threads_finding)
+    SIGNALLED, Terminated, Unloaded, UsageError, act_on_a_signal, handled, prefixes, printed, processes_finding,
+    report_finding, report_processes_left, report_threads_left, terminated_as_interrupted, threads_finding)
 from dsv4spec.interpreter import skip_dead_overflow_checks
 
 DEFAULT_TARGETS = ["impl", "kernels", "ml_dtypes", "torch"]
@@ -130,14 +130,23 @@ class _Run:
                             also=self.on_row)
         rows, targets, interrupted = _run_verify(args, self.specs, self.run_ids, progress, self.on_targets)
         progress.end()
-        return self.conclude(rows, targets, interrupted, findings=self.process_findings(targets))
+        interrupted = interrupted or bool(SIGNALLED.get("signal"))     # one that came after the last safe point
+        SIGNALLED["acted"] = True
+        status = self.conclude(rows, targets, interrupted, findings=self.process_findings(targets))
+        if SIGNALLED.get("signal") and not interrupted:        # came while the reports were written: said so
+            status = 128 + SIGNALLED["signal"]
+        return status
 
     def process_findings(self, targets) -> list[str]:
-        """What the rows cannot say: threads a target left running in a worker (--isolate, --jobs) or,
-        in the guard's child, in this process."""
+        """What the rows cannot say: threads and processes a target left running in a worker
+        (--isolate, --jobs) or, in the guard's child, threads in this process (the guard looks for
+        processes)."""
         from dsv4spec.properties.workers import threads_left
-        findings = [threads_finding(t.threads_left, f"{t.name}'s worker process")
-                    for t in targets if getattr(t, "threads_left", [])]
+        findings = []
+        for t in targets:
+            where = f"{t.name}'s worker process"
+            findings += [threads_finding(t.threads_left, where)] if getattr(t, "threads_left", []) else []
+            findings += [processes_finding(t.processes_left, where)] if getattr(t, "processes_left", []) else []
         here = threads_left() if _forks(self.args) else []
         return findings + ([threads_finding(here)] if here else [])
 
@@ -167,9 +176,12 @@ class _Run:
             header["interrupted_by"] = cause
         done = {(r.rule_id, r.target) for r in rows}
         not_run = [(r, t.name) for t in targets for r in run_ids if (r, t.name) not in done] if interrupted else []
+        unloadable = [t for t in targets if getattr(t, "load_error", "")]
         table = _table_stream(args)
-        print(report.header_line(header), file=table)
-        print(report.terminal(rows, color=colored(table)), file=table)
+        shown = True
+        if not unloadable or interrupted:     # a target that cannot be loaded: its one line, as on every route
+            shown = printed(report.header_line(header), table)
+            shown &= printed(report.terminal(rows, color=colored(table)), table)
         unwritten = []
         for path, write in ((args.json, report.to_json), (args.junit, report.to_junit),
                             (args.markdown, report.to_markdown)):
@@ -181,21 +193,23 @@ class _Run:
         if interrupted:
             print("\n" + "\n".join(report.interruption(not_run, len(rows), cause)), file=sys.stderr)
             status = 128 + SIGNALLED.get("signal", signal.SIGINT)
-        else:
-            unloadable = [t for t in targets if getattr(t, "load_error", "")]
+        elif unloadable:
             for t in unloadable:
                 print(f"dsv4spec verify: error: {report.printable(t.load_error)}", file=sys.stderr)
-            usage = any(getattr(t, "usage_error", False) for t in unloadable)
-            status = 2 if usage else 3 if unloadable else max(exit_status(rows, targets, expected), forced,
-                                                              1 if findings else 0)
-            print("\n" + report.conclusion(rows, {t.name: t.claims_conformance for t in targets}, status, expected),
-                  file=table)
+            status = 2 if any(getattr(t, "usage_error", False) for t in unloadable) else 3
+        else:
+            status = max(exit_status(rows, targets, expected), forced, 1 if findings else 0)
+            shown &= printed("\n" + report.conclusion(rows, {t.name: t.claims_conformance for t in targets}, status,
+                                                       expected), table)
+        if not shown:
+            unwritten.append("standard output is closed or has no reader: the matrix and the verdict line were "
+                             "not written (the reports to files were)")
         for why in unwritten:
             print(f"dsv4spec verify: error: {why}", file=sys.stderr)
         return REPORT_LOST if unwritten else status
 
 
-REPORT_LOST = 4        # a report could not be written (the others and the verdict line were)
+REPORT_LOST = 4        # a report could not be written (the others and the verdict line were), or standard output was lost
 
 
 def _table_stream(args):
@@ -205,7 +219,7 @@ def _table_stream(args):
 
 def colored(stream) -> bool:
     """ANSI colours on a terminal, unless $NO_COLOR is set and not empty (https://no-color.org)."""
-    return stream.isatty() and not os.environ.get("NO_COLOR")
+    return stream is not None and stream.isatty() and not os.environ.get("NO_COLOR")
 
 
 def _listed(rows, targets, rule_ids, skip, xfail):
@@ -325,6 +339,7 @@ def _run_verify(args, specs, rule_ids, progress, on_targets=lambda _: None):
             targets.append(load_target(spec))
             targets[-1].timeout = args.timeout
         on_targets(targets)
+        act_on_a_signal()
         if not workers:
             load_checks()
             return verify(targets, profile=args.profile, progress=progress, rule_ids=rule_ids), targets, False
@@ -378,6 +393,7 @@ class Progress:
     def __call__(self, row):
         self.rows.append(row)
         self.also(row)
+        act_on_a_signal()           # a safe point: a signal recorded during the row ends the run here
         if self.quiet:
             return
         done = len(self.rows)

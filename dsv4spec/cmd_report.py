@@ -15,7 +15,7 @@ def register(subparsers):
                     "exit status of verify (0: every target that claims conformance has no FAIL, ERROR or "
                     "TIMEOUT and no shard reports a process-level finding (threads a target left running, a process it "
                     "ended); 1 otherwise; 2 on a usage error; 3 when a shard could not load a target; 130 when a "
-                    "shard was interrupted). Refused "
+                    "shard was interrupted by Ctrl-C, 143 by SIGTERM). Refused "
                     "(exit 2) unless the reports are one run (the same tool version, rules digest, profile, "
                     "seed, targets, rule selection, --max-examples, --timeout, --skip and --xfail entries and N), every "
                     "shard is there exactly once and holds every result its run had.",
@@ -38,7 +38,11 @@ def merge(args) -> int:
     from dsv4spec.properties.suite import exit_status
     for path in filter(None, (args.json, args.junit, args.markdown)):
         report.check_writable(path)
-    run = merge.merge([(path, merge.read(path)) for path in args.reports], args.allow_incomplete)
+    shards = [(path, merge.read(path)) for path in args.reports]
+    run = merge.merge(shards, args.allow_incomplete)
+    if run.interrupted:         # by the signal that stopped a shard: SIGTERM (a CI job cancelled) or Ctrl-C
+        run.header["interrupted_by"] = next((d["header"]["interrupted_by"] for _, d in shards
+                                             if d["header"].get("interrupted_by") == "SIGTERM"), "Ctrl-C")
     targets = [SimpleNamespace(**t) for t in run.header["targets"]]
     print(report.header_line(run.header))
     print(report.terminal(run.rows, color=sys.stdout.isatty()))
@@ -48,8 +52,9 @@ def merge(args) -> int:
     for line in report.incompleteness(run.header):
         print(f"dsv4spec report merge: warning: {line}", file=sys.stderr)
     if run.interrupted:
-        print("\n" + "\n".join(report.interruption(run.not_run, len(run.rows))), file=sys.stderr)
-        return 130
+        cause = run.header["interrupted_by"]
+        print("\n" + "\n".join(report.interruption(run.not_run, len(run.rows), cause)), file=sys.stderr)
+        return 143 if cause == "SIGTERM" else 130
     unloadable = [t for t in targets if getattr(t, "load_error", "")]
     for t in unloadable:
         print(f"dsv4spec report merge: error: {t.load_error}", file=sys.stderr)

@@ -10,8 +10,15 @@ the process ended, an ERROR "not run" for every rule after it, every report writ
 or more.  A fork, not a worker (--isolate): no second import of torch and the target, the same
 process for the target as before, and a verdict no target can end.
 
-The parent forwards SIGTERM and SIGINT to the child (the child handles the first, writing what
-finished, marked interrupted, and ignores the rest); the child receives SIGTERM if the parent dies.
+The parent forwards SIGTERM and SIGINT to the child, which ends the run at its next safe point and
+writes what finished, marked interrupted; a child that has not ended STOP_GRACE_S later (a target
+hung in C, or one whose own handler took the signal) is killed with what it started, and the
+parent writes those reports from the rows it was told.  Whatever a target forked or started and
+left running (the parent is a subreaper: such a process stays its descendant when the child ends)
+is named, ended, and makes the exit status at least 1 (it would hold the pipe, and the command,
+open).  The child stays in the command's process group, so that a target may still read the
+terminal (a debugger); a Ctrl-C there reaches both, and is not forwarded twice.
+The child is killed if the parent dies (SIGKILL: no handler of Python's runs in a target hung in C).
 """
 from __future__ import annotations
 
@@ -22,16 +29,21 @@ import sys
 from dataclasses import asdict
 from multiprocessing.connection import Connection
 
-from dsv4spec.command import Unloaded, handled, report_threads_left, terminated_as_interrupted
+from dsv4spec.command import (SIGNALLED, Unloaded, flushed, handled, report_processes_left, report_threads_left,
+                              terminated_as_interrupted)
 from dsv4spec.interpreter import skip_dead_overflow_checks
 from dsv4spec.parent_death import signal_on_parent_death
+from dsv4spec.processes import ForkedChild, become_subreaper, descendants, ended, processes_left
+
+STOP_GRACE_S = 5.0      # after a signal is forwarded, before the child is killed (a target hung in C)
+
 
 def supervised(run) -> int:
     """`run.here()` in a forked child; its exit status, or the parent's report of its end."""
     import torch  # noqa: F401 -- imported once for both (the parent's report needs it); no CUDA asked
     read, write = os.pipe()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    flushed(sys.stdout, sys.stderr)
+    become_subreaper()          # what the target starts stays among this process's descendants
     pid = os.fork()
     if pid == 0:
         os.close(read)
@@ -43,7 +55,7 @@ def supervised(run) -> int:
 def _child(run, conn):
     status = 70
     try:
-        signal_on_parent_death(signal.SIGTERM)
+        signal_on_parent_death(signal.SIGKILL)     # a command killed outright takes its child along, even one hung in C
         skip_dead_overflow_checks()         # here, not in the parent: it may ask torch for CUDA
         from dsv4spec.properties.target import WATCH
         WATCH.report = lambda op: conn.send(("op", op))
@@ -62,8 +74,7 @@ def _child(run, conn):
         conn.send(("done", status))
     finally:
         atexit._run_exitfuncs()         # the ports' cleanup (exec_target)
-        sys.stdout.flush()
-        sys.stderr.flush()
+        flushed(sys.stdout, sys.stderr)
         os._exit(status)
 
 
@@ -74,40 +85,56 @@ def _info(target):
 
 
 def _parent(run, pid: int, conn) -> int:
-    forward = lambda number, _frame: os.kill(pid, number)       # noqa: E731
-    saved = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    rows, infos, op, verdict, ports = [], None, None, None, set()
-    try:
-        while True:
-            try:
-                kind, value = conn.recv()
-            except (EOFError, OSError):
-                break
-            if kind == "row":
-                rows.append(value)
-            elif kind == "targets":
-                infos = value
-            elif kind == "op":
-                op = value
-            elif kind == "port":
-                ports.add(value)
-            elif kind == "done":
-                verdict = value
-        _, code = os.waitpid(pid, 0)
-    finally:
-        for s, handler in saved.items():
-            signal.signal(s, handler)
+    watch = _Watch(pid, conn)
+    code = watch.until_it_ends()
+    if watch.signal:
+        SIGNALLED.setdefault("signal", watch.signal)        # the reports' interrupted_by and exit status
     from dsv4spec.properties.workers import end_groups
-    end_groups(ports)                   # what the child's ports left running, however it ended
-    if verdict is not None:
-        return verdict
-    return _report_the_end(run, rows, infos, op, _ended(code))
+    end_groups(watch.ports)             # what the child's ports left running, however it ended
+    left = processes_left(descendants)      # what the target forked or started, still running
+    if watch.verdict is not None:
+        status = watch.verdict
+    elif watch.signal:                  # the child did not write the reports of the interrupted run
+        how = f"did not stop within {STOP_GRACE_S:g} s of the signal and was killed" if watch.killed \
+            else f"ended ({ended(code)})"
+        print(f"dsv4spec verify: the run's process {how} before writing its reports; they are written from "
+              f"the results that finished", file=sys.stderr)
+        status = _report_the_interruption(run, watch)
+    else:
+        status = _report_the_end(run, watch.rows, watch.infos, watch.op, ended(code))
+    return report_processes_left(left, status, "the command's process")
 
 
-def _ended(code: int) -> str:
-    if os.WIFSIGNALED(code):
-        return f"signal {signal.Signals(os.WTERMSIG(code)).name}"
-    return f"exit status {os.WEXITSTATUS(code)}"
+class _Watch(ForkedChild):
+    """What the parent knows of the child: the rows it finished, its targets, the operation it is
+    in, its verdict, the ports it started."""
+
+    def __init__(self, pid: int, conn):
+        super().__init__(pid, conn, STOP_GRACE_S)
+        self.rows, self.infos, self.op, self.verdict, self.ports = [], None, None, None, set()
+
+    def kill(self):
+        super().kill()
+        processes_left(lambda: [p for p in descendants() if p[0] != self.pid], grace_s=0)    # it is waited for
+
+    def received(self, kind, value):
+        if kind == "row":
+            self.rows.append(value)
+        elif kind == "targets":
+            self.infos = value
+        elif kind == "op":
+            self.op = value
+        elif kind == "port":
+            self.ports.add(value)
+        elif kind == "done":
+            self.verdict = value
+
+
+def _report_the_interruption(run, watch) -> int:
+    from dsv4spec.properties.suite import Row
+    from dsv4spec.properties.workers import TargetInfo
+    targets = [TargetInfo(**i) for i in watch.infos] if watch.infos else [Unloaded(s) for s in run.specs]
+    return run.conclude([Row(**r) for r in watch.rows], targets, interrupted=True)
 
 
 def _report_the_end(run, rows: list, infos, op, how: str) -> int:

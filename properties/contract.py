@@ -26,12 +26,16 @@ from .families import FAMILY_MODULES
 DEFAULT_TIMEOUT_S = 60.0       # one operation call; `verify --timeout` changes it
 
 
+MAX_TIMEOUT_S = 86400.0     # a day: the system's timers refuse far larger ones (1e10 s failed every call)
+
+
 def timeout_seconds(text) -> float:
-    """A --timeout value: a positive, finite number of seconds (nan or inf would blame every call
-    on the target)."""
+    """A --timeout value: a positive, finite number of seconds, at most a day (nan, inf or 1e10 would
+    blame every call on the target)."""
     seconds = float(text)
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise ValueError(f"must be a positive, finite number of seconds, got {seconds:g}")
+    if not (math.isfinite(seconds) and 0 < seconds <= MAX_TIMEOUT_S):
+        raise ValueError(f"must be a positive, finite number of seconds, at most {MAX_TIMEOUT_S:g} (a day), "
+                         f"got {seconds:g}")
     return seconds
 
 
@@ -271,6 +275,7 @@ class Watch:
     def __init__(self):
         self.report = lambda op: None
         self.port = lambda pgid: None       # the process group of a port the target started (exec_target)
+        self.safe_point = lambda: None      # the command's: a SIGTERM or SIGINT it recorded ends the run here
 
 
 WATCH = Watch()
@@ -286,6 +291,7 @@ class _deadline:
             and hasattr(signal, "setitimer")
 
     def __enter__(self):
+        WATCH.safe_point()
         WATCH.report(self.op)
         if self.armed:
             self.previous = signal.signal(signal.SIGALRM, self._fire)
@@ -302,6 +308,7 @@ class _deadline:
             if self.left:                   # give the other timer back what it had left
                 signal.setitimer(signal.ITIMER_REAL, max(self.left - (time.monotonic() - self.start), 1e-3))
         WATCH.report(None)
+        WATCH.safe_point()
         return False
 
 

@@ -596,6 +596,7 @@ class Port:
         return data
 
     def _wait(self, fd, deadline, op, doing, write=False) -> bool:
+        WATCH.safe_point()          # a SIGTERM while the port is silent ends the run within the step
         left = None if deadline is None else deadline - time.monotonic()
         if left is not None and left <= 0:
             note = self._stderr_note()

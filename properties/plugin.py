@@ -9,6 +9,9 @@ With --dsv4spec-isolate the targets run in one worker process kept for the sessi
 verify --isolate`): a segfault, an abort or a hang in C code is that item's ERROR or TIMEOUT, a
 fresh worker takes the next item, and the session completes with its summary and --junitxml.
 Items are then named by the target's spec (the target is not imported in pytest's process).
+Without it the session is forked before any target is loaded (pytest_guard.py): a target that ends
+pytest's process is the running item's error, with the summary, --junitxml and exit status 1.  A
+non-daemon thread a target leaves running is named in the summary and makes the exit status 1.
 
 PASS and VARIANT pass; NOT_IMPLEMENTED and SKIP are skipped with their reason; FAIL, ERROR and
 TIMEOUT fail with the decoded counterexample and the command that reproduces them -- XFAIL on a
@@ -34,6 +37,7 @@ Hypothesis is refused in one line (the suite's profile is --dsv4spec-profile).
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 
 import pytest
@@ -62,7 +66,7 @@ def pytest_addoption(parser):
     group.addoption("--dsv4spec-rules", metavar="PREFIX,...", help="only rules whose id starts with a prefix")
     group.addoption("--dsv4spec-seed", type=int, metavar="N", help="seed of the dev and thorough profiles")
     group.addoption("--dsv4spec-timeout", type=_timeout, metavar="S",
-                    help="seconds one operation call may take (positive, finite)")
+                    help="seconds one operation call may take (positive, finite, at most a day)")
     group.addoption("--dsv4spec-isolate", action="store_true",
                     help="run the targets in a worker process, as `dsv4spec verify --isolate`: a crash or a "
                          "hang (even in C code) costs only the rule that was running, not the session")
@@ -145,6 +149,9 @@ def pytest_configure(config):
     if not target_specs(config):
         return
     _refuse_an_unregistered_suite_profile(config)
+    from . import pytest_guard
+    if pytest_guard.guarded(config):        # before any target is loaded: it may end the process
+        pytest_guard.fork_the_session(config)
     config.pluginmanager.register(Session(Settings(config)), "dsv4spec-session")
 
 
@@ -166,6 +173,8 @@ class Session:
     def __init__(self, settings: Settings):
         self.settings = settings
         self.pool = None
+        self.left: dict[str, list[str]] = {}        # what the targets left running: threads, processes
+        self.exitstatus = 0
 
     def run_rule(self, rule_id: str, target, profile: str):
         """One rule's row, in this process or (--dsv4spec-isolate) in the session's worker."""
@@ -178,11 +187,39 @@ class Session:
             self.pool = workers.Pool(jobs=1, seed=self.settings.seed, timeout=target.timeout, isolate=True)
         rows, infos = self.pool.run([target.spec], [rule_id], profile)
         target.claims_conformance = infos[target.spec].claims_conformance or bool(infos[target.spec].load_error)
+        for kind in ("threads", "processes"):
+            known = self.left.setdefault(f"non-daemon thread(s) in {target.spec}'s worker" if kind == "threads"
+                                         else f"process(es) from {target.spec}'s worker (ended)", [])
+            known.extend(n for n in getattr(infos[target.spec], f"{kind}_left") if n not in known)
         return rows[0]
 
+    def findings(self) -> list[str]:
+        """What the targets left running, each a line; the session's exit status is at least 1 for any."""
+        from .workers import threads_left
+        if not self.settings.isolate and (left := threads_left()):
+            self.left["non-daemon thread(s) in pytest's process"] = left
+        return [f"dsv4spec: the targets left {len(names)} {what} running: {', '.join(names)}; a target must "
+                f"end what it starts (exit status 1 at least; the session ended regardless)"
+                for what, names in self.left.items() if names]
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session, exitstatus):
+        if self.findings():
+            session.exitstatus = max(int(exitstatus), 1)
+        self.exitstatus = int(session.exitstatus)
+
+    def pytest_terminal_summary(self, terminalreporter):
+        for line in self.findings():
+            terminalreporter.write_line(line, red=True)
+
+    @pytest.hookimpl(trylast=True)
     def pytest_unconfigure(self, config):
         if self.pool is not None:
             self.pool.close()
+        if self.findings() and not self.settings.isolate:      # a thread that would hold the process at exit
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(self.exitstatus)
 
     def pytest_report_header(self, config):
         s = self.settings

@@ -346,8 +346,11 @@ def write_atomically(path: str, text: str) -> None:
     /dev/stdout) is opened and written through, never replaced.  The file's mode is that of the
     file it replaces, else 0666 less the umask (0644 as a rule), as `open` would give it."""
     if path == "-":
-        sys.stdout.write(text if text.endswith("\n") else text + "\n")
-        sys.stdout.flush()
+        try:
+            sys.stdout.write(text if text.endswith("\n") else text + "\n")
+            sys.stdout.flush()
+        except (OSError, ValueError, AttributeError) as e:     # closed, or its reader gone
+            raise ValueError(f"cannot write report to standard output: {getattr(e, 'strerror', '') or 'it is closed'}") from None
         return
     try:
         if _special(path):

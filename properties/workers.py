@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import wait
 
 from dsv4spec.interpreter import skip_dead_overflow_checks
+from dsv4spec.processes import in_group, processes_left
 
 from . import suite
 from .suite import ERROR, TIMEOUT, Row
@@ -51,6 +52,7 @@ class TargetInfo:
     load_error: str = ""
     usage_error: bool = False       # the spec names something that is not a target (exit status 2)
     threads_left: list = field(default_factory=list)    # non-daemon threads it left running in a worker
+    processes_left: list = field(default_factory=list)  # processes it left running there (ended since)
 
 
 def threads_left() -> list[str]:
@@ -100,6 +102,7 @@ def _pin(cores: list[int]):
 def _worker(conn, cores, run: dict, timeout):
     from dsv4spec.parent_death import signal_on_parent_death
     signal_on_parent_death(signal.SIGKILL)             # a supervisor that dies takes its workers along
+    os.setpgid(0, 0)                                   # a group of its own: what a target forks is found in it
     signal.signal(signal.SIGINT, signal.SIG_IGN)       # the supervisor handles Ctrl-C
     _pin(cores)
     skip_dead_overflow_checks()                        # a process of ours (dsv4spec/interpreter.py)
@@ -133,6 +136,8 @@ def _worker(conn, cores, run: dict, timeout):
         row = suite.run_rule(rule_id, targets[spec], profile)
         if left := threads_left():  # before the row: the supervisor may end this worker on it
             conn.send(("threads", spec, left))
+        if left := processes_left(lambda: in_group(os.getpid(), besides={os.getpid()})):
+            conn.send(("processes", spec, left))
         conn.send(("row", index, asdict(row)))
 
 
@@ -182,12 +187,16 @@ class _Slot:
         self.task, self.op, self.since = task, None, time.monotonic()
         self.conn.send((*task, hung))
 
-    def kill(self):
+    def kill(self) -> list[str]:
+        """End the worker, its ports and what it left running in its group (named)."""
+        left = []
         if self.process is not None:
             self.process.kill()
             self.process.join()
+            left = processes_left(lambda: in_group(self.process.pid))
         self.process = self.conn = None
         end_groups(self.ports)
+        return left
 
     def stop(self):
         if self.process is not None and self.process.is_alive():
@@ -261,7 +270,7 @@ class Pool:
                 infos[spec].load_error = f"target {spec!r} could not be loaded: {why}"
             elif status == TIMEOUT:
                 hung[spec][slot.op] = why
-            slot.kill()
+            infos[spec].processes_left.extend(slot.kill())
             repro = suite.reproduce_command(spec, rule_id, profile, seed, timeout, isolate=True)
             record(index, Row(rule_id, infos[spec].name, status, why, repro))
             slot.task = None
@@ -276,6 +285,7 @@ class Pool:
                             record(index, Row(rule_id, infos[spec].name, ERROR, infos[spec].load_error))
                             continue
                         slot.give(task, hung[spec])
+                WATCH.safe_point()          # the command's: a SIGTERM or SIGINT it recorded ends the run here
                 busy = [s for s in slots if s.task]
                 ready = wait([s.conn for s in busy] + [s.process.sentinel for s in busy], timeout=0.5)
                 for slot in busy:
@@ -313,8 +323,8 @@ def _drain(slot, record, infos, ready):
             slot.op, slot.since = message[1], time.monotonic()
         elif kind == "port":
             slot.ports.add(message[1])
-        elif kind == "threads":
-            known = infos[message[1]].threads_left
+        elif kind in ("threads", "processes"):
+            known = getattr(infos[message[1]], f"{kind}_left")
             known.extend(n for n in message[2] if n not in known)
         elif kind == "loaded":
             infos[message[1]["spec"]] = TargetInfo(**message[1])

@@ -139,12 +139,13 @@ def _verify(tmp_path, *args, env=None, **popen):
 
 
 def _finished(run, timeout=900):
-    """run.communicate(), its process group killed if it outlives `timeout` (a hang is the failure
+    """run.communicate(), its session killed if it outlives `timeout` (a hang is the failure
     these tests look for; the bound is far above what a run takes on a loaded machine, seconds)."""
     try:
         return run.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(run.pid, signal.SIGKILL)
+        for pid in _group(run.pid):         # its session: the guard's child leads a group of its own
+            os.kill(pid, signal.SIGKILL)
         raise
 
 
@@ -157,8 +158,9 @@ def _state(pid: int) -> str | None:
         return None
 
 
-def _group(pgid: int) -> list[int]:
-    """The live processes of process group `pgid` (the one a test started its verify in)."""
+def _group(sid: int) -> list[int]:
+    """The live processes of session `sid` (the one a test started its verify in: its process
+    groups, the guard's child's included)."""
     members = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -167,17 +169,17 @@ def _group(pgid: int) -> list[int]:
                     fields = f.read().rsplit(")", 1)[1].split()
             except (FileNotFoundError, ProcessLookupError):
                 continue
-            if int(fields[2]) == pgid and fields[0] != "Z":
+            if int(fields[3]) == sid and fields[0] != "Z":
                 members.append(int(entry))
     return members
 
 
-def _group_ended(pgid: int, within_s=30.0) -> list[int]:
-    """The processes of group `pgid` still alive after up to `within_s` seconds (polled)."""
+def _group_ended(sid: int, within_s=30.0) -> list[int]:
+    """The processes of session `sid` still alive after up to `within_s` seconds (polled)."""
     deadline = time.monotonic() + within_s
-    while _group(pgid) and time.monotonic() < deadline:
+    while _group(sid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return [f"{pid}: {open(f'/proc/{pid}/cmdline').read()}" for pid in _group(pgid)]
+    return [f"{pid}: {open(f'/proc/{pid}/cmdline').read()}" for pid in _group(sid)]
 
 
 def _gone(pids, within_s=30.0) -> bool:
@@ -324,11 +326,12 @@ def test_a_lost_report_keeps_the_verdict_and_the_other_reports(tmp_path):
     assert stat.S_ISFIFO(os.stat(tmp_path / "fifo").st_mode)
 
 
-@pytest.mark.parametrize("seconds", ["nan", "inf", "-inf", "0"])
-def test_a_timeout_that_is_not_a_positive_finite_number_is_a_usage_error(seconds, capsys):
+@pytest.mark.parametrize("seconds", ["nan", "inf", "-inf", "0", "1e10", "86400.5"])
+def test_a_timeout_that_is_not_a_positive_finite_number_up_to_a_day_is_a_usage_error(seconds, capsys):
+    """1e10 s used to turn every call into an ERROR (the timer's time_t overflowed)."""
     from dsv4spec.cli import main
     assert main(["verify", "--target", "impl", "--rules", "FMT.E2M1.ZERO_SIGN", f"--timeout={seconds}"]) == 2
-    assert "--timeout must be a positive, finite number of seconds" in capsys.readouterr().err
+    assert "--timeout must be a positive, finite number of seconds, at most 86400 (a day)" in capsys.readouterr().err
 
 
 def test_a_report_to_standard_output_moves_the_matrix_to_standard_error(tmp_path):

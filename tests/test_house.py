@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # the other.  "base" is the few modules of dsv4spec/ that import nothing above themselves and that
 # every layer may use; the rest of dsv4spec/ is the command line, on top.
 LAYERS = (("base",), ("spec",), ("impl", "official"), ("kernels",), ("properties",), ("golden",), ("cli",))
-BASE = {"dsv4spec", "dsv4spec.triton_mode", "dsv4spec.interpreter", "dsv4spec.parent_death"}
+BASE = {"dsv4spec", "dsv4spec.triton_mode", "dsv4spec.interpreter", "dsv4spec.parent_death", "dsv4spec.processes"}
 RANK = {layer: rank for rank, layers in enumerate(LAYERS) for layer in layers}
 
 

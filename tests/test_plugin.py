@@ -165,3 +165,58 @@ def test_a_timeout_that_is_not_a_positive_finite_number_is_refused_by_the_plugin
     run = pytest_run(tmp_path, "--dsv4spec-target", "impl", f"--dsv4spec-timeout={seconds}")
     assert run.returncode == 4, run.stdout[-2000:] + run.stderr[-2000:]
     assert "must be a positive, finite number of seconds" in run.stderr
+
+
+# Without --dsv4spec-isolate the session forks (properties/pytest_guard.py): a target that ends the
+# process, or leaves a thread, cannot end or hold the session (issue 42)
+# ------------------------------------------------------------------------------------------------
+
+ENDS = {"os._exit": "import os\ndef end():\n    os._exit(0)\n",
+        "C exit": "import ctypes\ndef end():\n    ctypes.CDLL(None).exit(0)\n"}
+LEAVES_A_THREAD = ("import threading, time\nfrom dsv4spec.impl import e2m1_encode as _e\n"
+                   "LEFT = threading.Thread(target=time.sleep, args=(3600,), name='left-behind')\n"
+                   "def e2m1_encode(x):\n"
+                   "    LEFT.is_alive() or LEFT.start()\n"
+                   "    return _e(x)\n")
+
+
+def _pytest(tmp_path, *args):
+    """pytest in a session of its own, ended with everything it started if it outlives a generous bound."""
+    from test_faults import _finished, _group_ended
+    run = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", *args],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                           start_new_session=True,
+                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": HOME, "TRITON_INTERPRET": "1",
+                                "OMP_NUM_THREADS": "1"})
+    out, err = _finished(run, 300)
+    assert _group_ended(run.pid) == []
+    return run.returncode, out, err
+
+
+@pytest.mark.parametrize("how", ["os._exit", pytest.param("C exit", marks=pytest.mark.thorough)])
+def test_a_target_that_ends_pytests_process_is_an_error_with_a_summary_and_junitxml(tmp_path, how):
+    """It used to end pytest with status 0, no summary and no --junitxml."""
+    import xml.etree.ElementTree as ET
+    (tmp_path / "ender.py").write_text(ENDS[how] + "from dsv4spec.impl import e2m1_encode\n"
+                                       "def e4m3_encode(x):\n    end()\n")
+    code, out, err = _pytest(tmp_path, "--dsv4spec-target", "ender", "--junitxml", "r.xml", "--dsv4spec-rules",
+                             "FMT.E2M1.RNE,FMT.E4M3.RNE,FMT.E4M3.SATFINITE", "--dsv4spec-max-examples", "2")
+    assert code == 1, out + err
+    ended = "the target ended pytest's process (exit status 0) during e4m3_encode in dsv4spec::FMT.E4M3.RNE[ender]"
+    assert ended in out and "1 error, 1 not run, 1 passed" in out, out
+    cases = {c.get("name"): c for c in ET.parse(tmp_path / "r.xml").getroot().iter("testcase")}
+    assert ended in cases["FMT.E4M3.RNE[ender]"].find("error").get("message")
+    assert cases["FMT.E4M3.SATFINITE[ender]"].find("error").get("message").startswith("not run: ")
+    assert list(cases["FMT.E2M1.RNE[ender]"]) == []         # passed
+
+
+@pytest.mark.parametrize("isolate", [pytest.param([], id="in-process"),
+                                     pytest.param(["--dsv4spec-isolate"], id="isolate", marks=pytest.mark.thorough)])
+def test_a_thread_the_target_leaves_running_is_named_and_does_not_hold_pytest(tmp_path, isolate):
+    """In pytest's process it kept pytest from ever exiting after "1 passed"; in the isolate worker it
+    went unreported with status 0."""
+    (tmp_path / "spinner.py").write_text(LEAVES_A_THREAD)
+    code, out, err = _pytest(tmp_path, "--dsv4spec-target", "spinner", "--dsv4spec-rules", "FMT.E2M1.ZERO_SIGN",
+                             *isolate)
+    assert code == 1, out + err
+    assert "1 passed" in out and "non-daemon thread(s) in " in out and "running: left-behind" in out, out

@@ -172,16 +172,20 @@ def test_an_incomplete_merge_needs_the_flag_and_says_so(reports, tmp_path, capsy
     assert "**INCOMPLETE: shard 2/2 not merged" in (tmp_path / "m.md").read_text()
 
 
-def test_an_interrupted_shard_stays_interrupted(reports, tmp_path, capsys):
+@pytest.mark.parametrize("cause, status", [("Ctrl-C", 130), ("SIGTERM", 143)])
+def test_an_interrupted_shard_stays_interrupted_by_its_signal(reports, tmp_path, capsys, cause, status):
+    """A SIGTERMed shard (a cancelled CI job) was merged as Ctrl-C, exit 130."""
     folder, _ = reports
     two = load(folder, "2")
     cut = two["results"].pop()
     two.update(interrupted=True, not_run=[{"rule": cut["rule"], "target": cut["target"]}])
+    two["header"]["interrupted_by"] = cause
     assert main(["report", "merge", str(folder / "1.json"), write(tmp_path / "2.json", two),
-                 "--json", str(tmp_path / "m.json")]) == 130
+                 "--json", str(tmp_path / "m.json")]) == status
     merged = json.loads((tmp_path / "m.json").read_text())
     assert merged["interrupted"] is True and merged["not_run"] == two["not_run"]
-    assert "INTERRUPTED (Ctrl-C)" in capsys.readouterr().err
+    assert merged["header"]["interrupted_by"] == cause
+    assert f"INTERRUPTED ({cause})" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("xfail, status", [([], 1), (["rule"], 0)])
