@@ -129,6 +129,7 @@ class DeepGEMM(LibraryTarget):
 class SglKernel(LibraryTarget):
     NAME = "sgl-kernel"
     INPUT_DTYPE = "float32"
+    SHAPES = {"index_topk": {"k": (2048,)}}     # top_k.py fast_topk_v2: assert topk == 2048 (V3.2's)
 
     def index_topk(self, scores, visible, k, order):
         chosen = self.lib.fast_topk_v2(self.on_device(scores, torch.float32), self.on_device(visible, torch.int32), k)

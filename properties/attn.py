@@ -90,12 +90,9 @@ def fit_sizes(target, H: int, D: int, K: int) -> tuple[int, int, int]:
     """(H, D, the list's width) as sparse_attention of `target` takes them (its SHAPES): a size it
     lists as is, else the next listed one (the largest, past them all); a multiple it asks for by
     rounding up.  A list of K entries is then widened with −1 (nothing) to the width."""
-    def fit(n, sizes):
-        if isinstance(sizes, int):
-            return -(-n // sizes) * sizes
-        return min((s for s in sizes if s >= n), default=max(sizes)) if sizes and n not in sizes else n
-    limits = target.shape_limits("sparse_attention") if target is not None else {}
-    return tuple(fit(n, limits.get(dim)) for dim, n in (("H", H), ("D", D), ("K", K)))
+    if target is None:
+        return H, D, K
+    return tuple(target.fit_size("sparse_attention", dim, n) for dim, n in (("H", H), ("D", D), ("K", K)))
 
 
 # The lists' dtype, drawn with the seed: int32 (the official model's topk_idxs) at even seeds, so

@@ -510,6 +510,14 @@ class Target:
         """{dimension: tuple of sizes, or the int each size is a multiple of} that `op` declares."""
         return self.shapes.get(op, {})
 
+    def fit_size(self, op: str, dim: str, n: int) -> int:
+        """n as dimension `dim` of `op` takes it (its SHAPES): a size it lists as is, else the next
+        listed one (the largest, past them all); a multiple it asks for by rounding up."""
+        sizes = self.shape_limits(op).get(dim)
+        if isinstance(sizes, int):
+            return -(-n // sizes) * sizes
+        return min((s for s in sizes if s >= n), default=max(sizes)) if sizes and n not in sizes else n
+
     def variant(self, knob: str) -> str:
         """The value of a knob the checks must expect from this target."""
         if knob not in KNOBS:

@@ -29,8 +29,9 @@ with none is NOT_IMPLEMENTED), and index_topk is asked only for the orders its m
 A kernel compiled for some sizes only declares SHAPES: per operation, per dimension of its contract
 (`dsv4spec ops` names them), a tuple of the sizes it takes or an int that each size must be a
 multiple of.  The checks then draw their examples at those sizes (a list widened with −1 entries,
-which contribute nothing, heads and head dims as declared), so a rule is judged where the kernel
-can run; a clause that needs a size the target refuses is NOT_IMPLEMENTED.
+which contribute nothing, heads and head dims as declared; index_topk's k, the rows redrawn over
+k + 64·S entries), so a rule is judged where the kernel can run; a clause that needs a size the target
+refuses is NOT_IMPLEMENTED.
 
 A target written against an earlier version of this contract keeps its verdicts: kv_qdq(x, fmt)
 provides the per-format operations, but a format the bundled form took only from a later version

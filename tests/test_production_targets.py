@@ -73,3 +73,30 @@ def test_the_top_k_set_is_ordered_as_the_caller_asks(order, want):
     scores = torch.tensor([[2.0, 1.0, 9.0, 5.0]])
     chosen = torch.tensor([[1, -1, 3, 0]])        # a kernel's set, in no order, padded with −1
     assert production.ordered(scores, chosen, order).tolist() == want
+
+
+def _fake(folder: str, module: str):
+    found = importlib.util.spec_from_file_location(f"fake_{module}", TESTS / folder / module / "__init__.py")
+    loaded = importlib.util.module_from_spec(found)
+    found.loader.exec_module(loaded)
+    return loaded
+
+
+@pytest.mark.parametrize("rule", ["IDX.TOPK.SELECTION", "IDX.TOPK.PAD"])
+def test_a_top_k_that_takes_only_k_2048_is_judged_at_2048(rule):
+    """sgl-kernel's fast_topk_v2 asserts topk == 2048: its SHAPES draws every case at k = 2048 (PASS);
+    undeclared, the same library is blamed for its own assertion on the small k the checks draw."""
+    sgl = _fake("fake_sgl_kernel", "sgl_kernel")
+    undeclared = type("Undeclared", (production.SglKernel,), {"SHAPES": {}})
+    assert run_rule(rule, Target(production.SglKernel(sgl), "sgl-kernel")).status == "PASS"
+    row = run_rule(rule, Target(undeclared(sgl), "sgl-kernel"))
+    assert row.status != "PASS" and "topk=2048" in row.detail
+
+
+def test_a_top_k_at_2048_that_drops_the_last_entry_fails():
+    """The redrawn cases still judge: a kernel that loses its 2048th pick fails IDX.TOPK.COUNT."""
+    sgl = _fake("fake_sgl_kernel", "sgl_kernel")
+    dropping = types.SimpleNamespace(DSV4SPEC_CPU_STANDIN=True, fast_topk_v2=lambda s, n, k, row_starts=None:
+                                     torch.cat([sgl.fast_topk_v2(s, n, k)[:, :-1], torch.full((s.shape[0], 1), -1,
+                                                                                            dtype=torch.int32)], 1))
+    assert run_rule("IDX.TOPK.COUNT", Target(production.SglKernel(dropping), "sgl-kernel")).status == "FAIL"
