@@ -14,6 +14,11 @@ status 3).  docs/PRODUCTION.md builds the three on the GPU machine.
                     int32, scale, d_v=D, attn_sink=sink): the sparse prefill kernel (FlashMLA-api,
                     flash_mla_sparse_fwd), V4's head dim 512, heads 64 or 128 (its
                     csrc/api/sparse_fwd.h checks h_q), lists in 64s; its BF16 output widened
+    flashmla-decode  sparse_attention_cache(q, cache, form, sink, indices, scale, *, model)
+                    flash_mla.flash_mla_with_kvcache(q [T,1,H,Dq] bf16, the pages as [P, 64, 1, entry] E4M3
+                    (FlashMLA's paged MODEL1 cache, Dq 512, or V3.2's, Dq 576), None, None, 512, metadata,
+                    None, scale, causal=False, is_fp8_kvcache=True, indices [T,1,K] int32, attn_sink):
+                    the sparse decode kernel; sparse_attention through it over the MODEL1 cache
     deepgemm    fp8_linear(x, w, w_scale, block)
                     act_quant of x by the suite's impl (exact), then deep_gemm.fp8_gemm_nt((a, sfa),
                     (w, sfb), d) with fp32 power-of-two scales (the SM90 recipe, 1×128 and 128×128
@@ -34,6 +39,7 @@ import importlib
 import torch
 
 from .impl import quant as impl_quant
+from .spec import layout as spec_layout
 from .spec.rules import V4
 
 STANDIN = "DSV4SPEC_CPU_STANDIN"
@@ -47,6 +53,9 @@ LIBRARIES = {
     "flashmla": ("flash_mla", "FlashMLA (github.com/deepseek-ai/FlashMLA) is built from source: "
                               "`git clone --recursive` it, then `pip install --no-build-isolation -v .` "
                               "(docs/PRODUCTION.md)"),
+    "flashmla-decode": ("flash_mla", "FlashMLA (github.com/deepseek-ai/FlashMLA) is built from source: "
+                                     "`git clone --recursive` it, then `pip install --no-build-isolation -v .` "
+                                     "(docs/PRODUCTION.md)"),
     "deepgemm": ("deep_gemm", "DeepGEMM (github.com/deepseek-ai/DeepGEMM) is built from source: "
                               "`git clone --recursive` it, then `./install.sh` or `pip install "
                               "--no-build-isolation .` (docs/PRODUCTION.md)"),
@@ -106,6 +115,34 @@ class FlashMLA(LibraryTarget):
         return out.float().to(q.device)
 
 
+class FlashMLADecode(LibraryTarget):
+    """FlashMLA's sparse decode over its FP8 caches: sparse_attention_cache on FlashMLA's paged form of
+    LAYOUT.V4.MAIN (MODEL1, q of 512 dims) or LAYOUT.V32.MLA (q of 576), and through it sparse_attention
+    (the MODEL1 cache: CACHE_FORMS' first)."""
+    NAME = "flashmla-decode"
+    MODELS = V4
+    CONTRACT = 8
+    CACHE_FORMS = ("v4_main_kv/flashmla_paged", "v32_mla_kv/flashmla_paged")
+    SHAPES = {"sparse_attention_cache": {"H": (64, 128), "K": 64},
+              "sparse_attention": {"D": (512,), "H": (64, 128), "K": 64}}
+
+    def sparse_attention_cache(self, q, cache, form, sink, indices, scale, *, model=None):
+        kind, paged = spec_layout.cache_form(form)
+        if not paged:
+            raise ValueError(f"flashmla-decode: FlashMLA reads its paged cache ({kind}/flashmla_paged), not {form}")
+        entry = spec_layout.layout(kind).nbytes
+        pages = self.on_device(cache)
+        # a page of PAGE entries (and, for MODEL1, their scale groups) inside a page stride of page_bytes
+        k_cache = pages.view(torch.float8_e4m3fn)[:, :spec_layout.PAGE * entry].view(
+            pages.shape[0], spec_layout.PAGE, 1, entry)
+        meta, _ = self.lib.get_mla_metadata()
+        out, _lse = self.lib.flash_mla_with_kvcache(
+            self.on_device(q, torch.bfloat16)[:, None], k_cache, None, None, spec_layout.CACHE_VALUE_DIMS, meta,
+            None, scale, False, True, self.on_device(indices, torch.int32)[:, None, :],
+            self.on_device(sink, torch.float32))
+        return out[:, 0].float().to(q.device)
+
+
 class DeepGEMM(LibraryTarget):
     NAME = "deepgemm"
     MODELS = V4                 # V4.1's FP8 linear has 32-wide blocks, outside the SM90 recipe
@@ -151,7 +188,7 @@ def ordered(scores: torch.Tensor, chosen: torch.Tensor, order: str) -> torch.Ten
     return chosen.gather(1, rank)
 
 
-TARGETS = {"flashmla": FlashMLA, "deepgemm": DeepGEMM, "sgl-kernel": SglKernel}
+TARGETS = {"flashmla": FlashMLA, "flashmla-decode": FlashMLADecode, "deepgemm": DeepGEMM, "sgl-kernel": SglKernel}
 
 
 def target(name: str) -> LibraryTarget:

@@ -48,6 +48,10 @@ from .suite import check, forall
 OPS = {
     "sparse_attention": "sparse_attention(q [T,H,D], kv [N,D], sink f32 [H], indices int [T,K], scale, *, model) "
                         "-> f32 [T,H,D] BF16 values: online softmax over blocks of 64, sink in the denominator",
+    "sparse_attention_cache": "sparse_attention_cache(q [T,H,Dq], cache uint8, form, sink f32 [H], indices int [T,K], "
+                              "scale, *, model) -> f32 [T,H,512]: sparse_attention over the entries of a packed "
+                              "cache (form: v4_main_kv, v32_mla_kv, either + '/flashmla_paged'), keys all Dq dims, "
+                              "values the first 512; judged by LAYOUT.V4.MAIN/V32.MLA and, as sparse_attention, by ATTN",
     "attention_scale": "attention_scale(model, layer) -> float: the softmax_scale passed to the kernel",
     "attention_q": "attention_q(q [T,H,D], *, model) -> f32: V4 rescales each head to unit RMS (BF16 ops); V4.1 q",
     "attention_output": "attention_output(o [T,H,D], positions int64 [T], freqs f32 [d/2]) -> f32: the RoPE "

@@ -36,7 +36,7 @@ def timeout_seconds(text) -> float:
 
 # The version of this contract (the operations, their arguments and results, the metadata a target
 # declares), and when each version came and what it changed (docs/ADAPTERS.md, "Contract versions").
-CONTRACT_VERSION = 7
+CONTRACT_VERSION = 8
 CONTRACT_CHANGES = {
     1: ("2026-11-30", "operations by canonical name; NAME, DEVICE, VARIANTS, EXTENSIONS, INPUT_DTYPES; results "
         "checked strictly; kv_qdq(x, fmt) for fp4_e4m3 and fp8_e8m0_32"),
@@ -109,6 +109,7 @@ RESULTS = {
     "window_ring": (INDEX,),
     "pool_scan_topk": (INDEX,),
     "sparse_attention": (VALUES,), "attention_q": (VALUES,), "attention_output": (VALUES,),
+    "sparse_attention_cache": (VALUES,),
 }
 # Per-format operations a bundled one also provides: kv_qdq(x, fmt) is kv_qdq_<fmt>(x).
 SPLIT = {"kv_qdq_fp4_e4m3": ("kv_qdq", "fp4_e4m3"), "kv_qdq_fp8_e8m0_32": ("kv_qdq", "fp8_e8m0_32"),
@@ -142,6 +143,7 @@ SHAPES = {
     "fp8_qdq": _SAME, "index_visible": _SAME, "index_weights_v32": _SAME,
     "sparse_attention": _SAME, "attention_q": _SAME, "attention_output": _SAME,
     "fp8_linear": lambda a, *_: _lead(a[0], a[1].shape[0]),
+    "sparse_attention_cache": lambda a, *_: _lead(a[0], 512),
     "fp4_pack": lambda a, *_: _lead(a[0], a[0].shape[-1] // 2),
     "fp4_unpack": lambda a, *_: _lead(a[0], a[0].shape[-1] * 2),
     "fp4_e4m3_quantize": _blocks(16), "fp4_e8m0_quantize": _blocks(32),
@@ -319,6 +321,29 @@ def _scores_from_raw(raw_scores):
     return index_scores
 
 
+def _attention_from_cache(cache_attention, form: str):
+    """sparse_attention(q, kv, sink, indices, scale, *, model) through sparse_attention_cache: kv packed
+    as `form` holds it, widened by zero dims to the entry's (q too: the same scores, the output cut back),
+    the bytes no entry writes 0xFF; asked only where the layout holds kv exactly (else not asked)."""
+    import numpy as np
+    import torch
+    from ..spec import layout as spec_layout
+    lay = spec_layout.layout(spec_layout.cache_form(form)[0])
+
+    def sparse_attention(q, kv, sink, indices, scale, *, model=None):
+        values = kv.float().cpu().numpy()
+        n, d = values.shape
+        rows = np.zeros((-(-n // spec_layout.PAGE) * spec_layout.PAGE, lay.dims), np.float32)
+        rows[:n, :d] = values
+        entries = spec_layout.pack(lay, rows)
+        if d > spec_layout.CACHE_VALUE_DIMS or not np.array_equal(spec_layout.cache_values(lay.kind, entries)[:n, :d], values):
+            _not_asked(f"sparse_attention through sparse_attention_cache: kv not held exactly by {lay.kind}")
+        wide = torch.cat([q, q.new_zeros(*q.shape[:-1], lay.dims - d)], -1) if lay.dims > d else q
+        cache = torch.from_numpy(spec_layout.as_cache(form, entries)).to(q.device)
+        return cache_attention(wide, cache, form, sink, indices, scale, model=model)[..., :d]
+    return sparse_attention
+
+
 def _not_asked(why: str):
     """Leave out an example the target cannot be asked (Hypothesis's reject), else NOT_IMPLEMENTED."""
     from hypothesis import reject
@@ -401,6 +426,7 @@ class Target:
         self.received = Received()          # the last call's inputs (shared by the views of this target)
         self.input_dtypes = _input_dtypes(provider)
         self.shapes = _shapes(provider)
+        self.cache_forms = _cache_forms(provider)
         self.contract = _contract(provider)
         self.answers: dict = {}             # a later format of a bundled operation: whether the target answers it
         self.models = tuple(getattr(provider, "MODELS", None) or MODELS)
@@ -417,6 +443,8 @@ class Target:
         fn = getattr(self.provider, name, None)
         if fn is None and name == "index_scores" and callable(getattr(self.provider, "index_scores_raw", None)):
             return _scores_from_raw(self.provider.index_scores_raw)
+        if fn is None and name == "sparse_attention" and callable(getattr(self.provider, "sparse_attention_cache", None)):
+            return _attention_from_cache(self.provider.sparse_attention_cache, self.cache_forms[0])
         if fn is None and name in SPLIT:
             bundled, fmt = SPLIT[name]
             whole = getattr(self.provider, bundled, None)
@@ -591,6 +619,16 @@ def _input_dtypes(provider) -> dict:
         if dtype not in INPUT_DTYPES:
             where = f"INPUT_DTYPES[{op!r}]" if op else "INPUT_DTYPE"
             raise ValueError(f"{where} must be one of {INPUT_DTYPES} (a string), got {dtype!r}")
+    return declared
+
+
+def _cache_forms(provider) -> tuple:
+    """The cache forms sparse_attention_cache of a provider takes (CACHE_FORMS; default: the entries
+    of LAYOUT.V4.MAIN, then LAYOUT.V32.MLA), validated."""
+    from ..spec.layout import CACHE_FORMS
+    declared = tuple(getattr(provider, "CACHE_FORMS", None) or CACHE_FORMS[:2])
+    if isinstance(getattr(provider, "CACHE_FORMS", None), str) or set(declared) - set(CACHE_FORMS):
+        raise ValueError(f"CACHE_FORMS must be a tuple among {', '.join(CACHE_FORMS)}; got {declared!r}")
     return declared
 
 

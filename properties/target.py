@@ -42,7 +42,7 @@ adapter that predates the format reads n/i there, not ERROR; one that answers is
 How `--target T` is resolved (the same rule for the CLI, the pytest plugin and `load_target`):
 
     impl, kernels, official, ml_dtypes, torch   the built-in targets
-    flashmla, deepgemm, sgl-kernel              the production libraries you installed, run on a
+    flashmla, flashmla-decode, deepgemm, sgl-kernel  the production libraries you installed, run on a
                                                 CUDA GPU (dsv4spec.production)
     official-kernels[:PATH]                     your own copy of the official V4 kernel.py (PATH,
                                                 else $DSV4SPEC_OFFICIAL_KERNEL), run as it is on
@@ -164,7 +164,7 @@ def _official_kernels(spec: str):
     return None
 
 
-PRODUCTION = ("flashmla", "deepgemm", "sgl-kernel")     # installed production libraries (dsv4spec.production)
+PRODUCTION = ("flashmla", "flashmla-decode", "deepgemm", "sgl-kernel")     # installed production libraries (dsv4spec.production)
 
 
 def locate(spec: str) -> str:
