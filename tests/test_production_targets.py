@@ -100,3 +100,26 @@ def test_a_top_k_at_2048_that_drops_the_last_entry_fails():
                                      torch.cat([sgl.fast_topk_v2(s, n, k)[:, :-1], torch.full((s.shape[0], 1), -1,
                                                                                             dtype=torch.int32)], 1))
     assert run_rule("IDX.TOPK.COUNT", Target(production.SglKernel(dropping), "sgl-kernel")).status == "FAIL"
+
+
+@pytest.mark.parametrize("rule", ["LAYOUT.V4.MAIN", "LAYOUT.V32.MLA", "ATTN.SINK", "ATTN.PROB.BF16"])
+def test_flashmla_decode_over_its_paged_caches_passes_on_a_faithful_stand_in(rule):
+    """The sparse FP8 decode mapped on both layouts' paged forms (LAYOUT rules) and, over MODEL1, on ATTN."""
+    decode = production.FlashMLADecode(_fake("fake_flashmla", "flash_mla"))
+    assert run_rule(rule, Target(decode, "flashmla-decode")).status == "PASS"
+
+
+def test_flashmla_decode_that_reads_the_unwritten_scale_byte_fails():
+    """A decode that takes MODEL1's 8th scale byte (never written; 0xFF here) as the 7th tile's scale."""
+    flash_mla = _fake("fake_flashmla", "flash_mla")
+
+    def eighth_byte(q, k_cache, *args, **kw):
+        raw = k_cache.view(torch.uint8)
+        pages = torch.as_strided(raw, (raw.shape[0], raw.stride(0)), (raw.stride(0), 1)).clone()
+        scales = pages[:, 64 * 576:64 * 584].view(-1, 64, 8)
+        scales[..., 6] = scales[..., 7].clone()
+        view = pages.view(torch.float8_e4m3fn)[:, :64 * 584].view(k_cache.shape)
+        return flash_mla.flash_mla_with_kvcache(q, view, *args, **kw)
+    lib = types.SimpleNamespace(DSV4SPEC_CPU_STANDIN=True, get_mla_metadata=flash_mla.get_mla_metadata,
+                                flash_mla_with_kvcache=eighth_byte)
+    assert run_rule("LAYOUT.V4.MAIN", Target(production.FlashMLADecode(lib), "flashmla-decode")).status != "PASS"
