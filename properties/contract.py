@@ -54,6 +54,9 @@ CONTRACT_CHANGES = {
     7: ("2026-12-05", "attention_layer ends with the output projections on the cases from x (inputs attn_wo_a, a BF16 "
         "[groups·o_lora_rank, H·D/groups], attn_wo_b and attn_wo_b_scale, an FP8 linear; stages o_lora, out); a "
         "target declaring an earlier version, or none, is never given them nor judged on o_lora and out"),
+    8: ("2026-12-07", "sparse_attention_cache (attention over a packed cache: LAYOUT.V4.MAIN, LAYOUT.V32.MLA or "
+        "FlashMLA's paged form of either; CACHE_FORMS) and, from it, sparse_attention where a target has none; "
+        "SHAPES of index_topk (k)"),
 }
 
 
