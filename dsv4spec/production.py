@@ -23,6 +23,9 @@ status 3).  docs/PRODUCTION.md builds the three on the GPU machine.
                     act_quant of x by the suite's impl (exact), then deep_gemm.fp8_gemm_nt((a, sfa),
                     (w, sfb), d) with fp32 power-of-two scales (the SM90 recipe, 1×128 and 128×128
                     blocks) into a BF16 d; block 128 only
+    deepgemm-logits  index_scores_fp8(q_codes, k_codes, k_scale, w, visible)
+                    deep_gemm.fp8_mqa_logits(q E4M3 [T,H,128], (k E4M3 [S,128], k_scale f32 [S]), w f32 [T,H],
+                    starts 0, ends visible, clean_logits=True, S): V3.2's indexer logits, −inf past visible
     sgl-kernel  index_topk(scores, visible, k, order)
                     sgl_kernel.fast_topk_v2(scores, lengths=visible, topk=k): its set of indices,
                     ordered as the caller asks (descending score, ties by position, for 'score';
@@ -59,6 +62,9 @@ LIBRARIES = {
     "deepgemm": ("deep_gemm", "DeepGEMM (github.com/deepseek-ai/DeepGEMM) is built from source: "
                               "`git clone --recursive` it, then `./install.sh` or `pip install "
                               "--no-build-isolation .` (docs/PRODUCTION.md)"),
+    "deepgemm-logits": ("deep_gemm", "DeepGEMM (github.com/deepseek-ai/DeepGEMM) is built from source: "
+                                     "`git clone --recursive` it, then `./install.sh` or `pip install "
+                                     "--no-build-isolation .` (docs/PRODUCTION.md)"),
     "sgl-kernel": ("sgl_kernel", "install the wheel with `pip install sgl-kernel` (matching your torch "
                                  "and CUDA), or build sgl-kernel/ of github.com/sgl-project/sglang "
                                  "(docs/PRODUCTION.md)"),
@@ -163,6 +169,23 @@ class DeepGEMM(LibraryTarget):
         return d.float().reshape(*x.shape[:-1], n).to(x.device)
 
 
+class DeepGEMMLogits(LibraryTarget):
+    """DeepGEMM's V3.2 indexer logits: index_scores_fp8 through fp8_mqa_logits (E4M3 q [T,H,128], the
+    keys (E4M3 [S,128], fp32 scale [S]), fp32 weights [T,H], each query's keys [0, visible), the rest
+    cleaned to −inf)."""
+    NAME = "deepgemm-logits"
+    CONTRACT = 8
+    SHAPES = {"index_scores_fp8": {"H": (32, 64)}}
+
+    def index_scores_fp8(self, q_codes, k_codes, k_scale, w, visible):
+        fp8 = lambda codes: self.on_device(codes).view(torch.float8_e4m3fn)    # noqa: E731
+        ends = self.on_device(visible, torch.int32)
+        logits = self.lib.fp8_mqa_logits(fp8(q_codes), (fp8(k_codes), self.on_device(k_scale, torch.float32)),
+                                         self.on_device(w, torch.float32), torch.zeros_like(ends), ends, True,
+                                         k_codes.shape[0])
+        return logits[:, :k_codes.shape[0]].float().to(q_codes.device)
+
+
 class SglKernel(LibraryTarget):
     NAME = "sgl-kernel"
     INPUT_DTYPE = "float32"
@@ -188,7 +211,8 @@ def ordered(scores: torch.Tensor, chosen: torch.Tensor, order: str) -> torch.Ten
     return chosen.gather(1, rank)
 
 
-TARGETS = {"flashmla": FlashMLA, "flashmla-decode": FlashMLADecode, "deepgemm": DeepGEMM, "sgl-kernel": SglKernel}
+TARGETS = {"flashmla": FlashMLA, "flashmla-decode": FlashMLADecode, "deepgemm": DeepGEMM,
+           "deepgemm-logits": DeepGEMMLogits, "sgl-kernel": SglKernel}
 
 
 def target(name: str) -> LibraryTarget:

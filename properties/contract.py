@@ -56,7 +56,7 @@ CONTRACT_CHANGES = {
         "target declaring an earlier version, or none, is never given them nor judged on o_lora and out"),
     8: ("2026-12-07", "sparse_attention_cache (attention over a packed cache: LAYOUT.V4.MAIN, LAYOUT.V32.MLA or "
         "FlashMLA's paged form of either; CACHE_FORMS) and, from it, sparse_attention where a target has none; "
-        "SHAPES of index_topk (k)"),
+        "index_scores_fp8 (V3.2's logits from E4M3 q and k); SHAPES of index_topk (k)"),
 }
 
 
@@ -112,7 +112,7 @@ RESULTS = {
     "window_ring": (INDEX,),
     "pool_scan_topk": (INDEX,),
     "sparse_attention": (VALUES,), "attention_q": (VALUES,), "attention_output": (VALUES,),
-    "sparse_attention_cache": (VALUES,),
+    "sparse_attention_cache": (VALUES,), "index_scores_fp8": (("float32",),),
 }
 # Per-format operations a bundled one also provides: kv_qdq(x, fmt) is kv_qdq_<fmt>(x).
 SPLIT = {"kv_qdq_fp4_e4m3": ("kv_qdq", "fp4_e4m3"), "kv_qdq_fp8_e8m0_32": ("kv_qdq", "fp8_e8m0_32"),
@@ -147,6 +147,7 @@ SHAPES = {
     "sparse_attention": _SAME, "attention_q": _SAME, "attention_output": _SAME,
     "fp8_linear": lambda a, *_: _lead(a[0], a[1].shape[0]),
     "sparse_attention_cache": lambda a, *_: _lead(a[0], 512),
+    "index_scores_fp8": lambda a, *_: (a[0].shape[0], a[1].shape[0]),
     "fp4_pack": lambda a, *_: _lead(a[0], a[0].shape[-1] // 2),
     "fp4_unpack": lambda a, *_: _lead(a[0], a[0].shape[-1] * 2),
     "fp4_e4m3_quantize": _blocks(16), "fp4_e8m0_quantize": _blocks(32),

@@ -42,6 +42,7 @@ from hypothesis import assume, strategies as st
 
 from ..spec import indexer as spec
 from ..spec.models import PROFILES, profile
+from ..spec.formats import e4m3_decode
 from ..spec.quant import fp4_e8m0_dequantize
 from ..spec.rules import V4_ALL
 from .compare import as_numpy, assert_close, assert_equal  # noqa: F401
@@ -58,6 +59,8 @@ OPS = {
                          "fl32(bf16(raw · 2^-3) · q_scale · fl32(128^-0.5))",
     "index_scores": "index_scores(q [T,H,D], k [S,D], w [T,H], visible [T], score_dtype='bf16') -> f32 [T,S]",
     "index_scores_fp4": "index_scores_fp4(q_packed, q_scales, k_packed, k_scales, w, visible) -> f32 [T,S]",
+    "index_scores_fp8": "index_scores_fp8(q_codes u8 [T,H,D], k_codes u8 [S,D], k_scale f32 [S], w f32 [T,H], visible) "
+                        "-> f32 [T,S]: V3.2's logits from E4M3 q and k, Σ_h w·ReLU(q·k)·k_scale in fp32 (w carries q's scale)",
     "index_scores_raw": "index_scores_raw(q [T,H,D], k [S,D], raw_w [T,H], visible [T], model) -> f32 [T,S]: "
                         "the official factorisation, raw weights in (instead of index_weights + index_scores)",
     "index_visible": "index_visible(positions int64 [T], ratio) -> int64 [T]: (p + 1) // ratio",
@@ -396,6 +399,26 @@ def fp4_scores_are_scores_of_dequantized_values(target, seed, T, H, S, D, disjoi
     got = as_numpy(got).astype(np.float64)
     _assert_bf16_scores(target, got, "IDX.SCORE.FP4", case)
     _assert_scores(got, ref, tol, "IDX.SCORE.FP4 (vs dequantized E2M1·2^(e−127))", case)
+
+
+@check("IDX.SCORE.V32_FP32", ops=("index_scores_fp8",))
+@forall(seed=st.integers(0, 2 ** 32 - 1), T=st.integers(1, 4), H=st.sampled_from((1, 4, 64)), S=st.integers(1, 24))
+def fp8_scores_are_fp32_scores_of_dequantized_values(target, seed, T, H, S):
+    """V3.2's indexer in FP8 (V32-model fp8_index: E4M3 q and k of 128 dims, k's fp32 power-of-two scale
+    per entry, the weights carrying q's scale): the fp32 score of the dequantized q and k, k's scale
+    2^-10 .. 2^10 (every product exact in fp32), codes over E4M3's whole finite range (NaN left out)."""
+    rng = np.random.default_rng(seed)
+    D, H = 128, target.fit_size("index_scores_fp8", "H", H)
+    codes = lambda shape: np.where((c := rng.integers(0, 256, shape, dtype=np.uint8)) & 0x7F == 0x7F, 0, c)  # noqa: E731
+    q_codes, k_codes = codes((T, H, D)).astype(np.uint8), codes((S, D)).astype(np.uint8)
+    k_scale = (2.0 ** rng.integers(-10, 11, S)).astype(np.float32)
+    w = (rng.standard_normal((T, H)) * 2.0 ** -12).astype(np.float32)
+    q, k = e4m3_decode(q_codes).astype(np.float64), e4m3_decode(k_codes) * k_scale[:, None].astype(np.float64)
+    case = ScoreCase(f"fp8/seed={seed}", q, k, w.astype(np.float64), rng.integers(0, S + 1, T).astype(np.int64))
+    got = target.index_scores_fp8(torch.from_numpy(q_codes), torch.from_numpy(k_codes), torch.from_numpy(k_scale),
+                                  torch.from_numpy(w), _t(case.visible, torch.int64))
+    ref, tol = expected_scores(target, case, "fp32")
+    _assert_scores(as_numpy(got), ref, tol, "IDX.SCORE.V32_FP32 (FP8 q and k: (D+H)·2^-24 bound)", case)
 
 
 @check("IDX.SCORE.TP", ops=("index_scores",))

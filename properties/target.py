@@ -164,7 +164,7 @@ def _official_kernels(spec: str):
     return None
 
 
-PRODUCTION = ("flashmla", "flashmla-decode", "deepgemm", "sgl-kernel")     # installed production libraries (dsv4spec.production)
+PRODUCTION = ("flashmla", "flashmla-decode", "deepgemm", "deepgemm-logits", "sgl-kernel")     # installed production libraries (dsv4spec.production)
 
 
 def locate(spec: str) -> str:

@@ -123,3 +123,13 @@ def test_flashmla_decode_that_reads_the_unwritten_scale_byte_fails():
     lib = types.SimpleNamespace(DSV4SPEC_CPU_STANDIN=True, get_mla_metadata=flash_mla.get_mla_metadata,
                                 flash_mla_with_kvcache=eighth_byte)
     assert run_rule("LAYOUT.V4.MAIN", Target(production.FlashMLADecode(lib), "flashmla-decode")).status != "PASS"
+
+
+def test_deepgemm_logits_maps_fp8_mqa_logits_onto_the_fp8_scores():
+    """V3.2's indexer logits (index_scores_fp8) through DeepGEMM's fp8_mqa_logits: PASS on a faithful
+    stand-in; one that forgets the keys' scale fails IDX.SCORE.V32_FP32."""
+    deep_gemm = _fake("fake_deepgemm", "deep_gemm")
+    assert run_rule("IDX.SCORE.V32_FP32", Target(production.DeepGEMMLogits(deep_gemm), "deepgemm-logits")).status == "PASS"
+    unscaled = types.SimpleNamespace(DSV4SPEC_CPU_STANDIN=True, fp8_mqa_logits=lambda q, kv, *a: deep_gemm.fp8_mqa_logits(
+        q, (kv[0], torch.ones_like(kv[1])), *a))
+    assert run_rule("IDX.SCORE.V32_FP32", Target(production.DeepGEMMLogits(unscaled), "deepgemm-logits")).status == "FAIL"

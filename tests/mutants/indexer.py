@@ -77,6 +77,12 @@ def _fp4_nibbles_swapped(q_packed, q_scales, k_packed, k_scales, w, visible):
     return ref.index_scores_fp4(q_packed, q_scales, swap(k_packed), k_scales, w, visible)  # K reader only
 
 
+def _fp8_scores_in_bf16(q_codes, k_codes, k_scale, w, visible):
+    """V3.2's FP8 logits with V4's BF16 score steps, the weights rounded to BF16 (the newer models' habit)."""
+    k = ref.e4m3_decode(k_codes) * k_scale.float()[:, None]
+    return ref.index_scores(ref.e4m3_decode(q_codes), k, w.bfloat16().float(), visible, "bf16")
+
+
 MUTANTS = {
     # name: (provider, rule it must fail)
     "visible_p_floor": (mutant("visible_p_floor", index_visible=lambda p, r: torch.div(p, r, rounding_mode="floor")),
@@ -97,6 +103,8 @@ MUTANTS = {
     "v32_rounded_to_bf16": (mutant("v32_rounded_to_bf16", index_scores=lambda *a: _scores(*a, fp32_rounds=True)),
                             "IDX.SCORE.V32_FP32"),
     "fp4_k_nibbles_swapped": (mutant("fp4_k_nibbles_swapped", index_scores_fp4=_fp4_nibbles_swapped), "IDX.SCORE.FP4"),
+    "fp8_scores_rounded_to_bf16": (mutant("fp8_scores_rounded_to_bf16", index_scores_fp8=_fp8_scores_in_bf16),
+                                   "IDX.SCORE.V32_FP32"),
     "decode_drops_newest": (mutant("decode_drops_newest", index_scores=_decode_drops_newest), "IDX.CHUNK"),
     "hadamard_unnormalized": (mutant("hadamard_unnormalized", hadamard=lambda x: _hadamard(x, scale=1.0)),
                               "HAD.MATRIX"),

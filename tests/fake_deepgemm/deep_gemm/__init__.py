@@ -18,3 +18,16 @@ def fp8_gemm_nt(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, comp
     b_rows = sfb.double().repeat_interleave(128, dim=0)[:n]
     b_blocks = b.double().reshape(n, k // 128, 128) * b_rows[..., None]
     d.copy_(torch.einsum("mkj,nkj->mn", a_blocks, b_blocks).float().to(torch.bfloat16))
+
+
+def fp8_mqa_logits(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits=True, max_seqlen_k=0):
+    """csrc/apis/attention.hpp fp8_mqa_logits: Σ_h weights·ReLU(q·k)·k_scale in fp32 over each query's keys
+    [start, end), −inf elsewhere when clean_logits; computed in float64, rounded once to fp32."""
+    k, k_scale = kv
+    assert q.dtype == k.dtype == torch.float8_e4m3fn and k_scale.dtype == weights.dtype == torch.float32
+    assert q.shape[-1] == k.shape[-1] == 128 and q.shape[1] in (32, 64) and clean_logits
+    dots = torch.einsum("thd,sd->ths", q.double(), k.double()).clamp(min=0) * k_scale.double()
+    logits = (dots * weights.double()[..., None]).sum(1).float()
+    s = torch.arange(k.shape[0])
+    inside = (s >= cu_seq_len_k_start[:, None]) & (s < cu_seq_len_k_end[:, None])
+    return torch.where(inside, logits, -torch.inf)
