@@ -25,7 +25,8 @@ status 3).  docs/PRODUCTION.md builds the three on the GPU machine.
                     blocks) into a BF16 d; block 128 only
     deepgemm-logits  index_scores_fp8(q_codes, k_codes, k_scale, w, visible)
                     deep_gemm.fp8_mqa_logits(q E4M3 [T,H,128], (k E4M3 [S,128], k_scale f32 [S]), w f32 [T,H],
-                    starts 0, ends visible, clean_logits=True, S): V3.2's indexer logits, −inf past visible
+                    starts 0, ends visible, clean_logits=True, max_seqlen_k=0; attention.hpp L177 refuses
+                    cleaning with a max_seqlen_k): V3.2's indexer logits, −inf past visible
     sgl-kernel  index_topk(scores, visible, k, order)
                     sgl_kernel.fast_topk_v2(scores, lengths=visible, topk=k): its set of indices,
                     ordered as the caller asks (descending score, ties by position, for 'score';
@@ -181,8 +182,7 @@ class DeepGEMMLogits(LibraryTarget):
         fp8 = lambda codes: self.on_device(codes).view(torch.float8_e4m3fn)    # noqa: E731
         ends = self.on_device(visible, torch.int32)
         logits = self.lib.fp8_mqa_logits(fp8(q_codes), (fp8(k_codes), self.on_device(k_scale, torch.float32)),
-                                         self.on_device(w, torch.float32), torch.zeros_like(ends), ends, True,
-                                         k_codes.shape[0])
+                                         self.on_device(w, torch.float32), torch.zeros_like(ends), ends, True, 0)
         return logits[:, :k_codes.shape[0]].float().to(q_codes.device)
 
 

@@ -26,6 +26,7 @@ def fp8_mqa_logits(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_l
     k, k_scale = kv
     assert q.dtype == k.dtype == torch.float8_e4m3fn and k_scale.dtype == weights.dtype == torch.float32
     assert q.shape[-1] == k.shape[-1] == 128 and q.shape[1] in (32, 64) and clean_logits
+    assert max_seqlen_k == 0, "Assertion error (csrc/apis/attention.hpp:177): not clean_logits"
     dots = torch.einsum("thd,sd->ths", q.double(), k.double()).clamp(min=0) * k_scale.double()
     logits = (dots * weights.double()[..., None]).sum(1).float()
     s = torch.arange(k.shape[0])
