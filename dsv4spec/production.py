@@ -27,6 +27,9 @@ status 3).  docs/PRODUCTION.md builds the three on the GPU machine.
                     deep_gemm.fp8_mqa_logits(q E4M3 [T,H,128], (k E4M3 [S,128], k_scale f32 [S]), w f32 [T,H],
                     starts 0, ends visible, clean_logits=True, max_seqlen_k=0; attention.hpp L177 refuses
                     cleaning with a max_seqlen_k): V3.2's indexer logits, −inf past visible
+                 index_scores_fp8_cache(q_codes, cache, form, w, visible)
+                    deep_gemm.fp8_paged_mqa_logits over DeepGEMM's pages of V3.2's indexer K (64 entries:
+                    their E4M3 codes, then their fp32 scales), one token a sequence, context_lens visible
     sgl-kernel  index_topk(scores, visible, k, order)
                     sgl_kernel.fast_topk_v2(scores, lengths=visible, topk=k): its set of indices,
                     ordered as the caller asks (descending score, ties by position, for 'score';
@@ -176,7 +179,8 @@ class DeepGEMMLogits(LibraryTarget):
     cleaned to −inf)."""
     NAME = "deepgemm-logits"
     CONTRACT = 8
-    SHAPES = {"index_scores_fp8": {"H": (32, 64)}}
+    SHAPES = {"index_scores_fp8": {"H": (32, 64)}, "index_scores_fp8_cache": {"H": (32, 64)}}
+    CACHE_FORMS = ("v32_index_k/deepgemm_paged",)
 
     def index_scores_fp8(self, q_codes, k_codes, k_scale, w, visible):
         fp8 = lambda codes: self.on_device(codes).view(torch.float8_e4m3fn)    # noqa: E731
@@ -184,6 +188,26 @@ class DeepGEMMLogits(LibraryTarget):
         logits = self.lib.fp8_mqa_logits(fp8(q_codes), (fp8(k_codes), self.on_device(k_scale, torch.float32)),
                                          self.on_device(w, torch.float32), torch.zeros_like(ends), ends, True, 0)
         return logits[:, :k_codes.shape[0]].float().to(q_codes.device)
+
+
+    def index_scores_fp8_cache(self, q_codes, cache, form, w, visible):
+        """fp8_paged_mqa_logits: each query its own sequence of one token (next_n 1) over every page
+        (block_table the pages in order), context_lens = visible; the logits past it set to −inf here
+        (the kernel cleans none for 2-D context_lens, attention.hpp L398)."""
+        kind, paged = spec_layout.cache_form(form)
+        if not paged:
+            raise ValueError(f"deepgemm-logits: fp8_paged_mqa_logits reads DeepGEMM's pages, not {form}")
+        page, entry = spec_layout.PAGE, spec_layout.layout(kind).nbytes
+        pages = self.on_device(cache).view(cache.shape[0], page, 1, entry)
+        T, S = q_codes.shape[0], cache.shape[0] * page
+        lens = self.on_device(visible, torch.int32)[:, None].contiguous()
+        table = torch.arange(cache.shape[0], dtype=torch.int32, device=lens.device).repeat(T, 1)
+        sms = torch.cuda.get_device_properties(lens.device).multi_processor_count if lens.is_cuda else 1
+        meta = self.lib.get_paged_mqa_logits_metadata(lens, page, sms)
+        logits = self.lib.fp8_paged_mqa_logits(self.on_device(q_codes).view(torch.float8_e4m3fn)[:, None], pages,
+                                               self.on_device(w, torch.float32), lens, table, meta, S, False)
+        seen = torch.arange(S, device=lens.device)[None, :] < lens
+        return torch.where(seen, logits[:, :S].float(), -torch.inf).to(q_codes.device)
 
 
 class SglKernel(LibraryTarget):

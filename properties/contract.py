@@ -56,7 +56,8 @@ CONTRACT_CHANGES = {
         "target declaring an earlier version, or none, is never given them nor judged on o_lora and out"),
     8: ("2026-12-07", "sparse_attention_cache (attention over a packed cache: LAYOUT.V4.MAIN, LAYOUT.V32.MLA or "
         "FlashMLA's paged form of either; CACHE_FORMS) and, from it, sparse_attention where a target has none; "
-        "index_scores_fp8 (V3.2's logits from E4M3 q and k); SHAPES of index_topk (k)"),
+        "index_scores_fp8 and index_scores_fp8_cache (V3.2's logits from E4M3 q and k, k as given or as a "
+        "LAYOUT.V32.INDEX_K cache, DeepGEMM's pages too); SHAPES of index_topk (k)"),
 }
 
 
@@ -112,7 +113,7 @@ RESULTS = {
     "window_ring": (INDEX,),
     "pool_scan_topk": (INDEX,),
     "sparse_attention": (VALUES,), "attention_q": (VALUES,), "attention_output": (VALUES,),
-    "sparse_attention_cache": (VALUES,), "index_scores_fp8": (("float32",),),
+    "sparse_attention_cache": (VALUES,), "index_scores_fp8": (("float32",),), "index_scores_fp8_cache": (("float32",),),
 }
 # Per-format operations a bundled one also provides: kv_qdq(x, fmt) is kv_qdq_<fmt>(x).
 SPLIT = {"kv_qdq_fp4_e4m3": ("kv_qdq", "fp4_e4m3"), "kv_qdq_fp8_e8m0_32": ("kv_qdq", "fp8_e8m0_32"),
@@ -542,6 +543,11 @@ class Target:
         """{dimension: tuple of sizes, or the int each size is a multiple of} that `op` declares."""
         return self.shapes.get(op, {})
 
+    def cache_forms_of(self, kind: str) -> tuple:
+        """The cache forms of entry kind `kind` the target declares (CACHE_FORMS), in its order."""
+        from ..spec.layout import cache_form
+        return tuple(f for f in self.cache_forms if cache_form(f)[0] == kind)
+
     def fit_size(self, op: str, dim: str, n: int) -> int:
         """n as dimension `dim` of `op` takes it (its SHAPES): a size it lists as is, else the next
         listed one (the largest, past them all); a multiple it asks for by rounding up."""
@@ -629,10 +635,11 @@ def _input_dtypes(provider) -> dict:
 def _cache_forms(provider) -> tuple:
     """The cache forms sparse_attention_cache of a provider takes (CACHE_FORMS; default: the entries
     of LAYOUT.V4.MAIN, then LAYOUT.V32.MLA), validated."""
-    from ..spec.layout import CACHE_FORMS
+    from ..spec.layout import CACHE_FORMS, INDEX_CACHE_FORMS
+    forms = CACHE_FORMS + INDEX_CACHE_FORMS
     declared = tuple(getattr(provider, "CACHE_FORMS", None) or CACHE_FORMS[:2])
-    if isinstance(getattr(provider, "CACHE_FORMS", None), str) or set(declared) - set(CACHE_FORMS):
-        raise ValueError(f"CACHE_FORMS must be a tuple among {', '.join(CACHE_FORMS)}; got {declared!r}")
+    if isinstance(getattr(provider, "CACHE_FORMS", None), str) or set(declared) - set(forms):
+        raise ValueError(f"CACHE_FORMS must be a tuple among {', '.join(forms)}; got {declared!r}")
     return declared
 
 

@@ -61,6 +61,9 @@ OPS = {
     "index_scores_fp4": "index_scores_fp4(q_packed, q_scales, k_packed, k_scales, w, visible) -> f32 [T,S]",
     "index_scores_fp8": "index_scores_fp8(q_codes u8 [T,H,D], k_codes u8 [S,D], k_scale f32 [S], w f32 [T,H], visible) "
                         "-> f32 [T,S]: V3.2's logits from E4M3 q and k, Σ_h w·ReLU(q·k)·k_scale in fp32 (w carries q's scale)",
+    "index_scores_fp8_cache": "index_scores_fp8_cache(q_codes u8 [T,H,D], cache u8, form, w f32 [T,H], visible) -> f32 "
+                              "[T,S]: index_scores_fp8 over a V3.2 indexer K cache (form: v32_index_k entries [S,132], "
+                              "or v32_index_k/deepgemm_paged pages of 64, S their entries)",
     "index_scores_raw": "index_scores_raw(q [T,H,D], k [S,D], raw_w [T,H], visible [T], model) -> f32 [T,S]: "
                         "the official factorisation, raw weights in (instead of index_weights + index_scores)",
     "index_visible": "index_visible(positions int64 [T], ratio) -> int64 [T]: (p + 1) // ratio",
@@ -419,6 +422,28 @@ def fp8_scores_are_fp32_scores_of_dequantized_values(target, seed, T, H, S):
                                   torch.from_numpy(w), _t(case.visible, torch.int64))
     ref, tol = expected_scores(target, case, "fp32")
     _assert_scores(as_numpy(got), ref, tol, "IDX.SCORE.V32_FP32 (FP8 q and k: (D+H)·2^-24 bound)", case)
+
+
+@check("IDX.SCORE.V32_FP32", ops=("index_scores_fp8_cache",))
+@forall(seed=st.integers(0, 2 ** 32 - 1), T=st.integers(1, 4), H=st.sampled_from((1, 4, 64)), pages=st.integers(1, 2))
+def fp8_cache_scores_are_fp32_scores_of_the_unpacked_keys(target, seed, T, H, pages):
+    """The same over V3.2's indexer K cache (LAYOUT.V32.INDEX_K entries, in the form the target takes):
+    the keys packed by the layout from values of magnitudes 2^-10 .. 2^10, read back by the target."""
+    from ..spec import layout as spec_layout
+    rng = np.random.default_rng(seed)
+    D, H, S = 128, target.fit_size("index_scores_fp8_cache", "H", H), pages * spec_layout.PAGE
+    form = next((f for f in target.cache_forms_of("v32_index_k")), "v32_index_k")
+    x = (rng.standard_normal((S, D)) * 2.0 ** rng.integers(-10, 11, (S, 1))).astype(np.float32)
+    entries = spec_layout.pack("v32_index_k", x)
+    q_codes = np.where((c := rng.integers(0, 256, (T, H, D), dtype=np.uint8)) & 0x7F == 0x7F, 0, c).astype(np.uint8)
+    w = (rng.standard_normal((T, H)) * 2.0 ** -12).astype(np.float32)
+    case = ScoreCase(f"fp8 cache/seed={seed}", e4m3_decode(q_codes).astype(np.float64),
+                     spec_layout.unpack("v32_index_k", entries).astype(np.float64), w.astype(np.float64),
+                     rng.integers(0, S + 1, T).astype(np.int64))
+    got = target.index_scores_fp8_cache(torch.from_numpy(q_codes), torch.from_numpy(spec_layout.as_cache(form, entries)),
+                                        form, torch.from_numpy(w), _t(case.visible, torch.int64))
+    ref, tol = expected_scores(target, case, "fp32")
+    _assert_scores(as_numpy(got), ref, tol, f"IDX.SCORE.V32_FP32 (FP8 q, a {form} K cache: (D+H)·2^-24 bound)", case)
 
 
 @check("IDX.SCORE.TP", ops=("index_scores",))

@@ -237,7 +237,7 @@ def malformed_entries_raise(target, kind, seed, which):
 def cache_form_of(target, kind: str) -> str:
     """The form of `kind` that sparse_attention_cache of `target` takes (its CACHE_FORMS; the entries
     themselves when it declares none of that kind)."""
-    return next((f for f in target.cache_forms if spec.cache_form(f)[0] == kind), kind)
+    return next(iter(target.cache_forms_of(kind)), kind)
 
 
 def one_entry_lists(seed: int, kind: str, target):

@@ -414,16 +414,19 @@ def qdq(kind, x, variants: dict | None = None) -> np.ndarray:
 # FlashMLA's paged caches (the forms sparse_attention_cache takes besides the entries themselves)
 # ------------------------------------------------------------------------------------------------
 PAGE = 64                   # entries a page (FlashMLA's page_block_size: any; the suite draws 64)
-PAGE_ALIGN = {"v4_main_kv": 576, "v32_mla_kv": 1}
+PAGE_ALIGN = {"v4_main_kv": 576, "v32_mla_kv": 1, "v32_index_k": 1}
 CACHE_VALUE_DIMS = 512      # the values: V4's whole entry, V3.2's NoPE dims (FlashMLA's head_dim_v)
 CACHE_FORMS = ("v4_main_kv", "v32_mla_kv", "v4_main_kv/flashmla_paged", "v32_mla_kv/flashmla_paged")
+# V3.2's indexer K cache as index_scores_fp8_cache takes it: the entries, or DeepGEMM's pages (a page's
+# E4M3 codes, then its fp32 scales: DeepGEMM tests/test_attention.py kv_cache_cast_to_fp8)
+INDEX_CACHE_FORMS = ("v32_index_k", "v32_index_k/deepgemm_paged")
 
 
 def cache_form(form: str) -> tuple[str, bool]:
-    """(entry kind, paged) of a cache form of sparse_attention_cache."""
-    if form not in CACHE_FORMS:
-        raise ValueError(f"unknown cache form {form!r}; expected one of {', '.join(CACHE_FORMS)}")
-    return form.split("/")[0], form.endswith("/flashmla_paged")
+    """(entry kind, paged) of a cache form of sparse_attention_cache or index_scores_fp8_cache."""
+    if form not in CACHE_FORMS + INDEX_CACHE_FORMS:
+        raise ValueError(f"unknown cache form {form!r}; expected one of {', '.join(CACHE_FORMS + INDEX_CACHE_FORMS)}")
+    return form.split("/")[0], form.endswith("_paged")
 
 
 def page_bytes(kind) -> int:
@@ -438,6 +441,8 @@ def _page_parts(kind) -> tuple[tuple[str, ...], tuple[str, ...]]:
     scale group (7 E8M0 and the pad byte, never written); V3.2 (v32_mla_kv): whole entries."""
     if layout(kind).kind == "v4_main_kv":
         return ("payload", "tail"), ("scales", "pad")
+    if layout(kind).kind == "v32_index_k":
+        return ("payload",), ("scales", "pad")
     return FIELD_ORDERS["payload_first"], ()
 
 

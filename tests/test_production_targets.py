@@ -131,5 +131,24 @@ def test_deepgemm_logits_maps_fp8_mqa_logits_onto_the_fp8_scores():
     deep_gemm = _fake("fake_deepgemm", "deep_gemm")
     assert run_rule("IDX.SCORE.V32_FP32", Target(production.DeepGEMMLogits(deep_gemm), "deepgemm-logits")).status == "PASS"
     unscaled = types.SimpleNamespace(DSV4SPEC_CPU_STANDIN=True, fp8_mqa_logits=lambda q, kv, *a: deep_gemm.fp8_mqa_logits(
-        q, (kv[0], torch.ones_like(kv[1])), *a))
+        q, (kv[0], torch.ones_like(kv[1])), *a), fp8_paged_mqa_logits=deep_gemm.fp8_paged_mqa_logits,
+        get_paged_mqa_logits_metadata=deep_gemm.get_paged_mqa_logits_metadata)
     assert run_rule("IDX.SCORE.V32_FP32", Target(production.DeepGEMMLogits(unscaled), "deepgemm-logits")).status == "FAIL"
+
+
+def test_deepgemm_paged_logits_read_its_pages_of_the_v32_index_k_cache():
+    """index_scores_fp8_cache through fp8_paged_mqa_logits (DeepGEMM's pages: codes, then fp32 scales):
+    PASS on a faithful stand-in; one that reads the scales as the first run of the page fails."""
+    deep_gemm = _fake("fake_deepgemm", "deep_gemm")
+    rule = "IDX.SCORE.V32_FP32"
+    assert run_rule(rule, Target(production.DeepGEMMLogits(deep_gemm), "deepgemm-logits")).status == "PASS"
+
+    def scales_first(q, kv_cache, *args, **kw):
+        pages, block_kv, _, width = kv_cache.shape
+        raw = kv_cache.reshape(pages, -1)
+        swapped = torch.cat([raw[:, -4 * block_kv:], raw[:, :-4 * block_kv]], 1).view(kv_cache.shape)
+        return deep_gemm.fp8_paged_mqa_logits(q, swapped, *args, **kw)
+    lib = types.SimpleNamespace(DSV4SPEC_CPU_STANDIN=True, fp8_mqa_logits=deep_gemm.fp8_mqa_logits,
+                                get_paged_mqa_logits_metadata=deep_gemm.get_paged_mqa_logits_metadata,
+                                fp8_paged_mqa_logits=scales_first)
+    assert run_rule(rule, Target(production.DeepGEMMLogits(lib), "deepgemm-logits")).status == "FAIL"
