@@ -19,13 +19,15 @@ import torch
 from ..spec import attn as spec
 from ..spec import pool as spec_pool
 from ..spec.models import profile
+from ..spec import layout as spec_layout
 from .indexer import _bf16, _bf16_values, _tensor
+from .layout import entry_unpack
 from ..spec.quant import FP8_LINEAR_BLOCK
 from .path import _rms_norm, attention_index, bf16_layer_input, index_layer, kv_qdq, layer_input, window_index
 from .quant import fp8_linear, fp8_qdq
 from .rope import rope_freqs, rope_rotate, rope_table
 
-__all__ = ["sparse_attention", "attention_scale", "attention_q", "attention_output", "attention_layer"]
+__all__ = ["sparse_attention", "sparse_attention_cache", "attention_scale", "attention_q", "attention_output", "attention_layer"]
 
 
 def _model(op: str, model: str):
@@ -78,6 +80,17 @@ def sparse_attention(q, kv, sink, indices, scale, *, model: str) -> torch.Tensor
         m = m_new
     total = total + torch.exp(sink[None, :] - m)
     return _bf16(acc / total[..., None])
+
+
+def sparse_attention_cache(q, cache, form, sink, indices, scale, *, model: str) -> torch.Tensor:
+    """sparse_attention over a packed cache: each entry unpacked by its LAYOUT rule and kept in BF16 (as
+    the reference keeps its caches after the in-place QDQ), the keys all its dims, the values its first 512."""
+    kind, paged = spec_layout.cache_form(form)
+    if not isinstance(cache, torch.Tensor) or cache.dtype != torch.uint8:
+        raise TypeError("sparse_attention_cache: cache must be a uint8 tensor")
+    entries = torch.from_numpy(spec_layout.from_pages(kind, cache.numpy())) if paged else cache
+    kv = _bf16(entry_unpack(kind, entries))
+    return sparse_attention(q, kv, sink, indices, scale, model=model)[..., :spec_layout.CACHE_VALUE_DIMS]
 
 
 def attention_scale(model: str, layer: int) -> float:

@@ -10,10 +10,11 @@ import torch
 
 from ..spec import indexer as spec
 from ..spec.models import profile
-from .quant import fp4_e8m0_dequantize
+from .quant import e4m3_decode, fp4_e8m0_dequantize
 from .topk import _topk_from
 
 __all__ = ["hadamard", "index_rotate", "index_weights", "index_weights_v32", "index_scores", "index_scores_fp4",
+           "index_scores_fp8", "index_scores_fp8_cache",
            "index_visible", "index_topk"]
 
 
@@ -164,6 +165,26 @@ def index_scores_fp4(q_packed: torch.Tensor, q_scales: torch.Tensor, k_packed: t
     q = fp4_e8m0_dequantize(q_packed, q_scales)
     k = fp4_e8m0_dequantize(k_packed, k_scales)
     return index_scores(q, k, w, visible, "bf16")
+
+
+def index_scores_fp8_cache(q_codes: torch.Tensor, cache: torch.Tensor, form: str, w: torch.Tensor,
+                           visible: torch.Tensor) -> torch.Tensor:
+    """index_scores_fp8 over a V3.2 indexer K cache: its entries unpacked by LAYOUT.V32.INDEX_K."""
+    from ..spec import layout as spec_layout
+    from .layout import entry_unpack
+    kind, _ = spec_layout.cache_form(form)
+    entries = torch.from_numpy(spec_layout.cache_entries(form, cache.numpy()))
+    return index_scores(e4m3_decode(q_codes), entry_unpack(kind, entries), w, visible, "fp32")
+
+
+def index_scores_fp8(q_codes: torch.Tensor, k_codes: torch.Tensor, k_scale: torch.Tensor, w: torch.Tensor,
+                     visible: torch.Tensor) -> torch.Tensor:
+    """V3.2's fp32 score of E4M3 q and k (k times its per-entry fp32 scale; q's scale is in w)."""
+    op = "index_scores_fp8"
+    _tensor(op, "q_codes", q_codes, 3)
+    _tensor(op, "k_codes", k_codes, 2)
+    k = e4m3_decode(k_codes) * k_scale.float()[:, None]
+    return index_scores(e4m3_decode(q_codes), k, w, visible, "fp32")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -48,6 +48,10 @@ from .suite import check, forall
 OPS = {
     "sparse_attention": "sparse_attention(q [T,H,D], kv [N,D], sink f32 [H], indices int [T,K], scale, *, model) "
                         "-> f32 [T,H,D] BF16 values: online softmax over blocks of 64, sink in the denominator",
+    "sparse_attention_cache": "sparse_attention_cache(q [T,H,Dq], cache uint8, form, sink f32 [H], indices int [T,K], "
+                              "scale, *, model) -> f32 [T,H,512]: sparse_attention over the entries of a packed "
+                              "cache (form: v4_main_kv, v32_mla_kv, either + '/flashmla_paged'), keys all Dq dims, "
+                              "values the first 512; judged by LAYOUT.V4.MAIN/V32.MLA and, as sparse_attention, by ATTN",
     "attention_scale": "attention_scale(model, layer) -> float: the softmax_scale passed to the kernel",
     "attention_q": "attention_q(q [T,H,D], *, model) -> f32: V4 rescales each head to unit RMS (BF16 ops); V4.1 q",
     "attention_output": "attention_output(o [T,H,D], positions int64 [T], freqs f32 [d/2]) -> f32: the RoPE "
@@ -90,12 +94,9 @@ def fit_sizes(target, H: int, D: int, K: int) -> tuple[int, int, int]:
     """(H, D, the list's width) as sparse_attention of `target` takes them (its SHAPES): a size it
     lists as is, else the next listed one (the largest, past them all); a multiple it asks for by
     rounding up.  A list of K entries is then widened with −1 (nothing) to the width."""
-    def fit(n, sizes):
-        if isinstance(sizes, int):
-            return -(-n // sizes) * sizes
-        return min((s for s in sizes if s >= n), default=max(sizes)) if sizes and n not in sizes else n
-    limits = target.shape_limits("sparse_attention") if target is not None else {}
-    return tuple(fit(n, limits.get(dim)) for dim, n in (("H", H), ("D", D), ("K", K)))
+    if target is None:
+        return H, D, K
+    return tuple(target.fit_size("sparse_attention", dim, n) for dim, n in (("H", H), ("D", D), ("K", K)))
 
 
 # The lists' dtype, drawn with the seed: int32 (the official model's topk_idxs) at even seeds, so

@@ -41,7 +41,7 @@ def timeout_seconds(text) -> float:
 
 # The version of this contract (the operations, their arguments and results, the metadata a target
 # declares), and when each version came and what it changed (docs/ADAPTERS.md, "Contract versions").
-CONTRACT_VERSION = 7
+CONTRACT_VERSION = 8
 CONTRACT_CHANGES = {
     1: ("2026-11-30", "operations by canonical name; NAME, DEVICE, VARIANTS, EXTENSIONS, INPUT_DTYPES; results "
         "checked strictly; kv_qdq(x, fmt) for fp4_e4m3 and fp8_e8m0_32"),
@@ -59,6 +59,10 @@ CONTRACT_CHANGES = {
     7: ("2026-12-05", "attention_layer ends with the output projections on the cases from x (inputs attn_wo_a, a BF16 "
         "[groups·o_lora_rank, H·D/groups], attn_wo_b and attn_wo_b_scale, an FP8 linear; stages o_lora, out); a "
         "target declaring an earlier version, or none, is never given them nor judged on o_lora and out"),
+    8: ("2026-12-07", "sparse_attention_cache (attention over a packed cache: LAYOUT.V4.MAIN, LAYOUT.V32.MLA or "
+        "FlashMLA's paged form of either; CACHE_FORMS) and, from it, sparse_attention where a target has none; "
+        "index_scores_fp8 and index_scores_fp8_cache (V3.2's logits from E4M3 q and k, k as given or as a "
+        "LAYOUT.V32.INDEX_K cache, DeepGEMM's pages too); SHAPES of index_topk (k)"),
 }
 
 
@@ -114,6 +118,7 @@ RESULTS = {
     "window_ring": (INDEX,),
     "pool_scan_topk": (INDEX,),
     "sparse_attention": (VALUES,), "attention_q": (VALUES,), "attention_output": (VALUES,),
+    "sparse_attention_cache": (VALUES,), "index_scores_fp8": (("float32",),), "index_scores_fp8_cache": (("float32",),),
 }
 # Per-format operations a bundled one also provides: kv_qdq(x, fmt) is kv_qdq_<fmt>(x).
 SPLIT = {"kv_qdq_fp4_e4m3": ("kv_qdq", "fp4_e4m3"), "kv_qdq_fp8_e8m0_32": ("kv_qdq", "fp8_e8m0_32"),
@@ -147,6 +152,8 @@ SHAPES = {
     "fp8_qdq": _SAME, "index_visible": _SAME, "index_weights_v32": _SAME,
     "sparse_attention": _SAME, "attention_q": _SAME, "attention_output": _SAME,
     "fp8_linear": lambda a, *_: _lead(a[0], a[1].shape[0]),
+    "sparse_attention_cache": lambda a, *_: _lead(a[0], 512),
+    "index_scores_fp8": lambda a, *_: (a[0].shape[0], a[1].shape[0]),
     "fp4_pack": lambda a, *_: _lead(a[0], a[0].shape[-1] // 2),
     "fp4_unpack": lambda a, *_: _lead(a[0], a[0].shape[-1] * 2),
     "fp4_e4m3_quantize": _blocks(16), "fp4_e8m0_quantize": _blocks(32),
@@ -333,6 +340,29 @@ def _scores_from_raw(raw_scores):
     return index_scores
 
 
+def _attention_from_cache(cache_attention, form: str):
+    """sparse_attention(q, kv, sink, indices, scale, *, model) through sparse_attention_cache: kv packed
+    as `form` holds it, widened by zero dims to the entry's (q too: the same scores, the output cut back),
+    the bytes no entry writes 0xFF; asked only where the layout holds kv exactly (else not asked)."""
+    import numpy as np
+    import torch
+    from ..spec import layout as spec_layout
+    lay = spec_layout.layout(spec_layout.cache_form(form)[0])
+
+    def sparse_attention(q, kv, sink, indices, scale, *, model=None):
+        values = kv.float().cpu().numpy()
+        n, d = values.shape
+        rows = np.zeros((-(-n // spec_layout.PAGE) * spec_layout.PAGE, lay.dims), np.float32)
+        rows[:n, :d] = values
+        entries = spec_layout.pack(lay, rows)
+        if d > spec_layout.CACHE_VALUE_DIMS or not np.array_equal(spec_layout.cache_values(lay.kind, entries)[:n, :d], values):
+            _not_asked(f"sparse_attention through sparse_attention_cache: kv not held exactly by {lay.kind}")
+        wide = torch.cat([q, q.new_zeros(*q.shape[:-1], lay.dims - d)], -1) if lay.dims > d else q
+        cache = torch.from_numpy(spec_layout.as_cache(form, entries)).to(q.device)
+        return cache_attention(wide, cache, form, sink, indices, scale, model=model)[..., :d]
+    return sparse_attention
+
+
 def _not_asked(why: str):
     """Leave out an example the target cannot be asked (Hypothesis's reject), else NOT_IMPLEMENTED."""
     from hypothesis import reject
@@ -427,6 +457,7 @@ class Target:
         self.received = Received()          # the last call's inputs (shared by the views of this target)
         self.input_dtypes = _input_dtypes(provider)
         self.shapes = _shapes(provider)
+        self.cache_forms = _cache_forms(provider)
         self.contract = _contract(provider)
         self.answers: dict = {}             # a later format of a bundled operation: whether the target answers it
         self.models = tuple(getattr(provider, "MODELS", None) or MODELS)
@@ -443,6 +474,8 @@ class Target:
         fn = getattr(self.provider, name, None)
         if fn is None and name == "index_scores" and callable(getattr(self.provider, "index_scores_raw", None)):
             return _scores_from_raw(self.provider.index_scores_raw)
+        if fn is None and name == "sparse_attention" and callable(getattr(self.provider, "sparse_attention_cache", None)):
+            return _attention_from_cache(self.provider.sparse_attention_cache, self.cache_forms[0])
         if fn is None and name in SPLIT:
             bundled, fmt = SPLIT[name]
             whole = getattr(self.provider, bundled, None)
@@ -537,6 +570,19 @@ class Target:
         """{dimension: tuple of sizes, or the int each size is a multiple of} that `op` declares."""
         return self.shapes.get(op, {})
 
+    def cache_forms_of(self, kind: str) -> tuple:
+        """The cache forms of entry kind `kind` the target declares (CACHE_FORMS), in its order."""
+        from ..spec.layout import cache_form
+        return tuple(f for f in self.cache_forms if cache_form(f)[0] == kind)
+
+    def fit_size(self, op: str, dim: str, n: int) -> int:
+        """n as dimension `dim` of `op` takes it (its SHAPES): a size it lists as is, else the next
+        listed one (the largest, past them all); a multiple it asks for by rounding up."""
+        sizes = self.shape_limits(op).get(dim)
+        if isinstance(sizes, int):
+            return -(-n // sizes) * sizes
+        return min((s for s in sizes if s >= n), default=max(sizes)) if sizes and n not in sizes else n
+
     def variant(self, knob: str) -> str:
         """The value of a knob the checks must expect from this target."""
         if knob not in KNOBS:
@@ -610,6 +656,17 @@ def _input_dtypes(provider) -> dict:
         if dtype not in INPUT_DTYPES:
             where = f"INPUT_DTYPES[{op!r}]" if op else "INPUT_DTYPE"
             raise ValueError(f"{where} must be one of {INPUT_DTYPES} (a string), got {dtype!r}")
+    return declared
+
+
+def _cache_forms(provider) -> tuple:
+    """The cache forms sparse_attention_cache of a provider takes (CACHE_FORMS; default: the entries
+    of LAYOUT.V4.MAIN, then LAYOUT.V32.MLA), validated."""
+    from ..spec.layout import CACHE_FORMS, INDEX_CACHE_FORMS
+    forms = CACHE_FORMS + INDEX_CACHE_FORMS
+    declared = tuple(getattr(provider, "CACHE_FORMS", None) or CACHE_FORMS[:2])
+    if isinstance(getattr(provider, "CACHE_FORMS", None), str) or set(declared) - set(forms):
+        raise ValueError(f"CACHE_FORMS must be a tuple among {', '.join(forms)}; got {declared!r}")
     return declared
 
 

@@ -42,6 +42,7 @@ from hypothesis import assume, strategies as st
 
 from ..spec import indexer as spec
 from ..spec.models import PROFILES, profile
+from ..spec.formats import e4m3_decode
 from ..spec.quant import fp4_e8m0_dequantize
 from ..spec.rules import V4_ALL
 from .compare import as_numpy, assert_close, assert_equal  # noqa: F401
@@ -58,6 +59,11 @@ OPS = {
                          "fl32(bf16(raw · 2^-3) · q_scale · fl32(128^-0.5))",
     "index_scores": "index_scores(q [T,H,D], k [S,D], w [T,H], visible [T], score_dtype='bf16') -> f32 [T,S]",
     "index_scores_fp4": "index_scores_fp4(q_packed, q_scales, k_packed, k_scales, w, visible) -> f32 [T,S]",
+    "index_scores_fp8": "index_scores_fp8(q_codes u8 [T,H,D], k_codes u8 [S,D], k_scale f32 [S], w f32 [T,H], visible) "
+                        "-> f32 [T,S]: V3.2's logits from E4M3 q and k, Σ_h w·ReLU(q·k)·k_scale in fp32 (w carries q's scale)",
+    "index_scores_fp8_cache": "index_scores_fp8_cache(q_codes u8 [T,H,D], cache u8, form, w f32 [T,H], visible) -> f32 "
+                              "[T,S]: index_scores_fp8 over a V3.2 indexer K cache (form: v32_index_k entries [S,132], "
+                              "or v32_index_k/deepgemm_paged pages of 64, S their entries)",
     "index_scores_raw": "index_scores_raw(q [T,H,D], k [S,D], raw_w [T,H], visible [T], model) -> f32 [T,S]: "
                         "the official factorisation, raw weights in (instead of index_weights + index_scores)",
     "index_visible": "index_visible(positions int64 [T], ratio) -> int64 [T]: (p + 1) // ratio",
@@ -398,6 +404,48 @@ def fp4_scores_are_scores_of_dequantized_values(target, seed, T, H, S, D, disjoi
     _assert_scores(got, ref, tol, "IDX.SCORE.FP4 (vs dequantized E2M1·2^(e−127))", case)
 
 
+@check("IDX.SCORE.V32_FP32", ops=("index_scores_fp8",))
+@forall(seed=st.integers(0, 2 ** 32 - 1), T=st.integers(1, 4), H=st.sampled_from((1, 4, 64)), S=st.integers(1, 24))
+def fp8_scores_are_fp32_scores_of_dequantized_values(target, seed, T, H, S):
+    """V3.2's indexer in FP8 (V32-model fp8_index: E4M3 q and k of 128 dims, k's fp32 power-of-two scale
+    per entry, the weights carrying q's scale): the fp32 score of the dequantized q and k, k's scale
+    2^-10 .. 2^10 (every product exact in fp32), codes over E4M3's whole finite range (NaN left out)."""
+    rng = np.random.default_rng(seed)
+    D, H = 128, target.fit_size("index_scores_fp8", "H", H)
+    codes = lambda shape: np.where((c := rng.integers(0, 256, shape, dtype=np.uint8)) & 0x7F == 0x7F, 0, c)  # noqa: E731
+    q_codes, k_codes = codes((T, H, D)).astype(np.uint8), codes((S, D)).astype(np.uint8)
+    k_scale = (2.0 ** rng.integers(-10, 11, S)).astype(np.float32)
+    w = (rng.standard_normal((T, H)) * 2.0 ** -12).astype(np.float32)
+    q, k = e4m3_decode(q_codes).astype(np.float64), e4m3_decode(k_codes) * k_scale[:, None].astype(np.float64)
+    case = ScoreCase(f"fp8/seed={seed}", q, k, w.astype(np.float64), rng.integers(0, S + 1, T).astype(np.int64))
+    got = target.index_scores_fp8(torch.from_numpy(q_codes), torch.from_numpy(k_codes), torch.from_numpy(k_scale),
+                                  torch.from_numpy(w), _t(case.visible, torch.int64))
+    ref, tol = expected_scores(target, case, "fp32")
+    _assert_scores(as_numpy(got), ref, tol, "IDX.SCORE.V32_FP32 (FP8 q and k: (D+H)·2^-24 bound)", case)
+
+
+@check("IDX.SCORE.V32_FP32", ops=("index_scores_fp8_cache",))
+@forall(seed=st.integers(0, 2 ** 32 - 1), T=st.integers(1, 4), H=st.sampled_from((1, 4, 64)), pages=st.integers(1, 2))
+def fp8_cache_scores_are_fp32_scores_of_the_unpacked_keys(target, seed, T, H, pages):
+    """The same over V3.2's indexer K cache (LAYOUT.V32.INDEX_K entries, in the form the target takes):
+    the keys packed by the layout from values of magnitudes 2^-10 .. 2^10, read back by the target."""
+    from ..spec import layout as spec_layout
+    rng = np.random.default_rng(seed)
+    D, H, S = 128, target.fit_size("index_scores_fp8_cache", "H", H), pages * spec_layout.PAGE
+    form = next((f for f in target.cache_forms_of("v32_index_k")), "v32_index_k")
+    x = (rng.standard_normal((S, D)) * 2.0 ** rng.integers(-10, 11, (S, 1))).astype(np.float32)
+    entries = spec_layout.pack("v32_index_k", x)
+    q_codes = np.where((c := rng.integers(0, 256, (T, H, D), dtype=np.uint8)) & 0x7F == 0x7F, 0, c).astype(np.uint8)
+    w = (rng.standard_normal((T, H)) * 2.0 ** -12).astype(np.float32)
+    case = ScoreCase(f"fp8 cache/seed={seed}", e4m3_decode(q_codes).astype(np.float64),
+                     spec_layout.unpack("v32_index_k", entries).astype(np.float64), w.astype(np.float64),
+                     rng.integers(0, S + 1, T).astype(np.int64))
+    got = target.index_scores_fp8_cache(torch.from_numpy(q_codes), torch.from_numpy(spec_layout.as_cache(form, entries)),
+                                        form, torch.from_numpy(w), _t(case.visible, torch.int64))
+    ref, tol = expected_scores(target, case, "fp32")
+    _assert_scores(as_numpy(got), ref, tol, f"IDX.SCORE.V32_FP32 (FP8 q, a {form} K cache: (D+H)·2^-24 bound)", case)
+
+
 @check("IDX.SCORE.TP", ops=("index_scores",))
 @forall(dict(case=tp_cancellation_case(), shards=2), case=score_cases(kinds=("normal", "relu_zero")),
         shards=st.sampled_from((2, 4)))
@@ -566,7 +614,23 @@ def _topk(target, case: RowsCase, order: str):
     return target.index_topk(_t(case.scores), _t(case.visible, torch.int64), case.k, order)
 
 
+def fitted_rows(target, case: RowsCase) -> RowsCase:
+    """The case at the k that index_topk of `target` takes (its SHAPES, e.g. sgl-kernel's k = 2048 only):
+    redrawn with the same kind and seed at that k over k + 64·S entries, so that visible falls both below
+    k (every visible entry chosen) and above it; a case the target cannot be asked (k = 0 for a k it
+    does not list) is left out."""
+    k = target.fit_size("index_topk", "k", case.k)
+    if k == case.k:
+        return case
+    assume(case.k > 0)
+    kind = case.label.split("/")[0] if case.label.split("/")[0] in ROW_KINDS else "wide_range" \
+        if "fp16" in case.label else "normal"
+    seed = int(case.label.split("seed=")[1]) if "seed=" in case.label else case.scores.shape[1]
+    return make_rows(kind, seed, case.scores.shape[0], k + 64 * case.scores.shape[1], k)
+
+
 def _rows_check(target, case, order, clauses, what):
+    case = fitted_rows(target, case)
     got = _topk(target, case, order)
     assert_topk(got, case.scores, spec.visibility_mask(case.visible, case.scores.shape[1]), case.k,
                 _expected_order(target, order), clauses=clauses, what=f"{what} [{case!r}]")

@@ -230,3 +230,55 @@ def malformed_entries_raise(target, kind, seed, which):
         scales[row, (which // 2) % scales.shape[1]] = code
         label = f"the NaN {lay.scale.name} scale byte 0x{code:02x}"
     assert_rejects(target, kind, bad, label)
+
+
+# --- LAYOUT.V4.MAIN, LAYOUT.V32.MLA: attention over a packed cache --------------------------------
+
+def cache_form_of(target, kind: str) -> str:
+    """The form of `kind` that sparse_attention_cache of `target` takes (its CACHE_FORMS; the entries
+    themselves when it declares none of that kind)."""
+    return next(iter(target.cache_forms_of(kind)), kind)
+
+
+def one_entry_lists(seed: int, kind: str, target):
+    """A cache of 2 pages of entries as the layout writes them (tile magnitudes 2^-20..2^10, so every
+    dequantized value is a normal BF16), each token's list with one valid entry among −1s, q = 0 and a
+    sink 300 below: each probability is exactly 1, so the output is the entry's values, exactly."""
+    rng = np.random.default_rng(seed)
+    lay = spec.layout(kind)
+    n, T = 2 * spec.PAGE, 3
+    H = target.fit_size("sparse_attention_cache", "H", 16)
+    K = target.fit_size("sparse_attention_cache", "K", 8)
+    x = rng.standard_normal((n, lay.dims)).astype(np.float32)
+    tiles = x[:, :lay.quantized_dims].reshape(n, -1, lay.block)
+    tiles *= 2.0 ** rng.integers(-20, 11, tiles.shape[:2])[..., None]
+    entries = spec.pack(kind, x)
+    indices = np.full((T, K), -1)
+    chosen = rng.integers(0, n, T)
+    indices[np.arange(T), rng.integers(0, K, T)] = chosen
+    q = np.zeros((T, H, lay.dims), np.float32)
+    return entries, indices, chosen, q, np.full(H, -300.0, np.float32)
+
+
+def _cache_check(rule_id: str, kind: str):
+    @check(rule_id, ops=("sparse_attention_cache",))
+    @forall(seed=st.integers(0, 2**32 - 1))
+    def attention_reads_each_entry_as_the_layout_says(target, seed):
+        form = cache_form_of(target, kind)
+        entries, indices, chosen, q, sink = one_entry_lists(seed, kind, target)
+        cache = spec.as_cache(form, entries)
+        got = target.sparse_attention_cache(tensor(q), tensor(cache), form, tensor(sink),
+                                            torch.from_numpy(indices.astype(np.int32)), 512 ** -0.5,
+                                            model="v4-flash")
+        want = spec.cache_values(kind, entries)[chosen, None, :spec.CACHE_VALUE_DIMS]
+        # + 0.0: a sum of products holds no −0 (an E4M3 −0 is read as 0)
+        assert_equal(as_numpy(got) + 0.0, np.broadcast_to(want, q.shape[:2] + (spec.CACHE_VALUE_DIMS,)) + 0.0,
+                     what=f"{rule_id}: sparse_attention_cache over a {form} cache, one entry a list "
+                          "(its probability 1): the output is the entry dequantized by the layout, in BF16",
+                     context=lambda idx: f"token {idx[0]} reads entry {chosen[idx[0]]}, whose bytes are "
+                                         f"{entries[chosen[idx[0]]].tolist()[:8]}…")
+    attention_reads_each_entry_as_the_layout_says.__name__ = f"{kind}_attention_reads_each_entry"
+
+
+_cache_check("LAYOUT.V4.MAIN", "v4_main_kv")
+_cache_check("LAYOUT.V32.MLA", "v32_mla_kv")

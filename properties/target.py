@@ -29,8 +29,9 @@ with none is NOT_IMPLEMENTED), and index_topk is asked only for the orders its m
 A kernel compiled for some sizes only declares SHAPES: per operation, per dimension of its contract
 (`dsv4spec ops` names them), a tuple of the sizes it takes or an int that each size must be a
 multiple of.  The checks then draw their examples at those sizes (a list widened with −1 entries,
-which contribute nothing, heads and head dims as declared), so a rule is judged where the kernel
-can run; a clause that needs a size the target refuses is NOT_IMPLEMENTED.
+which contribute nothing, heads and head dims as declared; index_topk's k, the rows redrawn over
+k + 64·S entries), so a rule is judged where the kernel can run; a clause that needs a size the target
+refuses is NOT_IMPLEMENTED.
 
 A target written against an earlier version of this contract keeps its verdicts: kv_qdq(x, fmt)
 provides the per-format operations, but a format the bundled form took only from a later version
@@ -41,7 +42,7 @@ adapter that predates the format reads n/i there, not ERROR; one that answers is
 How `--target T` is resolved (the same rule for the CLI, the pytest plugin and `load_target`):
 
     impl, kernels, official, ml_dtypes, torch   the built-in targets
-    flashmla, deepgemm, sgl-kernel              the production libraries you installed, run on a
+    flashmla, flashmla-decode, deepgemm, sgl-kernel  the production libraries you installed, run on a
                                                 CUDA GPU (dsv4spec.production)
     official-kernels[:PATH]                     your own copy of the official V4 kernel.py (PATH,
                                                 else $DSV4SPEC_OFFICIAL_KERNEL), run as it is on
@@ -163,7 +164,7 @@ def _official_kernels(spec: str):
     return None
 
 
-PRODUCTION = ("flashmla", "deepgemm", "sgl-kernel")     # installed production libraries (dsv4spec.production)
+PRODUCTION = ("flashmla", "flashmla-decode", "deepgemm", "deepgemm-logits", "sgl-kernel")     # installed production libraries (dsv4spec.production)
 
 
 def locate(spec: str) -> str:

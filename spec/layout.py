@@ -40,6 +40,7 @@ import numpy as np
 
 from . import formats as F
 from . import quant as Q
+from .indexer import round_bf16
 from .rules import IMPLEMENTATION_DEFINED, INFORMATIVE, V4, V41, V4_ALL, knob, rule
 
 
@@ -407,3 +408,96 @@ def unpack(kind, data, variants: dict | None = None) -> np.ndarray:
 def qdq(kind, x, variants: dict | None = None) -> np.ndarray:
     """What a round trip through the cache gives: unpack(pack(x))."""
     return unpack(kind, pack(kind, x, variants), variants)
+
+
+# ------------------------------------------------------------------------------------------------
+# FlashMLA's paged caches (the forms sparse_attention_cache takes besides the entries themselves)
+# ------------------------------------------------------------------------------------------------
+PAGE = 64                   # entries a page (FlashMLA's page_block_size: any; the suite draws 64)
+PAGE_ALIGN = {"v4_main_kv": 576, "v32_mla_kv": 1, "v32_index_k": 1}
+CACHE_VALUE_DIMS = 512      # the values: V4's whole entry, V3.2's NoPE dims (FlashMLA's head_dim_v)
+CACHE_FORMS = ("v4_main_kv", "v32_mla_kv", "v4_main_kv/flashmla_paged", "v32_mla_kv/flashmla_paged")
+# V3.2's indexer K cache as index_scores_fp8_cache takes it: the entries, or DeepGEMM's pages (a page's
+# E4M3 codes, then its fp32 scales: DeepGEMM tests/test_attention.py kv_cache_cast_to_fp8)
+INDEX_CACHE_FORMS = ("v32_index_k", "v32_index_k/deepgemm_paged")
+
+
+def cache_form(form: str) -> tuple[str, bool]:
+    """(entry kind, paged) of a cache form of sparse_attention_cache or index_scores_fp8_cache."""
+    if form not in CACHE_FORMS + INDEX_CACHE_FORMS:
+        raise ValueError(f"unknown cache form {form!r}; expected one of {', '.join(CACHE_FORMS + INDEX_CACHE_FORMS)}")
+    return form.split("/")[0], form.endswith("_paged")
+
+
+def page_bytes(kind) -> int:
+    """The bytes of one page of PAGE entries, padded as FlashMLA pads it."""
+    align = PAGE_ALIGN[layout(kind).kind]
+    return -(-PAGE * layout(kind).nbytes // align) * align
+
+
+def _page_parts(kind) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The fields each entry keeps in the page's first run, and those in its second run.  MODEL1
+    (v4_main_kv): each entry's NoPE and RoPE bytes, then, after the page's entries, each one's 8-byte
+    scale group (7 E8M0 and the pad byte, never written); V3.2 (v32_mla_kv): whole entries."""
+    if layout(kind).kind == "v4_main_kv":
+        return ("payload", "tail"), ("scales", "pad")
+    if layout(kind).kind == "v32_index_k":
+        return ("payload",), ("scales", "pad")
+    return FIELD_ORDERS["payload_first"], ()
+
+
+def with_pad(kind, entries, value: int) -> np.ndarray:
+    """The entries with their pad bytes (which no reader may use) set to `value`."""
+    f = split(kind, np.asarray(entries, np.uint8))
+    f["pad"] = np.full_like(f["pad"], value)
+    return join(kind, f)
+
+
+def to_pages(kind, entries, unwritten: int = 0) -> np.ndarray:
+    """Entries uint8 [N, nbytes] (N a multiple of PAGE) -> FlashMLA's pages uint8 [N/PAGE, page_bytes];
+    the bytes no entry writes (the pad byte, the page's padding) hold `unwritten`."""
+    entries = np.asarray(entries, np.uint8)
+    if entries.ndim != 2 or entries.shape[0] % PAGE:
+        raise ValueError(f"to_pages: entries [N, nbytes] with N a multiple of {PAGE}, got {entries.shape}")
+    f = split(kind, with_pad(kind, entries, unwritten))
+    first, second = _page_parts(kind)
+    runs = [np.concatenate([f[n] for n in part], -1).reshape(-1, PAGE * sum(f[n].shape[-1] for n in part))
+            for part in (first, second) if part]
+    body = np.concatenate(runs, -1)
+    pad = np.full((body.shape[0], page_bytes(kind) - body.shape[1]), unwritten, np.uint8)
+    return np.concatenate([body, pad], -1)
+
+
+def from_pages(kind, pages) -> np.ndarray:
+    """FlashMLA's pages uint8 [P, page_bytes] -> the entries uint8 [P·PAGE, nbytes] (the inverse of to_pages)."""
+    lay, pages = layout(kind), np.asarray(pages, np.uint8)
+    if pages.ndim != 2 or pages.shape[1] != page_bytes(kind):
+        raise ValueError(f"from_pages: pages [P, {page_bytes(kind)}] for {lay.kind}, got {pages.shape}")
+    fields, start = {}, 0
+    for part in filter(None, _page_parts(kind)):
+        width = sum(lay.fields[n].nbytes for n in part)
+        run = pages[:, start:start + PAGE * width].reshape(-1, width)
+        start += PAGE * width
+        at = 0
+        for n in part:
+            fields[n], at = run[:, at:at + lay.fields[n].nbytes], at + lay.fields[n].nbytes
+    return join(kind, fields)
+
+
+def as_cache(form: str, entries, unwritten: int = 0xFF) -> np.ndarray:
+    """Entries [N, nbytes] as a cache of `form` (pages: N a multiple of PAGE), every byte no entry
+    writes holding `unwritten` (0xFF: a NaN scale, were it read as one)."""
+    kind, paged = cache_form(form)
+    return to_pages(kind, entries, unwritten) if paged else with_pad(kind, entries, unwritten)
+
+
+def cache_entries(form: str, cache) -> np.ndarray:
+    """The entries [N, nbytes] a cache of `form` holds."""
+    kind, paged = cache_form(form)
+    return from_pages(kind, cache) if paged else np.asarray(cache, np.uint8)
+
+
+def cache_values(form: str, cache) -> np.ndarray:
+    """The attention's K (and V: its first 512 dims) of a cache: each entry unpacked, in BF16, as the
+    reference keeps its caches after the in-place QDQ (V4-model L505-506)."""
+    return round_bf16(unpack(cache_form(form)[0], cache_entries(form, cache)))

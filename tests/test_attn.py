@@ -182,6 +182,50 @@ def test_flashmla_order_on_flashmlas_shapes_gives_what_the_h100_gave():
     assert row.status == FAIL and seen in row.detail, row.detail
 
 
+def _flashmla_decode_splits(q, kv, sink, indices, scale, *, model):
+    """FlashMLA's SM90 sparse FP8 decode order as the H100 record shows it (csrc/sm90/decode/sparse_fp8/
+    splitkv_mla.cuh at 9241ae3e): each block of 64 of a token's list in a split of its own (num_sm_parts,
+    L770), its probabilities rounded to BF16 against that split's running max (scale_softmax L55-80), the
+    splits' fp32 partial sums and outputs then combined against the largest max."""
+    q, kv, sink, indices, scale = impl.attn.check_attention_inputs("sparse_attention", q, kv, sink, indices, scale)
+    T, H, D = q.shape
+    init = spec.running_max_init(profile(model))
+    parts = []
+    for start in range(0, indices.shape[1], 64):
+        blk = indices[:, start:start + 64]
+        valid = blk != -1
+        rows = kv[blk.clamp_min(0)] * valid[..., None]
+        s = (torch.einsum("thd,tbd->thb", q, rows) * scale).masked_fill(~valid[:, None, :], float("-inf"))
+        m = torch.maximum(torch.full((T, H), init), s.amax(-1))
+        p = torch.exp(s - m[..., None]).nan_to_num(0.0)
+        parts.append((torch.einsum("thb,tbd->thd", p.bfloat16().float(), rows), p.sum(-1), m))
+    top = torch.stack([m for *_, m in parts]).amax(0)
+    weight = [torch.exp(m - top).nan_to_num(0.0) for *_, m in parts]
+    acc = sum(o * w[..., None] for (o, _, _), w in zip(parts, weight))
+    total = sum(t * w for (_, t, _), w in zip(parts, weight)) + torch.exp(sink[None, :] - top)
+    return (acc / total[..., None]).bfloat16().float()
+
+
+@pytest.mark.parametrize("rule_id, seen", [
+    ("ATTN.PROB.BF16", "32 of 32768 outputs outside the admitted BF16 interval; at token 0 head 1 channel 209: "
+                       "got np.float64(-3.838539123535156e-05)"),
+    ("ATTN.PROB.ORDER", "15 of 32768 outputs outside the admitted BF16 interval; at token 0 head 3 channel 487: "
+                        "got np.float64(-0.000827789306640625)")])
+def test_flashmla_decode_splits_give_what_the_h100_gave(rule_id, seen):
+    """The H100's flashmla-decode FAILs at ci (docs/records/h100/2026-12-07-verify-flashmla-decode-attn-ci.json):
+    the emulation of one split a block, on the decode's SHAPES, fails on the same count of outputs with the
+    same first value; declared attn_order = split, it is admitted."""
+    emulated = mutant("flashmla_decode_splits", sparse_attention=_flashmla_decode_splits)
+    emulated.SHAPES = {"sparse_attention": {"D": (512,), "H": (64, 128), "K": 64}}
+    record = Path(__file__).resolve().parents[1] / "docs/records/h100/2026-12-07-verify-flashmla-decode-attn-ci.json"
+    fails = [r["detail"] for r in json.loads(record.read_text())["results"] if r["rule"] == rule_id]
+    assert fails and seen in fails[0], "the library's own FAIL"
+    row = run_rule(rule_id, Target(emulated, "flashmla_decode_splits"))
+    assert row.status == FAIL and seen in row.detail, row.detail
+    emulated.VARIANTS = {"attn_order": "split"}          # flash-decoding, declared: admitted
+    assert run_rule(rule_id, Target(emulated, "flashmla_decode_splits")).status in (PASS, VARIANT)
+
+
 def test_a_split_kernel_passes_when_it_declares_it():
     split = lambda *a, **k: _blocked(*a, **k, split=True)      # noqa: E731
     declared = Target(mutant("split", variants={"attn_order": "split"}, sparse_attention=split), "split")

@@ -107,3 +107,19 @@ def test_impl_errors_name_what_was_expected():
         impl.entry_pack("v41_main_kv", torch.zeros(2, 448))
     with pytest.raises(ValueError, match="not finite|finite|NaN"):
         impl.entry_pack("v41_main_kv", torch.full((1, 512), float("nan")))
+
+
+def test_flashmla_pages_hold_the_entries_and_leave_the_pad_unwritten():
+    """MODEL1 pages: each entry's NoPE+RoPE run, then the 8-byte scale groups whose 8th byte is the
+    entry's pad (FlashMLA-quant L56-62), the page padded to 576 B; V3.2 pages: whole entries."""
+    from dsv4spec.spec import layout as sl
+    rng = np.random.default_rng(3)
+    for kind, page_bytes in (("v4_main_kv", 37440), ("v32_mla_kv", 64 * 656)):
+        entries = sl.pack(kind, rng.standard_normal((128, sl.layout(kind).dims)).astype(np.float32))
+        pages = sl.to_pages(kind, entries, unwritten=0xAB)
+        assert pages.shape == (2, page_bytes) and sl.page_bytes(kind) == page_bytes
+        assert np.array_equal(sl.from_pages(kind, pages), sl.with_pad(kind, entries, 0xAB))
+    pages = sl.to_pages("v4_main_kv", entries_v4 := sl.pack("v4_main_kv", np.ones((64, 512), np.float32)), 0xAB)
+    assert np.array_equal(pages[0, :448], entries_v4[0, :448]) and np.array_equal(pages[0, 448:576], entries_v4[0, 456:])
+    assert np.array_equal(pages[0, 64 * 576:64 * 576 + 8], [*entries_v4[0, 448:455], 0xAB])
+    assert (pages[0, 64 * 584:] == 0xAB).all()

@@ -73,3 +73,82 @@ def test_the_top_k_set_is_ordered_as_the_caller_asks(order, want):
     scores = torch.tensor([[2.0, 1.0, 9.0, 5.0]])
     chosen = torch.tensor([[1, -1, 3, 0]])        # a kernel's set, in no order, padded with −1
     assert production.ordered(scores, chosen, order).tolist() == want
+
+
+def _fake(folder: str, module: str):
+    found = importlib.util.spec_from_file_location(f"fake_{module}", TESTS / folder / module / "__init__.py")
+    loaded = importlib.util.module_from_spec(found)
+    found.loader.exec_module(loaded)
+    return loaded
+
+
+@pytest.mark.parametrize("rule", ["IDX.TOPK.SELECTION", "IDX.TOPK.PAD"])
+def test_a_top_k_that_takes_only_k_2048_is_judged_at_2048(rule):
+    """sgl-kernel's fast_topk_v2 asserts topk == 2048: its SHAPES draws every case at k = 2048 (PASS);
+    undeclared, the same library is blamed for its own assertion on the small k the checks draw."""
+    sgl = _fake("fake_sgl_kernel", "sgl_kernel")
+    undeclared = type("Undeclared", (production.SglKernel,), {"SHAPES": {}})
+    assert run_rule(rule, Target(production.SglKernel(sgl), "sgl-kernel")).status == "PASS"
+    row = run_rule(rule, Target(undeclared(sgl), "sgl-kernel"))
+    assert row.status != "PASS" and "topk=2048" in row.detail
+
+
+def test_a_top_k_at_2048_that_drops_the_last_entry_fails():
+    """The redrawn cases still judge: a kernel that loses its 2048th pick fails IDX.TOPK.COUNT."""
+    sgl = _fake("fake_sgl_kernel", "sgl_kernel")
+    dropping = types.SimpleNamespace(DSV4SPEC_CPU_STANDIN=True, fast_topk_v2=lambda s, n, k, row_starts=None:
+                                     torch.cat([sgl.fast_topk_v2(s, n, k)[:, :-1], torch.full((s.shape[0], 1), -1,
+                                                                                            dtype=torch.int32)], 1))
+    assert run_rule("IDX.TOPK.COUNT", Target(production.SglKernel(dropping), "sgl-kernel")).status == "FAIL"
+
+
+@pytest.mark.parametrize("rule", ["LAYOUT.V4.MAIN", "LAYOUT.V32.MLA", "ATTN.SINK", "ATTN.PROB.BF16"])
+def test_flashmla_decode_over_its_paged_caches_passes_on_a_faithful_stand_in(rule):
+    """The sparse FP8 decode mapped on both layouts' paged forms (LAYOUT rules) and, over MODEL1, on ATTN."""
+    decode = production.FlashMLADecode(_fake("fake_flashmla", "flash_mla"))
+    assert run_rule(rule, Target(decode, "flashmla-decode")).status == "PASS"
+
+
+def test_flashmla_decode_that_reads_the_unwritten_scale_byte_fails():
+    """A decode that takes MODEL1's 8th scale byte (never written; 0xFF here) as the 7th tile's scale."""
+    flash_mla = _fake("fake_flashmla", "flash_mla")
+
+    def eighth_byte(q, k_cache, *args, **kw):
+        raw = k_cache.view(torch.uint8)
+        pages = torch.as_strided(raw, (raw.shape[0], raw.stride(0)), (raw.stride(0), 1)).clone()
+        scales = pages[:, 64 * 576:64 * 584].view(-1, 64, 8)
+        scales[..., 6] = scales[..., 7].clone()
+        view = pages.view(torch.float8_e4m3fn)[:, :64 * 584].view(k_cache.shape)
+        return flash_mla.flash_mla_with_kvcache(q, view, *args, **kw)
+    lib = types.SimpleNamespace(DSV4SPEC_CPU_STANDIN=True, get_mla_metadata=flash_mla.get_mla_metadata,
+                                flash_mla_with_kvcache=eighth_byte)
+    assert run_rule("LAYOUT.V4.MAIN", Target(production.FlashMLADecode(lib), "flashmla-decode")).status != "PASS"
+
+
+def test_deepgemm_logits_maps_fp8_mqa_logits_onto_the_fp8_scores():
+    """V3.2's indexer logits (index_scores_fp8) through DeepGEMM's fp8_mqa_logits: PASS on a faithful
+    stand-in; one that forgets the keys' scale fails IDX.SCORE.V32_FP32."""
+    deep_gemm = _fake("fake_deepgemm", "deep_gemm")
+    assert run_rule("IDX.SCORE.V32_FP32", Target(production.DeepGEMMLogits(deep_gemm), "deepgemm-logits")).status == "PASS"
+    unscaled = types.SimpleNamespace(DSV4SPEC_CPU_STANDIN=True, fp8_mqa_logits=lambda q, kv, *a: deep_gemm.fp8_mqa_logits(
+        q, (kv[0], torch.ones_like(kv[1])), *a), fp8_paged_mqa_logits=deep_gemm.fp8_paged_mqa_logits,
+        get_paged_mqa_logits_metadata=deep_gemm.get_paged_mqa_logits_metadata)
+    assert run_rule("IDX.SCORE.V32_FP32", Target(production.DeepGEMMLogits(unscaled), "deepgemm-logits")).status == "FAIL"
+
+
+def test_deepgemm_paged_logits_read_its_pages_of_the_v32_index_k_cache():
+    """index_scores_fp8_cache through fp8_paged_mqa_logits (DeepGEMM's pages: codes, then fp32 scales):
+    PASS on a faithful stand-in; one that reads the scales as the first run of the page fails."""
+    deep_gemm = _fake("fake_deepgemm", "deep_gemm")
+    rule = "IDX.SCORE.V32_FP32"
+    assert run_rule(rule, Target(production.DeepGEMMLogits(deep_gemm), "deepgemm-logits")).status == "PASS"
+
+    def scales_first(q, kv_cache, *args, **kw):
+        pages, block_kv, _, width = kv_cache.shape
+        raw = kv_cache.reshape(pages, -1)
+        swapped = torch.cat([raw[:, -4 * block_kv:], raw[:, :-4 * block_kv]], 1).view(kv_cache.shape)
+        return deep_gemm.fp8_paged_mqa_logits(q, swapped, *args, **kw)
+    lib = types.SimpleNamespace(DSV4SPEC_CPU_STANDIN=True, fp8_mqa_logits=deep_gemm.fp8_mqa_logits,
+                                get_paged_mqa_logits_metadata=deep_gemm.get_paged_mqa_logits_metadata,
+                                fp8_paged_mqa_logits=scales_first)
+    assert run_rule(rule, Target(production.DeepGEMMLogits(lib), "deepgemm-logits")).status == "FAIL"

@@ -222,9 +222,17 @@ def _m(name, rule_id, **ops):
     return name, (mutant(name, **ops), rule_id)
 
 
+def _cache_attention_without_sink(q, cache, form, sink, indices, scale, *, model):
+    """Attention over the packed cache with the sink left out of the denominator."""
+    return ref.sparse_attention_cache(q, cache, form, torch.full_like(sink, -math.inf), indices, scale, model=model)
+
+
 MUTANTS = dict([
     _m("minus_one_reads_row_0", "ATTN.GATHER", sparse_attention=_variant(gather="clamped")),
     _m("duplicates_removed", "ATTN.DUPLICATES", sparse_attention=_variant(dedupe=True)),
+    # judged as sparse_attention through sparse_attention_cache (a target with only the cache form)
+    _m("cache_attention_without_sink", "ATTN.SINK", sparse_attention=None,
+       sparse_attention_cache=_cache_attention_without_sink),
     _m("running_max_from_minus_inf_on_v41", "ATTN.INIT", sparse_attention=_variant(init=float("-inf"))),
     _m("scores_rounded_to_bf16", "ATTN.SCORE", sparse_attention=_variant(scores="bf16")),
     _m("scale_argument_ignored", "ATTN.SCORE", sparse_attention=_variant(fixed_scale=512 ** -0.5)),

@@ -77,6 +77,22 @@ def _fp4_nibbles_swapped(q_packed, q_scales, k_packed, k_scales, w, visible):
     return ref.index_scores_fp4(q_packed, q_scales, swap(k_packed), k_scales, w, visible)  # K reader only
 
 
+def _fp8_scores_in_bf16(q_codes, k_codes, k_scale, w, visible):
+    """V3.2's FP8 logits with V4's BF16 score steps, the weights rounded to BF16 (the newer models' habit)."""
+    k = ref.e4m3_decode(k_codes) * k_scale.float()[:, None]
+    return ref.index_scores(ref.e4m3_decode(q_codes), k, w.bfloat16().float(), visible, "bf16")
+
+
+def _fp8_cache_scale_as_e8m0(q_codes, cache, form, w, visible):
+    """V3.2's indexer K cache whose fp32 scale is decoded from its exponent bits with a bias of 128, not 127."""
+    import numpy as np
+    from dsv4spec.spec import layout as spec_layout
+    entries = spec_layout.cache_entries(form, cache.numpy())
+    exponent = (entries[:, 131].astype(np.int64) & 0x7F) * 2 + (entries[:, 130] >> 7)    # the fp32 exponent bits
+    k = ref.e4m3_decode(torch.from_numpy(entries[:, :128].copy())) * torch.from_numpy(2.0 ** (exponent - 128.0)).float()[:, None]
+    return ref.index_scores(ref.e4m3_decode(q_codes), k, w, visible, "fp32")
+
+
 MUTANTS = {
     # name: (provider, rule it must fail)
     "visible_p_floor": (mutant("visible_p_floor", index_visible=lambda p, r: torch.div(p, r, rounding_mode="floor")),
@@ -97,6 +113,10 @@ MUTANTS = {
     "v32_rounded_to_bf16": (mutant("v32_rounded_to_bf16", index_scores=lambda *a: _scores(*a, fp32_rounds=True)),
                             "IDX.SCORE.V32_FP32"),
     "fp4_k_nibbles_swapped": (mutant("fp4_k_nibbles_swapped", index_scores_fp4=_fp4_nibbles_swapped), "IDX.SCORE.FP4"),
+    "fp8_scores_rounded_to_bf16": (mutant("fp8_scores_rounded_to_bf16", index_scores_fp8=_fp8_scores_in_bf16),
+                                   "IDX.SCORE.V32_FP32"),
+    "fp8_cache_scale_as_e8m0": (mutant("fp8_cache_scale_as_e8m0", index_scores_fp8_cache=_fp8_cache_scale_as_e8m0),
+                                "IDX.SCORE.V32_FP32"),
     "decode_drops_newest": (mutant("decode_drops_newest", index_scores=_decode_drops_newest), "IDX.CHUNK"),
     "hadamard_unnormalized": (mutant("hadamard_unnormalized", hadamard=lambda x: _hadamard(x, scale=1.0)),
                               "HAD.MATRIX"),

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 import dsv4spec.impl.layout as il
+from dsv4spec.spec import formats as F
 from dsv4spec.spec import layout as spec
 
 from . import mutant
@@ -230,6 +231,45 @@ MUTANTS.update({
     "layout-v32-mla-act-quant-floor-declared-scale": ("LAYOUT.V32.MLA", dict(
         variants={"v32_mla_scale_floor": "scale"}, **_packer(variants={"v32_mla_scale_floor": "amax"}))),
     "layout-v32-mla-unpack-scale-big-endian": ("LAYOUT.V32.MLA", _round_trip(_fp32_big_endian)),
+})
+
+
+# Attention over a packed cache (sparse_attention_cache) reading the entries one wrong way each
+def _cache_attention(read):
+    """impl's sparse_attention_cache with the entries taken from the cache by `read(kind, cache)`."""
+    from dsv4spec.impl.attn import sparse_attention
+    from dsv4spec.impl.indexer import _bf16
+
+    def sparse_attention_cache(q, cache, form, sink, indices, scale, *, model):
+        kind, _ = spec.cache_form(form)
+        kv = _bf16(torch.from_numpy(read(kind, cache.numpy())))
+        return sparse_attention(q, kv, sink, indices, scale, model=model)[..., :spec.CACHE_VALUE_DIMS]
+    return sparse_attention_cache
+
+
+def _scale_groups_of_seven(kind, pages):
+    """MODEL1 pages read as if each entry's scale group were its 7 scales, packed (583-byte thinking):
+    from the second entry on, a group takes in an earlier entry's pad byte."""
+    entries = spec.from_pages(kind, pages)
+    groups = pages[:, spec.PAGE * 576:spec.PAGE * 584].reshape(-1, spec.PAGE * 8)[:, :spec.PAGE * 7].reshape(-1, 7)
+    nope = F.e4m3_decode(entries[:, :448]).reshape(-1, 7, 64) * F.e8m0_decode(groups)[..., None]
+    nope = np.nan_to_num(nope, nan=0.0)                 # the pad byte's 0xFF (NaN) taken as 0
+    return np.concatenate([nope.reshape(-1, 448), spec.unpack(kind, entries)[:, 448:]], -1).astype(np.float32)
+
+
+def _one_scale_an_entry(kind, entries):
+    """V3.2 entries read with tile 0's FP32 scale for all four tiles."""
+    entries = np.array(entries)
+    entries[:, 516:528] = np.tile(entries[:, 512:516], 3)
+    return spec.unpack(kind, entries)
+
+
+MUTANTS.update({
+    "cache-attention-model1-scale-groups-of-7": ("LAYOUT.V4.MAIN", dict(
+        CACHE_FORMS=("v4_main_kv/flashmla_paged", "v32_mla_kv/flashmla_paged"),
+        sparse_attention_cache=_cache_attention(_scale_groups_of_seven))),
+    "cache-attention-v32-one-scale-an-entry": ("LAYOUT.V32.MLA", dict(
+        sparse_attention_cache=_cache_attention(_one_scale_an_entry))),
 })
 
 
