@@ -109,6 +109,7 @@ RESULTS = {
     "window_ring": (INDEX,),
     "pool_scan_topk": (INDEX,),
     "sparse_attention": (VALUES,), "attention_q": (VALUES,), "attention_output": (VALUES,),
+    "row_parallel_reduce": (VALUES,),
 }
 # Per-format operations a bundled one also provides: kv_qdq(x, fmt) is kv_qdq_<fmt>(x).
 SPLIT = {"kv_qdq_fp4_e4m3": ("kv_qdq", "fp4_e4m3"), "kv_qdq_fp8_e8m0_32": ("kv_qdq", "fp8_e8m0_32"),
@@ -142,6 +143,7 @@ SHAPES = {
     "fp8_qdq": _SAME, "index_visible": _SAME, "index_weights_v32": _SAME,
     "sparse_attention": _SAME, "attention_q": _SAME, "attention_output": _SAME,
     "fp8_linear": lambda a, *_: _lead(a[0], a[1].shape[0]),
+    "row_parallel_reduce": lambda a, *_: tuple(a[0].shape[1:]),
     "fp4_pack": lambda a, *_: _lead(a[0], a[0].shape[-1] // 2),
     "fp4_unpack": lambda a, *_: _lead(a[0], a[0].shape[-1] * 2),
     "fp4_e4m3_quantize": _blocks(16), "fp4_e8m0_quantize": _blocks(32),

@@ -1,0 +1,195 @@
+"""The trace route (docs/TRACE.md): the control model's traces pass check-trace; planted deviations FAIL
+on their rule at the stage, layer and step planted and nowhere earlier; broken traces exit 3 in one line."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+import trace_control as control
+from dsv4spec.cli import main
+from dsv4spec.official import attn as official_attn
+from dsv4spec.official import path as official_path
+from dsv4spec.official import rope as official_rope
+from dsv4spec.trace import Recorder, Trace, TraceError, record_official
+from dsv4spec.trace.check import judge_trace, open_trace
+
+V41_LAYERS = (0, 2, 20, 21, 24)     # window, ratio-2 index source, candidate source, reuse, re-index
+V4_LAYERS = (0, 2, 3)               # window, CSA, HCA
+
+
+def judged(path, rules=None, **kw):
+    wanted = (lambda r: True) if rules is None else (lambda r: any(r.startswith(p) for p in rules))
+    return judge_trace(open_trace(str(path)), wanted, **kw).verdicts
+
+
+def departing(verdicts):
+    return [v for v in verdicts if v.status != "PASS"]
+
+
+@pytest.fixture(scope="module")
+def v41_trace(tmp_path_factory):
+    """A V4.1 prefill of 8 tokens, then decode 8…11: ratio-2 entries complete at 9 and 11, layer 2
+    scores layer 20's published index K at 8 and 10, layer 24 re-indexes in layer 20's pool."""
+    path = tmp_path_factory.mktemp("v41")
+    control.record_control(path, "v4.1-flash", V41_LAYERS, prefill=8, decode=4)
+    return path
+
+
+def test_the_control_trace_passes_every_recorded_stage(v41_trace, capsys):
+    status = main(["check-trace", str(v41_trace), "--quiet", "--json", str(v41_trace / "r.json")])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    results = {r["rule"]: r["status"] for r in json.loads((v41_trace / "r.json").read_text())["results"]}
+    for rule in ("PATH.Q.PROJ", "PATH.K.NORM", "PATH.K.PUBLISHED", "IDX.SCORE.FP4", "IDX.TOPK.SELECTION",
+                 "POOL.TOPK_BLOCKS", "POOL.REINDEX", "LAYER.V41", "FP8.LINEAR", "ATTN.LAYER", "ATTN.PROB.ORDER",
+                 "ATTN.DEROTATE", "PATH.WINDOW.RING", "PATH.QDQ", "PATH.CONCAT", "ROPE.POSITIONS"):
+        assert results[rule] == "PASS", (rule, out)
+    assert results["CMP.GATE"] == "n/i" and results["ATTN.TP.REDUCE"] == "n/i"
+    verdicts = json.loads((v41_trace / "r.json").read_text())["header"]["trace"]["verdicts"]
+    stages = {(v["stage"], v["rule"]) for v in verdicts}
+    assert {("window_cache", "PATH.WINDOW.RING"), ("published_k_packed", "PATH.K.PUBLISHED"),
+            ("candidates", "POOL.REINDEX"), ("kv_cache", "PATH.QDQ")} <= stages      # judged across steps
+    assert "stages (departing first" in out
+
+
+def test_the_report_validates_and_shards_merge(v41_trace, capsys):
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads(open(os.path.join(os.path.dirname(control.__file__), "..", "properties",
+                                          "report.schema.json")).read())
+    jsonschema.validate(json.loads((v41_trace / "r.json").read_text()), schema)
+    args = ["check-trace", str(v41_trace), "--quiet", "--rules", "PATH.WINDOW,IDX.WEIGHT", "--layers", "20"]
+    for k in (1, 2):
+        assert main([*args, "--shard", f"{k}/2", "--json", str(v41_trace / f"s{k}.json")]) == 0
+    assert main(["report", "merge", str(v41_trace / "s1.json"), str(v41_trace / "s2.json")]) == 0
+    merged = capsys.readouterr().out
+    assert "PATH.WINDOW.RING" in merged and "IDX.WEIGHT.SCALE" in merged
+
+
+def test_layers_and_steps_select_what_is_judged(v41_trace):
+    verdicts = judged(v41_trace, layers={2}, steps=lambda s: s.start_pos == 10)
+    assert verdicts and {(v.layer, v.step.start_pos) for v in verdicts} == {(2, 10)}
+
+
+def test_record_official_hooks_record_the_module_outputs(tmp_path):
+    model = control.ControlModel("v4.1-flash", (0, 20))
+    with record_official(model, tmp_path, model_name="v4.1-flash", steps=[0, 9], config={"n_heads": 16}):
+        for start_pos, T in ((0, 8), (8, 1), (9, 1)):
+            model(start_pos, T)
+    trace = Trace(str(tmp_path))
+    assert [(layer, s.start_pos) for layer, s in trace.layer_steps()] == [(0, 0), (20, 0), (0, 9), (20, 9)]
+    assert {"x", "q_latent", "q_norm", "q_attn", "kv_proj", "kv_normed", "out", "q", "w_raw", "k", "k_normed",
+            "attn_wq_a", "rope_freqs", "sink"} <= set(trace.stages(20, trace.layer_steps()[1][1]))
+    verdicts = judged(tmp_path)
+    assert {v.rule for v in verdicts if v.status == "PASS"} >= {"FP8.LINEAR", "ATTN.LAYER", "PATH.Q.PROJ",
+                                                               "PATH.K.PROJ", "PATH.W.PROJ"}
+    # wo_a is an einsum, not a call (V4-model L537-541): o_lora is wo_b's input, but o_derot no hook sees
+    assert {(v.status, v.stage, "record 'o_derot'" in v.detail) for v in departing(verdicts)} == \
+        {("ERROR", "o_lora", True)}
+
+
+def test_a_stage_without_its_input_is_an_error_naming_the_tensor(tmp_path):
+    with Recorder(tmp_path, model="v4.1-flash") as rec:
+        rec.record("q_latent", torch.zeros(2, 1280), layer=2, step=(0, 2))
+    (v,) = judged(tmp_path)
+    assert (v.status, v.stage, v.rule) == ("ERROR", "q_latent", "FP8.LINEAR")
+    assert "record 'attn_wq_a'" in v.detail or "record 'x'" in v.detail
+
+
+# ------------------------------------------------------------------------------------------------
+# traces that cannot be judged: one line, exit 3
+# ------------------------------------------------------------------------------------------------
+def _copy(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _manifest(path):
+    return json.loads((path / "manifest.json").read_text())
+
+
+def _rewrite(path, edit):
+    m = _manifest(path)
+    edit(m)
+    (path / "manifest.json").write_text(json.dumps(m))
+
+
+@pytest.fixture(scope="module")
+def small_trace(tmp_path_factory):
+    path = tmp_path_factory.mktemp("small")
+    with Recorder(path, model="v4.1-flash") as rec:
+        rec.record("x", torch.zeros(3, 5120, dtype=torch.bfloat16), layer=0, step=(0, 3))
+        rec.record("window_idx", torch.tensor([[0, -1, -1], [0, 1, -1], [0, 1, 2]]), layer=0, step=(0, 3))
+    return path
+
+
+def _truncate(p):
+    f = p / _manifest(p)["files"][0]
+    f.write_bytes(f.read_bytes()[:40])
+
+
+BROKEN = {
+    "no manifest": lambda p: (p / "manifest.json").unlink(),
+    "manifest not JSON": lambda p: (p / "manifest.json").write_text('{"format": "dsv4spec-trace", "vers'),
+    "another format version": lambda p: _rewrite(p, lambda m: m.update(version=99)),
+    "truncated tensor file": _truncate,
+    "missing tensor file": lambda p: (p / _manifest(p)["files"][0]).unlink(),
+    "a key the file lacks": lambda p: _rewrite(p, lambda m: m["records"][0].update(key="nope")),
+    "mislabelled model": lambda p: _rewrite(p, lambda m: m.update(model="v4-flash")),
+    "unknown stage": lambda p: _rewrite(p, lambda m: m["records"][0].update(stage="q_magic")),
+    "decode labelled prefill": lambda p: _rewrite(p, lambda m: m["records"][0]["step"].update(start_pos=4)),
+    "a layer the model lacks": lambda p: _rewrite(p, lambda m: [r.update(layer=77) for r in m["records"]]),
+    "unknown variant": lambda p: _rewrite(p, lambda m: m.update(variants={"attn_order": "sideways"})),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(BROKEN))
+def test_a_broken_trace_exits_3_in_one_line(small_trace, tmp_path, capsys, fault):
+    path = _copy(small_trace, tmp_path / "t")
+    BROKEN[fault](path)
+    assert main(["check-trace", str(path), "--quiet"]) == 3
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("dsv4spec check-trace: error:") and "Traceback" not in err, err
+
+
+def test_a_shape_or_dtype_the_config_rules_out_exits_3(tmp_path, capsys):
+    for name, tensor in (("x", torch.zeros(3, 4096)), ("window_idx", torch.zeros(3, 3))):
+        path = tmp_path / name
+        with Recorder(path, model="v4.1-flash") as rec:
+            rec.record(name, tensor, layer=0, step=(0, 3))
+        assert main(["check-trace", str(path), "--quiet"]) == 3
+        err = capsys.readouterr().err
+        assert ("shape" if name == "x" else "dtype") in err and err.count("\n") == 1, err
+
+
+def test_ranks_that_are_not_one_run_exit_3(tmp_path, capsys):
+    for r in (0, 2):
+        with Recorder(tmp_path / f"rank{r}", model="v4.1-flash", world_size=3, rank=r) as rec:
+            rec.record("x", torch.zeros(1, 5120), layer=0, step=(0, 1))
+    assert main(["check-trace", str(tmp_path), "--quiet"]) == 3
+    assert "ranks [0, 2]" in capsys.readouterr().err
+
+
+def test_a_usage_error_exits_2(small_trace, capsys):
+    assert main(["check-trace", str(small_trace), "--layers", "two"]) == 2
+    assert main(["check-trace", str(small_trace), "--layers", "5"]) == 2
+
+
+# ------------------------------------------------------------------------------------------------
+# tensor parallelism: ranks simulated on the CPU
+# ------------------------------------------------------------------------------------------------
+def test_tp2_control_trace_passes_and_a_rank_skipping_the_all_reduce_fails(tmp_path):
+    control.record_control(tmp_path / "ok", "v4.1-flash", (0, 20), prefill=6, decode=1, world_size=2)
+    verdicts = judged(tmp_path / "ok")
+    assert not departing(verdicts)
+    assert {v.rank for v in verdicts if v.rule == "ATTN.TP.REDUCE"} == {0, 1}
+    assert any(v.stage == "out_partial" and v.rule == "FP8.LINEAR" for v in verdicts)
+    control.record_control(tmp_path / "bad", "v4.1-flash", (0,), prefill=6, decode=1, world_size=2,
+                           reduce=lambda partials: partials[0])
+    first = departing(judged(tmp_path / "bad"))[0]
+    assert (first.rule, first.stage, first.layer, first.step.start_pos, first.status) == \
+        ("ATTN.TP.REDUCE", "out", 0, 0, "FAIL")
