@@ -193,3 +193,165 @@ def test_tp2_control_trace_passes_and_a_rank_skipping_the_all_reduce_fails(tmp_p
     first = departing(judged(tmp_path / "bad"))[0]
     assert (first.rule, first.stage, first.layer, first.step.start_pos, first.status) == \
         ("ATTN.TP.REDUCE", "out", 0, 0, "FAIL")
+
+
+# ------------------------------------------------------------------------------------------------
+# planted deviations: each FAILs on its rule at the stage, layer and step planted, nowhere earlier
+# ------------------------------------------------------------------------------------------------
+BF16 = torch.bfloat16
+_rms_norm, _index_layer = official_path._rms_norm, official_attn.index_layer
+_freqs_cis, _fp8_qdq = official_attn.freqs_cis, official_attn.fp8_qdq
+
+
+def _bf16_linear(x, w, scale, block):
+    """A BF16 projection where the code has an FP8 linear: the weight dequantized, no act_quant."""
+    from dsv4spec.official.quant import e4m3_decode, e8m0_decode
+    s = e8m0_decode(scale).repeat_interleave(block, 0)[:w.shape[0]].repeat_interleave(block, 1)[:, :w.shape[1]]
+    return torch.nn.functional.linear(x.to(BF16), (e4m3_decode(w) * s).to(BF16)).float()
+
+
+def _eps(eps):
+    return lambda x, weight, _: _rms_norm(x, weight, eps)
+
+
+def _after_index_layer(edit):
+    def index_layer(inputs, **kw):
+        out = _index_layer(inputs, **kw)
+        edit(out, kw.get("start_pos", 0), inputs["x"].shape[0])
+        if "topk" in out:
+            out["indices"] = official_path.attention_index(out["window_idx"], out["topk"].long(), inputs["x"].shape[0],
+                                                           kw.get("start_pos", 0))
+        return out
+    return index_layer
+
+
+def _topk_by_score(out, start_pos, T):
+    topk = out["topk"].long()
+    s = torch.where(topk >= 0, out["scores"].gather(-1, topk.clamp_min(0)), -torch.inf)
+    out["topk"] = topk.gather(-1, s.argsort(dim=-1, descending=True, stable=True)).int()
+
+
+def _weights_doubled(out, start_pos, T):
+    out["weights"] = out["weights"] * 2
+
+
+def _scores_off(out, start_pos, T):
+    out["scores"] = out["scores"] * (1 + 2 ** -5)
+
+
+def _concat_off_by_one(inputs, **kw):
+    out = _index_layer(inputs, **kw)
+    W = out["window_idx"].shape[-1]
+    idx = out["indices"].clone()
+    idx[:, W:] = torch.where(idx[:, W:] > 0, idx[:, W:] - 1, idx[:, W:])
+    out["indices"] = idx
+    return out
+
+
+def _fp32_probabilities(q, kv, attn_sink, topk_idxs, softmax_scale, init):
+    """sparse_attn with the probabilities left fp32 for the second product (no BF16 cast)."""
+    with control.patched(torch.Tensor, "to", lambda self, *a, **k: self if a[:1] == (BF16,) and self.dim() == 4
+                         else _TO(self, *a, **k)):
+        return _SPARSE(q, kv, attn_sink, topk_idxs, softmax_scale, init).to(BF16)
+
+
+_TO, _SPARSE = torch.Tensor.to, official_attn._sparse_attn
+
+
+class _FP32Linear:
+    """torch.nn.functional with linear left in fp32 (the index K projection not rounded to BF16)."""
+
+    def __getattr__(self, name):
+        return getattr(torch.nn.functional, name)
+
+    @staticmethod
+    def linear(a, b):
+        return torch.nn.functional.linear(a.float(), b.float())
+
+
+def _o_lora_fp32(o, inputs, model):
+    wo_a = inputs["attn_wo_a"].float()
+    groups = o[0].numel() // wo_a.shape[1]
+    o = o.to(BF16).float().view(1, o.shape[0], groups, -1)
+    return {"o_lora": torch.einsum("bsgd,grd->bsgr", o, wo_a.view(groups, -1, wo_a.shape[1]))[0]}
+
+
+def _stale_pool(owner, source):
+    pool = owner.shared[source, "candidates"]
+    return torch.nn.functional.pad(pool[:, :-1], (0, 1), value=False)
+
+
+# id: (model, layers, prefill, decode, (layer, start_pos, module, attribute, replacement), expected
+# (rule, stage, layer, start_pos)), one per stage family
+PLANTED = {
+    "bf16_projection": ("v4.1-flash", (0,), 8, 0, (0, 0, control, "fp8_linear", _bf16_linear),
+                        ("FP8.LINEAR", "q_latent", 0, 0)),
+    "rms_norm_eps": ("v4.1-flash", (0,), 8, 2, (0, 9, official_path, "_rms_norm", _eps(1e-2)),
+                     ("ATTN.LAYER", "q_norm", 0, 9)),
+    "k_norm_eps": ("v4.1-flash", (20,), 8, 0, (20, 0, official_path, "_rms_norm", _eps(1e-2)),
+                   ("PATH.K.NORM", "k_normed", 20, 0)),
+    "stale_index_k_read": ("v4.1-flash", (2, 20), 8, 3, (2, 10, official_path, "reads_published_k", lambda *a: False),
+                           ("PATH.K.PUBLISHED", "scored_k", 2, 10)),
+    "stale_pool": ("v4.1-flash", (20, 24), 8, 2, (24, 9, control, "pool_of", _stale_pool),
+                   ("POOL.REINDEX", "topk", 24, 9)),         # its top-k takes the entry the stale pool lacks
+    "topk_ordered_by_score": ("v4.1-flash", (2,), 8, 0,
+                              (2, 0, official_attn, "index_layer", _after_index_layer(_topk_by_score)),
+                              ("IDX.TOPK.SELECTION", "topk", 2, 0)),
+    "fp32_probabilities": ("v4.1-flash", (0,), 8, 0, (0, 0, official_attn, "_sparse_attn", _fp32_probabilities),
+                           ("ATTN.PROB.ORDER", "o", 0, 0)),
+    "window_entry_scale": ("v4.1-flash", (0,), 8, 2, (0, 9, official_attn, "fp8_qdq", lambda x, b: _fp8_qdq(x * 1.5, b) / 1.5),
+                           ("PATH.QDQ", "kv_window", 0, 9)),
+    "rope_position_plus_one": ("v4.1-flash", (20,), 8, 2,
+                               (20, 9, official_attn, "freqs_cis", lambda p, f: _freqs_cis(p + 1, f)),
+                               ("ROPE.POSITIONS", "q_attn_rot", 20, 9)),
+    "no_hadamard": ("v4-flash", (2,), 8, 0, (2, 0, official_path, "_hadamard", lambda x: x.to(BF16)),
+                    ("PATH.HADAMARD", "q_had", 2, 0)),
+    "weights_without_head_factor": ("v4.1-flash", (20,), 8, 0,
+                                    (20, 0, official_attn, "index_layer", _after_index_layer(_weights_doubled)),
+                                    ("IDX.WEIGHT.SCALE", "weights", 20, 0)),
+    "concat_offset_off_by_one": ("v4.1-flash", (20,), 8, 2, (20, 9, official_attn, "index_layer", _concat_off_by_one),
+                                 ("PATH.CONCAT", "indices", 20, 9)),
+    "derotation_by_plus_p": ("v4.1-flash", (0,), 8, 0,
+                             (0, 0, official_attn, "attention_output", official_rope.rope_rotate),
+                             ("ATTN.DEROTATE", "o_derot", 0, 0)),
+    "ring_written_one_slot_on": ("v4.1-flash", (0,), 8, 3, (0, 9, control, "ring_slot", lambda p, w: (p + 1) % w),
+                                 ("PATH.WINDOW.RING", "window_cache", 0, 10)),
+    "index_k_projection_fp32": ("v4.1-flash", (20,), 8, 0, (20, 0, official_path, "F", _FP32Linear()),
+                                ("PATH.K.PROJ", "k", 20, 0)),
+    "scores_off": ("v4.1-flash", (20,), 8, 2, (20, 9, official_attn, "index_layer", _after_index_layer(_scores_off)),
+                   ("IDX.SCORE.FP4", "scores", 20, 9)),
+    "o_lora_left_fp32": ("v4.1-flash", (0,), 8, 0, (0, 0, official_attn, "_output_projections", _o_lora_fp32),
+                         ("ATTN.LAYER", "o_lora", 0, 0)),
+}
+FAST = ("bf16_projection", "rms_norm_eps", "stale_index_k_read", "stale_pool", "topk_ordered_by_score",
+        "window_entry_scale", "no_hadamard", "ring_written_one_slot_on")
+
+
+@pytest.mark.parametrize("name", [n if n in FAST else pytest.param(n, marks=pytest.mark.thorough) for n in PLANTED])
+def test_a_planted_deviation_fails_where_planted_and_nowhere_earlier(tmp_path, name):
+    model, layers, prefill, decode, plant, (rule, stage, layer, start_pos) = PLANTED[name]
+    control.record_control(tmp_path, model, layers, prefill, decode, plant=plant, max_pos=64)
+    verdicts = judged(tmp_path)
+    first = departing(verdicts)
+    assert first, f"{name}: no stage departs"
+    got = (first[0].rule, first[0].stage, first[0].layer, first[0].step.start_pos, first[0].status)
+    assert got == (rule, stage, layer, start_pos, "FAIL"), f"{name}: {first[0].place()}: {first[0].detail[:400]}"
+
+
+@pytest.mark.thorough
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_control_trace_passes_at_other_seeds(tmp_path, seed):
+    control.record_control(tmp_path / "v41", "v4.1-flash", V41_LAYERS, prefill=12, decode=6, seed=seed)
+    control.record_control(tmp_path / "v4", "v4-flash", V4_LAYERS, prefill=12, decode=4, seed=seed)
+    control.record_control(tmp_path / "tp", "v4-flash", (0, 2), prefill=6, decode=2, seed=seed, world_size=2)
+    for name in ("v41", "v4", "tp"):
+        assert not departing(judged(tmp_path / name)), name
+
+
+def test_the_v4_control_trace_passes(tmp_path):
+    """V4-Flash: window, CSA (its own index entries, the Hadamard, ratio 4: an entry completes at 11)
+    and HCA layers, prefill and decode."""
+    control.record_control(tmp_path, "v4-flash", V4_LAYERS, prefill=8, decode=4, seed=5)
+    verdicts = judged(tmp_path)
+    assert not departing(verdicts), departing(verdicts)[0].detail[:500]
+    assert {"PATH.HADAMARD", "ATTN.Q_NORM", "PATH.WINDOW.RING", "PATH.QDQ"} <= {v.rule for v in verdicts}

@@ -172,7 +172,7 @@ class Attention(nn.Module):
         elif kind == "reindex":
             source = self.role.pool_source
             out.update(k_packed=self.owner.shared[source, "k_packed"], k_scales=self.owner.shared[source, "k_scales"],
-                       candidates=self.owner.shared[source, "candidates"])
+                       candidates=pool_of(self.owner, source))
         else:
             latent = _t(self.entries[:E])
             ix.k_norm(ix.wk(latent[None]))
@@ -200,7 +200,7 @@ class Attention(nn.Module):
         win = self.m.window
         kv = stages["kv_window"].to(BF16)
         for t in range(max(0, T - win), T):
-            self.ring[(start_pos + t) % win] = kv[t]
+            self.ring[ring_slot(start_pos + t, win)] = kv[t]
         if self._compresses(start_pos) and self.ratio:
             self.cache = stages["cmp"].clone() if "cmp" in stages else torch.zeros(0, self.m.head_dim)
 
@@ -213,6 +213,16 @@ class Attention(nn.Module):
 
     def _owns_cache(self) -> bool:
         return self.role.kv_source in (-1, self.layer)
+
+
+def pool_of(owner: "ControlModel", source: int) -> torch.Tensor:
+    """The candidate pool a re-index layer masks with: its pool source's of this step (LAYER.V41)."""
+    return owner.shared[source, "candidates"]
+
+
+def ring_slot(position: int, window: int) -> int:
+    """The ring slot the window KV of `position` is written to (V4-model L518-533)."""
+    return position % window
 
 
 @functools.lru_cache(maxsize=16)
@@ -281,7 +291,7 @@ class ControlModel(nn.Module):
             if name in stages:
                 self.shared[layer, name] = stages[name]
         if layer in attn.m.kv_source_layers and "k_packed" in stages and attn.role.kind != "reindex":
-            if spec_path.last_publisher(attn.m) == layer:
+            if attn.m.kv_source_layers and spec_path.last_publisher(attn.m) == layer:
                 self.published = {"k_packed": stages["k_packed"], "k_scales": stages["k_scales"]}
         rec = self.recorder
         if rec is not None and (self.record_steps is None or start_pos in self.record_steps):

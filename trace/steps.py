@@ -75,7 +75,7 @@ class History:
         assert_equal(got, want, what=f"PATH.WINDOW.RING: the ring before decode at {step.start_pos} holds, in slots "
                                      f"{known[0]}…{known[-1]}, the window KV of positions "
                                      f"{[int(slots[q]) for q in known][:4]}… as their steps wrote it",
-                     context=lambda i: f"slot {known[i // got.shape[1]] if got.ndim > 1 else i}")
+                     context=lambda i: f"ring slot {known[i[0]]}")
 
     def _cache(self, layer: int, step: Step, tensors: dict):
         role = layer_role(self.m, layer)
@@ -130,7 +130,8 @@ class History:
             seen = self.cache.setdefault(source, {})
             for j in range(len(seen), rows.shape[0]):
                 seen[j] = rows[j]
-        if layer == spec_path.last_publisher(self.m) and "k_packed" in tensors and role.kind != "reindex":
+        if self.m.kv_source_layers and layer == spec_path.last_publisher(self.m) and "k_packed" in tensors \
+                and role.kind != "reindex":
             self.published = (step.start_pos + step.seqlen, tensors["k_packed"], tensors["k_scales"])
 
 
