@@ -355,3 +355,52 @@ def test_the_v4_control_trace_passes(tmp_path):
     verdicts = judged(tmp_path)
     assert not departing(verdicts), departing(verdicts)[0].detail[:500]
     assert {"PATH.HADAMARD", "ATTN.Q_NORM", "PATH.WINDOW.RING", "PATH.QDQ"} <= {v.rule for v in verdicts}
+
+
+# ------------------------------------------------------------------------------------------------
+# the C writer (examples/trace_writer) writes the same format, judged the same
+# ------------------------------------------------------------------------------------------------
+C_DTYPES = {"float32": "F32", "uint8": "U8", "int32": "I32", "int64": "I64", "bool": "BOOL"}
+
+
+def _plan(trace: Trace, raw) -> str:
+    """The C writer's plan for every tensor of `trace`, each dumped to a raw file."""
+    lines, seen = [f"model {trace.model} {trace.world_size} {trace.rank}"], set()
+    os.makedirs(raw, exist_ok=True)
+    for layer, step in trace.layer_steps():
+        tensors = trace.load(layer, step)
+        weights = set(trace.stages(layer, step)) - set(trace._records[layer, step])
+        for name, a in tensors.items():
+            weight = name in weights
+            if weight and (layer, name) in seen:
+                continue
+            seen.add((layer, name))
+            a = np.ascontiguousarray(a)
+            file = os.path.join(raw, f"{len(lines)}.bin")
+            a.tofile(file)
+            where = "-1 0 0" if weight else f"{step.start_pos} {step.seqlen} {step.row}"
+            lines.append(f"{name} {layer} {where} {C_DTYPES[a.dtype.name]} {a.ndim} {' '.join(map(str, a.shape))} {file}")
+    return "\n".join(lines) + "\n"
+
+
+def test_the_c_writer_s_trace_is_judged_as_the_python_one(tmp_path):
+    import subprocess
+    compiler = os.environ.get("CC", "cc")
+    if shutil.which(compiler) is None or shutil.which("make") is None:
+        pytest.skip(f"no C compiler ({compiler}) or no make: the C writer cannot be built")
+    home = os.path.join(os.path.dirname(control.__file__), "..", "examples", "trace_writer")
+    work = tmp_path / "writer"
+    shutil.copytree(home, work, ignore=shutil.ignore_patterns("trace_writer"))
+    make = subprocess.run(["make", "-C", str(work)], capture_output=True, text=True)
+    assert make.returncode == 0 and "warning" not in make.stderr, make.stdout + make.stderr
+    control.record_control(tmp_path / "py", "v4.1-flash", (0,), prefill=8, decode=2, max_pos=64)
+    (tmp_path / "plan.txt").write_text(_plan(Trace(str(tmp_path / "py")), tmp_path / "raw"))
+    (tmp_path / "c").mkdir()
+    run = subprocess.run([str(work / "trace_writer"), str(tmp_path / "plan.txt"), str(tmp_path / "c")],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+
+    def verdicts(path):
+        return [(v.layer, v.step, v.stage, v.rule, v.status) for v in judged(path)]
+    python = verdicts(tmp_path / "py")
+    assert python and verdicts(tmp_path / "c") == python and all(v[-1] == "PASS" for v in python)
