@@ -677,8 +677,9 @@ def _judge_o(target, case, out):
     lo, hi = spec.bounds(q, kv, sink, idx, spec.softmax_scale(m), spec.running_max_init(m), _order(target, "order"))
     ok = spec.admitted(_stage(out, "o", case), lo, hi)
     if not ok.all():
+        first = tuple(int(i) for i in np.argwhere(~ok)[0])
         raise AssertionError(f"ATTN.PROB.ORDER: the layer's sparse attention, {int((~ok).sum())} of {ok.size} outputs "
-                             f"outside the admitted interval [{case!r}]")
+                             f"outside the admitted interval, the first at {first} [{case!r}]")
 
 
 def _judge_o_derot(target, case, out):

@@ -252,7 +252,8 @@ def _fp32_probabilities(q, kv, attn_sink, topk_idxs, softmax_scale, init):
     """sparse_attn with the probabilities left fp32 for the second product (no BF16 cast)."""
     with control.patched(torch.Tensor, "to", lambda self, *a, **k: self if a[:1] == (BF16,) and self.dim() == 4
                          else _TO(self, *a, **k)):
-        return _SPARSE(q, kv, attn_sink, topk_idxs, softmax_scale, init).to(BF16)
+        o = _SPARSE(q, kv, attn_sink, topk_idxs, softmax_scale, init)
+    return o.to(BF16)                  # the output's own rounding, as the official kernel's
 
 
 _TO, _SPARSE = torch.Tensor.to, official_attn._sparse_attn
@@ -404,3 +405,15 @@ def test_the_c_writer_s_trace_is_judged_as_the_python_one(tmp_path):
         return [(v.layer, v.step, v.stage, v.rule, v.status) for v in judged(path)]
     python = verdicts(tmp_path / "py")
     assert python and verdicts(tmp_path / "c") == python and all(v[-1] == "PASS" for v in python)
+
+
+def test_a_long_prefill_s_attention_is_judged_by_token_chunks_at_its_positions(tmp_path, monkeypatch):
+    """ATTN.PROB.ORDER's bounds hold a float64 copy of every listed row per token: judged CHUNK tokens
+    at a time, the verdict and the position it names are those of the whole."""
+    from dsv4spec.trace import judge as trace_judge
+    model, layers, prefill, decode, plant, _ = PLANTED["fp32_probabilities"]
+    control.record_control(tmp_path, model, layers, prefill, decode, plant=plant, max_pos=64)
+    whole = departing(judged(tmp_path, rules=["ATTN.PROB"]))[0]
+    monkeypatch.setattr(trace_judge, "CHUNK", 3)
+    chunked = departing(judged(tmp_path, rules=["ATTN.PROB"]))[0]
+    assert whole.detail.split(":")[0] == chunked.detail.split(":")[0] and "position" in whole.detail

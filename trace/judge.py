@@ -24,6 +24,10 @@ STAGE_TENSORS = {"q_fp4": ("q_packed", "q_scales"), "k_fp4": ("k_packed", "k_sca
 RULE_OF_KIND = {("topk", "reindex"): "POOL.REINDEX"}
 # the indexer's stages per head, which tensor parallelism splits over the ranks (V4 L388, L422-423)
 INDEX_HEADS = {"q", "q_rot", "q_had", "q_fp4", "w_raw", "weights", "scored_k", "scores"}
+# stages whose judge reads each token's rows alone: judged CHUNK tokens at a time (the attention
+# output's bounds hold a float64 copy of every listed KV row per token)
+ROW_LOCAL = {"o": ("q_attn_rot", "indices", "o")}
+CHUNK = 256
 MISSING = re.compile(r"stage '(\w+)' missing")
 # each stage's axes, to name a failure's place: t (token), h (head), c (channel), e (entry), s (slot)
 AXES = {"scores": "te", "topk": "tk", "indices": "tk", "window_idx": "tk", "compressed_idx": "tk", "weights": "th",
@@ -116,14 +120,28 @@ def judge_layer_step(target: TraceTarget, model: str, layer: int, step: Step, te
             continue                       # out: ATTN.TP.REDUCE's (trace.steps); a rank's index heads: not judged
         if not wanted(rule) or not any(n in tensors for n in names):
             continue                       # not recorded: n/i
-        verdicts.append(_run(judge, target, case, tensors, Verdict(layer, step, stage, rule, PASS)))
+        verdict = Verdict(layer, step, stage, rule, PASS)
+        verdicts.append(_run_by_rows(judge, target, case, tensors, verdict) if stage in ROW_LOCAL
+                        else _run(judge, target, case, tensors, verdict))
     if world_size > 1 and "out_partial" in tensors and wanted("FP8.LINEAR"):
         judge = attn_checks._projection("out_partial", "attn_wo_b", "o_lora")
         verdicts.append(_run(judge, target, case, tensors, Verdict(layer, step, "out_partial", "FP8.LINEAR", PASS)))
     return verdicts
 
 
-def _run(judge, target, case, tensors, verdict: Verdict) -> Verdict:
+def _run_by_rows(judge, target, case, tensors, verdict: Verdict) -> Verdict:
+    """A judge whose tokens are independent, run CHUNK tokens at a time: memory bounded on a long prefill."""
+    names = ROW_LOCAL[verdict.stage]
+    T = next((len(tensors[n]) for n in names if n in tensors), 0)
+    for start in range(0, T, CHUNK):
+        rows = {**tensors, **{n: tensors[n][start:start + CHUNK] for n in names if n in tensors}}
+        _run(judge, target, case, rows, verdict, start)
+        if verdict.status != PASS:
+            break
+    return verdict
+
+
+def _run(judge, target, case, tensors, verdict: Verdict, first_token: int = 0) -> Verdict:
     try:
         judge(target, case, tensors)
     except KeyError as e:
@@ -133,7 +151,7 @@ def _run(judge, target, case, tensors, verdict: Verdict) -> Verdict:
         if missing:
             verdict.status, verdict.detail = ERROR, _record_this(missing.group(1), verdict.stage)
         else:
-            verdict.status, verdict.detail = FAIL, locate(str(e), verdict)
+            verdict.status, verdict.detail = FAIL, locate(str(e), verdict, first_token)
     except (ValueError, IndexError, TypeError) as e:      # a recorded tensor the judge cannot read
         verdict.status, verdict.detail = ERROR, f"{type(e).__name__}: {e} (a tensor of another shape than the stage's?)"
     return verdict
@@ -146,7 +164,7 @@ def _record_this(name: str, stage: str) -> str:
 AT = re.compile(r"at (?:\(([\d, ]+)\)|token (\d+) head (\d+) channel (\d+)|\(t=(\d+), s=(\d+)\))")
 
 
-def locate(message: str, v: Verdict) -> str:
+def locate(message: str, v: Verdict, first_token: int = 0) -> str:
     """The judge's message, led by the failure's place: position (start_pos + t), head, channel."""
     m = AT.search(message)
     if not m:
@@ -160,7 +178,7 @@ def locate(message: str, v: Verdict) -> str:
         axes = "thc"
     parts = []
     for axis, i in zip(axes, index):
-        parts.append(f"{AXIS_NAMES[axis]} {v.step.start_pos + i if axis == 't' else i}")
+        parts.append(f"{AXIS_NAMES[axis]} {v.step.start_pos + first_token + i if axis == 't' else i}")
     return (", ".join(parts) + ": " if parts else "") + message
 
 
