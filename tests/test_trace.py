@@ -417,3 +417,24 @@ def test_a_long_prefill_s_attention_is_judged_by_token_chunks_at_its_positions(t
     monkeypatch.setattr(trace_judge, "CHUNK", 3)
     chunked = departing(judged(tmp_path, rules=["ATTN.PROB"]))[0]
     assert whole.detail.split(":")[0] == chunked.detail.split(":")[0] and "position" in whole.detail
+
+
+@pytest.mark.thorough
+def test_decode_across_the_ring_wrap_and_a_completed_hca_entry(tmp_path):
+    """V4-Flash window and HCA layers: a prefill of 126, then decode 126…130: HCA entry 0 completes at
+    127, the ring wraps at 128 (its slots judged against the steps that wrote them)."""
+    control.record_control(tmp_path, "v4-flash", (0, 3), prefill=126, decode=5, max_pos=256)
+    verdicts = judged(tmp_path)
+    assert not departing(verdicts), departing(verdicts)[0].detail[:500]
+    ring = [v for v in verdicts if v.rule == "PATH.WINDOW.RING"]
+    assert {v.step.start_pos for v in ring} == {126, 127, 128, 129, 130}
+
+
+@pytest.mark.thorough
+def test_decode_past_the_top_k_at_position_1026(tmp_path):
+    """V4.1 window, ratio-2 source and layer 20: a prefill of 1024, decode 1024…1027 (513 entries of
+    ratio 2 at 1026: one more than the top-k; layer 2 reads layer 20's published index K at even steps)."""
+    control.record_control(tmp_path, "v4.1-flash", (0, 2, 20), prefill=1024, decode=4, max_pos=1100)
+    verdicts = judged(tmp_path)
+    assert not departing(verdicts), departing(verdicts)[0].detail[:500]
+    assert any(v.rule == "PATH.K.PUBLISHED" and v.step.start_pos == 1026 for v in verdicts)
