@@ -143,6 +143,7 @@ BROKEN = {
     "unknown stage": lambda p: _rewrite(p, lambda m: m["records"][0].update(stage="q_magic")),
     "decode labelled prefill": lambda p: _rewrite(p, lambda m: m["records"][0]["step"].update(start_pos=4)),
     "a layer the model lacks": lambda p: _rewrite(p, lambda m: [r.update(layer=77) for r in m["records"]]),
+    "a v3.2 trace (no stage judges)": lambda p: _rewrite(p, lambda m: m.update(model="v3.2", config={})),
     "unknown variant": lambda p: _rewrite(p, lambda m: m.update(variants={"attn_order": "sideways"})),
 }
 
@@ -438,3 +439,10 @@ def test_decode_past_the_top_k_at_position_1026(tmp_path):
     verdicts = judged(tmp_path)
     assert not departing(verdicts), departing(verdicts)[0].detail[:500]
     assert any(v.rule == "PATH.K.PUBLISHED" and v.step.start_pos == 1026 for v in verdicts)
+
+
+def test_progress_goes_to_standard_error_and_a_judged_small_trace_passes(small_trace, capsys):
+    assert main(["check-trace", str(small_trace)]) == 0
+    captured = capsys.readouterr()
+    assert "[1/1 layer-steps] 1 stages judged, 0 departing" in captured.err
+    assert "PATH.WINDOW" in captured.out and "PASS" in captured.out

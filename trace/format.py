@@ -36,6 +36,7 @@ BYTES = {"wq_b", "wq_b_scale", "attn_wq_a", "attn_wq_a_scale", "attn_wq_b", "att
          "published_k_packed", "published_k_scales"}
 BOOLEAN = {"candidates"}
 STEP_KINDS = ("prefill", "decode")
+JUDGED_MODELS = ("v4-flash", "v4-pro", "v4.1-flash")     # V3.2's layer (dsa) has no stage judges here
 CONFIG_KEYS = ("dim", "head_dim", "rope_dim", "window", "index_n_heads", "index_head_dim", "index_topk",
                "compress_ratios", "norm_eps", "q_lora_rank", "candidate_topk_blocks", "candidate_block_size")
 
@@ -207,8 +208,8 @@ class Trace:
         m = read_manifest(self.path)
         where = os.path.join(self.path, MANIFEST)
         self.model = _need(m, "model", str, where)
-        if self.model not in PROFILES:
-            raise TraceError(f"{where}: unknown model {self.model!r}; expected one of {', '.join(PROFILES)}")
+        if self.model not in PROFILES or self.model not in JUDGED_MODELS:
+            raise TraceError(f"{where}: model {self.model!r}: check-trace judges {', '.join(JUDGED_MODELS)}")
         self.config = _need(m, "config", dict, where)
         self._check_config(where)
         tp = _need(m, "tp", dict, where)
