@@ -345,7 +345,7 @@ def test_a_planted_deviation_fails_where_planted_and_nowhere_earlier(tmp_path, n
 def test_the_control_trace_passes_at_other_seeds(tmp_path, seed):
     control.record_control(tmp_path / "v41", "v4.1-flash", V41_LAYERS, prefill=12, decode=6, seed=seed)
     control.record_control(tmp_path / "v4", "v4-flash", V4_LAYERS, prefill=12, decode=4, seed=seed)
-    control.record_control(tmp_path / "tp", "v4-flash", (0, 2), prefill=6, decode=2, seed=seed, world_size=2)
+    control.record_control(tmp_path / "tp", "v4.1-flash", (0, 20), prefill=6, decode=2, seed=seed, world_size=2)
     for name in ("v41", "v4", "tp"):
         assert not departing(judged(tmp_path / name)), name
 
