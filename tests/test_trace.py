@@ -325,8 +325,7 @@ PLANTED = {
     "o_lora_left_fp32": ("v4.1-flash", (0,), 8, 0, (0, 0, official_attn, "_output_projections", _o_lora_fp32),
                          ("ATTN.LAYER", "o_lora", 0, 0)),
 }
-FAST = ("bf16_projection", "rms_norm_eps", "stale_index_k_read", "stale_pool", "topk_ordered_by_score",
-        "window_entry_scale", "no_hadamard", "ring_written_one_slot_on")
+FAST = ("bf16_projection", "topk_ordered_by_score", "window_entry_scale", "no_hadamard", "ring_written_one_slot_on")
 
 
 @pytest.mark.parametrize("name", [n if n in FAST else pytest.param(n, marks=pytest.mark.thorough) for n in PLANTED])
