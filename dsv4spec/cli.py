@@ -11,7 +11,8 @@ from pathlib import Path
 
 from dsv4spec.command import (  # noqa: F401 -- Terminated and UsageError re-exported where they always were
     SIGNALLED, Terminated, Unloaded, UsageError, act_on_a_signal, handled, prefixes, printed, processes_finding,
-    report_finding, report_processes_left, report_threads_left, terminated_as_interrupted, threads_finding)
+    report_finding, report_processes_left, report_threads_left, shard_argument, terminated_as_interrupted,
+    threads_finding)
 from dsv4spec.interpreter import skip_dead_overflow_checks
 
 DEFAULT_TARGETS = ["impl", "kernels", "ml_dtypes", "torch"]
@@ -420,14 +421,6 @@ class Progress:
             print(file=sys.stderr)
 
 
-def _shard(text: str) -> tuple[int, int]:
-    from dsv4spec.properties.shard import parse
-    try:
-        return parse(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
 class Parser(argparse.ArgumentParser):
     """argparse, with a usage error in one line (exit status 2)."""
 
@@ -510,7 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "hang (even in C code) costs only the rule that was running")
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="spread the rules over N worker "
                    "processes (each pinned to its own GPU when several are visible); implies --isolate")
-    p.add_argument("--shard", type=_shard, metavar="K/N", help="run only shard K of N (1 <= K <= N) of the "
+    p.add_argument("--shard", type=shard_argument, metavar="K/N", help="run only shard K of N (1 <= K <= N) of the "
                    "selected rules, for N CI jobs: every rule in exactly one shard, the same split on every "
                    "machine, balanced by the rules' expected cost; `dsv4spec report merge` joins the shards' "
                    "--json reports")
@@ -526,8 +519,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "of the target's (else the first and the last two)")
     p.set_defaults(func=cmd_verify)
 
-    from dsv4spec import cmd_bench, cmd_budget, cmd_claims, cmd_coverage, cmd_golden, cmd_mutate, cmd_report
-    for module in (cmd_report, cmd_budget, cmd_claims, cmd_golden, cmd_coverage, cmd_bench, cmd_mutate):
+    from dsv4spec import cmd_bench, cmd_budget, cmd_claims, cmd_coverage, cmd_golden, cmd_mutate, cmd_report, cmd_trace
+    for module in (cmd_trace, cmd_report, cmd_budget, cmd_claims, cmd_golden, cmd_coverage, cmd_bench, cmd_mutate):
         module.register(sub)
     return parser
 

@@ -12,6 +12,16 @@ class UsageError(Exception):
     """A mistake in the command line or its inputs: reported in one line, exit status 2."""
 
 
+def shard_argument(text: str) -> tuple[int, int]:
+    """--shard K/N of verify and check-trace, as argparse takes a type."""
+    import argparse
+    from dsv4spec.properties.shard import parse
+    try:
+        return parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def prefixes(text: str | None) -> list[str] | None:
     """The rule-id prefixes a comma-separated --rules names (None: every rule)."""
     if not text:

@@ -27,7 +27,8 @@ from .path import _rms_norm, attention_index, bf16_layer_input, index_layer, kv_
 from .quant import fp8_linear, fp8_qdq
 from .rope import rope_freqs, rope_rotate, rope_table
 
-__all__ = ["sparse_attention", "sparse_attention_cache", "attention_scale", "attention_q", "attention_output", "attention_layer"]
+__all__ = ["sparse_attention", "sparse_attention_cache", "attention_scale", "attention_q", "attention_output",
+           "attention_layer", "row_parallel_reduce"]
 
 
 def _model(op: str, model: str):
@@ -263,3 +264,8 @@ def _lists(op: str, inputs: dict, model: str, layer: int, start_pos: int) -> dic
 def compresses_here(m, layer: int) -> bool:
     """Whether the layer writes its own compressed KV (V4: every compressed layer; V4.1: the KV sources)."""
     return m.ratio(layer) > 0 and (m.name in spec.V4 or layer in m.kv_source_layers)
+
+
+def row_parallel_reduce(partials: torch.Tensor) -> torch.Tensor:
+    """ATTN.TP.REDUCE: out = bf16(Σ_r fp32(y_r)) of the ranks' BF16 partials [W, T, dim]."""
+    return _bf16(_bf16(partials).sum(0))

@@ -20,7 +20,8 @@ from .path import _rms_norm, index_layer, kv_qdq, window_index
 from .quant import fp8_linear, fp8_qdq
 from .rope import apply_rotary_emb, freqs_cis, rope_freqs
 
-__all__ = ["sparse_attention", "attention_scale", "attention_q", "attention_output", "attention_layer"]
+__all__ = ["sparse_attention", "attention_scale", "attention_q", "attention_output", "attention_layer",
+           "row_parallel_reduce"]
 
 
 def _sparse_attn(q, kv, attn_sink, topk_idxs, softmax_scale, init):
@@ -172,3 +173,12 @@ def attention_layer(inputs: dict, *, model: str, layer: int, start_pos: int = 0)
     if "attn_wo_a" in inputs:
         out.update(_output_projections(out["o_derot"], inputs, model))
     return out
+
+
+def row_parallel_reduce(partials: torch.Tensor) -> torch.Tensor:
+    """RowParallelLinear.forward after linear() (V4-model L173-180, V41-model L271-278): y.float(),
+    dist.all_reduce (fp32 sum; here rank by rank), y.type_as(x) (BF16)."""
+    y = partials[0].to(torch.bfloat16).float()
+    for rank in partials[1:]:
+        y = y + rank.to(torch.bfloat16).float()
+    return y.to(torch.bfloat16).float()

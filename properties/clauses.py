@@ -474,6 +474,8 @@ CLAUSES: dict[str, tuple[Clause, ...]] = {
         c("it has no value row and adds nothing to the numerator", "sink_in_the_numerator"),
         c("the per-head sink (fp32, not scaled by softmax_scale)", "sink_scaled_by_softmax_scale")),
     "ATTN.OUTPUT": (c("rounded once to BF16: the output tensor holds BF16 values", "output_left_fp32"),),
+    "ATTN.TP.REDUCE": (c("the ranks' partials are cast to fp32, summed by the all-reduce", "all_reduce_in_bf16"),
+                       c("cast back to BF16 once", "all_reduce_left_fp32")),
     "ATTN.DEROTATE": (c("the last 64 channels of each head of o", "derotates_the_first_64"),
                       c("rotated by e^(−i·p·f_i)", "derotation_by_plus_p")),
     "ATTN.Q_NORM": (

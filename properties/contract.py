@@ -62,7 +62,8 @@ CONTRACT_CHANGES = {
     8: ("2026-12-07", "sparse_attention_cache (attention over a packed cache: LAYOUT.V4.MAIN, LAYOUT.V32.MLA or "
         "FlashMLA's paged form of either; CACHE_FORMS) and, from it, sparse_attention where a target has none; "
         "index_scores_fp8 and index_scores_fp8_cache (V3.2's logits from E4M3 q and k, k as given or as a "
-        "LAYOUT.V32.INDEX_K cache, DeepGEMM's pages too); SHAPES of index_topk (k)"),
+        "LAYOUT.V32.INDEX_K cache, DeepGEMM's pages too); SHAPES of index_topk (k); row_parallel_reduce "
+        "(ATTN.TP.REDUCE)"),
 }
 
 
@@ -119,6 +120,7 @@ RESULTS = {
     "pool_scan_topk": (INDEX,),
     "sparse_attention": (VALUES,), "attention_q": (VALUES,), "attention_output": (VALUES,),
     "sparse_attention_cache": (VALUES,), "index_scores_fp8": (("float32",),), "index_scores_fp8_cache": (("float32",),),
+    "row_parallel_reduce": (VALUES,),
 }
 # Per-format operations a bundled one also provides: kv_qdq(x, fmt) is kv_qdq_<fmt>(x).
 SPLIT = {"kv_qdq_fp4_e4m3": ("kv_qdq", "fp4_e4m3"), "kv_qdq_fp8_e8m0_32": ("kv_qdq", "fp8_e8m0_32"),
@@ -154,6 +156,7 @@ SHAPES = {
     "fp8_linear": lambda a, *_: _lead(a[0], a[1].shape[0]),
     "sparse_attention_cache": lambda a, *_: _lead(a[0], 512),
     "index_scores_fp8": lambda a, *_: (a[0].shape[0], a[1].shape[0]),
+    "row_parallel_reduce": lambda a, *_: tuple(a[0].shape[1:]),
     "fp4_pack": lambda a, *_: _lead(a[0], a[0].shape[-1] // 2),
     "fp4_unpack": lambda a, *_: _lead(a[0], a[0].shape[-1] * 2),
     "fp4_e4m3_quantize": _blocks(16), "fp4_e8m0_quantize": _blocks(32),

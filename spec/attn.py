@@ -485,3 +485,29 @@ rule("ATTN.LAYER", "Every stage of a layer's attention, each on the stage before
               "V4-model L62-63, L462-463, L537-542 (o_groups, o_lora_rank; wo_a BF16, wo_b of the default dtype; "
               "o in groups times wo_a by einsum, then wo_b)",
               "V41-model L645-650, L785-788 (the same wo_a, wo_b and grouped einsum; wo_b an FP8 linear per 32)"))
+
+
+def row_parallel_bounds(partials) -> tuple[np.ndarray, np.ndarray]:
+    """[lo, hi] of the fp32 all-reduce of the ranks' BF16 partials y_r (ATTN.TP.REDUCE): the exact sum
+    (float64 holds a sum of a few BF16 values exactly) ± (W − 1)·2^-24·Σ|y_r|, one fp32 rounding per
+    addition in any order; the output is a BF16 value inside [bf16(lo), bf16(hi)] (admitted)."""
+    y = np.asarray(partials, np.float64)
+    err = (y.shape[0] - 1) * 2.0 ** -24 * np.abs(y).sum(0)
+    return y.sum(0) - err, y.sum(0) + err
+
+
+rule("ATTN.TP.REDUCE", "Tensor parallelism: wo_b's partials all-reduced in fp32, then one BF16 rounding",
+     """At tensor-parallel world size W > 1 the output projection wo_b is a RowParallelLinear: rank r
+     holds its o_groups·o_lora_rank / W input features (its heads' o_lora) and the matching columns of
+     wo_b, computes its partial y_r, the FP8 linear (FP8.LINEAR) of its slice of o_lora and of wo_b,
+     written BF16, and the ranks' partials are cast to fp32, summed by the all-reduce and cast back to BF16 once:
+     out = bf16(Σ_r fp32(y_r)), the same on every rank.  A sum in BF16 (rounded after each rank) or
+     a partial kept in fp32 is not the official result.  At W = 1 there is no all-reduce: out is
+     wo_b's FP8 linear itself (FP8.LINEAR).  The heads split across ranks change no other stage: each
+     rank's stages are those of its own heads, judged by their own rules.""",
+     applies_to=V4_ALL, policy="tolerance",
+     tolerance="the exact sum ± (W − 1)·2^-24·Σ_r|y_r| (the collective's fp32 additions in any order), "
+               "then any BF16 value between the BF16 roundings of the two ends",
+     sources=("V4-model L166-180 (RowParallelLinear: linear() in BF16, y.float(), dist.all_reduce, type_as(x))",
+              "V41-model L271-278 (the same RowParallelLinear.forward)",
+              "V4-model L463 (wo_b = RowParallelLinear(n_groups·o_lora_rank, dim))"))

@@ -87,6 +87,17 @@ def q_rescale_probe(rng, scale):
     return got, sattn.q_rescale_admitted(got, q, m)
 
 
+def row_parallel_probe(rng, scale):
+    """ATTN.TP.REDUCE: the official all-reduce's result, fp32 sums of the ranks' BF16 partials in rank
+    order then one BF16 rounding, is a member of the set."""
+    partials = round_bf16(rng.standard_normal((3, 4, 8)) * scale)
+    total = partials[0].astype(np.float32)
+    for p in partials[1:]:
+        total = (total + p.astype(np.float32)).astype(np.float32)
+    got = round_bf16(total.astype(np.float64))
+    return got, sattn.admitted(got, *sattn.row_parallel_bounds(partials))
+
+
 def attn_bounds_probe(rng, scale):
     q, kv = round_bf16(rng.standard_normal((2, 3, 16)) * scale), round_bf16(rng.standard_normal((5, 16)) * scale)
     idx = np.array([[0, 1, 2, -1], [4, 3, -1, -1]])
@@ -131,6 +142,7 @@ JUDGES = {      # every judge -> its probe, or why its admitted set needs none o
     "spec/document.py:_tolerance": "renders a rule's tolerance text (not a judge)",
     "spec/rules.py:shared_tolerance": "names a tolerance text SPEC.md states once (not a judge)",
     "spec/attn.py:bounds": attn_bounds_probe,
+    "spec/attn.py:row_parallel_bounds": row_parallel_probe,
     "properties/quant.py:fp8_linear_bounds": fp8_linear_probe,
     "properties/path.py:_q_bounds": "caches fp8_linear_bounds",
     "spec/compressor.py:entry_tolerance": entry_probe,

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # above.  impl and official share a rank but are independent readings of the spec: neither imports
 # the other.  "base" is the few modules of dsv4spec/ that import nothing above themselves and that
 # every layer may use; the rest of dsv4spec/ is the command line, on top.
-LAYERS = (("base",), ("spec",), ("impl", "official"), ("kernels",), ("properties",), ("golden",), ("cli",))
+LAYERS = (("base",), ("spec",), ("impl", "official"), ("kernels",), ("properties",), ("trace",), ("golden",), ("cli",))
 BASE = {"dsv4spec", "dsv4spec.triton_mode", "dsv4spec.interpreter", "dsv4spec.parent_death", "dsv4spec.processes"}
 RANK = {layer: rank for rank, layers in enumerate(LAYERS) for layer in layers}
 
@@ -186,7 +186,7 @@ def test_house_md_states_the_layers_this_test_enforces():
 
 
 MODULE_LINES = 900
-LAYER_FOLDERS = ("spec", "impl", "properties", "kernels", "golden")
+LAYER_FOLDERS = ("spec", "impl", "properties", "kernels", "golden", "trace")
 
 
 def long_modules(root: Path) -> dict[str, int]:

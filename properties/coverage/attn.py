@@ -111,7 +111,20 @@ def attn_boundaries() -> dict[str, list[Boundary]]:
             "ATTN.SCALE": [scale_layers(True), scale_layers(False)],
             "ATTN.Q_NORM": [q_model("v4-flash"), q_model("v4.1-flash"),
                             seen("attention_q", "heads of unequal RMS (4× apart)", "scale", heads_of_unequal_rms)],
-            "ATTN.DEROTATE": derotate, "ATTN.LAYER": layer}
+            "ATTN.DEROTATE": derotate, "ATTN.LAYER": layer, "ATTN.TP.REDUCE": _reduce_boundaries()}
+
+
+def _reduce_boundaries() -> list:
+    def ranks(c):
+        return np.asarray(arg(c, 0, "partials")).shape[0]
+
+    def rounds_in_fp32(c):
+        """Some fp32 sum of the partials rounds (their exact sum is not an fp32 value)."""
+        p = np.asarray(arg(c, 0, "partials"), np.float64)
+        return bool(np.any(p.sum(0) != p.sum(0).astype(np.float32)))
+    return [seen("row_parallel_reduce", "two ranks", "range", lambda c: ranks(c) == 2),
+            seen("row_parallel_reduce", "eight ranks", "range", lambda c: ranks(c) == 8),
+            seen("row_parallel_reduce", "partials whose fp32 sum rounds", "scale", rounds_in_fp32)]
 
 
 def _no_entry_yet(c) -> bool:

@@ -218,6 +218,14 @@ def _int32_lists_read_as_row_0(q, kv, sink, indices, scale, *, model):
     return ref.sparse_attention(q, kv, sink, indices, scale, model=model)
 
 
+def _reduce_in_bf16(partials):
+    """The all-reduce summed in BF16: a rounding after each rank's addition."""
+    y = partials[0].to(torch.bfloat16)
+    for rank in partials[1:]:
+        y = y + rank.to(torch.bfloat16)
+    return y.float()
+
+
 def _m(name, rule_id, **ops):
     return name, (mutant(name, **ops), rule_id)
 
@@ -229,6 +237,8 @@ def _cache_attention_without_sink(q, cache, form, sink, indices, scale, *, model
 
 MUTANTS = dict([
     _m("minus_one_reads_row_0", "ATTN.GATHER", sparse_attention=_variant(gather="clamped")),
+    _m("all_reduce_in_bf16", "ATTN.TP.REDUCE", row_parallel_reduce=_reduce_in_bf16),
+    _m("all_reduce_left_fp32", "ATTN.TP.REDUCE", row_parallel_reduce=lambda partials: partials.float().sum(0)),
     _m("duplicates_removed", "ATTN.DUPLICATES", sparse_attention=_variant(dedupe=True)),
     # judged as sparse_attention through sparse_attention_cache (a target with only the cache form)
     _m("cache_attention_without_sink", "ATTN.SINK", sparse_attention=None,

@@ -1,0 +1,90 @@
+"""What check-trace costs per recorded layer-step, against running the reference for it, and the peak
+memory of judging one layer's prefill record (docs/TRACE.md).  Not a test: a measurement.
+
+    python bench/bench_trace.py --tokens 65536 --layer 0 --model v4.1-flash [--out DIR] [--keep]
+
+One layer-step, its attention started from the given q_attn and kv_normed (16 heads, as ATTN.LAYER's
+cases): the official control computes its stages (reference), dsv4spec.trace.Recorder writes them
+(record), then `dsv4spec check-trace` judges them in a fresh process (judge), whose peak resident
+memory is read from the kernel (ru_maxrss of the child).  Prints one JSON line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+
+# the rules of the stages after the given q_attn and kv_normed (their own judges would ask for the
+# projections' inputs: an ERROR naming q_norm and kv_proj, as for any trace that starts there)
+JUDGED = "ROPE,PATH,ATTN.Q_NORM,ATTN.GATHER,ATTN.PROB,ATTN.DEROTATE"
+
+
+def inputs(model: str, layer: int, tokens: int, seed: int = 0) -> dict:
+    from dsv4spec.properties.attn import LAYER_HEADS
+    from dsv4spec.properties.path import normal_bf16
+    from dsv4spec.spec.models import profile
+    m = profile(model)
+    rng = np.random.default_rng(seed)
+    out = {"x": normal_bf16(rng, (tokens, m.dim)), "q_attn": normal_bf16(rng, (tokens, LAYER_HEADS, m.head_dim)),
+           "kv_normed": normal_bf16(rng, (tokens, m.head_dim)), "sink": rng.standard_normal(LAYER_HEADS).astype(np.float32)}
+    if m.ratio(layer):
+        out["kv_entries"] = normal_bf16(rng, (tokens // m.ratio(layer), m.head_dim))
+    return {k: torch.from_numpy(v) for k, v in out.items()}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="v4.1-flash")
+    p.add_argument("--layer", type=int, default=0, help="a window or HCA layer (no indexer inputs drawn here)")
+    p.add_argument("--tokens", type=int, default=65536)
+    p.add_argument("--out", help="where the trace goes (default: a temporary directory)")
+    p.add_argument("--keep", action="store_true", help="keep the trace")
+    args = p.parse_args()
+    from dsv4spec.official import attn as official_attn
+    from dsv4spec.official.rope import rope_freqs
+    from dsv4spec.trace import Recorder
+    out_dir = args.out or tempfile.mkdtemp(prefix="bench_trace_")
+    given = inputs(args.model, args.layer, args.tokens)
+    started, cpu = time.perf_counter(), time.process_time()
+    stages = official_attn.attention_layer(dict(given), model=args.model, layer=args.layer, start_pos=0)
+    reference_s, reference_cpu = time.perf_counter() - started, time.process_time() - cpu
+    started = time.perf_counter()
+    with Recorder(out_dir, model=args.model, config={"n_heads": 16}) as rec:
+        rec.record("rope_freqs", rope_freqs(args.model, args.layer), layer=args.layer)
+        rec.record("sink", given.pop("sink"), layer=args.layer)
+        for name, value in {**given, **stages}.items():
+            rec.record(name, value.to(torch.bfloat16) if value.is_floating_point() else value,
+                       layer=args.layer, step=(0, args.tokens))
+    record_s = time.perf_counter() - started
+    trace_mb = sum(os.path.getsize(os.path.join(out_dir, f)) for f in os.listdir(out_dir)) / 2 ** 20
+    del stages, given
+    started = time.perf_counter()
+    child = subprocess.run([sys.executable, "-m", "dsv4spec", "check-trace", out_dir, "--quiet", "--rules", JUDGED],
+                           capture_output=True, text=True)
+    judge_s = time.perf_counter() - started
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    peak_mb, judge_cpu = usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
+    verdict = child.stdout.strip().splitlines()[-1] if child.stdout.strip() else child.stderr.strip()[-300:]
+    print(json.dumps({"model": args.model, "layer": args.layer, "tokens": args.tokens, "threads": torch.get_num_threads(),
+                      "reference_s": round(reference_s, 2), "record_s": round(record_s, 2),
+                      "judge_s": round(judge_s, 2), "reference_cpu_s": round(reference_cpu, 2),
+                      "judge_cpu_s": round(judge_cpu, 2), "judge_over_reference_cpu": round(judge_cpu / reference_cpu, 2),
+                      "judge_peak_mb": round(peak_mb), "trace_mb": round(trace_mb), "exit": child.returncode,
+                      "verdict": verdict}))
+    if not args.keep and not args.out:
+        shutil.rmtree(out_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

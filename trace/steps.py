@@ -1,0 +1,157 @@
+"""The judgements across steps, layers and ranks of a trace, from what earlier layer-steps left:
+the window ring (PATH.WINDOW.RING), the compressed cache a decode step reads (PATH.QDQ), the index-K
+cache a V4.1 source scores where it publishes nothing (PATH.K.PUBLISHED), the pool and index K a
+re-index layer takes from layer 20 and the lists a reuse layer takes from its source (POOL.REINDEX,
+LAYER.V41), and wo_b's all-reduce over the ranks (ATTN.TP.REDUCE).  Each keeps rows, not layers: the
+newest 128 window rows of a layer, the cache rows seen, one publication."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..properties.attn import assert_row_parallel
+from ..properties.compare import assert_bytes_equal, assert_equal
+from ..spec import path as spec_path
+from ..spec.models import profile
+from ..spec.pool import layer_role
+from .format import Step
+from .judge import FAIL, PASS, Verdict, locate
+
+
+class History:
+    """What the layer-steps judged so far leave for the next ones."""
+
+    def __init__(self, model: str):
+        self.m = profile(model)
+        self.prefill: dict[int, int] = {}              # layer -> its prefill's length
+        self.window: dict[int, dict] = {}              # layer -> {position: window KV row}
+        self.cache: dict[int, dict] = {}               # KV-source layer -> {entry: cache row}
+        self.published: tuple | None = None            # (end position, k_packed, k_scales) of the last publication
+        self.this_step: dict = {}                      # (layer, stage) -> tensor, of the step being judged
+        self.step: Step | None = None
+
+    def judge(self, layer: int, step: Step, tensors: dict, wanted) -> list[Verdict]:
+        if step != self.step:
+            self.step, self.this_step = step, {}
+        verdicts = []
+        for stage, rule, judge in self._judges(layer, step, tensors):
+            if wanted(rule):
+                v = Verdict(layer, step, stage, rule, PASS)
+                try:
+                    judge(layer, step, tensors)
+                except AssertionError as e:
+                    v.status, v.detail = FAIL, locate(str(e), v)
+                verdicts.append(v)
+        self._keep(layer, step, tensors)
+        return verdicts
+
+    def _judges(self, layer: int, step: Step, tensors: dict):
+        role = layer_role(self.m, layer)
+        if step.start_pos and "window_cache" in tensors and self._ring_known(layer, step):
+            yield "window_cache", "PATH.WINDOW.RING", self._ring
+        source = role.kv_source if role.kv_source >= 0 else layer
+        if step.start_pos and "kv_cache" in tensors and self.cache.get(source):
+            yield "kv_cache", "PATH.QDQ", self._cache
+        if "published_k_packed" in tensors and self.published and self.published[0] == step.start_pos:
+            yield "published_k_packed", "PATH.K.PUBLISHED", self._published
+        if role.kind == "reindex" and (role.pool_source, "candidates") in self.this_step and "candidates" in tensors:
+            yield "candidates", "POOL.REINDEX", self._pool
+        if role.kind == "reindex" and (role.kv_source, "k_packed") in self.this_step and "k_packed" in tensors:
+            yield "k_packed", "LAYER.V41", self._index_k
+        if role.kind == "reuse" and (role.topk_source, "topk") in self.this_step and "source_topk" in tensors:
+            yield "source_topk", "LAYER.V41", self._reused
+
+    def _ring_known(self, layer: int, step: Step) -> bool:
+        return layer in self.prefill and bool(self.window.get(layer))
+
+    def _ring(self, layer: int, step: Step, tensors: dict):
+        """Slot q holds the window KV row of the newest position ≡ q mod 128 before this step (the
+        rows this trace recorded; the others are not judged)."""
+        prefill = self.prefill[layer]
+        slots = spec_path.window_ring(prefill, step.start_pos - prefill, self.m.window)
+        rows = self.window[layer]
+        known = [q for q, p in enumerate(slots) if p in rows]
+        got = tensors["window_cache"][known]
+        want = np.stack([rows[slots[q]] for q in known])
+        assert_equal(got, want, what=f"PATH.WINDOW.RING: the ring before decode at {step.start_pos} holds, in slots "
+                                     f"{known[0]}…{known[-1]}, the window KV of positions "
+                                     f"{[int(slots[q]) for q in known][:4]}… as their steps wrote it",
+                     context=lambda i: f"ring slot {known[i[0]]}")
+
+    def _cache(self, layer: int, step: Step, tensors: dict):
+        role = layer_role(self.m, layer)
+        seen = self.cache[role.kv_source if role.kv_source >= 0 else layer]
+        got = tensors["kv_cache"]
+        known = [j for j in sorted(seen) if j < got.shape[0]]
+        if known:
+            assert_equal(got[known], np.stack([seen[j] for j in known]),
+                         what=f"PATH.QDQ: the compressed entries a decode step reads are those written when each "
+                              f"completed (entries {known[0]}…{known[-1]})")
+
+    def _published(self, layer: int, step: Step, tensors: dict):
+        _, packed, scales = self.published
+        P = tensors["published_k_packed"].shape[0]
+        what = (f"PATH.K.PUBLISHED: the index-K cache scored at decode {step.start_pos} is the one layer "
+                f"{spec_path.last_publisher(self.m)} published at the step before")
+        assert_bytes_equal(tensors["published_k_packed"], packed[:P], what=what + " (payload)")
+        assert_bytes_equal(tensors["published_k_scales"], scales[:P], what=what + " (scales)")
+
+    def _pool(self, layer: int, step: Step, tensors: dict):
+        source = layer_role(self.m, layer).pool_source
+        assert_equal(np.asarray(tensors["candidates"], bool), np.asarray(self.this_step[source, "candidates"], bool),
+                     what=f"POOL.REINDEX: the pool a re-index layer masks with is layer {source}'s of the same step")
+
+    def _index_k(self, layer: int, step: Step, tensors: dict):
+        source = layer_role(self.m, layer).kv_source
+        what = f"LAYER.V41: a re-index layer scores layer {source}'s index K of the same step"
+        assert_bytes_equal(tensors["k_packed"], self.this_step[source, "k_packed"], what=what + " (payload)")
+        assert_bytes_equal(tensors["k_scales"], self.this_step[source, "k_scales"], what=what + " (scales)")
+
+    def _reused(self, layer: int, step: Step, tensors: dict):
+        source = layer_role(self.m, layer).topk_source
+        assert_equal(np.asarray(tensors["source_topk"], np.int64), np.asarray(self.this_step[source, "topk"], np.int64),
+                     what=f"LAYER.V41: a reuse layer attends to layer {source}'s top-k of the same step")
+
+    def _keep(self, layer: int, step: Step, tensors: dict):
+        for stage in ("candidates", "k_packed", "k_scales", "topk"):
+            if stage in tensors:
+                self.this_step[layer, stage] = tensors[stage]
+        if "kv_window" in tensors:
+            if step.start_pos == 0:
+                self.prefill[layer], self.window[layer] = step.seqlen, {}
+            rows = self.window.setdefault(layer, {})
+            for t, row in enumerate(tensors["kv_window"]):
+                rows[step.start_pos + t] = row
+            for p in sorted(rows)[:-self.m.window]:
+                del rows[p]
+        role = layer_role(self.m, layer)
+        source = role.kv_source if role.kv_source >= 0 else layer
+        rows = tensors.get("cmp") if step.start_pos == 0 else tensors.get("kv_cache")
+        if rows is not None and source >= 0:
+            seen = self.cache.setdefault(source, {})
+            for j in range(len(seen), rows.shape[0]):
+                seen[j] = rows[j]
+        if self.m.kv_source_layers and layer == spec_path.last_publisher(self.m) and "k_packed" in tensors \
+                and role.kind != "reindex":
+            self.published = (step.start_pos + step.seqlen, tensors["k_packed"], tensors["k_scales"])
+
+
+def judge_all_reduce(layer: int, step: Step, ranks: list[dict], wanted) -> list[Verdict]:
+    """ATTN.TP.REDUCE on one layer-step of every rank: each rank's out the all-reduce of the partials."""
+    if not wanted("ATTN.TP.REDUCE") or not all("out" in r for r in ranks):
+        return []
+    verdicts = []
+    partials = [r.get("out_partial") for r in ranks]
+    for rank, tensors in enumerate(ranks):
+        v = Verdict(layer, step, "out", "ATTN.TP.REDUCE", PASS, rank=rank)
+        if any(p is None for p in partials):
+            v.status = "ERROR"
+            v.detail = (f"stage out is judged from every rank's out_partial, which rank "
+                        f"{partials.index(None)}'s trace does not hold: record 'out_partial'")
+        else:
+            try:
+                assert_row_parallel(np.stack(partials), tensors["out"],
+                                    f"ATTN.TP.REDUCE: out = bf16(Σ_r fp32(out_partial_r)) over {len(ranks)} ranks")
+            except AssertionError as e:
+                v.status, v.detail = FAIL, locate(str(e), v)
+        verdicts.append(v)
+    return verdicts
