@@ -549,9 +549,10 @@ def _table(target, case: LayerCase, use: str):
 def judge_rotation(target, case, x, got, positions, use: str, what: str):
     freqs, slack = _table(target, case, use)
     tol = spec_rope.rotate_tolerance(x, positions, freqs)
-    if slack:   # a table one fp32 rounding away turns pair i by up to p·f_i·2^-20 more
+    if slack:   # a table one fp32 rounding away turns pair i by up to |p·f_i|·2^-20 more (p < 0 de-rotates)
         pair = np.abs(x[..., -64::2]) + np.abs(x[..., -63::2])
-        extra = pair * spec_rope._broadcast(x, spec_rope.angles(positions, freqs)) * 2 * spec_rope.FREQ_RTOL
+        angle = np.abs(spec_rope._broadcast(x, spec_rope.angles(positions, freqs)))
+        extra = pair * angle * 2 * spec_rope.FREQ_RTOL
         tol[..., -64:] += np.repeat(extra, 2, axis=-1)
     _close(got, spec_rope.rotate_exact(x, positions, freqs), tol, what, case)
 
