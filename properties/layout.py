@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from ..spec import formats as F
 from ..spec import layout as spec
+from ..spec import RULES
 from ..spec.rules import KNOBS
 from .compare import as_numpy, assert_bytes_equal, assert_equal
 from .formats import fit
@@ -42,6 +43,8 @@ def variants_of(target) -> dict:
 
 
 def layout_of(target, kind: str) -> spec.Layout:
+    """The kind's layout, asked only of a target serving one of its models (its rule's applies_to)."""
+    target.asked_for(*RULES[RULE_OF_KIND[kind]].applies_to)
     return spec.layout(kind, target.variant("v41_main_rope"))
 
 

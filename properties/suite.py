@@ -314,6 +314,10 @@ def new_seed() -> int:
 def run_check(chk: Check, target: Target, profile: str = "ci", shrink: bool = True) -> Outcome:
     """One check against one target: PASS/FAIL/ERROR/TIMEOUT/NOT_IMPLEMENTED/SKIP."""
     RUN.settings = settings_for(chk.rule_id, profile, shrink, chk.name)
+    models = RULES[chk.rule_id].applies_to
+    if not target.serves(*models):          # a rule of other models than the target's: never asked
+        return Outcome(NOT_IMPLEMENTED, f"missing {', '.join(chk.ops) or chk.rule_id} for {', '.join(models)} "
+                                        f"(MODELS: {', '.join(target.models)})")
     if chk.ops and not target.has(*chk.ops):
         missing = [op for op in chk.ops if not target.has(op)]
         return Outcome(NOT_IMPLEMENTED, "missing " + ", ".join(missing))
