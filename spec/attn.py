@@ -478,7 +478,7 @@ rule("ATTN.LAYER", "Every stage of a layer's attention, each on the stage before
                "o_lora matmul_tolerance per group",
      sources=("V4-model L483-534 (Attention.forward)",
               "V4-model L457-463, L777 (wq_a, wq_b, wkv of the default dtype float8_e4m3fn; wo_a BF16)",
-              "V4-model L494-496, L502-503 (q = wq_b(q_norm(wq_a(x))); kv = kv_norm(wkv(x)))",
+              "V4-model L496-497, L502-503 (q = wq_b(q_norm(wq_a(x))); kv = kv_norm(wkv(x)))",
               "V41-model L640-650, L705 (the same FP8 linears, act_quant per 32; kv_norm(wkv(x)))", "V41-model L700-781 (_window_kv, _compress_kv, forward)",
               "V41-model L725-726, L763 (a layer that is not a source reads the published top-k and compressed KV)",
               "V4-model L372, L506 (FP8/64 on the NoPE channels)", "V41-model L707, L760 (FP8/32; FP4 E4M3/16)",

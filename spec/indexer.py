@@ -280,9 +280,11 @@ def index_score_tolerance(q, k, w, score_dtype: str = "bf16") -> np.ndarray:
           |w_h| times the spread of those roundings plus one ulp of the head's product: each such
           head may flip.  Two ulps cover the roundings of the two sums (the target's possibly one
           binade up).  With no such head this is 2 ulps of M.
-    fp32: (D + H)·2^-24 · Σ_h |w_h| · Σ_d |q_hd·k_d|, the recursive-summation bound, plus (D + H)·2^-149:
-          each of the 2(D + H) fp32 products and sums may lose half the subnormal spacing 2^-149 to
-          underflow (scores near 0 or below fp32's range round to a subnormal or 0)."""
+    fp32: (D + H)·2^-24 · Σ_h |w_h| · Σ_d |q_hd·k_d|, the recursive-summation bound, plus the
+          underflow Σ_h |w_h|·min(D·2^-150, Σ_d |q_hd·k_d|) + H·2^-149: a product (or fused add)
+          whose result is subnormal loses at most half the spacing 2^-150 and at most its own size
+          (the accumulator beside it is representable); a sum of subnormals is exact; a head's dot
+          error is then scaled by |w_h|, and the H weighted terms may underflow too."""
     if score_dtype == "bf16":
         dots, l1, w3 = _score_terms(q, k, w)
         reach = np.asarray(q).shape[-1] * 2.0 ** -24 * l1          # fp32, any order: products are exact
@@ -292,8 +294,10 @@ def index_score_tolerance(q, k, w, score_dtype: str = "bf16") -> np.ndarray:
         flips = np.where(spread > 0, moved + bf16_quantum(np.abs(p) + moved), 0.0).sum(axis=1)
         head_sum = p.shape[1] * 2.0 ** -24 * np.abs(p).sum(axis=1)
         return flips + 2.0 * bf16_quantum(index_score_magnitude(q, k, w) + flips) + head_sum
-    depth = np.asarray(q).shape[1] + np.asarray(q).shape[-1]
-    return depth * 2.0 ** -24 * weighted_l1(q, k, w) + depth * 2.0 ** -149
+    _, l1, w3 = _score_terms(q, k, w)
+    heads, dim = np.asarray(q).shape[1], np.asarray(q).shape[-1]
+    underflow = (np.abs(w3) * np.minimum(dim * 2.0 ** -150, l1)).sum(axis=1) + heads * 2.0 ** -149
+    return (heads + dim) * 2.0 ** -24 * weighted_l1(q, k, w) + underflow * (1 + 2.0 ** -20)
 
 
 def weighted_l1(q, k, w) -> np.ndarray:
@@ -375,12 +379,18 @@ rule("IDX.SCORE.ROUNDING", "V4/V4.1 score is BF16 at every step",
 rule("IDX.SCORE.V32_FP32", "V3.2 score is fp32 throughout",
      """V3.2's fp8_index kernel keeps the logits, the ReLU, the weighting and the head sum in
      fp32 (score_dtype='fp32'): no step rounds to BF16.  Compared within (D + H)·2^-24 ·
-     Σ_h |w_h|·Σ_d |q·k| of the exact value.""",
+     Σ_h |w_h|·Σ_d |q·k| + Σ_h |w_h|·min(D·2^-150, Σ_d |q·k|) + H·2^-149 of the exact value (the
+     second and third terms: underflow).""",
      applies_to=V32, policy="tolerance",
      sources=("V32-kernel L240-247", "V32-model L471-473 (fp32 weights × q_scale × softmax_scale into fp8_index)"),
      tolerance="""(D + H)·2^-24 · Σ_h |w_h|·Σ_d |q·k|: the recursive-summation bound of fp32 for the D-term
      dot and the H-term head sum in any order (each addition rounds by 2^-24 of a partial sum bounded
-     by the sum of magnitudes).""")
+     by the sum of magnitudes).  Underflow adds Σ_h |w_h|·min(D·2^-150, Σ_d |q·k|) + H·2^-149: a
+     product or fused add whose result is subnormal loses at most 2^-150 and at most its own size (a
+     sum of subnormals is exact), each head's dot error is scaled by its |w_h|, and each of the H
+     weighted terms may underflow too.  Weighting the dots' underflow by |w_h| matters: a faithful
+     fp32 evaluation with dots near 2^-140 and |w_h| = 2^20 lies 76-2301 times beyond an unweighted
+     (D + H)·2^-149.""")
 
 rule("IDX.SCORE.FP4", "FP4 scores equal the scores of the dequantized q and k",
      """index_scores_fp4 on packed E2M1 q and k with E8M0 scales per 32 is the BF16 score of the
