@@ -342,7 +342,7 @@ MUTANTS.update({
 
 
 # A port of V3.2 alone (MODELS = ("v3.2",)): fp32 scores whatever dtype is asked (its indexer has
-# one), entries of V3.2's two kinds only.  `scores` replaces its scoring (a mistake on V3.2).
+# one), entries of V3.2's two kinds only, FP8 in blocks of 128 only.  `scores` replaces its scoring (a mistake on V3.2).
 V32_KINDS = ("v32_index_k", "v32_mla_kv")
 
 
@@ -355,7 +355,11 @@ def v32_port(name="v32_port", scores=lambda q, k, w, visible: ref.index_scores(q
                 raise ValueError(f"a V3.2 port packs {V32_KINDS}, not {kind!r}")
             return op(kind, x)
         return call
-    return mutant(name, base=object(), MODELS=("v3.2",), index_visible=impl.index_visible,
+    def fp8_quantize(x, block):
+        if block != 128:
+            raise ValueError(f"a V3.2 port quantizes in blocks of 128, not {block}")
+        return impl.fp8_quantize(x, block)
+    return mutant(name, base=object(), MODELS=("v3.2",), index_visible=impl.index_visible, fp8_quantize=fp8_quantize,
                   index_scores=lambda q, k, w, visible, score_dtype="fp32": scores(q, k, w, visible),
                   entry_pack=v32_kind(impl.entry_pack), entry_unpack=v32_kind(impl.entry_unpack))
 
