@@ -327,8 +327,9 @@ def assert_weights(got, raw, model, what, rounding: str = "bf16_steps"):
     bad = np.argwhere(~spec.index_weights_accepted(got, raw, model, rounding))
     if bad.size:
         i = tuple(bad[0])
-        fp32 = "" if rounding == "bf16_steps" else (f" or, score_rounding={rounding}, {raw[i] * model.index_weight_scale!r} "
-                                                    f"within {spec.WEIGHT_FP32_ROUNDINGS} fp32 roundings")
+        fp32 = "" if rounding == "bf16_steps" else (f" or, score_rounding={rounding}, "
+                                                    f"{raw[i] * model.index_weight_scale!r} within "
+                                                    f"{spec.WEIGHT_FP32_ROUNDINGS} fp32 roundings")
         raise AssertionError(f"{what}: {len(bad)} elements off; at {i}: raw {raw[i]!r} gave {got[i]!r}, "
                              f"accepted {spec.index_weights(raw, model)[i]!r} (official) or "
                              f"{spec.index_weights_once(raw, model)[i]!r} (one rounding){fp32}")

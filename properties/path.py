@@ -944,7 +944,8 @@ def sources_score_the_cache_published_last(target, key):
     why = score_mismatch(case, out, scored_keys(case, out, reading), rounding)
     if why:
         other = "own" if reading == "published" else "published"
-        hint = "" if score_mismatch(case, out, scored_keys(case, out, other), rounding) else f" (they are those of {READINGS[other]})"
+        hint = "" if score_mismatch(case, out, scored_keys(case, out, other), rounding) \
+            else f" (they are those of {READINGS[other]})"
         raise AssertionError(f"PATH.K.PUBLISHED (index_k_read={reading}): scores of {READINGS[reading]} "
                              f"expected{hint}: {why} [{case!r}]")
     _judge_topk(target, case, out)
