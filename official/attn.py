@@ -100,7 +100,7 @@ def _linear(x: torch.Tensor, inputs: dict, name: str, model: str) -> torch.Tenso
 
 
 def _projections(inputs: dict, m, model: str) -> dict:
-    """Attention.forward's q and window KV from x (V4-model L494-496, L502-503; V41-model L705, L770):
+    """Attention.forward's q and window KV from x (V4-model L496-497, L502-503; V41-model L705, L770):
     wq_a, wq_b and wkv take the default dtype, float8_e4m3fn (V4-model L457-463, L777)."""
     x = inputs["x"].to(torch.bfloat16)
     out = {"q_latent": _linear(x, inputs, "attn_wq_a", model)}

@@ -554,11 +554,11 @@ class Target:
             raise AttributeError(name)
         return self.op(name)
 
-    def asked_for(self, model: str):
-        """Leave out an example for a model the target does not serve (its MODELS), where the model
-        decides an argument (a block size) rather than being passed."""
-        if model not in self.models:
-            self.received.unserved = f"{model} (MODELS: {', '.join(self.models)})"
+    def asked_for(self, *models: str):
+        """Leave out an example for models none of which the target serves (its MODELS), where the
+        model decides an argument (a block size, a score dtype, an entry kind) rather than being passed."""
+        if not self.serves(*models):
+            self.received.unserved = f"{', '.join(models)} (MODELS: {', '.join(self.models)})"
             _not_asked(self.received.unserved)
 
     def serves(self, *models: str) -> bool:

@@ -189,10 +189,14 @@ def all_negative_case() -> ScoreCase:
 
 def expected_scores(target, case: ScoreCase, score_dtype: str = "bf16"):
     """(reference scores, tolerance) for this target's declared score_rounding."""
+    return scores_under(target.variant("score_rounding"), case, score_dtype)
+
+
+def scores_under(variant: str, case: ScoreCase, score_dtype: str = "bf16"):
+    """(reference scores, tolerance) under score_rounding = `variant`."""
     if score_dtype == "fp32":
         return (spec.index_scores(case.q, case.k, case.w, case.visible, "fp32"),
                 spec.index_score_tolerance(case.q, case.k, case.w, "fp32"))
-    variant = target.variant("score_rounding")
     if variant == "bf16_steps":
         return (spec.index_scores(case.q, case.k, case.w, case.visible, "bf16"),
                 spec.index_score_tolerance(case.q, case.k, case.w, "bf16"))
@@ -203,7 +207,11 @@ def expected_scores(target, case: ScoreCase, score_dtype: str = "bf16"):
     return spec.round_bf16(exact), tol + spec.bf16_quantum(exact)
 
 
+SCORE_DTYPE_MODELS = {"bf16": V4_ALL, "fp32": spec.V32}   # the models whose indexer asks for each score dtype
+
+
 def _scores(target, case: ScoreCase, score_dtype: str = "bf16") -> np.ndarray:
+    target.asked_for(*SCORE_DTYPE_MODELS[score_dtype])
     return as_numpy(target.index_scores(*case.torch(), score_dtype)).astype(np.float64)
 
 
@@ -297,7 +305,7 @@ def head_weights_carry_the_global_factor(target, model, seed, rows):
                           * np.where(rng.random((rows, m.index_n_heads)) < 0.5, 2.0 ** -122, 1.0))
     got = as_numpy(target.index_weights(_t(raw), model)).astype(np.float64)
     assert_weights(got, raw, m, f"IDX.WEIGHT.SCALE: {model} weights must be raw · "
-                                f"{m.index_weight_scale:.9g} rounded to BF16")
+                                f"{m.index_weight_scale:.9g} rounded to BF16", target.variant("score_rounding"))
 
 
 @check("IDX.WEIGHT.SCALE", ops=("index_scores_raw",))
@@ -314,19 +322,23 @@ def raw_weights_carry_the_global_factor_into_the_scores(target, model, seed, row
     visible = np.full(rows, heads, dtype=np.int64)
     got = as_numpy(target.index_scores_raw(_t(q), _t(k), _t(raw), _t(visible, torch.int64), model))
     assert_weights(got.astype(np.float64), raw, m, f"IDX.WEIGHT.SCALE (index_scores_raw): {model} weights must "
-                   f"be raw · {m.index_weight_scale:.9g} rounded to BF16, and no other factor")
+                   f"be raw · {m.index_weight_scale:.9g} rounded to BF16, and no other factor",
+                   target.variant("score_rounding"))
 
 
-def assert_weights(got, raw, model, what):
-    """got holds, element by element, one of the two accepted roundings of raw · fl32(c)."""
+def assert_weights(got, raw, model, what, rounding: str = "bf16_steps"):
+    """got holds, element by element, an accepted weight raw · c under score_rounding = `rounding`."""
     if got.shape != raw.shape:
         raise AssertionError(f"{what}: shape {got.shape}, expected {raw.shape}")
-    bad = np.argwhere(~spec.index_weights_accepted(got, raw, model))
+    bad = np.argwhere(~spec.index_weights_accepted(got, raw, model, rounding))
     if bad.size:
         i = tuple(bad[0])
+        fp32 = "" if rounding == "bf16_steps" else (f" or, score_rounding={rounding}, "
+                                                    f"{raw[i] * model.index_weight_scale!r} within "
+                                                    f"{spec.WEIGHT_FP32_ROUNDINGS} fp32 roundings")
         raise AssertionError(f"{what}: {len(bad)} elements off; at {i}: raw {raw[i]!r} gave {got[i]!r}, "
                              f"accepted {spec.index_weights(raw, model)[i]!r} (official) or "
-                             f"{spec.index_weights_once(raw, model)[i]!r} (one rounding)")
+                             f"{spec.index_weights_once(raw, model)[i]!r} (one rounding){fp32}")
 
 
 @check("IDX.WEIGHT.V32", ops=("index_weights_v32",))
@@ -473,6 +485,7 @@ NEAR_MULTIPLES_OF_128 = st.builds(lambda m, d: max(0, 128 * m + d), st.integers(
 
 
 def _visible_rows(target, positions, ratio, what):
+    target.asked_for(*(m for m in PROFILES if ratio in PROFILES[m].compress_ratios))
     got = target.index_visible(_t(positions, torch.int64), ratio)
     assert_equal(got, spec.index_visible(positions, ratio),
                  what=f"IDX.VISIBLE: visible(p) = (p + 1) // {ratio} ({what})", context=lambda i: f"p = {positions[i[0]]}")

@@ -57,7 +57,7 @@ from ..spec import quant as spec_quant
 from ..spec import rope as spec_rope
 from ..spec.models import profile
 from .compare import as_numpy, assert_bytes_equal, assert_equal, assert_within
-from .indexer import assert_weights, expected_scores, make_score_case, ScoreCase
+from .indexer import assert_weights, expected_scores, make_score_case, ScoreCase, scores_under
 from .quant import assert_fp8_linear, fp8_linear_bounds, fp8_weight
 from .pool import reindex_cases, wide_reindex_case
 from .ranking import assert_pool, assert_topk
@@ -218,6 +218,7 @@ for _fmt in QDQ_DIMS:
 @forall(dict(seed=0, spread=12), dict(seed=1, spread=0), seed=st.integers(0, 2 ** 32 - 1),
         spread=st.sampled_from((0, 6, 12, 40)))
 def index_k_cache_holds_the_exact_dequantized_keys(target, seed, spread):
+    target.asked_for(*spec.V4_ALL)      # the FP4 index-K cache; V3.2's is FP8 (LAYOUT.V32.INDEX_K)
     rng = np.random.default_rng(seed)
     rows = spec_indexer.round_bf16(rng.standard_normal((4, 128)) * 2.0 ** rng.integers(-spread, spread + 1, (4, 4)).repeat(32, 1))
     got = as_numpy(target.op("kv_qdq_fp4_e8m0")(_t(rows))).astype(np.float64)
@@ -549,9 +550,10 @@ def _table(target, case: LayerCase, use: str):
 def judge_rotation(target, case, x, got, positions, use: str, what: str):
     freqs, slack = _table(target, case, use)
     tol = spec_rope.rotate_tolerance(x, positions, freqs)
-    if slack:   # a table one fp32 rounding away turns pair i by up to p·f_i·2^-20 more
+    if slack:   # a table one fp32 rounding away turns pair i by up to |p·f_i|·2^-20 more (p < 0 de-rotates)
         pair = np.abs(x[..., -64::2]) + np.abs(x[..., -63::2])
-        extra = pair * spec_rope._broadcast(x, spec_rope.angles(positions, freqs)) * 2 * spec_rope.FREQ_RTOL
+        angle = np.abs(spec_rope._broadcast(x, spec_rope.angles(positions, freqs)))
+        extra = pair * angle * 2 * spec_rope.FREQ_RTOL
         tol[..., -64:] += np.repeat(extra, 2, axis=-1)
     _close(got, spec_rope.rotate_exact(x, positions, freqs), tol, what, case)
 
@@ -618,10 +620,25 @@ def _judge_w_raw(target, case, out):
            spec.matmul_tolerance(a["x"], a["weights_proj"]), "PATH.W.PROJ: w_raw = bf16(weights_proj · x)", case)
 
 
+def _refactored(case, out, rounding: str) -> bool:
+    """Whether the layer's weights carry n^-0.5 alone, 128^-0.5 left for the scores (IDX.WEIGHT.SCALE):
+    the same product in fp32 scores; in BF16 steps another rounding (mutant scale_after_relu)."""
+    if rounding == "bf16_steps":
+        return False
+    raw = np.asarray(_need(out, "w_raw", case), dtype=np.float64)
+    got, m = np.asarray(_need(out, "weights", case), dtype=np.float64), profile(case.model)
+    return (not spec_indexer.index_weights_accepted(got, raw, m, rounding).all()
+            and bool(spec_indexer.refactored_weights_accepted(got, raw, m, rounding).all()))
+
+
 def _judge_weights(target, case, out):
+    rounding = target.variant("score_rounding")
+    if _refactored(case, out, rounding):
+        return
     raw = np.asarray(_need(out, "w_raw", case), dtype=np.float64)
     got = np.asarray(_need(out, "weights", case), dtype=np.float64)
-    assert_weights(got, raw, profile(case.model), f"IDX.WEIGHT.SCALE: weights = w_raw · 128^-0.5 · H^-0.5 [{case!r}]")
+    assert_weights(got, raw, profile(case.model), f"IDX.WEIGHT.SCALE: weights = w_raw · 128^-0.5 · H^-0.5 [{case!r}]",
+                   rounding)
 
 
 def _visible(case) -> np.ndarray:
@@ -650,12 +667,18 @@ def _reading(target, case) -> str:
     return target.variant("index_k_read") if scores_published_k(case) else "own"
 
 
-def score_mismatch(case, out, k) -> str | None:
-    """Why the layer's scores are not IDX.SCORE.FP4's of its q, weights and the keys k (None: they are)."""
+def score_mismatch(case, out, k, rounding: str = "bf16_steps") -> str | None:
+    """Why the layer's scores are not IDX.SCORE.FP4's of its q, weights and the keys k under
+    score_rounding = `rounding` (None: they are).  Refactored weights (n^-0.5 alone) are judged
+    times fl32(128^-0.5), with that factor's rounding and its product's."""
     q = spec_quant.fp4_e8m0_dequantize(_need(out, "q_packed", case), _need(out, "q_scales", case)).astype(np.float64)
     w = _need(out, "weights", case)
-    ref = spec_indexer.index_scores(q, k, w, _visible(case))
-    tol = spec_indexer.index_score_tolerance(q, k, w)
+    refactored = _refactored(case, out, rounding)
+    if refactored:
+        w = w * float(np.float32(profile(case.model).index_head_dim ** -0.5))
+    ref, tol = scores_under(rounding, ScoreCase(case.label, q, k, w, _visible(case)))
+    if refactored:
+        tol = tol + 2.0 ** -23 * spec_indexer.weighted_l1(q, k, w) + 2.0 ** -148
     got = _need(out, "scores", case)
     if got.shape != ref.shape:
         return f"scores shape {got.shape}, expected {ref.shape}"
@@ -668,7 +691,7 @@ def score_mismatch(case, out, k) -> str | None:
 
 
 def _judge_scores(target, case, out):
-    why = score_mismatch(case, out, scored_keys(case, out, _reading(target, case)))
+    why = score_mismatch(case, out, scored_keys(case, out, _reading(target, case)), target.variant("score_rounding"))
     if why:
         raise AssertionError(f"IDX.SCORE.FP4: {why} [{case!r}]")
 
@@ -680,8 +703,9 @@ def _judge_scored_keys(target, case, out):
         return
     reading = target.variant("index_k_read")
     other = "own" if reading == "published" else "published"
-    why = score_mismatch(case, out, scored_keys(case, out, reading))
-    if why and score_mismatch(case, out, scored_keys(case, out, other)) is None:
+    rounding = target.variant("score_rounding")
+    why = score_mismatch(case, out, scored_keys(case, out, reading), rounding)
+    if why and score_mismatch(case, out, scored_keys(case, out, other), rounding) is None:
         raise AssertionError(f"PATH.K.PUBLISHED (index_k_read={reading}): the scores are those of {READINGS[other]}, "
                              f"expected those of {READINGS[reading]}: {why} [{case!r}]")
 
@@ -916,11 +940,12 @@ def published_k_keys(draw):
 def sources_score_the_cache_published_last(target, key):
     case = layer_case(key)
     out = run_layer(target, case)
-    reading = target.variant("index_k_read")
-    why = score_mismatch(case, out, scored_keys(case, out, reading))
+    reading, rounding = target.variant("index_k_read"), target.variant("score_rounding")
+    why = score_mismatch(case, out, scored_keys(case, out, reading), rounding)
     if why:
         other = "own" if reading == "published" else "published"
-        hint = "" if score_mismatch(case, out, scored_keys(case, out, other)) else f" (they are those of {READINGS[other]})"
+        hint = "" if score_mismatch(case, out, scored_keys(case, out, other), rounding) \
+            else f" (they are those of {READINGS[other]})"
         raise AssertionError(f"PATH.K.PUBLISHED (index_k_read={reading}): scores of {READINGS[reading]} "
                              f"expected{hint}: {why} [{case!r}]")
     _judge_topk(target, case, out)

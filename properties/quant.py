@@ -41,7 +41,7 @@ from hypothesis import strategies as st
 from ..spec import formats as F
 from ..spec import quant as Q
 from ..spec.indexer import bf16_quantum
-from ..spec.rules import KNOBS
+from ..spec.rules import KNOBS, V4, V41
 from .compare import as_numpy, assert_bytes_equal, assert_equal, assert_same_shape, assert_within
 from . import boundaries as B
 from .formats import (e2m1_text, e4m3_text, e8m0_text, fed, fit, packed_text, spec_knobs, tensor)
@@ -649,6 +649,13 @@ def fp4_e8m0_nonfinite_stays_in_its_block(target, rng):
 
 _FP8_BLOCKS = [b for _, b in FP8_BLOCK_SHAPES]
 _fp8_block = st.sampled_from(_FP8_BLOCKS)
+# the models whose code quantizes in FP8 blocks of each size: V4.1 32 (fp8_block_size), V4 64 (the
+# main KV's NoPE dims) and 128 (its linears), V3.2 128 (its indexer and linears)
+FP8_BLOCK_MODELS = {32: V41, 64: V4, 128: ("v3.2",) + V4}
+
+
+def _asked_block(target, block: int):
+    target.asked_for(*FP8_BLOCK_MODELS[block])
 
 
 _FP8_TIES = [240.0, 1.0625, 1.1875, 17.0, -17.0, 2.0 ** -10, 3 * 2.0 ** -10, 232.0, -0.0]
@@ -661,6 +668,7 @@ _FP8_TIES = [240.0, 1.0625, 1.1875, 17.0, -17.0, 2.0 ** -10, 3 * 2.0 ** -10, 232
                                             *["amax_point"] * 12), k_range=(-10, 120), top=448.0, max_blocks=2))
 def fp8_scale_is_pow2_ceil(target, case):
     block, x = case
+    _asked_block(target, block)
     x = into_range(fit(target, "fp8_quantize", x), block, F32(1e-4))  # at or above the amax floor
     _fp8_scales(target, x, block, "FP8.SCALE: fp8_quantize scale bytes")
 
@@ -672,6 +680,7 @@ def fp8_scale_is_pow2_ceil(target, case):
                         k_range=(-60, -14), top=448.0, max_blocks=2))
 def fp8_amax_floor(target, case):
     block, x = case
+    _asked_block(target, block)
     x = fit(target, "fp8_quantize", x)
     x = np.where(np.abs(Q.blocks(x, block)).max(-1, keepdims=True) < F32(1e-4), Q.blocks(x, block), F32(0))
     _fp8_scales(target, Q.unblock(x), block, "FP8.FLOOR: fp8_quantize scale bytes of tiny blocks")
@@ -683,6 +692,7 @@ def fp8_amax_floor(target, case):
                                             "grid_beside", "floor"), k_range=(-30, 30), top=448.0, max_blocks=2))
 def fp8_values_are_e4m3_of_x_over_s(target, case):
     block, x = case
+    _asked_block(target, block)
     x, t = fed(target, "fp8_quantize", x)
     q, scales = target.fp8_quantize(t, block)
     scales = as_numpy(scales).astype(np.uint8)
@@ -695,6 +705,7 @@ def fp8_values_are_e4m3_of_x_over_s(target, case):
 @check("FP8.DEQUANT", ops=("fp8_dequantize",))
 @forall(rng=_random_bytes, block=_fp8_block)
 def fp8_dequantize_is_exact(target, rng, block):
+    _asked_block(target, block)
     q = rng.integers(0, 256, (2, 2 * block), dtype=np.uint8)
     q[(q & 0x7F) == 0x7F] = 0x7E                                  # NaN codes are not produced
     scales = rng.integers(0, 255, (2, 2), dtype=np.uint8)
@@ -711,6 +722,7 @@ def fp8_blocks_of_each_model(target, shape, rng):
     scale byte following its block's power of two, every block's values the same.  Judged on the
     target's own scales and values, whatever its scale and rounding rules."""
     n, block = shape
+    _asked_block(target, block)
     pattern = rng.standard_normal(block) + 2 * np.sign(rng.standard_normal(block))
     pattern = fit(target, "fp8_quantize", F.bf16_round(pattern) if rng.random() < 0.5 else pattern)
     k = rng.integers(-8, 9, 2 * n // block)                         # two rows of blocks
@@ -748,6 +760,7 @@ def fp8_qdq_rounds_through_e4m3(target, case):
 @check("FP8.NONFINITE", ops=("fp8_quantize",))
 @forall(rng=_random_bytes, block=_fp8_block)
 def fp8_nonfinite_stays_in_its_block(target, rng, block):
+    _asked_block(target, block)
     _check_nonfinite(target, "fp8_quantize", lambda t: target.fp8_quantize(t, block), block, "FP8.NONFINITE",
                      rng)
 

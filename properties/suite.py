@@ -320,6 +320,10 @@ def new_seed() -> int:
 def run_check(chk: Check, target: Target, profile: str = "ci", shrink: bool = True) -> Outcome:
     """One check against one target: PASS/FAIL/ERROR/TIMEOUT/NOT_IMPLEMENTED/SKIP."""
     RUN.settings = settings_for(chk.rule_id, profile, shrink, chk.name)
+    models = RULES[chk.rule_id].applies_to
+    if not target.serves(*models):          # a rule of other models than the target's: never asked
+        return Outcome(NOT_IMPLEMENTED, f"missing {', '.join(chk.ops) or chk.rule_id} for {', '.join(models)} "
+                                        f"(MODELS: {', '.join(target.models)})")
     if chk.ops and not target.has(*chk.ops):
         missing = [op for op in chk.ops if not target.has(op)]
         return Outcome(NOT_IMPLEMENTED, "missing " + ", ".join(missing))
@@ -410,9 +414,11 @@ def _matching_variant(knob: str | None, read: set, chks: list[Check], target: Ta
                       profile: str) -> list[tuple[str, str]] | None:
     """The undeclared knob values under which every check of a failing rule passes.
 
-    Tried: each other value of the rule's own knob, then each such value together with one other
-    value of one other knob the rule's checks read; for a rule without a knob, each other value of
-    an implementation-defined knob its checks read (a choice the target may make without saying).
+    Tried: each other value of the rule's own knob, then each other value of another knob the
+    rule's checks read, alone (a choice another rule governs: an undeclared act_quant floor in a
+    656-byte entry is LAYOUT.V32.MLA's, not a field order), then each value of the rule's own knob
+    together with one such other value; for a rule without a knob, each other value of an
+    implementation-defined knob its checks read (a choice the target may make without saying).
     Pairs are enough: a check judges one clause, so the knobs it reads are that clause's and the
     few its oracle shares; a third deviation in the same check breaks another clause, whose own
     rule names it.  Bounded by (values of the rule's knob) x (other values of the knobs read),
@@ -430,7 +436,7 @@ def _matching_variant(knob: str | None, read: set, chks: list[Check], target: Ta
     else:
         own = others(knob)
         pairs = [p for k in sorted(read - {knob}) for p in others(k)]
-        combos = [[o] for o in own] + [[o, p] for o in own for p in pairs]
+        combos = [[o] for o in own] + [[p] for p in pairs] + [[o, p] for o in own for p in pairs]
     for combo in combos:
         view = target
         for k, v in combo:

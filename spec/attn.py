@@ -427,7 +427,25 @@ rule("ATTN.DUPLICATES", "No de-duplication: each entry is attended, an index lis
      sources=(kernel("L322-327", "each entry on its own"), "V41-model L409-426 (order within a row does not matter)",
               "V4-model L509, L514 (offset, then [window | compressed] concatenated)",
               "V41-model L462 (ratio 1: one token per entry, no pooling)",
-              "V41-model L744 (entry j stands at position j·ratio)"))
+              "V41-model L752-754 (entry j stands at position j·ratio)"))
+
+rule("ATTN.V32", "V3.2 attends through a dense softmax over its index mask (not checked)",
+     """V3.2 has no sparse kernel: it scores every cached token in fp32 (prefill: q·k of the full
+     heads, the key's NoPE part up-projected from the latent; decode: the absorbed form, q's NoPE
+     part times the up-projection against the latent cache plus its RoPE part against the RoPE cache), times softmax_scale; adds an index mask, −inf
+     everywhere but 0 at the indexer's top-k positions (a scatter: a position listed twice is
+     attended once), plus the causal mask in prefill; takes an fp32 softmax, casts the
+     probabilities to BF16 and sums the values (decode: the latent cache, then the up-projection's
+     value rows).  No sink, no running max, no BF16 logits.  Out of scope: the attention rules judge the
+     V4/V4.1 sparse attention operation (index lists, a sink, BF16 probabilities against a running
+     max), which V3.2 never calls; its dense form is torch's fp32 softmax and einsum over a mask
+     made from the top-k list, so what this suite checks of V3.2 ends at that list (IDX.TOPK.V32,
+     PATH.V32) and the cache entries an engine writes (LAYOUT.V32.MLA, LAYOUT.V32.INDEX_K).""",
+     applies_to=("v3.2",), policy="structural", status=INFORMATIVE,
+     sources=("V32-model L563-578 (prefill: fp32 scores, index mask plus the causal mask, fp32 softmax, "
+              "probabilities cast to the activations' BF16, einsum with v)",
+              "V32-model L579-595 (decode: the absorbed form against kv_cache and pe_cache, the same mask "
+              "and softmax)", "V32-model L906 (the default dtype is BF16)"))
 
 rule("ATTN.DEROTATE", "The output's RoPE tail is de-rotated with the conjugate at the query's position",
      """After sparse attention the last 64 channels of each head of o are rotated by e^(−i·p·f_i)
@@ -478,7 +496,7 @@ rule("ATTN.LAYER", "Every stage of a layer's attention, each on the stage before
                "o_lora matmul_tolerance per group",
      sources=("V4-model L483-534 (Attention.forward)",
               "V4-model L457-463, L777 (wq_a, wq_b, wkv of the default dtype float8_e4m3fn; wo_a BF16)",
-              "V4-model L494-496, L502-503 (q = wq_b(q_norm(wq_a(x))); kv = kv_norm(wkv(x)))",
+              "V4-model L496-497, L502-503 (q = wq_b(q_norm(wq_a(x))); kv = kv_norm(wkv(x)))",
               "V41-model L640-650, L705 (the same FP8 linears, act_quant per 32; kv_norm(wkv(x)))", "V41-model L700-781 (_window_kv, _compress_kv, forward)",
               "V41-model L725-726, L763 (a layer that is not a source reads the published top-k and compressed KV)",
               "V4-model L372, L506 (FP8/64 on the NoPE channels)", "V41-model L707, L760 (FP8/32; FP4 E4M3/16)",

@@ -162,17 +162,41 @@ def index_weights_once(raw, model: Model) -> np.ndarray:
     return round_bf16(np.asarray(raw, dtype=np.float64) * round_fp32(model.index_weight_scale))
 
 
-def index_weights_accepted(got, raw, model: Model) -> np.ndarray:
-    """Where got is one of the two accepted roundings of raw · fl32(c) (IDX.WEIGHT.SCALE)."""
-    got = np.asarray(got, dtype=np.float64)
-    return (got == index_weights(raw, model)) | (got == index_weights_once(raw, model))
+WEIGHT_FP32_ROUNDINGS = 8     # an fp32 weight: the factors and each product rounded, in any factorisation
+
+
+def weights_accepted(got, raw, factor: float, rounding: str = "bf16_steps") -> np.ndarray:
+    """Where got is an accepted weight raw · factor under score_rounding = `rounding`: one of the two
+    BF16 roundings of raw · fl32(factor); under fp32 or fp32_then_bf16 also any fp32 evaluation
+    (within 8 fp32 roundings of the exact product: 8·2^-24 relative, 8·2^-149 below the normal range)."""
+    got, raw = np.asarray(got, dtype=np.float64), np.asarray(raw, dtype=np.float64)
+    product = round_fp32(raw * round_fp32(factor))                   # exact in float64, then fl32
+    bf16 = (got == round_bf16(product)) | (got == round_bf16(raw * round_fp32(factor)))
+    if rounding == "bf16_steps":
+        return bf16
+    exact = raw * factor
+    return bf16 | (np.abs(got - exact) <= WEIGHT_FP32_ROUNDINGS * (2.0 ** -24 * np.abs(exact) + 2.0 ** -149))
+
+
+def index_weights_accepted(got, raw, model: Model, rounding: str = "bf16_steps") -> np.ndarray:
+    """Where got is an accepted weight raw · c under score_rounding = `rounding` (IDX.WEIGHT.SCALE)."""
+    return weights_accepted(got, raw, model.index_weight_scale, rounding)
+
+
+def refactored_weights_accepted(got, raw, model: Model, rounding: str = "bf16_steps") -> np.ndarray:
+    """The same for weights carrying n^-0.5 alone, 128^-0.5 applied to the scores instead."""
+    return weights_accepted(got, raw, model.index_n_heads ** -0.5, rounding)
 
 
 rule("IDX.WEIGHT.SCALE", "Head weights carry index_head_dim^-0.5 · index_n_heads^-0.5",
      """w[t, h] = bf16(fl32(weights_proj(x)[t, h] · fl32(128^-0.5 · n^-0.5))) with n the global
      index_n_heads: the factor is 1/64 exactly for V4.1 (n = 32) and 2^-6.5 ≈ 0.011049 for V4
      (n = 64).  No other factor enters the score.  Compared exactly: the official double rounding
-     or a single rounding of the exact product, nothing else.""",
+     or a single rounding of the exact product, nothing else.  A target declaring
+     score_rounding=fp32 or fp32_then_bf16 may keep the weight in fp32 (never rounded to BF16):
+     any fp32 evaluation of the product is accepted too; and in its layer, weights carrying
+     n^-0.5 alone, with 128^-0.5 applied to the scores instead (the same product in fp32,
+     refactored), the layer's scores then judged as the target's weights times fl32(128^-0.5).""",
      applies_to=V4_ALL, policy="tolerance",
      sources=("V4-model L395, L418", "V41-model L513, L555", "V4-model L387 (n_heads = index_n_heads, global)",
               "V41-config (index_n_heads 32, index_head_dim 128)",
@@ -181,7 +205,10 @@ rule("IDX.WEIGHT.SCALE", "Head weights carry index_head_dim^-0.5 · index_n_head
      (fp32, then BF16), a port may round the exact product once (they differ by at most one BF16
      ulp).  A factor itself rounded to BF16 (0.0110473633 for V4 instead of fl32(2^-6.5) =
      0.0110485433) moves the product by 1.1e-4 relative and lands outside both on about 3 % of
-     elements, which a one-ulp tolerance could not see.""",
+     elements, which a one-ulp tolerance could not see.  An fp32 weight (score_rounding=fp32): within
+     8 fp32 roundings of the exact product (8·2^-24 relative, 8·2^-149 absolute where it underflows),
+     which holds every factorisation (the factor's roundings and each product's); a factor rounded
+     to BF16 stays outside.""",
      differs="""Document 003 (§4 stage 3) puts a 1/√c^I factor on each head's dot product and a
      kv_scale after the head sum (the V3.2 arrangement); in V4 and V4.1 the whole factor
      128^-0.5·n^-0.5 is folded into the head weights, as the code quoted in its own §11.1 does, and
@@ -253,9 +280,11 @@ def index_score_tolerance(q, k, w, score_dtype: str = "bf16") -> np.ndarray:
           |w_h| times the spread of those roundings plus one ulp of the head's product: each such
           head may flip.  Two ulps cover the roundings of the two sums (the target's possibly one
           binade up).  With no such head this is 2 ulps of M.
-    fp32: (D + H)·2^-24 · Σ_h |w_h| · Σ_d |q_hd·k_d|, the recursive-summation bound, plus (D + H)·2^-149:
-          each of the 2(D + H) fp32 products and sums may lose half the subnormal spacing 2^-149 to
-          underflow (scores near 0 or below fp32's range round to a subnormal or 0)."""
+    fp32: (D + H)·2^-24 · Σ_h |w_h| · Σ_d |q_hd·k_d|, the recursive-summation bound, plus the
+          underflow Σ_h |w_h|·min(D·2^-150, Σ_d |q_hd·k_d|) + H·2^-149: a product (or fused add)
+          whose result is subnormal loses at most half the spacing 2^-150 and at most its own size
+          (the accumulator beside it is representable); a sum of subnormals is exact; a head's dot
+          error is then scaled by |w_h|, and the H weighted terms may underflow too."""
     if score_dtype == "bf16":
         dots, l1, w3 = _score_terms(q, k, w)
         reach = np.asarray(q).shape[-1] * 2.0 ** -24 * l1          # fp32, any order: products are exact
@@ -265,9 +294,16 @@ def index_score_tolerance(q, k, w, score_dtype: str = "bf16") -> np.ndarray:
         flips = np.where(spread > 0, moved + bf16_quantum(np.abs(p) + moved), 0.0).sum(axis=1)
         head_sum = p.shape[1] * 2.0 ** -24 * np.abs(p).sum(axis=1)
         return flips + 2.0 * bf16_quantum(index_score_magnitude(q, k, w) + flips) + head_sum
-    dots, l1, w = _score_terms(q, k, w)
-    depth = dots.shape[1] + np.asarray(q).shape[-1]
-    return depth * 2.0 ** -24 * (np.abs(w) * l1).sum(axis=1) + depth * 2.0 ** -149
+    _, l1, w3 = _score_terms(q, k, w)
+    heads, dim = np.asarray(q).shape[1], np.asarray(q).shape[-1]
+    underflow = (np.abs(w3) * np.minimum(dim * 2.0 ** -150, l1)).sum(axis=1) + heads * 2.0 ** -149
+    return (heads + dim) * 2.0 ** -24 * weighted_l1(q, k, w) + underflow * (1 + 2.0 ** -20)
+
+
+def weighted_l1(q, k, w) -> np.ndarray:
+    """Σ_h |w_h| · Σ_d |q_hd·k_d| [T, S]: what an fp32 score's roundings are relative to."""
+    _, l1, w = _score_terms(q, k, w)
+    return (np.abs(w) * l1).sum(axis=1)
 
 
 def _head_terms(q, k, w) -> np.ndarray:
@@ -343,12 +379,18 @@ rule("IDX.SCORE.ROUNDING", "V4/V4.1 score is BF16 at every step",
 rule("IDX.SCORE.V32_FP32", "V3.2 score is fp32 throughout",
      """V3.2's fp8_index kernel keeps the logits, the ReLU, the weighting and the head sum in
      fp32 (score_dtype='fp32'): no step rounds to BF16.  Compared within (D + H)·2^-24 ·
-     Σ_h |w_h|·Σ_d |q·k| of the exact value.""",
+     Σ_h |w_h|·Σ_d |q·k| + Σ_h |w_h|·min(D·2^-150, Σ_d |q·k|) + H·2^-149 of the exact value (the
+     second and third terms: underflow).""",
      applies_to=V32, policy="tolerance",
      sources=("V32-kernel L240-247", "V32-model L471-473 (fp32 weights × q_scale × softmax_scale into fp8_index)"),
      tolerance="""(D + H)·2^-24 · Σ_h |w_h|·Σ_d |q·k|: the recursive-summation bound of fp32 for the D-term
      dot and the H-term head sum in any order (each addition rounds by 2^-24 of a partial sum bounded
-     by the sum of magnitudes).""")
+     by the sum of magnitudes).  Underflow adds Σ_h |w_h|·min(D·2^-150, Σ_d |q·k|) + H·2^-149: a
+     product or fused add whose result is subnormal loses at most 2^-150 and at most its own size (a
+     sum of subnormals is exact), each head's dot error is scaled by its |w_h|, and each of the H
+     weighted terms may underflow too.  Weighting the dots' underflow by |w_h| matters: a faithful
+     fp32 evaluation with dots near 2^-140 and |w_h| = 2^20 lies 76-2301 times beyond an unweighted
+     (D + H)·2^-149.""")
 
 rule("IDX.SCORE.FP4", "FP4 scores equal the scores of the dequantized q and k",
      """index_scores_fp4 on packed E2M1 q and k with E8M0 scales per 32 is the BF16 score of the

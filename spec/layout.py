@@ -175,13 +175,16 @@ rule("LAYOUT.V4.MAIN", "V4 main KV entry: 583 bytes of content, stored as 584",
                                              "doc-000 FP4 storage L8", "doc-000 summary L3"))
 
 rule("LAYOUT.V32.MLA", "V3.2 sparse-decode FP8 KV entry: 656 bytes",
-     """A V3.2 MLA KV entry as FlashMLA's FP8 sparse decode reads it (and the engines that call it
-     write it) is 576 dims: the 512 NoPE dims as FP8 E4M3 (512 B) in four tiles of 128, then the
-     four tiles' scales as FP32 (16 B, tile order, little-endian), then the 64 RoPE dims as BF16
-     (128 B): 656 bytes, no pad.  A tile's scale is the power of two
+     """A V3.2 MLA KV entry as FlashMLA's FP8 sparse decode reads it is 576 dims: the 512 NoPE dims
+     as FP8 E4M3 (512 B) in four tiles of 128, then the four tiles' scales as FP32 (16 B, tile
+     order, little-endian), then the 64 RoPE dims as BF16 (128 B): 656 bytes, no pad.  A tile's
+     scale is, as FlashMLA's own quantizer writes it, the power of two
      s = 2^ceil(log2 max(fl32(amax / 448), 1e-4)): the floor is on the scale, so a tile whose amax
      is below 448·10^-4 gets s = 2^-13; the values are fl32(x / s) encoded E4M3 (round to nearest
-     even, saturating).  Unpacking gives exactly the E4M3 value times the scale, and the BF16
+     even, saturating).  That scale rule is FlashMLA's quantizer's, not a contract of the decode
+     kernel: an engine's writer may floor otherwise (v32_mla_scale_floor), and the decode kernel
+     reads each FP32 scale as bf16(scale), exact for every power of two written here but a rounding
+     of any other scale.  Unpacking gives exactly the E4M3 value times the scale, and the BF16
      value of the RoPE dims.  The official V3.2-Exp code materializes no such entry: it keeps the
      latent and the RoPE key in BF16 caches; this layout is FlashMLA's convention.""",
      applies_to=("v3.2",), policy="bytes", status=IMPLEMENTATION_DEFINED, knob="v32_mla_scale_floor",
@@ -190,7 +193,8 @@ rule("LAYOUT.V32.MLA", "V3.2 sparse-decode FP8 KV entry: 656 bytes",
               "FlashMLA-api L92-98 (the 656-byte entry: 512 E4M3, 4 FP32 scales, 64 BF16)",
               "FlashMLA-quant L13, L35-53 (V32_FP8Sparse: tiles of 128, amax / 448, the scale floor, "
               "the E4M3 cast)", "FlashMLA-quant L17-18 (scale = 2^ceil(log2 max(v, 1e-4)))",
-              "FlashMLA-quant L93-104 (dequantization: value × its tile's FP32 scale)"))
+              "FlashMLA-quant L93-104 (dequantization: value × its tile's FP32 scale)",
+              "FlashMLA-decode-fp8 L546-550 (the V32 entry's four FP32 scales loaded; L550: each read as bf16(scale))"))
 
 rule("LAYOUT.INDEX_K", "indexer K entry: 68 bytes",
      """An indexer K entry (V4 and V4.1) of 128 dims is FP4 E2M1 (64 B, two per byte) with one E8M0

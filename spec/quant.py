@@ -483,7 +483,8 @@ def fp8_linear_error(x, w_codes, w_scales, block: int, blocks=None) -> np.ndarra
 
 
 rule("FP8.LINEAR", "FP8 linear: act_quant, then per K block the E4M3 dot times both scales, fp32, BF16",
-     "A Linear whose weight is float8_e4m3fn (wq_b of the indexer: the default dtype) computes "
+     "A Linear whose weight is float8_e4m3fn (the default dtype: the indexer's wq_b, and the attention's "
+     "wq_a, wq_b, wkv and wo_b, ATTN.LAYER's q_latent, q_attn, kv_proj and out) computes "
      "y = bf16(Σ_k fl32(S_k)·s_x,k·s_w,k): x is first act_quant-ed per block of b along K with a "
      "power-of-two scale (FP8.SCALE, FP8.E4M3, scale_fmt 'ue8m0'); the weight is E4M3 [N, K] with one "
      "E8M0 scale per b×b block [ceil(N/b), K/b]; S_k is the dot of the E4M3 values of K block k (the "
@@ -494,10 +495,12 @@ rule("FP8.LINEAR", "FP8 linear: act_quant, then per K block the E4M3 dot times b
      sources=("V4-model L17, L108-118 (linear: act_quant(x, block_size, scale_fmt), then fp8_gemm)",
               "V4-model L138-142 (E4M3 weight, scale [ceil(N/128), ceil(K/128)] float8_e8m0fnu)",
               "V4-model L393 (Indexer.wq_b: a ColumnParallelLinear of the default dtype)",
+              "V4-model L457-463 (Attention's wq_a, wq_b, wkv and wo_b of the default dtype; wo_a BF16)",
               "V4-model L777-779 (default_dtype float8_e4m3fn, scale_fmt ue8m0)",
               "V4-kernel L41-102 (act_quant_kernel)", "V4-kernel L204-273 (fp8_gemm: T.gemm per K block of 128, then += C_local · s_a·s_b in fp32, BF16 out)",
               "V41-model L26-30, L181-207 (fp8_block_size 32; linear)", "V41-model L225-233 (Linear, 32×32 scales)",
-              "V41-model L514 (Indexer.wq_b)", "V41-kernel L41-113 (act_quant, as the port cites it)", "V41-kernel L202-293 (fp8_gemm, as the port cites it)"),
+              "V41-model L514 (Indexer.wq_b)", "V41-model L640-650 (Attention's wq_a, wq_b, wkv, wo_b; wo_a BF16)",
+              "V41-kernel L41-113 (act_quant, as the port cites it)", "V41-kernel L202-293 (fp8_gemm, as the port cites it)"),
      tolerance="The order of the products inside one K block is the tensor core's: an FP8 MMA "
                "instruction sums 32 products into an accumulator that keeps about 13 fraction bits "
                "(Hopper's e8m13: why fp8_gemm adds each block's sum into a separate fp32 accumulator), "

@@ -78,6 +78,9 @@ CODE: dict[str, Code] = {
         "FlashMLA's Python interface (flash_mla_with_kvcache, flash_mla_sparse_fwd; shipped library code)",
         "deepseek-ai/FlashMLA", "flash_mla/flash_mla_interface.py", "9241ae3ef9bac614dd25e45e507e089f888280e0",
         official=False),
+    "FlashMLA-decode-fp8": Code(
+        "FlashMLA's SM90 sparse FP8 decode kernel (shipped library code)", "deepseek-ai/FlashMLA",
+        "csrc/sm90/decode/sparse_fp8/splitkv_mla.cuh", "9241ae3ef9bac614dd25e45e507e089f888280e0", official=False),
     "V41-model": Code(
         "DeepSeek-V4.1-Flash inference/model.py", "HF deepseek-ai/DeepSeek-V4.1-Flash",
         "inference/model.py", "dba1be0a40aa45a94ad051997016db3960a90277",

@@ -390,3 +390,12 @@ def test_an_index_layer_with_no_compressed_entry_keeps_its_rules(provider, prefi
     from dsv4spec.properties.path import first_broken_stage, make_layer_case
     model, layer, seqlen, seed = prefill
     assert first_broken_stage(Target(provider, provider.__name__), make_layer_case(model, layer, seqlen, 0, seed)) is None
+
+
+def test_a_layer_without_rope_freqs_is_judged_with_a_slack_of_magnitudes_at_negated_positions():
+    """Issue 40, false alarm 1: o_derot is judged at −p; the spec table's slack grows with |p·f|, not p·f
+    (a negative slack failed a correctly rounded value at this case, "± -3.62e-06")."""
+    case = checks.attention_case(("v4-pro", 2, 1, 27, 20), True, True)
+    assert checks.first_broken_attention_stage(Target(attn_mutants.LayerWithoutTable(), "no table"), case) is None
+    off_by_one = attn_mutants.LayerWithoutTable(derotate_at=lambda positions: positions + 1)
+    assert checks.first_broken_attention_stage(Target(off_by_one, "off by one"), case)[0] == "o_derot"

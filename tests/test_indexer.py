@@ -244,3 +244,66 @@ def test_chunked_prefill_is_an_extension_declared_by_impl_and_not_by_official():
     chunk_only = SimpleNamespace(index_visible=official.index_visible)
     row = run_rule("IDX.VISIBLE", Target(chunk_only, "no-extensions"))
     assert row.checks["visible_count_of_a_chunk_from_any_start"] == SKIP
+
+
+def test_a_declared_fp32_score_reaches_the_head_weights():
+    """Issue 40: score_rounding=fp32 declared, the weight is kept in fp32 (raw · c, never rounded to
+    BF16): IDX.WEIGHT.SCALE accepts it (it accepted BF16 weights only) and IDX.SCORE.ROUNDING reads
+    VARIANT; the factor of a shard's heads, not the global count, still fails."""
+    from dsv4spec.properties.suite import run_rule
+    from dsv4spec.properties.target import Target
+    from mutants import indexer as mutants
+    port = Target(mutants.fp32_score_port(), "fp32")
+    assert run_rule("IDX.WEIGHT.SCALE", port).status == "PASS"
+    assert run_rule("IDX.SCORE.ROUNDING", port).status == "VARIANT"
+    provider, rule_id = mutants.MUTANTS["fp32_weights_of_a_shards_heads"]
+    assert run_rule(rule_id, Target(provider, "shard")).status == "FAIL"
+
+
+def test_an_fp32_weight_is_admitted_within_eight_fp32_roundings_and_a_bf16_factor_is_not():
+    """The fp32 admitted set (score_rounding=fp32): fl32(raw · fl32(c)) and the refactored
+    fl32(fl32(raw · fl32(n^-0.5)) · fl32(128^-0.5)) inside it, raw times the BF16-rounded factor outside."""
+    raw = spec.round_bf16(np.random.default_rng(3).standard_normal(4096) * 4)
+    for m in (V4_FLASH, V4_1_FLASH):
+        f32 = np.float32
+        official = (raw.astype(f32) * f32(m.index_weight_scale)).astype(np.float64)
+        refactored = ((raw.astype(f32) * f32(m.index_n_heads ** -0.5)) * f32(m.index_head_dim ** -0.5)).astype(np.float64)
+        assert spec.index_weights_accepted(official, raw, m, "fp32").all()
+        assert spec.index_weights_accepted(refactored, raw, m, "fp32").all()
+        if m is V4_FLASH:             # V4.1's factor 1/64 is a power of two: every evaluation is exact there
+            assert not spec.index_weights_accepted(official, raw, m, "bf16_steps").all()
+            bf16_factor = raw * spec.round_bf16(np.float64(m.index_weight_scale))
+            assert not spec.index_weights_accepted(bf16_factor, raw, m, "fp32").all()
+
+
+def _fp32_in_order(q, k, w, relu_after_weight=False):
+    """The score evaluated in fp32 one operation at a time (numpy keeps subnormals): each head's
+    dot accumulated over d, ReLU, times its weight, the heads summed."""
+    f32 = np.float32
+    q, k, w = q.astype(f32), k.astype(f32), w.astype(f32)
+    dots = np.zeros((q.shape[0], q.shape[1], k.shape[0]), f32)
+    for d in range(q.shape[-1]):
+        dots = dots + q[:, :, None, d] * k[None, None, :, d]
+    terms = w[:, :, None] * (dots if relu_after_weight else np.maximum(dots, f32(0)))
+    terms = np.maximum(terms, f32(0)) if relu_after_weight else terms
+    total = np.zeros((q.shape[0], k.shape[0]), f32)
+    for h in range(q.shape[1]):
+        total = total + terms[:, h]
+    return total.astype(np.float64)
+
+
+def test_the_fp32_score_bound_weights_the_dots_underflow_by_the_head_weight():
+    """Issue 40: dots of products near 2^-145 (4 significant bits left in fp32) and |w_h| = 2^20: a
+    faithful fp32 evaluation lay 76-2301 times beyond the unweighted (D + H)·2^-149 and is inside
+    Σ_h |w_h|·min(D·2^-150, l1_h) + H·2^-149; the ReLU applied after the weight still fails."""
+    rng = np.random.default_rng(0)
+    T, H, D, S = 2, 4, 128, 3
+    q = spec.round_bf16(rng.uniform(1, 2, (T, H, D)) * 2.0 ** -73)
+    k = spec.round_bf16(rng.uniform(1, 2, (S, D)) * 2.0 ** -73)
+    w = 2.0 ** 20 * np.array([[1.0, -1.0, 1.0, -1.0]] * T)
+    exact, tol = spec.index_scores(q, k, w, np.full(T, S), "fp32"), spec.index_score_tolerance(q, k, w, "fp32")
+    faithful = _fp32_in_order(q, k, w)
+    unweighted = (H + D) * 2.0 ** -24 * spec.weighted_l1(q, k, w) + (H + D) * 2.0 ** -149   # the old bound
+    assert (np.abs(faithful - exact) > 50 * unweighted).any()
+    assert (np.abs(faithful - exact) <= tol).all()
+    assert (np.abs(_fp32_in_order(q, k, w, relu_after_weight=True) - exact) > tol).all()

@@ -48,3 +48,18 @@ def test_the_v4_rope_habit_is_a_named_deviation_of_v41_main():
     provider.VARIANTS = {"v41_main_rope": "bf16"}
     row = run_rule(rule_id, Target(provider, provider.NAME))
     assert (row.status, row.detail) == ("VARIANT", "passes under declared v41_main_rope=bf16")
+
+
+def test_an_undeclared_scale_floor_reads_variant_on_the_field_order_too():
+    """Issue 40: act_quant's floor on amax changes the 656-byte entry's bytes wherever a tile's amax is
+    below 448·1e-4 (LAYOUT.ORDER's quiet example); the variant search tries that knob alone, not only
+    beside another field order, and names it.  A byte-order mistake beside it still fails the order."""
+    from dsv4spec.properties.layout import quiet_entry
+    from dsv4spec.spec import layout as spec
+    x = quiet_entry("v32_mla_kv")
+    assert not (spec.pack("v32_mla_kv", x, {"v32_mla_scale_floor": "amax"}) == spec.pack("v32_mla_kv", x, {})).all()
+    _, knob, value, provider = layout.build_choice("layout-v32-mla-act-quant-floor-undeclared")
+    row = run_rule("LAYOUT.ORDER", Target(provider, provider.NAME))
+    assert (row.status, row.detail) == ("VARIANT", f"detected: {knob}={value}")
+    rule_id, provider = layout.build("layout-v32-mla-act-quant-floor-tail-big-endian")
+    assert rule_id == "LAYOUT.ORDER" and run_rule(rule_id, Target(provider, provider.NAME)).status == "FAIL"

@@ -250,3 +250,19 @@ def test_the_installed_command_fails_an_own_cache_port_and_names_it_variant_when
     rows = {r["target"]: r for r in json.loads((tmp_path / "r.json").read_text())["results"]}
     assert rows["undeclared"]["status"] == "FAIL" and "matches index_k_read=own" in rows["undeclared"]["detail"]
     assert rows["declared"]["status"] == "VARIANT", rows["declared"]
+
+
+FP32_LAYER_KEYS = (("v4-flash", 2, 20, 0, 1), ("v4.1-flash", 2, 10, 0, 6))
+
+
+@pytest.mark.parametrize("key", FP32_LAYER_KEYS, ids=lambda key: f"{key[0]}-{key[1]}")
+def test_a_declared_fp32_score_reaches_the_layers_weights_and_scores(key):
+    """Issue 40: score_rounding=fp32 declared, a layer keeping its weights and scores in fp32 passes,
+    and so does one applying 128^-0.5 to the summed scores instead of the weights (the same product);
+    a wrong factor fails at the weights, the refactoring without the scores' factor at the scores."""
+    from mutants.path import FP32_SCORE_LAYER_MISTAKES, FP32_SCORE_LAYERS
+    case = checks.layer_case(key)
+    for name, provider in FP32_SCORE_LAYERS.items():
+        assert checks.first_broken_stage(Target(provider, name), case) is None, name
+    for name, (provider, stage) in FP32_SCORE_LAYER_MISTAKES.items():
+        assert checks.first_broken_stage(Target(provider, name), case)[0] == stage, name

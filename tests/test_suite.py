@@ -264,6 +264,29 @@ def test_a_v41_only_target_is_asked_only_for_what_it_serves():
         Target(types.SimpleNamespace(MODELS="v4.1-flash", index_topk=position_only), "bad")
 
 
+V4_SCORE_RULES = ("IDX.SCORE.ROUNDING", "IDX.SCORE.TP", "IDX.CHUNK", "IDX.WEIGHT.SCALE", "LAYOUT.V4.MAIN",
+                  "FP8.V4_INPLACE")
+V32_RULES = ("IDX.SCORE.V32_FP32", "IDX.SCORE.FORMULA", "IDX.MASK", "IDX.VISIBLE", "LAYOUT.ORDER", "LAYOUT.V32.MLA",
+             "FP8.SCALE", "FP8.BLOCKS")
+
+
+def test_a_v32_only_target_is_kept_from_every_rule_and_request_of_other_models():
+    """Issue 40: MODELS = ("v3.2",) and fp32 scores whatever dtype is asked.  V4-only rules are n/i
+    (IDX.SCORE.ROUNDING failed it: its scores are not BF16); the rules V3.2 shares are asked only
+    V3.2's requests (fp32 scores, ratio 1, V3.2's entry kinds, FP8 blocks of 128) and pass; V3.2's
+    rounding mistake fails its V3.2 rule."""
+    from mutants import indexer
+    port = Target(indexer.v32_port(), "v32")
+    for rule_id in V4_SCORE_RULES:
+        row = run_rule(rule_id, port)
+        assert row.status == NOT_IMPLEMENTED and "(MODELS: v3.2)" in row.detail, (rule_id, row)
+    for rule_id in V32_RULES:
+        row = run_rule(rule_id, port)
+        assert row.status == PASS, (rule_id, row)
+    wrong = Target(indexer.v32_port("bf16_scores", indexer._v32_scores_rounded_to_bf16), "bf16_scores")
+    assert run_rule("IDX.SCORE.V32_FP32", wrong).status == FAIL
+
+
 def test_the_official_factorisation_is_an_entry_point_checked_by_the_same_rules():
     """A target offering only index_scores_raw (raw weights in) is judged on IDX.WEIGHT.SCALE and the
     IDX.SCORE rules; the same computation passes them."""

@@ -202,6 +202,19 @@ def _wo_a_heads_round_robin(o, wo_a):
     return _grouped_product(o.unflatten(1, (-1, g)).transpose(1, 2), wo_a)
 
 
+_attention_output = ref.attention_output
+
+
+class LayerWithoutTable:
+    """A port that wraps its attention block and nothing else (no rope_freqs): its rotations are judged
+    on the spec's fp32 table and its slack.  `derotate_at` moves the de-rotation's positions."""
+    CONTRACT = OUTPUT_CONTRACT
+
+    def __init__(self, derotate_at=lambda positions: positions):
+        self.attention_layer = _layer_with(
+            attention_output=lambda o, positions, freqs: _attention_output(o, derotate_at(positions), freqs))
+
+
 # the stage each layer mutant breaks first (tests/test_attn.py asserts the check names it)
 LAYER_STAGE = {"layer_wq_a_in_bf16": "q_latent", "layer_wq_b_in_bf16": "q_attn", "layer_wkv_in_bf16": "kv_proj",
                "layer_q_not_rescaled_on_v4": "q_rescale", "layer_window_kv_not_quantized": "kv_window",

@@ -359,3 +359,45 @@ MUTANTS.update({
     "topk_k0_one_column": (mutant("topk_k0_one_column", index_topk=lambda s, v, k, o: ref.index_topk(s, v, k, o) if k
                                   else torch.full((s.shape[0], 1), -1, dtype=torch.int64)), "IDX.TOPK.COUNT"),
 })
+
+
+# A port of V3.2 alone (MODELS = ("v3.2",)): fp32 scores whatever dtype is asked (its indexer has
+# one), entries of V3.2's two kinds only, FP8 in blocks of 128 only.  `scores` replaces its scoring (a mistake on V3.2).
+V32_KINDS = ("v32_index_k", "v32_mla_kv")
+
+
+def v32_port(name="v32_port", scores=lambda q, k, w, visible: ref.index_scores(q, k, w, visible, "fp32")):
+    import dsv4spec.impl as impl
+
+    def v32_kind(op):
+        def call(kind, x):
+            if kind not in V32_KINDS:
+                raise ValueError(f"a V3.2 port packs {V32_KINDS}, not {kind!r}")
+            return op(kind, x)
+        return call
+    def fp8_quantize(x, block):
+        if block != 128:
+            raise ValueError(f"a V3.2 port quantizes in blocks of 128, not {block}")
+        return impl.fp8_quantize(x, block)
+    return mutant(name, base=object(), MODELS=("v3.2",), index_visible=impl.index_visible, fp8_quantize=fp8_quantize,
+                  index_scores=lambda q, k, w, visible, score_dtype="fp32": scores(q, k, w, visible),
+                  entry_pack=v32_kind(impl.entry_pack), entry_unpack=v32_kind(impl.entry_unpack))
+
+
+def _v32_scores_rounded_to_bf16(q, k, w, visible):
+    """V4's habit in a V3.2 port: the scores rounded to BF16 at every step."""
+    return ref.index_scores(q, k, w, visible, "bf16")
+
+
+# Ports keeping the index score in fp32 (score_rounding=fp32 declared): weights raw · factor in fp32,
+# never rounded to BF16 (issue 40); `heads` the head count of the factor (the global one is right).
+def fp32_score_port(name="fp32_scores", heads=lambda m: m.index_n_heads):
+    def index_weights(raw, model):
+        m = profile(model)
+        return raw.float() * (m.index_head_dim * heads(m)) ** -0.5
+    return mutant(name, variants={"score_rounding": "fp32"}, index_weights=index_weights, index_layer=None,
+                  index_scores=lambda q, k, w, visible, score_dtype="bf16": ref.index_scores(q, k, w, visible, "fp32"))
+
+
+MUTANTS["fp32_weights_of_a_shards_heads"] = (fp32_score_port("fp32_weights_of_a_shards_heads",
+                                                             heads=lambda m: m.index_n_heads // 2), "IDX.WEIGHT.SCALE")

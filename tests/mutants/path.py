@@ -341,3 +341,34 @@ MUTANTS.update({
 OWN_INDEX_K = _layer_with(_scored_keys=lambda op, inputs, m, layer, seqlen, start_pos, own_k: own_k)
 MUTANTS["sources_score_their_own_index_k"] = (mutant("sources_score_their_own_index_k", index_layer=OWN_INDEX_K),
                                               "PATH.K.PUBLISHED")
+
+
+# Layers keeping the index score in fp32 (score_rounding=fp32 declared, issue 40): weights never
+# rounded to BF16, carrying `weights_factor(m)`; scores in fp32, times `scores_factor(m)` after the sum.
+_index_scores = ref.index_scores
+
+
+def _fp32_score_layer(weights_factor, scores_factor=lambda m: 1.0):
+    def index_layer(inputs, *, model, layer, start_pos=0):
+        m = profile(model)
+
+        def index_weights(raw, model):
+            return raw.float() * weights_factor(m)
+
+        def index_scores(q, k, w, visible, score_dtype="bf16"):
+            return _index_scores(q, k, w, visible, "fp32") * scores_factor(m)
+        with mock.patch.multiple(ref, index_weights=index_weights, index_scores=index_scores):
+            return ref.index_layer(inputs, model=model, layer=layer, start_pos=start_pos)
+    return mutant("fp32_scores", variants={"score_rounding": "fp32"}, index_layer=index_layer)
+
+
+FP32_SCORE_LAYERS = {
+    "official": _fp32_score_layer(lambda m: m.index_weight_scale),
+    # 128^-0.5 applied to the summed scores, the weights carrying n^-0.5 alone: the same product
+    "refactored": _fp32_score_layer(lambda m: m.index_n_heads ** -0.5, lambda m: m.index_head_dim ** -0.5),
+}
+# mistakes in such layers, and the stage each must fail
+FP32_SCORE_LAYER_MISTAKES = {
+    "main_head_dim_in_the_factor": (_fp32_score_layer(lambda m: (m.head_dim * m.index_n_heads) ** -0.5), "weights"),
+    "refactored_without_the_scores_factor": (_fp32_score_layer(lambda m: m.index_n_heads ** -0.5), "scores"),
+}
