@@ -172,7 +172,7 @@ CLAUSES: dict[str, tuple[Clause, ...]] = {
         c("s_h = bf16(Σ_d q·k accumulated in fp32)", "dot_left_fp32", "dot_accumulated_in_bf16"),
         c("p_h = bf16(r_h·w_h)", "fp32_then_one_cast"),
         c("I = bf16(Σ_h p_h accumulated in fp32)", "head_sum_in_bf16", "score_left_fp32")),
-    "IDX.SCORE.V32_FP32": (c("no step rounds to BF16", "v32_rounded_to_bf16"),),
+    "IDX.SCORE.V32_FP32": (c("no step rounds to BF16", "v32_rounded_to_bf16", check="v32_score_is_fp32"),),
     "IDX.SCORE.FP4": (c("the BF16 score of the dequantized values", "fp4_k_nibbles_swapped", "fp4_scores_left_fp32"),
                       c("(code value · 2^(byte − 127))", "fp4_k_scale_bias_128")),
     "IDX.SCORE.TP": (c("the weight factor uses the global head count, never the local one", "weight_factor_local_heads"),),
