@@ -41,8 +41,9 @@ from ..spec.models import PROFILES, profile
 from ..spec.rules import V41
 from .compare import as_numpy, assert_equal, assert_within
 from .path import (STAGES, LayerCase, cached_run, judge_rotation, layer_cases, layer_kind, make_layer_case,
-                   normal_bf16, report_first_broken)
+                   normal_bf16)
 from .quant import assert_fp8_linear, fp8_linear_bounds, fp8_weight
+from .stages import first_broken, judge_every_stage, not_judged, report as report_stages
 from .suite import check, forall
 
 OPS = {
@@ -445,8 +446,41 @@ def attention_layer_case(case, seed: int | None = None, projected: bool = False,
         extra.update(projection_weights(m, np.random.default_rng((weights, 2))))
         if output:
             extra.update(output_weights(m, np.random.default_rng((weights, 3))))
-    return LayerCase(case.label + (", from x" if projected else ", with attention"), case.model, case.layer,
-                     case.start_pos, case.inputs + tuple(extra.items()))
+        extra.update(outlier_runs(np.random.default_rng((weights, 4)), case.arrays()["x"], extra, m))
+    label = (", from x" + (", wo_a, wo_b" if output else "")) if projected else ", with attention"
+    inputs = tuple((name, a) for name, a in case.inputs if name not in extra) + tuple(extra.items())
+    return LayerCase(case.label + label, case.model, case.layer, case.start_pos, inputs)
+
+
+OUTLIER_EXPONENT = 16
+
+
+def outlier_runs(rng, x, weights: dict, m) -> dict:
+    """A run of 32 channels of x (every token) times 2^16 and, with wo_a, a run of 32 rows of wo_a (so
+    of o_lora) alike; the E8M0 scale of the K block over each run lowered by 16 + 8 in the weights
+    that read it (wq_a, wkv; wo_b), so the rest of the row decides each product (FP8.LINEAR's
+    with_block_outlier): act_quant per the model's block keeps the other blocks exact, a block of 128
+    where it is 32 puts their values among E4M3 subnormals or 0 (real attention inputs carry such
+    outlier channels; on unit-RMS rows the block's span is invisible)."""
+    b, e = spec_quant.FP8_LINEAR_BLOCK[m.name], OUTLIER_EXPONENT
+    out = {}
+
+    def lowered(name, run):
+        scale = weights[f"{name}_scale"].copy()
+        scale[:, run * 32 // b] -= np.uint8(e + 8)
+        out[f"{name}_scale"] = scale
+
+    run = int(rng.integers(x.shape[-1] // 32))
+    out["x"] = x.copy()
+    out["x"][:, run * 32:(run + 1) * 32] *= np.float32(2.0 ** e)
+    lowered("attn_wq_a", run)
+    lowered("attn_wkv", run)
+    if "attn_wo_a" in weights:
+        run = int(rng.integers(weights["attn_wo_a"].shape[0] // 32))
+        out["attn_wo_a"] = weights["attn_wo_a"].copy()
+        out["attn_wo_a"][run * 32:(run + 1) * 32] *= np.float32(2.0 ** e)
+        lowered("attn_wo_b", run)
+    return out
 
 
 PROJECTED_TOKENS = 32     # cases up to this length start from x; the longer ones (window and entry
@@ -744,18 +778,17 @@ REUSE_STAGES = tuple((s.name, s.rule_id, s.judge) for s in STAGES if s.name == "
     ("indices", "PATH.CONCAT", _judge_reused_indices),)
 
 
-def first_broken_attention_stage(target, case):
-    """(stage, rule, message) of the first stage, index path first, that breaks its rule, or None."""
-    out = run_attention_layer(target, case)
+def attention_stage_verdicts(target, case) -> list[dict]:
+    """Every stage of the case, index path first, judged on the target's own stage before."""
     stages = [(s.name, s.rule_id, s.judge) for s in STAGES if layer_kind(case) in s.kinds]
     stages += REUSE_STAGES if layer_kind(case) == "reuse" else ()
     stages += [(name, rule_id, judge) for name, rule_id, applies, judge in ATTN_STAGES if applies(case)]
-    for name, rule_id, judge in stages:
-        try:
-            judge(target, case, out)
-        except AssertionError as e:
-            return name, rule_id, str(e)
-    return None
+    return judge_every_stage(stages, target, case, run_attention_layer(target, case))
+
+
+def first_broken_attention_stage(target, case):
+    """(stage, rule, message) of the first stage, index path first, that breaks its rule, or None."""
+    return first_broken(attention_stage_verdicts(target, case))
 
 
 PROJECTIONS_SINCE = 6     # the contract version whose attention_layer starts from x
@@ -779,8 +812,36 @@ OUTPUT_SINCE = 7          # the contract version whose attention_layer ends with
 
 def takes_output(target) -> bool:
     """Whether attention_layer is given wo_a and wo_b (on the cases from x): a target declaring contract 7
-    or later; never one declaring an earlier version or none."""
-    return target.contract is not None and target.contract >= OUTPUT_SINCE
+    or later, never one declaring an earlier version; an undeclared one where it answers a case from x
+    with them by o_lora (a stage a target returns is judged: an adapter written before ignores them)."""
+    if target.contract is not None:
+        return target.contract >= OUTPUT_SINCE
+    if not takes_projections(target):
+        return False
+    try:
+        return "o_lora" in run_attention_layer(target, attention_case(PROBE_KEY, True, True))
+    except Exception:
+        return False
+
+
+PROJECTED_STAGES = ("q_latent", "q_norm", "q_attn", "kv_proj", "kv_normed")
+OUTPUT_STAGES = ("o_lora", "out")
+
+
+def withheld_stages(target, case) -> list[dict]:
+    """The stages of a case from x the target is not given the inputs of, as verdicts 'not judged':
+    the projections (given q_attn and kv_normed) before contract 6, the output projections before 7."""
+    if case.seqlen > PROJECTED_TOKENS:
+        return []
+    rule_of = {name: rule_id for name, rule_id, _, _ in ATTN_STAGES}
+    declared = f"contract {target.contract}" if target.contract is not None else "no CONTRACT declared"
+    if not _projects(case):
+        why = f"{declared}: q_attn and kv_normed given, not x and the projections (contract {PROJECTIONS_SINCE})"
+        return not_judged(PROJECTED_STAGES + OUTPUT_STAGES, why, rule_of)
+    if not _projects_output(case):
+        how = "withholds" if target.contract is not None else "and no o_lora returned given"
+        return not_judged(OUTPUT_STAGES, f"{declared} {how} wo_a and wo_b (contract {OUTPUT_SINCE})", rule_of)
+    return []
 
 
 PROBE_KEY = ("v4-flash", 0, 1, 126, 9)   # path.FIXED_LAYERS' one-token window decode: the cheapest case
@@ -797,4 +858,24 @@ def _every_layer_kind(fn):
 @_every_layer_kind
 def every_attention_stage_on_the_stage_before(target, key):
     case = attention_case(key, takes_projections(target), takes_output(target))
-    report_first_broken("ATTN.LAYER", case, first_broken_attention_stage(target, case))
+    report_stages("ATTN.LAYER", case, attention_stage_verdicts(target, case) + withheld_stages(target, case))
+
+
+@functools.lru_cache(maxsize=2)
+def small_latent_case(output: bool) -> LayerCase:
+    """V4.1's window layer 0, 3 tokens from x, with wq_a's and wkv's scales 2^-12 lower: q_latent and
+    kv_proj of RMS about 2^-12, mean(x²) about 6e-8, where norm_eps = 1e-20 leaves q_norm and kv_norm
+    alone and V4's 1e-6 shrinks them about 4-fold (on unit-RMS latents no eps shows)."""
+    case = attention_layer_case(make_layer_case("v4.1-flash", 0, 3, 0, 41), 41, True, output)
+    a = case.arrays()
+    smaller = {f"{w}_scale": (a[f"{w}_scale"] - np.uint8(12)) for w in ("attn_wq_a", "attn_wkv")}
+    return LayerCase(case.label + ", wq_a and wkv scales 2^-12", case.model, case.layer, case.start_pos,
+                     tuple((name, smaller.get(name, x)) for name, x in case.inputs))
+
+
+@check("ATTN.LAYER", ops=("attention_layer",))
+def norm_eps_of_the_model_on_a_small_latent(target):
+    if not takes_projections(target):       # given the normed q and KV (contract < 6): no norm to judge
+        return
+    case = small_latent_case(takes_output(target))
+    report_stages("ATTN.LAYER", case, attention_stage_verdicts(target, case) + withheld_stages(target, case))

@@ -60,6 +60,7 @@ from .compare import as_numpy, assert_bytes_equal, assert_equal, assert_within
 from .indexer import assert_weights, expected_scores, make_score_case, ScoreCase
 from .quant import assert_fp8_linear, fp8_linear_bounds, fp8_weight
 from .pool import reindex_cases, wide_reindex_case
+from .stages import first_broken, judge_every_stage, report as report_stages
 from .ranking import assert_pool, assert_topk
 from .suite import check, forall
 
@@ -755,17 +756,15 @@ STAGES = (
 )
 
 
+def stage_verdicts(target, case: LayerCase) -> list[dict]:
+    """Every stage of the case's layer kind judged on the target's own stage before: a verdict each."""
+    stages = [(s.name, s.rule_id, s.judge) for s in STAGES if layer_kind(case) in s.kinds]
+    return judge_every_stage(stages, target, case, run_layer(target, case))
+
+
 def first_broken_stage(target, case: LayerCase):
     """(stage, rule, message) of the first stage that breaks its rule, or None."""
-    out = run_layer(target, case)
-    for stage in STAGES:
-        if layer_kind(case) not in stage.kinds:
-            continue
-        try:
-            stage.judge(target, case, out)
-        except AssertionError as e:
-            return stage.name, stage.rule_id, str(e)
-    return None
+    return first_broken(stage_verdicts(target, case))
 
 
 def _stage_check(rule_id: str):
@@ -798,14 +797,7 @@ def layer_quantizes_after_rope(target):
 @layer_check(ALL_KINDS, "PATH.LAYER")
 def every_stage_on_the_stage_before(target, key):
     case = layer_case(key)
-    report_first_broken("PATH.LAYER", case, first_broken_stage(target, case))
-
-
-def report_first_broken(rule_id: str, case, broken) -> None:
-    """A layer rule's failure names the first broken stage, the rule it breaks and the case."""
-    if broken:
-        stage, stage_rule, message = broken
-        raise AssertionError(f"{rule_id}: first broken stage {stage!r} ({stage_rule}) [{case!r}]\n{message}")
+    report_stages("PATH.LAYER", case, stage_verdicts(target, case))
 
 
 # ------------------------------------------------------------------------------------------------

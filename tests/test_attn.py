@@ -214,10 +214,20 @@ def test_derotation_undoes_the_rotation():
 
 @pytest.mark.parametrize("name", sorted(attn_mutants.LAYER_STAGE))
 def test_the_layer_check_names_the_planted_stage(name):
+    """V4 CSA, prefill from x to out (every stage); a V4.1-only mistake on V4.1's small-latent case
+    (its x and o_lora carry an outlier run too)."""
     provider = attn_mutants.MUTANTS[name][0]
-    case = checks.attention_case(FIXED_LAYERS[0], True, True)  # V4 CSA, prefill from x to out: every stage
+    case = checks.small_latent_case(True) if name.endswith("_on_v41") else checks.attention_case(FIXED_LAYERS[0], True, True)
     stage, _, _ = checks.first_broken_attention_stage(Target(provider, name), case)
     assert stage == attn_mutants.LAYER_STAGE[name]
+
+
+@pytest.mark.parametrize("provider", [impl, official], ids=["impl", "official"])
+def test_the_small_latent_case_passes_the_controls(provider):
+    case = checks.small_latent_case(True)
+    latent = checks.run_attention_layer(Target(provider, "t"), case)["q_latent"]
+    assert 2.0 ** -13 < np.sqrt(np.mean(np.square(latent))) < 2.0 ** -10        # about 2^-12 beside the outlier run
+    assert checks.first_broken_attention_stage(Target(provider, "t"), case) is None
 
 
 @pytest.mark.parametrize("provider", [impl, official], ids=["impl", "official"])

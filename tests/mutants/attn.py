@@ -11,7 +11,7 @@ from dsv4spec.impl import rope as rope_ref
 
 from . import mutant
 from . import path as path_mutants
-from .quant import fp8_linear_without_act_quant
+from .quant import fp8_linear_act_block_of_the_other_model, fp8_linear_without_act_quant
 
 
 def _bf16(x):
@@ -186,6 +186,24 @@ def _bf16_projection_at(weight):
     return _layer_with(_fp8_projection=projection)
 
 
+def _act_quant_per_128_at(weight):
+    """impl's attention_layer whose FP8 linear by `weight` takes act_quant per 128 in V4.1 (V4's
+    block_size; the weight's blocks of 32 stay right): a port that kept V4's act block."""
+    def projection(op, inputs, name, x, rows, block):
+        if name != weight or block != 32:
+            return _fp8_projection(op, inputs, name, x, rows, block)
+        return fp8_linear_act_block_of_the_other_model(x, inputs[name], inputs[f"{name}_scale"], block)
+    return _layer_with(_fp8_projection=projection)
+
+
+_rms_norm = ref._rms_norm
+
+
+def _rms_norm_with_v4_eps(x, weight, eps):
+    """The attention's RMSNorms with V4's norm_eps 1e-6 whatever the model's (V4.1's is 1e-20)."""
+    return _rms_norm(x, weight, 1e-6)
+
+
 _grouped_product = ref.grouped_product
 OUTPUT_CONTRACT = 7     # the output projections' mutants declare it: only then is a layer given wo_a and wo_b
 
@@ -207,7 +225,9 @@ LAYER_STAGE = {"layer_wq_a_in_bf16": "q_latent", "layer_wq_b_in_bf16": "q_attn",
                "layer_q_not_rescaled_on_v4": "q_rescale", "layer_window_kv_not_quantized": "kv_window",
                "layer_compressed_kv_not_quantized": "cmp", "layer_attention_without_sink": "o",
                "layer_output_not_derotated": "o_derot", "layer_wo_a_product_in_fp32": "o_lora",
-               "layer_wo_a_heads_round_robin": "o_lora", "layer_wo_b_in_bf16": "out"}
+               "layer_wo_a_heads_round_robin": "o_lora", "layer_wo_b_in_bf16": "out",
+               "layer_wkv_act_quant_per_128_on_v41": "kv_proj", "layer_wo_b_act_quant_per_128_on_v41": "out",
+               "layer_norm_eps_of_v4_on_v41": "q_norm"}
 
 
 def _int32_lists_read_as_row_0(q, kv, sink, indices, scale, *, model):
@@ -266,6 +286,10 @@ MUTANTS = dict([
     _m("layer_wo_a_product_in_fp32", "ATTN.LAYER", CONTRACT=OUTPUT_CONTRACT, attention_layer=_layer_with(grouped_product=_wo_a_product_in_fp32)),
     _m("layer_wo_a_heads_round_robin", "ATTN.LAYER", CONTRACT=OUTPUT_CONTRACT, attention_layer=_layer_with(grouped_product=_wo_a_heads_round_robin)),
     _m("layer_wo_b_in_bf16", "ATTN.LAYER", CONTRACT=OUTPUT_CONTRACT, attention_layer=_bf16_projection_at("attn_wo_b")),
+    _m("layer_wkv_act_quant_per_128_on_v41", "ATTN.LAYER", attention_layer=_act_quant_per_128_at("attn_wkv")),
+    _m("layer_wo_b_act_quant_per_128_on_v41", "ATTN.LAYER", CONTRACT=OUTPUT_CONTRACT,
+       attention_layer=_act_quant_per_128_at("attn_wo_b")),
+    _m("layer_norm_eps_of_v4_on_v41", "ATTN.LAYER", attention_layer=_layer_with(_rms_norm=_rms_norm_with_v4_eps)),
 ])
 
 
