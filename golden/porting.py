@@ -71,7 +71,8 @@ and a crash before it wrote an output does not: a line `ops=OP1,OP2` (canonical 
 the declared operations and has no output file is then n/i; one that calls a declared operation
 needs its file and every record of that operation (ERROR otherwise).  A port that declares
 nothing must write a file for every rule (a missing one is ERROR); an empty file reads n/i.
-`OUT/port.txt` may also hold `name=...`, `variant.KNOB=VALUE` and `extensions=A,B`.
+`OUT/port.txt` may also hold `name=...`, `variant.KNOB=VALUE`, `extensions=A,B` and `contract=N` (the
+contract version the port was written against, as a Python target's `CONTRACT`).
 
     dsv4spec golden check-vectors EXPORT OUT [--rules PREFIX,...] [--ops OP,...]
 

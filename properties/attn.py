@@ -605,6 +605,12 @@ def _stage(out, name, case) -> np.ndarray:
     return np.asarray(out[name], dtype=np.float64) if out[name].dtype.kind == "f" else np.asarray(out[name])
 
 
+def _source(out, name, case) -> np.ndarray:
+    """What a stage is computed from: the target's stage `name`, else the case's input of that name."""
+    a = case.arrays()
+    return a[name].astype(np.float64) if name not in out and name in a else _stage(out, name, case)
+
+
 def _same(got, want, what, case):
     assert_equal(np.asarray(got, np.float64), np.asarray(want, np.float64), what=f"{what} [{case!r}]")
 
@@ -641,7 +647,7 @@ def _projection(name, weight, source):
     """The stage `name` = FP8.LINEAR(source, weight) (source: a stage, or the input x)."""
     def judge(target, case, out):
         a, b = case.arrays(), spec_quant.FP8_LINEAR_BLOCK[case.model]
-        x = _stage(out, source, case) if source in out else a[source].astype(np.float64)
+        x = _source(out, source, case)
         x = x.reshape(x.shape[0], -1)
         got = _stage(out, name, case)
         assert_fp8_linear(got.reshape(got.shape[0], -1), x, a[weight], a[f"{weight}_scale"], b,
@@ -671,7 +677,7 @@ def _judge_q_rescale(target, case, out):
 
 def _rotation(name, source, use, positions):
     def judge(target, case, out):
-        x = _stage(out, source, case) if source in out else case.arrays()[source].astype(np.float64)
+        x = _source(out, source, case)
         judge_rotation(target, case, x, _stage(out, name, case), positions(case), use,
                         f"ROPE.POSITIONS: {name} = RoPE({source}) [{case!r}]")
     return judge

@@ -32,6 +32,12 @@ def judge_every_stage(stages, target, case, out) -> list[dict]:
             judge(target, case, out)
         except AssertionError as e:
             verdicts.append(verdict(name, rule_id, FAIL, str(e)))
+        except Exception as e:      # noqa: BLE001 -- the judge could not read what a broken stage left
+            broken = first_broken(verdicts)
+            if broken is None:
+                raise
+            verdicts.append(verdict(name, rule_id, FAIL, f"{rule_id}: stage {name!r} cannot be judged on what "
+                                                         f"stage {broken[0]!r} left ({type(e).__name__}: {e}) [{case!r}]"))
         else:
             verdicts.append(verdict(name, rule_id, PASS))
     return verdicts

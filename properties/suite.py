@@ -332,8 +332,10 @@ def run_check(chk: Check, target: Target, profile: str = "ci", shrink: bool = Tr
     """One check against one target: PASS/FAIL/ERROR/TIMEOUT/NOT_IMPLEMENTED/SKIP."""
     RUN.settings = settings_for(chk.rule_id, profile, shrink, chk.name)
     if chk.ops and not target.has(*chk.ops):
-        missing = [op for op in chk.ops if not target.has(op)]
-        return Outcome(NOT_IMPLEMENTED, "missing " + ", ".join(missing))
+        gone = {op: target.withheld(op) for op in chk.ops if not target.has(op)}
+        plain = [op for op, why in gone.items() if why is None]
+        return Outcome(NOT_IMPLEMENTED, "; ".join([f"missing {', '.join(plain)}"] * bool(plain)
+                                                  + [why for why in gone.values() if why]))
     if chk.extension and chk.extension not in target.extensions:
         return Outcome(SKIP, f"extension {chk.extension} not declared")
     _DETECTED.clear()
