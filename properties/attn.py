@@ -690,24 +690,25 @@ def _judge_qdq(name, source, compressed):
     return judge
 
 
-def _window_rows(case, out):
+def _window_rows(target, case, out):
     m = profile(case.model)
     new = _stage(out, "kv_window", case)
     if case.start_pos == 0:
         return new
     ring = case.arrays()["window_cache"].astype(np.float64).copy()
     ring[case.start_pos % m.window] = new[0]
-    return ring
+    return spec_path.window_rows(ring, case.start_pos, target.variant("window_layout"), m.window)
 
 
 def _judge_kv(target, case, out):
-    rows = [_window_rows(case, out)]
+    rows = [_window_rows(target, case, out)]
     if profile(case.model).ratio(case.layer):
         rows.append(_stage(out, "cmp", case) if "cmp_rot" in out or "kv_entries" in case.arrays()
                     else case.arrays()["kv_cache"].astype(np.float64))
-    _same(_stage(out, "kv", case), np.concatenate(rows),
-          "ATTN.GATHER: the rows attention reads, [window rows | compressed rows] (decode: the new row in "
-          "ring slot start_pos mod 128)", case)
+    layout = target.variant("window_layout")
+    where = "in ring slot start_pos mod 128" if layout == "ring" else "last, the window rows in position order"
+    _same(_stage(out, "kv", case), np.concatenate(rows), f"ATTN.GATHER: the rows attention reads, [window rows | "
+          f"compressed rows] (window_layout={layout}; decode: the new row {where})", case)
 
 
 def _judge_o(target, case, out):
@@ -775,9 +776,10 @@ ATTN_STAGES = (
 
 def _judge_reused_indices(target, case, out):
     window = _stage(out, "window_idx", case).astype(np.int64)
-    want = spec_path.attention_index(window, case.arrays()["source_topk"], case.seqlen, case.start_pos)
+    layout = target.variant("window_layout")
+    want = spec_path.attention_index(window, case.arrays()["source_topk"], case.seqlen, case.start_pos, layout=layout)
     _same(_stage(out, "indices", case), want, "PATH.CONCAT: [window | the index source's top-k + "
-          f"{spec_path.kv_offset(case.seqlen, case.start_pos)}] (a reuse layer's lists)", case)
+          f"{spec_path.kv_offset(case.seqlen, case.start_pos, layout=layout)}] (a reuse layer's lists)", case)
 
 
 REUSE_STAGES = tuple((s.name, s.rule_id, s.judge) for s in STAGES if s.name == "window_idx") + (

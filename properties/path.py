@@ -121,9 +121,10 @@ def list_shapes(draw):
 @forall(*(dict(shape=s) for s in LIST_EXAMPLES), shape=list_shapes())
 def window_rows_are_the_last_128_positions(target, shape):
     s, p = shape["seqlen"], shape["start_pos"]
-    assert_same_rows_as_sets(target.window_index(s, p), spec.window_index(s, p),
-                             f"PATH.WINDOW (seqlen {s}, start_pos {p}): i−127…i clipped at 0 in prefill, "
-                             f"the filled ring slots and −1 for the rest in decode")
+    layout = target.variant("window_layout")
+    assert_same_rows_as_sets(target.window_index(s, p), spec.window_index(s, p, layout=layout),
+                             f"PATH.WINDOW (seqlen {s}, start_pos {p}, window_layout={layout}): i−127…i clipped at 0 "
+                             f"in prefill, the filled ring slots and −1 for the rest in decode")
 
 
 HCA = (("v4-flash", 3), ("v4-pro", 0))
@@ -135,10 +136,11 @@ HCA = (("v4-flash", 3), ("v4-pro", 0))
 def hca_lists_every_visible_entry_after_the_window(target, shape, which):
     model, layer = HCA[which]
     s, p = shape["seqlen"], shape["start_pos"]
+    layout = target.variant("window_layout")
     assert_equal(_ints(target.compressed_index(s, p, model=model, layer=layer)),
-                 spec.compressed_index(s, p, profile(model).ratio(layer)),
+                 spec.compressed_index(s, p, profile(model).ratio(layer), layout=layout),
                  what=f"PATH.HCA ({model} layer {layer}, seqlen {s}, start_pos {p}): ascending j + offset "
-                      f"{spec.kv_offset(s, p)}, −1 while not visible")
+                      f"{spec.kv_offset(s, p, layout=layout)}, −1 while not visible")
 
 
 @check("PATH.CONCAT", ops=("attention_index",))
@@ -146,11 +148,13 @@ def hca_lists_every_visible_entry_after_the_window(target, shape, which):
 def window_then_compressed_plus_offset(target, shape, seed):
     s, p = shape["seqlen"], shape["start_pos"]
     rng = np.random.default_rng(seed)
-    window = spec.window_index(s, p)
+    layout = target.variant("window_layout")
+    window = spec.window_index(s, p, layout=layout)
     topk = rng.integers(-1, 40, (window.shape[0], 6))
     got = target.attention_index(_t(window, torch.int64), _t(topk, torch.int64), s, p)
-    assert_equal(_ints(got), spec.attention_index(window, topk, s, p),
-                 what=f"PATH.CONCAT (seqlen {s}, start_pos {p}): [window | top-k + {spec.kv_offset(s, p)}], −1 kept")
+    assert_equal(_ints(got), spec.attention_index(window, topk, s, p, layout=layout),
+                 what=f"PATH.CONCAT (seqlen {s}, start_pos {p}, window_layout={layout}): "
+                      f"[window | top-k + {spec.kv_offset(s, p, layout=layout)}], −1 kept")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -711,17 +715,19 @@ def _judge_topk(target, case, out):
 
 
 def _judge_window(target, case, out):
-    assert_same_rows_as_sets(_need(out, "window_idx", case), spec.window_index(case.seqlen, case.start_pos),
-                             f"PATH.WINDOW [{case!r}]")
+    layout = target.variant("window_layout")
+    assert_same_rows_as_sets(_need(out, "window_idx", case), spec.window_index(case.seqlen, case.start_pos, layout=layout),
+                             f"PATH.WINDOW (window_layout={layout}) [{case!r}]")
 
 
 def _judge_compressed(target, case, out):
-    want = spec.compressed_index(case.seqlen, case.start_pos, profile(case.model).ratio(case.layer))
+    want = spec.compressed_index(case.seqlen, case.start_pos, profile(case.model).ratio(case.layer),
+                                 layout=target.variant("window_layout"))
     assert_equal(_ints(_need(out, "compressed_idx", case)), want, what=f"PATH.HCA [{case!r}]")
 
 
 def _judge_indices(target, case, out):
-    window = _ints(_need(out, "window_idx", case))
+    window, layout = _ints(_need(out, "window_idx", case)), target.variant("window_layout")
     kind = layer_kind(case)
     if kind == "window":
         assert_equal(_ints(_need(out, "indices", case)), window, what=f"PATH.CONCAT: window only [{case!r}]")
@@ -729,9 +735,10 @@ def _judge_indices(target, case, out):
     if kind == "hca":
         want = np.concatenate([window, _ints(_need(out, "compressed_idx", case))], axis=-1)
     else:
-        want = spec.attention_index(window, _ints(_need(out, "topk", case)), case.seqlen, case.start_pos)
+        want = spec.attention_index(window, _ints(_need(out, "topk", case)), case.seqlen, case.start_pos, layout=layout)
+    offset = spec.kv_offset(case.seqlen, case.start_pos, layout=layout)
     assert_equal(_ints(_need(out, "indices", case)), want,
-                 what=f"PATH.CONCAT: [window | compressed + {spec.kv_offset(case.seqlen, case.start_pos)}] [{case!r}]")
+                 what=f"PATH.CONCAT (window_layout={layout}): [window | compressed + {offset}] [{case!r}]")
 
 
 STAGES = (

@@ -465,14 +465,16 @@ rule("ATTN.LAYER", "Every stage of a layer's attention, each on the stage before
      (eps = norm_eps); the main q after V4's rescale (q_rescale), rotated (q_attn_rot); the new tokens' window KV rotated (kv_rot)
      and as attention reads it (kv_window); on a layer that writes its compressed KV in prefill,
      the entries rotated at j·ratio (cmp_rot) and read (cmp); the rows attention gathers from, [window
-     rows | compressed rows] with decode's new row in ring slot start_pos mod 128 (kv); the sparse
+     rows | compressed rows] with decode's new row in ring slot start_pos mod 128 (kv; under window_layout=position_order
+     the last min(p+1, 128) window rows in position order, PATH.CONCAT); the sparse
      attention output (o) and its de-rotation (o_derot); then, from x, the output projections: o_derot
      cut into o_groups runs of heads, each times its o_lora_rank rows of the BF16 wo_a (an einsum: fp32
      sums in any order, one BF16 rounding; o_lora [T, groups, o_lora_rank], judged here by
      matmul_tolerance per group), and wo_b of o_lora flattened, an FP8 linear as wq_a (out [T, dim],
      FP8.LINEAR).  Each is judged by its own rule on the
-     target's own output of the stage before (teacher forcing); the report names the first stage
-     that breaks a rule.  The checks run 16 of the layer's heads (ATTN.HEADS: heads are
+     target's own output of the stage before (teacher forcing), so every stage has its own verdict:
+     the report names every stage that breaks a rule, the earliest first, and the stages a target's
+     declared contract version withheld as not judged.  The checks run 16 of the layer's heads (ATTN.HEADS: heads are
      independent), in 2 groups of 8 heads with o_lora_rank 64; cases of more than 32 tokens start from the normed q and KV, given.""",
      applies_to=V4_ALL, policy="tolerance", tolerance="each stage's own rule's tolerance; the RMSNorms (D + 8)·2^-24 relative before the BF16 rounding, as PATH.K.NORM; "
                "o_lora matmul_tolerance per group",

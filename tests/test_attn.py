@@ -356,3 +356,33 @@ def test_an_index_layer_with_no_compressed_entry_keeps_its_rules(provider, prefi
     from dsv4spec.properties.path import first_broken_stage, make_layer_case
     model, layer, seqlen, seed = prefill
     assert first_broken_stage(Target(provider, provider.__name__), make_layer_case(model, layer, seqlen, 0, seed)) is None
+
+
+POSITION_DECODES = [("v4-flash", 0, 1, 5, 3), ("v4-flash", 2, 1, 27, 11), ("v4-flash", 3, 1, 300, 12),
+                    ("v4.1-flash", 24, 1, 20, 151)]
+
+
+@pytest.mark.parametrize("key", POSITION_DECODES, ids=lambda key: "-".join(map(str, key)))
+def test_a_port_keeping_the_window_in_position_order_passes_at_decode(key):
+    """Issue 40: the last W rows in order, not a ring (seqlen 1, start_pos 5: offset 6, not 128),
+    attend the same tokens; declared window_layout=position_order, every stage passes; the same
+    port missing its newest token fails."""
+    port = Target(attn_mutants.POSITION_ORDERED, "position_ordered")
+    case = checks.attention_case(key)
+    out, ring = (checks.run_attention_layer(Target(p, n), case) for p, n in ((port.provider, "p"), (impl, "impl")))
+    kept = min(key[3] + 1, 128)                 # the ring's 128 rows, the position-ordered window's W
+    assert out["kv"].shape[0] == ring["kv"].shape[0] - 128 + kept and out["window_idx"].tolist() == [list(range(kept))]
+    assert all(v["status"] == "PASS" for v in checks.attention_stage_verdicts(port, case))
+    name = "layer_position_ordered_window_without_the_newest_token"
+    broken = [v["stage"] for v in checks.attention_stage_verdicts(Target(attn_mutants.MUTANTS[name][0], name), case)
+              if v["status"] == "FAIL"]
+    assert "kv" in broken and ("window_idx" in broken) == (key[3] < 127)      # p ≥ 127: the same 128 rows listed
+
+
+def test_the_position_ordered_lists_pass_their_rules_declared_and_are_named_undeclared():
+    port = attn_mutants.POSITION_ORDERED
+    assert {r: run_rule(r, Target(port, "declared")).status for r in ("PATH.WINDOW", "PATH.HCA", "PATH.CONCAT")} == \
+        {"PATH.WINDOW": PASS, "PATH.HCA": PASS, "PATH.CONCAT": VARIANT}
+    undeclared = mutant("undeclared", **{op: getattr(port, op) for op in ("attention_index",)})
+    row = run_rule("PATH.CONCAT", Target(undeclared, "undeclared"))
+    assert row.status == FAIL and "matches window_layout=position_order (undeclared)" in row.detail

@@ -324,6 +324,63 @@ def _ring_slot_after(new, ring, compressed, start_pos):
     return _attended_rows(new, ring, compressed, start_pos + 1)
 
 
+# ------------------------------------------------------------------------------------------------
+# decode's window rows in position order (window_layout=position_order): a correct port, and one
+# attending a wrong token
+# ------------------------------------------------------------------------------------------------
+_ring_window_index, _kv_offset = path_ref.window_index, path_ref.spec.kv_offset
+POSITION_ORDER = {"window_layout": "position_order"}
+
+
+def _last_positions(start_pos, newest):
+    """The positions a position-ordered window keeps at decode, oldest first (newest: p included)."""
+    end = start_pos + 1 if newest else start_pos
+    return torch.arange(max(0, end - 128), end)
+
+
+def _in_position_order(fn, newest=True):
+    """impl's `fn` with decode's window kept as the last positions in order: the list 0 … W−1, the
+    rows of those positions, the compressed rows (and the offset) after the W of them."""
+    def window_index(seqlen, start_pos):
+        if start_pos == 0:
+            return _ring_window_index(seqlen, 0)
+        return torch.arange(_last_positions(start_pos, newest).numel())[None, :].int()
+
+    def kv_offset(seqlen, start_pos, window=128, layout="ring"):
+        return seqlen if start_pos == 0 else _last_positions(start_pos, newest).numel()
+
+    def attended_rows(new, ring, compressed, start_pos):
+        if ring is None:
+            return _attended_rows(new, ring, compressed, start_pos)
+        if newest:
+            ring = ring.clone()
+            ring[start_pos % ring.shape[0]] = new[0]
+        rows = ring[_last_positions(start_pos, newest) % ring.shape[0]]
+        return rows if compressed is None else torch.cat([rows, compressed])
+
+    def in_order(*args, **kwargs):
+        with mock.patch.multiple(path_ref, window_index=window_index), \
+                mock.patch.multiple(ref, window_index=window_index, attended_rows=attended_rows), \
+                mock.patch.object(path_ref.spec, "kv_offset", kv_offset):
+            return fn(*args, **kwargs)
+    return in_order
+
+
+def _position_ordered_port(name, newest=True):
+    def late(module, op):           # looked up while the patches hold (window_index is one of them)
+        return lambda *args, **kwargs: getattr(module, op)(*args, **kwargs)
+    ops = {op: path_ref for op in ("window_index", "compressed_index", "attention_index", "index_layer")}
+    ops["attention_layer"] = ref
+    return mutant(name, variants=POSITION_ORDER,
+                  **{op: _in_position_order(late(module, op), newest) for op, module in ops.items()})
+
+
+POSITION_ORDERED = _position_ordered_port("position_ordered_window")
+MUTANTS.update([("layer_position_ordered_window_without_the_newest_token",
+                 (_position_ordered_port("layer_position_ordered_window_without_the_newest_token", False),
+                  "ATTN.LAYER"))])
+
+
 # Mutants planted at one stage of each part of the layer, for the test that the layer check names
 # that stage (tests/test_attn.py): not in the catalogue, since each breaks a rule that its own
 # family's mutants cover.  name -> (provider, the stage named, the case: PLANT_CASES)
