@@ -44,7 +44,7 @@ from .path import (STAGES, LayerCase, cached_run, judge_rotation, layer_cases, l
                    normal_bf16)
 from .quant import assert_fp8_linear, fp8_linear_bounds, fp8_weight
 from .stages import first_broken, judge_every_stage, not_judged, report as report_stages
-from .suite import check, forall
+from .suite import check, forall, skip
 
 OPS = {
     "sparse_attention": "sparse_attention(q [T,H,D], kv [N,D], sink f32 [H], indices int [T,K], scale, *, model) "
@@ -249,6 +249,9 @@ def minus_one_entries_contribute_nothing(target, T, H, D, K, seed, model, invali
         dict(T=2, H=17, D=64, K=130, seed=5, model="v4.1-flash", duplicates=40),
         **shapes, model=st.sampled_from(V4_MODELS), duplicates=st.integers(1, 40))
 def an_index_listed_twice_is_attended_twice(target, T, H, D, K, seed, model, duplicates):
+    if target.variant("attention_form") == "dense_mask":
+        skip("attention_form=dense_mask: a mask over the rows cannot express a repeated list entry (judged in the "
+             "layer: a_token_in_both_caches_is_attended_twice)")
     if K < 2:
         K = 2
     judge_case(target, seed, model, T, H, D, K, duplicates=duplicates,
@@ -711,15 +714,14 @@ def _judge_kv(target, case, out):
           f"compressed rows] (window_layout={layout}; decode: the new row {where})", case)
 
 
-def _judge_o(target, case, out):
+def _judge_o(target, case, out, clause: str = "order", what: str = "ATTN.PROB.ORDER: the layer's sparse attention"):
     m = profile(case.model)
     q, kv = _stage(out, "q_attn_rot", case), _stage(out, "kv", case)
     sink, idx = case.arrays()["sink"].astype(np.float64), _stage(out, "indices", case).astype(np.int64)
-    lo, hi = spec.bounds(q, kv, sink, idx, spec.softmax_scale(m), spec.running_max_init(m), _order(target, "order"))
+    lo, hi = spec.bounds(q, kv, sink, idx, spec.softmax_scale(m), spec.running_max_init(m), _order(target, clause))
     ok = spec.admitted(_stage(out, "o", case), lo, hi)
     if not ok.all():
-        raise AssertionError(f"ATTN.PROB.ORDER: the layer's sparse attention, {int((~ok).sum())} of {ok.size} outputs "
-                             f"outside the admitted interval [{case!r}]")
+        raise AssertionError(f"{what}, {int((~ok).sum())} of {ok.size} outputs outside the admitted interval [{case!r}]")
 
 
 def _judge_o_derot(target, case, out):
@@ -887,3 +889,19 @@ def norm_eps_of_the_model_on_a_small_latent(target):
         return
     case = small_latent_case(takes_output(target))
     report_stages("ATTN.LAYER", case, attention_stage_verdicts(target, case) + withheld_stages(target, case))
+
+
+DUPLICATE_KEYS = (("v4.1-flash", 20, 12, 0, 4),)     # path.FIXED_LAYERS' ratio-1 prefill: 12 tokens in both caches
+
+
+@check("ATTN.DUPLICATES", ops=("attention_layer",))
+def a_token_in_both_caches_is_attended_twice(target):
+    """A dense-mask target (attention_form): the layer's o, where each token is listed once per
+    cache, judged as ATTN.LAYER judges it; a sparse-list target is judged by sparse_attention."""
+    if target.variant("attention_form") != "dense_mask":
+        skip("attention_form=sparse_list: judged on sparse_attention's repeated entries")
+    for key in DUPLICATE_KEYS:
+        case = attention_case(key, takes_projections(target), takes_output(target))
+        _judge_o(target, case, run_attention_layer(target, case), "other",
+                 "ATTN.DUPLICATES: the layer's o, each recent token attended once per cache (its window row and its "
+                 "compressed row), any blocking")

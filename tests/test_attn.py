@@ -386,3 +386,19 @@ def test_the_position_ordered_lists_pass_their_rules_declared_and_are_named_unde
     undeclared = mutant("undeclared", **{op: getattr(port, op) for op in ("attention_index",)})
     row = run_rule("PATH.CONCAT", Target(undeclared, "undeclared"))
     assert row.status == FAIL and "matches window_layout=position_order (undeclared)" in row.detail
+
+
+def test_a_dense_mask_port_is_judged_on_duplicates_in_its_layer_never_on_a_repeated_entry():
+    """Issue 40: attention through a mask over [window rows | compressed rows] cannot attend a list
+    entry twice; declared attention_form=dense_mask, ATTN.DUPLICATES is judged in the layer, where a
+    token held in both caches is attended twice: the correct port is not failed (VARIANT, its sparse
+    check skipped); the one attending such a token once FAILs there."""
+    row = run_rule("ATTN.DUPLICATES", Target(attn_mutants.DENSE_MASK_PORT, "dense"))
+    assert row.status == VARIANT and row.checks == {"an_index_listed_twice_is_attended_twice": "SKIP",
+                                                     "a_token_in_both_caches_is_attended_twice": PASS}
+    undeclared = mutant("undeclared_dense", sparse_attention=attn_mutants._dense_mask_attention)
+    assert run_rule("ATTN.DUPLICATES", Target(undeclared, "undeclared")).status == FAIL        # as on main
+    name = "dense_mask_attending_a_token_once"
+    row = run_rule("ATTN.DUPLICATES", Target(attn_mutants.MUTANTS[name][0], name))
+    assert row.status == FAIL and row.checks["a_token_in_both_caches_is_attended_twice"] == FAIL
+    assert run_rule("ATTN.DUPLICATES", Target(impl, "impl")).checks["a_token_in_both_caches_is_attended_twice"] == "SKIP"

@@ -381,6 +381,35 @@ MUTANTS.update([("layer_position_ordered_window_without_the_newest_token",
                   "ATTN.LAYER"))])
 
 
+# ------------------------------------------------------------------------------------------------
+# attention through a dense mask over the gathered rows (attention_form=dense_mask)
+# ------------------------------------------------------------------------------------------------
+_sparse_attention = ref.sparse_attention
+DENSE_MASK = {"attention_form": "dense_mask", "attn_order": "split"}
+
+
+def _dense_mask_attention(q, kv, sink, indices, scale, *, model):
+    """Attention over the rows marked in a dense mask: each listed row once, in row order (a repeated
+    entry is one mask bit)."""
+    marked = [sorted(set(row) - {-1}) for row in indices.tolist()]
+    rows = torch.tensor([m + [-1] * (indices.shape[1] - len(m)) for m in marked], dtype=indices.dtype)
+    return _sparse_attention(q, kv, sink, rows, scale, model=model)
+
+
+def _dense_mask_port(name, deduplicated=False):
+    attend = _layer_deduplicating_tokens if deduplicated else ref.attention_layer
+
+    def attention_layer(inputs, *, model, layer, start_pos=0):
+        with mock.patch.object(ref, "sparse_attention", _dense_mask_attention):
+            return attend(inputs, model=model, layer=layer, start_pos=start_pos)
+    return mutant(name, variants=DENSE_MASK, sparse_attention=_dense_mask_attention, attention_layer=attention_layer)
+
+
+DENSE_MASK_PORT = _dense_mask_port("dense_mask_attention")
+MUTANTS["dense_mask_attending_a_token_once"] = (_dense_mask_port("dense_mask_attending_a_token_once", True),
+                                               "ATTN.DUPLICATES")
+
+
 # Mutants planted at one stage of each part of the layer, for the test that the layer check names
 # that stage (tests/test_attn.py): not in the catalogue, since each breaks a rule that its own
 # family's mutants cover.  name -> (provider, the stage named, the case: PLANT_CASES)
