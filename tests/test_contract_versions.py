@@ -155,7 +155,7 @@ def _attention_row(provider, name, key):
 
 def test_a_stage_a_version_withheld_is_named_not_judged_in_the_row_and_the_json():
     from dsv4spec.properties.path import FIXED_LAYERS
-    from dsv4spec.properties.report import terminal, to_json
+    from dsv4spec.properties.report import terminal, to_json, to_junit, to_markdown
     row = _attention_row(_contract6_layer(), "contract6_layer", FIXED_LAYERS[0])
     assert row.status == "PASS"
     assert "not judged: o_lora, out (contract 6 withholds wo_a and wo_b (contract 7))" in row.detail
@@ -163,6 +163,7 @@ def test_a_stage_a_version_withheld_is_named_not_judged_in_the_row_and_the_json(
                 if v["status"] != "PASS"]
     assert withheld == [("o_lora", "not judged"), ("out", "not judged")]
     assert "PASS ATTN.LAYER on contract6_layer: every stage judged passes; not judged: o_lora, out" in terminal([row])
+    assert all("not judged: o_lora, out (contract 6 withholds" in text for text in (to_junit([row]), to_markdown([row])))
 
 
 def test_an_undeclared_target_returning_the_output_stages_is_judged_on_them():
