@@ -507,7 +507,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "selected rules, for N CI jobs: every rule in exactly one shard, the same split on every "
                    "machine, balanced by the rules' expected cost; `dsv4spec report merge` joins the shards' "
                    "--json reports")
-    p.add_argument("--json", metavar="F", help="write a JSON report (schema_version 3; its JSON Schema: "
+    p.add_argument("--json", metavar="F", help="write a JSON report (schema_version 4; its JSON Schema: "
                                                 "dsv4spec/properties/report.schema.json); F - is standard "
                                                 "output, as for --junit and --markdown (the matrix then goes "
                                                 "to standard error)")

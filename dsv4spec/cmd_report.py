@@ -26,7 +26,7 @@ def register(subparsers):
     m.add_argument("--allow-incomplete", action="store_true",
                    help="merge even when shards are missing: the report says INCOMPLETE and names the rules "
                         "it lacks; the exit status judges the results that are there")
-    m.add_argument("--json", metavar="F", help="write the merged JSON report (schema_version 3)")
+    m.add_argument("--json", metavar="F", help="write the merged JSON report (schema_version 4)")
     m.add_argument("--junit", metavar="F", help="write a JUnit XML report")
     m.add_argument("--markdown", metavar="F", help="write a Markdown report")
     m.set_defaults(func=merge)

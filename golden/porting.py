@@ -72,7 +72,8 @@ the declared operations and has no output file is then n/i; one that calls a dec
 needs its file and every record of that operation (ERROR otherwise: an empty file answers none).
 A port that declares nothing must write a file for every rule (a missing one is ERROR); an empty
 file then reads n/i.  An empty declaration (`ops=`, `--ops ""`) is refused (exit 2).
-`OUT/port.txt` may also hold `name=...`, `variant.KNOB=VALUE` and `extensions=A,B`.
+`OUT/port.txt` may also hold `name=...`, `variant.KNOB=VALUE`, `extensions=A,B` and `contract=N` (the
+contract version the port was written against, as a Python target's `CONTRACT`).
 
     dsv4spec golden check-vectors EXPORT OUT [--rules PREFIX,...] [--ops OP,...]
 

@@ -585,6 +585,8 @@ class _Replay:
         self.EXTENSIONS = set(declared.get("extensions", "").split(",")) - {""}
         self.INPUT_DTYPE = info.get("input_dtype", "float32")
         self.INPUT_DTYPES = {k.partition(".")[2]: v for k, v in info.items() if k.startswith("input_dtype.")}
+        if "contract" in declared:           # the contract version it was written against (CONTRACT)
+            self.CONTRACT = int(declared["contract"])
         self._rule, self._info = rule_id, info
         self._by_key = {key_of(r.op, r.lines): r for r in records}
         self._expected, self._outputs = expected, outputs
@@ -738,7 +740,8 @@ def declared_ops(port_dir: Path, ops: str | None = None) -> frozenset | None:
 def read_declarations(port_dir: Path) -> dict:
     """OUT/port.txt, optional: `name=...`, `variant.KNOB=VALUE` (the implementation-defined choices
     and variants the port declares, as a Python target's VARIANTS), `extensions=A,B`, `ops=A,B` (the
-    operations it implements)."""
+    operations it implements), `contract=N` (the contract version it was written against, as a
+    Python target's CONTRACT)."""
     path = Path(port_dir) / PORT
     if not path.exists():
         return {}
@@ -749,10 +752,15 @@ def read_declarations(port_dir: Path) -> dict:
         if line.strip() and not line.startswith("#"):
             key, eq, value = line.strip().partition("=")
             if not eq:
-                raise ValueError(f"{path} line {n}: expected key=value (name=, variant.KNOB=VALUE, extensions=, ops=)")
+                raise ValueError(f"{path} line {n}: expected key=value (name=, variant.KNOB=VALUE, extensions=, ops=, "
+                                 f"contract=)")
             declared[key] = value
     from ..spec.rules import check_variants
     check_variants({k[len("variant."):]: v for k, v in declared.items() if k.startswith("variant.")})
+    from ..properties.contract import CONTRACT_VERSION
+    if "contract" in declared and not (declared["contract"].isdigit() and 1 <= int(declared["contract"]) <= CONTRACT_VERSION):
+        raise ValueError(f"{path} contract= must be the contract version the port was written against, an integer "
+                         f"from 1 to {CONTRACT_VERSION}, got {declared['contract']!r}")
     return declared
 
 
@@ -807,4 +815,5 @@ def answer(export_dir: Path, out_dir: Path, target, rules: list[str] | None = No
             write_text(out_dir / rule_file(rule_id), "\n".join(text) + "\n")
     lines = [f"name={target.name}", *(f"variant.{k}={v}" for k, v in target.declared.items())]
     lines += [f"extensions={','.join(sorted(target.extensions))}"] if target.extensions else []
+    lines += [f"contract={target.contract}"] if target.contract is not None else []
     write_text(out_dir / PORT, "\n".join(lines) + "\n")

@@ -41,9 +41,10 @@ from ..spec.models import PROFILES, profile
 from ..spec.rules import V41
 from .compare import as_numpy, assert_equal, assert_within
 from .path import (STAGES, LayerCase, cached_run, judge_rotation, layer_cases, layer_kind, make_layer_case,
-                   normal_bf16, report_first_broken)
+                   normal_bf16)
 from .quant import assert_fp8_linear, fp8_linear_bounds, fp8_weight
-from .suite import check, forall
+from .stages import first_broken, judge_every_stage, not_judged, report as report_stages
+from .suite import check, forall, skip
 
 OPS = {
     "sparse_attention": "sparse_attention(q [T,H,D], kv [N,D], sink f32 [H], indices int [T,K], scale, *, model) "
@@ -249,6 +250,9 @@ def minus_one_entries_contribute_nothing(target, T, H, D, K, seed, model, invali
         dict(T=2, H=17, D=64, K=130, seed=5, model="v4.1-flash", duplicates=40),
         **shapes, model=st.sampled_from(V4_MODELS), duplicates=st.integers(1, 40))
 def an_index_listed_twice_is_attended_twice(target, T, H, D, K, seed, model, duplicates):
+    if target.variant("attention_form") == "dense_mask":
+        skip("attention_form=dense_mask: a mask over the rows cannot express a repeated list entry (judged in the "
+             "layer: a_token_in_both_caches_is_attended_twice)")
     if K < 2:
         K = 2
     judge_case(target, seed, model, T, H, D, K, duplicates=duplicates,
@@ -446,8 +450,41 @@ def attention_layer_case(case, seed: int | None = None, projected: bool = False,
         extra.update(projection_weights(m, np.random.default_rng((weights, 2))))
         if output:
             extra.update(output_weights(m, np.random.default_rng((weights, 3))))
-    return LayerCase(case.label + (", from x" if projected else ", with attention"), case.model, case.layer,
-                     case.start_pos, case.inputs + tuple(extra.items()))
+        extra.update(outlier_runs(np.random.default_rng((weights, 4)), case.arrays()["x"], extra, m))
+    label = (", from x" + (", wo_a, wo_b" if output else "")) if projected else ", with attention"
+    inputs = tuple((name, a) for name, a in case.inputs if name not in extra) + tuple(extra.items())
+    return LayerCase(case.label + label, case.model, case.layer, case.start_pos, inputs)
+
+
+OUTLIER_EXPONENT = 16
+
+
+def outlier_runs(rng, x, weights: dict, m) -> dict:
+    """A run of 32 channels of x (every token) times 2^16 and, with wo_a, a run of 32 rows of wo_a (so
+    of o_lora) alike; the E8M0 scale of the K block over each run lowered by 16 + 8 in the weights
+    that read it (wq_a, wkv; wo_b), so the rest of the row decides each product (FP8.LINEAR's
+    with_block_outlier): act_quant per the model's block keeps the other blocks exact, a block of 128
+    where it is 32 puts their values among E4M3 subnormals or 0 (real attention inputs carry such
+    outlier channels; on unit-RMS rows the block's span is invisible)."""
+    b, e = spec_quant.FP8_LINEAR_BLOCK[m.name], OUTLIER_EXPONENT
+    out = {}
+
+    def lowered(name, run):
+        scale = weights[f"{name}_scale"].copy()
+        scale[:, run * 32 // b] -= np.uint8(e + 8)
+        out[f"{name}_scale"] = scale
+
+    run = int(rng.integers(x.shape[-1] // 32))
+    out["x"] = x.copy()
+    out["x"][:, run * 32:(run + 1) * 32] *= np.float32(2.0 ** e)
+    lowered("attn_wq_a", run)
+    lowered("attn_wkv", run)
+    if "attn_wo_a" in weights:
+        run = int(rng.integers(weights["attn_wo_a"].shape[0] // 32))
+        out["attn_wo_a"] = weights["attn_wo_a"].copy()
+        out["attn_wo_a"][run * 32:(run + 1) * 32] *= np.float32(2.0 ** e)
+        lowered("attn_wo_b", run)
+    return out
 
 
 PROJECTED_TOKENS = 32     # cases up to this length start from x; the longer ones (window and entry
@@ -572,6 +609,12 @@ def _stage(out, name, case) -> np.ndarray:
     return np.asarray(out[name], dtype=np.float64) if out[name].dtype.kind == "f" else np.asarray(out[name])
 
 
+def _source(out, name, case) -> np.ndarray:
+    """What a stage is computed from: the target's stage `name`, else the case's input of that name."""
+    a = case.arrays()
+    return a[name].astype(np.float64) if name not in out and name in a else _stage(out, name, case)
+
+
 def _same(got, want, what, case):
     assert_equal(np.asarray(got, np.float64), np.asarray(want, np.float64), what=f"{what} [{case!r}]")
 
@@ -608,7 +651,7 @@ def _projection(name, weight, source):
     """The stage `name` = FP8.LINEAR(source, weight) (source: a stage, or the input x)."""
     def judge(target, case, out):
         a, b = case.arrays(), spec_quant.FP8_LINEAR_BLOCK[case.model]
-        x = _stage(out, source, case) if source in out else a[source].astype(np.float64)
+        x = _source(out, source, case)
         x = x.reshape(x.shape[0], -1)
         got = _stage(out, name, case)
         assert_fp8_linear(got.reshape(got.shape[0], -1), x, a[weight], a[f"{weight}_scale"], b,
@@ -638,7 +681,7 @@ def _judge_q_rescale(target, case, out):
 
 def _rotation(name, source, use, positions):
     def judge(target, case, out):
-        x = _stage(out, source, case) if source in out else case.arrays()[source].astype(np.float64)
+        x = _source(out, source, case)
         judge_rotation(target, case, x, _stage(out, name, case), positions(case), use,
                         f"ROPE.POSITIONS: {name} = RoPE({source}) [{case!r}]")
     return judge
@@ -651,36 +694,37 @@ def _judge_qdq(name, source, compressed):
     return judge
 
 
-def _window_rows(case, out):
+def _window_rows(target, case, out):
     m = profile(case.model)
     new = _stage(out, "kv_window", case)
     if case.start_pos == 0:
         return new
     ring = case.arrays()["window_cache"].astype(np.float64).copy()
     ring[case.start_pos % m.window] = new[0]
-    return ring
+    return spec_path.window_rows(ring, case.start_pos, target.variant("window_layout"), m.window)
 
 
 def _judge_kv(target, case, out):
-    rows = [_window_rows(case, out)]
+    rows = [_window_rows(target, case, out)]
     if profile(case.model).ratio(case.layer):
         rows.append(_stage(out, "cmp", case) if "cmp_rot" in out or "kv_entries" in case.arrays()
                     else case.arrays()["kv_cache"].astype(np.float64))
-    _same(_stage(out, "kv", case), np.concatenate(rows),
-          "ATTN.GATHER: the rows attention reads, [window rows | compressed rows] (decode: the new row in "
-          "ring slot start_pos mod 128)", case)
+    layout = target.variant("window_layout")
+    where = "in ring slot start_pos mod 128" if layout == "ring" else "last, the window rows in position order"
+    _same(_stage(out, "kv", case), np.concatenate(rows), f"ATTN.GATHER: the rows attention reads, [window rows | "
+          f"compressed rows] (window_layout={layout}; decode: the new row {where})", case)
 
 
-def _judge_o(target, case, out):
+def _judge_o(target, case, out, clause: str = "order", what: str = "ATTN.PROB.ORDER: the layer's sparse attention"):
     m = profile(case.model)
     q, kv = _stage(out, "q_attn_rot", case), _stage(out, "kv", case)
     sink, idx = case.arrays()["sink"].astype(np.float64), _stage(out, "indices", case).astype(np.int64)
-    lo, hi = spec.bounds(q, kv, sink, idx, spec.softmax_scale(m), spec.running_max_init(m), _order(target, "order"))
+    lo, hi = spec.bounds(q, kv, sink, idx, spec.softmax_scale(m), spec.running_max_init(m), _order(target, clause))
     ok = spec.admitted(_stage(out, "o", case), lo, hi)
     if not ok.all():
         first = tuple(int(i) for i in np.argwhere(~ok)[0])
-        raise AssertionError(f"ATTN.PROB.ORDER: the layer's sparse attention, {int((~ok).sum())} of {ok.size} outputs "
-                             f"outside the admitted interval, the first at {first} [{case!r}]")
+        raise AssertionError(f"{what}, {int((~ok).sum())} of {ok.size} outputs outside the admitted interval, the first "
+                             f"at {first} [{case!r}]")
 
 
 def _judge_o_derot(target, case, out):
@@ -737,27 +781,27 @@ ATTN_STAGES = (
 
 def _judge_reused_indices(target, case, out):
     window = _stage(out, "window_idx", case).astype(np.int64)
-    want = spec_path.attention_index(window, case.arrays()["source_topk"], case.seqlen, case.start_pos)
+    layout = target.variant("window_layout")
+    want = spec_path.attention_index(window, case.arrays()["source_topk"], case.seqlen, case.start_pos, layout=layout)
     _same(_stage(out, "indices", case), want, "PATH.CONCAT: [window | the index source's top-k + "
-          f"{spec_path.kv_offset(case.seqlen, case.start_pos)}] (a reuse layer's lists)", case)
+          f"{spec_path.kv_offset(case.seqlen, case.start_pos, layout=layout)}] (a reuse layer's lists)", case)
 
 
 REUSE_STAGES = tuple((s.name, s.rule_id, s.judge) for s in STAGES if s.name == "window_idx") + (
     ("indices", "PATH.CONCAT", _judge_reused_indices),)
 
 
-def first_broken_attention_stage(target, case):
-    """(stage, rule, message) of the first stage, index path first, that breaks its rule, or None."""
-    out = run_attention_layer(target, case)
+def attention_stage_verdicts(target, case) -> list[dict]:
+    """Every stage of the case, index path first, judged on the target's own stage before."""
     stages = [(s.name, s.rule_id, s.judge) for s in STAGES if layer_kind(case) in s.kinds]
     stages += REUSE_STAGES if layer_kind(case) == "reuse" else ()
     stages += [(name, rule_id, judge) for name, rule_id, applies, judge in ATTN_STAGES if applies(case)]
-    for name, rule_id, judge in stages:
-        try:
-            judge(target, case, out)
-        except AssertionError as e:
-            return name, rule_id, str(e)
-    return None
+    return judge_every_stage(stages, target, case, run_attention_layer(target, case))
+
+
+def first_broken_attention_stage(target, case):
+    """(stage, rule, message) of the first stage, index path first, that breaks its rule, or None."""
+    return first_broken(attention_stage_verdicts(target, case))
 
 
 PROJECTIONS_SINCE = 6     # the contract version whose attention_layer starts from x
@@ -781,8 +825,36 @@ OUTPUT_SINCE = 7          # the contract version whose attention_layer ends with
 
 def takes_output(target) -> bool:
     """Whether attention_layer is given wo_a and wo_b (on the cases from x): a target declaring contract 7
-    or later; never one declaring an earlier version or none."""
-    return target.contract is not None and target.contract >= OUTPUT_SINCE
+    or later, never one declaring an earlier version; an undeclared one where it answers a case from x
+    with them by o_lora (a stage a target returns is judged: an adapter written before ignores them)."""
+    if target.contract is not None:
+        return target.contract >= OUTPUT_SINCE
+    if not takes_projections(target):
+        return False
+    try:
+        return "o_lora" in run_attention_layer(target, attention_case(PROBE_KEY, True, True))
+    except Exception:
+        return False
+
+
+PROJECTED_STAGES = ("q_latent", "q_norm", "q_attn", "kv_proj", "kv_normed")
+OUTPUT_STAGES = ("o_lora", "out")
+
+
+def withheld_stages(target, case) -> list[dict]:
+    """The stages of a case from x the target is not given the inputs of, as verdicts 'not judged':
+    the projections (given q_attn and kv_normed) before contract 6, the output projections before 7."""
+    if case.seqlen > PROJECTED_TOKENS:
+        return []
+    rule_of = {name: rule_id for name, rule_id, _, _ in ATTN_STAGES}
+    declared = f"contract {target.contract}" if target.contract is not None else "no CONTRACT declared"
+    if not _projects(case):
+        why = f"{declared}: q_attn and kv_normed given, not x and the projections (contract {PROJECTIONS_SINCE})"
+        return not_judged(PROJECTED_STAGES + OUTPUT_STAGES, why, rule_of)
+    if not _projects_output(case):
+        how = "withholds" if target.contract is not None else "and no o_lora returned given"
+        return not_judged(OUTPUT_STAGES, f"{declared} {how} wo_a and wo_b (contract {OUTPUT_SINCE})", rule_of)
+    return []
 
 
 PROBE_KEY = ("v4-flash", 0, 1, 126, 9)   # path.FIXED_LAYERS' one-token window decode: the cheapest case
@@ -799,7 +871,43 @@ def _every_layer_kind(fn):
 @_every_layer_kind
 def every_attention_stage_on_the_stage_before(target, key):
     case = attention_case(key, takes_projections(target), takes_output(target))
-    report_first_broken("ATTN.LAYER", case, first_broken_attention_stage(target, case))
+    report_stages("ATTN.LAYER", case, attention_stage_verdicts(target, case) + withheld_stages(target, case))
+
+
+@functools.lru_cache(maxsize=2)
+def small_latent_case(output: bool) -> LayerCase:
+    """V4.1's window layer 0, 3 tokens from x, with wq_a's and wkv's scales 2^-12 lower: q_latent and
+    kv_proj of RMS about 2^-12, mean(x²) about 6e-8, where norm_eps = 1e-20 leaves q_norm and kv_norm
+    alone and V4's 1e-6 shrinks them about 4-fold (on unit-RMS latents no eps shows)."""
+    case = attention_layer_case(make_layer_case("v4.1-flash", 0, 3, 0, 41), 41, True, output)
+    a = case.arrays()
+    smaller = {f"{w}_scale": (a[f"{w}_scale"] - np.uint8(12)) for w in ("attn_wq_a", "attn_wkv")}
+    return LayerCase(case.label + ", wq_a and wkv scales 2^-12", case.model, case.layer, case.start_pos,
+                     tuple((name, smaller.get(name, x)) for name, x in case.inputs))
+
+
+@check("ATTN.LAYER", ops=("attention_layer",))
+def norm_eps_of_the_model_on_a_small_latent(target):
+    if not takes_projections(target):       # given the normed q and KV (contract < 6): no norm to judge
+        return
+    case = small_latent_case(takes_output(target))
+    report_stages("ATTN.LAYER", case, attention_stage_verdicts(target, case) + withheld_stages(target, case))
+
+
+DUPLICATE_KEYS = (("v4.1-flash", 20, 12, 0, 4),)     # path.FIXED_LAYERS' ratio-1 prefill: 12 tokens in both caches
+
+
+@check("ATTN.DUPLICATES", ops=("attention_layer",))
+def a_token_in_both_caches_is_attended_twice(target):
+    """A dense-mask target (attention_form): the layer's o, where each token is listed once per
+    cache, judged as ATTN.LAYER judges it; a sparse-list target is judged by sparse_attention."""
+    if target.variant("attention_form") != "dense_mask":
+        skip("attention_form=sparse_list: judged on sparse_attention's repeated entries")
+    for key in DUPLICATE_KEYS:
+        case = attention_case(key, takes_projections(target), takes_output(target))
+        _judge_o(target, case, run_attention_layer(target, case), "other",
+                 "ATTN.DUPLICATES: the layer's o, each recent token attended once per cache (its window row and its "
+                 "compressed row), any blocking")
 
 
 def assert_row_parallel(partials, out, what: str):

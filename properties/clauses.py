@@ -449,7 +449,9 @@ CLAUSES: dict[str, tuple[Clause, ...]] = {
                       "minus_one_reads_row_0"),
                     c("(anywhere in the list)", "minus_one_only_at_the_tail")),
     "ATTN.DUPLICATES": (c("a row named by two entries contributes two scores to the denominator and twice its "
-                          "value to the numerator", "duplicates_removed"),),
+                          "value to the numerator", "duplicates_removed", check="an_index_listed_twice_is_attended_twice"),
+                        c("the rule is judged in its layer", "dense_mask_attending_a_token_once",
+                          check="a_token_in_both_caches_is_attended_twice")),
     "ATTN.INIT": (c("V4.1's kernel starts the running max at −1e30", "running_max_from_minus_inf_on_v41",
                     check="running_max_start"),
                   c("a row with no valid entry gives 0", "running_max_from_minus_inf_on_v41",
@@ -486,7 +488,16 @@ CLAUSES: dict[str, tuple[Clause, ...]] = {
         c("V4.1's Attention.forward has no such step", "q_rescaled_on_v41")),
     "ATTN.LAYER": (c("Each is judged by its own rule on the target's own output of the stage before (teacher forcing)",
                      "layer_q_not_rescaled_on_v4", "layer_window_kv_not_quantized", "layer_compressed_kv_not_quantized",
-                     "layer_attention_without_sink", "layer_output_not_derotated"),),
+                     "layer_attention_without_sink", "layer_output_not_derotated",
+                     check="every_attention_stage_on_the_stage_before"),
+                   c("act_quant of their input", "layer_wkv_act_quant_per_128_on_v41",
+                     check="every_attention_stage_on_the_stage_before"),
+                   c("an FP8 linear as wq_a", "layer_wo_b_act_quant_per_128_on_v41",
+                     check="every_attention_stage_on_the_stage_before"),
+                   c("under window_layout=position_order the last min(p+1, 128) window rows in position order",
+                     "layer_position_ordered_window_without_the_newest_token",
+                     check="every_attention_stage_on_the_stage_before"),
+                   c("(eps = norm_eps)", "layer_norm_eps_of_v4_on_v41", check="norm_eps_of_the_model_on_a_small_latent")),
 }
 FAMILIES = ("FMT", "FP4", "FP8", "IDX", "POOL", "HAD", "CMP", "LAYOUT", "BUDGET", "LAYER", "ROPE", "PATH", "ATTN")
 

@@ -58,7 +58,8 @@ CONTRACT_CHANGES = {
         "earlier version, or undeclared and not answering such a case, is given q_attn and kv_normed as before"),
     7: ("2026-12-05", "attention_layer ends with the output projections on the cases from x (inputs attn_wo_a, a BF16 "
         "[groups·o_lora_rank, H·D/groups], attn_wo_b and attn_wo_b_scale, an FP8 linear; stages o_lora, out); a "
-        "target declaring an earlier version, or none, is never given them nor judged on o_lora and out"),
+        "target declaring an earlier version, or none and not answering a case with them by o_lora, is never given them "
+        "nor judged on o_lora and out"),
     8: ("2026-12-07", "sparse_attention_cache (attention over a packed cache: LAYOUT.V4.MAIN, LAYOUT.V32.MLA or "
         "FlashMLA's paged form of either; CACHE_FORMS) and, from it, sparse_attention where a target has none; "
         "index_scores_fp8 and index_scores_fp8_cache (V3.2's logits from E4M3 q and k, k as given or as a "
@@ -500,6 +501,17 @@ class Target:
         if name not in self.answers:
             self.answers[name] = self._answers(name, fn)
         return self.answers[name]
+
+    def withheld(self, op: str) -> str | None:
+        """Why a missing `op` is not asked of this target when a contract version withheld it (a
+        format the bundled kv_qdq took only from a later version); None when it is just missing."""
+        bundled, fmt = SPLIT.get(op, (None, None))
+        if bundled is None or self._provided(op) is not None or not callable(getattr(self.provider, bundled, None)):
+            return None
+        since = BUNDLED_SINCE.get(op, 1)
+        declared = f"contract {self.contract} withholds" if self.contract is not None else \
+            "no CONTRACT declared and not answered:"
+        return f"{declared} {bundled}(x, {fmt!r}) (the format came in contract {since})"
 
     def _answers(self, name: str, fn) -> bool:
         import torch

@@ -102,6 +102,14 @@ def load(spec: str) -> Target:
     return target
 
 
+def _contract_number(text: str, where: str) -> int:
+    """A declared contract version: a decimal integer (Target checks its range)."""
+    if not text.isdigit():
+        raise TargetLoadError(f"{where} must be the contract version the port was written against, an integer "
+                              f"(`dsv4spec ops --json` states this suite's), got {text!r}")
+    return int(text)
+
+
 # ------------------------------------------------------------------------------------------------
 # The wire format
 # ------------------------------------------------------------------------------------------------
@@ -302,6 +310,8 @@ class Port:
         self.INPUT_DTYPE = hello.get("input_dtype", "float32")
         self.INPUT_DTYPES = pairs("input_dtypes")
         self.__version__ = unquote(hello.get("version", "")) or "unversioned"
+        if "contract" in hello:             # the contract version it was written against (CONTRACT)
+            self.CONTRACT = _contract_number(hello["contract"], f"target {self.spec!r}: hello contract=")
 
     def __getattr__(self, name):
         if name.startswith("_") or name not in self.__dict__.get("ops", ()):

@@ -205,7 +205,7 @@ def _rows(by_index: dict[int, dict], selection: list[str], targets: list[str]) -
     """Every shard's rows in the single-process order (target by target, rule by rule), each
     failure's cause named again over the whole run (a shard saw only its own rules)."""
     rows = [Row(r["rule"], r["target"], r["status"], SAME_CAUSE.sub("", r["detail"], count=1), r["reproduce"],
-                r["seconds"], r["checks"])
+                r["seconds"], r["checks"], r.get("stages", []))
             for data in by_index.values() for r in data["results"]]
     rule_at = {r: i for i, r in enumerate(selection)}
     rows.sort(key=lambda row: (targets.index(row.target) if row.target in targets else len(targets),

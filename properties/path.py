@@ -60,6 +60,7 @@ from .compare import as_numpy, assert_bytes_equal, assert_equal, assert_within
 from .indexer import assert_weights, expected_scores, make_score_case, ScoreCase, scores_under
 from .quant import assert_fp8_linear, fp8_linear_bounds, fp8_weight
 from .pool import reindex_cases, wide_reindex_case
+from .stages import first_broken, judge_every_stage, report as report_stages
 from .ranking import assert_pool, assert_topk
 from .suite import check, forall
 
@@ -120,9 +121,10 @@ def list_shapes(draw):
 @forall(*(dict(shape=s) for s in LIST_EXAMPLES), shape=list_shapes())
 def window_rows_are_the_last_128_positions(target, shape):
     s, p = shape["seqlen"], shape["start_pos"]
-    assert_same_rows_as_sets(target.window_index(s, p), spec.window_index(s, p),
-                             f"PATH.WINDOW (seqlen {s}, start_pos {p}): i−127…i clipped at 0 in prefill, "
-                             f"the filled ring slots and −1 for the rest in decode")
+    layout = target.variant("window_layout")
+    assert_same_rows_as_sets(target.window_index(s, p), spec.window_index(s, p, layout=layout),
+                             f"PATH.WINDOW (seqlen {s}, start_pos {p}, window_layout={layout}): i−127…i clipped at 0 "
+                             f"in prefill, the filled ring slots and −1 for the rest in decode")
 
 
 HCA = (("v4-flash", 3), ("v4-pro", 0))
@@ -134,10 +136,11 @@ HCA = (("v4-flash", 3), ("v4-pro", 0))
 def hca_lists_every_visible_entry_after_the_window(target, shape, which):
     model, layer = HCA[which]
     s, p = shape["seqlen"], shape["start_pos"]
+    layout = target.variant("window_layout")
     assert_equal(_ints(target.compressed_index(s, p, model=model, layer=layer)),
-                 spec.compressed_index(s, p, profile(model).ratio(layer)),
+                 spec.compressed_index(s, p, profile(model).ratio(layer), layout=layout),
                  what=f"PATH.HCA ({model} layer {layer}, seqlen {s}, start_pos {p}): ascending j + offset "
-                      f"{spec.kv_offset(s, p)}, −1 while not visible")
+                      f"{spec.kv_offset(s, p, layout=layout)}, −1 while not visible")
 
 
 @check("PATH.CONCAT", ops=("attention_index",))
@@ -145,11 +148,13 @@ def hca_lists_every_visible_entry_after_the_window(target, shape, which):
 def window_then_compressed_plus_offset(target, shape, seed):
     s, p = shape["seqlen"], shape["start_pos"]
     rng = np.random.default_rng(seed)
-    window = spec.window_index(s, p)
+    layout = target.variant("window_layout")
+    window = spec.window_index(s, p, layout=layout)
     topk = rng.integers(-1, 40, (window.shape[0], 6))
     got = target.attention_index(_t(window, torch.int64), _t(topk, torch.int64), s, p)
-    assert_equal(_ints(got), spec.attention_index(window, topk, s, p),
-                 what=f"PATH.CONCAT (seqlen {s}, start_pos {p}): [window | top-k + {spec.kv_offset(s, p)}], −1 kept")
+    assert_equal(_ints(got), spec.attention_index(window, topk, s, p, layout=layout),
+                 what=f"PATH.CONCAT (seqlen {s}, start_pos {p}, window_layout={layout}): "
+                      f"[window | top-k + {spec.kv_offset(s, p, layout=layout)}], −1 kept")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -734,17 +739,19 @@ def _judge_topk(target, case, out):
 
 
 def _judge_window(target, case, out):
-    assert_same_rows_as_sets(_need(out, "window_idx", case), spec.window_index(case.seqlen, case.start_pos),
-                             f"PATH.WINDOW [{case!r}]")
+    layout = target.variant("window_layout")
+    assert_same_rows_as_sets(_need(out, "window_idx", case), spec.window_index(case.seqlen, case.start_pos, layout=layout),
+                             f"PATH.WINDOW (window_layout={layout}) [{case!r}]")
 
 
 def _judge_compressed(target, case, out):
-    want = spec.compressed_index(case.seqlen, case.start_pos, profile(case.model).ratio(case.layer))
+    want = spec.compressed_index(case.seqlen, case.start_pos, profile(case.model).ratio(case.layer),
+                                 layout=target.variant("window_layout"))
     assert_equal(_ints(_need(out, "compressed_idx", case)), want, what=f"PATH.HCA [{case!r}]")
 
 
 def _judge_indices(target, case, out):
-    window = _ints(_need(out, "window_idx", case))
+    window, layout = _ints(_need(out, "window_idx", case)), target.variant("window_layout")
     kind = layer_kind(case)
     if kind == "window":
         assert_equal(_ints(_need(out, "indices", case)), window, what=f"PATH.CONCAT: window only [{case!r}]")
@@ -752,9 +759,10 @@ def _judge_indices(target, case, out):
     if kind == "hca":
         want = np.concatenate([window, _ints(_need(out, "compressed_idx", case))], axis=-1)
     else:
-        want = spec.attention_index(window, _ints(_need(out, "topk", case)), case.seqlen, case.start_pos)
+        want = spec.attention_index(window, _ints(_need(out, "topk", case)), case.seqlen, case.start_pos, layout=layout)
+    offset = spec.kv_offset(case.seqlen, case.start_pos, layout=layout)
     assert_equal(_ints(_need(out, "indices", case)), want,
-                 what=f"PATH.CONCAT: [window | compressed + {spec.kv_offset(case.seqlen, case.start_pos)}] [{case!r}]")
+                 what=f"PATH.CONCAT (window_layout={layout}): [window | compressed + {offset}] [{case!r}]")
 
 
 STAGES = (
@@ -779,17 +787,15 @@ STAGES = (
 )
 
 
+def stage_verdicts(target, case: LayerCase) -> list[dict]:
+    """Every stage of the case's layer kind judged on the target's own stage before: a verdict each."""
+    stages = [(s.name, s.rule_id, s.judge) for s in STAGES if layer_kind(case) in s.kinds]
+    return judge_every_stage(stages, target, case, run_layer(target, case))
+
+
 def first_broken_stage(target, case: LayerCase):
     """(stage, rule, message) of the first stage that breaks its rule, or None."""
-    out = run_layer(target, case)
-    for stage in STAGES:
-        if layer_kind(case) not in stage.kinds:
-            continue
-        try:
-            stage.judge(target, case, out)
-        except AssertionError as e:
-            return stage.name, stage.rule_id, str(e)
-    return None
+    return first_broken(stage_verdicts(target, case))
 
 
 def _stage_check(rule_id: str):
@@ -822,14 +828,7 @@ def layer_quantizes_after_rope(target):
 @layer_check(ALL_KINDS, "PATH.LAYER")
 def every_stage_on_the_stage_before(target, key):
     case = layer_case(key)
-    report_first_broken("PATH.LAYER", case, first_broken_stage(target, case))
-
-
-def report_first_broken(rule_id: str, case, broken) -> None:
-    """A layer rule's failure names the first broken stage, the rule it breaks and the case."""
-    if broken:
-        stage, stage_rule, message = broken
-        raise AssertionError(f"{rule_id}: first broken stage {stage!r} ({stage_rule}) [{case!r}]\n{message}")
+    report_stages("PATH.LAYER", case, stage_verdicts(target, case))
 
 
 # ------------------------------------------------------------------------------------------------

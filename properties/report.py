@@ -1,8 +1,8 @@
 """Reports of a verify run: terminal matrix, JSON, JUnit XML, Markdown.
 
-JSON (schema_version 3; properties/report.schema.json is its JSON Schema), one object:
+JSON (schema_version 4; properties/report.schema.json is its JSON Schema), one object:
 
-    schema_version   3
+    schema_version   4
     header           the run: tool {name, version}, spec {rules, digest} (the digest is a sha256
                      prefix of every rule's id, status, statement and knob: equal digests, equal
                      rules), targets [{spec, name, module, version, device, claims_conformance, and
@@ -26,10 +26,14 @@ JSON (schema_version 3; properties/report.schema.json is its JSON Schema), one o
                      before every result was in
     not_run          [{rule, target}] the results an interrupted run did not reach
     counts           {target: {status: n}}
-    results          [{rule, target, status, detail, reproduce, seconds, checks {check: status}}]
-                     in the order rule × target of a single-process run
+    results          [{rule, target, status, detail, reproduce, seconds, checks {check: status},
+                     stages [{stage, rule, status, detail}]}] in the order rule × target of a
+                     single-process run; stages: a layer rule's verdict on each stage (PASS, FAIL,
+                     or "not judged" with why: a contract version that withheld its inputs), those
+                     of the failing case on a FAIL, else each stage's over every case; [] elsewhere
 
-status is one of PASS, FAIL, ERROR, TIMEOUT, VARIANT, n/i (not implemented), SKIP.  Version 2
+status is one of PASS, FAIL, ERROR, TIMEOUT, VARIANT, n/i (not implemented), SKIP.  Version 3 had
+no stages; version 2
 said NOT_IMPLEMENTED for n/i and had no not_run; version 1 had no header, counts or interrupted,
 and held profile/targets/rules at the top level.
 """
@@ -47,9 +51,9 @@ import xml.etree.ElementTree as ET
 
 from ..spec import RULES
 from .contract import printable
-from .suite import ERROR, FAIL, NOT_IMPLEMENTED, PASS, SKIP, TIMEOUT, VARIANT, Row
+from .suite import ERROR, FAIL, NOT_IMPLEMENTED, NOT_JUDGED, PASS, SKIP, TIMEOUT, VARIANT, Row
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 SHORT = {PASS: "PASS", FAIL: "FAIL", ERROR: "ERROR", TIMEOUT: "TIMEOUT", VARIANT: "VARIANT",
          NOT_IMPLEMENTED: "n/i", SKIP: "skip"}
 PROBLEMS = (FAIL, ERROR, TIMEOUT)
@@ -143,9 +147,14 @@ def terminal(rows: list[Row], color: bool = False) -> str:
         lines.extend("    " + line for line in r.detail.splitlines())
         if r.reproduce:
             lines.append(f"    reproduce: {r.reproduce}")
-    for r in (r for r in rows if r.status == VARIANT):
-        lines.append(f"VARIANT {r.rule_id} on {r.target}: {r.detail}")
+    for r in (r for r in rows if r.status == VARIANT or withheld(r)):
+        lines.append(f"{r.status} {r.rule_id} on {r.target}: {r.detail}")
     return "\n".join(lines)
+
+
+def withheld(row: Row) -> bool:
+    """A passing row of a layer rule with stages not judged (a contract version withheld their inputs)."""
+    return row.status == PASS and any(v["status"] == NOT_JUDGED for v in row.stages)
 
 
 def counts(rows: list[Row]) -> dict[str, dict[str, int]]:
@@ -205,7 +214,8 @@ def to_json(rows: list[Row], header: dict, interrupted: bool = False, not_run=()
         "not_run": [{"rule": r, "target": t} for r, t in not_run],
         "counts": counts(rows),
         "results": [{"rule": r.rule_id, "target": r.target, "status": r.status, "detail": r.detail,
-                     "reproduce": r.reproduce, "seconds": round(r.seconds, 3), "checks": r.checks}
+                     "reproduce": r.reproduce, "seconds": round(r.seconds, 3), "checks": r.checks,
+                     "stages": r.stages}
                     for r in rows],
     }, indent=2)
 
@@ -255,7 +265,7 @@ def to_junit(rows: list[Row], header: dict | None = None, interrupted: bool = Fa
                 ET.SubElement(case, "error", message=f"{r.status}: {first}", type=r.status).text = text
             elif r.status in (SKIP, NOT_IMPLEMENTED):
                 ET.SubElement(case, "skipped", message=f"{r.status}: {detail}")
-            elif r.status == VARIANT:
+            elif r.status == VARIANT or withheld(r):
                 ET.SubElement(case, "system-out").text = detail
         for rule_id in missed:
             case = ET.SubElement(suite, "testcase", classname=xml_safe(f"{t}.{RULES[rule_id].family}"), name=rule_id,
@@ -291,7 +301,7 @@ def to_markdown(rows: list[Row], header: dict | None = None, interrupted: bool =
         lines.append(f"| `{rule_id}` | {RULES[rule_id].title} | "
                      + " | ".join(SHORT.get(cell[(rule_id, t)].status, "-") if (rule_id, t) in cell else "-"
                                   for t in targets) + " |")
-    problems = [r for r in rows if r.status in PROBLEMS + (VARIANT,)]
+    problems = [r for r in rows if r.status in PROBLEMS + (VARIANT,) or withheld(r)]
     if problems:
         lines += ["", "## Details"]
     for r in problems:

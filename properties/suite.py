@@ -40,6 +40,8 @@ from .families import FAMILY_MODULES
 PASS, FAIL, ERROR, TIMEOUT = "PASS", "FAIL", "ERROR", "TIMEOUT"
 # One word for a missing operation everywhere (matrix, progress, JSON, JUnit, pytest): n/i.
 NOT_IMPLEMENTED, SKIP, VARIANT = "n/i", "SKIP", "VARIANT"
+# A layer rule's stage the target was not given the inputs of (properties/stages.py)
+NOT_JUDGED = "not judged"
 # When a rule has several checks, the worst outcome is the rule's.
 SEVERITY = [PASS, VARIANT, SKIP, NOT_IMPLEMENTED, TIMEOUT, FAIL, ERROR]
 
@@ -188,6 +190,19 @@ def detected(knob: str, value: str):
     _DETECTED.add((knob, value))
 
 
+_STAGES: dict = {}
+
+
+def record_stages(verdicts: list[dict]):
+    """Record a layer case's verdicts stage by stage (properties/stages.py): over a check's examples
+    each stage keeps its worst verdict (FAIL, then PASS, then not judged) and its first detail."""
+    rank = (NOT_JUDGED, PASS, FAIL)
+    for v in verdicts:
+        kept = _STAGES.get(v["stage"])
+        if kept is None or rank.index(v["status"]) > rank.index(kept["status"]):
+            _STAGES[v["stage"]] = dict(v)
+
+
 @dataclass(frozen=True)
 class Check:
     rule_id: str
@@ -278,6 +293,7 @@ class Outcome:
     detail: str = ""
     seconds: float = 0.0
     detected: frozenset = frozenset()
+    stages: list = field(default_factory=list)     # a layer rule's verdicts, stage by stage
 
 
 @dataclass
@@ -289,6 +305,7 @@ class Row:
     reproduce: str = ""
     seconds: float = 0.0
     checks: dict = field(default_factory=dict)
+    stages: list = field(default_factory=list)     # [{stage, rule, status, detail}] of a layer rule
 
     def __setattr__(self, name, value):     # a target's words, shown by every report as they are
         super().__setattr__(name, printable(value) if name in _SHOWN and isinstance(value, str) else value)
@@ -325,11 +342,14 @@ def run_check(chk: Check, target: Target, profile: str = "ci", shrink: bool = Tr
         return Outcome(NOT_IMPLEMENTED, f"missing {', '.join(chk.ops) or chk.rule_id} for {', '.join(models)} "
                                         f"(MODELS: {', '.join(target.models)})")
     if chk.ops and not target.has(*chk.ops):
-        missing = [op for op in chk.ops if not target.has(op)]
-        return Outcome(NOT_IMPLEMENTED, "missing " + ", ".join(missing))
+        gone = {op: target.withheld(op) for op in chk.ops if not target.has(op)}
+        plain = [op for op, why in gone.items() if why is None]
+        return Outcome(NOT_IMPLEMENTED, "; ".join([f"missing {', '.join(plain)}"] * bool(plain)
+                                                  + [why for why in gone.values() if why]))
     if chk.extension and chk.extension not in target.extensions:
         return Outcome(SKIP, f"extension {chk.extension} not declared")
     _DETECTED.clear()
+    _STAGES.clear()
     target.received.call, target.received.unserved = None, ""
     start = time.perf_counter()
     try:
@@ -355,7 +375,10 @@ def run_check(chk: Check, target: Target, profile: str = "ci", shrink: bool = Tr
         status, detail = (FAIL if _is_assertion(e) else ERROR), _describe(e)
         if status == ERROR or "default_rng" in detail:
             detail = _with_origin(detail, e, target)
-    return Outcome(status, detail, time.perf_counter() - start, frozenset(_DETECTED))
+        if getattr(_reported(e), "stages", None) is not None:      # the counterexample's own verdicts
+            _STAGES.clear()
+            record_stages(_reported(e).stages)
+    return Outcome(status, detail, time.perf_counter() - start, frozenset(_DETECTED), list(_STAGES.values()))
 
 
 def run_rule(rule_id: str, target: Target, profile: str = "ci") -> Row:
@@ -385,6 +408,11 @@ def run_rule(rule_id: str, target: Target, profile: str = "ci") -> Row:
     if ran and missing and status == PASS:
         why = sorted({o.detail for o in outcomes.values() if o.status in (NOT_IMPLEMENTED, SKIP)})
         detail = f"{len(ran)} of {len(outcomes)} checks ran; the others: " + "; ".join(why)
+    stages = next((o.stages for o in outcomes.values() if o.status == status and o.stages), [])
+    withheld = [v for v in stages if v["status"] == NOT_JUDGED]
+    if status == PASS and withheld and not detail:
+        detail = f"every stage judged passes; not judged: {', '.join(v['stage'] for v in withheld)} " \
+                 f"({'; '.join(dict.fromkeys(v['detail'] for v in withheld))})"
     choices = sorted({f"{k}={v}" for o in outcomes.values() for k, v in o.detected if v != KNOBS[k].canonical})
     if r.knob and status == PASS and target.variant(r.knob) != KNOBS[r.knob].canonical:
         status, detail = VARIANT, f"passes under declared {r.knob}={target.variant(r.knob)}"
@@ -399,7 +427,7 @@ def run_rule(rule_id: str, target: Target, profile: str = "ci") -> Row:
     seconds = sum(o.seconds for o in outcomes.values())
     repro = reproduce_command(target.spec, rule_id, profile, timeout=target.timeout) \
         if status in (FAIL, ERROR, TIMEOUT) else ""
-    return Row(rule_id, target.name, status, detail, repro, seconds, {n: o.status for n, o in outcomes.items()})
+    return Row(rule_id, target.name, status, detail, repro, seconds, {n: o.status for n, o in outcomes.items()}, stages)
 
 
 def _reading(target: Target, read: set) -> Target:

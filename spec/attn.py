@@ -412,6 +412,15 @@ rule("ATTN.OUTPUT", "The output is the numerator divided by the denominator, wri
      applies_to=V4_ALL, policy="tolerance", tolerance=_TOL,
      sources=(kernel("L347-350", "acc_o /= sum_exp, copied to the BF16 output"), SOURCE_V41_KERNEL))
 
+knob("attention_form", "sparse_list", {
+    "dense_mask": "attention through a mask over the gathered rows [window rows | compressed rows], as many frameworks "
+                  "do: each row attended at most once, so a repeated list entry cannot be expressed"},
+    """How a target attends the rows its lists name: the official kernel walks the list entry by entry
+(a row listed twice is attended twice); a dense mask over the gathered rows marks each row once.
+The official lists never repeat a row (PATH.CONCAT), so the two agree on every official call; a
+dense-mask target's ATTN.DUPLICATES is judged in the layer, on the tokens held in both caches.""")
+
+
 rule("ATTN.DUPLICATES", "No de-duplication: each entry is attended, an index listed twice twice, a token in both caches twice",
      """The kernel handles each list entry independently: a row named by two entries contributes
      two scores to the denominator and twice its value to the numerator.  The official lists never
@@ -422,8 +431,11 @@ rule("ATTN.DUPLICATES", "No de-duplication: each entry is attended, an index lis
      is attended as its FP8 window row and again as its FP4 compressed row; V4's compressed entries,
      each pooling the ratio tokens of its group, overlap the window rows of those tokens the same way.
      These are distinct rows with distinct values, and a port that drops one of them (de-duplicating
-     window and compressed rows of the same token) departs from the official output.""",
-     applies_to=V4_ALL, policy="tolerance", tolerance=_TOL,
+     window and compressed rows of the same token) departs from the official output.  A target that
+     attends through a dense mask (attention_form=dense_mask, declared) cannot express a repeated
+     entry: its attention kernel is not asked for one, and the rule is judged in its layer (the
+     attention output of V4.1's ratio-1 prefill, where each recent token is in both caches).""",
+     applies_to=V4_ALL, policy="tolerance", tolerance=_TOL, knob="attention_form",
      sources=(kernel("L322-327", "each entry on its own"), "V41-model L409-426 (order within a row does not matter)",
               "V4-model L509, L514 (offset, then [window | compressed] concatenated)",
               "V41-model L462 (ratio 1: one token per entry, no pooling)",
@@ -483,14 +495,16 @@ rule("ATTN.LAYER", "Every stage of a layer's attention, each on the stage before
      (eps = norm_eps); the main q after V4's rescale (q_rescale), rotated (q_attn_rot); the new tokens' window KV rotated (kv_rot)
      and as attention reads it (kv_window); on a layer that writes its compressed KV in prefill,
      the entries rotated at j·ratio (cmp_rot) and read (cmp); the rows attention gathers from, [window
-     rows | compressed rows] with decode's new row in ring slot start_pos mod 128 (kv); the sparse
+     rows | compressed rows] with decode's new row in ring slot start_pos mod 128 (kv; under window_layout=position_order
+     the last min(p+1, 128) window rows in position order, PATH.CONCAT); the sparse
      attention output (o) and its de-rotation (o_derot); then, from x, the output projections: o_derot
      cut into o_groups runs of heads, each times its o_lora_rank rows of the BF16 wo_a (an einsum: fp32
      sums in any order, one BF16 rounding; o_lora [T, groups, o_lora_rank], judged here by
      matmul_tolerance per group), and wo_b of o_lora flattened, an FP8 linear as wq_a (out [T, dim],
      FP8.LINEAR).  Each is judged by its own rule on the
-     target's own output of the stage before (teacher forcing); the report names the first stage
-     that breaks a rule.  The checks run 16 of the layer's heads (ATTN.HEADS: heads are
+     target's own output of the stage before (teacher forcing), so every stage has its own verdict:
+     the report names every stage that breaks a rule, the earliest first, and the stages a target's
+     declared contract version withheld as not judged.  The checks run 16 of the layer's heads (ATTN.HEADS: heads are
      independent), in 2 groups of 8 heads with o_lora_rank 64; cases of more than 32 tokens start from the normed q and KV, given.""",
      applies_to=V4_ALL, policy="tolerance", tolerance="each stage's own rule's tolerance; the RMSNorms (D + 8)·2^-24 relative before the BF16 rounding, as PATH.K.NORM; "
                "o_lora matmul_tolerance per group",

@@ -83,12 +83,15 @@ def token_positions(seqlen: int, start_pos: int) -> np.ndarray:
     return start_pos + np.arange(seqlen, dtype=np.int64)
 
 
-def window_index(seqlen: int, start_pos: int, window: int = WINDOW) -> np.ndarray:
+def window_index(seqlen: int, start_pos: int, window: int = WINDOW, layout: str = "ring") -> np.ndarray:
     """The window rows each query reads (decode slots listed in ascending order).
 
     Prefill (start_pos 0): row i holds i−127 … i clipped at 0, −1 after them, width min(s, 128);
     rows index the prefill's own KV.  Decode: one row of `window` ring slots; slots not filled yet
-    (positions > start_pos) are −1."""
+    (positions > start_pos) are −1; in window_layout position_order the rows 0 … W−1 of the last
+    W = min(p+1, 128) positions, oldest first."""
+    if start_pos and layout == "position_order":
+        return np.arange(min(start_pos + 1, window))[None, :]
     if start_pos == 0:
         i = np.arange(seqlen)[:, None]
         rows = np.maximum(i - window + 1, 0) + np.arange(min(seqlen, window))[None, :]
@@ -99,15 +102,26 @@ def window_index(seqlen: int, start_pos: int, window: int = WINDOW) -> np.ndarra
     return slots[None, :]
 
 
-def kv_offset(seqlen: int, start_pos: int, window: int = WINDOW) -> int:
-    """Rows of window KV placed before the compressed block: the prefill's s, or the ring's 128."""
+def kv_offset(seqlen: int, start_pos: int, window: int = WINDOW, layout: str = "ring") -> int:
+    """Rows of window KV placed before the compressed block: the prefill's s, or the ring's 128
+    (window_layout position_order: the min(p+1, 128) rows it keeps)."""
+    if start_pos and layout == "position_order":
+        return min(start_pos + 1, window)
     return seqlen if start_pos == 0 else window
 
 
-def compressed_index(seqlen: int, start_pos: int, ratio: int, window: int = WINDOW) -> np.ndarray:
+def window_rows(ring, start_pos: int, layout: str = "ring", window: int = WINDOW):
+    """Decode's window rows as attention gathers them, from the ring (new row written): the ring
+    itself, or (position_order) the rows of positions p−W+1 … p in that order."""
+    if layout != "position_order":
+        return ring
+    return ring[np.arange(start_pos + 1 - min(start_pos + 1, window), start_pos + 1) % window]
+
+
+def compressed_index(seqlen: int, start_pos: int, ratio: int, window: int = WINDOW, layout: str = "ring") -> np.ndarray:
     """HCA (no indexer): every visible compressed entry, ascending, + the block's offset; −1 in
     prefill for entries not yet visible.  Decode: one row of (start_pos + 1) // ratio entries."""
-    offset = kv_offset(seqlen, start_pos, window)
+    offset = kv_offset(seqlen, start_pos, window, layout)
     if start_pos > 0:
         return (np.arange((start_pos + 1) // ratio) + offset)[None, :]
     j = np.arange(seqlen // ratio)[None, :]
@@ -115,14 +129,14 @@ def compressed_index(seqlen: int, start_pos: int, ratio: int, window: int = WIND
     return np.where(j >= visible, -1, j + offset)
 
 
-def attention_index(window_rows, compressed_rows, seqlen: int, start_pos: int,
-                    window: int = WINDOW) -> np.ndarray:
+def attention_index(window_list, compressed_rows, seqlen: int, start_pos: int,
+                    window: int = WINDOW, layout: str = "ring") -> np.ndarray:
     """What sparse attention gathers: [window list | compressed list], the compressed entries
     (indexer top-k, −1 kept) shifted by the offset of the compressed block."""
     compressed_rows = np.asarray(compressed_rows, dtype=np.int64)
-    shifted = np.where(compressed_rows >= 0, compressed_rows + kv_offset(seqlen, start_pos, window), -1)
-    window_rows = np.broadcast_to(np.asarray(window_rows, dtype=np.int64), (shifted.shape[0], np.shape(window_rows)[-1]))
-    return np.concatenate([window_rows, shifted], axis=-1)
+    shifted = np.where(compressed_rows >= 0, compressed_rows + kv_offset(seqlen, start_pos, window, layout), -1)
+    window_list = np.broadcast_to(np.asarray(window_list, dtype=np.int64), (shifted.shape[0], np.shape(window_list)[-1]))
+    return np.concatenate([window_list, shifted], axis=-1)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -150,6 +164,17 @@ def kv_qdq_per_tensor(x) -> np.ndarray:
         ratio = np.where(full > 0, xb / np.where(full > 0, full, F32(1.0)), F32(0.0))
     codes = e2m1_decode(e2m1_encode(np.clip(ratio, F32(-6.0), F32(6.0)).astype(F32)))
     return round_bf16((codes * full).reshape(x.shape).astype(np.float64))     # written back as BF16
+
+
+knob("window_layout", "ring",
+     {"position_order": "decode keeps the last W = min(p+1, 128) window rows in position order (a "
+                        "sliding window, not a ring: the common choice of frameworks), the compressed "
+                        "rows right after them: the same tokens attended, the offset W"},
+     """Where decode's window KV rows sit among the rows attention gathers from.  Canonical: ring —
+     the official 128 ring slots (position q in slot q mod 128), the compressed block after all 128
+     (V4-model L509, L514).  The window list, the offset of the compressed list (PATH.WINDOW,
+     PATH.CONCAT, PATH.HCA) and the layer's gathered rows (ATTN.LAYER's kv) follow the declared
+     layout; the tokens attended are the same.""")
 
 
 knob("kv_second_scale", "none",
@@ -257,7 +282,8 @@ rule("PATH.HCA", "Compressed-only list: ascending, −1 until visible, plus the 
      """A layer with a compress ratio and no indexer (V4 HCA, ratio 128) attends to every visible
      compressed entry: prefill row i lists j + offset for j < (i+1)//ratio in ascending j and −1 for
      the other s//ratio − (i+1)//ratio columns; decode lists j + 128 for j < (p+1)//ratio.
-     offset = s in prefill, 128 in decode (the window rows before the compressed block).""",
+     offset = s in prefill, 128 in decode (the window rows before the compressed block; min(p+1, 128)
+     under window_layout=position_order, PATH.CONCAT).""",
      applies_to=V4, policy="exact", sources=SRC_LISTS + ("V4-model L509 (offset)", "V4-model L513 (get_compress_topk_idxs)"))
 
 rule("PATH.CONCAT", "Attention gathers [window list | compressed list + offset]",
@@ -265,8 +291,11 @@ rule("PATH.CONCAT", "Attention gathers [window list | compressed list + offset]"
      indexer's top-k, or the HCA list): valid compressed indices shifted by the offset of the
      compressed block (s in prefill, 128 in decode), −1 kept as −1, of width min(s, 128) + k in
      prefill and 128 + k in decode.  The official code casts the list to int32 (V4-model L515); the
-     contract takes int32 or int64 indices (PROTOCOL.md), so the values are what this rule judges.""",
-     applies_to=V4_ALL, policy="exact",
+     contract takes int32 or int64 indices (PROTOCOL.md), so the values are what this rule judges.
+     A target that keeps decode's window rows in position order (window_layout=position_order, declared)
+     attends the same tokens: its window list is 0 … W−1 for the last W = min(p+1, 128) positions,
+     oldest first, and its offset W.""",
+     applies_to=V4_ALL, policy="exact", knob="window_layout",
      sources=SRC_LISTS + ("V4-model L428-432, L509", "V4-model L515 (topk_idxs.int())", SRC_V41_IDX))
 
 rule("PATH.POOL_SCAN", "A kernel that scores only the pool selects what scoring everything selects",
@@ -283,7 +312,8 @@ rule("PATH.LAYER", "Every stage of a layer's indexer path, each on the stage bef
      """A layer operation (V4 CSA, HCA and window layers; V4.1 candidate source 20 and re-index 24)
      returns its intermediates by name.  Each is judged by its own rule on the target's own output
      of the stage before (teacher forcing), so a rounding difference upstream is never blamed
-     downstream; the report names the first stage that breaks a rule.""",
+     downstream, and every stage has its own verdict: the report names every stage that breaks a
+     rule, each with that rule, the earliest first.""",
      applies_to=V4_ALL, policy="tolerance",
      sources=(SRC_V4_IDX, SRC_V41_IDX, "V4-model L484-514 (Attention.forward to the index list)",
               "V41-model L739-778 (_compress_kv and forward to the index list)"),

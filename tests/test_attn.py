@@ -258,10 +258,20 @@ def test_derotation_undoes_the_rotation():
 
 @pytest.mark.parametrize("name", sorted(attn_mutants.LAYER_STAGE))
 def test_the_layer_check_names_the_planted_stage(name):
+    """V4 CSA, prefill from x to out (every stage); a V4.1-only mistake on V4.1's small-latent case
+    (its x and o_lora carry an outlier run too)."""
     provider = attn_mutants.MUTANTS[name][0]
-    case = checks.attention_case(FIXED_LAYERS[0], True, True)  # V4 CSA, prefill from x to out: every stage
+    case = checks.small_latent_case(True) if name.endswith("_on_v41") else checks.attention_case(FIXED_LAYERS[0], True, True)
     stage, _, _ = checks.first_broken_attention_stage(Target(provider, name), case)
     assert stage == attn_mutants.LAYER_STAGE[name]
+
+
+@pytest.mark.parametrize("provider", [impl, official], ids=["impl", "official"])
+def test_the_small_latent_case_passes_the_controls(provider):
+    case = checks.small_latent_case(True)
+    latent = checks.run_attention_layer(Target(provider, "t"), case)["q_latent"]
+    assert 2.0 ** -13 < np.sqrt(np.mean(np.square(latent))) < 2.0 ** -10        # about 2^-12 beside the outlier run
+    assert checks.first_broken_attention_stage(Target(provider, "t"), case) is None
 
 
 @pytest.mark.parametrize("provider", [impl, official], ids=["impl", "official"])
@@ -399,3 +409,49 @@ def test_a_layer_without_rope_freqs_is_judged_with_a_slack_of_magnitudes_at_nega
     assert checks.first_broken_attention_stage(Target(attn_mutants.LayerWithoutTable(), "no table"), case) is None
     off_by_one = attn_mutants.LayerWithoutTable(derotate_at=lambda positions: positions + 1)
     assert checks.first_broken_attention_stage(Target(off_by_one, "off by one"), case)[0] == "o_derot"
+
+
+POSITION_DECODES = [("v4-flash", 0, 1, 5, 3), ("v4-flash", 2, 1, 27, 11), ("v4-flash", 3, 1, 300, 12),
+                    ("v4.1-flash", 24, 1, 20, 151)]
+
+
+@pytest.mark.parametrize("key", POSITION_DECODES, ids=lambda key: "-".join(map(str, key)))
+def test_a_port_keeping_the_window_in_position_order_passes_at_decode(key):
+    """Issue 40: the last W rows in order, not a ring (seqlen 1, start_pos 5: offset 6, not 128),
+    attend the same tokens; declared window_layout=position_order, every stage passes; the same
+    port missing its newest token fails."""
+    port = Target(attn_mutants.POSITION_ORDERED, "position_ordered")
+    case = checks.attention_case(key)
+    out, ring = (checks.run_attention_layer(Target(p, n), case) for p, n in ((port.provider, "p"), (impl, "impl")))
+    kept = min(key[3] + 1, 128)                 # the ring's 128 rows, the position-ordered window's W
+    assert out["kv"].shape[0] == ring["kv"].shape[0] - 128 + kept and out["window_idx"].tolist() == [list(range(kept))]
+    assert all(v["status"] == "PASS" for v in checks.attention_stage_verdicts(port, case))
+    name = "layer_position_ordered_window_without_the_newest_token"
+    broken = [v["stage"] for v in checks.attention_stage_verdicts(Target(attn_mutants.MUTANTS[name][0], name), case)
+              if v["status"] == "FAIL"]
+    assert "kv" in broken and ("window_idx" in broken) == (key[3] < 127)      # p ≥ 127: the same 128 rows listed
+
+
+def test_the_position_ordered_lists_pass_their_rules_declared_and_are_named_undeclared():
+    port = attn_mutants.POSITION_ORDERED
+    assert {r: run_rule(r, Target(port, "declared")).status for r in ("PATH.WINDOW", "PATH.HCA", "PATH.CONCAT")} == \
+        {"PATH.WINDOW": PASS, "PATH.HCA": PASS, "PATH.CONCAT": VARIANT}
+    undeclared = mutant("undeclared", **{op: getattr(port, op) for op in ("attention_index",)})
+    row = run_rule("PATH.CONCAT", Target(undeclared, "undeclared"))
+    assert row.status == FAIL and "matches window_layout=position_order (undeclared)" in row.detail
+
+
+def test_a_dense_mask_port_is_judged_on_duplicates_in_its_layer_never_on_a_repeated_entry():
+    """Issue 40: attention through a mask over [window rows | compressed rows] cannot attend a list
+    entry twice; declared attention_form=dense_mask, ATTN.DUPLICATES is judged in the layer, where a
+    token held in both caches is attended twice: the correct port is not failed (VARIANT, its sparse
+    check skipped); the one attending such a token once FAILs there."""
+    row = run_rule("ATTN.DUPLICATES", Target(attn_mutants.DENSE_MASK_PORT, "dense"))
+    assert row.status == VARIANT and row.checks == {"an_index_listed_twice_is_attended_twice": "SKIP",
+                                                     "a_token_in_both_caches_is_attended_twice": PASS}
+    undeclared = mutant("undeclared_dense", sparse_attention=attn_mutants._dense_mask_attention)
+    assert run_rule("ATTN.DUPLICATES", Target(undeclared, "undeclared")).status == FAIL        # as on main
+    name = "dense_mask_attending_a_token_once"
+    row = run_rule("ATTN.DUPLICATES", Target(attn_mutants.MUTANTS[name][0], name))
+    assert row.status == FAIL and row.checks["a_token_in_both_caches_is_attended_twice"] == FAIL
+    assert run_rule("ATTN.DUPLICATES", Target(impl, "impl")).checks["a_token_in_both_caches_is_attended_twice"] == "SKIP"

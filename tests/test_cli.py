@@ -119,7 +119,7 @@ def test_reports_are_atomic_and_carry_the_header(tmp_path):
     assert result.returncode == 0, result.stderr
     report = json.loads(out.read_text())
     header = report["header"]
-    assert report["schema_version"] == 3 and header["seed"] == 3 and header["profile"] == "dev"
+    assert report["schema_version"] == 4 and header["seed"] == 3 and header["profile"] == "dev"
     assert header["tool"]["version"] == dsv4spec.__version__ and header["spec"]["rules"] > 0
     assert header["targets"][0]["spec"] == "impl" and header["torch"] and header["date"]
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".dsv4spec-")]   # no temporary left
@@ -158,7 +158,7 @@ def test_verify_exit_status_follows_claimed_conformance(tmp_path):
     bad = subprocess.run(cmd, capture_output=True, text=True, env=env)
     assert bad.returncode == 1, bad.stdout + bad.stderr
     report = json.loads((tmp_path / "r.json").read_text())
-    assert report["schema_version"] == 3
+    assert report["schema_version"] == 4
     failed = [r for r in report["results"] if r["status"] == "FAIL"]
     assert failed and all("--target badtarget --rules" in r["reproduce"] for r in failed)
     junit = (tmp_path / "r.xml").read_text()

@@ -45,7 +45,7 @@ def test_frozen_adapters_keep_their_verdicts_on_upgrade(tmp_path):
         got.setdefault(row["target"], {})[row["rule"]] = row["status"]
     assert got == VERDICTS, result.stdout
     detail = {(r["target"], r["rule"]): r["detail"] for r in rows}
-    assert "missing kv_qdq_fp4_e8m0" in detail[("contract1_kv_qdq", "PATH.K.CACHE")]
+    assert "kv_qdq(x, 'fp4_e8m0') (the format came in contract 2)" in detail[("contract1_kv_qdq", "PATH.K.CACHE")]
 
 
 def _rule(provider, rule_id="PATH.K.CACHE"):
@@ -73,6 +73,8 @@ def test_a_declared_contract_decides_without_asking():
     asked = []
     old = types.SimpleNamespace(CONTRACT=1, kv_qdq=_kv_qdq(("fp4_e4m3", "fp8_e8m0_32", "fp4_e8m0"), asked))
     assert _rule(old) == "n/i" and "fp4_e8m0" not in asked
+    assert Target(old, "frozen").withheld("kv_qdq_fp4_e8m0") == \
+        "contract 1 withholds kv_qdq(x, 'fp4_e8m0') (the format came in contract 2)"
     broken = types.SimpleNamespace(CONTRACT=2, kv_qdq=_kv_qdq(("fp4_e4m3", "fp8_e8m0_32"), []))
     assert _rule(broken) == "ERROR"
 
@@ -126,3 +128,80 @@ def test_a_contract_6_layer_is_never_given_the_output_projections():
         assert "attn_wq_a" in case.arrays() and "attn_wo_a" not in case.arrays()
         assert checks.first_broken_attention_stage(target, case) is None
     assert checks.first_broken_attention_stage(target, checks.attention_case(FIXED_LAYERS[0], True, True))[0] == "o_lora"
+
+
+def _contract6_layer():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("contract6_layer", FROZEN / "contract6_layer.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _attention_row(provider, name, key):
+    """ATTN.LAYER's row through the runner, its check on the one layer case `key`."""
+    from unittest import mock
+    from dsv4spec.properties import attn as checks
+    from dsv4spec.properties import suite
+    from dsv4spec.properties.stages import report
+
+    def one_case(target):
+        case = checks.attention_case(key, checks.takes_projections(target), checks.takes_output(target))
+        report("ATTN.LAYER", case, checks.attention_stage_verdicts(target, case) + checks.withheld_stages(target, case))
+    chk = suite.Check("ATTN.LAYER", "one_case", one_case, ("attention_layer",))
+    with mock.patch.object(suite, "checks_for", lambda rule_id: [chk]):
+        return run_rule("ATTN.LAYER", Target(provider, name))
+
+
+def test_a_stage_a_version_withheld_is_named_not_judged_in_the_row_and_the_json():
+    from dsv4spec.properties.path import FIXED_LAYERS
+    from dsv4spec.properties.report import terminal, to_json, to_junit, to_markdown
+    row = _attention_row(_contract6_layer(), "contract6_layer", FIXED_LAYERS[0])
+    assert row.status == "PASS"
+    assert "not judged: o_lora, out (contract 6 withholds wo_a and wo_b (contract 7))" in row.detail
+    withheld = [(v["stage"], v["status"]) for v in json.loads(to_json([row], {}))["results"][0]["stages"]
+                if v["status"] != "PASS"]
+    assert withheld == [("o_lora", "not judged"), ("out", "not judged")]
+    assert "PASS ATTN.LAYER on contract6_layer: every stage judged passes; not judged: o_lora, out" in terminal([row])
+    assert all("not judged: o_lora, out (contract 6 withholds" in text for text in (to_junit([row]), to_markdown([row])))
+
+
+def test_an_undeclared_target_returning_the_output_stages_is_judged_on_them():
+    """Issue 42: no CONTRACT, o_lora and out both ×1.5: FAIL on both, not a PASS that hides them."""
+    import dsv4spec.impl as impl
+    from dsv4spec.properties import attn as checks
+    from dsv4spec.properties.path import FIXED_LAYERS
+    from mutants import mutant
+
+    def attention_layer(inputs, **kw):
+        out = impl.attention_layer(inputs, **kw)
+        return {**out, **{name: out[name] * 1.5 for name in ("o_lora", "out") if name in out}}
+    provider = mutant("outputs_times_1_5", attention_layer=attention_layer)
+    assert not hasattr(provider, "CONTRACT") and checks.takes_output(Target(provider, "t"))
+    row = _attention_row(provider, "outputs_times_1_5", FIXED_LAYERS[0])
+    assert row.status == "FAIL" and [v["stage"] for v in row.stages if v["status"] == "FAIL"] == ["o_lora", "out"]
+    assert _attention_row(impl, "impl", FIXED_LAYERS[0]).status == "PASS"
+
+
+def test_an_exec_port_declares_its_contract_in_the_handshake(monkeypatch):
+    from dsv4spec.properties.target import TargetLoadError, load_target
+    spec = "exec:" + " ".join([sys.executable, str(Path(__file__).parent / "exec_fake_port.py")])
+    monkeypatch.setenv("FAKE_HELLO", "contract=6")
+    assert load_target(spec).contract == 6
+    monkeypatch.setenv("FAKE_HELLO", "")
+    assert load_target(spec).contract is None
+    for wrong in ("seven", "0", "99"):
+        monkeypatch.setenv("FAKE_HELLO", f"contract={wrong}")
+        with pytest.raises(TargetLoadError, match="contract"):
+            load_target(spec)
+
+
+def test_a_golden_port_declares_its_contract_in_port_txt(tmp_path):
+    from dsv4spec.golden.vectors import PORT, _Replay, read_declarations
+    (tmp_path / PORT).write_text("name=p\ncontract=6\n")
+    declared = read_declarations(tmp_path)
+    assert Target(_Replay("FMT.E2M1.RNE", [], {}, types.SimpleNamespace(results={}, errors={}, raised={},
+                                                                        file_error=""), {}, "p", declared), "p").contract == 6
+    (tmp_path / PORT).write_text("contract=99\n")
+    with pytest.raises(ValueError, match="contract= must be"):
+        read_declarations(tmp_path)

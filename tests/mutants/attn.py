@@ -11,7 +11,7 @@ from dsv4spec.impl import rope as rope_ref
 
 from . import mutant
 from . import path as path_mutants
-from .quant import fp8_linear_without_act_quant
+from .quant import fp8_linear_act_block_of_the_other_model, fp8_linear_without_act_quant
 
 
 def _bf16(x):
@@ -186,6 +186,24 @@ def _bf16_projection_at(weight):
     return _layer_with(_fp8_projection=projection)
 
 
+def _act_quant_per_128_at(weight):
+    """impl's attention_layer whose FP8 linear by `weight` takes act_quant per 128 in V4.1 (V4's
+    block_size; the weight's blocks of 32 stay right): a port that kept V4's act block."""
+    def projection(op, inputs, name, x, rows, block):
+        if name != weight or block != 32:
+            return _fp8_projection(op, inputs, name, x, rows, block)
+        return fp8_linear_act_block_of_the_other_model(x, inputs[name], inputs[f"{name}_scale"], block)
+    return _layer_with(_fp8_projection=projection)
+
+
+_rms_norm = ref._rms_norm
+
+
+def _rms_norm_with_v4_eps(x, weight, eps):
+    """The attention's RMSNorms with V4's norm_eps 1e-6 whatever the model's (V4.1's is 1e-20)."""
+    return _rms_norm(x, weight, 1e-6)
+
+
 _grouped_product = ref.grouped_product
 OUTPUT_CONTRACT = 7     # the output projections' mutants declare it: only then is a layer given wo_a and wo_b
 
@@ -220,7 +238,9 @@ LAYER_STAGE = {"layer_wq_a_in_bf16": "q_latent", "layer_wq_b_in_bf16": "q_attn",
                "layer_q_not_rescaled_on_v4": "q_rescale", "layer_window_kv_not_quantized": "kv_window",
                "layer_compressed_kv_not_quantized": "cmp", "layer_attention_without_sink": "o",
                "layer_output_not_derotated": "o_derot", "layer_wo_a_product_in_fp32": "o_lora",
-               "layer_wo_a_heads_round_robin": "o_lora", "layer_wo_b_in_bf16": "out"}
+               "layer_wo_a_heads_round_robin": "o_lora", "layer_wo_b_in_bf16": "out",
+               "layer_wkv_act_quant_per_128_on_v41": "kv_proj", "layer_wo_b_act_quant_per_128_on_v41": "out",
+               "layer_norm_eps_of_v4_on_v41": "q_norm"}
 
 
 def _int32_lists_read_as_row_0(q, kv, sink, indices, scale, *, model):
@@ -297,6 +317,10 @@ MUTANTS = dict([
     _m("layer_wo_a_product_in_fp32", "ATTN.LAYER", CONTRACT=OUTPUT_CONTRACT, attention_layer=_layer_with(grouped_product=_wo_a_product_in_fp32)),
     _m("layer_wo_a_heads_round_robin", "ATTN.LAYER", CONTRACT=OUTPUT_CONTRACT, attention_layer=_layer_with(grouped_product=_wo_a_heads_round_robin)),
     _m("layer_wo_b_in_bf16", "ATTN.LAYER", CONTRACT=OUTPUT_CONTRACT, attention_layer=_bf16_projection_at("attn_wo_b")),
+    _m("layer_wkv_act_quant_per_128_on_v41", "ATTN.LAYER", attention_layer=_act_quant_per_128_at("attn_wkv")),
+    _m("layer_wo_b_act_quant_per_128_on_v41", "ATTN.LAYER", CONTRACT=OUTPUT_CONTRACT,
+       attention_layer=_act_quant_per_128_at("attn_wo_b")),
+    _m("layer_norm_eps_of_v4_on_v41", "ATTN.LAYER", attention_layer=_layer_with(_rms_norm=_rms_norm_with_v4_eps)),
 ])
 
 
@@ -329,6 +353,92 @@ def _compressed_first(new, ring, compressed, start_pos):
 
 def _ring_slot_after(new, ring, compressed, start_pos):
     return _attended_rows(new, ring, compressed, start_pos + 1)
+
+
+# ------------------------------------------------------------------------------------------------
+# decode's window rows in position order (window_layout=position_order): a correct port, and one
+# attending a wrong token
+# ------------------------------------------------------------------------------------------------
+_ring_window_index, _kv_offset = path_ref.window_index, path_ref.spec.kv_offset
+POSITION_ORDER = {"window_layout": "position_order"}
+
+
+def _last_positions(start_pos, newest):
+    """The positions a position-ordered window keeps at decode, oldest first (newest: p included)."""
+    end = start_pos + 1 if newest else start_pos
+    return torch.arange(max(0, end - 128), end)
+
+
+def _in_position_order(fn, newest=True):
+    """impl's `fn` with decode's window kept as the last positions in order: the list 0 … W−1, the
+    rows of those positions, the compressed rows (and the offset) after the W of them."""
+    def window_index(seqlen, start_pos):
+        if start_pos == 0:
+            return _ring_window_index(seqlen, 0)
+        return torch.arange(_last_positions(start_pos, newest).numel())[None, :].int()
+
+    def kv_offset(seqlen, start_pos, window=128, layout="ring"):
+        return seqlen if start_pos == 0 else _last_positions(start_pos, newest).numel()
+
+    def attended_rows(new, ring, compressed, start_pos):
+        if ring is None:
+            return _attended_rows(new, ring, compressed, start_pos)
+        if newest:
+            ring = ring.clone()
+            ring[start_pos % ring.shape[0]] = new[0]
+        rows = ring[_last_positions(start_pos, newest) % ring.shape[0]]
+        return rows if compressed is None else torch.cat([rows, compressed])
+
+    def in_order(*args, **kwargs):
+        with mock.patch.multiple(path_ref, window_index=window_index), \
+                mock.patch.multiple(ref, window_index=window_index, attended_rows=attended_rows), \
+                mock.patch.object(path_ref.spec, "kv_offset", kv_offset):
+            return fn(*args, **kwargs)
+    return in_order
+
+
+def _position_ordered_port(name, newest=True):
+    def late(module, op):           # looked up while the patches hold (window_index is one of them)
+        return lambda *args, **kwargs: getattr(module, op)(*args, **kwargs)
+    ops = {op: path_ref for op in ("window_index", "compressed_index", "attention_index", "index_layer")}
+    ops["attention_layer"] = ref
+    return mutant(name, variants=POSITION_ORDER,
+                  **{op: _in_position_order(late(module, op), newest) for op, module in ops.items()})
+
+
+POSITION_ORDERED = _position_ordered_port("position_ordered_window")
+MUTANTS.update([("layer_position_ordered_window_without_the_newest_token",
+                 (_position_ordered_port("layer_position_ordered_window_without_the_newest_token", False),
+                  "ATTN.LAYER"))])
+
+
+# ------------------------------------------------------------------------------------------------
+# attention through a dense mask over the gathered rows (attention_form=dense_mask)
+# ------------------------------------------------------------------------------------------------
+_sparse_attention = ref.sparse_attention
+DENSE_MASK = {"attention_form": "dense_mask", "attn_order": "split"}
+
+
+def _dense_mask_attention(q, kv, sink, indices, scale, *, model):
+    """Attention over the rows marked in a dense mask: each listed row once, in row order (a repeated
+    entry is one mask bit)."""
+    marked = [sorted(set(row) - {-1}) for row in indices.tolist()]
+    rows = torch.tensor([m + [-1] * (indices.shape[1] - len(m)) for m in marked], dtype=indices.dtype)
+    return _sparse_attention(q, kv, sink, rows, scale, model=model)
+
+
+def _dense_mask_port(name, deduplicated=False):
+    attend = _layer_deduplicating_tokens if deduplicated else ref.attention_layer
+
+    def attention_layer(inputs, *, model, layer, start_pos=0):
+        with mock.patch.object(ref, "sparse_attention", _dense_mask_attention):
+            return attend(inputs, model=model, layer=layer, start_pos=start_pos)
+    return mutant(name, variants=DENSE_MASK, sparse_attention=_dense_mask_attention, attention_layer=attention_layer)
+
+
+DENSE_MASK_PORT = _dense_mask_port("dense_mask_attention")
+MUTANTS["dense_mask_attending_a_token_once"] = (_dense_mask_port("dense_mask_attending_a_token_once", True),
+                                               "ATTN.DUPLICATES")
 
 
 # Mutants planted at one stage of each part of the layer, for the test that the layer check names

@@ -1,0 +1,79 @@
+"""A layer rule's verdict, stage by stage (PATH.LAYER, ATTN.LAYER).
+
+Every stage of a layer is judged from the target's own output of the stage before (teacher
+forcing), so each stage has a verdict of its own: a broken early stage hides nothing after it.  A
+layer check judges every stage of a case (`judge_every_stage`), records the verdicts for the row
+(`suite.record_stages`), and fails naming the earliest broken stage first (the cause line, read by
+causes.FIRST_BROKEN) and then every other, each with its rule.  A stage the target was not given
+the inputs of (a contract version that withheld them) is listed as not judged, with why.
+"""
+from __future__ import annotations
+
+from .suite import NOT_JUDGED, PASS, FAIL, record_stages
+
+
+class StageFailures(AssertionError):
+    """A layer rule's failure: `stages` holds every stage's verdict on the failing case."""
+
+    def __init__(self, message: str, stages: list[dict]):
+        super().__init__(message)
+        self.stages = stages
+
+
+def verdict(stage: str, rule: str, status: str, detail: str = "") -> dict:
+    return {"stage": stage, "rule": rule, "status": status, "detail": detail}
+
+
+def judge_every_stage(stages, target, case, out) -> list[dict]:
+    """Each (name, rule, judge) of `stages` judged on `out`: a verdict per stage, in stage order."""
+    verdicts = []
+    for name, rule_id, judge in stages:
+        try:
+            judge(target, case, out)
+        except AssertionError as e:
+            verdicts.append(verdict(name, rule_id, FAIL, str(e)))
+        except Exception as e:      # noqa: BLE001 -- the judge could not read what a broken stage left
+            broken = first_broken(verdicts)
+            if broken is None:
+                raise
+            verdicts.append(verdict(name, rule_id, FAIL, f"{rule_id}: stage {name!r} cannot be judged on what "
+                                                         f"stage {broken[0]!r} left ({type(e).__name__}: {e}) [{case!r}]"))
+        else:
+            verdicts.append(verdict(name, rule_id, PASS))
+    return verdicts
+
+
+def first_broken(verdicts: list[dict]):
+    """(stage, rule, message) of the earliest broken stage, or None."""
+    return next(((v["stage"], v["rule"], v["detail"]) for v in verdicts if v["status"] == FAIL), None)
+
+
+def summary(verdicts: list[dict]) -> str:
+    """One line: each stage and its verdict in order; then the stages not judged, with why."""
+    judged = " · ".join(f"{v['stage']} {v['status']}" for v in verdicts if v["status"] != NOT_JUDGED)
+    withheld = [v for v in verdicts if v["status"] == NOT_JUDGED]
+    reasons = dict.fromkeys(v["detail"] for v in withheld)
+    return f"stage by stage: {judged}" + "".join(
+        f"; not judged: {', '.join(v['stage'] for v in withheld if v['detail'] == why)} ({why})" for why in reasons)
+
+
+def report(rule_id: str, case, verdicts: list[dict]) -> None:
+    """Record the verdicts; on a broken stage raise StageFailures: the earliest broken stage (the
+    cause line), every broken stage with its rule, the stage-by-stage line, the earliest's message
+    in full and the first line of each later one's."""
+    record_stages(verdicts)
+    broken = [v for v in verdicts if v["status"] == FAIL]
+    if not broken:
+        return
+    first, later = broken[0], broken[1:]
+    lines = [f"{rule_id}: first broken stage {first['stage']!r} ({first['rule']}) [{case!r}]; "
+             f"{len(broken)} of {sum(v['status'] != NOT_JUDGED for v in verdicts)} stages broken: "
+             + ", ".join(f"{v['stage']} ({v['rule']})" for v in broken),
+             summary(verdicts), first["detail"]]
+    lines += [f"also broken, stage {v['stage']!r} ({v['rule']}): {v['detail'].splitlines()[0]}" for v in later]
+    raise StageFailures("\n".join(lines), verdicts)
+
+
+def not_judged(stages, why: str, rule_of: dict) -> list[dict]:
+    """The verdicts 'not judged' of the stages `stages` (names), each with its rule, and why."""
+    return [verdict(name, rule_of[name], NOT_JUDGED, why) for name in stages]
