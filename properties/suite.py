@@ -188,6 +188,20 @@ def detected(knob: str, value: str):
     _DETECTED.add((knob, value))
 
 
+_DECLARED: set = set()
+
+
+def declared_choice(target, knob: str) -> str:
+    """The target's value of `knob`, for a judge whose reading it changes; a value other than the
+    canonical one is recorded, and a rule whose checks pass under it reads VARIANT ("passes under
+    declared knob=value"), whatever knob the rule itself names (a declared step left out, a
+    precision choice: suite.py's run_rule)."""
+    value = target.variant(knob)
+    if value != KNOBS[knob].canonical:
+        _DECLARED.add((knob, value))
+    return value
+
+
 @dataclass(frozen=True)
 class Check:
     rule_id: str
@@ -278,6 +292,7 @@ class Outcome:
     detail: str = ""
     seconds: float = 0.0
     detected: frozenset = frozenset()
+    declared: frozenset = frozenset()     # the declared knob values its judges read (declared_choice)
 
 
 @dataclass
@@ -320,6 +335,7 @@ def run_check(chk: Check, target: Target, profile: str = "ci", shrink: bool = Tr
     if chk.extension and chk.extension not in target.extensions:
         return Outcome(SKIP, f"extension {chk.extension} not declared")
     _DETECTED.clear()
+    _DECLARED.clear()
     target.received.call, target.received.unserved = None, ""
     start = time.perf_counter()
     try:
@@ -345,7 +361,7 @@ def run_check(chk: Check, target: Target, profile: str = "ci", shrink: bool = Tr
         status, detail = (FAIL if _is_assertion(e) else ERROR), _describe(e)
         if status == ERROR or "default_rng" in detail:
             detail = _with_origin(detail, e, target)
-    return Outcome(status, detail, time.perf_counter() - start, frozenset(_DETECTED))
+    return Outcome(status, detail, time.perf_counter() - start, frozenset(_DETECTED), frozenset(_DECLARED))
 
 
 def run_rule(rule_id: str, target: Target, profile: str = "ci") -> Row:
@@ -376,8 +392,11 @@ def run_rule(rule_id: str, target: Target, profile: str = "ci") -> Row:
         why = sorted({o.detail for o in outcomes.values() if o.status in (NOT_IMPLEMENTED, SKIP)})
         detail = f"{len(ran)} of {len(outcomes)} checks ran; the others: " + "; ".join(why)
     choices = sorted({f"{k}={v}" for o in outcomes.values() for k, v in o.detected if v != KNOBS[k].canonical})
-    if r.knob and status == PASS and target.variant(r.knob) != KNOBS[r.knob].canonical:
-        status, detail = VARIANT, f"passes under declared {r.knob}={target.variant(r.knob)}"
+    used = {f"{k}={v}" for o in outcomes.values() for k, v in o.declared}
+    if r.knob and target.variant(r.knob) != KNOBS[r.knob].canonical:
+        used.add(f"{r.knob}={target.variant(r.knob)}")
+    if status == PASS and used:
+        status, detail = VARIANT, "passes under declared " + ", ".join(sorted(used))
     elif status == PASS and choices:
         status, detail = VARIANT, "detected: " + ", ".join(choices)
     elif status in (FAIL, ERROR):   # (an ERROR too: a target may reject what it reads in the wrong place)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from .models import profile
-from .rules import V4, V41, V4_ALL, rule, shared_tolerance
+from .rules import V4, V41, V4_ALL, knob, rule, shared_tolerance
 
 V4_CODE = "V4-model L279-377 (Compressor; prefill L325-342, decode L343-359)"
 V41_CODE = "V41-model L429-485 (Compressor)"
@@ -103,11 +103,19 @@ rule("CMP.APE", "V4 additive positional bias on the gate scores",
      sources=SOURCES_V4 + SOURCES_V41 + ("V4-model L294 (ape)", "doc-003 §4 stage 1 L100"),
      tolerance=DIRECTION_TOLERANCE)
 
+knob("compressor_pooling", "fp32",
+     {"bf16": "the gate's softmax and the pooled sum over the slots in BF16 (a port keeping the compressor's "
+              "activations BF16), where the official compressor casts x to fp32 first (V4-model L321-322, "
+              "pooling L342, L352, L359)"},
+     """The precision of the compressor's pooling.  Declared bf16, every entry rule admits 2m + 4 BF16
+     roundings (2^-8 each) of the pooled vector's Σ|p·kv| more (m the window's slots).""")
+
 rule("CMP.GATE", "per-channel softmax over the window",
      """The pooled vector is sum over the window's slots of softmax(score)·kv, the softmax taken
      over the slots separately for every channel (4 or 8 slots for V4 ratio 4, 128 for V4 ratio
-     128, 2 for V4.1 ratio 2), computed in fp32.""",
-     applies_to=V4_ALL, policy="tolerance", sources=SOURCES_V4 + SOURCES_V41 + ("doc-003 §4 stage 1 L100",),
+     128, 2 for V4.1 ratio 2), computed in fp32.  A port pooling in BF16 declares
+     compressor_pooling=bf16 (departing from V4-model L321-322, L342).""",
+     applies_to=V4_ALL, policy="tolerance", knob="compressor_pooling", sources=SOURCES_V4 + SOURCES_V41 + ("doc-003 §4 stage 1 L100",),
      tolerance=DIRECTION_TOLERANCE)
 
 rule("CMP.RATIO1", "V4.1 ratio 1: a normalized projection",

@@ -42,7 +42,7 @@ import numpy as np
 
 from .indexer import bf16_quantum, round_bf16
 from .models import Model
-from .rules import INFORMATIVE, V4_ALL, rule
+from .rules import INFORMATIVE, V4_ALL, knob, rule
 
 SOURCE_V4 = "V4-model L475-481 (Attention: compress_rope_theta with YaRN iff the layer compresses)"
 SOURCE_V41 = "V41-model L680-696 (the same, per layer)"
@@ -242,12 +242,21 @@ rule("ROPE.SLICE", "Only the last 64 channels rotate",
               "V4-model L367, L499, L504 (kv[..., -rd:], q[..., -rd:])", "V41-model L551, L758, L772",
               "V32-model L457-459 (V3.2 rotates the first 64)"))
 
+knob("rope_table", "fp32",
+     {"bf16": "a BF16 cos/sin table: cos(p·f_i) and sin(p·f_i) rounded to BF16 before the product, where "
+              "the official table is complex64 (V4-model L226-228, torch.polar of the fp32 angles) and "
+              "apply_rotary_emb multiplies in fp32 (V4-model L235, L242)"},
+     """The precision of the RoPE table a port multiplies by.  Declared bf16, every rotation (ROPE.ROUNDING,
+     ATTN.DEROTATE, the layers' rotated stages) admits the error of cos and sin each within 2^-9 of itself:
+     2^-8·(|x[2i]| + |x[2i+1]|) more per element.""")
+
 rule("ROPE.ROUNDING", "The angle is fl32(p·f_i); the rotation is fp32, rounded once to BF16",
      """With the fp32 table f the rotation of BF16 values by angle fl32(fl32(p)·f_i) is computed in
      fp32 (complex64) and written back as BF16: the result is BF16-representable and lies within
      one BF16 ulp of (|exact| + δ), plus δ = 2^-21·(|x[2i]| + |x[2i+1]|), of the exact rotation by
-     that fp32 angle.""",
-     applies_to=V4_ALL, policy="tolerance",
+     that fp32 angle.  A port multiplying by a BF16 cos/sin table declares rope_table=bf16 (departing
+     from V4-model L226-228, L242): δ grows by 2^-8·(|x[2i]| + |x[2i+1]|).""",
+     applies_to=V4_ALL, policy="tolerance", knob="rope_table",
      sources=(SOURCE_TABLE, SOURCE_APPLY, "V4-model L235, L243 (x.float(), then copied back into the BF16 tensor)"),
      tolerance="""δ bounds the fp32 cos and sin (2^-23 each) and the rounded products and sum of
      the complex multiply; the BF16 write-back adds one ulp of the rounded value.""")
