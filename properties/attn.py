@@ -42,8 +42,8 @@ from ..spec.rules import V41
 from .compare import as_numpy, assert_equal, assert_within
 from .path import (STAGES, LayerCase, cached_run, judge_rotation, layer_cases, layer_kind, make_layer_case,
                    normal_bf16, report_first_broken)
-from .quant import assert_fp8_linear, fp8_linear_bounds, fp8_weight
-from .suite import check, forall
+from .quant import assert_linear, fp8_linear_bounds, fp8_weight
+from .suite import check, declared_choice, forall
 
 OPS = {
     "sparse_attention": "sparse_attention(q [T,H,D], kv [N,D], sink f32 [H], indices int [T,K], scale, *, model) "
@@ -72,8 +72,8 @@ class Case:
     def init(self) -> float:
         return spec.running_max_init(profile(self.model))
 
-    def bounds(self, order: str):
-        return spec.bounds(self.q, self.kv, self.sink, self.indices, self.scale, self.init, order)
+    def bounds(self, order: str, **precision):
+        return spec.bounds(self.q, self.kv, self.sink, self.indices, self.scale, self.init, order, **precision)
 
     def describe(self) -> str:
         T, H, D = self.q.shape
@@ -190,6 +190,12 @@ def _order(target, clause: str = "other") -> str:
     return "blocks64" if clause == "order" and value == "blocks64" else "list"
 
 
+def precision(target) -> dict:
+    """The precision choices a target declares for sparse attention (attn_scores, attn_probs), as
+    spec.bounds takes them: every check of the attention output reads them."""
+    return dict(scores=declared_choice(target, "attn_scores"), probs=declared_choice(target, "attn_probs"))
+
+
 def _t(x, dtype=torch.float32):
     return torch.tensor(np.asarray(x), dtype=dtype)
 
@@ -207,7 +213,7 @@ def judge(target, case: Case, what: str, order: str | None = None, got=None, rou
     T, H, D = case.q.shape
     if got.shape != (T, H, D):
         raise AssertionError(f"{what}: output shape {got.shape}, expected {(T, H, D)}")
-    lo, hi = case.bounds(order or _order(target))
+    lo, hi = case.bounds(order or _order(target), **precision(target))
     ok = spec.admitted(got, lo, hi)
     bad = np.argwhere(~ok)
     if bad.size:
@@ -610,9 +616,10 @@ def _projection(name, weight, source):
         x = _stage(out, source, case) if source in out else a[source].astype(np.float64)
         x = x.reshape(x.shape[0], -1)
         got = _stage(out, name, case)
-        assert_fp8_linear(got.reshape(got.shape[0], -1), x, a[weight], a[f"{weight}_scale"], b,
-                          f"FP8.LINEAR: {name} = {weight}({source}), act_quant per {b}, E4M3 × E4M3 block GEMM "
-                          f"[{case!r}]", bounds=_linear_bounds(x, a[weight], a[f"{weight}_scale"], b))
+        bf16 = target.variant("fp8_linears") == "bf16"
+        assert_linear(target, got.reshape(got.shape[0], -1), x, a[weight], a[f"{weight}_scale"], b,
+                      f"FP8.LINEAR: {name} = {weight}({source}), act_quant per {b}, E4M3 × E4M3 block GEMM "
+                      f"[{case!r}]", bounds=None if bf16 else _linear_bounds(x, a[weight], a[f"{weight}_scale"], b))
     return judge
 
 
@@ -645,6 +652,10 @@ def _rotation(name, source, use, positions):
 
 def _judge_qdq(name, source, compressed):
     def judge(target, case, out):
+        if declared_choice(target, "kv_qdq") == "none":
+            _same(_stage(out, name, case), _stage(out, source, case),
+                  f"ATTN.LAYER: {name}, {source} read as it is (kv_qdq=none declared: no QDQ)", case)
+            return "kv_qdq=none"
         _same(_stage(out, name, case), _qdq(_stage(out, source, case), case.model, compressed),
               f"PATH.QDQ: {name}, {source} as attention reads it", case)
     return judge
@@ -674,7 +685,8 @@ def _judge_o(target, case, out):
     m = profile(case.model)
     q, kv = _stage(out, "q_attn_rot", case), _stage(out, "kv", case)
     sink, idx = case.arrays()["sink"].astype(np.float64), _stage(out, "indices", case).astype(np.int64)
-    lo, hi = spec.bounds(q, kv, sink, idx, spec.softmax_scale(m), spec.running_max_init(m), _order(target, "order"))
+    lo, hi = spec.bounds(q, kv, sink, idx, spec.softmax_scale(m), spec.running_max_init(m), _order(target, "order"),
+                         **precision(target))
     ok = spec.admitted(_stage(out, "o", case), lo, hi)
     if not ok.all():
         raise AssertionError(f"ATTN.PROB.ORDER: the layer's sparse attention, {int((~ok).sum())} of {ok.size} outputs "

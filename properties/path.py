@@ -58,10 +58,10 @@ from ..spec import rope as spec_rope
 from ..spec.models import profile
 from .compare import as_numpy, assert_bytes_equal, assert_equal, assert_within
 from .indexer import assert_weights, expected_scores, make_score_case, ScoreCase
-from .quant import assert_fp8_linear, fp8_linear_bounds, fp8_weight
+from .quant import assert_linear, fp8_linear_bounds, fp8_weight
 from .pool import reindex_cases, wide_reindex_case
 from .ranking import assert_pool, assert_topk
-from .suite import check, forall
+from .suite import check, declared_choice, forall
 
 OPS = {
     "window_index": "window_index(seqlen, start_pos) -> int [T, W]: i−127..i in prefill, 128 ring slots in decode",
@@ -534,9 +534,10 @@ def _q_bounds(case, b: int):
 def _judge_q(target, case, out):
     a, m = case.arrays(), profile(case.model)
     b = spec_quant.FP8_LINEAR_BLOCK[case.model]
-    assert_fp8_linear(_need(out, "q", case), a["qr"], a["wq_b"], a["wq_b_scale"], b,
-                      f"PATH.Q.PROJ: q = FP8.LINEAR(qr, wq_b), act_quant per {b} [{case!r}]",
-                      shape=(case.seqlen, m.index_n_heads, m.index_head_dim), bounds=_q_bounds(case, b))
+    bf16 = target.variant("fp8_linears") == "bf16"
+    assert_linear(target, _need(out, "q", case), a["qr"], a["wq_b"], a["wq_b_scale"], b,
+                  f"PATH.Q.PROJ: q = FP8.LINEAR(qr, wq_b), act_quant per {b} [{case!r}]",
+                  shape=(case.seqlen, m.index_n_heads, m.index_head_dim), bounds=None if bf16 else _q_bounds(case, b))
 
 
 def _table(target, case: LayerCase, use: str):
@@ -591,6 +592,12 @@ def _judge_k_normed(target, case, out):
 def _judge_hadamard(which: str):
     def judge(target, case, out):
         rot = _need(out, f"{which}_rot", case)
+        if profile(case.model).hadamard and declared_choice(target, "index_hadamard") == "none":
+            if f"{which}_had" in out:
+                assert_equal(out[f"{which}_had"], rot.astype(np.float32),
+                             what=f"PATH.HADAMARD: index_hadamard=none declared ({which}_had must be {which}_rot) "
+                                  f"[{case!r}]")
+            return "index_hadamard=none"
         if profile(case.model).hadamard:
             _close(_need(out, f"{which}_had", case), spec_indexer.hadamard(rot), spec_indexer.hadamard_tolerance(rot),
                    f"PATH.HADAMARD: {which}_had = Hadamard({which}_rot) (V4)", case)
@@ -602,6 +609,8 @@ def _judge_hadamard(which: str):
 
 def _judge_fp4(which: str):
     def judge(target, case, out):
+        if _without_qdq(target):
+            return "index_qdq=none"        # declared: no FP4 stage; the scores read the BF16 operands
         source = out.get(f"{which}_had", out.get(f"{which}_rot"))
         if source is None:
             raise AssertionError(f"stage {which}_rot missing [{case!r}]")
@@ -636,23 +645,47 @@ def scores_published_k(case) -> bool:
 READINGS = {"published": "the cache published last (layer 20's)", "own": "the layer's own index-K cache"}
 
 
-def scored_keys(case, out, reading: str) -> np.ndarray:
-    """The dequantized keys the layer scores under index_k_read = `reading`."""
+def _without_qdq(target) -> bool:
+    """Whether the target declares the index q and k scored without their FP4 QDQ (index_qdq=none)."""
+    return declared_choice(target, "index_qdq") == "none"
+
+
+def _bf16_operand(out, which: str, case) -> np.ndarray:
+    """The index q or k a port without the FP4 QDQ scores: after its Hadamard (V4), else after RoPE."""
+    return _need(out, f"{which}_had", case) if f"{which}_had" in out else _need(out, f"{which}_rot", case)
+
+
+def scored_keys(case, out, reading: str, qdq: bool = True) -> np.ndarray:
+    """The dequantized keys the layer scores under index_k_read = `reading` (qdq False: a port
+    without the index FP4 QDQ scores its own BF16 keys; the caches it is given stay FP4)."""
+    a = case.arrays()
     if reading == "published" and scores_published_k(case):
-        a = case.arrays()
         k = spec_quant.fp4_e8m0_dequantize(a["published_k_packed"], a["published_k_scales"])[:_entries(case)]
-    else:
+    elif qdq:
         k = spec_quant.fp4_e8m0_dequantize(_need(out, "k_packed", case), _need(out, "k_scales", case))
-    return k.astype(np.float64)
+    elif layer_kind(case) == "reindex":
+        k = spec_quant.fp4_e8m0_dequantize(a["k_packed"], a["k_scales"])
+    else:
+        k = _bf16_operand(out, "k", case)
+    return np.asarray(k, np.float64)
+
+
+def _scored(target, case, out, reading: str) -> tuple:
+    """(q, k) the layer scores: FP4-dequantized, or the BF16 ones with index_qdq=none declared."""
+    qdq = not _without_qdq(target)
+    return None if qdq else _bf16_operand(out, "q", case), scored_keys(case, out, reading, qdq)
 
 
 def _reading(target, case) -> str:
     return target.variant("index_k_read") if scores_published_k(case) else "own"
 
 
-def score_mismatch(case, out, k) -> str | None:
-    """Why the layer's scores are not IDX.SCORE.FP4's of its q, weights and the keys k (None: they are)."""
-    q = spec_quant.fp4_e8m0_dequantize(_need(out, "q_packed", case), _need(out, "q_scales", case)).astype(np.float64)
+def score_mismatch(case, out, k, q=None) -> str | None:
+    """Why the layer's scores are not IDX.SCORE.FP4's of its q (its FP4 q when None), weights and
+    the keys k (None: they are)."""
+    if q is None:
+        q = spec_quant.fp4_e8m0_dequantize(_need(out, "q_packed", case), _need(out, "q_scales", case))
+    q = np.asarray(q, np.float64)
     w = _need(out, "weights", case)
     ref = spec_indexer.index_scores(q, k, w, _visible(case))
     tol = spec_indexer.index_score_tolerance(q, k, w)
@@ -668,7 +701,8 @@ def score_mismatch(case, out, k) -> str | None:
 
 
 def _judge_scores(target, case, out):
-    why = score_mismatch(case, out, scored_keys(case, out, _reading(target, case)))
+    q, k = _scored(target, case, out, _reading(target, case))
+    why = score_mismatch(case, out, k, q)
     if why:
         raise AssertionError(f"IDX.SCORE.FP4: {why} [{case!r}]")
 
@@ -680,8 +714,9 @@ def _judge_scored_keys(target, case, out):
         return
     reading = target.variant("index_k_read")
     other = "own" if reading == "published" else "published"
-    why = score_mismatch(case, out, scored_keys(case, out, reading))
-    if why and score_mismatch(case, out, scored_keys(case, out, other)) is None:
+    q, k = _scored(target, case, out, reading)
+    why = score_mismatch(case, out, k, q)
+    if why and score_mismatch(case, out, _scored(target, case, out, other)[1], q) is None:
         raise AssertionError(f"PATH.K.PUBLISHED (index_k_read={reading}): the scores are those of {READINGS[other]}, "
                              f"expected those of {READINGS[reading]}: {why} [{case!r}]")
 
@@ -917,10 +952,12 @@ def sources_score_the_cache_published_last(target, key):
     case = layer_case(key)
     out = run_layer(target, case)
     reading = target.variant("index_k_read")
-    why = score_mismatch(case, out, scored_keys(case, out, reading))
+    q, k = _scored(target, case, out, reading)
+    why = score_mismatch(case, out, k, q)
     if why:
         other = "own" if reading == "published" else "published"
-        hint = "" if score_mismatch(case, out, scored_keys(case, out, other)) else f" (they are those of {READINGS[other]})"
+        hint = "" if score_mismatch(case, out, _scored(target, case, out, other)[1], q) else \
+            f" (they are those of {READINGS[other]})"
         raise AssertionError(f"PATH.K.PUBLISHED (index_k_read={reading}): scores of {READINGS[reading]} "
                              f"expected{hint}: {why} [{case!r}]")
     _judge_topk(target, case, out)

@@ -215,19 +215,30 @@ def _row_quanta(kv, indices, read) -> np.ndarray:
     return np.where(valid, per_slot, np.inf)
 
 
-def bounds(q, kv, sink, indices, scale, init: float, order: str = "blocks64"):
+BF16_ROUNDING = 2.0 ** -8     # |bf16(v) − v| ≤ 2^-8·|v|
+
+
+def bounds(q, kv, sink, indices, scale, init: float, order: str = "blocks64", scores: str = "fp32",
+           probs: str = "unnormalized"):
     """(lo, hi) [T, H, D]: the admitted BF16 outputs are those of [bf16(lo), bf16(hi)].
 
     order: 'blocks64' the official rounding; 'list' any blocking in list order (an element whose
     list prefix already holds the row max is rounded against that max under every blocking);
-    'any' any chunking (every element below the max may be rounded against another max)."""
+    'any' any chunking (every element below the max may be rounded against another max).
+    scores 'bf16' (the knob attn_scores): each score within two BF16 roundings more (a BF16 matmul,
+    then the scale); probs 'normalized' (attn_probs): every weight may be one BF16 rounding of its
+    normalised value, 2^-7 of its exact weight from the official one."""
     if order not in ("blocks64", "list", "any"):
         raise ValueError(f"order must be 'blocks64', 'list' or 'any', got {order!r}")
+    if scores not in ATTN_SCORES.values or probs not in ATTN_PROBS.values:
+        raise ValueError(f"scores must be one of {ATTN_SCORES.values}, probs one of {ATTN_PROBS.values}")
     rows, s, m, M, weight, denominator, sink_term, nan_rows = _parts(q, kv, sink, indices, scale, init)
     o = _output(rows, weight, denominator, nan_rows)
     valid = np.isfinite(s)
     with np.errstate(invalid="ignore", over="ignore"):
         ds = np.where(valid, float(np.float32(scale)) * _dot_error(q, kv, indices, rows) + np.abs(s) * U32, 0.0)
+        if scores == "bf16":
+            ds = ds + np.where(valid, np.abs(s) * 2 * BF16_ROUNDING * (1 + BF16_ROUNDING), 0.0)
         ds_max = ds.max(-1, keepdims=True) if s.shape[-1] else np.zeros_like(M)
         real = np.where(valid & (m > V41_INIT), m, np.nan)                 # maxima of real scores
         first = np.nanmin(np.where(np.isnan(real), np.inf, real), -1, keepdims=True)
@@ -235,10 +246,14 @@ def bounds(q, kv, sink, indices, scale, init: float, order: str = "blocks64"):
         rescale = blocks * 4 * U32 + np.where(np.isfinite(first), M - first, 0.0) * 2 * U32
         arg = np.where(valid, np.abs(s - m), 0.0)
         eps = 1.01 * (ds + ds_max) + 4 * U32 + arg * 2 * U32 + rescale          # per weight, relative
+        if scores == "bf16":                  # exp(δ) − 1 where δ is no longer small
+            eps = np.expm1(eps)
         exact_w = np.where(valid, _exp(s - M), 0.0)                             # exp(s_j − M)
         p_exact = _exp(s - m)
         undetermined = valid & (round_bf16(p_exact * (1 - eps)) != round_bf16(p_exact * (1 + eps)))
-        if order == "blocks64":
+        if probs == "normalized":
+            band = valid
+        elif order == "blocks64":
             band = undetermined
         elif order == "list":
             prefix = np.maximum.accumulate(np.where(valid, s, -np.inf), -1)
@@ -251,8 +266,9 @@ def bounds(q, kv, sink, indices, scale, init: float, order: str = "blocks64"):
         numerator_error = np.einsum("thk,tkd->thd", per, np.abs(rows)) + 2.0 ** -110 * np.einsum(
             "thk,tkd->thd", valid * 1.0, np.abs(rows))
         sink_eps = 4 * U32 + np.abs(np.asarray(sink, dtype=np.float64)[None, :, None] - M) * 2 * U32
-        denominator_eps = (gamma + 1.01 * np.nanmax(np.where(valid, 2 * ds_max + 4 * U32 + arg * 2 * U32, 0.0),
-                                                    -1, keepdims=True, initial=0.0)
+        moved = 1.01 * np.nanmax(np.where(valid, 2 * ds_max + 4 * U32 + arg * 2 * U32, 0.0), -1, keepdims=True,
+                                 initial=0.0)
+        denominator_eps = (gamma + (np.expm1(moved) if scores == "bf16" else moved)
                            + np.where(np.isfinite(sink_term), sink_term * sink_eps, 0.0) / denominator)
         E = numerator_error / denominator + np.abs(o) * (2 * denominator_eps + 4 * U32) + 2.0 ** -126
         E = np.where(np.isinf(denominator) | nan_rows, 0.0, E)

@@ -447,6 +447,14 @@ def _weight_scales(w_scales, n: int, block: int) -> np.ndarray:
     return np.repeat(e8m0_decode(np.asarray(w_scales, np.uint8)).astype(np.float64), block, axis=0)[:n]
 
 
+def fp8_weight_dequantize(w_codes, w_scales, block: int) -> np.ndarray:
+    """ŵ [N, K]: each E4M3 value times its b×b block's E8M0 scale (exact; the weight a BF16 port multiplies)."""
+    w_codes = np.asarray(w_codes, np.uint8)
+    n, k = w_codes.shape
+    scales = np.repeat(_weight_scales(w_scales, n, block), block, axis=1)[:, :k]
+    return e4m3_decode(w_codes).astype(np.float64) * scales
+
+
 def fp8_linear_blocks(x, w_codes, w_scales, block: int):
     """Per K block k: the exact block sum S_k = Σ a_i·w_i of E4M3 values, its Σ|a_i·w_i|, and the
     scale product s_x·s_w; arrays [..., N, K/b].  The sums are exact: integer-valued float64 below
