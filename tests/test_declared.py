@@ -1,0 +1,102 @@
+"""Steps left out on purpose and precision choices, declared (issue 40): a correct port making the
+choice and declaring it reads VARIANT (or passes) with every other stage judged; undeclared it FAILs
+on the stage that departs; declared but wrong elsewhere it still FAILs there."""
+import numpy as np
+import pytest
+
+import dsv4spec.impl as impl
+from dsv4spec.properties import attn as checks
+from dsv4spec.properties import suite
+from dsv4spec.properties.path import FIXED_LAYERS
+from dsv4spec.properties.suite import FAIL, PASS, VARIANT, run_rule
+from dsv4spec.properties.target import Target
+from mutants import declared as D
+from mutants import mutant
+
+V4_PREFILL, V41_PREFILL, V4_DECODE = FIXED_LAYERS[0], FIXED_LAYERS[5], ("v4-flash", 2, 1, 27, 11)
+# the stage each choice departs at first, undeclared, on the V4 decode from x (index path first)
+FIRST_DEPARTING = {"fp8_linears": "q", "index_qdq": "q_fp4", "index_hadamard": "q_had", "kv_qdq": "kv_window"}
+
+
+def _first_broken(provider, key):
+    case = checks.attention_case(key, key[2] <= checks.PROJECTED_TOKENS, True)
+    return checks.first_broken_attention_stage(Target(provider, provider.NAME), case)
+
+
+@pytest.mark.parametrize("knob", sorted(D.CHOICES))
+def test_a_declared_step_left_out_passes_every_stage(knob):
+    assert _first_broken(D.port((knob,)), V4_DECODE) is None
+
+
+@pytest.mark.thorough
+@pytest.mark.parametrize("key", [V4_PREFILL, V41_PREFILL], ids=["v4-prefill", "v41-prefill"])
+def test_every_step_left_out_at_once_passes_the_prefills_from_x(key):
+    assert _first_broken(D.port(tuple(D.CHOICES)), key) is None
+
+
+@pytest.mark.parametrize("knob", sorted(D.CHOICES))
+def test_the_same_step_left_out_undeclared_fails_where_it_departs(knob):
+    broken = _first_broken(D.port((knob,), declared=False), V4_DECODE)
+    assert broken is not None and broken[0] == FIRST_DEPARTING[knob], broken
+
+
+def test_a_port_declaring_no_kv_qdq_still_fails_a_missing_sink():
+    name, rule_id, provider = next(e for e in D.catalogue() if e[0] == "declared_kv_without_qdq_attention_without_sink")
+    broken = _first_broken(provider, V4_DECODE)
+    assert broken is not None and broken[0] == "o", broken
+
+
+def test_a_port_declaring_bf16_linears_still_fails_an_unrotated_q():
+    provider = D.port(("fp8_linears",), extra_attn={"rope_rotate": lambda x, positions, freqs: x.clone()},
+                      name="bf16_linears_without_rope")
+    broken = _first_broken(provider, V4_DECODE)
+    assert broken is not None and broken[0] == "q_attn_rot", broken
+
+
+def test_a_stage_judged_under_a_declared_choice_names_it():
+    case = checks.attention_case(V4_DECODE, True, True)
+    provider = D.port(("kv_qdq",))
+    target = Target(provider, provider.NAME)
+    out = checks.run_attention_layer(target, case)
+    judge = dict((name, j) for name, _, _, j in checks.ATTN_STAGES)["kv_window"]
+    assert judge(target, case, out) == "kv_qdq=none"
+    assert judge(Target(impl, "impl"), case, checks.run_attention_layer(Target(impl, "impl"), case)) is None
+
+
+@pytest.mark.parametrize("knob", sorted(D.ATTENTION))
+def test_a_declared_precision_choice_of_attention_reads_variant_on_every_attn_rule(knob, monkeypatch):
+    monkeypatch.setattr(suite.RUN, "max_examples", 10)
+    provider = D.ATTENTION[knob]
+    for rule_id in ("ATTN.GATHER", "ATTN.SCORE", "ATTN.PROB.BF16", "ATTN.PROB.ORDER", "ATTN.SINK", "ATTN.OUTPUT"):
+        row = run_rule(rule_id, Target(provider, provider.NAME))
+        assert row.status == VARIANT and f"{knob}=" in row.detail, (rule_id, row.status, row.detail)
+
+
+@pytest.mark.parametrize("knob, rule_id", [("attn_scores", "ATTN.SCORE"), ("attn_probs", "ATTN.PROB.BF16")])
+def test_the_same_precision_choice_undeclared_fails_its_rule(knob, rule_id, monkeypatch):
+    monkeypatch.setattr(suite.RUN, "max_examples", 10)
+    provider = mutant("undeclared", **{"sparse_attention": D.ATTENTION[knob].sparse_attention})
+    assert run_rule(rule_id, Target(provider, "undeclared")).status == FAIL
+
+
+def test_bf16_linears_declared_read_variant_on_fp8_linear(monkeypatch):
+    monkeypatch.setattr(suite.RUN, "max_examples", 6)
+    provider = D.port(("fp8_linears",))
+    row = run_rule("FP8.LINEAR", Target(provider, provider.NAME))
+    assert row.status == VARIANT and "fp8_linears=bf16" in row.detail, row.detail
+    assert run_rule("FP8.LINEAR", Target(D.port(("fp8_linears",), declared=False), "undeclared")).status == FAIL
+
+
+def test_impl_reads_pass_not_variant(monkeypatch):
+    monkeypatch.setattr(suite.RUN, "max_examples", 6)
+    for rule_id in ("FP8.LINEAR", "ATTN.SCORE", "ATTN.PROB.BF16"):
+        assert run_rule(rule_id, Target(impl, "impl")).status == PASS, rule_id
+
+
+def test_normalised_probabilities_lie_inside_the_widening_and_outside_the_official_interval():
+    """attn_probs=normalized admits one BF16 rounding of each normalised weight: the port's output lies
+    inside that interval, and outside the official one (the rounding differs from the kernel's)."""
+    case = checks.make_case(5, "v4-flash", 1, 4, 32, 130)
+    got = checks.run(D.ATTENTION["attn_probs"], case)
+    assert checks.spec.admitted(got, *case.bounds("any", probs="normalized")).all()
+    assert not checks.spec.admitted(got, *case.bounds("any")).all()
