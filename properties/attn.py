@@ -408,7 +408,7 @@ def output_rope_tail_rotated_back(target, seed, layer, far):
     assert_equal(got[..., :448], o[..., :448], what="ATTN.DEROTATE: channels 0..447 pass unchanged")
     conj = spec.derotation_freqs(freqs)
     ref = spec_rope.rotate_exact(o, positions, conj)
-    assert_within(got, ref, spec_rope.rotate_tolerance(o, positions, conj),
+    assert_within(got, ref, spec_rope.rotate_tolerance(o, positions, conj, declared_choice(target, "rope_table")),
                   what="ATTN.DEROTATE: the last 64 channels turn by −p·f (conjugate)")
 
 

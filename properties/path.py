@@ -159,12 +159,13 @@ FORMATS = {"fp4_e8m0": (128, spec_quant.fp4_e8m0_quantize), "fp4_e4m3": (512, sp
            "fp8_e8m0_32": (512, lambda x: spec_quant.fp8_quantize(x, 32))}
 
 
-def determined_inputs(seed: int, tokens: int, dim: int, spread: int, freqs, far: bool):
-    """BF16 rows whose rotation every conforming target rounds alike (undetermined pairs zeroed)."""
+def determined_inputs(seed: int, tokens: int, dim: int, spread: int, freqs, far: bool, table: str = "fp32"):
+    """BF16 rows whose rotation every conforming target rounds alike (undetermined pairs zeroed;
+    table: the precision of its RoPE table, rope_table)."""
     rng = np.random.default_rng(seed)
     x = spec_indexer.round_bf16(rng.standard_normal((tokens, dim)) * 2.0 ** rng.integers(-spread, spread + 1, (tokens, dim)))
     positions = rng.integers(0, 2 ** 20 if far else 8192, tokens)
-    ok = spec_rope.determined(x, positions, freqs)
+    ok = spec_rope.determined(x, positions, freqs, table)
     pair_ok = np.repeat(ok[:, -64::2] & ok[:, -63::2], 2, axis=-1)
     x[:, -64:] = np.where(pair_ok, x[:, -64:], 0.0)
     return x, positions
@@ -178,7 +179,7 @@ def determined_inputs(seed: int, tokens: int, dim: int, spread: int, freqs, far:
 def rotated_first_then_quantized(target, fmt, seed, spread, far):
     dim, quantize = FORMATS[fmt]
     freqs = spec_rope.frequencies_fp32(profile("v4.1-flash"), 20)
-    x, positions = determined_inputs(seed, 4, dim, spread, freqs, far)
+    x, positions = determined_inputs(seed, 4, dim, spread, freqs, far, declared_choice(target, "rope_table"))
     payload, scales = target.rope_quantize(_t(x), _t(positions, torch.int64), _t(freqs), fmt)
     want_payload, want_scales = quantize(spec_rope.rotate(x, positions, freqs))
     what = f"PATH.ORDER ({fmt}): the bytes of the rotated values"
@@ -549,7 +550,7 @@ def _table(target, case: LayerCase, use: str):
 
 def judge_rotation(target, case, x, got, positions, use: str, what: str):
     freqs, slack = _table(target, case, use)
-    tol = spec_rope.rotate_tolerance(x, positions, freqs)
+    tol = spec_rope.rotate_tolerance(x, positions, freqs, declared_choice(target, "rope_table"))
     if slack:   # a table one fp32 rounding away turns pair i by up to p·f_i·2^-20 more
         pair = np.abs(x[..., -64::2]) + np.abs(x[..., -63::2])
         extra = pair * spec_rope._broadcast(x, spec_rope.angles(positions, freqs)) * 2 * spec_rope.FREQ_RTOL

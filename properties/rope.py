@@ -23,7 +23,7 @@ from ..spec import indexer as spec_indexer
 from ..spec import rope as spec
 from ..spec.models import PROFILES, profile
 from .compare import as_numpy, assert_equal
-from .suite import check, forall
+from .suite import check, declared_choice, forall
 
 OPS = {
     "rope_freqs": "rope_freqs(model, layer, use) -> f32 [rope_dim/2]: the layer's table (one per layer)",
@@ -114,7 +114,7 @@ def consecutive_pairs_rotate_by_plus_angle(target, pair, position, heads):
     positions = np.array([position, position])
     got = _rotate(target, x, positions, freqs)
     ref = spec.rotate_exact(x, positions, freqs)
-    _within(got, ref, spec.rotate_tolerance(x, positions, freqs),
+    _within(got, ref, spec.rotate_tolerance(x, positions, freqs, declared_choice(target, "rope_table")),
             f"ROPE.PAIRS: e_(2·{pair}) and e_(2·{pair}+1) at position {position} must turn within their pair by +p·f")
 
 
@@ -142,5 +142,6 @@ def rotation_is_fp32_rounded_once_to_bf16(target, seed, spread, far):
     got = _rotate(target, x, positions, freqs)
     if not spec_indexer.is_bf16(got).all():
         raise AssertionError("ROPE.ROUNDING: the rotated values must be written back as BF16")
-    _within(got, spec.rotate_exact(x, positions, freqs), spec.rotate_tolerance(x, positions, freqs),
+    _within(got, spec.rotate_exact(x, positions, freqs),
+            spec.rotate_tolerance(x, positions, freqs, declared_choice(target, "rope_table")),
             "ROPE.ROUNDING: fp32 rotation by fl32(p·f), one BF16 rounding")

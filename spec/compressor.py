@@ -240,9 +240,10 @@ def rope(y: np.ndarray, positions: np.ndarray, freqs: np.ndarray) -> np.ndarray:
     return out
 
 
-def rope_tolerance(plain: np.ndarray, positions: np.ndarray, freqs: np.ndarray) -> np.ndarray:
+def rope_tolerance(plain: np.ndarray, positions: np.ndarray, freqs: np.ndarray, table: str = "fp32") -> np.ndarray:
     """CMP.ROPE's per-element bound on |rotated entry - rope(plain)|: 0 on the channels left alone,
-    (4u·|angle| + 16u + b)·|(a, b)| on each rotated pair (the rule's tolerance text)."""
+    (4u·|angle| + 16u + b)·|(a, b)| on each rotated pair (the rule's tolerance text); a BF16 cos/sin
+    table (rope_table=bf16) adds 2^-7·(|a| + |b|) ≤ 2^-6.5·|(a, b)|."""
     rd = 2 * len(freqs)
     tol = np.zeros(np.shape(plain))
     if rd == 0:
@@ -250,7 +251,7 @@ def rope_tolerance(plain: np.ndarray, positions: np.ndarray, freqs: np.ndarray) 
     plain = np.asarray(plain, np.float64)
     pair = np.repeat(np.hypot(plain[..., -rd::2], plain[..., -rd + 1::2]), 2, axis=-1)
     angle = np.repeat(np.abs(rope_angles(positions, freqs).astype(np.float64)), 2, axis=-1)
-    tol[..., -rd:] = pair * (4 * U32 * angle + 16 * U32 + U16) + 1e-35
+    tol[..., -rd:] = pair * (4 * U32 * angle + 16 * U32 + U16 + (2.0 ** -6.5 if table == "bf16" else 0.0)) + 1e-35
     return tol
 
 

@@ -100,3 +100,22 @@ def test_normalised_probabilities_lie_inside_the_widening_and_outside_the_offici
     got = checks.run(D.ATTENTION["attn_probs"], case)
     assert checks.spec.admitted(got, *case.bounds("any", probs="normalized")).all()
     assert not checks.spec.admitted(got, *case.bounds("any")).all()
+
+
+def test_a_declared_bf16_rope_table_passes_every_rotated_stage_and_undeclared_fails_one():
+    assert _first_broken(D.bf16_rope_table(), V4_DECODE) is None
+    broken = _first_broken(D.bf16_rope_table(declared=False), V4_DECODE)
+    assert broken is not None and broken[1] == "ROPE.POSITIONS", broken
+
+
+@pytest.mark.parametrize("rule_id", ["ROPE.ROUNDING", "ATTN.DEROTATE", "CMP.ROPE"])
+def test_a_declared_bf16_rope_table_reads_variant_on_the_rotations(rule_id, monkeypatch):
+    monkeypatch.setattr(suite.RUN, "max_examples", 10)
+    row = run_rule(rule_id, Target(D.bf16_rope_table(), "bf16_rope_table"))
+    assert row.status == VARIANT and "rope_table=bf16" in row.detail, row.detail
+
+
+@pytest.mark.parametrize("rule_id", ["ROPE.ROUNDING", "ATTN.DEROTATE"])
+def test_the_bf16_rope_table_undeclared_fails_the_rotations(rule_id, monkeypatch):
+    monkeypatch.setattr(suite.RUN, "max_examples", 10)
+    assert run_rule(rule_id, Target(D.bf16_rope_table(declared=False), "undeclared")).status == FAIL

@@ -9,8 +9,11 @@ from unittest import mock
 
 import torch
 
+import dsv4spec.impl as impl
 from dsv4spec.impl import attn as attn_ref
+from dsv4spec.impl import compressor as compressor_ref
 from dsv4spec.impl import path as path_ref
+from dsv4spec.impl import rope as rope_ref
 
 from . import mutant
 from .attn import _attention, softmax_then_bf16
@@ -105,6 +108,53 @@ ATTENTION = {
 }
 
 
+_rope_table = rope_ref.rope_table
+
+
+def _bf16(x):
+    return x.to(torch.bfloat16).float()
+
+
+def _bf16_table(positions, freqs):
+    """The official complex64 table's cos and sin, each rounded to BF16 (rope_table=bf16)."""
+    return tuple(_bf16(t) for t in _rope_table(positions, freqs))
+
+
+def _compressor_rope_bf16_table(y, positions, freqs):
+    """impl's compressor rotation with its cos and sin rounded to BF16."""
+    rd = 2 * freqs.shape[0]
+    if rd == 0:
+        return y
+    angle = positions.to(torch.float32)[:, None] * freqs
+    cos, sin = _bf16(angle.cos()), _bf16(angle.sin())
+    a, b = y[..., -rd::2], y[..., -rd + 1::2]
+    out = y.clone()
+    out[..., -rd::2] = a * cos - b * sin
+    out[..., -rd + 1::2] = a * sin + b * cos
+    return out
+
+
+ROPE_BF16_PATCHES = ((rope_ref, {"rope_table": _bf16_table}), (attn_ref, {"rope_table": _bf16_table}),
+                     (compressor_ref, {"_rope": _compressor_rope_bf16_table}))
+ROTATING_OPS = ("rope_rotate", "attention_output", "rope_quantize", "index_layer", "attention_layer", "compress",
+                "compressor_state", "compressor_feed")
+
+
+def _under(patches, fn):
+    def call(*args, **kwargs):
+        with contextlib.ExitStack() as stack:
+            for module, helpers in patches:
+                stack.enter_context(mock.patch.multiple(module, **helpers))
+            return fn(*args, **kwargs)
+    return call
+
+
+def bf16_rope_table(declared: bool = True, name: str = "bf16_rope_table", **overrides):
+    """impl multiplying by a BF16 cos/sin table everywhere it rotates (rope_table=bf16)."""
+    ops = {op: _under(ROPE_BF16_PATCHES, overrides.pop(op, getattr(impl, op))) for op in ROTATING_OPS}
+    return mutant(name, variants={"rope_table": "bf16"} if declared else {}, CONTRACT=7, **ops, **overrides)
+
+
 def catalogue() -> list[tuple]:
     return [
         ("declared_bf16_logits_without_sink", "ATTN.SINK",
@@ -120,4 +170,7 @@ def catalogue() -> list[tuple]:
         ("declared_kv_without_qdq_attention_without_sink", "ATTN.LAYER",
          port(("kv_qdq",), extra_attn={"sparse_attention": _no_sink()},
               name="declared_kv_without_qdq_attention_without_sink")),
+        ("declared_bf16_rope_table_derotation_by_plus_p", "ATTN.DEROTATE",
+         bf16_rope_table(name="declared_bf16_rope_table_derotation_by_plus_p",
+                         attention_output=lambda o, positions, freqs: impl.attention_output(o, positions, -freqs))),
     ]
