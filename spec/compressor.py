@@ -103,12 +103,16 @@ rule("CMP.APE", "V4 additive positional bias on the gate scores",
      sources=SOURCES_V4 + SOURCES_V41 + ("V4-model L294 (ape)", "doc-003 §4 stage 1 L100"),
      tolerance=DIRECTION_TOLERANCE)
 
+BF16_POOLING = """the projections kv and score, the softmax weights and their products with kv each
+rounded to BF16 (2^-8 of each; a score's rounding moves its weight by 2·2^-8·|s|), the sum over the slots
+accumulated in fp32 and rounded once (as torch reduces BF16): (2·2^-8·max|s| + 4·2^-8)·max_s|kv_s| more
+on the pooled vector"""
+
 knob("compressor_pooling", "fp32",
      {"bf16": "the gate's softmax and the pooled sum over the slots in BF16 (a port keeping the compressor's "
               "activations BF16), where the official compressor casts x to fp32 first (V4-model L321-322, "
               "pooling L342, L352, L359)"},
-     """The precision of the compressor's pooling.  Declared bf16, every entry rule admits 2m + 4 BF16
-     roundings (2^-8 each) of the pooled vector's Σ|p·kv| more (m the window's slots).""")
+     """The precision of the compressor's pooling.  Declared bf16, every entry rule admits """ + BF16_POOLING + ".")
 
 rule("CMP.GATE", "per-channel softmax over the window",
      """The pooled vector is sum over the window's slots of softmax(score)·kv, the softmax taken
@@ -302,11 +306,12 @@ def compress(x: np.ndarray, params: dict, model: str, ratio: int) -> np.ndarray:
     return rope(y, np.arange(p.shape[-2]) * ratio, params["rope_freqs"])
 
 
-def entry_tolerance(x: np.ndarray, params: dict, model: str, ratio: int) -> np.ndarray:
+def entry_tolerance(x: np.ndarray, params: dict, model: str, ratio: int, pooling: str = "fp32") -> np.ndarray:
     """A per-element absolute bound on |entry - exact entry|: [..., n // ratio, d] (ENTRY_TOLERANCE).
 
     It admits fp32 arithmetic in any order and the official BF16 roundings of the pooled (ratio 1:
-    projected) vector, the normed entry and the rotated entry, at every ratio."""
+    projected) vector, the normed entry and the rotated entry, at every ratio; pooling 'bf16' (the
+    knob compressor_pooling) the pooling's own BF16 roundings too (BF16_POOLING)."""
     x = np.asarray(x, np.float64)
     ax = np.abs(x)
     dim = x.shape[-1]
@@ -327,6 +332,9 @@ def entry_tolerance(x: np.ndarray, params: dict, model: str, ratio: int) -> np.n
         # sum_s p_s·|kv_s| <= max_s |kv_s|: the softmax weights sum to 1.
         pooled_mag = mag.max(axis=-2)
         err_p = ((dim + 2 * ratio + 4) * U32 + weight_rel) * pooled_mag
+        if pooling == "bf16":
+            s_max = s_mag.max(axis=-1, initial=0).max(axis=-1, initial=0)[..., None, None]
+            err_p = err_p + (2 * U16 * s_max + 4 * U16) * pooled_mag
     else:
         pooled_mag = kv_mag[..., :groups, :]
         err_p = (dim + 2) * U32 * pooled_mag

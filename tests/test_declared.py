@@ -119,3 +119,12 @@ def test_a_declared_bf16_rope_table_reads_variant_on_the_rotations(rule_id, monk
 def test_the_bf16_rope_table_undeclared_fails_the_rotations(rule_id, monkeypatch):
     monkeypatch.setattr(suite.RUN, "max_examples", 10)
     assert run_rule(rule_id, Target(D.bf16_rope_table(declared=False), "undeclared")).status == FAIL
+
+
+@pytest.mark.parametrize("rule_id", ["CMP.GATE", "CMP.OVERLAP"])
+def test_compressor_pooling_in_bf16_reads_variant_declared_and_fails_undeclared(rule_id, monkeypatch):
+    monkeypatch.setattr(suite.RUN, "max_examples", 10)
+    row = run_rule(rule_id, Target(D.BF16_POOLING, "bf16_pooling"))
+    assert row.status == VARIANT and "compressor_pooling=bf16" in row.detail, row.detail
+    undeclared = mutant("undeclared", compress=D.compress_pooling_in_bf16)
+    assert run_rule(rule_id, Target(undeclared, "undeclared")).status == FAIL

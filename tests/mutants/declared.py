@@ -155,6 +155,28 @@ def bf16_rope_table(declared: bool = True, name: str = "bf16_rope_table", **over
     return mutant(name, variants={"rope_table": "bf16"} if declared else {}, CONTRACT=7, **ops, **overrides)
 
 
+def compress_pooling_in_bf16(x, params, *, model, ratio, drop_ape=False):
+    """impl's compress with its pooling in BF16 (compressor_pooling=bf16): kv and the scores
+    rounded to BF16, the softmax written BF16, each product BF16, the slot sum reduced by torch in BF16."""
+    spec = compressor_ref.spec
+    if not spec.has_gate(ratio):
+        return impl.compress(x, params, model=model, ratio=ratio)
+    groups, cutoff = x.shape[1] // ratio, x.shape[1] // ratio * ratio
+    kv = (x @ params["wkv"].T).bfloat16()
+    score = x @ params["wgate"].T
+    if spec.has_ape(model) and not drop_ape:
+        score = score + params["ape"][torch.arange(x.shape[1]) % ratio]
+    kv, score = kv[:, :cutoff].unflatten(1, (groups, ratio)), score.bfloat16()[:, :cutoff].unflatten(1, (groups, ratio))
+    if spec.overlaps(model, ratio):
+        kv, score = compressor_ref._overlap_windows(kv, 0.0), compressor_ref._overlap_windows(score, float("-inf"))
+    pooled = (kv * score.softmax(dim=2)).sum(dim=2).float()
+    normed = compressor_ref._rms_norm(pooled, params["norm"], compressor_ref.profile(model).norm_eps)
+    return compressor_ref._rope(normed, torch.arange(groups) * ratio, params["rope_freqs"])
+
+
+BF16_POOLING = mutant("bf16_pooling", variants={"compressor_pooling": "bf16"}, compress=compress_pooling_in_bf16)
+
+
 def catalogue() -> list[tuple]:
     return [
         ("declared_bf16_logits_without_sink", "ATTN.SINK",
@@ -173,4 +195,8 @@ def catalogue() -> list[tuple]:
         ("declared_bf16_rope_table_derotation_by_plus_p", "ATTN.DEROTATE",
          bf16_rope_table(name="declared_bf16_rope_table_derotation_by_plus_p",
                          attention_output=lambda o, positions, freqs: impl.attention_output(o, positions, -freqs))),
+        ("declared_bf16_pooling_without_ape", "CMP.APE",
+         mutant("declared_bf16_pooling_without_ape", variants={"compressor_pooling": "bf16"},
+                compress=lambda x, params, *, model, ratio: compress_pooling_in_bf16(x, params, model=model, ratio=ratio,
+                                                                                     drop_ape=True))),
     ]
