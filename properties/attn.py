@@ -39,7 +39,7 @@ from ..spec import rope as spec_rope
 from ..spec.indexer import is_bf16, round_bf16
 from ..spec.models import PROFILES, profile
 from ..spec.rules import V41
-from .compare import as_numpy, assert_equal, assert_within
+from .compare import as_numpy, assert_equal, assert_within, difference_kind
 from .path import (STAGES, LayerCase, cached_run, judge_rotation, layer_cases, layer_kind, make_layer_case,
                    normal_bf16, report_first_broken)
 from .quant import assert_linear, fp8_linear_bounds, fp8_weight
@@ -222,7 +222,8 @@ def judge(target, case: Case, what: str, order: str | None = None, got=None, rou
         raise AssertionError(
             f"{what}: {len(bad)} of {ok.size} outputs outside the admitted BF16 interval; at token {t} head {h} "
             f"channel {c}: got {got[t, h, c]!r}, official {round_bf16(o[t, h, c])!r} (exact {o[t, h, c]!r}), "
-            f"admitted [{round_bf16(lo[t, h, c])!r}, {round_bf16(hi[t, h, c])!r}]; {case.describe()}")
+            f"admitted [{round_bf16(lo[t, h, c])!r}, {round_bf16(hi[t, h, c])!r}]; {difference_kind(got, o, ~ok)}; "
+            f"{case.describe()}")
     return got
 
 
@@ -687,10 +688,12 @@ def _judge_o(target, case, out):
     sink, idx = case.arrays()["sink"].astype(np.float64), _stage(out, "indices", case).astype(np.int64)
     lo, hi = spec.bounds(q, kv, sink, idx, spec.softmax_scale(m), spec.running_max_init(m), _order(target, "order"),
                          **precision(target))
-    ok = spec.admitted(_stage(out, "o", case), lo, hi)
+    got = _stage(out, "o", case)
+    ok = spec.admitted(got, lo, hi)
     if not ok.all():
+        exact = (lo + hi) / 2
         raise AssertionError(f"ATTN.PROB.ORDER: the layer's sparse attention, {int((~ok).sum())} of {ok.size} outputs "
-                             f"outside the admitted interval [{case!r}]")
+                             f"outside the admitted interval; {difference_kind(got, exact, ~ok)} [{case!r}]")
 
 
 def _judge_o_derot(target, case, out):

@@ -43,7 +43,7 @@ from ..spec import compressor as spec
 from ..spec.indexer import round_bf16
 from ..spec.models import profile
 from ..spec.rules import V4, V41, V4_ALL
-from .compare import as_numpy, assert_same_shape
+from .compare import as_numpy, assert_same_shape, difference_kind
 from .suite import RUN, check, declared_choice, forall
 
 OPS = {
@@ -142,7 +142,8 @@ def assert_within(actual, expected, tol, *, what: str, case: Case):
     bad = ~(np.abs(actual - expected) <= tol)
     if not bad.any():
         return
-    lines = [f"{what}: {int(bad.sum())} of {bad.size} values outside the fp32 bound ({case.describe()})"]
+    lines = [f"{what}: {int(bad.sum())} of {bad.size} values outside the fp32 bound ({case.describe()}); "
+             f"{difference_kind(actual, expected, bad)}"]
     for idx in list(zip(*np.nonzero(bad)))[:4]:
         idx = tuple(int(i) for i in idx)
         lines.append(f"  at [batch, entry, channel] {idx}: got {float(actual[idx])!r}, expected {float(expected[idx])!r} "

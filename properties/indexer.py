@@ -44,7 +44,7 @@ from ..spec import indexer as spec
 from ..spec.models import PROFILES, profile
 from ..spec.quant import fp4_e8m0_dequantize
 from ..spec.rules import V4_ALL
-from .compare import as_numpy, assert_close, assert_equal  # noqa: F401
+from .compare import as_numpy, assert_close, assert_equal, difference_kind  # noqa: F401
 from .ranking import assert_topk
 from .suite import check, forall
 
@@ -263,11 +263,12 @@ def hadamard_output_is_bf16_within_one_ulp(target, seed, rows, spread):
 
 def _within(got, ref, tol, what):
     err = np.abs(got - ref)
-    bad = np.argwhere(~(err <= tol))
+    off = ~(err <= tol)
+    bad = np.argwhere(off)
     if bad.size:
         i = tuple(bad[0])
         raise AssertionError(f"{what}: {len(bad)} elements off; at {i}: got {got[i]!r}, exact {ref[i]!r} "
-                             f"± {tol[i]:.3g}")
+                             f"± {tol[i]:.3g}; {difference_kind(got, ref, off)}")
 
 
 @check("HAD.ABSENT_V41", ops=("index_rotate",))
@@ -315,12 +316,14 @@ def assert_weights(got, raw, model, what):
     """got holds, element by element, one of the two accepted roundings of raw · fl32(c)."""
     if got.shape != raw.shape:
         raise AssertionError(f"{what}: shape {got.shape}, expected {raw.shape}")
-    bad = np.argwhere(~spec.index_weights_accepted(got, raw, model))
+    off = ~spec.index_weights_accepted(got, raw, model)
+    bad = np.argwhere(off)
     if bad.size:
         i = tuple(bad[0])
         raise AssertionError(f"{what}: {len(bad)} elements off; at {i}: raw {raw[i]!r} gave {got[i]!r}, "
                              f"accepted {spec.index_weights(raw, model)[i]!r} (official) or "
-                             f"{spec.index_weights_once(raw, model)[i]!r} (one rounding)")
+                             f"{spec.index_weights_once(raw, model)[i]!r} (one rounding); "
+                             f"{difference_kind(got, spec.index_weights(raw, model), off)}")
 
 
 @check("IDX.WEIGHT.V32", ops=("index_weights_v32",))

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from ..spec import indexer as spec_indexer
 from ..spec import rope as spec
 from ..spec.models import PROFILES, profile
-from .compare import as_numpy, assert_equal
+from .compare import as_numpy, assert_equal, difference_kind
 from .suite import check, declared_choice, forall
 
 OPS = {
@@ -49,7 +49,8 @@ def _within(got, ref, tol, what):
     if bad.size:
         i = int(bad[0])
         raise AssertionError(f"{what}: {bad.size} of {np.size(ref)} off; at dim {i}: got {np.ravel(got)[i]!r}, "
-                             f"expected {np.ravel(ref)[i]!r} ± {np.ravel(tol)[i]:.3g}")
+                             f"expected {np.ravel(ref)[i]!r} ± {np.ravel(tol)[i]:.3g}; "
+                             f"{difference_kind(got, ref, ~(np.abs(np.asarray(got) - ref) <= tol))}")
 
 
 @check("ROPE.THETA", ops=("rope_freqs",))

@@ -128,3 +128,21 @@ def test_compressor_pooling_in_bf16_reads_variant_declared_and_fails_undeclared(
     assert row.status == VARIANT and "compressor_pooling=bf16" in row.detail, row.detail
     undeclared = mutant("undeclared", compress=D.compress_pooling_in_bf16)
     assert run_rule(rule_id, Target(undeclared, "undeclared")).status == FAIL
+
+
+def test_a_difference_is_named_of_precision_or_of_logic():
+    from dsv4spec.properties.compare import difference_kind
+    exact = np.array([[1.0, -2.0, 0.001, 4.0]])
+    assert "of precision" in difference_kind(exact * (1 + 2.0 ** -7), exact)           # two BF16 roundings
+    assert "of precision" in difference_kind(exact + [[0, 0, 0.02, 0]], exact)          # small beside its row
+    assert "of logic" in difference_kind(exact * [[1, 1, 1, 1.1]], exact)
+    assert "of logic" in difference_kind(np.array([[1.0, np.nan]]), np.array([[1.0, 2.0]]))
+
+
+@pytest.mark.parametrize("options, kind", [(dict(scores="bf16"), "precision"), (dict(sink_mode="none"), "logic")])
+def test_an_attention_fail_states_its_kind_in_the_detail(options, kind, monkeypatch):
+    from mutants.attn import _variant
+    monkeypatch.setattr(suite.RUN, "max_examples", 10)
+    rule_id = "ATTN.SCORE" if "scores" in options else "ATTN.SINK"
+    row = run_rule(rule_id, Target(mutant("m", sparse_attention=_variant(**options)), "m"))
+    assert row.status == FAIL and f"a difference of {kind}" in row.detail, row.detail
