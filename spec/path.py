@@ -207,18 +207,18 @@ rule("PATH.K.NORM", "V4.1 index K is RMS-normed (k_norm, eps 1e-20) before RoPE"
 knob("index_hadamard", "applied",
      {"none": "a port without the Hadamard of the V4 index q and k (V4-model L414 q = rotate_activation(q), "
               "L369 kv = rotate_activation(kv)): the FP4 stage (or, with index_qdq=none, the scores) reads "
-              "q_rot and k_rot themselves"},
+              "the rotated index q and k themselves"},
      """Whether a V4 port applies the Hadamard to the index q and k after RoPE (V4.1 has none either way).
-     Declared none, the layer's q_had and k_had are judged equal to q_rot and k_rot (or absent).""")
+     Declared none, the layer's Hadamard stages are judged equal to the rotated q and k (or absent).""")
 
 knob("index_qdq", "qdq",
-     {"none": "a port without the QAT simulation of the indexer: no FP4 QDQ of the index q and k "
-              "(V4-model L416 fp4_act_quant(q, fp4_block_size, True), L370 fp4_act_quant(kv, …, True); "
-              "V41-model L544-546, L550-552): the scores read the BF16 q (q_had, V4.1 q_rot) and k (k_had, V4.1 k_rot)"},
+     {"none": "a port without the QAT simulation of the indexer: no FP4 QDQ of the index q and k (the "
+              "in-place FP4 QDQ of V4-model L416 and L370, V41-model L544-546, L550-552): the scores read the "
+              "BF16 q and k (after the Hadamard in V4, after RoPE in V4.1)"},
      """Whether the index q and k are FP4-quantized (E2M1 with an E8M0 scale per 32, dequantized in place)
-     before the scores.  Declared none, the layer has no q_packed/q_scales (and no k_packed/k_scales where it
-     writes its own keys), PATH.ORDER's FP4 stages are not asked, and the scores are judged as IDX.SCORE.FP4's
-     of the BF16 q and k the target wrote; a re-index layer still scores the FP4 cache it is given.""")
+     before the scores.  Declared none, the layer writes no FP4 payload or scales of its own q and k,
+     PATH.ORDER's FP4 stages are not asked, and the scores are judged as IDX.SCORE.FP4's of the BF16 q and k
+     the target wrote; a re-index layer still scores the FP4 cache it is given.""")
 
 rule("PATH.HADAMARD", "V4 rotates index q and k with the Hadamard after RoPE; V4.1 does not",
      """In V4 the FP4 stage quantizes Hadamard(q_rot) and Hadamard(k_rot) (HAD.MATRIX,

@@ -63,7 +63,7 @@ knob("v4_fp8_inplace", "fp8", {
 knob("fp8_linears", "fp8", {
     "bf16": "a port without FP8 GEMMs: the E4M3 weight dequantized (each value times its block's E8M0 "
             "scale, exact in BF16) and multiplied by x in BF16, bf16(ŵ · x) with fp32 sums and no act_quant "
-            "of x, where the official linear() runs act_quant and fp8_gemm (V4-model L116-118)",
+            "of x, where the official code runs act_quant and fp8_gemm for such a weight (V4-model L116-118)",
 }, """Whether the linears whose weights the official code holds in float8_e4m3fn (the indexer's wq_b, the
 attention's wq_a, wq_b, wkv and wo_b) run as FP8 GEMMs (act_quant, then the block-scaled E4M3 GEMM) or,
 declared, as BF16 linears of the dequantized weight.  Declared, the layer stages of those linears are

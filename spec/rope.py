@@ -250,7 +250,7 @@ rule("ROPE.SLICE", "Only the last 64 channels rotate",
               "V32-model L457-459 (V3.2 rotates the first 64)"))
 
 knob("rope_table", "fp32",
-     {"bf16": "a BF16 cos/sin table: cos(p·f_i) and sin(p·f_i) rounded to BF16 before the product, where "
+     {"bf16": "a BF16 cos/sin table: the cosine and sine of p·f_i rounded to BF16 before the product, where "
               "the official table is complex64 (V4-model L226-228, torch.polar of the fp32 angles) and "
               "apply_rotary_emb multiplies in fp32 (V4-model L235, L242)"},
      """The precision of the RoPE table a port multiplies by.  Declared bf16, every rotation (ROPE.ROUNDING,
