@@ -223,7 +223,9 @@ knob("index_qdq", "qdq",
 rule("PATH.HADAMARD", "V4 rotates index q and k with the Hadamard after RoPE; V4.1 does not",
      """In V4 the FP4 stage quantizes Hadamard(q_rot) and Hadamard(k_rot) (HAD.MATRIX,
      HAD.ROUNDING); in V4.1 it quantizes q_rot and k_rot themselves.  V3.2 rotates with the
-     Hadamard too, then quantizes to FP8 per 128 (PATH.V32).""",
+     Hadamard too, then quantizes to FP8 per 128 (PATH.V32).  A V4 port without the Hadamard declares
+     index_hadamard=none (departing from V4-model L414, L369): its Hadamard stages are then the rotated
+     q and k themselves.""",
      applies_to=V4_ALL, policy="tolerance", knob="index_hadamard",
      sources=("V4-model L413-416", "V4-model L367-370", SRC_V41_IDX, "V32-model L465-466"),
      tolerance="that of HAD.ROUNDING on the target's own q_rot and k_rot")
@@ -301,7 +303,10 @@ rule("PATH.LAYER", "Every stage of a layer's indexer path, each on the stage bef
      """A layer operation (V4 CSA, HCA and window layers; V4.1 candidate source 20 and re-index 24)
      returns its intermediates by name.  Each is judged by its own rule on the target's own output
      of the stage before (teacher forcing), so a rounding difference upstream is never blamed
-     downstream; the report names the first stage that breaks a rule.""",
+     downstream; the report names the first stage that breaks a rule.  A step the port leaves out on
+     purpose is declared and its stage judged as the port computes it: the index FP4 QDQ (index_qdq=none,
+     departing from V4-model L416, L370: the scores of the BF16 q and k), the Hadamard (index_hadamard=none,
+     V4-model L414, L369), the FP8 wq_b (fp8_linears=bf16, V4-model L116-118: a BF16 matmul).""",
      applies_to=V4_ALL, policy="tolerance",
      sources=(SRC_V4_IDX, SRC_V41_IDX, "V4-model L484-514 (Attention.forward to the index list)",
               "V41-model L739-778 (_compress_kv and forward to the index list)"),

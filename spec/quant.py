@@ -506,7 +506,9 @@ rule("FP8.LINEAR", "FP8 linear: act_quant, then per K block the E4M3 dot times b
      "E8M0 scale per b×b block [ceil(N/b), K/b]; S_k is the dot of the E4M3 values of K block k (the "
      "products are exact); each block's sum is multiplied by the product of its two scales, the "
      "terms are accumulated in fp32 in K order, and the sum is rounded once to BF16.  b = 128 in V4 "
-     "(block_size), 32 in V4.1 (fp8_block_size, act_quant and weight alike).",
+     "(block_size), 32 in V4.1 (fp8_block_size, act_quant and weight alike).  A port running these "
+     "linears in BF16 declares fp8_linears=bf16 (departing from V4-model L116-118): its result is then "
+     "judged as bf16(ŵ · x) of the dequantized weight, fp32 sums in any order (matmul_tolerance).",
      applies_to=V4_ALL, policy="tolerance", knob="fp8_linears",
      sources=("V4-model L17, L108-118 (linear: act_quant(x, block_size, scale_fmt), then fp8_gemm)",
               "V4-model L138-142 (E4M3 weight, scale [ceil(N/128), ceil(K/128)] float8_e8m0fnu)",

@@ -53,6 +53,14 @@ def test_a_port_declaring_bf16_linears_still_fails_an_unrotated_q():
     assert broken is not None and broken[0] == "q_attn_rot", broken
 
 
+@pytest.mark.parametrize("knob", sorted(D.CHOICES))
+def test_a_port_declaring_a_step_left_out_still_fails_an_output_not_derotated(knob):
+    provider = D.port((knob,), extra_attn={"attention_output": lambda o, positions, freqs: o.clone()},
+                      name=f"{knob}_not_derotated")
+    broken = _first_broken(provider, V4_DECODE)
+    assert broken is not None and broken[0] == "o_derot", broken
+
+
 def test_a_stage_judged_under_a_declared_choice_names_it():
     case = checks.attention_case(V4_DECODE, True, True)
     provider = D.port(("kv_qdq",))
