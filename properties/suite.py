@@ -434,9 +434,15 @@ def _matching_variant(knob: str | None, read: set, chks: list[Check], target: Ta
     A variant is named only if it tells the target from the canonical reading: passing checks that
     the reference implementation (impl, canonical) passes as well show only a wider tolerance (the
     attn_order knob's list_order admits fp32 probabilities too), so such a variant is not named.
+    A knob of a step left out on purpose (declared_only: kv_qdq, index_qdq, …) is never tried: its
+    stages are whole layers, and a port that leaves a step out says so.
     """
     def others(k):
         return [(k, v) for v in KNOBS[k].values if v != target.variant(k)]
+
+    if knob is not None and KNOBS[knob].declared_only:
+        knob = None
+    read = {k for k in read if not KNOBS[k].declared_only}
 
     if knob is None:
         combos = [[o] for k in sorted(read & CHOICES) for o in others(k)]

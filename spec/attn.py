@@ -88,7 +88,7 @@ KV_QDQ = knob("kv_qdq", "qdq", {
 }, """Whether attention reads the main KV quantized and dequantized in place (V4 FP8/64 on the NoPE
 channels, V4.1 FP8/32 window and FP4 E4M3/16 compressed) or, declared, the rotated BF16 KV itself:
 the layer's kv_window and cmp are then judged equal to kv_rot and cmp_rot, every other stage on the
-target's own values.""")
+target's own values.""", declared_only=True)
 
 
 def running_max_init(model: Model) -> float:

@@ -209,7 +209,7 @@ knob("index_hadamard", "applied",
               "L369 kv = rotate_activation(kv)): the FP4 stage (or, with index_qdq=none, the scores) reads "
               "the rotated index q and k themselves"},
      """Whether a V4 port applies the Hadamard to the index q and k after RoPE (V4.1 has none either way).
-     Declared none, the layer's Hadamard stages are judged equal to the rotated q and k (or absent).""")
+     Declared none, the layer's Hadamard stages are judged equal to the rotated q and k (or absent).""", declared_only=True)
 
 knob("index_qdq", "qdq",
      {"none": "a port without the QAT simulation of the indexer: no FP4 QDQ of the index q and k (the "
@@ -218,7 +218,7 @@ knob("index_qdq", "qdq",
      """Whether the index q and k are FP4-quantized (E2M1 with an E8M0 scale per 32, dequantized in place)
      before the scores.  Declared none, the layer writes no FP4 payload or scales of its own q and k,
      PATH.ORDER's FP4 stages are not asked, and the scores are judged as IDX.SCORE.FP4's of the BF16 q and k
-     the target wrote; a re-index layer still scores the FP4 cache it is given.""")
+     the target wrote; a re-index layer still scores the FP4 cache it is given.""", declared_only=True)
 
 rule("PATH.HADAMARD", "V4 rotates index q and k with the Hadamard after RoPE; V4.1 does not",
      """In V4 the FP4 stage quantizes Hadamard(q_rot) and Hadamard(k_rot) (HAD.MATRIX,

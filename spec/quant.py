@@ -67,7 +67,7 @@ knob("fp8_linears", "fp8", {
 }, """Whether the linears whose weights the official code holds in float8_e4m3fn (the indexer's wq_b, the
 attention's wq_a, wq_b, wkv and wo_b) run as FP8 GEMMs (act_quant, then the block-scaled E4M3 GEMM) or,
 declared, as BF16 linears of the dequantized weight.  Declared, the layer stages of those linears are
-judged as BF16 matmuls (matmul_tolerance) and every other stage on the target's own values.""")
+judged as BF16 matmuls (matmul_tolerance) and every other stage on the target's own values.""", declared_only=True)
 
 knob("nonfinite_input", "block_local", {
     "reject": "the quantizer raises ValueError on NaN or ±Inf input (impl and kernels do)",
