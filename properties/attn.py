@@ -655,7 +655,7 @@ def _judge_qdq(name, source, compressed):
     def judge(target, case, out):
         if declared_choice(target, "kv_qdq") == "none":
             _same(_stage(out, name, case), _stage(out, source, case),
-                  f"ATTN.LAYER: {name}, {source} read as it is (kv_qdq=none declared: no QDQ)", case)
+                  f"PATH.QDQ: {name} = {source}, read without the QDQ (kv_qdq=none declared)", case)
             return "kv_qdq=none"
         _same(_stage(out, name, case), _qdq(_stage(out, source, case), case.model, compressed),
               f"PATH.QDQ: {name}, {source} as attention reads it", case)
