@@ -618,9 +618,9 @@ def _projection(name, weight, source):
         x = x.reshape(x.shape[0], -1)
         got = _stage(out, name, case)
         bf16 = target.variant("fp8_linears") == "bf16"
-        assert_linear(target, got.reshape(got.shape[0], -1), x, a[weight], a[f"{weight}_scale"], b,
-                      f"FP8.LINEAR: {name} = {weight}({source}), act_quant per {b}, E4M3 × E4M3 block GEMM "
-                      f"[{case!r}]", bounds=None if bf16 else _linear_bounds(x, a[weight], a[f"{weight}_scale"], b))
+        return assert_linear(target, got.reshape(got.shape[0], -1), x, a[weight], a[f"{weight}_scale"], b,
+                             f"FP8.LINEAR: {name} = {weight}({source}), act_quant per {b}, E4M3 × E4M3 block GEMM "
+                             f"[{case!r}]", bounds=None if bf16 else _linear_bounds(x, a[weight], a[f"{weight}_scale"], b))
     return judge
 
 
@@ -646,8 +646,8 @@ def _judge_q_rescale(target, case, out):
 def _rotation(name, source, use, positions):
     def judge(target, case, out):
         x = _stage(out, source, case) if source in out else case.arrays()[source].astype(np.float64)
-        judge_rotation(target, case, x, _stage(out, name, case), positions(case), use,
-                        f"ROPE.POSITIONS: {name} = RoPE({source}) [{case!r}]")
+        return judge_rotation(target, case, x, _stage(out, name, case), positions(case), use,
+                               f"ROPE.POSITIONS: {name} = RoPE({source}) [{case!r}]")
     return judge
 
 
@@ -686,21 +686,24 @@ def _judge_o(target, case, out):
     m = profile(case.model)
     q, kv = _stage(out, "q_attn_rot", case), _stage(out, "kv", case)
     sink, idx = case.arrays()["sink"].astype(np.float64), _stage(out, "indices", case).astype(np.int64)
+    chosen = precision(target)
     lo, hi = spec.bounds(q, kv, sink, idx, spec.softmax_scale(m), spec.running_max_init(m), _order(target, "order"),
-                         **precision(target))
+                         **chosen)
     got = _stage(out, "o", case)
     ok = spec.admitted(got, lo, hi)
     if not ok.all():
         exact = (lo + hi) / 2
         raise AssertionError(f"ATTN.PROB.ORDER: the layer's sparse attention, {int((~ok).sum())} of {ok.size} outputs "
                              f"outside the admitted interval; {difference_kind(got, exact, ~ok)} [{case!r}]")
+    knobs = {"scores": spec.ATTN_SCORES, "probs": spec.ATTN_PROBS}
+    return ", ".join(f"{knobs[k].name}={v}" for k, v in chosen.items() if v != knobs[k].canonical) or None
 
 
 def _judge_o_derot(target, case, out):
     """The conjugate rotation at p is the rotation at −p (fl32(−p)·f = −fl32(p·f) exactly): judged as
     index_layer's rotations are, on the target's own table."""
-    judge_rotation(target, case, _stage(out, "o", case), _stage(out, "o_derot", case), -case.positions, "q",
-                    f"ATTN.DEROTATE: o_derot, the last 64 channels of o turned by −p·f [{case!r}]")
+    return judge_rotation(target, case, _stage(out, "o", case), _stage(out, "o_derot", case), -case.positions, "q",
+                           f"ATTN.DEROTATE: o_derot, the last 64 channels of o turned by −p·f [{case!r}]")
 
 
 def _judge_o_lora(target, case, out):

@@ -536,9 +536,9 @@ def _judge_q(target, case, out):
     a, m = case.arrays(), profile(case.model)
     b = spec_quant.FP8_LINEAR_BLOCK[case.model]
     bf16 = target.variant("fp8_linears") == "bf16"
-    assert_linear(target, _need(out, "q", case), a["qr"], a["wq_b"], a["wq_b_scale"], b,
-                  f"PATH.Q.PROJ: q = FP8.LINEAR(qr, wq_b), act_quant per {b} [{case!r}]",
-                  shape=(case.seqlen, m.index_n_heads, m.index_head_dim), bounds=None if bf16 else _q_bounds(case, b))
+    return assert_linear(target, _need(out, "q", case), a["qr"], a["wq_b"], a["wq_b_scale"], b,
+                         f"PATH.Q.PROJ: q = FP8.LINEAR(qr, wq_b), act_quant per {b} [{case!r}]",
+                         shape=(case.seqlen, m.index_n_heads, m.index_head_dim), bounds=None if bf16 else _q_bounds(case, b))
 
 
 def _table(target, case: LayerCase, use: str):
@@ -549,18 +549,21 @@ def _table(target, case: LayerCase, use: str):
 
 
 def judge_rotation(target, case, x, got, positions, use: str, what: str):
+    """The rotation of x at `positions` by the target's table; "rope_table=bf16" when judged so."""
     freqs, slack = _table(target, case, use)
-    tol = spec_rope.rotate_tolerance(x, positions, freqs, declared_choice(target, "rope_table"))
+    table = declared_choice(target, "rope_table")
+    tol = spec_rope.rotate_tolerance(x, positions, freqs, table)
     if slack:   # a table one fp32 rounding away turns pair i by up to p·f_i·2^-20 more
         pair = np.abs(x[..., -64::2]) + np.abs(x[..., -63::2])
         extra = pair * spec_rope._broadcast(x, spec_rope.angles(positions, freqs)) * 2 * spec_rope.FREQ_RTOL
         tol[..., -64:] += np.repeat(extra, 2, axis=-1)
     _close(got, spec_rope.rotate_exact(x, positions, freqs), tol, what, case)
+    return None if table == "fp32" else f"rope_table={table}"
 
 
 def _judge_q_rot(target, case, out):
-    judge_rotation(target, case, _need(out, "q", case), _need(out, "q_rot", case), case.positions, "index_q",
-                    "ROPE.POSITIONS: index q rotated at its token positions")
+    return judge_rotation(target, case, _need(out, "q", case), _need(out, "q_rot", case), case.positions, "index_q",
+                           "ROPE.POSITIONS: index q rotated at its token positions")
 
 
 def _k_input(case, out):
@@ -574,8 +577,8 @@ def _entries(case) -> int:
 
 def _judge_k_rot(target, case, out):
     positions = spec_rope.compressed_positions(_entries(case), profile(case.model).ratio(case.layer))
-    judge_rotation(target, case, _k_input(case, out), _need(out, "k_rot", case), positions, "index_k",
-                    "ROPE.POSITIONS: index K entry j rotated at j·ratio")
+    return judge_rotation(target, case, _k_input(case, out), _need(out, "k_rot", case), positions, "index_k",
+                           "ROPE.POSITIONS: index K entry j rotated at j·ratio")
 
 
 def _judge_k(target, case, out):

@@ -815,7 +815,8 @@ def assert_fp8_linear(got, x, w, w_scale, block: int, what: str, shape=None, bou
 
 def assert_linear(target, got, x, w, w_scale, block: int, what: str, shape=None, bounds=None):
     """A linear the official code runs in FP8 (FP8.LINEAR), or, for a target declaring
-    fp8_linears=bf16, the BF16 matmul of the dequantized weight: bf16(ŵ · x) within matmul_tolerance."""
+    fp8_linears=bf16, the BF16 matmul of the dequantized weight: bf16(ŵ · x) within matmul_tolerance
+    (then returns "fp8_linears=bf16", the choice the judgement read)."""
     if declared_choice(target, "fp8_linears") != "bf16":
         return assert_fp8_linear(got, x, w, w_scale, block, what, shape, bounds)
     w_hat, x = Q.fp8_weight_dequantize(w, w_scale, block), np.asarray(x, np.float64)
@@ -824,6 +825,7 @@ def assert_linear(target, got, x, w, w_scale, block: int, what: str, shape=None,
         want, tol = want.reshape(shape), tol.reshape(shape)
     assert_within(as_numpy(got), want, tol, what=what, bf16=True,
                   note=" (fp8_linears=bf16 declared: bf16(ŵ · x) of the dequantized weight, fp32 sums, no act_quant)")
+    return "fp8_linears=bf16"
 
 
 def with_block_outlier(rng, x, w, w_scale, block: int, exponent: int, small: str):

@@ -53,7 +53,7 @@ def test_a_port_declaring_bf16_linears_still_fails_an_unrotated_q():
     assert broken is not None and broken[0] == "q_attn_rot", broken
 
 
-@pytest.mark.parametrize("knob", sorted(D.CHOICES))
+@pytest.mark.parametrize("knob", ["index_hadamard", "index_qdq"])     # kv_qdq, fp8_linears: the two tests above
 def test_a_port_declaring_a_step_left_out_still_fails_an_output_not_derotated(knob):
     provider = D.port((knob,), extra_attn={"attention_output": lambda o, positions, freqs: o.clone()},
                       name=f"{knob}_not_derotated")
@@ -154,3 +154,12 @@ def test_an_attention_fail_states_its_kind_in_the_detail(options, kind, monkeypa
     rule_id = "ATTN.SCORE" if "scores" in options else "ATTN.SINK"
     row = run_rule(rule_id, Target(mutant("m", sparse_attention=_variant(**options)), "m"))
     assert row.status == FAIL and f"a difference of {kind}" in row.detail, row.detail
+
+
+def test_a_rotated_stage_judged_under_a_bf16_table_names_it():
+    case = checks.attention_case(V4_DECODE, True, True)
+    target = Target(D.bf16_rope_table(), "bf16_rope_table")
+    out = checks.run_attention_layer(target, case)
+    judges = dict((name, j) for name, _, _, j in checks.ATTN_STAGES)
+    assert judges["q_attn_rot"](target, case, out) == "rope_table=bf16"
+    assert judges["o_derot"](target, case, out) == "rope_table=bf16"
