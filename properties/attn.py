@@ -39,12 +39,12 @@ from ..spec import rope as spec_rope
 from ..spec.indexer import is_bf16, round_bf16
 from ..spec.models import PROFILES, profile
 from ..spec.rules import V41
-from .compare import as_numpy, assert_equal, assert_within
+from .compare import as_numpy, assert_equal, assert_within, difference_kind
 from .path import (STAGES, LayerCase, cached_run, judge_rotation, layer_cases, layer_kind, make_layer_case,
                    normal_bf16)
-from .quant import assert_fp8_linear, fp8_linear_bounds, fp8_weight
+from .quant import assert_linear, fp8_linear_bounds, fp8_weight
 from .stages import first_broken, judge_every_stage, not_judged, report as report_stages
-from .suite import check, forall, skip
+from .suite import check, declared_choice, forall, skip
 
 OPS = {
     "sparse_attention": "sparse_attention(q [T,H,D], kv [N,D], sink f32 [H], indices int [T,K], scale, *, model) "
@@ -77,8 +77,8 @@ class Case:
     def init(self) -> float:
         return spec.running_max_init(profile(self.model))
 
-    def bounds(self, order: str):
-        return spec.bounds(self.q, self.kv, self.sink, self.indices, self.scale, self.init, order)
+    def bounds(self, order: str, **precision):
+        return spec.bounds(self.q, self.kv, self.sink, self.indices, self.scale, self.init, order, **precision)
 
     def describe(self) -> str:
         T, H, D = self.q.shape
@@ -192,6 +192,12 @@ def _order(target, clause: str = "other") -> str:
     return "blocks64" if clause == "order" and value == "blocks64" else "list"
 
 
+def precision(target) -> dict:
+    """The precision choices a target declares for sparse attention (attn_scores, attn_probs), as
+    spec.bounds takes them: every check of the attention output reads them."""
+    return dict(scores=declared_choice(target, "attn_scores"), probs=declared_choice(target, "attn_probs"))
+
+
 def _t(x, dtype=torch.float32):
     return torch.tensor(np.asarray(x), dtype=dtype)
 
@@ -209,7 +215,7 @@ def judge(target, case: Case, what: str, order: str | None = None, got=None, rou
     T, H, D = case.q.shape
     if got.shape != (T, H, D):
         raise AssertionError(f"{what}: output shape {got.shape}, expected {(T, H, D)}")
-    lo, hi = case.bounds(order or _order(target))
+    lo, hi = case.bounds(order or _order(target), **precision(target))
     ok = spec.admitted(got, lo, hi)
     bad = np.argwhere(~ok)
     if bad.size:
@@ -218,7 +224,8 @@ def judge(target, case: Case, what: str, order: str | None = None, got=None, rou
         raise AssertionError(
             f"{what}: {len(bad)} of {ok.size} outputs outside the admitted BF16 interval; at token {t} head {h} "
             f"channel {c}: got {got[t, h, c]!r}, official {round_bf16(o[t, h, c])!r} (exact {o[t, h, c]!r}), "
-            f"admitted [{round_bf16(lo[t, h, c])!r}, {round_bf16(hi[t, h, c])!r}]; {case.describe()}")
+            f"admitted [{round_bf16(lo[t, h, c])!r}, {round_bf16(hi[t, h, c])!r}]; {difference_kind(got, o, ~ok)}; "
+            f"{case.describe()}")
     return got
 
 
@@ -407,7 +414,7 @@ def output_rope_tail_rotated_back(target, seed, layer, far):
     assert_equal(got[..., :448], o[..., :448], what="ATTN.DEROTATE: channels 0..447 pass unchanged")
     conj = spec.derotation_freqs(freqs)
     ref = spec_rope.rotate_exact(o, positions, conj)
-    assert_within(got, ref, spec_rope.rotate_tolerance(o, positions, conj),
+    assert_within(got, ref, spec_rope.rotate_tolerance(o, positions, conj, declared_choice(target, "rope_table")),
                   what="ATTN.DEROTATE: the last 64 channels turn by −p·f (conjugate)")
 
 
@@ -654,9 +661,10 @@ def _projection(name, weight, source):
         x = _source(out, source, case)
         x = x.reshape(x.shape[0], -1)
         got = _stage(out, name, case)
-        assert_fp8_linear(got.reshape(got.shape[0], -1), x, a[weight], a[f"{weight}_scale"], b,
-                          f"FP8.LINEAR: {name} = {weight}({source}), act_quant per {b}, E4M3 × E4M3 block GEMM "
-                          f"[{case!r}]", bounds=_linear_bounds(x, a[weight], a[f"{weight}_scale"], b))
+        bf16 = target.variant("fp8_linears") == "bf16"
+        return assert_linear(target, got.reshape(got.shape[0], -1), x, a[weight], a[f"{weight}_scale"], b,
+                             f"FP8.LINEAR: {name} = {weight}({source}), act_quant per {b}, E4M3 × E4M3 block GEMM "
+                             f"[{case!r}]", bounds=None if bf16 else _linear_bounds(x, a[weight], a[f"{weight}_scale"], b))
     return judge
 
 
@@ -682,13 +690,17 @@ def _judge_q_rescale(target, case, out):
 def _rotation(name, source, use, positions):
     def judge(target, case, out):
         x = _source(out, source, case)
-        judge_rotation(target, case, x, _stage(out, name, case), positions(case), use,
-                        f"ROPE.POSITIONS: {name} = RoPE({source}) [{case!r}]")
+        return judge_rotation(target, case, x, _stage(out, name, case), positions(case), use,
+                              f"ROPE.POSITIONS: {name} = RoPE({source}) [{case!r}]")
     return judge
 
 
 def _judge_qdq(name, source, compressed):
     def judge(target, case, out):
+        if declared_choice(target, "kv_qdq") == "none":
+            _same(_stage(out, name, case), _stage(out, source, case),
+                  f"PATH.QDQ: {name} = {source}, read without the QDQ (kv_qdq=none declared)", case)
+            return "kv_qdq=none"
         _same(_stage(out, name, case), _qdq(_stage(out, source, case), case.model, compressed),
               f"PATH.QDQ: {name}, {source} as attention reads it", case)
     return judge
@@ -719,19 +731,24 @@ def _judge_o(target, case, out, clause: str = "order", what: str = "ATTN.PROB.OR
     m = profile(case.model)
     q, kv = _stage(out, "q_attn_rot", case), _stage(out, "kv", case)
     sink, idx = case.arrays()["sink"].astype(np.float64), _stage(out, "indices", case).astype(np.int64)
-    lo, hi = spec.bounds(q, kv, sink, idx, spec.softmax_scale(m), spec.running_max_init(m), _order(target, clause))
-    ok = spec.admitted(_stage(out, "o", case), lo, hi)
+    chosen = precision(target)
+    lo, hi = spec.bounds(q, kv, sink, idx, spec.softmax_scale(m), spec.running_max_init(m), _order(target, clause),
+                         **chosen)
+    got = _stage(out, "o", case)
+    ok = spec.admitted(got, lo, hi)
     if not ok.all():
         first = tuple(int(i) for i in np.argwhere(~ok)[0])
         raise AssertionError(f"{what}, {int((~ok).sum())} of {ok.size} outputs outside the admitted interval, the first "
-                             f"at {first} [{case!r}]")
+                             f"at {first}; {difference_kind(got, (lo + hi) / 2, ~ok)} [{case!r}]")
+    knobs = {"scores": spec.ATTN_SCORES, "probs": spec.ATTN_PROBS}
+    return ", ".join(f"{knobs[k].name}={v}" for k, v in chosen.items() if v != knobs[k].canonical) or None
 
 
 def _judge_o_derot(target, case, out):
     """The conjugate rotation at p is the rotation at −p (fl32(−p)·f = −fl32(p·f) exactly): judged as
     index_layer's rotations are, on the target's own table."""
-    judge_rotation(target, case, _stage(out, "o", case), _stage(out, "o_derot", case), -case.positions, "q",
-                    f"ATTN.DEROTATE: o_derot, the last 64 channels of o turned by −p·f [{case!r}]")
+    return judge_rotation(target, case, _stage(out, "o", case), _stage(out, "o_derot", case), -case.positions, "q",
+                           f"ATTN.DEROTATE: o_derot, the last 64 channels of o turned by −p·f [{case!r}]")
 
 
 def _judge_o_lora(target, case, out):

@@ -23,6 +23,31 @@ def _index(flat_i: int, shape) -> tuple:
     return tuple(int(i) for i in np.unravel_index(flat_i, shape)) if shape else ()
 
 
+# A value off by at most this much relative to the exact result is what the same computation gives
+# with less precision: four BF16 roundings (2^-8 each), the most a BF16 pipeline of a few steps loses.
+PRECISION_RTOL = 2.0 ** -6
+
+
+def difference_kind(got, exact, off=None) -> str:
+    """Whether the values off (the mask `off`, all when None) differ from the exact results in
+    precision or in logic: of precision when each lies within PRECISION_RTOL of its exact result,
+    relative to the larger of that result and its row's RMS (a row's small values carry the rounding
+    of the large ones they were computed from: a rotation, a normalised sum), the same quantity
+    computed less precisely; of logic otherwise."""
+    got, exact = np.asarray(got, np.float64), np.broadcast_to(np.asarray(exact, np.float64), np.shape(got))
+    off = np.ones(got.shape, bool) if off is None else np.asarray(off, bool)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        finite = np.where(np.isfinite(exact), exact, 0.0)
+        row = np.sqrt(np.mean(finite * finite, axis=-1, keepdims=True)) if got.ndim else np.abs(finite)
+        rel = np.where(got == exact, 0.0, np.abs(got - exact) / np.maximum(np.abs(exact), row))[off]
+    worst = float(np.nanmax(np.where(np.isnan(rel), np.inf, rel), initial=0.0))
+    if worst <= PRECISION_RTOL:
+        return (f"a difference of precision: every value off lies within {worst:.2g} of its exact result "
+                f"(relative to it or its row's RMS; ≤ 2^-6, four BF16 roundings)")
+    return (f"a difference of logic: a value off lies {worst:.2g} from its exact result (relative to it or its "
+            f"row's RMS), more than precision explains (2^-6, four BF16 roundings)")
+
+
 def assert_same_shape(actual, expected, what: str):
     if tuple(actual.shape) != tuple(expected.shape):
         raise AssertionError(f"{what}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}")
@@ -87,6 +112,8 @@ def assert_equal(actual, expected, *, what: str, context=None, limit: int = 4):
     if bad.size == 0:
         return
     lines = [f"{what}: {bad.size} of {a.size} differ"]
+    if a.dtype.kind == "f" and e.dtype.kind == "f":
+        lines[0] += "; " + difference_kind(a, e, ~same.reshape(a.shape))
     for flat in bad[:limit]:
         idx = _index(flat, a.shape)
         line = f"  at {idx}: got {a.reshape(-1)[flat]!r}, expected {e.reshape(-1)[flat]!r}"
@@ -125,8 +152,10 @@ def assert_within(got, expected, tol, *, what: str, bf16: bool = False, note: st
         raise AssertionError(f"{what}: shape {got.shape}, expected {np.shape(expected)}{note}")
     if bf16 and not is_bf16(got).all():
         raise AssertionError(f"{what}: not BF16-representable{note}")
-    bad = np.argwhere(~(np.abs(got - expected) <= tol))
+    off = ~(np.abs(got - expected) <= tol)
+    bad = np.argwhere(off)
     if bad.size:
         i = tuple(int(v) for v in bad[0])
+        kind = difference_kind(got, expected, off)
         raise AssertionError(f"{what}: {len(bad)} of {got.size} off; at {i}: got {got[i]!r}, expected "
-                             f"{expected[i]!r} ± {tol[i]:.3g}{note}")
+                             f"{expected[i]!r} ± {tol[i]:.3g}; {kind}{note}")

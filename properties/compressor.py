@@ -43,8 +43,8 @@ from ..spec import compressor as spec
 from ..spec.indexer import round_bf16
 from ..spec.models import profile
 from ..spec.rules import V4, V41, V4_ALL
-from .compare import as_numpy, assert_same_shape
-from .suite import RUN, check, forall
+from .compare import as_numpy, assert_same_shape, difference_kind
+from .suite import RUN, check, declared_choice, forall
 
 OPS = {
     "compress": "compress(x [B,S,dim] f32, params, *, model, ratio) -> entries [B, S//ratio, d] f32",
@@ -142,7 +142,8 @@ def assert_within(actual, expected, tol, *, what: str, case: Case):
     bad = ~(np.abs(actual - expected) <= tol)
     if not bad.any():
         return
-    lines = [f"{what}: {int(bad.sum())} of {bad.size} values outside the fp32 bound ({case.describe()})"]
+    lines = [f"{what}: {int(bad.sum())} of {bad.size} values outside the fp32 bound ({case.describe()}); "
+             f"{difference_kind(actual, expected, bad)}"]
     for idx in list(zip(*np.nonzero(bad)))[:4]:
         idx = tuple(int(i) for i in idx)
         lines.append(f"  at [batch, entry, channel] {idx}: got {float(actual[idx])!r}, expected {float(expected[idx])!r} "
@@ -155,6 +156,12 @@ def unit_rms(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return y / np.where(r > 0, r, 1.0), r
 
 
+def _tolerance(target, x, case: Case) -> np.ndarray:
+    """entry_tolerance of the inputs x, at the pooling precision the target declares (compressor_pooling)."""
+    pooling = declared_choice(target, "compressor_pooling") if spec.has_gate(case.ratio) else "fp32"
+    return spec.entry_tolerance(x, case.params, case.model, case.ratio, pooling)
+
+
 def assert_direction(target, case: Case, what: str):
     """Compare entry directions (rope off, unit RMS) with the reference's pooled vectors."""
     zero_rope = np.zeros_like(case.params["rope_freqs"])
@@ -162,7 +169,7 @@ def assert_direction(target, case: Case, what: str):
                     params={**case.params, "rope_freqs": zero_rope, "norm": np.ones_like(case.params["norm"])})
     got = run_compress(target, case)
     ref = spec.compress(case.x, case.params, case.model, case.ratio)
-    tol = spec.entry_tolerance(case.x, case.params, case.model, case.ratio)
+    tol = _tolerance(target, case.x, case)
     assert_same_shape(got, ref, what)
     got_dir, _ = unit_rms(got)
     ref_dir, ref_rms = unit_rms(ref)
@@ -189,7 +196,7 @@ def prefill_emits_one_entry_per_complete_group(target, case):
         earlier = case.x.copy()
         earlier[:, :start] = bf16_values(np.random.default_rng(seqlen).standard_normal(earlier[:, :start].shape) * 3)
         got = run_compress(target, case.but(f"tokens < {start} replaced", x=earlier))[:, -1:]
-        tol = spec.entry_tolerance(case.x, case.params, case.model, case.ratio)[:, -1:]
+        tol = _tolerance(target, case.x, case)[:, -1:]
         assert_within(got, as_numpy(out).astype(np.float64)[:, -1:], 2 * tol, case=case,
                       what=f"CMP.GROUPS: entry {want[1] - 1} changed when the tokens before its window (< {start}) "
                            f"changed")
@@ -221,7 +228,7 @@ def entries_do_not_see_later_tokens(target, case, cut, seed):
     prefix = case.but(f"the first {n} tokens", x=np.ascontiguousarray(case.x[:, :n]))
     got_prefix = run_compress(target, prefix)
     got_changed = run_compress(target, case.but(f"tokens >= {n} replaced", x=later))[:, :n // case.ratio]
-    tol = spec.entry_tolerance(prefix.x, case.params, case.model, case.ratio)
+    tol = _tolerance(target, prefix.x, case)
     assert_within(got_changed, got_prefix, 2 * tol,
                   what=f"CMP.CAUSAL: entries before token {n} changed when tokens >= {n} changed", case=case)
 
@@ -332,7 +339,7 @@ def assert_ratio1_bf16_projection(got: np.ndarray, case: Case):
 def ratio_one_is_normalized_projection(target, case):
     got = run_compress(target, case)
     ref = spec.compress(case.x, case.params, case.model, case.ratio)
-    tol = spec.entry_tolerance(case.x, case.params, case.model, case.ratio)
+    tol = _tolerance(target, case.x, case)
     assert_within(got, ref, tol, what="CMP.RATIO1: entry = RoPE(RMSNorm(wkv·x), t)", case=case)
     assert_ratio1_bf16_projection(got, case)
 
@@ -350,7 +357,7 @@ def rms_norm_with_profile_eps(target, case, exponent):
     case = case.but(f"x scaled by 2^{exponent}", x=(case.x * np.float32(2.0 ** exponent)).astype(np.float32))
     got = run_compress(target, case)
     ref = spec.compress(case.x, case.params, case.model, case.ratio)
-    tol = spec.entry_tolerance(case.x, case.params, case.model, case.ratio)
+    tol = _tolerance(target, case.x, case)
     assert_within(got, ref, tol, what="CMP.NORM: entry = w·p / sqrt(mean(p^2) + eps)", case=case)
 
 
@@ -369,7 +376,7 @@ def rope_at_the_groups_first_position(target, case):
     got = run_compress(target, case)
     positions = np.arange(plain.shape[1]) * case.ratio
     want = spec.rope(plain, positions, freqs)
-    tol = spec.rope_tolerance(plain, positions, freqs)
+    tol = spec.rope_tolerance(plain, positions, freqs, declared_choice(target, "rope_table"))
     assert_within(got, want, tol, what=f"CMP.ROPE: entry j rotated at position j·{case.ratio}", case=case)
 
 
@@ -401,7 +408,7 @@ def _decode_against_prefill(target, case: Case, first: int, what: str):
         return
     first = min(first, seqlen)
     decoded = _feed_all(target, case, [first] + [1] * (seqlen - first))
-    tol = spec.entry_tolerance(case.x, case.params, case.model, case.ratio)
+    tol = _tolerance(target, case.x, case)
     assert_within(decoded, run_compress(target, case), 2 * tol, what=what.format(first=first), case=case)
 
 
@@ -439,7 +446,7 @@ def chunked_feeding_matches_prefill(target):
             case = self.case
             streamed = np.concatenate(self.entries, axis=1)
             prefill = run_compress(target, case)
-            tol = spec.entry_tolerance(case.x, case.params, case.model, case.ratio)
+            tol = _tolerance(target, case.x, case)
             assert_within(streamed, prefill, 2 * tol,
                           what="CMP.STREAM: entries fed in chunks differ from one prefill", case=case)
 

@@ -45,7 +45,7 @@ from ..spec.models import PROFILES, profile
 from ..spec.formats import e4m3_decode
 from ..spec.quant import fp4_e8m0_dequantize
 from ..spec.rules import V4_ALL
-from .compare import as_numpy, assert_close, assert_equal  # noqa: F401
+from .compare import as_numpy, assert_close, assert_equal, difference_kind  # noqa: F401
 from .ranking import assert_topk
 from .suite import check, forall
 
@@ -277,11 +277,12 @@ def hadamard_output_is_bf16_within_one_ulp(target, seed, rows, spread):
 
 def _within(got, ref, tol, what):
     err = np.abs(got - ref)
-    bad = np.argwhere(~(err <= tol))
+    off = ~(err <= tol)
+    bad = np.argwhere(off)
     if bad.size:
         i = tuple(bad[0])
         raise AssertionError(f"{what}: {len(bad)} elements off; at {i}: got {got[i]!r}, exact {ref[i]!r} "
-                             f"± {tol[i]:.3g}")
+                             f"± {tol[i]:.3g}; {difference_kind(got, ref, off)}")
 
 
 @check("HAD.ABSENT_V41", ops=("index_rotate",))
@@ -330,7 +331,8 @@ def assert_weights(got, raw, model, what, rounding: str = "bf16_steps"):
     """got holds, element by element, an accepted weight raw · c under score_rounding = `rounding`."""
     if got.shape != raw.shape:
         raise AssertionError(f"{what}: shape {got.shape}, expected {raw.shape}")
-    bad = np.argwhere(~spec.index_weights_accepted(got, raw, model, rounding))
+    off = ~spec.index_weights_accepted(got, raw, model, rounding)
+    bad = np.argwhere(off)
     if bad.size:
         i = tuple(bad[0])
         fp32 = "" if rounding == "bf16_steps" else (f" or, score_rounding={rounding}, "
@@ -338,7 +340,8 @@ def assert_weights(got, raw, model, what, rounding: str = "bf16_steps"):
                                                     f"{spec.WEIGHT_FP32_ROUNDINGS} fp32 roundings")
         raise AssertionError(f"{what}: {len(bad)} elements off; at {i}: raw {raw[i]!r} gave {got[i]!r}, "
                              f"accepted {spec.index_weights(raw, model)[i]!r} (official) or "
-                             f"{spec.index_weights_once(raw, model)[i]!r} (one rounding){fp32}")
+                             f"{spec.index_weights_once(raw, model)[i]!r} (one rounding){fp32}; "
+                             f"{difference_kind(got, spec.index_weights(raw, model), off)}")
 
 
 @check("IDX.WEIGHT.V32", ops=("index_weights_v32",))

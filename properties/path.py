@@ -58,11 +58,11 @@ from ..spec import rope as spec_rope
 from ..spec.models import profile
 from .compare import as_numpy, assert_bytes_equal, assert_equal, assert_within
 from .indexer import assert_weights, expected_scores, make_score_case, ScoreCase, scores_under
-from .quant import assert_fp8_linear, fp8_linear_bounds, fp8_weight
+from .quant import assert_linear, fp8_linear_bounds, fp8_weight
 from .pool import reindex_cases, wide_reindex_case
 from .stages import first_broken, judge_every_stage, report as report_stages
 from .ranking import assert_pool, assert_topk
-from .suite import check, forall
+from .suite import check, declared_choice, forall
 
 OPS = {
     "window_index": "window_index(seqlen, start_pos) -> int [T, W]: i−127..i in prefill, 128 ring slots in decode",
@@ -164,12 +164,13 @@ FORMATS = {"fp4_e8m0": (128, spec_quant.fp4_e8m0_quantize), "fp4_e4m3": (512, sp
            "fp8_e8m0_32": (512, lambda x: spec_quant.fp8_quantize(x, 32))}
 
 
-def determined_inputs(seed: int, tokens: int, dim: int, spread: int, freqs, far: bool):
-    """BF16 rows whose rotation every conforming target rounds alike (undetermined pairs zeroed)."""
+def determined_inputs(seed: int, tokens: int, dim: int, spread: int, freqs, far: bool, table: str = "fp32"):
+    """BF16 rows whose rotation every conforming target rounds alike (undetermined pairs zeroed;
+    table: the precision of its RoPE table, rope_table)."""
     rng = np.random.default_rng(seed)
     x = spec_indexer.round_bf16(rng.standard_normal((tokens, dim)) * 2.0 ** rng.integers(-spread, spread + 1, (tokens, dim)))
     positions = rng.integers(0, 2 ** 20 if far else 8192, tokens)
-    ok = spec_rope.determined(x, positions, freqs)
+    ok = spec_rope.determined(x, positions, freqs, table)
     pair_ok = np.repeat(ok[:, -64::2] & ok[:, -63::2], 2, axis=-1)
     x[:, -64:] = np.where(pair_ok, x[:, -64:], 0.0)
     return x, positions
@@ -183,7 +184,7 @@ def determined_inputs(seed: int, tokens: int, dim: int, spread: int, freqs, far:
 def rotated_first_then_quantized(target, fmt, seed, spread, far):
     dim, quantize = FORMATS[fmt]
     freqs = spec_rope.frequencies_fp32(profile("v4.1-flash"), 20)
-    x, positions = determined_inputs(seed, 4, dim, spread, freqs, far)
+    x, positions = determined_inputs(seed, 4, dim, spread, freqs, far, declared_choice(target, "rope_table"))
     payload, scales = target.rope_quantize(_t(x), _t(positions, torch.int64), _t(freqs), fmt)
     want_payload, want_scales = quantize(spec_rope.rotate(x, positions, freqs))
     what = f"PATH.ORDER ({fmt}): the bytes of the rotated values"
@@ -540,9 +541,10 @@ def _q_bounds(case, b: int):
 def _judge_q(target, case, out):
     a, m = case.arrays(), profile(case.model)
     b = spec_quant.FP8_LINEAR_BLOCK[case.model]
-    assert_fp8_linear(_need(out, "q", case), a["qr"], a["wq_b"], a["wq_b_scale"], b,
-                      f"PATH.Q.PROJ: q = FP8.LINEAR(qr, wq_b), act_quant per {b} [{case!r}]",
-                      shape=(case.seqlen, m.index_n_heads, m.index_head_dim), bounds=_q_bounds(case, b))
+    bf16 = target.variant("fp8_linears") == "bf16"
+    return assert_linear(target, _need(out, "q", case), a["qr"], a["wq_b"], a["wq_b_scale"], b,
+                         f"PATH.Q.PROJ: q = FP8.LINEAR(qr, wq_b), act_quant per {b} [{case!r}]",
+                         shape=(case.seqlen, m.index_n_heads, m.index_head_dim), bounds=None if bf16 else _q_bounds(case, b))
 
 
 def _table(target, case: LayerCase, use: str):
@@ -553,19 +555,22 @@ def _table(target, case: LayerCase, use: str):
 
 
 def judge_rotation(target, case, x, got, positions, use: str, what: str):
+    """The rotation of x at `positions` by the target's table; "rope_table=bf16" when judged so."""
     freqs, slack = _table(target, case, use)
-    tol = spec_rope.rotate_tolerance(x, positions, freqs)
+    table = declared_choice(target, "rope_table")
+    tol = spec_rope.rotate_tolerance(x, positions, freqs, table)
     if slack:   # a table one fp32 rounding away turns pair i by up to |p·f_i|·2^-20 more (p < 0 de-rotates)
         pair = np.abs(x[..., -64::2]) + np.abs(x[..., -63::2])
         angle = np.abs(spec_rope._broadcast(x, spec_rope.angles(positions, freqs)))
         extra = pair * angle * 2 * spec_rope.FREQ_RTOL
         tol[..., -64:] += np.repeat(extra, 2, axis=-1)
     _close(got, spec_rope.rotate_exact(x, positions, freqs), tol, what, case)
+    return None if table == "fp32" else f"rope_table={table}"
 
 
 def _judge_q_rot(target, case, out):
-    judge_rotation(target, case, _need(out, "q", case), _need(out, "q_rot", case), case.positions, "index_q",
-                    "ROPE.POSITIONS: index q rotated at its token positions")
+    return judge_rotation(target, case, _need(out, "q", case), _need(out, "q_rot", case), case.positions, "index_q",
+                           "ROPE.POSITIONS: index q rotated at its token positions")
 
 
 def _k_input(case, out):
@@ -579,8 +584,8 @@ def _entries(case) -> int:
 
 def _judge_k_rot(target, case, out):
     positions = spec_rope.compressed_positions(_entries(case), profile(case.model).ratio(case.layer))
-    judge_rotation(target, case, _k_input(case, out), _need(out, "k_rot", case), positions, "index_k",
-                    "ROPE.POSITIONS: index K entry j rotated at j·ratio")
+    return judge_rotation(target, case, _k_input(case, out), _need(out, "k_rot", case), positions, "index_k",
+                           "ROPE.POSITIONS: index K entry j rotated at j·ratio")
 
 
 def _judge_k(target, case, out):
@@ -598,6 +603,12 @@ def _judge_k_normed(target, case, out):
 def _judge_hadamard(which: str):
     def judge(target, case, out):
         rot = _need(out, f"{which}_rot", case)
+        if profile(case.model).hadamard and declared_choice(target, "index_hadamard") == "none":
+            if f"{which}_had" in out:
+                assert_equal(out[f"{which}_had"], rot.astype(np.float32),
+                             what=f"PATH.HADAMARD: index_hadamard=none declared ({which}_had must be {which}_rot) "
+                                  f"[{case!r}]")
+            return "index_hadamard=none"
         if profile(case.model).hadamard:
             _close(_need(out, f"{which}_had", case), spec_indexer.hadamard(rot), spec_indexer.hadamard_tolerance(rot),
                    f"PATH.HADAMARD: {which}_had = Hadamard({which}_rot) (V4)", case)
@@ -609,6 +620,8 @@ def _judge_hadamard(which: str):
 
 def _judge_fp4(which: str):
     def judge(target, case, out):
+        if _without_qdq(target):
+            return "index_qdq=none"        # declared: no FP4 stage; the scores read the BF16 operands
         source = out.get(f"{which}_had", out.get(f"{which}_rot"))
         if source is None:
             raise AssertionError(f"stage {which}_rot missing [{case!r}]")
@@ -658,25 +671,48 @@ def scores_published_k(case) -> bool:
 READINGS = {"published": "the cache published last (layer 20's)", "own": "the layer's own index-K cache"}
 
 
-def scored_keys(case, out, reading: str) -> np.ndarray:
-    """The dequantized keys the layer scores under index_k_read = `reading`."""
+def _without_qdq(target) -> bool:
+    """Whether the target declares the index q and k scored without their FP4 QDQ (index_qdq=none)."""
+    return declared_choice(target, "index_qdq") == "none"
+
+
+def _bf16_operand(out, which: str, case) -> np.ndarray:
+    """The index q or k a port without the FP4 QDQ scores: after its Hadamard (V4), else after RoPE."""
+    return _need(out, f"{which}_had", case) if f"{which}_had" in out else _need(out, f"{which}_rot", case)
+
+
+def scored_keys(case, out, reading: str, qdq: bool = True) -> np.ndarray:
+    """The dequantized keys the layer scores under index_k_read = `reading` (qdq False: a port
+    without the index FP4 QDQ scores its own BF16 keys; the caches it is given stay FP4)."""
+    a = case.arrays()
     if reading == "published" and scores_published_k(case):
-        a = case.arrays()
         k = spec_quant.fp4_e8m0_dequantize(a["published_k_packed"], a["published_k_scales"])[:_entries(case)]
-    else:
+    elif qdq:
         k = spec_quant.fp4_e8m0_dequantize(_need(out, "k_packed", case), _need(out, "k_scales", case))
-    return k.astype(np.float64)
+    elif layer_kind(case) == "reindex":
+        k = spec_quant.fp4_e8m0_dequantize(a["k_packed"], a["k_scales"])
+    else:
+        k = _bf16_operand(out, "k", case)
+    return np.asarray(k, np.float64)
+
+
+def _scored(target, case, out, reading: str) -> tuple:
+    """(q, k) the layer scores: FP4-dequantized, or the BF16 ones with index_qdq=none declared."""
+    qdq = not _without_qdq(target)
+    return None if qdq else _bf16_operand(out, "q", case), scored_keys(case, out, reading, qdq)
 
 
 def _reading(target, case) -> str:
     return target.variant("index_k_read") if scores_published_k(case) else "own"
 
 
-def score_mismatch(case, out, k, rounding: str = "bf16_steps") -> str | None:
-    """Why the layer's scores are not IDX.SCORE.FP4's of its q, weights and the keys k under
-    score_rounding = `rounding` (None: they are).  Refactored weights (n^-0.5 alone) are judged
-    times fl32(128^-0.5), with that factor's rounding and its product's."""
-    q = spec_quant.fp4_e8m0_dequantize(_need(out, "q_packed", case), _need(out, "q_scales", case)).astype(np.float64)
+def score_mismatch(case, out, k, rounding: str = "bf16_steps", q=None) -> str | None:
+    """Why the layer's scores are not IDX.SCORE.FP4's of its q (its FP4 q when None), weights and
+    the keys k under score_rounding = `rounding` (None: they are).  Refactored weights (n^-0.5
+    alone) are judged times fl32(128^-0.5), with that factor's rounding and its product's."""
+    if q is None:
+        q = spec_quant.fp4_e8m0_dequantize(_need(out, "q_packed", case), _need(out, "q_scales", case))
+    q = np.asarray(q, np.float64)
     w = _need(out, "weights", case)
     refactored = _refactored(case, out, rounding)
     if refactored:
@@ -696,7 +732,8 @@ def score_mismatch(case, out, k, rounding: str = "bf16_steps") -> str | None:
 
 
 def _judge_scores(target, case, out):
-    why = score_mismatch(case, out, scored_keys(case, out, _reading(target, case)), target.variant("score_rounding"))
+    q, k = _scored(target, case, out, _reading(target, case))
+    why = score_mismatch(case, out, k, target.variant("score_rounding"), q)
     if why:
         raise AssertionError(f"IDX.SCORE.FP4: {why} [{case!r}]")
 
@@ -709,8 +746,9 @@ def _judge_scored_keys(target, case, out):
     reading = target.variant("index_k_read")
     other = "own" if reading == "published" else "published"
     rounding = target.variant("score_rounding")
-    why = score_mismatch(case, out, scored_keys(case, out, reading), rounding)
-    if why and score_mismatch(case, out, scored_keys(case, out, other), rounding) is None:
+    q, k = _scored(target, case, out, reading)
+    why = score_mismatch(case, out, k, rounding, q)
+    if why and score_mismatch(case, out, _scored(target, case, out, other)[1], rounding, q) is None:
         raise AssertionError(f"PATH.K.PUBLISHED (index_k_read={reading}): the scores are those of {READINGS[other]}, "
                              f"expected those of {READINGS[reading]}: {why} [{case!r}]")
 
@@ -940,11 +978,12 @@ def sources_score_the_cache_published_last(target, key):
     case = layer_case(key)
     out = run_layer(target, case)
     reading, rounding = target.variant("index_k_read"), target.variant("score_rounding")
-    why = score_mismatch(case, out, scored_keys(case, out, reading), rounding)
+    q, k = _scored(target, case, out, reading)
+    why = score_mismatch(case, out, k, rounding, q)
     if why:
         other = "own" if reading == "published" else "published"
-        hint = "" if score_mismatch(case, out, scored_keys(case, out, other), rounding) \
-            else f" (they are those of {READINGS[other]})"
+        hint = "" if score_mismatch(case, out, _scored(target, case, out, other)[1], rounding, q) else \
+            f" (they are those of {READINGS[other]})"
         raise AssertionError(f"PATH.K.PUBLISHED (index_k_read={reading}): scores of {READINGS[reading]} "
                              f"expected{hint}: {why} [{case!r}]")
     _judge_topk(target, case, out)

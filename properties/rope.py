@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 from ..spec import indexer as spec_indexer
 from ..spec import rope as spec
 from ..spec.models import PROFILES, profile
-from .compare import as_numpy, assert_equal
-from .suite import check, forall
+from .compare import as_numpy, assert_equal, difference_kind
+from .suite import check, declared_choice, forall
 
 OPS = {
     "rope_freqs": "rope_freqs(model, layer, use) -> f32 [rope_dim/2]: the layer's table (one per layer)",
@@ -49,7 +49,8 @@ def _within(got, ref, tol, what):
     if bad.size:
         i = int(bad[0])
         raise AssertionError(f"{what}: {bad.size} of {np.size(ref)} off; at dim {i}: got {np.ravel(got)[i]!r}, "
-                             f"expected {np.ravel(ref)[i]!r} ± {np.ravel(tol)[i]:.3g}")
+                             f"expected {np.ravel(ref)[i]!r} ± {np.ravel(tol)[i]:.3g}; "
+                             f"{difference_kind(got, ref, ~(np.abs(np.asarray(got) - ref) <= tol))}")
 
 
 @check("ROPE.THETA", ops=("rope_freqs",))
@@ -114,7 +115,7 @@ def consecutive_pairs_rotate_by_plus_angle(target, pair, position, heads):
     positions = np.array([position, position])
     got = _rotate(target, x, positions, freqs)
     ref = spec.rotate_exact(x, positions, freqs)
-    _within(got, ref, spec.rotate_tolerance(x, positions, freqs),
+    _within(got, ref, spec.rotate_tolerance(x, positions, freqs, declared_choice(target, "rope_table")),
             f"ROPE.PAIRS: e_(2·{pair}) and e_(2·{pair}+1) at position {position} must turn within their pair by +p·f")
 
 
@@ -142,5 +143,6 @@ def rotation_is_fp32_rounded_once_to_bf16(target, seed, spread, far):
     got = _rotate(target, x, positions, freqs)
     if not spec_indexer.is_bf16(got).all():
         raise AssertionError("ROPE.ROUNDING: the rotated values must be written back as BF16")
-    _within(got, spec.rotate_exact(x, positions, freqs), spec.rotate_tolerance(x, positions, freqs),
+    _within(got, spec.rotate_exact(x, positions, freqs),
+            spec.rotate_tolerance(x, positions, freqs, declared_choice(target, "rope_table")),
             "ROPE.ROUNDING: fp32 rotation by fl32(p·f), one BF16 rounding")

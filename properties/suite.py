@@ -203,6 +203,20 @@ def record_stages(verdicts: list[dict]):
             _STAGES[v["stage"]] = dict(v)
 
 
+_DECLARED: set = set()
+
+
+def declared_choice(target, knob: str) -> str:
+    """The target's value of `knob`, for a judge whose reading it changes; a value other than the
+    canonical one is recorded, and a rule whose checks pass under it reads VARIANT ("passes under
+    declared knob=value"), whatever knob the rule itself names (a declared step left out, a
+    precision choice: suite.py's run_rule)."""
+    value = target.variant(knob)
+    if value != KNOBS[knob].canonical:
+        _DECLARED.add((knob, value))
+    return value
+
+
 @dataclass(frozen=True)
 class Check:
     rule_id: str
@@ -294,6 +308,7 @@ class Outcome:
     seconds: float = 0.0
     detected: frozenset = frozenset()
     stages: list = field(default_factory=list)     # a layer rule's verdicts, stage by stage
+    declared: frozenset = frozenset()     # the declared knob values its judges read (declared_choice)
 
 
 @dataclass
@@ -350,6 +365,7 @@ def run_check(chk: Check, target: Target, profile: str = "ci", shrink: bool = Tr
         return Outcome(SKIP, f"extension {chk.extension} not declared")
     _DETECTED.clear()
     _STAGES.clear()
+    _DECLARED.clear()
     target.received.call, target.received.unserved = None, ""
     start = time.perf_counter()
     try:
@@ -378,7 +394,8 @@ def run_check(chk: Check, target: Target, profile: str = "ci", shrink: bool = Tr
         if getattr(_reported(e), "stages", None) is not None:      # the counterexample's own verdicts
             _STAGES.clear()
             record_stages(_reported(e).stages)
-    return Outcome(status, detail, time.perf_counter() - start, frozenset(_DETECTED), list(_STAGES.values()))
+    return Outcome(status, detail, time.perf_counter() - start, frozenset(_DETECTED), list(_STAGES.values()),
+                   frozenset(_DECLARED))
 
 
 def run_rule(rule_id: str, target: Target, profile: str = "ci") -> Row:
@@ -414,8 +431,11 @@ def run_rule(rule_id: str, target: Target, profile: str = "ci") -> Row:
         detail = f"every stage judged passes; not judged: {', '.join(v['stage'] for v in withheld)} " \
                  f"({'; '.join(dict.fromkeys(v['detail'] for v in withheld))})"
     choices = sorted({f"{k}={v}" for o in outcomes.values() for k, v in o.detected if v != KNOBS[k].canonical})
-    if r.knob and status == PASS and target.variant(r.knob) != KNOBS[r.knob].canonical:
-        status, detail = VARIANT, f"passes under declared {r.knob}={target.variant(r.knob)}"
+    used = {f"{k}={v}" for o in outcomes.values() for k, v in o.declared}
+    if r.knob and target.variant(r.knob) != KNOBS[r.knob].canonical:
+        used.add(f"{r.knob}={target.variant(r.knob)}")
+    if status == PASS and used:
+        status, detail = VARIANT, "passes under declared " + ", ".join(sorted(used))
     elif status == PASS and choices:
         status, detail = VARIANT, "detected: " + ", ".join(choices)
     elif status in (FAIL, ERROR):   # (an ERROR too: a target may reject what it reads in the wrong place)
@@ -455,9 +475,15 @@ def _matching_variant(knob: str | None, read: set, chks: list[Check], target: Ta
     A variant is named only if it tells the target from the canonical reading: passing checks that
     the reference implementation (impl, canonical) passes as well show only a wider tolerance (the
     attn_order knob's list_order admits fp32 probabilities too), so such a variant is not named.
+    A knob of a step left out on purpose (declared_only: kv_qdq, index_qdq, …) is never tried: its
+    stages are whole layers, and a port that leaves a step out says so.
     """
     def others(k):
         return [(k, v) for v in KNOBS[k].values if v != target.variant(k)]
+
+    if knob is not None and KNOBS[knob].declared_only:
+        knob = None
+    read = {k for k in read if not KNOBS[k].declared_only}
 
     if knob is None:
         combos = [[o] for k in sorted(read & CHOICES) for o in others(k)]

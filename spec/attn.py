@@ -64,6 +64,33 @@ official kernel's blocks of 64 in list order, or another blocking.  Checks of th
 admit every list-order blocking; ATTN.PROB.ORDER holds the official one.""")
 
 
+ATTN_SCORES = knob("attn_scores", "fp32", {
+    "bf16": "attention logits from a BF16 matmul (torch.matmul of BF16 q and KV: fp32 sums rounded to "
+            "BF16), then scaled (in BF16 or fp32), where the kernel keeps the gemm's fp32 acc_s and scales it "
+            "in fp32 (V4-kernel L328-330)",
+}, """Whether the scores s_j stay fp32 (the official kernel) or, declared, come from a BF16 matmul: each
+score then admits two BF16 roundings (2^-8 of |s| each) more.""")
+
+ATTN_PROBS = knob("attn_probs", "unnormalized", {
+    "normalized": "probabilities normalised before the BF16 cast: p_j = bf16(exp(s_j − M) / L) with L the "
+                  "full denominator (the sink's term included), then o = bf16(Σ p_j · v_j), where the kernel "
+                  "rounds the unnormalised exp(s_j − m_t) to BF16 and divides the fp32 sum last "
+                  "(V4-kernel L340, L346-348)",
+}, """Which probabilities are rounded to BF16 before the second product: the official unnormalised ones
+(divided by the fp32 denominator at the end), or, declared, the normalised softmax (a framework's
+softmax then a BF16 matmul): every weight then admits one BF16 rounding of itself.""")
+
+
+KV_QDQ = knob("kv_qdq", "qdq", {
+    "none": "a port without the QAT simulation of the main KV: the window and compressed KV read as rotated, "
+            "BF16, with no FP8 QDQ (V4-model L506, L372: act_quant(kv[..., :-rd], 64, …, True); V41-model "
+            "L706-707) and no V4.1 FP4 QDQ (V41-model L758-760)",
+}, """Whether attention reads the main KV quantized and dequantized in place (V4 FP8/64 on the NoPE
+channels, V4.1 FP8/32 window and FP4 E4M3/16 compressed) or, declared, the rotated BF16 KV itself:
+the layer's kv_window and cmp are then judged equal to kv_rot and cmp_rot, every other stage on the
+target's own values.""", declared_only=True)
+
+
 def running_max_init(model: Model) -> float:
     """m_0: −inf in V4's kernel, −1e30 (fp32) in V4.1's."""
     if model.name in V41:
@@ -188,19 +215,30 @@ def _row_quanta(kv, indices, read) -> np.ndarray:
     return np.where(valid, per_slot, np.inf)
 
 
-def bounds(q, kv, sink, indices, scale, init: float, order: str = "blocks64"):
+BF16_ROUNDING = 2.0 ** -8     # |bf16(v) − v| ≤ 2^-8·|v|
+
+
+def bounds(q, kv, sink, indices, scale, init: float, order: str = "blocks64", scores: str = "fp32",
+           probs: str = "unnormalized"):
     """(lo, hi) [T, H, D]: the admitted BF16 outputs are those of [bf16(lo), bf16(hi)].
 
     order: 'blocks64' the official rounding; 'list' any blocking in list order (an element whose
     list prefix already holds the row max is rounded against that max under every blocking);
-    'any' any chunking (every element below the max may be rounded against another max)."""
+    'any' any chunking (every element below the max may be rounded against another max).
+    scores 'bf16' (the knob attn_scores): each score within two BF16 roundings more (a BF16 matmul,
+    then the scale); probs 'normalized' (attn_probs): every weight may be one BF16 rounding of its
+    normalised value, 2^-7 of its exact weight from the official one."""
     if order not in ("blocks64", "list", "any"):
         raise ValueError(f"order must be 'blocks64', 'list' or 'any', got {order!r}")
+    if scores not in ATTN_SCORES.values or probs not in ATTN_PROBS.values:
+        raise ValueError(f"scores must be one of {ATTN_SCORES.values}, probs one of {ATTN_PROBS.values}")
     rows, s, m, M, weight, denominator, sink_term, nan_rows = _parts(q, kv, sink, indices, scale, init)
     o = _output(rows, weight, denominator, nan_rows)
     valid = np.isfinite(s)
     with np.errstate(invalid="ignore", over="ignore"):
         ds = np.where(valid, float(np.float32(scale)) * _dot_error(q, kv, indices, rows) + np.abs(s) * U32, 0.0)
+        if scores == "bf16":
+            ds = ds + np.where(valid, np.abs(s) * 2 * BF16_ROUNDING * (1 + BF16_ROUNDING), 0.0)
         ds_max = ds.max(-1, keepdims=True) if s.shape[-1] else np.zeros_like(M)
         real = np.where(valid & (m > V41_INIT), m, np.nan)                 # maxima of real scores
         first = np.nanmin(np.where(np.isnan(real), np.inf, real), -1, keepdims=True)
@@ -208,10 +246,14 @@ def bounds(q, kv, sink, indices, scale, init: float, order: str = "blocks64"):
         rescale = blocks * 4 * U32 + np.where(np.isfinite(first), M - first, 0.0) * 2 * U32
         arg = np.where(valid, np.abs(s - m), 0.0)
         eps = 1.01 * (ds + ds_max) + 4 * U32 + arg * 2 * U32 + rescale          # per weight, relative
+        if scores == "bf16":                  # exp(δ) − 1 where δ is no longer small
+            eps = np.expm1(eps)
         exact_w = np.where(valid, _exp(s - M), 0.0)                             # exp(s_j − M)
         p_exact = _exp(s - m)
         undetermined = valid & (round_bf16(p_exact * (1 - eps)) != round_bf16(p_exact * (1 + eps)))
-        if order == "blocks64":
+        if probs == "normalized":
+            band = valid
+        elif order == "blocks64":
             band = undetermined
         elif order == "list":
             prefix = np.maximum.accumulate(np.where(valid, s, -np.inf), -1)
@@ -224,8 +266,9 @@ def bounds(q, kv, sink, indices, scale, init: float, order: str = "blocks64"):
         numerator_error = np.einsum("thk,tkd->thd", per, np.abs(rows)) + 2.0 ** -110 * np.einsum(
             "thk,tkd->thd", valid * 1.0, np.abs(rows))
         sink_eps = 4 * U32 + np.abs(np.asarray(sink, dtype=np.float64)[None, :, None] - M) * 2 * U32
-        denominator_eps = (gamma + 1.01 * np.nanmax(np.where(valid, 2 * ds_max + 4 * U32 + arg * 2 * U32, 0.0),
-                                                    -1, keepdims=True, initial=0.0)
+        moved = 1.01 * np.nanmax(np.where(valid, 2 * ds_max + 4 * U32 + arg * 2 * U32, 0.0), -1, keepdims=True,
+                                 initial=0.0)
+        denominator_eps = (gamma + (np.expm1(moved) if scores == "bf16" else moved)
                            + np.where(np.isfinite(sink_term), sink_term * sink_eps, 0.0) / denominator)
         E = numerator_error / denominator + np.abs(o) * (2 * denominator_eps + 4 * U32) + 2.0 ** -126
         E = np.where(np.isinf(denominator) | nan_rows, 0.0, E)
@@ -344,8 +387,9 @@ rule("ATTN.GATHER", "The list names KV rows; −1 contributes nothing",
 rule("ATTN.SCORE", "Scores are fp32 dot products of BF16 q and KV, times the scale passed in",
      """s_j = fl32(fl32(q · kv[i_j]) · scale) with q and kv BF16 (tensor-core products, fp32
      accumulation), scale the fp32 value of the `scale` argument; the scores are never rounded to
-     BF16.""",
-     applies_to=V4_ALL, policy="tolerance", tolerance=_TOL,
+     BF16.  A port whose logits come from a BF16 matmul declares attn_scores=bf16 (departing from
+     V4-kernel L328-330): each score is then admitted within two BF16 roundings.""",
+     applies_to=V4_ALL, policy="tolerance", tolerance=_TOL, knob="attn_scores",
      sources=(kernel("L328-330", "gemm into fp32 acc_s, then *= scale"), "V41-kernel L365-368 (as ported)"))
 
 rule("ATTN.SCALE", "softmax_scale = head_dim^-0.5 = 512^-0.5, no YaRN factor",
@@ -370,8 +414,11 @@ rule("ATTN.INIT", "The running max starts at −inf (V4) or −1e30 (V4.1)",
 rule("ATTN.PROB.BF16", "Probabilities are rounded to BF16 for the second product, not for the sum",
      """The probabilities exp(s_j − m_t) enter the denominator in fp32 and are rounded to BF16
      (RNE) before the product with the KV rows (tensor-core P·V, fp32 accumulation); neither the
-     fp32 probabilities nor a sum of the rounded ones is the official result.""",
-     applies_to=V4_ALL, policy="tolerance", tolerance=_TOL,
+     fp32 probabilities nor a sum of the rounded ones is the official result.  A port that normalises
+     the probabilities before the BF16 cast (softmax, then a BF16 P·V) declares attn_probs=normalized
+     (departing from V4-kernel L340 and L346-348): each weight is then admitted within one BF16 rounding
+     of its normalised value.""",
+     applies_to=V4_ALL, policy="tolerance", tolerance=_TOL, knob="attn_probs",
      sources=(kernel("L336-343", "reduce_sum of the fp32 acc_s, then T.copy to the BF16 acc_s_cast"),
               "V41-kernel L377 (as ported)"))
 
@@ -505,8 +552,12 @@ rule("ATTN.LAYER", "Every stage of a layer's attention, each on the stage before
      target's own output of the stage before (teacher forcing), so every stage has its own verdict:
      the report names every stage that breaks a rule, the earliest first, and the stages a target's
      declared contract version withheld as not judged.  The checks run 16 of the layer's heads (ATTN.HEADS: heads are
-     independent), in 2 groups of 8 heads with o_lora_rank 64; cases of more than 32 tokens start from the normed q and KV, given.""",
-     applies_to=V4_ALL, policy="tolerance", tolerance="each stage's own rule's tolerance; the RMSNorms (D + 8)·2^-24 relative before the BF16 rounding, as PATH.K.NORM; "
+     independent), in 2 groups of 8 heads with o_lora_rank 64; cases of more than 32 tokens start from the normed q and KV, given.
+     Steps a port leaves out on purpose are declared, and their stages judged as the port computes them:
+     without the KV's QDQ (kv_qdq=none, departing from V4-model L506, L372), kv_window = kv_rot and cmp =
+     cmp_rot; with BF16 linears (fp8_linears=bf16, departing from V4-model L116-118), q_latent, q_attn,
+     kv_proj and out are BF16 matmuls of the dequantized weights (matmul_tolerance).""",
+     applies_to=V4_ALL, policy="tolerance", knob="kv_qdq", tolerance="each stage's own rule's tolerance; the RMSNorms (D + 8)·2^-24 relative before the BF16 rounding, as PATH.K.NORM; "
                "o_lora matmul_tolerance per group",
      sources=("V4-model L483-534 (Attention.forward)",
               "V4-model L457-463, L777 (wq_a, wq_b, wkv of the default dtype float8_e4m3fn; wo_a BF16)",

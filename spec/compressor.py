@@ -34,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from .models import profile
-from .rules import V4, V41, V4_ALL, rule, shared_tolerance
+from .rules import V4, V41, V4_ALL, knob, rule, shared_tolerance
 
 V4_CODE = "V4-model L279-377 (Compressor; prefill L325-342, decode L343-359)"
 V41_CODE = "V41-model L429-485 (Compressor)"
@@ -103,11 +103,23 @@ rule("CMP.APE", "V4 additive positional bias on the gate scores",
      sources=SOURCES_V4 + SOURCES_V41 + ("V4-model L294 (ape)", "doc-003 §4 stage 1 L100"),
      tolerance=DIRECTION_TOLERANCE)
 
+BF16_POOLING = """the projections kv and score, the softmax weights and their products with kv each
+rounded to BF16 (2^-8 of each; a score's rounding moves its weight by 2·2^-8·|s|), the sum over the slots
+accumulated in fp32 and rounded once (as torch reduces BF16): (2·2^-8·max|s| + 4·2^-8)·max_s|kv_s| more
+on the pooled vector"""
+
+knob("compressor_pooling", "fp32",
+     {"bf16": "the gate's softmax and the pooled sum over the slots in BF16 (a port keeping the compressor's "
+              "activations BF16), where the official compressor casts x to fp32 first (V4-model L321-322, "
+              "pooling L342, L352, L359)"},
+     """The precision of the compressor's pooling.  Declared bf16, every entry rule admits """ + BF16_POOLING + ".")
+
 rule("CMP.GATE", "per-channel softmax over the window",
      """The pooled vector is sum over the window's slots of softmax(score)·kv, the softmax taken
      over the slots separately for every channel (4 or 8 slots for V4 ratio 4, 128 for V4 ratio
-     128, 2 for V4.1 ratio 2), computed in fp32.""",
-     applies_to=V4_ALL, policy="tolerance", sources=SOURCES_V4 + SOURCES_V41 + ("doc-003 §4 stage 1 L100",),
+     128, 2 for V4.1 ratio 2), computed in fp32.  A port pooling in BF16 declares
+     compressor_pooling=bf16 (departing from V4-model L321-322, L342).""",
+     applies_to=V4_ALL, policy="tolerance", knob="compressor_pooling", sources=SOURCES_V4 + SOURCES_V41 + ("doc-003 §4 stage 1 L100",),
      tolerance=DIRECTION_TOLERANCE)
 
 rule("CMP.RATIO1", "V4.1 ratio 1: a normalized projection",
@@ -232,9 +244,10 @@ def rope(y: np.ndarray, positions: np.ndarray, freqs: np.ndarray) -> np.ndarray:
     return out
 
 
-def rope_tolerance(plain: np.ndarray, positions: np.ndarray, freqs: np.ndarray) -> np.ndarray:
+def rope_tolerance(plain: np.ndarray, positions: np.ndarray, freqs: np.ndarray, table: str = "fp32") -> np.ndarray:
     """CMP.ROPE's per-element bound on |rotated entry - rope(plain)|: 0 on the channels left alone,
-    (4u·|angle| + 16u + b)·|(a, b)| on each rotated pair (the rule's tolerance text)."""
+    (4u·|angle| + 16u + b)·|(a, b)| on each rotated pair (the rule's tolerance text); a BF16 cos/sin
+    table (rope_table=bf16) adds 2^-7·(|a| + |b|) ≤ 2^-6.5·|(a, b)|."""
     rd = 2 * len(freqs)
     tol = np.zeros(np.shape(plain))
     if rd == 0:
@@ -242,7 +255,7 @@ def rope_tolerance(plain: np.ndarray, positions: np.ndarray, freqs: np.ndarray) 
     plain = np.asarray(plain, np.float64)
     pair = np.repeat(np.hypot(plain[..., -rd::2], plain[..., -rd + 1::2]), 2, axis=-1)
     angle = np.repeat(np.abs(rope_angles(positions, freqs).astype(np.float64)), 2, axis=-1)
-    tol[..., -rd:] = pair * (4 * U32 * angle + 16 * U32 + U16) + 1e-35
+    tol[..., -rd:] = pair * (4 * U32 * angle + 16 * U32 + U16 + (2.0 ** -6.5 if table == "bf16" else 0.0)) + 1e-35
     return tol
 
 
@@ -293,11 +306,12 @@ def compress(x: np.ndarray, params: dict, model: str, ratio: int) -> np.ndarray:
     return rope(y, np.arange(p.shape[-2]) * ratio, params["rope_freqs"])
 
 
-def entry_tolerance(x: np.ndarray, params: dict, model: str, ratio: int) -> np.ndarray:
+def entry_tolerance(x: np.ndarray, params: dict, model: str, ratio: int, pooling: str = "fp32") -> np.ndarray:
     """A per-element absolute bound on |entry - exact entry|: [..., n // ratio, d] (ENTRY_TOLERANCE).
 
     It admits fp32 arithmetic in any order and the official BF16 roundings of the pooled (ratio 1:
-    projected) vector, the normed entry and the rotated entry, at every ratio."""
+    projected) vector, the normed entry and the rotated entry, at every ratio; pooling 'bf16' (the
+    knob compressor_pooling) the pooling's own BF16 roundings too (BF16_POOLING)."""
     x = np.asarray(x, np.float64)
     ax = np.abs(x)
     dim = x.shape[-1]
@@ -318,6 +332,9 @@ def entry_tolerance(x: np.ndarray, params: dict, model: str, ratio: int) -> np.n
         # sum_s p_s·|kv_s| <= max_s |kv_s|: the softmax weights sum to 1.
         pooled_mag = mag.max(axis=-2)
         err_p = ((dim + 2 * ratio + 4) * U32 + weight_rel) * pooled_mag
+        if pooling == "bf16":
+            s_max = s_mag.max(axis=-1, initial=0).max(axis=-1, initial=0)[..., None, None]
+            err_p = err_p + (2 * U16 * s_max + 4 * U16) * pooled_mag
     else:
         pooled_mag = kv_mag[..., :groups, :]
         err_p = (dim + 2) * U32 * pooled_mag

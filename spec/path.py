@@ -229,19 +229,39 @@ rule("PATH.K.NORM", "V4.1 index K is RMS-normed (k_norm, eps 1e-20) before RoPE"
      that error reaches a rounding midpoint.  A BF16 rounding of the normed value before the weight
      multiplies it lands outside on a fair share of entries.""")
 
+knob("index_hadamard", "applied",
+     {"none": "a port without the Hadamard of the V4 index q and k (V4-model L414 q = rotate_activation(q), "
+              "L369 kv = rotate_activation(kv)): the FP4 stage (or, with index_qdq=none, the scores) reads "
+              "the rotated index q and k themselves"},
+     """Whether a V4 port applies the Hadamard to the index q and k after RoPE (V4.1 has none either way).
+     Declared none, the layer's Hadamard stages are judged equal to the rotated q and k (or absent).""", declared_only=True)
+
+knob("index_qdq", "qdq",
+     {"none": "a port without the QAT simulation of the indexer: no FP4 QDQ of the index q and k (the "
+              "in-place FP4 QDQ of V4-model L416 and L370, V41-model L544-546, L550-552): the scores read the "
+              "BF16 q and k (after the Hadamard in V4, after RoPE in V4.1)"},
+     """Whether the index q and k are FP4-quantized (E2M1 with an E8M0 scale per 32, dequantized in place)
+     before the scores.  Declared none, the layer writes no FP4 payload or scales of its own q and k,
+     PATH.ORDER's FP4 stages are not asked, and the scores are judged as IDX.SCORE.FP4's of the BF16 q and k
+     the target wrote; a re-index layer still scores the FP4 cache it is given.""", declared_only=True)
+
 rule("PATH.HADAMARD", "V4 rotates index q and k with the Hadamard after RoPE; V4.1 does not",
      """In V4 the FP4 stage quantizes Hadamard(q_rot) and Hadamard(k_rot) (HAD.MATRIX,
      HAD.ROUNDING); in V4.1 it quantizes q_rot and k_rot themselves.  V3.2 rotates with the
-     Hadamard too, then quantizes to FP8 per 128 (PATH.V32).""",
-     applies_to=V4_ALL, policy="tolerance", sources=("V4-model L413-416", "V4-model L367-370", SRC_V41_IDX, "V32-model L465-466"),
+     Hadamard too, then quantizes to FP8 per 128 (PATH.V32).  A V4 port without the Hadamard declares
+     index_hadamard=none (departing from V4-model L414, L369): its Hadamard stages are then the rotated
+     q and k themselves.""",
+     applies_to=V4_ALL, policy="tolerance", knob="index_hadamard",
+     sources=("V4-model L413-416", "V4-model L367-370", SRC_V41_IDX, "V32-model L465-466"),
      tolerance="that of HAD.ROUNDING on the target's own q_rot and k_rot")
 
 rule("PATH.ORDER", "Quantization comes after RoPE",
      """Every cache entry and index operand is rotated first and quantized second: the V4.1 main KV
      (RoPE on the last 64 dims, then FP4 E4M3/16 over all 512), the V4.1 window KV (RoPE, then FP8
      E4M3 with E8M0 per 32 over all 512), and the index q and k (RoPE [, Hadamard], then FP4 E8M0/32).
-     The quantized bytes are those of the rotated BF16 values, bit for bit.""",
-     applies_to=V4_ALL, policy="bytes", sources=SRC_ORDER + (SRC_V41_IDX, SRC_V4_IDX))
+     The quantized bytes are those of the rotated BF16 values, bit for bit.  A port without the index
+     FP4 QDQ (index_qdq=none, departing from V4-model L416 and L370) has no index FP4 stage to order.""",
+     applies_to=V4_ALL, policy="bytes", knob="index_qdq", sources=SRC_ORDER + (SRC_V41_IDX, SRC_V4_IDX))
 
 rule("PATH.W.PROJ", "Raw head weights = bf16(weights_proj · x)",
      """The raw head weights are bf16(weights_proj · x) with weights_proj a BF16 [index_n_heads,
@@ -313,7 +333,10 @@ rule("PATH.LAYER", "Every stage of a layer's indexer path, each on the stage bef
      returns its intermediates by name.  Each is judged by its own rule on the target's own output
      of the stage before (teacher forcing), so a rounding difference upstream is never blamed
      downstream, and every stage has its own verdict: the report names every stage that breaks a
-     rule, each with that rule, the earliest first.""",
+     rule, each with that rule, the earliest first.  A step the port leaves out on
+     purpose is declared and its stage judged as the port computes it: the index FP4 QDQ (index_qdq=none,
+     departing from V4-model L416, L370: the scores of the BF16 q and k), the Hadamard (index_hadamard=none,
+     V4-model L414, L369), the FP8 wq_b (fp8_linears=bf16, V4-model L116-118: a BF16 matmul).""",
      applies_to=V4_ALL, policy="tolerance",
      sources=(SRC_V4_IDX, SRC_V41_IDX, "V4-model L484-514 (Attention.forward to the index list)",
               "V41-model L739-778 (_compress_kv and forward to the index list)"),

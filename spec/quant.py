@@ -60,6 +60,15 @@ knob("v4_fp8_inplace", "fp8", {
             "(V4-kernel L55, L86-90): for BF16 input and a power-of-two scale, exactly the identity",
 }, "What the in-place act_quant QDQ rounds x/s to (V4 main/window KV).")
 
+knob("fp8_linears", "fp8", {
+    "bf16": "a port without FP8 GEMMs: the E4M3 weight dequantized (each value times its block's E8M0 "
+            "scale, exact in BF16) and multiplied by x in BF16, bf16(ŵ · x) with fp32 sums and no act_quant "
+            "of x, where the official code runs act_quant and fp8_gemm for such a weight (V4-model L116-118)",
+}, """Whether the linears whose weights the official code holds in float8_e4m3fn (the indexer's wq_b, the
+attention's wq_a, wq_b, wkv and wo_b) run as FP8 GEMMs (act_quant, then the block-scaled E4M3 GEMM) or,
+declared, as BF16 linears of the dequantized weight.  Declared, the layer stages of those linears are
+judged as BF16 matmuls (matmul_tolerance) and every other stage on the target's own values.""", declared_only=True)
+
 knob("nonfinite_input", "block_local", {
     "reject": "the quantizer raises ValueError on NaN or ±Inf input (impl and kernels do)",
 }, "What a quantizer does with NaN or ±Inf in its input: the official code rejects nothing, and what "
@@ -438,6 +447,14 @@ def _weight_scales(w_scales, n: int, block: int) -> np.ndarray:
     return np.repeat(e8m0_decode(np.asarray(w_scales, np.uint8)).astype(np.float64), block, axis=0)[:n]
 
 
+def fp8_weight_dequantize(w_codes, w_scales, block: int) -> np.ndarray:
+    """ŵ [N, K]: each E4M3 value times its b×b block's E8M0 scale (exact; the weight a BF16 port multiplies)."""
+    w_codes = np.asarray(w_codes, np.uint8)
+    n, k = w_codes.shape
+    scales = np.repeat(_weight_scales(w_scales, n, block), block, axis=1)[:, :k]
+    return e4m3_decode(w_codes).astype(np.float64) * scales
+
+
 def fp8_linear_blocks(x, w_codes, w_scales, block: int):
     """Per K block k: the exact block sum S_k = Σ a_i·w_i of E4M3 values, its Σ|a_i·w_i|, and the
     scale product s_x·s_w; arrays [..., N, K/b].  The sums are exact: integer-valued float64 below
@@ -490,8 +507,10 @@ rule("FP8.LINEAR", "FP8 linear: act_quant, then per K block the E4M3 dot times b
      "E8M0 scale per b×b block [ceil(N/b), K/b]; S_k is the dot of the E4M3 values of K block k (the "
      "products are exact); each block's sum is multiplied by the product of its two scales, the "
      "terms are accumulated in fp32 in K order, and the sum is rounded once to BF16.  b = 128 in V4 "
-     "(block_size), 32 in V4.1 (fp8_block_size, act_quant and weight alike).",
-     applies_to=V4_ALL, policy="tolerance",
+     "(block_size), 32 in V4.1 (fp8_block_size, act_quant and weight alike).  A port running these "
+     "linears in BF16 declares fp8_linears=bf16 (departing from V4-model L116-118): its result is then "
+     "judged as bf16(ŵ · x) of the dequantized weight, fp32 sums in any order (matmul_tolerance).",
+     applies_to=V4_ALL, policy="tolerance", knob="fp8_linears",
      sources=("V4-model L17, L108-118 (linear: act_quant(x, block_size, scale_fmt), then fp8_gemm)",
               "V4-model L138-142 (E4M3 weight, scale [ceil(N/128), ceil(K/128)] float8_e8m0fnu)",
               "V4-model L393 (Indexer.wq_b: a ColumnParallelLinear of the default dtype)",

@@ -42,7 +42,7 @@ import numpy as np
 
 from .indexer import bf16_quantum, round_bf16
 from .models import Model
-from .rules import INFORMATIVE, V4_ALL, rule
+from .rules import INFORMATIVE, V4_ALL, knob, rule
 
 SOURCE_V4 = "V4-model L475-481 (Attention: compress_rope_theta with YaRN iff the layer compresses)"
 SOURCE_V41 = "V41-model L680-696 (the same, per layer)"
@@ -153,30 +153,37 @@ def rotate(x, positions, freqs) -> np.ndarray:
     return round_bf16(rotate_exact(x, positions, freqs))
 
 
-def rotate_error(x, freqs) -> np.ndarray:
-    """δ: the fp32 error of the complex product before the BF16 rounding, per element.
+# δ per unit of |a| + |b|, by the table's precision (the knob rope_table): fp32 2^-21; a BF16 cos/sin
+# table adds 2^-8 for the rounded cos and sin and 2^-8 for products and sum taken in BF16
+TABLE_ERROR = {"fp32": 2.0 ** -21, "bf16": 2.0 ** -7 + 2.0 ** -21}
 
-    cos and sin in fp32 within 2^-23 each, two products and a sum each rounded (2^-24 relative):
-    |error| ≤ (|a| + |b|) · 2^-21 generously.  Zero outside the rotated slice."""
+
+def rotate_error(x, freqs, table: str = "fp32") -> np.ndarray:
+    """δ: the error of the complex product before the BF16 rounding, per element.
+
+    fp32 table: cos and sin in fp32 within 2^-23 each, two products and a sum each rounded (2^-24
+    relative): |error| ≤ (|a| + |b|) · 2^-21 generously.  bf16 table (rope_table=bf16): cos and sin
+    each within 2^-8 of themselves, the products and the sum perhaps BF16 too: 2^-7 · (|a| + |b|)
+    more.  Zero outside the rotated slice."""
     x = np.asarray(x, dtype=np.float64)
     rd = 2 * np.asarray(freqs).size
     out = np.zeros_like(x)
     pair = np.abs(x[..., -rd::2]) + np.abs(x[..., -rd + 1::2])
-    out[..., -rd::2] = out[..., -rd + 1::2] = pair * 2.0 ** -21
+    out[..., -rd::2] = out[..., -rd + 1::2] = pair * TABLE_ERROR[table]
     return out
 
 
-def rotate_tolerance(x, positions, freqs) -> np.ndarray:
+def rotate_tolerance(x, positions, freqs, table: str = "fp32") -> np.ndarray:
     """|target − exact rotation| allowed: one BF16 ulp of (|exact| + δ), plus δ."""
-    delta = rotate_error(x, freqs)
+    delta = rotate_error(x, freqs, table)
     return bf16_quantum(np.abs(rotate_exact(x, positions, freqs)) + delta) + delta
 
 
-def determined(x, positions, freqs) -> np.ndarray:
-    """Elements whose BF16 rotation is the same for every fp32 error within δ (no midpoint within
+def determined(x, positions, freqs, table: str = "fp32") -> np.ndarray:
+    """Elements whose BF16 rotation is the same for every error within δ (no midpoint within
     δ of the exact value): on these every conforming target gives `rotate` bit for bit."""
     exact = rotate_exact(x, positions, freqs)
-    delta = rotate_error(x, freqs)
+    delta = rotate_error(x, freqs, table)
     return (round_bf16(exact - delta) == round_bf16(exact + delta))
 
 
@@ -242,12 +249,22 @@ rule("ROPE.SLICE", "Only the last 64 channels rotate",
               "V4-model L367, L499, L504 (kv[..., -rd:], q[..., -rd:])", "V41-model L551, L758, L772",
               "V32-model L457-459 (V3.2 rotates the first 64)"))
 
+knob("rope_table", "fp32",
+     {"bf16": "a BF16 cos/sin table: the cosine and sine of p·f_i rounded to BF16 before the product, where "
+              "the official table is complex64 (V4-model L226-228, torch.polar of the fp32 angles) and "
+              "apply_rotary_emb multiplies in fp32 (V4-model L235, L242)"},
+     """The precision of the RoPE table a port multiplies by.  Declared bf16, every rotation (ROPE.ROUNDING,
+     ATTN.DEROTATE, the layers' rotated stages) admits the error of cos and sin each within 2^-9 of itself:
+     2^-7·(|x[2i]| + |x[2i+1]|) more per element (the rounded cos and sin, and BF16 products).""")
+
 rule("ROPE.ROUNDING", "The angle is fl32(p·f_i); the rotation is fp32, rounded once to BF16",
      """With the fp32 table f the rotation of BF16 values by angle fl32(fl32(p)·f_i) is computed in
      fp32 (complex64) and written back as BF16: the result is BF16-representable and lies within
      one BF16 ulp of (|exact| + δ), plus δ = 2^-21·(|x[2i]| + |x[2i+1]|), of the exact rotation by
-     that fp32 angle.""",
-     applies_to=V4_ALL, policy="tolerance",
+     that fp32 angle.  A port multiplying by a BF16 cos/sin table declares rope_table=bf16 (departing
+     from V4-model L226-228, L242): δ grows by 2^-7·(|x[2i]| + |x[2i+1]|) (cos and sin each within
+     2^-8 of themselves, and the products and sum perhaps in BF16).""",
+     applies_to=V4_ALL, policy="tolerance", knob="rope_table",
      sources=(SOURCE_TABLE, SOURCE_APPLY, "V4-model L235, L243 (x.float(), then copied back into the BF16 tensor)"),
      tolerance="""δ bounds the fp32 cos and sin (2^-23 each) and the rounded products and sum of
      the complex multiply; the BF16 write-back adds one ulp of the rounded value.""")

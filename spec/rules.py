@@ -58,6 +58,7 @@ class Knob:
     canonical: str
     alternatives: dict[str, str]  # value -> what it means / where it is seen
     doc: str
+    declared_only: bool = False   # a step a port leaves out on purpose: taken as declared, never guessed
 
     @property
     def values(self) -> tuple[str, ...]:
@@ -131,10 +132,10 @@ def rule(id: str, title: str, statement: str, *, applies_to, policy: str, source
     return r
 
 
-def knob(name: str, canonical: str, alternatives: dict[str, str], doc: str) -> Knob:
+def knob(name: str, canonical: str, alternatives: dict[str, str], doc: str, declared_only: bool = False) -> Knob:
     if name in KNOBS:
         raise ValueError(f"knob {name} declared twice")
-    k = Knob(name, canonical, dict(alternatives), " ".join(doc.split()))
+    k = Knob(name, canonical, dict(alternatives), " ".join(doc.split()), declared_only)
     KNOBS[name] = k
     return k
 

@@ -147,6 +147,9 @@ JUDGES = {      # every judge -> its probe, or why its admitted set needs none o
     "properties/path.py:_q_bounds": "caches fp8_linear_bounds",
     "spec/compressor.py:entry_tolerance": entry_probe,
     "spec/compressor.py:rope_tolerance": compressed_rope_probe,
+    # a declared precision choice (rope_table, compressor_pooling, attn_scores, attn_probs) only adds
+    # non-negative terms to these judges: their admitted sets hold the canonical ones, probed above
+    "properties/compressor.py:_tolerance": "entry_tolerance at the declared compressor_pooling (probed there)",
 }
 
 

@@ -16,7 +16,8 @@ CATALOGUE = catalogue()
 # and tests/test_golden_attn.py's planted mistakes at each stage.
 THOROUGH = {("layer_window_and_compressed_rows_deduplicated", "ATTN.LAYER"),
             ("layer_output_not_derotated", "ATTN.LAYER"), ("layer_q_not_rescaled_on_v4", "ATTN.LAYER"),
-            ("layer_attention_without_sink", "ATTN.LAYER")}
+            ("layer_attention_without_sink", "ATTN.LAYER"),
+            ("declared_kv_without_qdq_attention_without_sink", "ATTN.LAYER")}
 
 
 def _one_a_rule(rows) -> set:

@@ -14,7 +14,7 @@ def mutant(name: str, base=impl, variants=None, **overrides) -> SimpleNamespace:
                            EXTENSIONS=getattr(base, "EXTENSIONS", ()), **ops)
 
 
-FAMILIES = ("quant", "indexer", "pool", "compressor", "layout", "budget", "rope", "path", "attn")
+FAMILIES = ("quant", "indexer", "pool", "compressor", "layout", "budget", "rope", "path", "attn", "declared")
 
 
 def catalogue() -> list[tuple]:

@@ -80,6 +80,20 @@ def _attention(q, kv, sink, indices, scale, *, model, sink_mode="denominator", i
     return out if output == "fp32" else _bf16(out)
 
 
+def softmax_then_bf16(q, kv, sink, indices, scale, *, model):
+    """A framework's attention: fp32 scores, the softmax over [scores | sink] in fp32 (normalised),
+    the probabilities cast to BF16, then a BF16 P·V with fp32 sums (attn_probs=normalized)."""
+    q, kv, sink, indices, scale = ref.check_attention_inputs("sparse_attention", q, kv, sink, indices, scale)
+    valid = indices != -1
+    rows = kv[indices.clamp_min(0)] * valid[..., None]
+    s = (torch.einsum("thd,tkd->thk", q, rows) * scale).masked_fill(~valid[:, None, :], float("-inf"))
+    init = torch.tensor(ref.spec.running_max_init(ref.spec.model_of(model)))
+    M = torch.maximum(s.amax(-1), init)
+    e = torch.exp(s - M[..., None])
+    total = e.sum(-1) + torch.exp(sink[None, :] - M)
+    return _bf16(torch.einsum("thk,tkd->thd", _bf16(e / total[..., None]), rows))
+
+
 def _truncated_bf16(x):
     """BF16 by dropping the low 16 bits (round toward zero), not RNE."""
     return (x.contiguous().view(torch.int32) & -65536).view(torch.float32)
