@@ -130,7 +130,7 @@ class FlashMLADecode(LibraryTarget):
     LAYOUT.V4.MAIN (MODEL1, q of 512 dims) or LAYOUT.V32.MLA (q of 576), and through it sparse_attention
     (the MODEL1 cache: CACHE_FORMS' first)."""
     NAME = "flashmla-decode"
-    MODELS = V4
+    MODELS = V4 + ("v3.2",)     # V3.2's 656-byte entries too (LAYOUT.V32.MLA)
     CONTRACT = 8
     CACHE_FORMS = ("v4_main_kv/flashmla_paged", "v32_mla_kv/flashmla_paged")
     SHAPES = {"sparse_attention_cache": {"H": (64, 128), "K": 64},

@@ -59,7 +59,10 @@ __all__ = ["hadamard", "index_rotate", "index_weights", "index_weights_v32", "in
 # Operations of the indexer family's contract (properties.indexer.OPS) with no kernel here, and why.
 NOT_PROVIDED = {"index_scores_raw": "an alternative entry point for a target whose score kernel takes the raw head "
                                     "weights (the official factorisation); kernels, like impl, provides index_weights "
-                                    "and index_scores, which the same rules judge"}
+                                    "and index_scores, which the same rules judge",
+                "index_scores_fp8": "V3.2's logits from E4M3 q and k (DeepGEMM's fp8_mqa_logits form); the kernels "
+                                    "serve V4's FP4 indexer",
+                "index_scores_fp8_cache": "the same over a LAYOUT.V32.INDEX_K cache (fp8_paged_mqa_logits); V3.2 only"}
 
 SCORE_DTYPES = ("bf16", "fp32")
 ORDERS = ("score", "position")

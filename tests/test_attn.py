@@ -98,7 +98,7 @@ def _blocked(q, kv, sink, indices, scale, *, model, width=64, split=False, rever
     return (acc / total[..., None]).bfloat16().float()
 
 
-KERNEL_RULES = [r for r in sorted(RULES) if r.startswith("ATTN.") and r not in
+KERNEL_RULES = [r for r in sorted(RULES) if r.startswith("ATTN.") and RULES[r].status != "informative" and r not in
                 ("ATTN.HEADS", "ATTN.SCALE", "ATTN.Q_NORM", "ATTN.DEROTATE", "ATTN.LAYER")]
 
 
