@@ -9,6 +9,9 @@ outside the report:
   fp4-e8m0     fp4_e8m0_quantize of 1M×128 bf16 (the row "fp4_e8m0_quantize 1Mx128 bfloat16")
   logits-t1    index_scores_fp4 of one query, 64 heads, over 1M FP4 keys ("logits decode fp4 T=1 S=1048576")
   topk-1m-512  the top-k engine's five launches on one row of 1M, k 512 (what a CUDA graph replays)
+  attn-decode-t1, attn-decode-t128
+               kernels/attn.launch on bench_attn's decode inputs, T = 1 and 128 tokens, 64 heads of 512,
+               640 entries ("sparse attention decode": the rows FlashMLA's decode is timed beside)
 
 The readings of 12-03 are in docs/records/h200/README.md ("Issue 23's goals at head").
 
@@ -46,10 +49,17 @@ def case_fn(torch, name):
             with KT.topk_path("launches"):
                 return KT._topk_engine(x, n, 512, sync=False)
         return launches
+    if name.startswith("attn-decode-t"):
+        from bench_attn import inputs
+        from dsv4spec.kernels import attn as KA
+        from dsv4spec.spec import attn as spec
+        q, kv, sink, idx, m = inputs(torch, int(name.rsplit("t", 1)[1]), decode=True)
+        scale = spec.softmax_scale(m)
+        return lambda: KA.launch(q, kv, sink, idx, scale, spec.V41_INIT)
     raise ValueError(f"probe_ncu: unknown case {name!r}")
 
 
-CASES = ("fp4-e4m3", "fp4-e8m0", "logits-t1", "topk-1m-512")
+CASES = ("fp4-e4m3", "fp4-e8m0", "logits-t1", "topk-1m-512", "attn-decode-t1", "attn-decode-t128")
 
 
 def main(argv=None) -> int:
