@@ -152,3 +152,26 @@ def test_deepgemm_paged_logits_read_its_pages_of_the_v32_index_k_cache():
                                 get_paged_mqa_logits_metadata=deep_gemm.get_paged_mqa_logits_metadata,
                                 fp8_paged_mqa_logits=scales_first)
     assert run_rule(rule, Target(production.DeepGEMMLogits(lib), "deepgemm-logits")).status == "FAIL"
+
+
+# DeepGEMM's fp8_mqa_logits on an H200 (2026-12-07, docs/PRODUCTION.md): 248.9140625 where the exact
+# fp32 score is 248.82134755122286, 3.73e-4 of it: the FP8 MMA's accumulator, not fp32 sums.
+H200_MMA_ERROR = 248.9140625 / 248.82134755122286 - 1
+
+
+def test_deepgemm_logits_off_by_the_fp8_mmas_accumulation_pass_and_a_bf16_rounding_fails():
+    """A stand-in whose every score is off by the relative error the H200 showed passes
+    IDX.SCORE.V32_FP32 on its FP8 forms (the MMA term admits it; the fp32 bound alone did not); one
+    rounding its scores to BF16 fails on the same-sign cases."""
+    deep_gemm = _fake("fake_deepgemm", "deep_gemm")
+
+    def off_by(scale_scores):
+        def logits(*args, **kw):
+            return scale_scores(deep_gemm.fp8_mqa_logits(*args, **kw))
+        return types.SimpleNamespace(DSV4SPEC_CPU_STANDIN=True, fp8_mqa_logits=logits,
+                                     fp8_paged_mqa_logits=lambda *a, **kw: scale_scores(deep_gemm.fp8_paged_mqa_logits(*a, **kw)),
+                                     get_paged_mqa_logits_metadata=deep_gemm.get_paged_mqa_logits_metadata)
+    mma = off_by(lambda s: s * (1 + H200_MMA_ERROR))
+    assert run_rule("IDX.SCORE.V32_FP32", Target(production.DeepGEMMLogits(mma), "deepgemm-logits")).status == "PASS"
+    bf16 = off_by(lambda s: s.to(torch.bfloat16).to(s.dtype))
+    assert run_rule("IDX.SCORE.V32_FP32", Target(production.DeepGEMMLogits(bf16), "deepgemm-logits")).status == "FAIL"
