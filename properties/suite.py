@@ -195,8 +195,9 @@ _STAGES: dict = {}
 
 def record_stages(verdicts: list[dict]):
     """Record a layer case's verdicts stage by stage (properties/stages.py): over a check's examples
-    each stage keeps its worst verdict (FAIL, then PASS, then not judged) and its first detail."""
-    rank = (NOT_JUDGED, PASS, FAIL)
+    each stage keeps its worst verdict (FAIL, then VARIANT: passed under a declared choice, then PASS,
+    then not judged) and its first detail."""
+    rank = (NOT_JUDGED, PASS, VARIANT, FAIL)
     for v in verdicts:
         kept = _STAGES.get(v["stage"])
         if kept is None or rank.index(v["status"]) > rank.index(kept["status"]):
@@ -435,7 +436,7 @@ def run_rule(rule_id: str, target: Target, profile: str = "ci") -> Row:
     if r.knob and target.variant(r.knob) != KNOBS[r.knob].canonical:
         used.add(f"{r.knob}={target.variant(r.knob)}")
     if status == PASS and used:
-        status, detail = VARIANT, "passes under declared " + ", ".join(sorted(used))
+        status, detail = VARIANT, "passes under declared " + ", ".join(sorted(used)) + _stages_under(stages)
     elif status == PASS and choices:
         status, detail = VARIANT, "detected: " + ", ".join(choices)
     elif status in (FAIL, ERROR):   # (an ERROR too: a target may reject what it reads in the wrong place)
@@ -448,6 +449,12 @@ def run_rule(rule_id: str, target: Target, profile: str = "ci") -> Row:
     repro = reproduce_command(target.spec, rule_id, profile, timeout=target.timeout) \
         if status in (FAIL, ERROR, TIMEOUT) else ""
     return Row(rule_id, target.name, status, detail, repro, seconds, {n: o.status for n, o in outcomes.items()}, stages)
+
+
+def _stages_under(stages: list[dict]) -> str:
+    """A layer rule's stages judged under a declared choice, each with the choice it read."""
+    under = [f"{v['stage']} ({v['detail']})" for v in stages if v["status"] == VARIANT]
+    return f"; stages VARIANT: {', '.join(under)}" if under else ""
 
 
 def _reading(target: Target, read: set) -> Target:
