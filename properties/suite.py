@@ -472,8 +472,9 @@ def _matching_variant(knob: str | None, read: set, chks: list[Check], target: Ta
     Tried: each other value of the rule's own knob, then each other value of another knob the
     rule's checks read, alone (a choice another rule governs: an undeclared act_quant floor in a
     656-byte entry is LAYOUT.V32.MLA's, not a field order), then each value of the rule's own knob
-    together with one such other value; for a rule without a knob, each other value of an
-    implementation-defined knob its checks read (a choice the target may make without saying).
+    together with one such other value; for a rule without a knob, each other value of a knob its
+    checks read (an implementation-defined choice the target may make without saying, or a precision
+    choice it should have declared: rope_table=bf16 on ROPE.PAIRS).
     Pairs are enough: a check judges one clause, so the knobs it reads are that clause's and the
     few its oracle shares; a third deviation in the same check breaks another clause, whose own
     rule names it.  Bounded by (values of the rule's knob) x (other values of the knobs read),
@@ -493,7 +494,7 @@ def _matching_variant(knob: str | None, read: set, chks: list[Check], target: Ta
     read = {k for k in read if not KNOBS[k].declared_only}
 
     if knob is None:
-        combos = [[o] for k in sorted(read & CHOICES) for o in others(k)]
+        combos = [[o] for k in sorted(read) for o in others(k)]
     else:
         own = others(knob)
         pairs = [p for k in sorted(read - {knob}) for p in others(k)]
