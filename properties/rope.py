@@ -139,9 +139,9 @@ def table_rows(pair: int, position: int, freqs) -> tuple[np.ndarray, int]:
     nearly 0 in one channel, leaving the table's own rounding.  No rows where none shows."""
     f = np.asarray(freqs)[pair:pair + 1]
     for at in (position + step for step in PROBE_STEPS):
-        theta = spec.angles([at], f)[0, 0]
+        c, s = np.cos(spec.angles([at], f)[0, 0]), np.sin(spec.angles([at], f)[0, 0])
         r = 1 + np.arange(16)[:, None] / 16
-        pairs = spec_indexer.round_bf16(np.concatenate([r * [np.sin(theta), np.cos(theta)], r * [np.cos(theta), -np.sin(theta)]]))
+        pairs = spec_indexer.round_bf16(np.concatenate([r * [s, c], r * [c, -s]]))
         if spec.bf16_table_shows(pairs[:, None, :], np.full(len(pairs), at), f).any():
             rows = np.zeros((len(pairs), 2 * len(freqs)))
             rows[:, 2 * pair:2 * pair + 2] = pairs

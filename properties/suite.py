@@ -205,13 +205,16 @@ def record_stages(verdicts: list[dict]):
 
 
 _DECLARED: set = set()
+_CHOSEN: set = set()        # the knobs judges read through declared_choice: tried in naming a variant
 
 
 def declared_choice(target, knob: str) -> str:
     """The target's value of `knob`, for a judge whose reading it changes; a value other than the
     canonical one is recorded, and a rule whose checks pass under it reads VARIANT ("passes under
     declared knob=value"), whatever knob the rule itself names (a declared step left out, a
-    precision choice: suite.py's run_rule)."""
+    precision choice: suite.py's run_rule).  Undeclared, such a choice is named on a failing rule
+    without a knob of its own too (_matching_variant)."""
+    _CHOSEN.add(knob)
     value = target.variant(knob)
     if value != KNOBS[knob].canonical:
         _DECLARED.add((knob, value))
@@ -473,8 +476,9 @@ def _matching_variant(knob: str | None, read: set, chks: list[Check], target: Ta
     rule's checks read, alone (a choice another rule governs: an undeclared act_quant floor in a
     656-byte entry is LAYOUT.V32.MLA's, not a field order), then each value of the rule's own knob
     together with one such other value; for a rule without a knob, each other value of a knob its
-    checks read (an implementation-defined choice the target may make without saying, or a precision
-    choice it should have declared: rope_table=bf16 on ROPE.PAIRS).
+    checks read that is an implementation-defined choice (the target may make it without saying) or
+    a choice its judges read through declared_choice (a precision choice it should have declared:
+    rope_table=bf16 on ROPE.PAIRS).
     Pairs are enough: a check judges one clause, so the knobs it reads are that clause's and the
     few its oracle shares; a third deviation in the same check breaks another clause, whose own
     rule names it.  Bounded by (values of the rule's knob) x (other values of the knobs read),
@@ -494,7 +498,7 @@ def _matching_variant(knob: str | None, read: set, chks: list[Check], target: Ta
     read = {k for k in read if not KNOBS[k].declared_only}
 
     if knob is None:
-        combos = [[o] for k in sorted(read) for o in others(k)]
+        combos = [[o] for k in sorted(read & (CHOICES | _CHOSEN)) for o in others(k)]
     else:
         own = others(knob)
         pairs = [p for k in sorted(read - {knob}) for p in others(k)]

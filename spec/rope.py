@@ -143,7 +143,8 @@ def rotate_exact(x, positions, freqs) -> np.ndarray:
 
 
 def _turned(x, cos, sin, step=None) -> np.ndarray:
-    """x's last 2·d/2 channels times cos + i·sin [T, d/2]: exact, or each product and sum `step`-rounded."""
+    """The last d channels of x, as d/2 complex pairs, times cos + i·sin [T, d/2]: exact, or each
+    product and the sum rounded by `step`."""
     x = np.asarray(x, dtype=np.float64)
     step = step or (lambda v: v)
     cos, sin = _broadcast(x, cos), _broadcast(x, sin)
@@ -201,7 +202,7 @@ def determined(x, positions, freqs, table: str = "fp32") -> np.ndarray:
 # a BF16 cos/sin table (rope_table=bf16), told from the official fp32 one
 # ------------------------------------------------------------------------------------------------
 # A port's fp32 cos and sin of the fp32 angle are taken within 2^-18 of the exact ones, relative (64
-# fp32 ulps: fast-math sinf and cosf too), when asking which BF16 value its table holds.
+# fp32 ulps), when asking which BF16 value its table holds.
 TABLE_SETTLED = 2.0 ** -18
 
 
