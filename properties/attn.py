@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -257,13 +257,28 @@ def minus_one_entries_contribute_nothing(target, T, H, D, K, seed, model, invali
         dict(T=2, H=17, D=64, K=130, seed=5, model="v4.1-flash", duplicates=40),
         **shapes, model=st.sampled_from(V4_MODELS), duplicates=st.integers(1, 40))
 def an_index_listed_twice_is_attended_twice(target, T, H, D, K, seed, model, duplicates):
-    if target.variant("attention_form") == "dense_mask":
+    """Under attention_form=dense_mask: declared, not asked; expected of an undeclared target (naming
+    the variant, suite._matching_variant), its answer must be the mask's, each listed row once."""
+    dense = target.variant("attention_form") == "dense_mask"
+    if dense and "attention_form" in target.declared:
         skip("attention_form=dense_mask: a mask over the rows cannot express a repeated list entry (judged in the "
              "layer: a_token_in_both_caches_is_attended_twice)")
-    if K < 2:
-        K = 2
-    judge_case(target, seed, model, T, H, D, K, duplicates=duplicates,
-               what="ATTN.DUPLICATES: every entry counts, repeated rows included (no de-duplication)")
+    case = make_case(seed, model, T, H, D, max(K, 2), duplicates=duplicates, target=target)
+    if dense:
+        judge(target, each_row_once(case), "ATTN.DUPLICATES: a repeated entry attended once, as a dense mask over the "
+              "rows attends it", got=run(target, case))
+        return
+    judge(target, case, "ATTN.DUPLICATES: every entry counts, repeated rows included (no de-duplication)")
+
+
+def each_row_once(case: Case) -> Case:
+    """The case as a dense mask over the rows attends it: each entry repeating an earlier one −1."""
+    indices = case.indices.copy()
+    for row in indices:
+        repeated = np.ones(row.size, bool)
+        repeated[np.unique(row, return_index=True)[1]] = False
+        row[repeated] = -1
+    return replace(case, indices=indices)
 
 
 @check("ATTN.INIT", ops=("sparse_attention",))

@@ -40,10 +40,12 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
 from ..spec import compressor as spec
+from ..spec import rope as spec_rope
 from ..spec.indexer import round_bf16
 from ..spec.models import profile
 from ..spec.rules import V4, V41, V4_ALL
 from .compare import as_numpy, assert_same_shape, difference_kind
+from .rope import assert_table
 from .suite import RUN, check, declared_choice, forall
 
 OPS = {
@@ -371,13 +373,42 @@ def rms_norm_with_profile_eps(target, case, exponent):
         case=st.one_of(cases(rope_pairs=st.integers(1, 4)), cases(ratios=(1, 2, 4), rope_pairs=st.integers(1, 4),
                                                                    groups=st.integers(257, 300))))
 def rope_at_the_groups_first_position(target, case):
-    freqs = case.params["rope_freqs"]
-    plain = run_compress(target, case, rope_freqs=np.zeros_like(freqs))
-    got = run_compress(target, case)
+    """And where the table's precision shows (the last frequency chosen by table_showing), the
+    declared table's rotation (rope.assert_table)."""
+    plain = run_compress(target, case, rope_freqs=np.zeros_like(case.params["rope_freqs"]))
     positions = np.arange(plain.shape[1]) * case.ratio
+    freqs, j = table_showing(plain, positions, case.params["rope_freqs"])
+    got = run_compress(target, case, rope_freqs=freqs)
     want = spec.rope(plain, positions, freqs)
-    tol = spec.rope_tolerance(plain, positions, freqs, declared_choice(target, "rope_table"))
-    assert_within(got, want, tol, what=f"CMP.ROPE: entry j rotated at position j·{case.ratio}", case=case)
+    table = declared_choice(target, "rope_table")
+    chosen = "" if j is None else f" (the last frequency {freqs[-1]!r}, where a BF16 table shows at entry {j})"
+    assert_within(got, want, spec.rope_tolerance(plain, positions, freqs, table),
+                  what=f"CMP.ROPE: entry j rotated at position j·{case.ratio}{chosen}", case=case)
+    assert_table(np.swapaxes(got, 0, 1), np.swapaxes(plain, 0, 1), positions, freqs, table,
+                 f"CMP.ROPE: entries rotated at j·{case.ratio}{chosen} ({case.describe()})")
+
+
+def table_showing(plain, positions, freqs) -> tuple[np.ndarray, int | None]:
+    """freqs with the last one replaced, where one is found, by an angle over j·ratio near which entry
+    j's last pair turns to 0 in one channel (of the last 8 entries, the last first): there the rotated
+    value is small beside the pair and a BF16 cos/sin table's own rounding shows
+    (spec_rope.bf16_table_shows; at the very zero BF16 products would cancel too); (freqs, None) if
+    none does."""
+    entries = np.swapaxes(np.asarray(plain, np.float64), 0, 1)         # [entry, batch, d]
+    if freqs.size == 0:
+        return freqs, None
+    for j in range(len(entries) - 1, max(len(entries) - 9, 0), -1):
+        a, b = entries[j, 0, -2], entries[j, 0, -1]
+        for zero in (np.arctan2(a, b), np.arctan2(-b, a)):             # a·cos − b·sin = 0, a·sin + b·cos = 0
+            for off in NEAR_ZERO:
+                chosen = np.array(freqs, np.float32)
+                chosen[-1] = np.float32((zero + off) % np.pi / positions[j])
+                if spec_rope.bf16_table_shows(entries, positions, chosen).any():
+                    return chosen, j
+    return freqs, None
+
+
+NEAR_ZERO = tuple(s * 2.0 ** -e for e in (6, 5, 7, 4) for s in (1, -1))     # radians from the zero
 
 
 # --- CMP.STREAM ---------------------------------------------------------------------------------

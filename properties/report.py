@@ -29,7 +29,8 @@ JSON (schema_version 4; properties/report.schema.json is its JSON Schema), one o
     results          [{rule, target, status, detail, reproduce, seconds, checks {check: status},
                      stages [{stage, rule, status, detail}]}] in the order rule × target of a
                      single-process run; stages: a layer rule's verdict on each stage (PASS, FAIL,
-                     or "not judged" with why: a contract version that withheld its inputs), those
+                     VARIANT with the declared "knob=value" it was judged under, or "not judged"
+                     with why: a contract version that withheld its inputs), those
                      of the failing case on a FAIL, else each stage's over every case; [] elsewhere
 
 status is one of PASS, FAIL, ERROR, TIMEOUT, VARIANT, n/i (not implemented), SKIP.  Version 3 had

@@ -106,17 +106,66 @@ def _table(model: str, layer: int) -> np.ndarray:
 @forall(dict(pair=0, position=1, heads=1), dict(pair=31, position=70000, heads=2),
         pair=st.integers(0, 31), position=st.integers(1, 2 ** 20), heads=st.integers(1, 3))
 def consecutive_pairs_rotate_by_plus_angle(target, pair, position, heads):
-    """Unit vectors on channel 2i and 2i+1 of the rotated slice: the pair (2i, 2i+1) turns by +p·f_i."""
+    """Unit vectors on channel 2i and 2i+1 of the rotated slice: the pair (2i, 2i+1) turns by +p·f_i;
+    and rows on which the table's precision shows (table_rows), judged by the table declared."""
     freqs = _table("v4.1-flash", 20)
     D = 128
-    x = np.zeros((2, heads, D))
+    rows, at = table_rows(pair, position, freqs)
+    x = np.zeros((2 + len(rows), heads, D))
     x[0, :, D - 64 + 2 * pair] = 1.0
     x[1, :, D - 64 + 2 * pair + 1] = 1.0
-    positions = np.array([position, position])
+    x[2:, :, D - 64:] = rows[:, None, :]
+    positions = np.array([position, position] + [at] * len(rows))
     got = _rotate(target, x, positions, freqs)
     ref = spec.rotate_exact(x, positions, freqs)
-    _within(got, ref, spec.rotate_tolerance(x, positions, freqs, declared_choice(target, "rope_table")),
+    table = declared_choice(target, "rope_table")
+    tol = spec.rotate_tolerance(x, positions, freqs, table)
+    _within(got[:2], ref[:2], tol[:2],
             f"ROPE.PAIRS: e_(2·{pair}) and e_(2·{pair}+1) at position {position} must turn within their pair by +p·f")
+    what = f"ROPE.PAIRS: {len(rows)} vectors on pair {pair} at position {at}"
+    assert_table(got[2:], x[2:], positions[2:], freqs, table, what)
+    _within(got[2:], ref[2:], tol[2:], what + " must turn within their pair by +p·f")
+
+
+# The positions table_rows tries, from the drawn one: the next 63, then further (a small angle's BF16
+# sine is off by less than the fp32 table's own error bound).
+PROBE_STEPS = (*range(64), *(2 ** j for j in range(6, 21)))
+
+
+def table_rows(pair: int, position: int, freqs) -> tuple[np.ndarray, int]:
+    """Rows [R, 2·len(freqs)] of the rotated slice, nonzero on pair `pair`, and a position, the first
+    of PROBE_STEPS from `position` where a BF16 cos/sin table shows on them (spec.bf16_table_shows):
+    BF16 pairs r·(sin, cos) and r·(cos, −sin) of that angle, r = 1 + j/16, which the rotation turns to
+    nearly 0 in one channel, leaving the table's own rounding.  No rows where none shows."""
+    f = np.asarray(freqs)[pair:pair + 1]
+    for at in (position + step for step in PROBE_STEPS):
+        c, s = np.cos(spec.angles([at], f)[0, 0]), np.sin(spec.angles([at], f)[0, 0])
+        r = 1 + np.arange(16)[:, None] / 16
+        pairs = spec_indexer.round_bf16(np.concatenate([r * [s, c], r * [c, -s]]))
+        if spec.bf16_table_shows(pairs[:, None, :], np.full(len(pairs), at), f).any():
+            rows = np.zeros((len(pairs), 2 * len(freqs)))
+            rows[:, 2 * pair:2 * pair + 2] = pairs
+            return rows, at
+    return np.zeros((0, 2 * len(freqs))), position
+
+
+def assert_table(got, x, positions, freqs, table: str, what: str):
+    """Where the table's precision shows (spec.bf16_table_shows: no value is both the fp32 table's and
+    a BF16 table's), got is the declared table's: the official fp32 one (V4-model L227-228, torch.polar
+    of the fp32 angles) within ROPE.ROUNDING's interval, or under rope_table=bf16 a BF16 one."""
+    shows = spec.bf16_table_shows(x, positions, freqs)
+    got, exact = np.asarray(got, np.float64), spec.rotate_exact(x, positions, freqs)
+    if table == "bf16":
+        ok = spec.bf16_table_admits(got, x, positions, freqs)
+    else:
+        ok = np.abs(got - exact) <= spec.rotate_tolerance(x, positions, freqs)
+    bad = shows & ~ok
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} of the {int(shows.sum())} elements where a BF16 cos/sin table is told from "
+            f"the fp32 one read another table than the {table} one (rope_table={table}); at {at}: got {got[at]!r}, "
+            f"exact by the fp32 table {exact[at]!r}; {difference_kind(got, exact, bad)}")
 
 
 @check("ROPE.SLICE", ops=("rope_rotate",))

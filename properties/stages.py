@@ -9,7 +9,7 @@ the inputs of (a contract version that withheld them) is listed as not judged, w
 """
 from __future__ import annotations
 
-from .suite import NOT_JUDGED, PASS, FAIL, record_stages
+from .suite import NOT_JUDGED, PASS, FAIL, VARIANT, record_stages
 
 
 class StageFailures(AssertionError):
@@ -25,11 +25,12 @@ def verdict(stage: str, rule: str, status: str, detail: str = "") -> dict:
 
 
 def judge_every_stage(stages, target, case, out) -> list[dict]:
-    """Each (name, rule, judge) of `stages` judged on `out`: a verdict per stage, in stage order."""
+    """Each (name, rule, judge) of `stages` judged on `out`: a verdict per stage, in stage order; a
+    stage whose judge passed it under a declared choice (returning "knob=value") reads VARIANT with it."""
     verdicts = []
     for name, rule_id, judge in stages:
         try:
-            judge(target, case, out)
+            choice = judge(target, case, out)
         except AssertionError as e:
             verdicts.append(verdict(name, rule_id, FAIL, str(e)))
         except Exception as e:      # noqa: BLE001 -- the judge could not read what a broken stage left
@@ -39,7 +40,7 @@ def judge_every_stage(stages, target, case, out) -> list[dict]:
             verdicts.append(verdict(name, rule_id, FAIL, f"{rule_id}: stage {name!r} cannot be judged on what "
                                                          f"stage {broken[0]!r} left ({type(e).__name__}: {e}) [{case!r}]"))
         else:
-            verdicts.append(verdict(name, rule_id, PASS))
+            verdicts.append(verdict(name, rule_id, VARIANT, choice) if choice else verdict(name, rule_id, PASS))
     return verdicts
 
 
@@ -49,12 +50,17 @@ def first_broken(verdicts: list[dict]):
 
 
 def summary(verdicts: list[dict]) -> str:
-    """One line: each stage and its verdict in order; then the stages not judged, with why."""
-    judged = " · ".join(f"{v['stage']} {v['status']}" for v in verdicts if v["status"] != NOT_JUDGED)
+    """One line: each stage and its verdict in order (a VARIANT with its choice); then the stages not
+    judged, with why."""
+    judged = " · ".join(_read(v) for v in verdicts if v["status"] != NOT_JUDGED)
     withheld = [v for v in verdicts if v["status"] == NOT_JUDGED]
     reasons = dict.fromkeys(v["detail"] for v in withheld)
     return f"stage by stage: {judged}" + "".join(
         f"; not judged: {', '.join(v['stage'] for v in withheld if v['detail'] == why)} ({why})" for why in reasons)
+
+
+def _read(v: dict) -> str:
+    return f"{v['stage']} {v['status']}" + (f" ({v['detail']})" if v["status"] == VARIANT else "")
 
 
 def report(rule_id: str, case, verdicts: list[dict]) -> None:

@@ -195,8 +195,9 @@ _STAGES: dict = {}
 
 def record_stages(verdicts: list[dict]):
     """Record a layer case's verdicts stage by stage (properties/stages.py): over a check's examples
-    each stage keeps its worst verdict (FAIL, then PASS, then not judged) and its first detail."""
-    rank = (NOT_JUDGED, PASS, FAIL)
+    each stage keeps its worst verdict (FAIL, then VARIANT: passed under a declared choice, then PASS,
+    then not judged) and its first detail."""
+    rank = (NOT_JUDGED, PASS, VARIANT, FAIL)
     for v in verdicts:
         kept = _STAGES.get(v["stage"])
         if kept is None or rank.index(v["status"]) > rank.index(kept["status"]):
@@ -204,13 +205,16 @@ def record_stages(verdicts: list[dict]):
 
 
 _DECLARED: set = set()
+_CHOSEN: set = set()        # the knobs judges read through declared_choice: tried in naming a variant
 
 
 def declared_choice(target, knob: str) -> str:
     """The target's value of `knob`, for a judge whose reading it changes; a value other than the
     canonical one is recorded, and a rule whose checks pass under it reads VARIANT ("passes under
     declared knob=value"), whatever knob the rule itself names (a declared step left out, a
-    precision choice: suite.py's run_rule)."""
+    precision choice: suite.py's run_rule).  Undeclared, such a choice is named on a failing rule
+    without a knob of its own too (_matching_variant)."""
+    _CHOSEN.add(knob)
     value = target.variant(knob)
     if value != KNOBS[knob].canonical:
         _DECLARED.add((knob, value))
@@ -435,7 +439,7 @@ def run_rule(rule_id: str, target: Target, profile: str = "ci") -> Row:
     if r.knob and target.variant(r.knob) != KNOBS[r.knob].canonical:
         used.add(f"{r.knob}={target.variant(r.knob)}")
     if status == PASS and used:
-        status, detail = VARIANT, "passes under declared " + ", ".join(sorted(used))
+        status, detail = VARIANT, "passes under declared " + ", ".join(sorted(used)) + _stages_under(stages)
     elif status == PASS and choices:
         status, detail = VARIANT, "detected: " + ", ".join(choices)
     elif status in (FAIL, ERROR):   # (an ERROR too: a target may reject what it reads in the wrong place)
@@ -448,6 +452,12 @@ def run_rule(rule_id: str, target: Target, profile: str = "ci") -> Row:
     repro = reproduce_command(target.spec, rule_id, profile, timeout=target.timeout) \
         if status in (FAIL, ERROR, TIMEOUT) else ""
     return Row(rule_id, target.name, status, detail, repro, seconds, {n: o.status for n, o in outcomes.items()}, stages)
+
+
+def _stages_under(stages: list[dict]) -> str:
+    """A layer rule's stages judged under a declared choice, each with the choice it read."""
+    under = [f"{v['stage']} ({v['detail']})" for v in stages if v["status"] == VARIANT]
+    return f"; stages VARIANT: {', '.join(under)}" if under else ""
 
 
 def _reading(target: Target, read: set) -> Target:
@@ -465,8 +475,10 @@ def _matching_variant(knob: str | None, read: set, chks: list[Check], target: Ta
     Tried: each other value of the rule's own knob, then each other value of another knob the
     rule's checks read, alone (a choice another rule governs: an undeclared act_quant floor in a
     656-byte entry is LAYOUT.V32.MLA's, not a field order), then each value of the rule's own knob
-    together with one such other value; for a rule without a knob, each other value of an
-    implementation-defined knob its checks read (a choice the target may make without saying).
+    together with one such other value; for a rule without a knob, each other value of a knob its
+    checks read that is an implementation-defined choice (the target may make it without saying) or
+    a choice its judges read through declared_choice (a precision choice it should have declared:
+    rope_table=bf16 on ROPE.PAIRS).
     Pairs are enough: a check judges one clause, so the knobs it reads are that clause's and the
     few its oracle shares; a third deviation in the same check breaks another clause, whose own
     rule names it.  Bounded by (values of the rule's knob) x (other values of the knobs read),
@@ -486,7 +498,7 @@ def _matching_variant(knob: str | None, read: set, chks: list[Check], target: Ta
     read = {k for k in read if not KNOBS[k].declared_only}
 
     if knob is None:
-        combos = [[o] for k in sorted(read & CHOICES) for o in others(k)]
+        combos = [[o] for k in sorted(read & (CHOICES | _CHOSEN)) for o in others(k)]
     else:
         own = others(knob)
         pairs = [p for k in sorted(read - {knob}) for p in others(k)]

@@ -465,7 +465,9 @@ knob("attention_form", "sparse_list", {
     """How a target attends the rows its lists name: the official kernel walks the list entry by entry
 (a row listed twice is attended twice); a dense mask over the gathered rows marks each row once.
 The official lists never repeat a row (PATH.CONCAT), so the two agree on every official call; a
-dense-mask target's ATTN.DUPLICATES is judged in the layer, on the tokens held in both caches.""")
+dense-mask target's ATTN.DUPLICATES is judged in the layer, on the tokens held in both caches.
+Undeclared, a port whose answer to a repeated entry is the mask's (each listed row once) FAILs
+ATTN.DUPLICATES, named "matches attention_form=dense_mask".""")
 
 
 rule("ATTN.DUPLICATES", "No de-duplication: each entry is attended, an index listed twice twice, a token in both caches twice",

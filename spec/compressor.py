@@ -161,7 +161,9 @@ rule("CMP.ROPE", "RoPE at the group's first position",
      (a, b): (4u·|angle| + 16u + b)·|(a, b)|, u = 2^-24, b = 2^-8: the fp32 angle position·f (one
      rounding, relative u, so u·|angle| in the sine and cosine, doubled for their own evaluation),
      the fp32 complex product (a few u), and one BF16 rounding of the rotated entry (b of the pair's
-     magnitude).""")
+     magnitude).  The last frequency is chosen where it turns a pair of an entry to nearly 0 in one
+     channel: there the table's own rounding shows, and the entry is the declared table's rotation
+     (ROPE.ROUNDING's interval, or a BF16 table's under rope_table=bf16).""")
 
 rule("CMP.STREAM", "prefill, decode and chunked prefill agree",
      """One prefill from position 0 followed by one token at a time (decode) yields the same

@@ -138,13 +138,21 @@ def _broadcast(x: np.ndarray, values: np.ndarray) -> np.ndarray:
 
 def rotate_exact(x, positions, freqs) -> np.ndarray:
     """The exact rotation (float64, before any rounding) of the last 2·len(freqs) channels."""
+    theta = angles(positions, freqs)
+    return _turned(x, np.cos(theta), np.sin(theta))
+
+
+def _turned(x, cos, sin, step=None) -> np.ndarray:
+    """The last d channels of x, as d/2 complex pairs, times cos + i·sin [T, d/2]: exact, or each
+    product and the sum rounded by `step`."""
     x = np.asarray(x, dtype=np.float64)
-    rd = 2 * np.asarray(freqs).size
-    theta = _broadcast(x, angles(positions, freqs))
+    step = step or (lambda v: v)
+    cos, sin = _broadcast(x, cos), _broadcast(x, sin)
+    rd = 2 * cos.shape[-1]
     a, b = x[..., -rd::2], x[..., -rd + 1::2]
     out = x.copy()
-    out[..., -rd::2] = a * np.cos(theta) - b * np.sin(theta)
-    out[..., -rd + 1::2] = a * np.sin(theta) + b * np.cos(theta)
+    out[..., -rd::2] = step(step(a * cos) - step(b * sin))
+    out[..., -rd + 1::2] = step(step(a * sin) + step(b * cos))
     return out
 
 
@@ -175,8 +183,11 @@ def rotate_error(x, freqs, table: str = "fp32") -> np.ndarray:
 
 def rotate_tolerance(x, positions, freqs, table: str = "fp32") -> np.ndarray:
     """|target − exact rotation| allowed: one BF16 ulp of (|exact| + δ), plus δ."""
-    delta = rotate_error(x, freqs, table)
-    return bf16_quantum(np.abs(rotate_exact(x, positions, freqs)) + delta) + delta
+    return _ulp_and(rotate_exact(x, positions, freqs), rotate_error(x, freqs, table))
+
+
+def _ulp_and(value, delta) -> np.ndarray:
+    return bf16_quantum(np.abs(value) + delta) + delta
 
 
 def determined(x, positions, freqs, table: str = "fp32") -> np.ndarray:
@@ -185,6 +196,67 @@ def determined(x, positions, freqs, table: str = "fp32") -> np.ndarray:
     exact = rotate_exact(x, positions, freqs)
     delta = rotate_error(x, freqs, table)
     return (round_bf16(exact - delta) == round_bf16(exact + delta))
+
+
+# ------------------------------------------------------------------------------------------------
+# a BF16 cos/sin table (rope_table=bf16), told from the official fp32 one
+# ------------------------------------------------------------------------------------------------
+# A port's fp32 cos and sin of the fp32 angle are taken within 2^-18 of the exact ones, relative (64
+# fp32 ulps), when asking which BF16 value its table holds.
+TABLE_SETTLED = 2.0 ** -18
+
+
+def bf16_table(positions, freqs) -> tuple[np.ndarray, np.ndarray]:
+    """(cos, sin) [T, d/2] of the fp32 angles fl32(p·f_i), each rounded to BF16 (rope_table=bf16)
+    where the official table is complex64, torch.polar of the fp32 angles (V4-model L227-228)."""
+    theta = angles(positions, freqs)
+    return round_bf16(np.cos(theta)), round_bf16(np.sin(theta))
+
+
+def bf16_table_settled(positions, freqs) -> np.ndarray:
+    """[T, d/2]: the pairs whose BF16 cos and sin are the same from any fp32 cos and sin within
+    TABLE_SETTLED of the exact ones."""
+    theta = angles(positions, freqs)
+    return np.logical_and(*(round_bf16(v * (1 - TABLE_SETTLED)) == round_bf16(v * (1 + TABLE_SETTLED))
+                            for v in (np.cos(theta), np.sin(theta))))
+
+
+def rotate_by_bf16_table(x, positions, freqs) -> np.ndarray:
+    """The exact rotation (float64) of x by bf16_table's cos and sin."""
+    return _turned(x, *bf16_table(positions, freqs))
+
+
+def bf16_table_admits(got, x, positions, freqs) -> np.ndarray:
+    """Whether each element of `got` is x rotated by bf16_table as a port does it: the products
+    and sum in fp32 (apply_rotary_emb's own arithmetic), written fp32 or BF16 (within one BF16 ulp
+    of (|v| + δ), plus δ, of the exact product v by the BF16 table); or x, the products and the sum
+    each in BF16 (a BF16 tensor times a BF16 table), bit for bit."""
+    by_table = rotate_by_bf16_table(x, positions, freqs)
+    got = np.asarray(got, dtype=np.float64)
+    in_fp32 = np.abs(got - by_table) <= _ulp_and(by_table, rotate_error(x, freqs))
+    return in_fp32 | (got == _in_bf16(x, positions, freqs))
+
+
+def _in_bf16(x, positions, freqs) -> np.ndarray:
+    """BF16 x times bf16_table, each product and the sum rounded to BF16."""
+    return _turned(round_bf16(x), *bf16_table(positions, freqs), step=round_bf16)
+
+
+def bf16_table_shows(x, positions, freqs) -> np.ndarray:
+    """The rotated elements of x on which no value is both the fp32 table's (rotate_tolerance) and
+    a BF16 table's (bf16_table_admits): there a port's table precision is seen, and its reading
+    named.  Only where the BF16 table is settled (bf16_table_settled)."""
+    shows = np.zeros(np.shape(x), dtype=bool)
+    rd = 2 * np.asarray(freqs).size
+    if rd == 0:
+        return shows
+    exact, tol = rotate_exact(x, positions, freqs), rotate_tolerance(x, positions, freqs)
+    by_table = rotate_by_bf16_table(x, positions, freqs)
+    apart = np.abs(by_table - exact) > tol + _ulp_and(by_table, rotate_error(x, freqs))
+    apart &= np.abs(_in_bf16(x, positions, freqs) - exact) > tol
+    settled = np.repeat(_broadcast(exact, bf16_table_settled(positions, freqs)), 2, axis=-1)
+    shows[..., -rd:] = apart[..., -rd:] & settled
+    return shows
 
 
 def compressed_positions(count: int, ratio: int, start_pos: int = 0) -> np.ndarray:
@@ -238,7 +310,8 @@ rule("ROPE.PAIRS", "Consecutive pairs (2i, 2i+1) rotate as complex numbers by +p
      x[2i+1]cos.""",
      applies_to=V4_ALL, policy="tolerance",
      sources=(SOURCE_APPLY, "V41-model L392-406 (apply_rotary_emb, the same pairing)"),
-     tolerance="that of ROPE.ROUNDING")
+     tolerance="""that of ROPE.ROUNDING; on vectors the angle turns to nearly 0 in one channel, the
+     declared table's (the knob rope_table)""")
 
 rule("ROPE.SLICE", "Only the last 64 channels rotate",
      """RoPE rotates x[..., −64:] of every head (main q and KV: 448 NoPE + 64 RoPE; indexer q and k:
@@ -255,7 +328,12 @@ knob("rope_table", "fp32",
               "apply_rotary_emb multiplies in fp32 (V4-model L235, L242)"},
      """The precision of the RoPE table a port multiplies by.  Declared bf16, every rotation (ROPE.ROUNDING,
      ATTN.DEROTATE, the layers' rotated stages) admits the error of cos and sin each within 2^-9 of itself:
-     2^-7·(|x[2i]| + |x[2i+1]|) more per element (the rounded cos and sin, and BF16 products).""")
+     2^-7·(|x[2i]| + |x[2i+1]|) more per element (the rounded cos and sin, and BF16 products).  ROPE.PAIRS
+     and CMP.ROPE also rotate pairs that the angle turns to nearly 0 in one channel, where what remains is
+     the table's own rounding and no value is both the fp32 table's (ROPE.ROUNDING's interval) and a BF16
+     table's (cos and sin rounded to nearest BF16, the products and sum in fp32 within that interval of
+     their exact value, or in BF16 bit for bit): there each reads its own table, so a BF16 table
+     undeclared FAILs, named "matches rope_table=bf16", and declared must be one.""")
 
 rule("ROPE.ROUNDING", "The angle is fl32(p·f_i); the rotation is fp32, rounded once to BF16",
      """With the fp32 table f the rotation of BF16 values by angle fl32(fl32(p)·f_i) is computed in

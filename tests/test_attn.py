@@ -455,3 +455,14 @@ def test_a_dense_mask_port_is_judged_on_duplicates_in_its_layer_never_on_a_repea
     row = run_rule("ATTN.DUPLICATES", Target(attn_mutants.MUTANTS[name][0], name))
     assert row.status == FAIL and row.checks["a_token_in_both_caches_is_attended_twice"] == FAIL
     assert run_rule("ATTN.DUPLICATES", Target(impl, "impl")).checks["a_token_in_both_caches_is_attended_twice"] == "SKIP"
+
+
+def test_an_undeclared_dense_mask_port_is_named_and_a_wrong_deduplication_is_not():
+    """Undeclared, a port attending a repeated entry once (as a dense mask does) FAILs ATTN.DUPLICATES
+    named "matches attention_form=dense_mask"; one dropping every copy of a repeated row FAILs unnamed."""
+    undeclared = mutant("undeclared_dense", sparse_attention=attn_mutants._dense_mask_attention)
+    row = run_rule("ATTN.DUPLICATES", Target(undeclared, "undeclared"))
+    assert row.status == FAIL and row.detail.startswith("matches attention_form=dense_mask (undeclared); "), row.detail
+    wrong = mutant("repeated_rows_dropped", sparse_attention=attn_mutants._repeated_rows_dropped)
+    row = run_rule("ATTN.DUPLICATES", Target(wrong, "wrong"))
+    assert row.status == FAIL and "matches" not in row.detail, row.detail

@@ -97,7 +97,7 @@ def test_bf16_linears_declared_read_variant_on_fp8_linear(monkeypatch):
 
 def test_impl_reads_pass_not_variant(monkeypatch):
     monkeypatch.setattr(suite.RUN, "max_examples", 6)
-    for rule_id in ("FP8.LINEAR", "ATTN.SCORE", "ATTN.PROB.BF16"):
+    for rule_id in ("FP8.LINEAR", "ATTN.SCORE", "ATTN.PROB.BF16", "ROPE.PAIRS", "CMP.ROPE"):
         assert run_rule(rule_id, Target(impl, "impl")).status == PASS, rule_id
 
 
@@ -116,7 +116,7 @@ def test_a_declared_bf16_rope_table_passes_every_rotated_stage_and_undeclared_fa
     assert broken is not None and broken[1] == "ROPE.POSITIONS", broken
 
 
-@pytest.mark.parametrize("rule_id", ["ROPE.ROUNDING", "ATTN.DEROTATE", "CMP.ROPE"])
+@pytest.mark.parametrize("rule_id", ["ROPE.ROUNDING", "ROPE.PAIRS", "ATTN.DEROTATE", "CMP.ROPE"])
 def test_a_declared_bf16_rope_table_reads_variant_on_the_rotations(rule_id, monkeypatch):
     monkeypatch.setattr(suite.RUN, "max_examples", 10)
     row = run_rule(rule_id, Target(D.bf16_rope_table(), "bf16_rope_table"))
@@ -127,6 +127,23 @@ def test_a_declared_bf16_rope_table_reads_variant_on_the_rotations(rule_id, monk
 def test_the_bf16_rope_table_undeclared_fails_the_rotations(rule_id, monkeypatch):
     monkeypatch.setattr(suite.RUN, "max_examples", 10)
     assert run_rule(rule_id, Target(D.bf16_rope_table(declared=False), "undeclared")).status == FAIL
+
+
+@pytest.mark.parametrize("rule_id", ["ROPE.PAIRS", "CMP.ROPE"])
+def test_the_bf16_rope_table_undeclared_fails_where_the_probe_shows_it_and_is_named(rule_id, monkeypatch):
+    """The probes turn a pair to nearly 0 (rope.table_rows, compressor.table_showing), where the
+    table's own rounding is what remains: undeclared, a BF16 table FAILs there, named."""
+    monkeypatch.setattr(suite.RUN, "max_examples", 10)
+    row = run_rule(rule_id, Target(D.bf16_rope_table(declared=False), "undeclared"))
+    assert row.status == FAIL and row.detail.startswith("matches rope_table=bf16 (undeclared); "), row.detail
+
+
+def test_a_rotation_in_bf16_arithmetic_by_a_declared_bf16_table_reads_variant(monkeypatch):
+    """A framework's BF16 tensor times the BF16 table, products and sum in BF16: admitted declared."""
+    monkeypatch.setattr(suite.RUN, "max_examples", 10)
+    provider = mutant("bf16_arithmetic", variants={"rope_table": "bf16"}, rope_rotate=D.rotate_in_bf16)
+    row = run_rule("ROPE.PAIRS", Target(provider, "bf16_arithmetic"))
+    assert row.status == VARIANT and "rope_table=bf16" in row.detail, row.detail
 
 
 @pytest.mark.parametrize("rule_id", ["CMP.GATE", "CMP.OVERLAP"])

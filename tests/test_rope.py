@@ -70,3 +70,20 @@ def test_rotation_at_position_zero_is_the_identity():
 def test_bad_input_names_what_was_expected(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+@pytest.mark.parametrize("pair", [0, 7, 15, 20, 25, 31])
+@pytest.mark.parametrize("position", [1, 5000, 2 ** 20])
+def test_the_table_probe_finds_rows_where_a_bf16_table_and_the_fp32_one_part(pair, position):
+    """ROPE.PAIRS' probe rows (issue 40): at the position found, a BF16 table's rotation lies outside the
+    fp32 table's interval and the fp32 table's exact rotation outside what a BF16 table admits."""
+    from dsv4spec.properties.rope import table_rows
+    freqs = spec.frequencies_fp32(profile("v4.1-flash"), 20)
+    rows, at = table_rows(pair, position, freqs)
+    assert len(rows) and at >= position
+    x, positions = rows[:, None, :], np.full(len(rows), at)
+    shows = spec.bf16_table_shows(x, positions, freqs)
+    exact, tol = spec.rotate_exact(x, positions, freqs), spec.rotate_tolerance(x, positions, freqs)
+    by_bf16_table = spec.round_bf16(spec.rotate_by_bf16_table(x, positions, freqs))
+    assert shows.any() and (np.abs(by_bf16_table - exact) > tol)[shows].all()
+    assert not spec.bf16_table_admits(spec.round_bf16(exact), x, positions, freqs)[shows].any()

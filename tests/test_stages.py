@@ -14,9 +14,10 @@ from dsv4spec.properties import path as path_checks
 from dsv4spec.properties import report, suite
 from dsv4spec.properties.causes import FIRST_BROKEN
 from dsv4spec.properties.path import FIXED_LAYERS
-from dsv4spec.properties.stages import StageFailures, report as report_stages
+from dsv4spec.properties.stages import StageFailures, report as report_stages, summary
 from dsv4spec.properties.target import Target
 from mutants import attn as attn_mutants
+from mutants import declared as declared_mutants
 from mutants import mutant
 from mutants import path as path_mutants
 
@@ -97,3 +98,31 @@ def test_every_report_format_shows_each_broken_stage():
 def test_a_correct_target_passes_with_every_stage_passing():
     row = _row(impl, "impl")
     assert row.status == "PASS" and row.stages and {v["status"] for v in row.stages} == {"PASS"}
+
+
+NORMALIZED_LAYER = mutant("normalized_probabilities_layer", CONTRACT=7, variants={"attn_probs": "normalized"},
+                          attention_layer=attn_mutants._layer_with(sparse_attention=attn_mutants.softmax_then_bf16))
+# (the port, the choice it declares, stages judged under it): every other stage reads PASS
+UNDER_A_CHOICE = [(NORMALIZED_LAYER, "attn_probs=normalized", {"o"}),
+                  (declared_mutants.bf16_rope_table(), "rope_table=bf16", {"q_rot", "q_attn_rot", "kv_rot", "o_derot"})]
+
+
+@pytest.mark.parametrize("provider, choice, stages", UNDER_A_CHOICE, ids=["attn_probs", "rope_table"])
+def test_a_stage_judged_under_a_declared_choice_reads_variant_in_every_format(provider, choice, stages):
+    row = _row(provider, provider.NAME)
+    under = {v["stage"]: v["detail"] for v in row.stages if v["status"] == "VARIANT"}
+    assert row.status == "VARIANT" and set(under) >= stages and set(under.values()) == {choice}, row.stages
+    assert {v["status"] for v in row.stages if v["stage"] not in under} == {"PASS"}
+    for text in (report.terminal([row]), report.to_junit([row], {"profile": "ci", "seed": None}),
+                 report.to_markdown([row])):
+        assert "stages VARIANT: " in text and all(f"{stage} ({choice})" in text for stage in stages), text
+    data = json.loads(report.to_json([row], {}))
+    assert data["results"][0]["stages"] == row.stages
+    schema = json.loads(SCHEMA.read_text())
+    jsonschema.validate({**data, "header": {}}, {**schema, "properties": {**schema["properties"], "header": {}}})
+
+
+def test_the_stage_by_stage_line_shows_a_variant_stage_with_its_choice():
+    provider, choice, _ = UNDER_A_CHOICE[0]
+    verdicts = checks.attention_stage_verdicts(Target(provider, provider.NAME), _case())
+    assert f"o VARIANT ({choice})" in summary(verdicts) and "o_derot PASS" in summary(verdicts)

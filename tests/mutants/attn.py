@@ -441,6 +441,15 @@ def _dense_mask_attention(q, kv, sink, indices, scale, *, model):
     return _sparse_attention(q, kv, sink, rows, scale, model=model)
 
 
+def _repeated_rows_dropped(q, kv, sink, indices, scale, *, model):
+    """A wrong de-duplication: a row listed more than once is not attended at all (a mask attends it once)."""
+    rows = indices.clone()
+    for row in rows:
+        values, counts = row.unique(return_counts=True)
+        row[torch.isin(row, values[counts > 1])] = -1
+    return _sparse_attention(q, kv, sink, rows, scale, model=model)
+
+
 def _dense_mask_port(name, deduplicated=False):
     attend = _layer_deduplicating_tokens if deduplicated else ref.attention_layer
 

@@ -149,6 +149,19 @@ def _under(patches, fn):
     return call
 
 
+def rotate_in_bf16(x, positions, freqs):
+    """A framework's rotation: a BF16 tensor times the BF16 cos/sin table, each product and the sum
+    rounded to BF16 (rope_table=bf16)."""
+    rd = 2 * freqs.shape[0]
+    cos, sin = (t.bfloat16().view(x.shape[0], *([1] * (x.dim() - 2)), rd // 2) for t in _bf16_table(positions, freqs))
+    x = x.bfloat16()
+    a, b = x[..., -rd::2], x[..., -rd + 1::2]
+    out = x.clone()
+    out[..., -rd::2] = a * cos - b * sin
+    out[..., -rd + 1::2] = a * sin + b * cos
+    return out.float()
+
+
 def bf16_rope_table(declared: bool = True, name: str = "bf16_rope_table", **overrides):
     """impl multiplying by a BF16 cos/sin table everywhere it rotates (rope_table=bf16)."""
     ops = {op: _under(ROPE_BF16_PATCHES, overrides.pop(op, getattr(impl, op))) for op in ROTATING_OPS}
@@ -195,6 +208,10 @@ def catalogue() -> list[tuple]:
         ("declared_bf16_rope_table_derotation_by_plus_p", "ATTN.DEROTATE",
          bf16_rope_table(name="declared_bf16_rope_table_derotation_by_plus_p",
                          attention_output=lambda o, positions, freqs: impl.attention_output(o, positions, -freqs))),
+        # undeclared, a BF16 table is seen where the probes turn a pair to nearly 0 (rope.table_rows,
+        # compressor.table_showing)
+        ("undeclared_bf16_rope_table", "ROPE.PAIRS", bf16_rope_table(False, "undeclared_bf16_rope_table")),
+        ("undeclared_bf16_rope_table", "CMP.ROPE", bf16_rope_table(False, "undeclared_bf16_rope_table")),
         ("declared_bf16_pooling_without_ape", "CMP.APE",
          mutant("declared_bf16_pooling_without_ape", variants={"compressor_pooling": "bf16"},
                 compress=lambda x, params, *, model, ratio: compress_pooling_in_bf16(x, params, model=model, ratio=ratio,
