@@ -25,8 +25,15 @@ CASES = [("flashmla", "fake_flashmla", "ATTN.SINK,ATTN.GATHER", "ATTN.SINK"),
          ("sgl-kernel", "fake_sgl_kernel", "IDX.TOPK.ORDER,IDX.TOPK.COUNT", "IDX.TOPK.ORDER")]
 
 
-def verify(target: str, rules: str, tmp_path, fake: str | None = None):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(TESTS / fake) if fake else ""}
+def verify(target: str, rules: str, tmp_path, fake: str | None = None, hide: str | None = None):
+    """The command on `target`; fake: a stand-in library's folder first on the path; hide: a module
+    made unimportable (as where it is not installed, also on a machine that has it)."""
+    path = [str(TESTS / fake)] if fake else []
+    if hide:
+        (tmp_path / "hide").mkdir()
+        (tmp_path / "hide" / "sitecustomize.py").write_text(f"import sys\nsys.modules[{hide!r}] = None\n")
+        path.append(str(tmp_path / "hide"))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(path)}
     report = tmp_path / "report.json"
     done = subprocess.run([DSV4SPEC, "verify", "--target", target, "--rules", rules, "--profile", "ci",
                            "--max-examples", "2", "--json", str(report), "--quiet"],
@@ -45,7 +52,7 @@ def test_the_mapping_passes_on_a_faithful_stand_in(target, fake, rules, must_pas
                                                  ("deepgemm", "deep_gemm", "git clone --recursive"),
                                                  ("sgl-kernel", "sgl_kernel", "pip install sgl-kernel")])
 def test_a_missing_library_exits_3_saying_how_to_install_it(target, module, how, tmp_path):
-    done, _ = verify(target, "ATTN.SINK", tmp_path)
+    done, _ = verify(target, "ATTN.SINK", tmp_path, hide=module)
     assert done.returncode == 3, done.stdout + done.stderr
     assert f"the Python module '{module}' is not installed here" in done.stderr and how in done.stderr
 
