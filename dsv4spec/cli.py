@@ -277,25 +277,14 @@ def _checked_verify_args(args) -> tuple[list[str], list[str]]:
 
 
 def _locate(spec: str) -> None:
-    """locate(spec), where an exec: port that cannot be started (no such file or program, not
-    executable) could not be loaded: exit status 3 (PROTOCOL.md, README); a malformed spec stays a
-    usage error."""
-    from dsv4spec.properties.exec_target import PREFIX
-    from dsv4spec.properties.target import TargetLoadError, TargetNotFound, locate
+    """locate(spec): a spec naming no target is a usage error before any run; one naming a target
+    that cannot be loaded (an exec: port with no such file or program) is left to the run's load,
+    which writes the reports with its ERROR as for any target that cannot be loaded."""
+    from dsv4spec.properties.target import TargetLoadError, locate
     try:
         locate(spec)
-    except TargetNotFound as e:
-        if spec.startswith(PREFIX) and _splits_into_a_command(spec[len(PREFIX):]):
-            raise TargetLoadError(str(e)) from e
-        raise
-
-
-def _splits_into_a_command(text: str) -> bool:
-    import shlex
-    try:
-        return bool(shlex.split(text))
-    except ValueError:
-        return False
+    except TargetLoadError:
+        pass
 
 
 TESTED_TRITON = "3.6"       # the Triton series the kernels are tested on (the kernels extra pins 3.6.0)
@@ -332,18 +321,18 @@ def _triton_version() -> str | None:
 def _run_verify(args, specs, rule_ids, progress, on_targets=lambda _: None):
     """(rows, targets, interrupted): in this process, or in worker processes for --isolate/--jobs."""
     from dsv4spec.properties.suite import RUN, load_checks, verify
-    from dsv4spec.properties.target import load_target
     workers = args.jobs > 1 or args.isolate
     targets = []
     try:
         for spec in [] if workers else specs:
-            targets.append(load_target(spec))
-            targets[-1].timeout = args.timeout
+            targets.append(_loaded(spec, args.timeout))
         on_targets(targets)
         act_on_a_signal()
         if not workers:
             load_checks()
-            return verify(targets, profile=args.profile, progress=progress, rule_ids=rule_ids), targets, False
+            loaded = [t for t in targets if not getattr(t, "load_error", "")]
+            rows = verify(loaded, profile=args.profile, progress=progress, rule_ids=rule_ids)
+            return rows + _unloaded_rows(targets, rule_ids, progress), targets, False
         from dsv4spec.properties import workers as pool
         rows, infos = pool.run(specs, rule_ids, args.profile, jobs=args.jobs, seed=RUN.seed,
                                timeout=args.timeout, isolate=args.isolate, progress=progress)
@@ -353,6 +342,28 @@ def _run_verify(args, specs, rule_ids, progress, on_targets=lambda _: None):
         rows = sorted(progress.rows, key=lambda r: (names.index(r.target), rule_ids.index(r.rule_id)))
         infos = getattr(e, "infos", None)       # the worker run's (workers.Interrupted)
         return rows, targets or ([infos[s] for s in specs] if infos else [Unloaded(s) for s in specs]), True
+
+
+def _loaded(spec: str, timeout: float):
+    """The target `spec` names, or, where it cannot be loaded, what a worker reports of it: its load
+    error (a usage error where the spec names no target), so that every route writes the same reports."""
+    from dsv4spec.properties.target import TargetLoadError, TargetNotFound, load_target
+    from dsv4spec.properties.workers import TargetInfo
+    try:
+        target = load_target(spec)
+    except (TargetNotFound, TargetLoadError) as e:
+        return TargetInfo(spec, spec, load_error=str(e), usage_error=isinstance(e, TargetNotFound))
+    target.timeout = timeout
+    return target
+
+
+def _unloaded_rows(targets, rule_ids, progress) -> list:
+    """An ERROR row, naming the load error, for each rule on each target that could not be loaded."""
+    from dsv4spec.properties.suite import ERROR, Row
+    rows = [Row(r, t.name, ERROR, t.load_error) for t in targets if getattr(t, "load_error", "") for r in rule_ids]
+    for row in rows:
+        progress(row)
+    return rows
 
 
 def _header(args, targets, prefixes, rule_ids) -> dict:

@@ -80,6 +80,8 @@ def _child(run, conn):
 
 def _info(target):
     from dsv4spec.properties.workers import TargetInfo
+    if isinstance(target, TargetInfo):      # a target that could not be loaded, with its load error
+        return asdict(target)
     return asdict(TargetInfo(target.spec, target.name, target.module, target.claims_conformance,
                              target.version, str(target.device)))
 

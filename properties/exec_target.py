@@ -65,7 +65,9 @@ class PortError(Exception):
 
 
 def command(spec: str) -> list[str]:
-    """The argv of an `exec:CMD` spec, its program resolved; TargetNotFound if there is none."""
+    """The argv of an `exec:CMD` spec, its program resolved; TargetNotFound for a malformed spec,
+    TargetLoadError for a program that cannot be started (no such file or program, not executable:
+    exit status 3, PROTOCOL.md)."""
     text = spec[len(PREFIX):]
     try:
         argv = shlex.split(text)
@@ -78,14 +80,14 @@ def command(spec: str) -> list[str]:
     if "/" in program:
         path = os.path.abspath(program)
         if not os.path.isfile(path):
-            raise TargetNotFound(f"target {spec!r}: no file {path} (a path is relative to the working "
+            raise TargetLoadError(f"target {spec!r}: no file {path} (a path is relative to the working "
                                  f"directory {os.getcwd()}; build the port first?)")
         if not os.access(path, os.X_OK):
-            raise TargetNotFound(f"target {spec!r}: {path} is not executable")
+            raise TargetLoadError(f"target {spec!r}: {path} is not executable")
     else:
         path = shutil.which(program)
         if path is None:
-            raise TargetNotFound(f"target {spec!r}: no program {program!r} on PATH (write ./{program} for a "
+            raise TargetLoadError(f"target {spec!r}: no program {program!r} on PATH (write ./{program} for a "
                                  f"file in the working directory)")
     return [path] + argv[1:]
 
