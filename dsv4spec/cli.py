@@ -141,13 +141,16 @@ class _Run:
     def process_findings(self, targets) -> list[str]:
         """What the rows cannot say: threads and processes a target left running in a worker
         (--isolate, --jobs) or, in the guard's child, threads in this process (the guard looks for
-        processes)."""
+        processes), and what an exec port left running, its port closed here."""
+        from dsv4spec.properties.exec_target import left_by
         from dsv4spec.properties.workers import threads_left
         findings = []
         for t in targets:
             where = f"{t.name}'s worker process"
             findings += [threads_finding(t.threads_left, where)] if getattr(t, "threads_left", []) else []
             findings += [processes_finding(t.processes_left, where)] if getattr(t, "processes_left", []) else []
+            if left := left_by(t, close=True):
+                findings.append(processes_finding(left, "the process group of its exec port or a session it started"))
         here = threads_left() if _forks(self.args) else []
         return findings + ([threads_finding(here)] if here else [])
 

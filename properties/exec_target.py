@@ -32,6 +32,7 @@ from urllib.parse import quote, unquote
 import numpy as np
 
 from dsv4spec.parent_death import signal_on_parent_death
+from dsv4spec.processes import in_group, processes_left
 
 from .contract import (DEFAULT_TIMEOUT_S, SHAPES, WATCH, NotImplementedOp, NothingImplemented, OperationTimeout,
                        Target, TargetLoadError, TargetNotFound, known_ops)
@@ -266,6 +267,7 @@ class Port:
         self.stderr: deque = deque(maxlen=4)        # chunks of at most STDERR_TAIL bytes
         self.timeout_of = lambda: None
         self.last_op = "the handshake"
+        self.left: list[str] = []       # the processes it left running once it had ended (killed since)
         _PORTS.add(self)
         try:
             hello = self._start()
@@ -370,18 +372,22 @@ class Port:
         """Kill the port's process group (start_new_session), whose members outlive the port itself
         when it has ended (a grandchild holding its pipes), then whatever still carries the port's
         marker in its environment (a descendant that left the group for a session of its own),
-        naming it."""
+        naming it.  What the port left running, in its group once it had ended or outside it, is
+        kept in `left`: the runner reports it as a finding (exit status 1 at least)."""
+        in_its_group = processes_left(lambda: in_group(proc.pid, besides={proc.pid})) if proc.poll() is not None else []
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             if proc.poll() is None:
                 proc.kill()
         proc.wait()
-        for pid, command_line in _marked(self.marker, proc.pid):
+        outside = _marked(self.marker, proc.pid)
+        for pid, command_line in outside:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
             print(f"dsv4spec: error: the port {self.spec} left process {pid} ({command_line}) running outside "
                   f"its process group; it was killed (a port must end what it starts)", file=sys.stderr)
+        self.left += in_its_group + [f"pid {pid}: {command_line or '?'}" for pid, command_line in outside]
 
     def _abandon(self):
         """Kill the port after a violation: its stream is no longer in step with ours."""
@@ -649,6 +655,17 @@ class Port:
 
 
 _STARTED = itertools.count()
+
+
+def left_by(target, close: bool = False) -> list[str]:
+    """What the exec port of `target` left running (named, killed), its port closed first where
+    `close`; none for a target that is not an exec port."""
+    port = getattr(target, "provider", None)
+    if not isinstance(port, Port):
+        return []
+    if close:
+        port.close()
+    return list(port.left)
 
 
 def _marked(marker: str, group: int) -> list[tuple[int, str]]:

@@ -33,6 +33,7 @@ from dsv4spec.processes import in_group, processes_left
 
 from . import suite
 from .suite import ERROR, TIMEOUT, Row
+from .exec_target import left_by
 from .target import TargetLoadError, TargetNotFound, WATCH, load_target
 
 GRACE_S = 1.0               # beyond the per-operation limit, before a silent worker is killed
@@ -115,6 +116,9 @@ def _worker(conn, cores, run: dict, timeout):
     while True:
         task = conn.recv()
         if task is None:
+            for spec, target in targets.items():        # read by the supervisor's stop
+                if left := left_by(target, close=True):
+                    conn.send(("processes", spec, left))
             if threads_left():      # reported with their rows; they would hold this process for join's 5 s
                 sys.stdout.flush()
                 sys.stderr.flush()
@@ -136,7 +140,7 @@ def _worker(conn, cores, run: dict, timeout):
         row = suite.run_rule(rule_id, targets[spec], profile)
         if left := threads_left():  # before the row: the supervisor may end this worker on it
             conn.send(("threads", spec, left))
-        if left := processes_left(lambda: in_group(os.getpid(), besides={os.getpid()})):
+        if left := processes_left(lambda: in_group(os.getpid(), besides={os.getpid()})) + left_by(targets[spec]):
             conn.send(("processes", spec, left))
         conn.send(("row", index, asdict(row)))
 
@@ -198,13 +202,15 @@ class _Slot:
         end_groups(self.ports)
         return left
 
-    def stop(self):
+    def stop(self, infos: dict):
+        """End the worker, after it has closed its targets and said what their ports left running."""
         if self.process is not None and self.process.is_alive():
             try:
                 self.conn.send(None)
             except OSError:
                 pass
             self.process.join(5)
+            _drain(self, None, infos, ())
         self.kill()
 
 
@@ -246,7 +252,7 @@ class Pool:
 
     def close(self):
         for slot in self.slots:
-            slot.stop()
+            slot.stop(self.infos)
 
     def run(self, specs: list[str], rule_ids: list[str], profile: str,
             progress=None) -> tuple[list[Row], dict[str, TargetInfo]]:
