@@ -123,13 +123,14 @@ class _Run:
         self.args, self.specs, self.rule_ids, self.run_ids, self.skip, self.xfail = \
             args, specs, rule_ids, run_ids, skip, xfail
         self.started = time.monotonic()
-        self.on_row = self.on_targets = lambda _: None      # the guard's (dsv4spec/guard.py)
+        self.on_row = self.on_targets = self.on_loading = lambda _: None      # the guard's (dsv4spec/guard.py)
 
     def here(self) -> int:
         args = self.args
         progress = Progress(len(self.run_ids) * len(self.specs), quiet=args.quiet, tty=sys.stderr.isatty(),
                             also=self.on_row)
-        rows, targets, interrupted = _run_verify(args, self.specs, self.run_ids, progress, self.on_targets)
+        rows, targets, interrupted = _run_verify(args, self.specs, self.run_ids, progress, self.on_targets,
+                                                  self.on_loading)
         progress.end()
         interrupted = interrupted or bool(SIGNALLED.get("signal"))     # one that came after the last safe point
         SIGNALLED["acted"] = True
@@ -321,13 +322,14 @@ def _triton_version() -> str | None:
     return None
 
 
-def _run_verify(args, specs, rule_ids, progress, on_targets=lambda _: None):
+def _run_verify(args, specs, rule_ids, progress, on_targets=lambda _: None, on_loading=lambda _: None):
     """(rows, targets, interrupted): in this process, or in worker processes for --isolate/--jobs."""
     from dsv4spec.properties.suite import RUN, load_checks, verify
     workers = args.jobs > 1 or args.isolate
     targets = []
     try:
         for spec in [] if workers else specs:
+            on_loading(spec)
             targets.append(_loaded(spec, args.timeout))
         on_targets(targets)
         act_on_a_signal()

@@ -273,7 +273,7 @@ class Pool:
         def lost(slot, status, why):
             index, spec, rule_id, _ = slot.task
             if slot.op == LOADING:          # it would die the same way for every rule
-                infos[spec].load_error = f"target {spec!r} could not be loaded: {why}"
+                infos[spec].load_error = why = f"target {spec!r} could not be loaded: {why}"
             elif status == TIMEOUT:
                 hung[spec][slot.op] = why
             infos[spec].processes_left.extend(slot.kill())

@@ -58,3 +58,25 @@ def test_an_unloadable_target_is_answered_the_same_on_every_route(tmp_path, kind
         assert {r["status"] for k, r in rows.items() if k[1] == "impl"} == {"PASS"}, f"{route}: {rows}"
         assert says in (tmp_path / f"{route}.xml").read_text() and (tmp_path / f"{route}.md").exists()
     assert lines["command"] == lines["isolate"] == lines["jobs"], lines
+
+
+ENDS_AT_IMPORT = {"os._exit": ("import os\nos._exit(0)\n", "exit status 0"),
+                  "a signal": ("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n", "signal SIGSEGV")}
+
+
+@pytest.mark.parametrize("how", ENDS_AT_IMPORT)
+def test_a_target_that_ends_the_process_as_it_loads_could_not_be_loaded_on_every_route(tmp_path, how):
+    """The command's guard said the target "ended the process", exit status 1, where a worker said it
+    could not be loaded, exit status 3."""
+    code, ended = ENDS_AT_IMPORT[how]
+    (tmp_path / "ender.py").write_text(code)
+    says = f"target 'ender' could not be loaded: the target's process died ({ended}) in <loading the target>"
+    for route in ROUTES:
+        run = subprocess.run([sys.executable, "-m", "dsv4spec", "verify", "--quiet", "--target", "ender",
+                              "--rules", RULES, *ROUTES[route], "--json", "r.json"],
+                             cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
+        assert run.returncode == 3 and _errors(run.stderr) == [f"dsv4spec verify: error: {says}"], \
+            f"{route}: {run.stdout}{run.stderr}"
+        report = json.loads((tmp_path / "r.json").read_text())
+        assert report["header"]["targets"][0]["load_error"] == says, f"{route}: {report['header']}"
+        assert {(r["status"], r["detail"]) for r in report["results"]} == {("ERROR", says)}, f"{route}: {report}"
