@@ -337,7 +337,7 @@ def _run_verify(args, specs, rule_ids, progress, on_targets=lambda _: None, on_l
             load_checks()
             loaded = [t for t in targets if not getattr(t, "load_error", "")]
             rows = verify(loaded, profile=args.profile, progress=progress, rule_ids=rule_ids)
-            return rows + _unloaded_rows(targets, rule_ids, progress), targets, False
+            return rows + _unloaded_rows(targets, rule_ids), targets, False
         from dsv4spec.properties import workers as pool
         rows, infos = pool.run(specs, rule_ids, args.profile, jobs=args.jobs, seed=RUN.seed,
                                timeout=args.timeout, isolate=args.isolate, progress=progress)
@@ -352,23 +352,24 @@ def _run_verify(args, specs, rule_ids, progress, on_targets=lambda _: None, on_l
 def _loaded(spec: str, timeout: float):
     """The target `spec` names, or, where it cannot be loaded, what a worker reports of it: its load
     error (a usage error where the spec names no target), so that every route writes the same reports."""
+    from dsv4spec.properties.suite import RUN
     from dsv4spec.properties.target import TargetLoadError, TargetNotFound, load_target
     from dsv4spec.properties.workers import TargetInfo
     try:
         target = load_target(spec)
     except (TargetNotFound, TargetLoadError) as e:
+        if RUN.debug:           # --debug: its traceback instead
+            raise
         return TargetInfo(spec, spec, load_error=str(e), usage_error=isinstance(e, TargetNotFound))
     target.timeout = timeout
     return target
 
 
-def _unloaded_rows(targets, rule_ids, progress) -> list:
-    """An ERROR row, naming the load error, for each rule on each target that could not be loaded."""
+def _unloaded_rows(targets, rule_ids) -> list:
+    """An ERROR row, naming the load error, for each rule on each target that could not be loaded
+    (not shown as progress: the load error is one line)."""
     from dsv4spec.properties.suite import ERROR, Row
-    rows = [Row(r, t.name, ERROR, t.load_error) for t in targets if getattr(t, "load_error", "") for r in rule_ids]
-    for row in rows:
-        progress(row)
-    return rows
+    return [Row(r, t.name, ERROR, t.load_error) for t in targets if getattr(t, "load_error", "") for r in rule_ids]
 
 
 def _header(args, targets, prefixes, rule_ids) -> dict:

@@ -265,9 +265,9 @@ class Pool:
             infos.setdefault(spec, TargetInfo(spec, spec))
             hung.setdefault(spec, {})
 
-        def record(index, row):
+        def record(index, row, shown=True):     # a target's load error is one line, not a row a rule
             rows[index] = row
-            if progress:
+            if progress and shown:
                 progress(row)
 
         def lost(slot, status, why):
@@ -278,7 +278,7 @@ class Pool:
                 hung[spec][slot.op] = why
             infos[spec].processes_left.extend(slot.kill())
             repro = suite.reproduce_command(spec, rule_id, profile, seed, timeout, isolate=True)
-            record(index, Row(rule_id, infos[spec].name, status, why, repro))
+            record(index, Row(rule_id, infos[spec].name, status, why, repro), shown=not infos[spec].load_error)
             slot.task = None
 
         try:
@@ -288,7 +288,7 @@ class Pool:
                         task = tasks.popleft()
                         index, spec, rule_id, _ = task
                         if infos[spec].load_error:
-                            record(index, Row(rule_id, infos[spec].name, ERROR, infos[spec].load_error))
+                            record(index, Row(rule_id, infos[spec].name, ERROR, infos[spec].load_error), shown=False)
                             continue
                         slot.give(task, hung[spec])
                 WATCH.safe_point()          # the command's: a SIGTERM or SIGINT it recorded ends the run here
@@ -342,6 +342,6 @@ def _drain(slot, record, infos, ready):
             _, index, why, usage = message
             spec = slot.task[1]
             infos[spec].load_error, infos[spec].usage_error = why, usage
-            record(index, Row(slot.task[2], infos[spec].name, ERROR, why))
+            record(index, Row(slot.task[2], infos[spec].name, ERROR, why), shown=False)
             slot.task = None
             return

@@ -88,8 +88,7 @@ def test_an_exec_port_that_cannot_be_started_is_a_target_not_loaded(tmp_path):
 @pytest.mark.parametrize("spec,status", [("exec:no-such-port-anywhere", 3), ("exec:'unclosed", 2), ("exec:", 2)])
 def test_only_a_malformed_exec_spec_is_a_usage_error(capsys, spec, status):
     assert main(["verify", "--target", spec, "--rules", "FMT.E2M1.RNE"]) == status
-    errors = [e for e in capsys.readouterr().err.splitlines() if e.startswith("dsv4spec verify: error: ")]
-    assert len(errors) == 1 and errors[0].startswith(f"dsv4spec verify: error: target {spec!r}: "), errors
+    assert capsys.readouterr().err.startswith(f"dsv4spec verify: error: target {spec!r}: ")
 
 
 # Every way torch has of asking for CUDA, wrapped to note the asking process.  torch.cuda.is_available

@@ -28,7 +28,7 @@ UNLOADABLE = {   # spec, the files it needs, what its line says, the exit status
 
 
 def _verify(tmp_path: Path, spec: str, route: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dsv4spec", "verify", "--quiet", "--max-examples", "1",
+    return subprocess.run([sys.executable, "-m", "dsv4spec", "verify", "--max-examples", "1",
                            "--target", spec, "--target", "impl", "--rules", RULES, *ROUTES[route],
                            "--json", f"{route}.json", "--junit", f"{route}.xml", "--markdown", f"{route}.md"],
                           cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
@@ -50,6 +50,7 @@ def test_an_unloadable_target_is_answered_the_same_on_every_route(tmp_path, kind
         lines[route] = _errors(run.stderr)
         assert run.returncode == status, f"{route}: {run.stdout}{run.stderr}"
         assert len(lines[route]) == 1 and says in lines[route][0], f"{route}: {run.stderr}"
+        assert f"on {spec}" not in run.stderr, f"{route}: its rows shown as progress: {run.stderr}"
         report = json.loads((tmp_path / f"{route}.json").read_text())
         target = report["header"]["targets"][0]
         assert target["load_error"] and says in target["load_error"], f"{route}: {target}"
