@@ -31,3 +31,15 @@ def test_a_process_the_target_leaves_running_is_named_ended_and_fails_the_sessio
 def test_a_target_that_starts_nothing_leaves_the_session_green(tmp_path):
     code, out, err = _pytest(tmp_path, "--dsv4spec-target", "impl", "--dsv4spec-rules", "FMT.E2M1.ZERO_SIGN")
     assert code == 0 and "1 passed" in out and "left" not in out, out + err
+
+
+@pytest.mark.parametrize("isolate", [pytest.param([], id="in-process"), pytest.param(["--dsv4spec-isolate"], id="isolate")])
+def test_a_process_an_exec_port_leaves_after_it_ends_fails_the_session(tmp_path, isolate):
+    from test_port_survivors import FAKE, _gone
+    code, out, err = _pytest(tmp_path, "--dsv4spec-target", FAKE, "--dsv4spec-rules", "FMT.E2M1.VALUES",
+                             "--dsv4spec-max-examples", "1", *isolate,
+                             env={"FAKE_FAULT": "leaves_child", "FAKE_PIDS": str(tmp_path / "pids")})
+    (pid,) = map(int, (tmp_path / "pids").read_text().split())
+    assert _gone(pid), "the port's process outlived the session"
+    assert code == 1 and "1 passed" in out, out + err
+    assert "process(es) from " in out and f"pid {pid}: " in out, out
