@@ -123,13 +123,14 @@ class _Run:
         self.args, self.specs, self.rule_ids, self.run_ids, self.skip, self.xfail = \
             args, specs, rule_ids, run_ids, skip, xfail
         self.started = time.monotonic()
-        self.on_row = self.on_targets = lambda _: None      # the guard's (dsv4spec/guard.py)
+        self.on_row = self.on_targets = self.on_loading = lambda _: None      # the guard's (dsv4spec/guard.py)
 
     def here(self) -> int:
         args = self.args
         progress = Progress(len(self.run_ids) * len(self.specs), quiet=args.quiet, tty=sys.stderr.isatty(),
                             also=self.on_row)
-        rows, targets, interrupted = _run_verify(args, self.specs, self.run_ids, progress, self.on_targets)
+        rows, targets, interrupted = _run_verify(args, self.specs, self.run_ids, progress, self.on_targets,
+                                                  self.on_loading)
         progress.end()
         interrupted = interrupted or bool(SIGNALLED.get("signal"))     # one that came after the last safe point
         SIGNALLED["acted"] = True
@@ -141,13 +142,16 @@ class _Run:
     def process_findings(self, targets) -> list[str]:
         """What the rows cannot say: threads and processes a target left running in a worker
         (--isolate, --jobs) or, in the guard's child, threads in this process (the guard looks for
-        processes)."""
+        processes), and what an exec port left running, its port closed here."""
+        from dsv4spec.properties.exec_target import left_by
         from dsv4spec.properties.workers import threads_left
         findings = []
         for t in targets:
             where = f"{t.name}'s worker process"
             findings += [threads_finding(t.threads_left, where)] if getattr(t, "threads_left", []) else []
             findings += [processes_finding(t.processes_left, where)] if getattr(t, "processes_left", []) else []
+            if left := left_by(t, close=True):
+                findings.append(processes_finding(left, "the process group of its exec port or a session it started"))
         here = threads_left() if _forks(self.args) else []
         return findings + ([threads_finding(here)] if here else [])
 
@@ -277,25 +281,14 @@ def _checked_verify_args(args) -> tuple[list[str], list[str]]:
 
 
 def _locate(spec: str) -> None:
-    """locate(spec), where an exec: port that cannot be started (no such file or program, not
-    executable) could not be loaded: exit status 3 (PROTOCOL.md, README); a malformed spec stays a
-    usage error."""
-    from dsv4spec.properties.exec_target import PREFIX
-    from dsv4spec.properties.target import TargetLoadError, TargetNotFound, locate
+    """locate(spec): a spec naming no target is a usage error before any run; one naming a target
+    that cannot be loaded (an exec: port with no such file or program) is left to the run's load,
+    which writes the reports with its ERROR as for any target that cannot be loaded."""
+    from dsv4spec.properties.target import TargetLoadError, locate
     try:
         locate(spec)
-    except TargetNotFound as e:
-        if spec.startswith(PREFIX) and _splits_into_a_command(spec[len(PREFIX):]):
-            raise TargetLoadError(str(e)) from e
-        raise
-
-
-def _splits_into_a_command(text: str) -> bool:
-    import shlex
-    try:
-        return bool(shlex.split(text))
-    except ValueError:
-        return False
+    except TargetLoadError:
+        pass
 
 
 TESTED_TRITON = "3.6"       # the Triton series the kernels are tested on (the kernels extra pins 3.6.0)
@@ -329,21 +322,22 @@ def _triton_version() -> str | None:
     return None
 
 
-def _run_verify(args, specs, rule_ids, progress, on_targets=lambda _: None):
+def _run_verify(args, specs, rule_ids, progress, on_targets=lambda _: None, on_loading=lambda _: None):
     """(rows, targets, interrupted): in this process, or in worker processes for --isolate/--jobs."""
     from dsv4spec.properties.suite import RUN, load_checks, verify
-    from dsv4spec.properties.target import load_target
     workers = args.jobs > 1 or args.isolate
     targets = []
     try:
         for spec in [] if workers else specs:
-            targets.append(load_target(spec))
-            targets[-1].timeout = args.timeout
+            on_loading(spec)
+            targets.append(_loaded(spec, args.timeout))
         on_targets(targets)
         act_on_a_signal()
         if not workers:
             load_checks()
-            return verify(targets, profile=args.profile, progress=progress, rule_ids=rule_ids), targets, False
+            loaded = [t for t in targets if not getattr(t, "load_error", "")]
+            rows = verify(loaded, profile=args.profile, progress=progress, rule_ids=rule_ids)
+            return rows + _unloaded_rows(targets, rule_ids), targets, False
         from dsv4spec.properties import workers as pool
         rows, infos = pool.run(specs, rule_ids, args.profile, jobs=args.jobs, seed=RUN.seed,
                                timeout=args.timeout, isolate=args.isolate, progress=progress)
@@ -353,6 +347,29 @@ def _run_verify(args, specs, rule_ids, progress, on_targets=lambda _: None):
         rows = sorted(progress.rows, key=lambda r: (names.index(r.target), rule_ids.index(r.rule_id)))
         infos = getattr(e, "infos", None)       # the worker run's (workers.Interrupted)
         return rows, targets or ([infos[s] for s in specs] if infos else [Unloaded(s) for s in specs]), True
+
+
+def _loaded(spec: str, timeout: float):
+    """The target `spec` names, or, where it cannot be loaded, what a worker reports of it: its load
+    error (a usage error where the spec names no target), so that every route writes the same reports."""
+    from dsv4spec.properties.suite import RUN
+    from dsv4spec.properties.target import TargetLoadError, TargetNotFound, load_target
+    from dsv4spec.properties.workers import TargetInfo
+    try:
+        target = load_target(spec)
+    except (TargetNotFound, TargetLoadError) as e:
+        if RUN.debug:           # --debug: its traceback instead
+            raise
+        return TargetInfo(spec, spec, load_error=str(e), usage_error=isinstance(e, TargetNotFound))
+    target.timeout = timeout
+    return target
+
+
+def _unloaded_rows(targets, rule_ids) -> list:
+    """An ERROR row, naming the load error, for each rule on each target that could not be loaded
+    (not shown as progress: the load error is one line)."""
+    from dsv4spec.properties.suite import ERROR, Row
+    return [Row(r, t.name, ERROR, t.load_error) for t in targets if getattr(t, "load_error", "") for r in rule_ids]
 
 
 def _header(args, targets, prefixes, rule_ids) -> dict:

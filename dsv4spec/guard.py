@@ -62,6 +62,7 @@ def _child(run, conn):
         WATCH.port = lambda pgid: conn.send(("port", pgid))
         run.on_row = lambda row: conn.send(("row", asdict(row)))
         run.on_targets = lambda targets: conn.send(("targets", [_info(t) for t in targets]))
+        run.on_loading = lambda spec: conn.send(("loading", spec))
         with terminated_as_interrupted():
             status = handled(run.here, run.args)
     except BaseException:       # noqa: BLE001 -- a defect of the suite's own: shown, exit status 1
@@ -80,6 +81,8 @@ def _child(run, conn):
 
 def _info(target):
     from dsv4spec.properties.workers import TargetInfo
+    if isinstance(target, TargetInfo):      # a target that could not be loaded, with its load error
+        return asdict(target)
     return asdict(TargetInfo(target.spec, target.name, target.module, target.claims_conformance,
                              target.version, str(target.device)))
 
@@ -101,7 +104,7 @@ def _parent(run, pid: int, conn) -> int:
               f"the results that finished", file=sys.stderr)
         status = _report_the_interruption(run, watch)
     else:
-        status = _report_the_end(run, watch.rows, watch.infos, watch.op, ended(code))
+        status = _report_the_end(run, watch, ended(code))
     return report_processes_left(left, status, "the command's process")
 
 
@@ -112,6 +115,7 @@ class _Watch(ForkedChild):
     def __init__(self, pid: int, conn):
         super().__init__(pid, conn, STOP_GRACE_S)
         self.rows, self.infos, self.op, self.verdict, self.ports = [], None, None, None, set()
+        self.loading = None         # the spec of the target being loaded, until the targets are reported
 
     def kill(self):
         super().kill()
@@ -122,6 +126,8 @@ class _Watch(ForkedChild):
             self.rows.append(value)
         elif kind == "targets":
             self.infos = value
+        elif kind == "loading":
+            self.loading = value
         elif kind == "op":
             self.op = value
         elif kind == "port":
@@ -137,12 +143,15 @@ def _report_the_interruption(run, watch) -> int:
     return run.conclude([Row(**r) for r in watch.rows], targets, interrupted=True)
 
 
-def _report_the_end(run, rows: list, infos, op, how: str) -> int:
+def _report_the_end(run, watch, how: str) -> int:
     """The reports of a run whose process the target ended: the rows that finished, an ERROR for
-    the rule that was running, and an ERROR "not run" for each rule after it."""
+    the rule that was running, and an ERROR "not run" for each rule after it; a target that ended
+    it while being loaded could not be loaded, as a worker reports it."""
     from dsv4spec.properties.suite import ERROR, Row
     from dsv4spec.properties.workers import TargetInfo
-    rows = [Row(**r) for r in rows]
+    if watch.infos is None and watch.loading is not None:
+        return _report_a_load_that_ended(run, watch.loading, how)
+    rows, infos, op = [Row(**r) for r in watch.rows], watch.infos, watch.op
     targets = [TargetInfo(**i) for i in infos] if infos else [Unloaded(s) for s in run.specs]
     done = {(r.rule_id, r.target) for r in rows}
     pending = [(r, t.name) for t in targets for r in run.run_ids if (r, t.name) not in done]
@@ -154,3 +163,15 @@ def _report_the_end(run, rows: list, infos, op, how: str) -> int:
         rows.append(Row(rule_id, name, ERROR, why + " (--isolate runs every rule in a worker process, so that "
                                                    "a process the target ends costs only its rule)"))
     return run.conclude(rows, targets, interrupted=False, forced=1)
+
+
+def _report_a_load_that_ended(run, spec: str, how: str) -> int:
+    """The reports of a run whose process a target ended while it was being loaded: its rules ERROR
+    with its load error (exit status 3, the words of a worker that died loading it), the other
+    targets' not run."""
+    from dsv4spec.properties.suite import ERROR, Row
+    from dsv4spec.properties.workers import LOADING, TargetInfo
+    why = f"target {spec!r} could not be loaded: the target's process died ({how}) in {LOADING}"
+    targets = [TargetInfo(s, s, load_error=why if s == spec else "") for s in run.specs]
+    rows = [Row(r, s, ERROR, why if s == spec else f"not run: {why}") for s in run.specs for r in run.run_ids]
+    return run.conclude(rows, targets, interrupted=False)

@@ -32,6 +32,7 @@ from urllib.parse import quote, unquote
 import numpy as np
 
 from dsv4spec.parent_death import signal_on_parent_death
+from dsv4spec.processes import in_group, processes_left
 
 from .contract import (DEFAULT_TIMEOUT_S, SHAPES, WATCH, NotImplementedOp, NothingImplemented, OperationTimeout,
                        Target, TargetLoadError, TargetNotFound, known_ops)
@@ -65,7 +66,9 @@ class PortError(Exception):
 
 
 def command(spec: str) -> list[str]:
-    """The argv of an `exec:CMD` spec, its program resolved; TargetNotFound if there is none."""
+    """The argv of an `exec:CMD` spec, its program resolved; TargetNotFound for a malformed spec,
+    TargetLoadError for a program that cannot be started (no such file or program, not executable:
+    exit status 3, PROTOCOL.md)."""
     text = spec[len(PREFIX):]
     try:
         argv = shlex.split(text)
@@ -78,14 +81,14 @@ def command(spec: str) -> list[str]:
     if "/" in program:
         path = os.path.abspath(program)
         if not os.path.isfile(path):
-            raise TargetNotFound(f"target {spec!r}: no file {path} (a path is relative to the working "
+            raise TargetLoadError(f"target {spec!r}: no file {path} (a path is relative to the working "
                                  f"directory {os.getcwd()}; build the port first?)")
         if not os.access(path, os.X_OK):
-            raise TargetNotFound(f"target {spec!r}: {path} is not executable")
+            raise TargetLoadError(f"target {spec!r}: {path} is not executable")
     else:
         path = shutil.which(program)
         if path is None:
-            raise TargetNotFound(f"target {spec!r}: no program {program!r} on PATH (write ./{program} for a "
+            raise TargetLoadError(f"target {spec!r}: no program {program!r} on PATH (write ./{program} for a "
                                  f"file in the working directory)")
     return [path] + argv[1:]
 
@@ -264,6 +267,7 @@ class Port:
         self.stderr: deque = deque(maxlen=4)        # chunks of at most STDERR_TAIL bytes
         self.timeout_of = lambda: None
         self.last_op = "the handshake"
+        self.left: list[str] = []       # the processes it left running once it had ended (killed since)
         _PORTS.add(self)
         try:
             hello = self._start()
@@ -368,18 +372,22 @@ class Port:
         """Kill the port's process group (start_new_session), whose members outlive the port itself
         when it has ended (a grandchild holding its pipes), then whatever still carries the port's
         marker in its environment (a descendant that left the group for a session of its own),
-        naming it."""
+        naming it.  What the port left running, in its group once it had ended or outside it, is
+        kept in `left`: the runner reports it as a finding (exit status 1 at least)."""
+        in_its_group = processes_left(lambda: in_group(proc.pid, besides={proc.pid})) if proc.poll() is not None else []
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             if proc.poll() is None:
                 proc.kill()
         proc.wait()
-        for pid, command_line in _marked(self.marker, proc.pid):
+        outside = _marked(self.marker, proc.pid)
+        for pid, command_line in outside:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
             print(f"dsv4spec: error: the port {self.spec} left process {pid} ({command_line}) running outside "
                   f"its process group; it was killed (a port must end what it starts)", file=sys.stderr)
+        self.left += in_its_group + [f"pid {pid}: {command_line or '?'}" for pid, command_line in outside]
 
     def _abandon(self):
         """Kill the port after a violation: its stream is no longer in step with ours."""
@@ -647,6 +655,17 @@ class Port:
 
 
 _STARTED = itertools.count()
+
+
+def left_by(target, close: bool = False) -> list[str]:
+    """What the exec port of `target` left running (named, killed), its port closed first where
+    `close`; none for a target that is not an exec port."""
+    port = getattr(target, "provider", None)
+    if not isinstance(port, Port):
+        return []
+    if close:
+        port.close()
+    return list(port.left)
 
 
 def _marked(marker: str, group: int) -> list[tuple[int, str]]:

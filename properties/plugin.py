@@ -187,11 +187,29 @@ class Session:
             self.pool = workers.Pool(jobs=1, seed=self.settings.seed, timeout=target.timeout, isolate=True)
         rows, infos = self.pool.run([target.spec], [rule_id], profile)
         target.claims_conformance = infos[target.spec].claims_conformance or bool(infos[target.spec].load_error)
-        for kind in ("threads", "processes"):
-            known = self.left.setdefault(f"non-daemon thread(s) in {target.spec}'s worker" if kind == "threads"
-                                         else f"process(es) from {target.spec}'s worker (ended)", [])
-            known.extend(n for n in getattr(infos[target.spec], f"{kind}_left") if n not in known)
+        self._note(infos[target.spec])
         return rows[0]
+
+    def _note(self, info):
+        """What a target left running in its worker (a TargetInfo), kept for the findings."""
+        for kind in ("threads", "processes"):
+            self._left(f"non-daemon thread(s) in {info.spec}'s worker" if kind == "threads"
+                       else f"process(es) from {info.spec}'s worker (ended)", getattr(info, f"{kind}_left"))
+
+    def _left(self, what: str, names: list[str]):
+        known = self.left.setdefault(what, [])
+        known.extend(n for n in names if n not in known)
+
+    def _end_the_targets(self):
+        """Close the exec ports and the worker before the verdict: a process a port left running
+        after it ended (named, killed) is a finding, as in `dsv4spec verify`."""
+        from .exec_target import left_by
+        if self.pool is not None:
+            self.pool.close()
+            for info in self.pool.infos.values():
+                self._note(info)
+        for target in self.settings.targets:
+            self._left(f"process(es) from {target.spec}'s exec port (ended)", left_by(target, close=True))
 
     def findings(self) -> list[str]:
         """What the targets left running, each a line; the session's exit status is at least 1 for any."""
@@ -204,6 +222,7 @@ class Session:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session, exitstatus):
+        self._end_the_targets()
         if self.findings():
             session.exitstatus = max(int(exitstatus), 1)
         self.exitstatus = int(session.exitstatus)

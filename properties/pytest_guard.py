@@ -9,7 +9,9 @@ child that ends without saying so is reported by the parent: the item it was run
 naming the operation and how the process ended, every item after it did not run, the --junitxml
 is written with them, and the exit status is 1.  The parent forwards SIGTERM (and a SIGINT that did
 not come from the terminal, which reaches the child itself) and kills the child if it has not
-ended a few seconds later; the child is killed if the parent dies.
+ended a few seconds later; the child is killed if the parent dies.  Whatever a target forked or
+started and left running (the parent is a subreaper: such a process stays its descendant when the
+child ends) is named, ended, and makes the exit status at least 1, as `dsv4spec verify` does.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from multiprocessing.connection import Connection
 import pytest
 
 from dsv4spec.parent_death import signal_on_parent_death
-from dsv4spec.processes import ForkedChild, ended
+from dsv4spec.processes import ForkedChild, become_subreaper, descendants, ended, processes_left
 
 STOP_GRACE_S = 5.0          # after a forwarded signal, before the child is killed (a target hung in C)
 
@@ -38,6 +40,7 @@ def fork_the_session(config) -> None:
     read, write = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
+    become_subreaper()          # what the target starts stays among this process's descendants
     pid = os.fork()
     if pid == 0:
         os.close(read)
@@ -52,9 +55,20 @@ def fork_the_session(config) -> None:
         status = 128 + watch.signal
     elif watch.status is None and (status <= 0 or watch.item is not None):  # not pytest's own error (a usage error)
         status = watch.report(config, code)
+    status = _processes_left(status)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status if status >= 0 else 128 - status)
+
+
+def _processes_left(status: int) -> int:
+    """The exit status, at least 1 where the targets left a process running (named, ended)."""
+    left = processes_left(descendants)
+    if not left:
+        return status
+    print(f"dsv4spec: the targets left {len(left)} process(es) running: {'; '.join(left)}; a target must end "
+          f"what it starts (they were ended with SIGKILL; exit status 1 at least)", flush=True)
+    return status if status > 0 else 1
 
 
 class _Child:

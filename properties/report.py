@@ -6,7 +6,7 @@ JSON (schema_version 4; properties/report.schema.json is its JSON Schema), one o
     header           the run: tool {name, version}, spec {rules, digest} (the digest is a sha256
                      prefix of every rule's id, status, statement and knob: equal digests, equal
                      rules), targets [{spec, name, module, version, device, claims_conformance, and
-                     load_error and usage_error when a worker could not load it}], profile,
+                     load_error and usage_error when it could not be loaded}], profile,
                      seed (null when derandomized), timeout_s, examples_per_check {rule: n}
                      (the profile's size per rule: ci is sized by measured cost), rules (the
                      prefixes, or "all"),

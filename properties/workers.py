@@ -33,6 +33,7 @@ from dsv4spec.processes import in_group, processes_left
 
 from . import suite
 from .suite import ERROR, TIMEOUT, Row
+from .exec_target import left_by
 from .target import TargetLoadError, TargetNotFound, WATCH, load_target
 
 GRACE_S = 1.0               # beyond the per-operation limit, before a silent worker is killed
@@ -115,6 +116,9 @@ def _worker(conn, cores, run: dict, timeout):
     while True:
         task = conn.recv()
         if task is None:
+            for spec, target in targets.items():        # read by the supervisor's stop
+                if left := left_by(target, close=True):
+                    conn.send(("processes", spec, left))
             if threads_left():      # reported with their rows; they would hold this process for join's 5 s
                 sys.stdout.flush()
                 sys.stderr.flush()
@@ -136,7 +140,7 @@ def _worker(conn, cores, run: dict, timeout):
         row = suite.run_rule(rule_id, targets[spec], profile)
         if left := threads_left():  # before the row: the supervisor may end this worker on it
             conn.send(("threads", spec, left))
-        if left := processes_left(lambda: in_group(os.getpid(), besides={os.getpid()})):
+        if left := processes_left(lambda: in_group(os.getpid(), besides={os.getpid()})) + left_by(targets[spec]):
             conn.send(("processes", spec, left))
         conn.send(("row", index, asdict(row)))
 
@@ -198,13 +202,15 @@ class _Slot:
         end_groups(self.ports)
         return left
 
-    def stop(self):
+    def stop(self, infos: dict):
+        """End the worker, after it has closed its targets and said what their ports left running."""
         if self.process is not None and self.process.is_alive():
             try:
                 self.conn.send(None)
             except OSError:
                 pass
             self.process.join(5)
+            _drain(self, None, infos, ())
         self.kill()
 
 
@@ -246,7 +252,7 @@ class Pool:
 
     def close(self):
         for slot in self.slots:
-            slot.stop()
+            slot.stop(self.infos)
 
     def run(self, specs: list[str], rule_ids: list[str], profile: str,
             progress=None) -> tuple[list[Row], dict[str, TargetInfo]]:
@@ -259,20 +265,20 @@ class Pool:
             infos.setdefault(spec, TargetInfo(spec, spec))
             hung.setdefault(spec, {})
 
-        def record(index, row):
+        def record(index, row, shown=True):     # a target's load error is one line, not a row a rule
             rows[index] = row
-            if progress:
+            if progress and shown:
                 progress(row)
 
         def lost(slot, status, why):
             index, spec, rule_id, _ = slot.task
             if slot.op == LOADING:          # it would die the same way for every rule
-                infos[spec].load_error = f"target {spec!r} could not be loaded: {why}"
+                infos[spec].load_error = why = f"target {spec!r} could not be loaded: {why}"
             elif status == TIMEOUT:
                 hung[spec][slot.op] = why
             infos[spec].processes_left.extend(slot.kill())
             repro = suite.reproduce_command(spec, rule_id, profile, seed, timeout, isolate=True)
-            record(index, Row(rule_id, infos[spec].name, status, why, repro))
+            record(index, Row(rule_id, infos[spec].name, status, why, repro), shown=not infos[spec].load_error)
             slot.task = None
 
         try:
@@ -282,7 +288,7 @@ class Pool:
                         task = tasks.popleft()
                         index, spec, rule_id, _ = task
                         if infos[spec].load_error:
-                            record(index, Row(rule_id, infos[spec].name, ERROR, infos[spec].load_error))
+                            record(index, Row(rule_id, infos[spec].name, ERROR, infos[spec].load_error), shown=False)
                             continue
                         slot.give(task, hung[spec])
                 WATCH.safe_point()          # the command's: a SIGTERM or SIGINT it recorded ends the run here
@@ -336,6 +342,6 @@ def _drain(slot, record, infos, ready):
             _, index, why, usage = message
             spec = slot.task[1]
             infos[spec].load_error, infos[spec].usage_error = why, usage
-            record(index, Row(slot.task[2], infos[spec].name, ERROR, why))
+            record(index, Row(slot.task[2], infos[spec].name, ERROR, why), shown=False)
             slot.task = None
             return

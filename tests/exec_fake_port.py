@@ -6,7 +6,8 @@ only, that misbehaves on request: tests/test_exec_target.py drives it by environ
                  port_error, not_implemented, swap_nibbles; values (every kind of result); at
                  the handshake: no_hello, silent, bad_hello, protocol_2, unknown_op,
                  no_ops (ops= empty); deaf
-                 (reads no request)
+                 (reads no request); at its end: leaves_child, leaves_session (starts a process,
+                 in its own group or in a session of its own, writes its pid to $FAKE_PIDS, exits)
     FAKE_OP      the one operation that misbehaves (default: every one)
     FAKE_HELLO   extra words for the hello line (e.g. "variants=nibble_order:high_first")
 
@@ -109,6 +110,15 @@ def reply(op, args):
     return good
 
 
+def leave_a_process():
+    import subprocess
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"],
+                             start_new_session=FAULT == "leaves_session", stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(os.environ["FAKE_PIDS"], "w") as f:
+        f.write(f"{child.pid}\n")
+
+
 def main():
     if FAULT == "no_hello":
         sys.exit(0)
@@ -128,7 +138,7 @@ def main():
     while True:
         line = IN.readline()
         if not line:
-            return
+            return leave_a_process() if FAULT in ("leaves_child", "leaves_session") else None
         kind, f = fields(line)
         assert kind == "call", line
         args = [read_value() for _ in range(int(f["args"]) + int(f["kwargs"]))]

@@ -40,6 +40,13 @@ def rec():
     return key, ([v for _, v in items] if k == "list" else dict(items))
 
 
+def error(kind: str, text: str) -> bytes:
+    """An error reply: its message the first line of `text`, in ASCII (a header line is ASCII,
+    PROTOCOL.md), any other character written as Python's backslash escape."""
+    message = text.splitlines()[0] if text else ""
+    return f"error kind={kind} message=".encode() + message.encode("ascii", "backslashreplace") + b"\n"
+
+
 IN.readline()
 OUT.write(f"hello protocol=1 name=relay ops={','.join(OPS)} claims_conformance=1\n".encode())
 OUT.flush()
@@ -53,8 +60,7 @@ while line := IN.readline():
         body = b"".join(b for v in vals for b in encode_value(v, "result"))
         OUT.write(f"ok n={len(vals)}\n".encode() + body)
     except (ValueError, TypeError) as e:
-        message = str(e).splitlines()[0] if str(e) else ""
-        OUT.write(f"error kind={type(e).__name__} message={message}\n".encode())
+        OUT.write(error(type(e).__name__, str(e)))
     except ProtocolError as e:
-        OUT.write(f"error kind=Unsupported message={e}\n".encode())
+        OUT.write(error("Unsupported", str(e)))
     OUT.flush()

@@ -192,11 +192,11 @@ def test_a_broken_handshake_is_a_load_error(monkeypatch, fault, says):
         load_target(SPEC)
 
 
-def test_a_missing_program_is_not_found(tmp_path, monkeypatch):
+def test_a_missing_program_is_a_target_not_loaded_and_a_malformed_spec_not_found(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(TargetNotFound, match=r"no file .*/no_such_port \(a path is relative to the working"):
+    with pytest.raises(TargetLoadError, match=r"no file .*/no_such_port \(a path is relative to the working"):
         load_target("exec:./no_such_port")
-    with pytest.raises(TargetNotFound, match="no program 'no-such-port-anywhere' on PATH"):
+    with pytest.raises(TargetLoadError, match="no program 'no-such-port-anywhere' on PATH"):
         load_target("exec:no-such-port-anywhere --flag")
     with pytest.raises(TargetNotFound, match="no command after 'exec:'"):
         load_target("exec:")

@@ -180,14 +180,14 @@ LEAVES_A_THREAD = ("import threading, time\nfrom dsv4spec.impl import e2m1_encod
                    "    return _e(x)\n")
 
 
-def _pytest(tmp_path, *args):
+def _pytest(tmp_path, *args, env=None):
     """pytest in a session of its own, ended with everything it started if it outlives a generous bound."""
     from test_faults import _finished, _group_ended
     run = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", *args],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
                            start_new_session=True,
                            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": HOME, "TRITON_INTERPRET": "1",
-                                "OMP_NUM_THREADS": "1"})
+                                "OMP_NUM_THREADS": "1", **(env or {})})
     out, err = _finished(run, 300)
     assert _group_ended(run.pid) == []
     return run.returncode, out, err
