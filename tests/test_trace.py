@@ -13,6 +13,7 @@ import torch
 import trace_control as control
 from dsv4spec.cli import main
 from dsv4spec.official import attn as official_attn
+from dsv4spec.official import compressor as official_compressor
 from dsv4spec.official import path as official_path
 from dsv4spec.official import rope as official_rope
 from dsv4spec.trace import Recorder, Trace, TraceError, record_official
@@ -47,9 +48,10 @@ def test_the_control_trace_passes_every_recorded_stage(v41_trace, capsys):
     results = {r["rule"]: r["status"] for r in json.loads((v41_trace / "r.json").read_text())["results"]}
     for rule in ("PATH.Q.PROJ", "PATH.K.NORM", "PATH.K.PUBLISHED", "IDX.SCORE.FP4", "IDX.TOPK.SELECTION",
                  "POOL.TOPK_BLOCKS", "POOL.REINDEX", "LAYER.V41", "FP8.LINEAR", "ATTN.LAYER", "ATTN.PROB.ORDER",
-                 "ATTN.DEROTATE", "PATH.WINDOW.RING", "PATH.QDQ", "PATH.CONCAT", "ROPE.POSITIONS"):
+                 "ATTN.DEROTATE", "PATH.WINDOW.RING", "PATH.QDQ", "PATH.CONCAT", "ROPE.POSITIONS", "CMP.GATE",
+                 "CMP.RATIO1", "CMP.NORM", "CMP.STATE"):
         assert results[rule] == "PASS", (rule, out)
-    assert results["CMP.GATE"] == "n/i" and results["ATTN.TP.REDUCE"] == "n/i"
+    assert results["CMP.OVERLAP"] == "n/i" and results["ATTN.TP.REDUCE"] == "n/i"
     verdicts = json.loads((v41_trace / "r.json").read_text())["header"]["trace"]["verdicts"]
     stages = {(v["stage"], v["rule"]) for v in verdicts}
     assert {("window_cache", "PATH.WINDOW.RING"), ("published_k_packed", "PATH.K.PUBLISHED"),
@@ -283,6 +285,24 @@ def _stale_pool(owner, source):
     return torch.nn.functional.pad(pool[:, :-1], (0, 1), value=False)
 
 
+_overlap_transform, _cmp_rms_norm = official_compressor.overlap_transform, official_compressor.rms_norm
+_cmp_forward = official_compressor.Compressor.forward
+
+
+def _overlap_halves_swapped(t, value):
+    """Overlapping windows taking group j−1's second half and group j's first (the halves swapped)."""
+    d = t.shape[-1] // 2
+    return _overlap_transform(torch.cat([t[..., d:], t[..., :d]], -1), value)
+
+
+def _state_not_shifted(compressor, x, start_pos):
+    """A decode step that completes a group without moving its half to the next window's first slots."""
+    kept = compressor.kv_state[:, :compressor.ratio].clone(), compressor.score_state[:, :compressor.ratio].clone()
+    out = _cmp_forward(compressor, x, start_pos)
+    compressor.kv_state[:, :compressor.ratio], compressor.score_state[:, :compressor.ratio] = kept
+    return out
+
+
 # id: (model, layers, prefill, decode, (layer, start_pos, module, attribute, replacement), expected
 # (rule, stage, layer, start_pos)), one per stage family
 PLANTED = {
@@ -322,10 +342,20 @@ PLANTED = {
                                 ("PATH.K.PROJ", "k", 20, 0)),
     "scores_off": ("v4.1-flash", (20,), 8, 2, (20, 9, official_attn, "index_layer", _after_index_layer(_scores_off)),
                    ("IDX.SCORE.FP4", "scores", 20, 9)),
+    "compressor_overlap_halves_swapped": ("v4-flash", (2,), 8, 0,
+                                          (2, 0, official_compressor, "overlap_transform", _overlap_halves_swapped),
+                                          ("CMP.OVERLAP", "cmp_pooled", 2, 0)),
+    "compressor_norm_eps": ("v4.1-flash", (2,), 8, 0,          # 0.1 where the profile has 1e-20
+                            (2, 0, official_compressor, "rms_norm", lambda x, w, eps: _cmp_rms_norm(x, w, 0.1)),
+                            ("CMP.NORM", "cmp_normed", 2, 0)),
+    "compressor_state_not_shifted": ("v4-flash", (2,), 8, 8,    # planted at 11: shows when group 3 completes
+                                     (2, 11, official_compressor.Compressor, "forward", _state_not_shifted),
+                                     ("CMP.STATE", "cmp_pooled", 2, 15)),
     "o_lora_left_fp32": ("v4.1-flash", (0,), 8, 0, (0, 0, official_attn, "_output_projections", _o_lora_fp32),
                          ("ATTN.LAYER", "o_lora", 0, 0)),
 }
-FAST = ("bf16_projection", "topk_ordered_by_score", "window_entry_scale", "no_hadamard", "ring_written_one_slot_on")
+FAST = ("bf16_projection", "topk_ordered_by_score", "window_entry_scale", "no_hadamard", "ring_written_one_slot_on",
+        "compressor_overlap_halves_swapped")
 
 
 @pytest.mark.parametrize("name", [n if n in FAST else pytest.param(n, marks=pytest.mark.thorough) for n in PLANTED])

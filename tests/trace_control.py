@@ -5,9 +5,10 @@ o_lora_rank 64, as the ATTN.LAYER cases), whose forward computes every stage wit
 (official.attn.attention_layer and its codecs) and keeps the decode state the official Attention keeps:
 the window ring, the compressed KV cache, the index-K cache layer 20 publishes and its candidate pool.
 
-The compressor itself is outside it: each compressing layer reads its pre-RoPE entries (V4.1: the
-latent, which the indexer's wk also reads; V4 CSA: the indexer's own entries) from a fixed random table,
-entry j complete once position j·ratio + ratio − 1 has been fed.
+Each compressing layer runs the official compressor (`layers.{i}.attn.compressor`, dsv4spec.official
+.compressor) on its x; its pre-RoPE entries (V4.1: the latent, which the indexer's wk also reads) are
+what the attention reads, entry j complete once position j·ratio + ratio − 1 has been fed.  The V4 CSA
+indexer's own entries come from a fixed random table (its compressor is not run).
 
 `plant` (a dict) plants one deviation: {"layer": i, "start_pos": p, "stage": name, "fn": f} replaces the
 official function named by `patch` (a (module, name) pair) by f while that layer-step runs, so every stage
@@ -23,6 +24,7 @@ import torch
 from torch import nn
 
 from dsv4spec.official import attn as official_attn
+from dsv4spec.official import compressor as official_compressor
 from dsv4spec.official import path as official_path
 from dsv4spec.official import quant as official_quant
 from dsv4spec.official.quant import fp8_linear
@@ -30,6 +32,7 @@ from dsv4spec.official.rope import apply_rotary_emb, freqs_cis, rope_freqs
 from dsv4spec.properties.attn import LAYER_HEADS, output_weights, projection_weights
 from dsv4spec.properties.path import normal_bf16
 from dsv4spec.properties.quant import fp8_weight
+from dsv4spec.spec import compressor as spec_compressor
 from dsv4spec.spec import path as spec_path
 from dsv4spec.spec.models import profile
 from dsv4spec.spec.pool import layer_role
@@ -74,6 +77,45 @@ class RMSNorm(nn.Module):
 
     def forward(self, x):
         return official_path._rms_norm(x, self.weight, self.eps)
+
+
+class CompressorNorm(RMSNorm):
+    """The compressor's RMSNorm (its input the pooled vector, its output the entry; V4-model L362)."""
+
+    def forward(self, x):
+        return official_compressor.rms_norm(x, self.weight, self.eps)
+
+
+class Compressor(nn.Module):
+    """official.compressor's Compressor with random weights, returning its pre-RoPE entries (the
+    attention rotates them, as official.attn does): {"cmp_pooled", "cmp_normed"} of the groups a step
+    completes, else {}."""
+
+    def __init__(self, m, ratio: int, rng):
+        super().__init__()
+        width = spec_compressor.channel_factor(m.name, ratio) * m.head_dim
+        self.wkv, self.wgate = nn.Module(), nn.Module()
+        self.wkv.weight = nn.Parameter(_t(normal_bf16(rng, (width, m.dim), m.dim ** -0.5)), requires_grad=False)
+        params = {"wkv": self.wkv.weight, "norm": torch.ones(m.head_dim), "rope_freqs": torch.zeros(m.rope_dim // 2)}
+        if spec_compressor.has_gate(ratio):
+            self.wgate.weight = nn.Parameter(_t(normal_bf16(rng, (width, m.dim), m.dim ** -0.5)), requires_grad=False)
+            params["wgate"] = self.wgate.weight
+            if spec_compressor.has_ape(m.name):
+                self.register_buffer("ape", _t(rng.standard_normal((ratio, width)).astype(np.float32)))
+                params["ape"] = self.ape
+        self.norm = CompressorNorm(normal_bf16(rng, (m.head_dim,), 0.1, 1.0), m.norm_eps)
+        self.state = official_compressor.Compressor(params, m.name, ratio, 1)
+        self.state._finish = self._finish
+        self.stages: dict = {}
+
+    def _finish(self, pooled, positions):
+        self.stages = {"cmp_pooled": pooled[0].float(), "cmp_normed": self.norm(pooled)[0].float()}
+        return self.stages["cmp_normed"][None]
+
+    def forward(self, x, start_pos: int) -> dict:
+        self.stages = {}
+        official_compressor.Compressor.forward(self.state, x, start_pos)
+        return self.stages
 
 
 class Indexer(nn.Module):
@@ -122,6 +164,8 @@ class Attention(nn.Module):
                 self.index_entries = normal_bf16(table, (model.max_entries(self.ratio), m.index_head_dim))
         self.ring = torch.zeros(m.window, m.head_dim, dtype=BF16)
         self.cache = torch.zeros(0, m.head_dim)
+        if self.ratio and (m.name not in ("v4.1-flash",) or layer in m.kv_source_layers):
+            self.compressor = Compressor(m, self.ratio, np.random.default_rng((model.seed, layer, 8)))
 
     def forward(self, x: torch.Tensor, start_pos: int) -> torch.Tensor:
         with self.owner.planting(self.layer, start_pos):
@@ -135,6 +179,7 @@ class Attention(nn.Module):
         projected = {"q_latent": q_latent[0].float(), "q_norm": qr[0].float(), "kv_proj": kv_proj[0].float()}
         inputs = {"x": x[0].float(), "q_attn": self.wq_b(qr)[0].unflatten(-1, (self.local_heads, -1)).float(),
                   "kv_normed": self.kv_norm(kv_proj)[0].float(), "sink": self.attn_sink.float()}
+        compressed = self._compress(x, start_pos, T)
         inputs.update(self._index_inputs(x, qr, start_pos, T))
         if start_pos:
             inputs["window_cache"] = self.ring.float()
@@ -147,10 +192,21 @@ class Attention(nn.Module):
             else:
                 inputs["kv_cache"] = self._kv_cache(start_pos, E)
         stages = official_attn.attention_layer(inputs, model=self.m.name, layer=self.layer, start_pos=start_pos)
-        stages.update(self._out(stages["o_derot"]), **projected)
+        stages.update(self._out(stages["o_derot"]), **projected, **compressed)
         self._keep(stages, start_pos, T)
         self.owner.seen(self, inputs, stages, start_pos)
         return stages["out_partial"].to(BF16)[None]
+
+    def _compress(self, x, start_pos: int, T: int) -> dict:
+        """The compressor's step: the entries it completes become the table's rows the attention reads."""
+        if not hasattr(self, "compressor"):
+            return {}
+        stages = self.compressor(x, start_pos)
+        if stages:
+            E = stages["cmp_normed"].shape[0]
+            first = 0 if start_pos == 0 else (start_pos + T) // self.ratio - E
+            self.entries[first:first + E] = stages["cmp_normed"].numpy()
+        return stages
 
     def _compresses(self, start_pos: int) -> bool:
         return start_pos == 0 and (self.m.name not in ("v4.1-flash",) or self.layer in self.m.kv_source_layers)
@@ -233,6 +289,18 @@ def _weights(name: str, seed: int, layer: int):
             output_weights(m, np.random.default_rng((seed, layer, 3))))
 
 
+CMP_WEIGHTS = ("cmp_wkv", "cmp_wgate", "cmp_ape", "cmp_norm")
+
+
+def compressor_weights(attn: Attention) -> dict:
+    c = getattr(attn, "compressor", None)
+    if c is None:
+        return {}
+    weights = {"cmp_wkv": c.wkv.weight, "cmp_norm": c.norm.weight}
+    weights.update({"cmp_wgate": c.wgate.weight} if hasattr(c.wgate, "weight") else {})
+    return weights | ({"cmp_ape": c.ape} if hasattr(c, "ape") else {})
+
+
 class Block(nn.Module):
     def __init__(self, attn):
         super().__init__()
@@ -296,10 +364,10 @@ class ControlModel(nn.Module):
         rec = self.recorder
         if rec is not None and (self.record_steps is None or start_pos in self.record_steps):
             step = (start_pos, inputs["x"].shape[0])
-            for name, value in {**inputs, **stages}.items():
+            for name, value in {**inputs, **stages, **compressor_weights(attn)}.items():
                 if name == "out_partial" and self.world_size == 1:
                     name = "out"          # RowParallelLinear at world size 1: no all-reduce (V4 L175)
-                if name in ("wq_b", "wq_b_scale", "weights_proj", "wk", "k_norm", "sink"):
+                if name in ("wq_b", "wq_b_scale", "weights_proj", "wk", "k_norm", "sink", *CMP_WEIGHTS):
                     if (layer, name) not in self._weights_recorded:
                         rec.record(name, value, layer=layer)
                         self._weights_recorded.add((layer, name))

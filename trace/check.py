@@ -65,7 +65,7 @@ def judge_trace(traces: list[Trace], wanted, layers: set | None = None, steps=la
     """Every selected layer-step of every rank, in forward order; its verdicts in the order computed."""
     first = traces[0]
     target = TraceTarget(first.variants)
-    history = History(first.model)
+    history = History(first.model, target)
     todo = [(layer, step) for layer, step in first.layer_steps()
             if (layers is None or layer in layers) and steps(step)]
     judged = Judged()

@@ -22,12 +22,12 @@ FILE_BYTES = 256 * 2 ** 20          # a safetensors file is closed past this man
 # (properties/path.py STAGES and the operation contract of index_layer, properties/attn.py ATTN_STAGES).
 WEIGHTS = ("rope_freqs", "wq_b", "wq_b_scale", "weights_proj", "wk", "k_norm", "sink", "attn_wq_a", "attn_wq_a_scale",
            "attn_q_norm", "attn_wq_b", "attn_wq_b_scale", "attn_wkv", "attn_wkv_scale", "attn_kv_norm", "attn_wo_a",
-           "attn_wo_b", "attn_wo_b_scale")
+           "attn_wo_b", "attn_wo_b_scale", "cmp_wkv", "cmp_wgate", "cmp_ape", "cmp_norm")
 STEP_INPUTS = ("x", "qr", "index_entry", "latent", "published_k_packed", "published_k_scales", "source_topk",
                "window_cache", "kv_entries", "kv_cache")
 STAGES = ("window_idx", "compressed_idx", "q", "q_rot", "q_had", "q_packed", "q_scales", "k", "k_normed", "k_rot",
           "k_had", "k_packed", "k_scales", "w_raw", "weights", "scores", "candidates", "topk", "indices",
-          "q_latent", "q_norm", "q_attn", "q_rescale", "q_attn_rot", "kv_proj", "kv_normed", "kv_rot", "kv_window",
+          "q_latent", "q_norm", "cmp_pooled", "cmp_normed", "q_attn", "q_rescale", "q_attn_rot", "kv_proj", "kv_normed", "kv_rot", "kv_window",
           "cmp_rot", "cmp", "kv", "o", "o_derot", "o_lora", "out_partial", "out")
 VOCABULARY = WEIGHTS + STEP_INPUTS + STAGES
 INTEGER = {"window_idx", "compressed_idx", "topk", "indices", "source_topk"}
@@ -120,7 +120,8 @@ class Recorder:
         if stage not in VOCABULARY:
             raise ValueError(f"unknown stage {stage!r}; the stage names are those of docs/TRACE.md: "
                              f"{', '.join(VOCABULARY)}")
-        t = torch.as_tensor(tensor).detach().cpu().contiguous()
+        t = torch.as_tensor(tensor).detach().cpu().clone(memory_format=torch.contiguous_format)   # the caller may
+        # write it in place later (the official V4 compressor rotates its normed entry in place)
         key = self._store(_bytes_view(t))
         self.refer(stage, key, layer=layer, step=step, rows=rows)
         return key

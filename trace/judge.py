@@ -10,8 +10,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..properties import attn as attn_checks
+from ..properties import compressor as compressor_checks
 from ..properties import path as path_checks
+from ..properties import pool as pool_checks
 from ..properties.path import LayerCase, layer_kind
+from ..spec import compressor as spec_compressor
 from ..spec.models import profile
 from ..spec.rules import check_variants
 from .format import Step, TraceError
@@ -33,7 +36,8 @@ MISSING = re.compile(r"stage '(\w+)' missing")
 AXES = {"scores": "te", "topk": "tk", "indices": "tk", "window_idx": "tk", "compressed_idx": "tk", "weights": "th",
         "w_raw": "th", "candidates": "te", "q": "thc", "q_rot": "thc", "q_had": "thc", "q_attn": "thc",
         "q_rescale": "thc", "q_attn_rot": "thc", "o": "thc", "o_derot": "thc", "o_lora": "tgc", "kv": "rc",
-        "cmp": "ec", "cmp_rot": "ec", "k": "ec", "k_normed": "ec", "k_rot": "ec", "k_had": "ec"}
+        "cmp": "ec", "cmp_rot": "ec", "cmp_pooled": "ec", "cmp_normed": "ec", "k": "ec", "k_normed": "ec",
+        "k_rot": "ec", "k_had": "ec"}
 AXIS_NAMES = {"t": "position", "h": "head", "c": "channel", "e": "entry", "k": "list slot", "g": "head group",
               "r": "row", "s": "ring slot"}
 
@@ -100,12 +104,27 @@ def stage_table(case) -> list[tuple[str, str, object, tuple]]:
     kind = layer_kind(case)
     table = [(s.name, RULE_OF_KIND.get((s.name, kind), s.rule_id), s.judge) for s in path_checks.STAGES
              if kind in s.kinds]
+    if kind == "candidate_source":          # the pin first: the pool's clause a port misses past 2048 blocks
+        at = [name for name, *_ in table].index("candidates")
+        table.insert(at, ("candidates", "POOL.PIN_NEWEST", pool_checks.judge_pinned_newest))
     if kind == "reuse":
         table += list(attn_checks.REUSE_STAGES)
+    table += compressor_stages(case)
     keep = (attn_checks._projects, attn_checks._projects_output)     # in a trace: judged where recorded
     table += [(name, rule, judge) for name, rule, applies, judge in attn_checks.ATTN_STAGES
               if applies in keep or applies(case)]
     return [(name, rule, judge, STAGE_TENSORS.get(name, (name,))) for name, rule, judge in table]
+
+
+def compressor_stages(case) -> list[tuple[str, str, object]]:
+    """The compressor's stages of a compressing layer: its pooled vectors (a prefill's; ratio 1: every
+    step's; a decode step's of a gated compressor are CMP.STATE's, trace.steps) and its RMSNorm."""
+    ratio = profile(case.model).ratio(case.layer)
+    if not ratio:
+        return []
+    pooled = [("cmp_pooled", compressor_checks.pooled_rule(case.model, ratio), compressor_checks.judge_pooled)]
+    return (pooled if case.start_pos == 0 or ratio == 1 else []) + [("cmp_normed", "CMP.NORM",
+                                                                       compressor_checks.judge_normed)]
 
 
 def judge_layer_step(target: TraceTarget, model: str, layer: int, step: Step, tensors: dict, wanted,
@@ -145,11 +164,11 @@ def _run(judge, target, case, tensors, verdict: Verdict, first_token: int = 0) -
     try:
         judge(target, case, tensors)
     except KeyError as e:
-        verdict.status, verdict.detail = ERROR, _record_this(str(e).strip("'\""), verdict.stage)
+        verdict.status, verdict.detail = ERROR, record_this(str(e).strip("'\""), verdict.stage)
     except AssertionError as e:
         missing = MISSING.search(str(e))
         if missing:
-            verdict.status, verdict.detail = ERROR, _record_this(missing.group(1), verdict.stage)
+            verdict.status, verdict.detail = ERROR, record_this(missing.group(1), verdict.stage)
         else:
             verdict.status, verdict.detail = FAIL, locate(str(e), verdict, first_token)
     except (ValueError, IndexError, TypeError) as e:      # a recorded tensor the judge cannot read
@@ -157,7 +176,7 @@ def _run(judge, target, case, tensors, verdict: Verdict, first_token: int = 0) -
     return verdict
 
 
-def _record_this(name: str, stage: str) -> str:
+def record_this(name: str, stage: str) -> str:
     return f"stage {stage} is judged from {name}, which the trace does not hold: record {name!r}"
 
 
@@ -199,6 +218,9 @@ def expected_shapes(model: str, layer: int, step: Step, config_heads: int | None
         E = (step.start_pos + T) // m.ratio(layer)
         shapes.update(kv_entries=(E, m.head_dim), kv_cache=(E, m.head_dim), latent=(E, m.head_dim),
                       index_entry=(E, m.index_head_dim), scores=(T, E))
+        width = spec_compressor.channel_factor(model, m.ratio(layer)) * m.head_dim
+        shapes.update(cmp_wkv=(width, m.dim), cmp_wgate=(width, m.dim), cmp_ape=(m.ratio(layer), width),
+                      cmp_norm=(m.head_dim,))
     return shapes
 
 
