@@ -2,6 +2,7 @@
 on their rule at the stage, layer and step planted and nowhere earlier; broken traces exit 3 in one line."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -16,7 +17,9 @@ from dsv4spec.official import attn as official_attn
 from dsv4spec.official import compressor as official_compressor
 from dsv4spec.official import path as official_path
 from dsv4spec.official import rope as official_rope
+from dsv4spec.properties.path import make_layer_case
 from dsv4spec.trace import Recorder, Trace, TraceError, record_official
+from dsv4spec.trace.format import WEIGHTS
 from dsv4spec.trace.check import judge_trace, open_trace
 
 V41_LAYERS = (0, 2, 20, 21, 24)     # window, ratio-2 index source, candidate source, reuse, re-index
@@ -367,6 +370,46 @@ def test_a_planted_deviation_fails_where_planted_and_nowhere_earlier(tmp_path, n
     assert first, f"{name}: no stage departs"
     got = (first[0].rule, first[0].stage, first[0].layer, first[0].step.start_pos, first[0].status)
     assert got == (rule, stage, layer, start_pos, "FAIL"), f"{name}: {first[0].place()}: {first[0].detail[:400]}"
+
+
+# ------------------------------------------------------------------------------------------------
+# the pool past 2048 blocks: one decode step of the candidate source (no prefill of 16K tokens)
+# ------------------------------------------------------------------------------------------------
+_select_blocks = official_path._select_candidate_blocks
+
+
+def _pool_not_pinned(logits, compress_lens, topk_blocks, block_size):
+    """select_candidate_blocks without the pin of the newest reachable block (V41-model L604-607)."""
+    return _select_blocks(logits, torch.zeros_like(compress_lens), topk_blocks, block_size)
+
+
+def record_candidate_source_step(path, position: int, plant=None):
+    """Layer 20's index stages at one decode step (official index_layer on a drawn case of the
+    profile's widths), the newest block's latent rows zero: its score 0, among the lowest, is kept
+    by the pin alone."""
+    case = make_layer_case("v4.1-flash", 20, 1, start_pos=position)
+    latent = case.arrays()["latent"].copy()
+    latent[position // 8 * 8:] = 0
+    inputs = {**case.torch_inputs(), "latent": torch.from_numpy(latent)}
+    with control.patched(official_path, "_select_candidate_blocks", plant) if plant else contextlib.nullcontext():
+        out = official_attn.index_layer(inputs, model="v4.1-flash", layer=20, start_pos=position)
+    with Recorder(path, model="v4.1-flash") as rec:
+        for name, value in {**inputs, **out}.items():
+            rec.record(name, value, layer=20, step=None if name in WEIGHTS else (position, 1))
+
+
+def test_the_pool_not_pinning_its_newest_block_fails_only_past_2048_blocks(tmp_path):
+    """At decode 16400 (16401 entries, 2051 blocks) the unpinned pool drops the newest block; at 16376
+    (2048 blocks, all kept) the same deviation cannot show."""
+    record_candidate_source_step(tmp_path / "ok", 16400)
+    assert not departing(judged(tmp_path / "ok"))
+    record_candidate_source_step(tmp_path / "small", 16376, plant=_pool_not_pinned)
+    assert not departing(judged(tmp_path / "small"))
+    record_candidate_source_step(tmp_path / "bad", 16400, plant=_pool_not_pinned)
+    first = departing(judged(tmp_path / "bad"))[0]
+    assert (first.status, first.rule, first.stage, first.layer, first.step.start_pos) == \
+        ("FAIL", "POOL.PIN_NEWEST", "candidates", 20, 16400), first.detail[:400]
+    assert "newest block 2050" in first.detail
 
 
 @pytest.mark.thorough
