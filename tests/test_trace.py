@@ -99,10 +99,42 @@ def test_record_official_hooks_record_the_module_outputs(tmp_path):
 
 def test_a_stage_without_its_input_is_an_error_naming_the_tensor(tmp_path):
     with Recorder(tmp_path, model="v4.1-flash") as rec:
+        rec.record("x", torch.zeros(2, 5120), layer=2, step=(0, 2))
         rec.record("q_latent", torch.zeros(2, 1280), layer=2, step=(0, 2))
     (v,) = judged(tmp_path)
-    assert (v.status, v.stage, v.rule) == ("ERROR", "q_latent", "FP8.LINEAR")
-    assert "record 'attn_wq_a'" in v.detail or "record 'x'" in v.detail
+    assert (v.status, v.stage, v.rule) == ("ERROR", "q_latent", "FP8.LINEAR") and "record 'attn_wq_a'" in v.detail
+
+
+@pytest.fixture(scope="module")
+def attention_step():
+    """A V4.1 window layer's attention from given q_attn and kv_normed (an engine whose projections are
+    fused), its stages as official.attn computes them."""
+    from dsv4spec.cmd_bench import _script
+    given = _script("bench_trace").inputs("v4.1-flash", 0, 6)
+    return given, official_attn.attention_layer(dict(given), model="v4.1-flash", layer=0, start_pos=0)
+
+
+def test_a_trace_starting_at_q_attn_reads_n_i_before_it_and_judges_after_it(tmp_path, attention_step):
+    given, stages = attention_step
+    with Recorder(tmp_path, model="v4.1-flash", config={"n_heads": 16}) as rec:
+        rec.record("attn.sink", given["sink"], layer=0)            # family-prefixed names read as the bare ones
+        for name, value in {**given, **stages}.items():
+            rec.record("idx.window_idx" if name == "window_idx" else name, value, layer=0, step=(0, 6))
+    verdicts = judged(tmp_path)
+    assert not departing(verdicts), departing(verdicts)[0].detail
+    stages_judged = {v.stage for v in verdicts}
+    assert {"q_rescale", "q_attn_rot", "kv_rot", "o", "window_idx"} <= stages_judged
+    assert not {"q_attn", "kv_normed"} & stages_judged
+
+
+def test_a_stage_recorded_after_a_gap_is_an_error_naming_the_gap(tmp_path, attention_step):
+    """q_latent recorded, then q_attn without q_norm between them: q_attn's input is missing."""
+    given, stages = attention_step
+    with Recorder(tmp_path, model="v4.1-flash", config={"n_heads": 16}) as rec:
+        rec.record("q_latent", torch.zeros(6, 1280), layer=0, step=(0, 6))
+        rec.record("q_attn", given["q_attn"], layer=0, step=(0, 6))
+    (v,) = [v for v in judged(tmp_path) if v.stage == "q_attn"]
+    assert v.status == "ERROR" and "record 'q_norm'" in v.detail
 
 
 # ------------------------------------------------------------------------------------------------

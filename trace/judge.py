@@ -31,6 +31,18 @@ INDEX_HEADS = {"q", "q_rot", "q_had", "q_fp4", "w_raw", "weights", "scored_k", "
 # output's bounds hold a float64 copy of every listed KV row per token)
 ROW_LOCAL = {"o": ("q_attn_rot", "indices", "o")}
 CHUNK = 256
+# each stage's own input: the activations it is computed from (its weights aside; docs/TRACE.md's "from")
+FROM = {"q": ("qr",), "q_rot": ("q",), "q_had": ("q_rot",), "q_fp4": ("q_had", "q_rot"), "k": ("latent",),
+        "k_normed": ("k",), "k_rot": ("k_normed", "index_entry"), "k_had": ("k_rot",), "k_fp4": ("k_had", "k_rot"),
+        "w_raw": ("x",), "weights": ("w_raw",), "scores": ("q_packed", "k_packed", "weights"),
+        "scored_k": ("k_packed", "published_k_packed"), "candidates": ("scores",), "topk": ("scores",),
+        "indices": ("window_idx", "topk", "compressed_idx", "source_topk"), "q_latent": ("x",), "q_norm": ("q_latent",),
+        "qr": ("q_norm",), "q_attn": ("q_norm",), "kv_proj": ("x",), "kv_normed": ("kv_proj",), "q_rescale": ("q_attn",),
+        "q_attn_rot": ("q_rescale",), "kv_rot": ("kv_normed",), "kv_window": ("kv_rot",), "cmp_rot": ("kv_entries",),
+        "cmp": ("cmp_rot",), "kv": ("kv_window", "window_cache", "cmp", "kv_cache"), "o": ("q_attn_rot", "kv", "indices"),
+        "o_derot": ("o",), "o_lora": ("o_derot",), "out": ("o_lora",), "out_partial": ("o_lora",),
+        "cmp_pooled": ("x",), "cmp_normed": ("cmp_pooled",)}
+LAYER_INPUT = "x"           # every chain's root: recorded or not, it does not make a trace start later
 MISSING = re.compile(r"stage '(\w+)' missing")
 # each stage's axes, to name a failure's place: t (token), h (head), c (channel), e (entry), s (slot)
 AXES = {"scores": "te", "topk": "tk", "indices": "tk", "window_idx": "tk", "compressed_idx": "tk", "weights": "th",
@@ -137,8 +149,8 @@ def judge_layer_step(target: TraceTarget, model: str, layer: int, step: Step, te
     for stage, rule, judge, names in stage_table(case):
         if world_size > 1 and (stage == "out" or stage in INDEX_HEADS):
             continue                       # out: ATTN.TP.REDUCE's (trace.steps); a rank's index heads: not judged
-        if not wanted(rule) or not any(n in tensors for n in names):
-            continue                       # not recorded: n/i
+        if not wanted(rule) or not any(n in tensors for n in names) or starts_here(stage, tensors):
+            continue                       # not recorded, or the trace's first stage: n/i
         verdict = Verdict(layer, step, stage, rule, PASS)
         verdicts.append(_run_by_rows(judge, target, case, tensors, verdict) if stage in ROW_LOCAL
                         else _run(judge, target, case, tensors, verdict))
@@ -146,6 +158,22 @@ def judge_layer_step(target: TraceTarget, model: str, layer: int, step: Step, te
         judge = attn_checks._projection("out_partial", "attn_wo_b", "o_lora")
         verdicts.append(_run(judge, target, case, tensors, Verdict(layer, step, "out_partial", "FP8.LINEAR", PASS)))
     return verdicts
+
+
+def upstream(stage: str) -> set[str]:
+    """Every activation a stage is computed from, directly or through the stages before it."""
+    names = set(FROM.get(stage, ()))
+    for name in FROM.get(stage, ()):
+        names |= upstream(name)
+    return names
+
+
+def starts_here(stage: str, tensors: dict) -> bool:
+    """Whether the trace starts at this stage: nothing it is computed from is recorded (the layer's x
+    aside), so it is an input of the stages after it, not a stage judged (n/i).  A stage recorded after
+    some of what it is computed from, but without its own input, is judged: an ERROR naming that input."""
+    return bool(FROM.get(stage)) and not (upstream(stage) - {LAYER_INPUT}) & set(tensors) \
+        and not set(FROM[stage]) & set(tensors)
 
 
 def _run_by_rows(judge, target, case, tensors, verdict: Verdict) -> Verdict:
