@@ -220,12 +220,18 @@ def test_a_usage_error_exits_2(small_trace, capsys):
 # ------------------------------------------------------------------------------------------------
 # tensor parallelism: ranks simulated on the CPU
 # ------------------------------------------------------------------------------------------------
-def test_tp2_control_trace_passes_and_a_rank_skipping_the_all_reduce_fails(tmp_path):
+def test_tp2_control_traces_pass_and_a_rank_skipping_the_all_reduce_fails(tmp_path):
+    """V4.1 and V4 (its o_lora_rank one FP8 block of 128, a rank's wo_b columns whole blocks): each rank's
+    index heads judged as its own, the scores as the all-reduce of every rank's (IDX.SCORE.TP)."""
     control.record_control(tmp_path / "ok", "v4.1-flash", (0, 20), prefill=6, decode=1, world_size=2)
-    verdicts = judged(tmp_path / "ok")
-    assert not departing(verdicts)
-    assert {v.rank for v in verdicts if v.rule == "ATTN.TP.REDUCE"} == {0, 1}
-    assert any(v.stage == "out_partial" and v.rule == "FP8.LINEAR" for v in verdicts)
+    control.record_control(tmp_path / "v4", "v4-flash", (2,), prefill=8, decode=1, world_size=2)
+    for name in ("ok", "v4"):
+        verdicts = judged(tmp_path / name)
+        assert not departing(verdicts), (name, departing(verdicts)[0].detail[:400])
+        assert {v.rank for v in verdicts if v.rule == "ATTN.TP.REDUCE"} == {0, 1}
+        assert {v.rank for v in verdicts if v.rule == "IDX.SCORE.TP"} == {0, 1}
+        assert {v.rank for v in verdicts if v.stage in ("q", "w_raw", "weights")} == {0, 1}
+        assert any(v.stage == "out_partial" and v.rule == "FP8.LINEAR" for v in verdicts)
     control.record_control(tmp_path / "bad", "v4.1-flash", (0,), prefill=6, decode=1, world_size=2,
                            reduce=lambda partials: partials[0])
     first = departing(judged(tmp_path / "bad"))[0]
@@ -339,7 +345,7 @@ def _state_not_shifted(compressor, x, start_pos):
 
 
 # id: (model, layers, prefill, decode, (layer, start_pos, module, attribute, replacement), expected
-# (rule, stage, layer, start_pos)), one per stage family
+# (rule, stage, layer, start_pos)[, record_control's options]), one per stage family
 PLANTED = {
     "bf16_projection": ("v4.1-flash", (0,), 8, 0, (0, 0, control, "fp8_linear", _bf16_linear),
                         ("FP8.LINEAR", "q_latent", 0, 0)),
@@ -386,6 +392,9 @@ PLANTED = {
     "compressor_state_not_shifted": ("v4-flash", (2,), 8, 8,    # planted at 11: shows when group 3 completes
                                      (2, 11, official_compressor.Compressor, "forward", _state_not_shifted),
                                      ("CMP.STATE", "cmp_pooled", 2, 15)),
+    "index_scores_not_all_reduced": ("v4-flash", (2,), 8, 0,           # a rank's top-k of its own heads' scores
+                                     (2, 0, control, "sum_partials", lambda partials, rank: partials[rank]),
+                                     ("IDX.SCORE.TP", "scores", 2, 0), {"world_size": 2}),
     "o_lora_left_fp32": ("v4.1-flash", (0,), 8, 0, (0, 0, official_attn, "_output_projections", _o_lora_fp32),
                          ("ATTN.LAYER", "o_lora", 0, 0)),
 }
@@ -395,8 +404,8 @@ FAST = ("bf16_projection", "topk_ordered_by_score", "window_entry_scale", "no_ha
 
 @pytest.mark.parametrize("name", [n if n in FAST else pytest.param(n, marks=pytest.mark.thorough) for n in PLANTED])
 def test_a_planted_deviation_fails_where_planted_and_nowhere_earlier(tmp_path, name):
-    model, layers, prefill, decode, plant, (rule, stage, layer, start_pos) = PLANTED[name]
-    control.record_control(tmp_path, model, layers, prefill, decode, plant=plant, max_pos=64)
+    model, layers, prefill, decode, plant, (rule, stage, layer, start_pos), *options = PLANTED[name]
+    control.record_control(tmp_path, model, layers, prefill, decode, plant=plant, max_pos=64, **(options or [{}])[0])
     verdicts = judged(tmp_path)
     first = departing(verdicts)
     assert first, f"{name}: no stage departs"

@@ -29,7 +29,7 @@ from dsv4spec.official import path as official_path
 from dsv4spec.official import quant as official_quant
 from dsv4spec.official.quant import fp8_linear
 from dsv4spec.official.rope import apply_rotary_emb, freqs_cis, rope_freqs
-from dsv4spec.properties.attn import LAYER_HEADS, output_weights, projection_weights
+from dsv4spec.properties.attn import LAYER_HEADS, OUTPUT_RANK, output_weights, projection_weights
 from dsv4spec.properties.path import normal_bf16
 from dsv4spec.properties.quant import fp8_weight
 from dsv4spec.spec import compressor as spec_compressor
@@ -119,11 +119,21 @@ class Compressor(nn.Module):
 
 
 class Indexer(nn.Module):
-    def __init__(self, m, kind: str, rng):
+    """wq_b and weights_proj ColumnParallel (V4-model L393-394): rank r of W holds index heads
+    r·H/W … (r+1)·H/W − 1; `shards` keeps every rank's, for the simulated all-reduce of the scores."""
+
+    def __init__(self, m, kind: str, rng, world_size: int = 1, rank: int = 0):
         super().__init__()
         H, D, b = m.index_n_heads, m.index_head_dim, FP8_LINEAR_BLOCK[m.name]
-        self.wq_b = FP8Linear(*fp8_weight(rng, H * D, m.q_lora_rank, b, exponents=(-14, -12)), b)
-        self.weights_proj = BF16Linear(normal_bf16(rng, (H, m.dim), m.dim ** -0.5))
+        wq_b, scale = fp8_weight(rng, H * D, m.q_lora_rank, b, exponents=(-14, -12))
+        weights_proj = normal_bf16(rng, (H, m.dim), m.dim ** -0.5)
+        rows = H * D // world_size
+        self.shards = [{"wq_b": _t(wq_b[r * rows:(r + 1) * rows]), "wq_b_scale": _t(scale[r * rows // b:(r + 1) * rows // b]),
+                        "weights_proj": _t(weights_proj[r * H // world_size:(r + 1) * H // world_size])}
+                       for r in range(world_size)]
+        self.rank = rank
+        self.wq_b = FP8Linear(self.shards[rank]["wq_b"], self.shards[rank]["wq_b_scale"], b)
+        self.weights_proj = BF16Linear(self.shards[rank]["weights_proj"])
         if kind in ("index_source", "candidate_source"):
             self.wk = BF16Linear(normal_bf16(rng, (D, m.head_dim), m.head_dim ** -0.5))
             self.k_norm = RMSNorm(normal_bf16(rng, (D,), 0.1, 1.0), m.norm_eps)
@@ -156,7 +166,8 @@ class Attention(nn.Module):
             requires_grad=False)
         self.register_buffer("rope_freqs", rope_freqs(m.name, layer))
         if self.role.kind not in ("window", "hca", "reuse"):
-            self.indexer = Indexer(m, self.role.kind, np.random.default_rng((model.seed, layer, 5)))
+            self.indexer = Indexer(m, self.role.kind, np.random.default_rng((model.seed, layer, 5)), model.world_size,
+                                   model.rank)
         table = np.random.default_rng((model.seed, layer, 6))
         if self.ratio:
             self.entries = normal_bf16(table, (model.max_entries(self.ratio), m.head_dim))
@@ -191,11 +202,27 @@ class Attention(nn.Module):
                 inputs["kv_entries"] = _t(self.entries[:E])
             else:
                 inputs["kv_cache"] = self._kv_cache(start_pos, E)
-        stages = official_attn.attention_layer(inputs, model=self.m.name, layer=self.layer, start_pos=start_pos)
+        with patched(official_path, "all_reduce", self._all_reduce(inputs, start_pos)):
+            stages = official_attn.attention_layer(inputs, model=self.m.name, layer=self.layer, start_pos=start_pos)
         stages.update(self._out(stages["o_derot"]), **projected, **compressed)
         self._keep(stages, start_pos, T)
         self.owner.seen(self, inputs, stages, start_pos)
         return stages["out_partial"].to(BF16)[None]
+
+    def _all_reduce(self, inputs: dict, start_pos: int):
+        """dist.all_reduce of the index scores (V4-model L422-423): every rank's BF16 partial over its heads,
+        summed in rank order and rounded to BF16; the other ranks' partials computed here from their shards."""
+        shards = getattr(getattr(self, "indexer", None), "shards", [None])
+        if len(shards) == 1:
+            return official_path.all_reduce
+
+        def all_reduce(score):
+            with patched(official_path, "all_reduce", lambda s: s):
+                partials = [score if r == self.indexer.rank else official_path.index_layer(
+                    {**inputs, **shard}, model=self.m.name, layer=self.layer, start_pos=start_pos)["scores"]
+                    for r, shard in enumerate(shards)]
+            return sum_partials(partials, self.indexer.rank)
+        return all_reduce
 
     def _compress(self, x, start_pos: int, T: int) -> dict:
         """The compressor's step: the entries it completes become the table's rows the attention reads."""
@@ -286,7 +313,12 @@ def _weights(name: str, seed: int, layer: int):
     """The attention's projection and output weights of a layer (built once a process: seconds each)."""
     m = profile(name)
     return (projection_weights(m, np.random.default_rng((seed, layer, 2))),
-            output_weights(m, np.random.default_rng((seed, layer, 3))))
+            output_weights(m, np.random.default_rng((seed, layer, 3)), O_LORA_RANK[name]))
+
+
+# o_lora_rank: ATTN.LAYER's 64, or one FP8 block of wo_b's columns (V4: 128), so that each tensor-parallel
+# rank's group of wo_b's columns (a RowParallelLinear) holds whole scale blocks
+O_LORA_RANK = {name: max(OUTPUT_RANK, block) for name, block in FP8_LINEAR_BLOCK.items()}
 
 
 CMP_WEIGHTS = ("cmp_wkv", "cmp_wgate", "cmp_ape", "cmp_norm")
@@ -313,7 +345,7 @@ class ControlModel(nn.Module):
     def __init__(self, name: str, layers, *, seed: int = 0, world_size: int = 1, rank: int = 0, max_pos: int = 4096):
         super().__init__()
         self.name, self.seed, self.max_pos, self.layer_ids = name, seed, max_pos, tuple(sorted(layers))
-        self.world_size, self._weights_recorded = world_size, set()
+        self.world_size, self.rank, self._weights_recorded = world_size, rank, set()
         self._weight_ptrs, self._decoded = set(), {}
         per = LAYER_HEADS // world_size
         heads = slice(rank * per, (rank + 1) * per)
@@ -413,7 +445,7 @@ def record_control(path, name: str, layers, prefill: int, decode: int = 0, *, se
     ranks = [ControlModel(name, layers, seed=seed, world_size=world_size, rank=r, max_pos=max_pos)
              for r in range(world_size)]
     dirs = [str(path) if world_size == 1 else f"{path}/rank{r}" for r in range(world_size)]
-    config = {"n_heads": LAYER_HEADS, "o_lora_rank": 64}
+    config = {"n_heads": LAYER_HEADS, "o_lora_rank": O_LORA_RANK[name]}
     with contextlib.ExitStack() as stack:
         for r, model in enumerate(ranks):
             model.recorder = stack.enter_context(Recorder(dirs[r], model=name, config=config, variants=variants,
@@ -427,6 +459,11 @@ def record_control(path, name: str, layers, prefill: int, decode: int = 0, *, se
                     for model in ranks:
                         model.recorder.record("out", out[0], layer=layer, step=(start_pos, T))
     return dirs
+
+
+def sum_partials(partials, rank: int) -> torch.Tensor:
+    """The index scores' all-reduce on rank `rank` (V4-model L422-423): as wo_b's, BF16 partials in rank order."""
+    return all_reduce(partials)
 
 
 def all_reduce(partials) -> torch.Tensor:

@@ -27,6 +27,8 @@ STAGE_TENSORS = {"q_fp4": ("q_packed", "q_scales"), "k_fp4": ("k_packed", "k_sca
 RULE_OF_KIND = {("topk", "reindex"): "POOL.REINDEX"}
 # the indexer's stages per head, which tensor parallelism splits over the ranks (V4 L388, L422-423)
 INDEX_HEADS = {"q", "q_rot", "q_had", "q_fp4", "w_raw", "weights", "scored_k", "scores"}
+# stages of a rank judged from every rank's (trace.steps): wo_b's all-reduce, the indexer's all-reduced scores
+ACROSS_RANKS = {"out", "scores", "scored_k"}
 # stages whose judge reads each token's rows alone: judged CHUNK tokens at a time (the attention
 # output's bounds hold a float64 copy of every listed KV row per token)
 ROW_LOCAL = {"o": ("q_attn_rot", "indices", "o")}
@@ -147,8 +149,8 @@ def judge_layer_step(target: TraceTarget, model: str, layer: int, step: Step, te
     target.table = tensors.get("rope_freqs")
     verdicts = []
     for stage, rule, judge, names in stage_table(case):
-        if world_size > 1 and (stage == "out" or stage in INDEX_HEADS):
-            continue                       # out: ATTN.TP.REDUCE's (trace.steps); a rank's index heads: not judged
+        if world_size > 1 and stage in ACROSS_RANKS:
+            continue                       # judged over every rank (trace.steps)
         if not wanted(rule) or not any(n in tensors for n in names) or starts_here(stage, tensors):
             continue                       # not recorded, or the trace's first stage: n/i
         verdict = Verdict(layer, step, stage, rule, PASS)

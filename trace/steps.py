@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..properties import path as path_checks
 from ..properties.attn import assert_row_parallel
 from ..properties.compressor import assert_pooled, recorded_params
 from ..properties.compare import assert_bytes_equal, assert_equal
@@ -16,7 +17,7 @@ from ..spec import path as spec_path
 from ..spec.models import profile
 from ..spec.pool import layer_role
 from .format import Step
-from .judge import ERROR, FAIL, PASS, Verdict, locate, record_this
+from .judge import ERROR, FAIL, MISSING, PASS, Verdict, locate, record_this
 
 
 class History:
@@ -166,6 +167,23 @@ class History:
         if self.m.kv_source_layers and layer == spec_path.last_publisher(self.m) and "k_packed" in tensors \
                 and role.kind != "reindex":
             self.published = (step.start_pos + step.seqlen, tensors["k_packed"], tensors["k_scales"])
+
+
+def judge_index_all_reduce(target, case, ranks: list[dict], wanted) -> list[Verdict]:
+    """IDX.SCORE.TP on one layer-step of every rank: each rank's scores the all-reduce of the ranks'
+    head shards (an indexer layer whose ranks all record their scores)."""
+    if not wanted("IDX.SCORE.TP") or not all("scores" in r for r in ranks):
+        return []
+    verdicts = []
+    for rank in range(len(ranks)):
+        v = Verdict(case.layer, Step(case.start_pos, case.seqlen), "scores", "IDX.SCORE.TP", PASS, rank=rank)
+        try:
+            path_checks.judge_sharded_scores(target, case, ranks, rank)
+        except AssertionError as e:
+            missing = MISSING.search(str(e))
+            v.status, v.detail = (ERROR, record_this(missing.group(1), "scores")) if missing else (FAIL, locate(str(e), v))
+        verdicts.append(v)
+    return verdicts
 
 
 def judge_all_reduce(layer: int, step: Step, ranks: list[dict], wanted) -> list[Verdict]:
