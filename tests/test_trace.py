@@ -406,11 +406,34 @@ FAST = ("bf16_projection", "topk_ordered_by_score", "window_entry_scale", "no_ha
 def test_a_planted_deviation_fails_where_planted_and_nowhere_earlier(tmp_path, name):
     model, layers, prefill, decode, plant, (rule, stage, layer, start_pos), *options = PLANTED[name]
     control.record_control(tmp_path, model, layers, prefill, decode, plant=plant, max_pos=64, **(options or [{}])[0])
-    verdicts = judged(tmp_path)
+    assert_first_departure(judged(tmp_path), (rule, stage, layer, start_pos), name)
+
+
+def assert_first_departure(verdicts, expected, name: str):
+    """The first departing verdict, in the order the forward computed them, FAILs on the expected rule
+    at the expected stage, layer and step: the plant departs there and nowhere earlier."""
     first = departing(verdicts)
     assert first, f"{name}: no stage departs"
     got = (first[0].rule, first[0].stage, first[0].layer, first[0].step.start_pos, first[0].status)
-    assert got == (rule, stage, layer, start_pos, "FAIL"), f"{name}: {first[0].place()}: {first[0].detail[:400]}"
+    assert got == (*expected, "FAIL"), f"{name}: {first[0].place()}: {first[0].detail[:400]}"
+
+
+# the issue's named deviations (issue 41, "Done when"), each with the rule that states it
+ISSUE_PLANTS = {"bf16_projection": "FP8.LINEAR", "rms_norm_eps": "ATTN.LAYER", "stale_index_k_read": "PATH.K.PUBLISHED",
+                "pool_newest_block_not_pinned": "POOL.PIN_NEWEST", "topk_ordered_by_score": "IDX.TOPK.SELECTION",
+                "fp32_probabilities": "ATTN.PROB.ORDER", "compressor_overlap_halves_swapped": "CMP.OVERLAP",
+                "window_entry_scale": "PATH.QDQ"}
+
+
+def test_the_plants_are_at_least_twelve_one_per_stage_family():
+    """Every plant is enumerated by a test asserting its first departure (PLANTED: the parametrized test
+    above; ONE_STEP_PLANTS: the pool's); at least twelve, no two at the same (rule, stage), the issue's
+    named ones among them on their rules."""
+    expected = {name: plant[5] for name, plant in PLANTED.items()}
+    expected |= {name: plant[2] for name, plant in ONE_STEP_PLANTS.items()}
+    families = {(rule, stage) for rule, stage, *_ in expected.values()}
+    assert len(expected) >= 12 and len(families) == len(expected), sorted(expected.values())
+    assert {name: expected[name][0] for name in ISSUE_PLANTS} == ISSUE_PLANTS
 
 
 # ------------------------------------------------------------------------------------------------
@@ -439,18 +462,21 @@ def record_candidate_source_step(path, position: int, plant=None):
             rec.record(name, value, layer=20, step=None if name in WEIGHTS else (position, 1))
 
 
+# planted at one layer-step of its own: id -> (position, plant, expected (rule, stage, layer, start_pos))
+ONE_STEP_PLANTS = {"pool_newest_block_not_pinned": (16400, _pool_not_pinned, ("POOL.PIN_NEWEST", "candidates", 20, 16400))}
+
+
 def test_the_pool_not_pinning_its_newest_block_fails_only_past_2048_blocks(tmp_path):
     """At decode 16400 (16401 entries, 2051 blocks) the unpinned pool drops the newest block; at 16376
     (2048 blocks, all kept) the same deviation cannot show."""
-    record_candidate_source_step(tmp_path / "ok", 16400)
+    position, plant, expected = ONE_STEP_PLANTS["pool_newest_block_not_pinned"]
+    record_candidate_source_step(tmp_path / "ok", position)
     assert not departing(judged(tmp_path / "ok"))
-    record_candidate_source_step(tmp_path / "small", 16376, plant=_pool_not_pinned)
+    record_candidate_source_step(tmp_path / "small", 16376, plant=plant)
     assert not departing(judged(tmp_path / "small"))
-    record_candidate_source_step(tmp_path / "bad", 16400, plant=_pool_not_pinned)
-    first = departing(judged(tmp_path / "bad"))[0]
-    assert (first.status, first.rule, first.stage, first.layer, first.step.start_pos) == \
-        ("FAIL", "POOL.PIN_NEWEST", "candidates", 20, 16400), first.detail[:400]
-    assert "newest block 2050" in first.detail
+    record_candidate_source_step(tmp_path / "bad", position, plant=plant)
+    assert_first_departure(judged(tmp_path / "bad"), expected, "pool_newest_block_not_pinned")
+    assert "newest block 2050" in departing(judged(tmp_path / "bad"))[0].detail
 
 
 @pytest.mark.thorough
