@@ -585,3 +585,13 @@ def test_progress_goes_to_standard_error_and_a_judged_small_trace_passes(small_t
     captured = capsys.readouterr()
     assert "[1/1 layer-steps] 1 stages judged, 0 departing" in captured.err
     assert "PATH.WINDOW" in captured.out and "PASS" in captured.out
+
+
+def test_the_benchmark_refuses_a_prefill_the_memory_cannot_hold_in_one_line(monkeypatch, capsys):
+    from dsv4spec.cmd_bench import _script
+    bench = _script("bench_trace")
+    monkeypatch.setattr(bench, "available_gb", lambda: 16.0)
+    monkeypatch.setattr("sys.argv", ["bench_trace.py", "--tokens", "65536"])
+    assert bench.main() == bench.SHORT
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--tokens 65536 needs about 53 GB" in err and "16.0 GB is available" in err
