@@ -88,10 +88,11 @@ def test_record_official_hooks_record_the_module_outputs(tmp_path):
     trace = Trace(str(tmp_path))
     assert [(layer, s.start_pos) for layer, s in trace.layer_steps()] == [(0, 0), (20, 0), (0, 9), (20, 9)]
     assert {"x", "q_latent", "q_norm", "q_attn", "kv_proj", "kv_normed", "out", "q", "w_raw", "k", "k_normed",
-            "attn_wq_a", "rope_freqs", "sink"} <= set(trace.stages(20, trace.layer_steps()[1][1]))
+            "attn_wq_a", "rope_freqs", "sink", "cmp_pooled", "cmp_normed", "cmp_wkv", "cmp_norm"} <= \
+        set(trace.stages(20, trace.layer_steps()[1][1]))
     verdicts = judged(tmp_path)
     assert {v.rule for v in verdicts if v.status == "PASS"} >= {"FP8.LINEAR", "ATTN.LAYER", "PATH.Q.PROJ",
-                                                               "PATH.K.PROJ", "PATH.W.PROJ"}
+                                                               "PATH.K.PROJ", "PATH.W.PROJ", "CMP.RATIO1", "CMP.NORM"}
     # wo_a is an einsum, not a call (V4-model L537-541): o_lora is wo_b's input, but o_derot no hook sees
     assert {(v.status, v.stage, "record 'o_derot'" in v.detail) for v in departing(verdicts)} == \
         {("ERROR", "o_lora", True)}
