@@ -6,7 +6,9 @@ memory of judging one layer's prefill record (docs/TRACE.md).  Not a test: a mea
 One layer-step, its attention started from the given q_attn and kv_normed (16 heads, as ATTN.LAYER's
 cases): the official control computes its stages (reference), dsv4spec.trace.Recorder writes them
 (record), then `dsv4spec check-trace` judges them in a fresh process (judge), whose peak resident
-memory is read from the kernel (ru_maxrss of the child).  Prints one JSON line.
+memory is read from the kernel (ru_maxrss of the child), as is the reference's (this process's).  Prints
+one JSON line.  Before anything, the memory the measured slopes predict for --tokens is compared with
+what the machine has available: short, it exits 3 in one line, having run nothing.
 """
 from __future__ import annotations
 
@@ -24,9 +26,26 @@ import numpy as np
 import torch
 
 
-# the rules of the stages after the given q_attn and kv_normed (their own judges would ask for the
-# projections' inputs: an ERROR naming q_norm and kv_proj, as for any trace that starts there)
-JUDGED = "ROPE,PATH,ATTN.Q_NORM,ATTN.GATHER,ATTN.PROB,ATTN.DEROTATE"
+# Memory, measured (docs/TRACE.md): the judge's peak grows by about 0.8 GB a thousand tokens from
+# 0.5 GB, the reference's (this process: the layer's stages, then the trace written) by REFERENCE_GB_PER_1K.
+JUDGE_GB_PER_1K, JUDGE_GB_BASE = 0.8, 0.5
+REFERENCE_GB_PER_1K, REFERENCE_GB_BASE = 0.65, 0.5
+SHORT = 3              # exit status: not enough memory to run it here
+
+
+def needed_gb(tokens: int) -> float:
+    """The larger of the two peaks (the reference's stages are freed before the judge starts)."""
+    return max(JUDGE_GB_BASE + JUDGE_GB_PER_1K * tokens / 1000, REFERENCE_GB_BASE + REFERENCE_GB_PER_1K * tokens / 1000)
+
+
+def available_gb() -> float | None:
+    """MemAvailable of /proc/meminfo (None where there is none)."""
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return int(fields["MemAvailable"].split()[0]) / 2 ** 20
+    except (OSError, KeyError, ValueError):
+        return None
 
 
 def inputs(model: str, layer: int, tokens: int, seed: int = 0) -> dict:
@@ -49,7 +68,14 @@ def main() -> int:
     p.add_argument("--tokens", type=int, default=65536)
     p.add_argument("--out", help="where the trace goes (default: a temporary directory)")
     p.add_argument("--keep", action="store_true", help="keep the trace")
+    p.add_argument("--force", action="store_true", help="run even where the memory looks short")
     args = p.parse_args()
+    need, have = needed_gb(args.tokens), available_gb()
+    if have is not None and need > have and not args.force:
+        print(f"bench_trace: --tokens {args.tokens} needs about {need:.0f} GB at its peak (measured slopes, "
+              f"docs/TRACE.md) and {have:.1f} GB is available: run it on a machine with the memory, or fewer "
+              f"--tokens (--force to try anyway)", file=sys.stderr)
+        return SHORT
     from dsv4spec.official import attn as official_attn
     from dsv4spec.official.rope import rope_freqs
     from dsv4spec.trace import Recorder
@@ -58,6 +84,7 @@ def main() -> int:
     started, cpu = time.perf_counter(), time.process_time()
     stages = official_attn.attention_layer(dict(given), model=args.model, layer=args.layer, start_pos=0)
     reference_s, reference_cpu = time.perf_counter() - started, time.process_time() - cpu
+    reference_peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     started = time.perf_counter()
     with Recorder(out_dir, model=args.model, config={"n_heads": 16}) as rec:
         rec.record("rope_freqs", rope_freqs(args.model, args.layer), layer=args.layer)
@@ -69,7 +96,7 @@ def main() -> int:
     trace_mb = sum(os.path.getsize(os.path.join(out_dir, f)) for f in os.listdir(out_dir)) / 2 ** 20
     del stages, given
     started = time.perf_counter()
-    child = subprocess.run([sys.executable, "-m", "dsv4spec", "check-trace", out_dir, "--quiet", "--rules", JUDGED],
+    child = subprocess.run([sys.executable, "-m", "dsv4spec", "check-trace", out_dir, "--quiet"],
                            capture_output=True, text=True)
     judge_s = time.perf_counter() - started
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -77,9 +104,11 @@ def main() -> int:
     verdict = child.stdout.strip().splitlines()[-1] if child.stdout.strip() else child.stderr.strip()[-300:]
     print(json.dumps({"model": args.model, "layer": args.layer, "tokens": args.tokens, "threads": torch.get_num_threads(),
                       "reference_s": round(reference_s, 2), "record_s": round(record_s, 2),
-                      "judge_s": round(judge_s, 2), "reference_cpu_s": round(reference_cpu, 2),
-                      "judge_cpu_s": round(judge_cpu, 2), "judge_over_reference_cpu": round(judge_cpu / reference_cpu, 2),
-                      "judge_peak_mb": round(peak_mb), "trace_mb": round(trace_mb), "exit": child.returncode,
+                      "judge_s": round(judge_s, 2), "judge_over_reference_s": round(judge_s / reference_s, 2),
+                      "reference_cpu_s": round(reference_cpu, 2), "judge_cpu_s": round(judge_cpu, 2),
+                      "judge_over_reference_cpu": round(judge_cpu / reference_cpu, 2),
+                      "reference_peak_mb": round(reference_peak_mb), "judge_peak_mb": round(peak_mb),
+                      "estimated_peak_mb": round(need * 1024), "trace_mb": round(trace_mb), "exit": child.returncode,
                       "verdict": verdict}))
     if not args.keep and not args.out:
         shutil.rmtree(out_dir)

@@ -131,7 +131,7 @@ def index_layer(inputs: dict, *, model: str, layer: int, start_pos: int = 0) -> 
     table = freqs_cis(torch.arange(end_pos), rope_freqs(model, layer))
     # wq_b is float8_e4m3fn: linear() runs act_quant then fp8_gemm (V4-model L116-118, V4.1 L196-205)
     q = _codec("fp8_linear")(inputs["qr"].to(BF16), inputs["wq_b"], inputs["wq_b_scale"],
-                             FP8_LINEAR_BLOCK[model]).to(BF16).unflatten(-1, (H, D))
+                             FP8_LINEAR_BLOCK[model]).to(BF16).unflatten(-1, (-1, D))   # this rank's heads
     out["q"] = q.clone()
     apply_rotary_emb(q[..., -rd:], table[start_pos:end_pos])
     out["q_rot"] = q.clone()
@@ -166,7 +166,7 @@ def index_layer(inputs: dict, *, model: str, layer: int, start_pos: int = 0) -> 
     if reads_published_k(m, layer, seqlen, start_pos):   # no latent: nothing published (L537); L554 reads layer 20's
         k = _codec("fp4_e8m0_dequantize")(inputs["published_k_packed"], inputs["published_k_scales"]).to(BF16)
     score = torch.einsum("shd,td->sht", q, k[:entries])
-    score = (score.relu_() * weights.unsqueeze(-1)).sum(dim=1)
+    score = all_reduce((score.relu_() * weights.unsqueeze(-1)).sum(dim=1))
     if start_pos == 0:
         compress_lens = (torch.arange(1, seqlen + 1) // ratio).unsqueeze(-1)
         score.masked_fill_(torch.arange(seqlen // ratio) >= compress_lens, float("-inf"))
@@ -189,6 +189,13 @@ def index_layer(inputs: dict, *, model: str, layer: int, start_pos: int = 0) -> 
     out["indices"] = torch.cat([out["window_idx"].expand(seqlen, -1),
                                 torch.where(topk >= 0, topk + offset, -1)], -1).int()
     return {k: (v.float() if v.dtype == BF16 else v) for k, v in out.items()}
+
+
+def all_reduce(score: torch.Tensor) -> torch.Tensor:
+    """dist.all_reduce(index_score) where world_size > 1 (V4-model L422-423, V41-model L558-559): the
+    sum of every rank's partial score over its heads (n_local_heads of the global n_heads, whose
+    factor the weights keep, V4-model L387-388, L418).  One process, world size 1: the identity."""
+    return score
 
 
 def _select_candidate_blocks(logits, compress_lens, topk_blocks: int, block_size: int) -> torch.Tensor:

@@ -533,13 +533,14 @@ def projection_weights(m, rng) -> dict:
 OUTPUT_RANK = 64          # o_lora_rank of the cases (1024 in the models): wo_b's K is 2·64 = 128
 
 
-def output_weights(m, rng) -> dict:
+def output_weights(m, rng, rank: int = OUTPUT_RANK) -> dict:
     """BF16 wo_a [g·64, 16·512/g] and E4M3 wo_b [dim, g·64] with its E8M0 block scales, g = the 16 heads
-    in the model's groups (o_groups of n_heads: 8 heads a group, g = 2); o_lora and out of about o's RMS."""
+    in the model's groups (o_groups of n_heads: 8 heads a group, g = 2); o_lora and out of about o's RMS.
+    `rank`: the o_lora_rank in place of 64."""
     b, groups = spec_quant.FP8_LINEAR_BLOCK[m.name], LAYER_HEADS * m.o_groups // m.n_heads
     width = LAYER_HEADS * m.head_dim // groups
-    wo_b, wo_b_scale = fp8_weight(rng, m.dim, groups * OUTPUT_RANK, b, exponents=(-12, -10))
-    return {"attn_wo_a": normal_bf16(rng, (groups * OUTPUT_RANK, width), width ** -0.5),
+    wo_b, wo_b_scale = fp8_weight(rng, m.dim, groups * rank, b, exponents=(-12, -10))
+    return {"attn_wo_a": normal_bf16(rng, (groups * rank, width), width ** -0.5),
             "attn_wo_b": wo_b, "attn_wo_b_scale": wo_b_scale}
 
 

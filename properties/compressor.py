@@ -44,7 +44,7 @@ from ..spec import rope as spec_rope
 from ..spec.indexer import round_bf16
 from ..spec.models import profile
 from ..spec.rules import V4, V41, V4_ALL
-from .compare import as_numpy, assert_same_shape, difference_kind
+from .compare import as_numpy, assert_same_shape, assert_within as assert_bf16_within, difference_kind
 from .rope import assert_table
 from .suite import RUN, check, declared_choice, forall
 
@@ -501,3 +501,48 @@ def decode_pools_the_fp32_state(target, case, first):
     """Scores of tens: a state rounded to BF16 moves a softmax weight by several per cent."""
     _decode_against_prefill(target, case, first, "CMP.STATE: entries decoded from the state after a prefill of "
                                                  "{first} tokens differ from one prefill")
+
+
+# --- the compressor's stages on a recorded layer (check-trace, trace/judge.py) -----------------------
+# A recorded compressor's weights: the trace's names of wkv, wgate and ape (params of compress()).
+RECORDED_WEIGHTS = {"wkv": "cmp_wkv", "wgate": "cmp_wgate", "ape": "cmp_ape"}
+
+
+def pooled_rule(model: str, ratio: int) -> str:
+    """The rule stating a prefill's pooled vectors: the window's shape where windows overlap."""
+    return "CMP.RATIO1" if ratio == 1 else "CMP.OVERLAP" if spec.overlaps(model, ratio) else "CMP.GATE"
+
+
+def recorded_params(tensors: dict, model: str, ratio: int) -> dict:
+    """compress()'s params from a trace's tensors (KeyError naming the one not recorded)."""
+    names = ["wkv"] + (["wgate"] if spec.has_gate(ratio) else []) + (["ape"] if spec.has_gate(ratio)
+                                                                     and spec.has_ape(model) else [])
+    return {name: tensors[RECORDED_WEIGHTS[name]] for name in names}
+
+
+def assert_pooled(target, x, params: dict, model: str, ratio: int, got, what: str):
+    """got: the pooled vectors (BF16, before RMSNorm) of x's last len(got) complete groups, x fed from
+    a group's first token: within twice pooled_tolerance of the exact ones (ENTRY_TOLERANCE's pooled part)."""
+    pooling = declared_choice(target, "compressor_pooling") if spec.has_gate(ratio) else "fp32"
+    ref, tol = spec.pooled(x, params, model, ratio), 2 * spec.pooled_tolerance(x, params, model, ratio, pooling)
+    first = ref.shape[0] - len(got)
+    if first < 0:
+        raise AssertionError(f"{what}: {len(got)} pooled vectors, but {np.shape(x)[0]} tokens complete {ref.shape[0]} "
+                             f"groups of {ratio} (CMP.GROUPS)")
+    assert_bf16_within(got, ref[first:], tol[first:] + 1e-35, what=what, bf16=True)
+
+
+def judge_pooled(target, case, out):
+    """cmp_pooled of a prefill (ratio 1: of any step): from the step's x and the recorded wkv, wgate, ape."""
+    ratio = profile(case.model).ratio(case.layer)
+    assert_pooled(target, out["x"], recorded_params(out, case.model, ratio), case.model, ratio, out["cmp_pooled"],
+                  f"{pooled_rule(case.model, ratio)}: the compressor's pooled vectors, ratio {ratio} [{case!r}]")
+
+
+def judge_normed(target, case, out):
+    """cmp_normed = RMSNorm(cmp_pooled) with the recorded weight and the profile's eps, BF16."""
+    p, weight = np.asarray(out["cmp_pooled"], np.float64), np.asarray(out["cmp_norm"], np.float64)
+    tol, _ = spec.norm_tolerance(p, 0.0, weight, case.model)
+    assert_bf16_within(out["cmp_normed"], spec.rms_norm(p, weight, profile(case.model).norm_eps), 2 * tol + 1e-35,
+                       what=f"CMP.NORM: entry = w·p / sqrt(mean(p^2) + {profile(case.model).norm_eps:g}) [{case!r}]",
+                       bf16=True)

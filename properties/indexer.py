@@ -486,14 +486,24 @@ def head_shards_sum_to_the_full_score(target, case, shards):
     if H % shards:
         shards = H if H > 1 else 1
     parts = np.array_split(np.arange(H), shards)
-    total, tol = None, spec.index_score_allreduce_tolerance(case.q, case.k, case.w, parts)
+    total = None
     for heads in parts:
-        sub = ScoreCase(case.label, case.q[:, heads], case.k, case.w[:, heads], case.visible)
-        partial = _scores(target, sub)
+        partial = _scores(target, _shard(case, heads))
         total = partial if total is None else spec.round_bf16(total + partial)   # BF16 all-reduce
-        tol = tol + expected_scores(target, sub)[1]                           # each shard's own bound
-    ref, _ = expected_scores(target, case)
-    _assert_scores(total, ref, tol, f"IDX.SCORE.TP ({len(parts)} head shards, BF16 all-reduce)", case)
+    assert_sharded_scores(target, total, case, parts, f"IDX.SCORE.TP ({len(parts)} head shards, BF16 all-reduce)")
+
+
+def _shard(case: ScoreCase, heads) -> ScoreCase:
+    return ScoreCase(case.label, case.q[:, heads], case.k, case.w[:, heads], case.visible)
+
+
+def assert_sharded_scores(target, got, case: ScoreCase, parts, what: str):
+    """got: the BF16 all-reduce of the partial scores of the head shards `parts`, within the bound
+    of the all-reduce and of each shard's own scores of the full score (IDX.SCORE.TP)."""
+    tol = spec.index_score_allreduce_tolerance(case.q, case.k, case.w, parts)
+    for heads in parts:
+        tol = tol + expected_scores(target, _shard(case, heads))[1]           # each shard's own bound
+    _assert_scores(got, expected_scores(target, case)[0], tol, what, case)
 
 
 # ------------------------------------------------------------------------------------------------

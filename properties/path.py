@@ -57,7 +57,7 @@ from ..spec import quant as spec_quant
 from ..spec import rope as spec_rope
 from ..spec.models import profile
 from .compare import as_numpy, assert_bytes_equal, assert_equal, assert_within
-from .indexer import assert_weights, expected_scores, make_score_case, ScoreCase, scores_under
+from .indexer import assert_sharded_scores, assert_weights, expected_scores, make_score_case, ScoreCase, scores_under
 from .quant import assert_linear, fp8_linear_bounds, fp8_weight
 from .pool import reindex_cases, wide_reindex_case
 from .stages import first_broken, judge_every_stage, report as report_stages
@@ -544,7 +544,8 @@ def _judge_q(target, case, out):
     bf16 = target.variant("fp8_linears") == "bf16"
     return assert_linear(target, _need(out, "q", case), a["qr"], a["wq_b"], a["wq_b_scale"], b,
                          f"PATH.Q.PROJ: q = FP8.LINEAR(qr, wq_b), act_quant per {b} [{case!r}]",
-                         shape=(case.seqlen, m.index_n_heads, m.index_head_dim), bounds=None if bf16 else _q_bounds(case, b))
+                         shape=(case.seqlen, a["wq_b"].shape[0] // m.index_head_dim, m.index_head_dim),  # a rank's heads
+                         bounds=None if bf16 else _q_bounds(case, b))
 
 
 def _table(target, case: LayerCase, use: str):
@@ -736,6 +737,19 @@ def _judge_scores(target, case, out):
     why = score_mismatch(case, out, k, target.variant("score_rounding"), q)
     if why:
         raise AssertionError(f"IDX.SCORE.FP4: {why} [{case!r}]")
+
+
+def judge_sharded_scores(target, case, ranks: list, rank: int) -> None:
+    """IDX.SCORE.TP on a recorded layer-step of every tensor-parallel rank (check-trace): rank `rank`'s
+    scores are the BF16 all-reduce of the ranks' partial scores over their heads (their own q and
+    weights), within IDX.SCORE.TP's bound of the full score of every rank's heads."""
+    qs = [spec_quant.fp4_e8m0_dequantize(_need(o, "q_packed", case), _need(o, "q_scales", case)) for o in ranks]
+    full = ScoreCase(case.label, np.concatenate(qs, axis=1), scored_keys(case, ranks[rank], _reading(target, case)),
+                     np.concatenate([_need(o, "weights", case) for o in ranks], axis=1), _visible(case))
+    ends = np.cumsum([0] + [q.shape[1] for q in qs])
+    assert_sharded_scores(target, _need(ranks[rank], "scores", case), full,
+                          [np.arange(a, b) for a, b in zip(ends[:-1], ends[1:])],
+                          f"IDX.SCORE.TP: rank {rank}'s scores, the all-reduce of {len(ranks)} ranks' head shards")
 
 
 def _judge_scored_keys(target, case, out):

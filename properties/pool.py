@@ -289,3 +289,12 @@ def v4_roles(target):
 @check("LAYER.V41", ops=("layer_role",))
 def v41_roles(target):
     _roles_check(target, [m for m in PROFILES if PROFILES[m].candidate_source_layer >= 0], "LAYER.V41")
+
+
+def judge_pinned_newest(target, case, out):
+    """A recorded candidate-source layer's pool (check-trace, trace/judge.py): the block of each
+    query's newest reachable position is in it."""
+    m = profile(case.model)
+    visible = spec_indexer.index_visible(case.positions, m.ratio(case.layer))
+    assert_pool(out["candidates"], out["scores"], visible, m.candidate_topk_blocks, m.candidate_block_size,
+                clauses=("newest",), what=f"POOL.PIN_NEWEST: layer {case.layer}'s pool of its own scores [{case!r}]")

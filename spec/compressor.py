@@ -308,12 +308,10 @@ def compress(x: np.ndarray, params: dict, model: str, ratio: int) -> np.ndarray:
     return rope(y, np.arange(p.shape[-2]) * ratio, params["rope_freqs"])
 
 
-def entry_tolerance(x: np.ndarray, params: dict, model: str, ratio: int, pooling: str = "fp32") -> np.ndarray:
-    """A per-element absolute bound on |entry - exact entry|: [..., n // ratio, d] (ENTRY_TOLERANCE).
-
-    It admits fp32 arithmetic in any order and the official BF16 roundings of the pooled (ratio 1:
-    projected) vector, the normed entry and the rotated entry, at every ratio; pooling 'bf16' (the
-    knob compressor_pooling) the pooling's own BF16 roundings too (BF16_POOLING)."""
+def pooled_tolerance(x: np.ndarray, params: dict, model: str, ratio: int, pooling: str = "fp32") -> np.ndarray:
+    """The first part of ENTRY_TOLERANCE: a per-element bound on |pooled − exact pooled| for the
+    pooled vectors [..., n // ratio, d] of x, cast to BF16 as the official code casts them (ratio 1:
+    the BF16 Linear's output), not yet doubled."""
     x = np.asarray(x, np.float64)
     ax = np.abs(x)
     dim = x.shape[-1]
@@ -341,15 +339,30 @@ def entry_tolerance(x: np.ndarray, params: dict, model: str, ratio: int, pooling
         pooled_mag = kv_mag[..., :groups, :]
         err_p = (dim + 2) * U32 * pooled_mag
     p = pooled(x, params, model, ratio)
-    err_p = err_p + U16 * (np.abs(p) + err_p)          # the fp32 pooled vector (ratio 1: the Linear) to BF16
-    w = np.abs(np.asarray(params["norm"], np.float64))
-    eps = profile(model).norm_eps
-    d = p.shape[-1]
-    r = np.sqrt(np.mean(p * p, axis=-1, keepdims=True) + eps)
+    return err_p + U16 * (np.abs(p) + err_p)          # the fp32 pooled vector (ratio 1: the Linear) to BF16
+
+
+def norm_tolerance(p: np.ndarray, err_p, weight: np.ndarray, model: str) -> tuple[np.ndarray, np.ndarray]:
+    """The second part of ENTRY_TOLERANCE: (bound on |normed − exact normed|, |normed|) for the pooled
+    vectors p known within err_p (0: the pooled vectors themselves), RMSNorm in fp32 to BF16."""
+    err_p = np.broadcast_to(np.asarray(err_p, np.float64), np.shape(p))
+    w = np.abs(np.asarray(weight, np.float64))
+    r = np.sqrt(np.mean(p * p, axis=-1, keepdims=True) + profile(model).norm_eps)
     r_safe = np.where(r > 0, r, 1.0)
     rms_err = np.sqrt(np.mean(err_p * err_p, axis=-1, keepdims=True))
     y_mag = w * np.abs(p) / r_safe
-    err_y = w * (err_p + np.abs(p) * rms_err / r_safe) / r_safe + ((d + 8) * U32 + U16) * y_mag
+    return w * (err_p + np.abs(p) * rms_err / r_safe) / r_safe + ((p.shape[-1] + 8) * U32 + U16) * y_mag, y_mag
+
+
+def entry_tolerance(x: np.ndarray, params: dict, model: str, ratio: int, pooling: str = "fp32") -> np.ndarray:
+    """A per-element absolute bound on |entry - exact entry|: [..., n // ratio, d] (ENTRY_TOLERANCE).
+
+    It admits fp32 arithmetic in any order and the official BF16 roundings of the pooled (ratio 1:
+    projected) vector, the normed entry and the rotated entry, at every ratio; pooling 'bf16' (the
+    knob compressor_pooling) the pooling's own BF16 roundings too (BF16_POOLING)."""
+    groups = np.shape(x)[-2] // ratio
+    err_y, y_mag = norm_tolerance(pooled(x, params, model, ratio), pooled_tolerance(x, params, model, ratio, pooling),
+                                  params["norm"], model)
     freqs = np.asarray(params["rope_freqs"], np.float32)
     rd = 2 * len(freqs)
     if rd:

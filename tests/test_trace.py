@@ -2,6 +2,7 @@
 on their rule at the stage, layer and step planted and nowhere earlier; broken traces exit 3 in one line."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -13,9 +14,12 @@ import torch
 import trace_control as control
 from dsv4spec.cli import main
 from dsv4spec.official import attn as official_attn
+from dsv4spec.official import compressor as official_compressor
 from dsv4spec.official import path as official_path
 from dsv4spec.official import rope as official_rope
+from dsv4spec.properties.path import make_layer_case
 from dsv4spec.trace import Recorder, Trace, TraceError, record_official
+from dsv4spec.trace.format import WEIGHTS
 from dsv4spec.trace.check import judge_trace, open_trace
 
 V41_LAYERS = (0, 2, 20, 21, 24)     # window, ratio-2 index source, candidate source, reuse, re-index
@@ -47,9 +51,10 @@ def test_the_control_trace_passes_every_recorded_stage(v41_trace, capsys):
     results = {r["rule"]: r["status"] for r in json.loads((v41_trace / "r.json").read_text())["results"]}
     for rule in ("PATH.Q.PROJ", "PATH.K.NORM", "PATH.K.PUBLISHED", "IDX.SCORE.FP4", "IDX.TOPK.SELECTION",
                  "POOL.TOPK_BLOCKS", "POOL.REINDEX", "LAYER.V41", "FP8.LINEAR", "ATTN.LAYER", "ATTN.PROB.ORDER",
-                 "ATTN.DEROTATE", "PATH.WINDOW.RING", "PATH.QDQ", "PATH.CONCAT", "ROPE.POSITIONS"):
+                 "ATTN.DEROTATE", "PATH.WINDOW.RING", "PATH.QDQ", "PATH.CONCAT", "ROPE.POSITIONS", "CMP.GATE",
+                 "CMP.RATIO1", "CMP.NORM", "CMP.STATE"):
         assert results[rule] == "PASS", (rule, out)
-    assert results["CMP.GATE"] == "n/i" and results["ATTN.TP.REDUCE"] == "n/i"
+    assert results["CMP.OVERLAP"] == "n/i" and results["ATTN.TP.REDUCE"] == "n/i"
     verdicts = json.loads((v41_trace / "r.json").read_text())["header"]["trace"]["verdicts"]
     stages = {(v["stage"], v["rule"]) for v in verdicts}
     assert {("window_cache", "PATH.WINDOW.RING"), ("published_k_packed", "PATH.K.PUBLISHED"),
@@ -83,10 +88,11 @@ def test_record_official_hooks_record_the_module_outputs(tmp_path):
     trace = Trace(str(tmp_path))
     assert [(layer, s.start_pos) for layer, s in trace.layer_steps()] == [(0, 0), (20, 0), (0, 9), (20, 9)]
     assert {"x", "q_latent", "q_norm", "q_attn", "kv_proj", "kv_normed", "out", "q", "w_raw", "k", "k_normed",
-            "attn_wq_a", "rope_freqs", "sink"} <= set(trace.stages(20, trace.layer_steps()[1][1]))
+            "attn_wq_a", "rope_freqs", "sink", "cmp_pooled", "cmp_normed", "cmp_wkv", "cmp_norm"} <= \
+        set(trace.stages(20, trace.layer_steps()[1][1]))
     verdicts = judged(tmp_path)
     assert {v.rule for v in verdicts if v.status == "PASS"} >= {"FP8.LINEAR", "ATTN.LAYER", "PATH.Q.PROJ",
-                                                               "PATH.K.PROJ", "PATH.W.PROJ"}
+                                                               "PATH.K.PROJ", "PATH.W.PROJ", "CMP.RATIO1", "CMP.NORM"}
     # wo_a is an einsum, not a call (V4-model L537-541): o_lora is wo_b's input, but o_derot no hook sees
     assert {(v.status, v.stage, "record 'o_derot'" in v.detail) for v in departing(verdicts)} == \
         {("ERROR", "o_lora", True)}
@@ -94,10 +100,42 @@ def test_record_official_hooks_record_the_module_outputs(tmp_path):
 
 def test_a_stage_without_its_input_is_an_error_naming_the_tensor(tmp_path):
     with Recorder(tmp_path, model="v4.1-flash") as rec:
+        rec.record("x", torch.zeros(2, 5120), layer=2, step=(0, 2))
         rec.record("q_latent", torch.zeros(2, 1280), layer=2, step=(0, 2))
     (v,) = judged(tmp_path)
-    assert (v.status, v.stage, v.rule) == ("ERROR", "q_latent", "FP8.LINEAR")
-    assert "record 'attn_wq_a'" in v.detail or "record 'x'" in v.detail
+    assert (v.status, v.stage, v.rule) == ("ERROR", "q_latent", "FP8.LINEAR") and "record 'attn_wq_a'" in v.detail
+
+
+@pytest.fixture(scope="module")
+def attention_step():
+    """A V4.1 window layer's attention from given q_attn and kv_normed (an engine whose projections are
+    fused), its stages as official.attn computes them."""
+    from dsv4spec.cmd_bench import _script
+    given = _script("bench_trace").inputs("v4.1-flash", 0, 6)
+    return given, official_attn.attention_layer(dict(given), model="v4.1-flash", layer=0, start_pos=0)
+
+
+def test_a_trace_starting_at_q_attn_reads_n_i_before_it_and_judges_after_it(tmp_path, attention_step):
+    given, stages = attention_step
+    with Recorder(tmp_path, model="v4.1-flash", config={"n_heads": 16}) as rec:
+        rec.record("attn.sink", given["sink"], layer=0)            # family-prefixed names read as the bare ones
+        for name, value in {**given, **stages}.items():
+            rec.record("idx.window_idx" if name == "window_idx" else name, value, layer=0, step=(0, 6))
+    verdicts = judged(tmp_path)
+    assert not departing(verdicts), departing(verdicts)[0].detail
+    stages_judged = {v.stage for v in verdicts}
+    assert {"q_rescale", "q_attn_rot", "kv_rot", "o", "window_idx"} <= stages_judged
+    assert not {"q_attn", "kv_normed"} & stages_judged
+
+
+def test_a_stage_recorded_after_a_gap_is_an_error_naming_the_gap(tmp_path, attention_step):
+    """q_latent recorded, then q_attn without q_norm between them: q_attn's input is missing."""
+    given, stages = attention_step
+    with Recorder(tmp_path, model="v4.1-flash", config={"n_heads": 16}) as rec:
+        rec.record("q_latent", torch.zeros(6, 1280), layer=0, step=(0, 6))
+        rec.record("q_attn", given["q_attn"], layer=0, step=(0, 6))
+    (v,) = [v for v in judged(tmp_path) if v.stage == "q_attn"]
+    assert v.status == "ERROR" and "record 'q_norm'" in v.detail
 
 
 # ------------------------------------------------------------------------------------------------
@@ -183,12 +221,18 @@ def test_a_usage_error_exits_2(small_trace, capsys):
 # ------------------------------------------------------------------------------------------------
 # tensor parallelism: ranks simulated on the CPU
 # ------------------------------------------------------------------------------------------------
-def test_tp2_control_trace_passes_and_a_rank_skipping_the_all_reduce_fails(tmp_path):
+def test_tp2_control_traces_pass_and_a_rank_skipping_the_all_reduce_fails(tmp_path):
+    """V4.1 and V4 (its o_lora_rank one FP8 block of 128, a rank's wo_b columns whole blocks): each rank's
+    index heads judged as its own, the scores as the all-reduce of every rank's (IDX.SCORE.TP)."""
     control.record_control(tmp_path / "ok", "v4.1-flash", (0, 20), prefill=6, decode=1, world_size=2)
-    verdicts = judged(tmp_path / "ok")
-    assert not departing(verdicts)
-    assert {v.rank for v in verdicts if v.rule == "ATTN.TP.REDUCE"} == {0, 1}
-    assert any(v.stage == "out_partial" and v.rule == "FP8.LINEAR" for v in verdicts)
+    control.record_control(tmp_path / "v4", "v4-flash", (2,), prefill=8, decode=1, world_size=2)
+    for name in ("ok", "v4"):
+        verdicts = judged(tmp_path / name)
+        assert not departing(verdicts), (name, departing(verdicts)[0].detail[:400])
+        assert {v.rank for v in verdicts if v.rule == "ATTN.TP.REDUCE"} == {0, 1}
+        assert {v.rank for v in verdicts if v.rule == "IDX.SCORE.TP"} == {0, 1}
+        assert {v.rank for v in verdicts if v.stage in ("q", "w_raw", "weights")} == {0, 1}
+        assert any(v.stage == "out_partial" and v.rule == "FP8.LINEAR" for v in verdicts)
     control.record_control(tmp_path / "bad", "v4.1-flash", (0,), prefill=6, decode=1, world_size=2,
                            reduce=lambda partials: partials[0])
     first = departing(judged(tmp_path / "bad"))[0]
@@ -283,8 +327,26 @@ def _stale_pool(owner, source):
     return torch.nn.functional.pad(pool[:, :-1], (0, 1), value=False)
 
 
+_overlap_transform, _cmp_rms_norm = official_compressor.overlap_transform, official_compressor.rms_norm
+_cmp_forward = official_compressor.Compressor.forward
+
+
+def _overlap_halves_swapped(t, value):
+    """Overlapping windows taking group j−1's second half and group j's first (the halves swapped)."""
+    d = t.shape[-1] // 2
+    return _overlap_transform(torch.cat([t[..., d:], t[..., :d]], -1), value)
+
+
+def _state_not_shifted(compressor, x, start_pos):
+    """A decode step that completes a group without moving its half to the next window's first slots."""
+    kept = compressor.kv_state[:, :compressor.ratio].clone(), compressor.score_state[:, :compressor.ratio].clone()
+    out = _cmp_forward(compressor, x, start_pos)
+    compressor.kv_state[:, :compressor.ratio], compressor.score_state[:, :compressor.ratio] = kept
+    return out
+
+
 # id: (model, layers, prefill, decode, (layer, start_pos, module, attribute, replacement), expected
-# (rule, stage, layer, start_pos)), one per stage family
+# (rule, stage, layer, start_pos)[, record_control's options]), one per stage family
 PLANTED = {
     "bf16_projection": ("v4.1-flash", (0,), 8, 0, (0, 0, control, "fp8_linear", _bf16_linear),
                         ("FP8.LINEAR", "q_latent", 0, 0)),
@@ -322,21 +384,100 @@ PLANTED = {
                                 ("PATH.K.PROJ", "k", 20, 0)),
     "scores_off": ("v4.1-flash", (20,), 8, 2, (20, 9, official_attn, "index_layer", _after_index_layer(_scores_off)),
                    ("IDX.SCORE.FP4", "scores", 20, 9)),
+    "compressor_overlap_halves_swapped": ("v4-flash", (2,), 8, 0,
+                                          (2, 0, official_compressor, "overlap_transform", _overlap_halves_swapped),
+                                          ("CMP.OVERLAP", "cmp_pooled", 2, 0)),
+    "compressor_norm_eps": ("v4.1-flash", (2,), 8, 0,          # 0.1 where the profile has 1e-20
+                            (2, 0, official_compressor, "rms_norm", lambda x, w, eps: _cmp_rms_norm(x, w, 0.1)),
+                            ("CMP.NORM", "cmp_normed", 2, 0)),
+    "compressor_state_not_shifted": ("v4-flash", (2,), 8, 8,    # planted at 11: shows when group 3 completes
+                                     (2, 11, official_compressor.Compressor, "forward", _state_not_shifted),
+                                     ("CMP.STATE", "cmp_pooled", 2, 15)),
+    "index_scores_not_all_reduced": ("v4-flash", (2,), 8, 0,           # a rank's top-k of its own heads' scores
+                                     (2, 0, control, "sum_partials", lambda partials, rank: partials[rank]),
+                                     ("IDX.SCORE.TP", "scores", 2, 0), {"world_size": 2}),
     "o_lora_left_fp32": ("v4.1-flash", (0,), 8, 0, (0, 0, official_attn, "_output_projections", _o_lora_fp32),
                          ("ATTN.LAYER", "o_lora", 0, 0)),
 }
-FAST = ("bf16_projection", "topk_ordered_by_score", "window_entry_scale", "no_hadamard", "ring_written_one_slot_on")
+FAST = ("bf16_projection", "topk_ordered_by_score", "window_entry_scale", "no_hadamard", "ring_written_one_slot_on",
+        "compressor_overlap_halves_swapped")
 
 
 @pytest.mark.parametrize("name", [n if n in FAST else pytest.param(n, marks=pytest.mark.thorough) for n in PLANTED])
 def test_a_planted_deviation_fails_where_planted_and_nowhere_earlier(tmp_path, name):
-    model, layers, prefill, decode, plant, (rule, stage, layer, start_pos) = PLANTED[name]
-    control.record_control(tmp_path, model, layers, prefill, decode, plant=plant, max_pos=64)
-    verdicts = judged(tmp_path)
+    model, layers, prefill, decode, plant, (rule, stage, layer, start_pos), *options = PLANTED[name]
+    control.record_control(tmp_path, model, layers, prefill, decode, plant=plant, max_pos=64, **(options or [{}])[0])
+    assert_first_departure(judged(tmp_path), (rule, stage, layer, start_pos), name)
+
+
+def assert_first_departure(verdicts, expected, name: str):
+    """The first departing verdict, in the order the forward computed them, FAILs on the expected rule
+    at the expected stage, layer and step: the plant departs there and nowhere earlier."""
     first = departing(verdicts)
     assert first, f"{name}: no stage departs"
     got = (first[0].rule, first[0].stage, first[0].layer, first[0].step.start_pos, first[0].status)
-    assert got == (rule, stage, layer, start_pos, "FAIL"), f"{name}: {first[0].place()}: {first[0].detail[:400]}"
+    assert got == (*expected, "FAIL"), f"{name}: {first[0].place()}: {first[0].detail[:400]}"
+
+
+# the issue's named deviations (issue 41, "Done when"), each with the rule that states it
+ISSUE_PLANTS = {"bf16_projection": "FP8.LINEAR", "rms_norm_eps": "ATTN.LAYER", "stale_index_k_read": "PATH.K.PUBLISHED",
+                "pool_newest_block_not_pinned": "POOL.PIN_NEWEST", "topk_ordered_by_score": "IDX.TOPK.SELECTION",
+                "fp32_probabilities": "ATTN.PROB.ORDER", "compressor_overlap_halves_swapped": "CMP.OVERLAP",
+                "window_entry_scale": "PATH.QDQ"}
+
+
+def test_the_plants_are_at_least_twelve_one_per_stage_family():
+    """Every plant is enumerated by a test asserting its first departure (PLANTED: the parametrized test
+    above; ONE_STEP_PLANTS: the pool's); at least twelve, no two at the same (rule, stage), the issue's
+    named ones among them on their rules."""
+    expected = {name: plant[5] for name, plant in PLANTED.items()}
+    expected |= {name: plant[2] for name, plant in ONE_STEP_PLANTS.items()}
+    families = {(rule, stage) for rule, stage, *_ in expected.values()}
+    assert len(expected) >= 12 and len(families) == len(expected), sorted(expected.values())
+    assert {name: expected[name][0] for name in ISSUE_PLANTS} == ISSUE_PLANTS
+
+
+# ------------------------------------------------------------------------------------------------
+# the pool past 2048 blocks: one decode step of the candidate source (no prefill of 16K tokens)
+# ------------------------------------------------------------------------------------------------
+_select_blocks = official_path._select_candidate_blocks
+
+
+def _pool_not_pinned(logits, compress_lens, topk_blocks, block_size):
+    """select_candidate_blocks without the pin of the newest reachable block (V41-model L604-607)."""
+    return _select_blocks(logits, torch.zeros_like(compress_lens), topk_blocks, block_size)
+
+
+def record_candidate_source_step(path, position: int, plant=None):
+    """Layer 20's index stages at one decode step (official index_layer on a drawn case of the
+    profile's widths), the newest block's latent rows zero: its score 0, among the lowest, is kept
+    by the pin alone."""
+    case = make_layer_case("v4.1-flash", 20, 1, start_pos=position)
+    latent = case.arrays()["latent"].copy()
+    latent[position // 8 * 8:] = 0
+    inputs = {**case.torch_inputs(), "latent": torch.from_numpy(latent)}
+    with control.patched(official_path, "_select_candidate_blocks", plant) if plant else contextlib.nullcontext():
+        out = official_attn.index_layer(inputs, model="v4.1-flash", layer=20, start_pos=position)
+    with Recorder(path, model="v4.1-flash") as rec:
+        for name, value in {**inputs, **out}.items():
+            rec.record(name, value, layer=20, step=None if name in WEIGHTS else (position, 1))
+
+
+# planted at one layer-step of its own: id -> (position, plant, expected (rule, stage, layer, start_pos))
+ONE_STEP_PLANTS = {"pool_newest_block_not_pinned": (16400, _pool_not_pinned, ("POOL.PIN_NEWEST", "candidates", 20, 16400))}
+
+
+def test_the_pool_not_pinning_its_newest_block_fails_only_past_2048_blocks(tmp_path):
+    """At decode 16400 (16401 entries, 2051 blocks) the unpinned pool drops the newest block; at 16376
+    (2048 blocks, all kept) the same deviation cannot show."""
+    position, plant, expected = ONE_STEP_PLANTS["pool_newest_block_not_pinned"]
+    record_candidate_source_step(tmp_path / "ok", position)
+    assert not departing(judged(tmp_path / "ok"))
+    record_candidate_source_step(tmp_path / "small", 16376, plant=plant)
+    assert not departing(judged(tmp_path / "small"))
+    record_candidate_source_step(tmp_path / "bad", position, plant=plant)
+    assert_first_departure(judged(tmp_path / "bad"), expected, "pool_newest_block_not_pinned")
+    assert "newest block 2050" in departing(judged(tmp_path / "bad"))[0].detail
 
 
 @pytest.mark.thorough
@@ -445,3 +586,13 @@ def test_progress_goes_to_standard_error_and_a_judged_small_trace_passes(small_t
     captured = capsys.readouterr()
     assert "[1/1 layer-steps] 1 stages judged, 0 departing" in captured.err
     assert "PATH.WINDOW" in captured.out and "PASS" in captured.out
+
+
+def test_the_benchmark_refuses_a_prefill_the_memory_cannot_hold_in_one_line(monkeypatch, capsys):
+    from dsv4spec.cmd_bench import _script
+    bench = _script("bench_trace")
+    monkeypatch.setattr(bench, "available_gb", lambda: 16.0)
+    monkeypatch.setattr("sys.argv", ["bench_trace.py", "--tokens", "65536"])
+    assert bench.main() == bench.SHORT
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--tokens 65536 needs about 53 GB" in err and "16.0 GB is available" in err

@@ -5,9 +5,10 @@ o_lora_rank 64, as the ATTN.LAYER cases), whose forward computes every stage wit
 (official.attn.attention_layer and its codecs) and keeps the decode state the official Attention keeps:
 the window ring, the compressed KV cache, the index-K cache layer 20 publishes and its candidate pool.
 
-The compressor itself is outside it: each compressing layer reads its pre-RoPE entries (V4.1: the
-latent, which the indexer's wk also reads; V4 CSA: the indexer's own entries) from a fixed random table,
-entry j complete once position j·ratio + ratio − 1 has been fed.
+Each compressing layer runs the official compressor (`layers.{i}.attn.compressor`, dsv4spec.official
+.compressor) on its x; its pre-RoPE entries (V4.1: the latent, which the indexer's wk also reads) are
+what the attention reads, entry j complete once position j·ratio + ratio − 1 has been fed.  The V4 CSA
+indexer's own entries come from a fixed random table (its compressor is not run).
 
 `plant` (a dict) plants one deviation: {"layer": i, "start_pos": p, "stage": name, "fn": f} replaces the
 official function named by `patch` (a (module, name) pair) by f while that layer-step runs, so every stage
@@ -23,13 +24,15 @@ import torch
 from torch import nn
 
 from dsv4spec.official import attn as official_attn
+from dsv4spec.official import compressor as official_compressor
 from dsv4spec.official import path as official_path
 from dsv4spec.official import quant as official_quant
 from dsv4spec.official.quant import fp8_linear
 from dsv4spec.official.rope import apply_rotary_emb, freqs_cis, rope_freqs
-from dsv4spec.properties.attn import LAYER_HEADS, output_weights, projection_weights
+from dsv4spec.properties.attn import LAYER_HEADS, OUTPUT_RANK, output_weights, projection_weights
 from dsv4spec.properties.path import normal_bf16
 from dsv4spec.properties.quant import fp8_weight
+from dsv4spec.spec import compressor as spec_compressor
 from dsv4spec.spec import path as spec_path
 from dsv4spec.spec.models import profile
 from dsv4spec.spec.pool import layer_role
@@ -76,12 +79,61 @@ class RMSNorm(nn.Module):
         return official_path._rms_norm(x, self.weight, self.eps)
 
 
+class CompressorNorm(RMSNorm):
+    """The compressor's RMSNorm (its input the pooled vector, its output the entry; V4-model L362)."""
+
+    def forward(self, x):
+        return official_compressor.rms_norm(x, self.weight, self.eps)
+
+
+class Compressor(nn.Module):
+    """official.compressor's Compressor with random weights, returning its pre-RoPE entries (the
+    attention rotates them, as official.attn does): {"cmp_pooled", "cmp_normed"} of the groups a step
+    completes, else {}."""
+
+    def __init__(self, m, ratio: int, rng):
+        super().__init__()
+        width = spec_compressor.channel_factor(m.name, ratio) * m.head_dim
+        self.wkv, self.wgate = nn.Module(), nn.Module()
+        self.wkv.weight = nn.Parameter(_t(normal_bf16(rng, (width, m.dim), m.dim ** -0.5)), requires_grad=False)
+        params = {"wkv": self.wkv.weight, "norm": torch.ones(m.head_dim), "rope_freqs": torch.zeros(m.rope_dim // 2)}
+        if spec_compressor.has_gate(ratio):
+            self.wgate.weight = nn.Parameter(_t(normal_bf16(rng, (width, m.dim), m.dim ** -0.5)), requires_grad=False)
+            params["wgate"] = self.wgate.weight
+            if spec_compressor.has_ape(m.name):
+                self.register_buffer("ape", _t(rng.standard_normal((ratio, width)).astype(np.float32)))
+                params["ape"] = self.ape
+        self.norm = CompressorNorm(normal_bf16(rng, (m.head_dim,), 0.1, 1.0), m.norm_eps)
+        self.state = official_compressor.Compressor(params, m.name, ratio, 1)
+        self.state._finish = self._finish
+        self.stages: dict = {}
+
+    def _finish(self, pooled, positions):
+        self.stages = {"cmp_pooled": pooled[0].float(), "cmp_normed": self.norm(pooled)[0].float()}
+        return self.stages["cmp_normed"][None]
+
+    def forward(self, x, start_pos: int) -> dict:
+        self.stages = {}
+        official_compressor.Compressor.forward(self.state, x, start_pos)
+        return self.stages
+
+
 class Indexer(nn.Module):
-    def __init__(self, m, kind: str, rng):
+    """wq_b and weights_proj ColumnParallel (V4-model L393-394): rank r of W holds index heads
+    r·H/W … (r+1)·H/W − 1; `shards` keeps every rank's, for the simulated all-reduce of the scores."""
+
+    def __init__(self, m, kind: str, rng, world_size: int = 1, rank: int = 0):
         super().__init__()
         H, D, b = m.index_n_heads, m.index_head_dim, FP8_LINEAR_BLOCK[m.name]
-        self.wq_b = FP8Linear(*fp8_weight(rng, H * D, m.q_lora_rank, b, exponents=(-14, -12)), b)
-        self.weights_proj = BF16Linear(normal_bf16(rng, (H, m.dim), m.dim ** -0.5))
+        wq_b, scale = fp8_weight(rng, H * D, m.q_lora_rank, b, exponents=(-14, -12))
+        weights_proj = normal_bf16(rng, (H, m.dim), m.dim ** -0.5)
+        rows = H * D // world_size
+        self.shards = [{"wq_b": _t(wq_b[r * rows:(r + 1) * rows]), "wq_b_scale": _t(scale[r * rows // b:(r + 1) * rows // b]),
+                        "weights_proj": _t(weights_proj[r * H // world_size:(r + 1) * H // world_size])}
+                       for r in range(world_size)]
+        self.rank = rank
+        self.wq_b = FP8Linear(self.shards[rank]["wq_b"], self.shards[rank]["wq_b_scale"], b)
+        self.weights_proj = BF16Linear(self.shards[rank]["weights_proj"])
         if kind in ("index_source", "candidate_source"):
             self.wk = BF16Linear(normal_bf16(rng, (D, m.head_dim), m.head_dim ** -0.5))
             self.k_norm = RMSNorm(normal_bf16(rng, (D,), 0.1, 1.0), m.norm_eps)
@@ -114,7 +166,8 @@ class Attention(nn.Module):
             requires_grad=False)
         self.register_buffer("rope_freqs", rope_freqs(m.name, layer))
         if self.role.kind not in ("window", "hca", "reuse"):
-            self.indexer = Indexer(m, self.role.kind, np.random.default_rng((model.seed, layer, 5)))
+            self.indexer = Indexer(m, self.role.kind, np.random.default_rng((model.seed, layer, 5)), model.world_size,
+                                   model.rank)
         table = np.random.default_rng((model.seed, layer, 6))
         if self.ratio:
             self.entries = normal_bf16(table, (model.max_entries(self.ratio), m.head_dim))
@@ -122,6 +175,8 @@ class Attention(nn.Module):
                 self.index_entries = normal_bf16(table, (model.max_entries(self.ratio), m.index_head_dim))
         self.ring = torch.zeros(m.window, m.head_dim, dtype=BF16)
         self.cache = torch.zeros(0, m.head_dim)
+        if self.ratio and (m.name not in ("v4.1-flash",) or layer in m.kv_source_layers):
+            self.compressor = Compressor(m, self.ratio, np.random.default_rng((model.seed, layer, 8)))
 
     def forward(self, x: torch.Tensor, start_pos: int) -> torch.Tensor:
         with self.owner.planting(self.layer, start_pos):
@@ -135,6 +190,7 @@ class Attention(nn.Module):
         projected = {"q_latent": q_latent[0].float(), "q_norm": qr[0].float(), "kv_proj": kv_proj[0].float()}
         inputs = {"x": x[0].float(), "q_attn": self.wq_b(qr)[0].unflatten(-1, (self.local_heads, -1)).float(),
                   "kv_normed": self.kv_norm(kv_proj)[0].float(), "sink": self.attn_sink.float()}
+        compressed = self._compress(x, start_pos, T)
         inputs.update(self._index_inputs(x, qr, start_pos, T))
         if start_pos:
             inputs["window_cache"] = self.ring.float()
@@ -146,11 +202,38 @@ class Attention(nn.Module):
                 inputs["kv_entries"] = _t(self.entries[:E])
             else:
                 inputs["kv_cache"] = self._kv_cache(start_pos, E)
-        stages = official_attn.attention_layer(inputs, model=self.m.name, layer=self.layer, start_pos=start_pos)
-        stages.update(self._out(stages["o_derot"]), **projected)
+        with patched(official_path, "all_reduce", self._all_reduce(inputs, start_pos)):
+            stages = official_attn.attention_layer(inputs, model=self.m.name, layer=self.layer, start_pos=start_pos)
+        stages.update(self._out(stages["o_derot"]), **projected, **compressed)
         self._keep(stages, start_pos, T)
         self.owner.seen(self, inputs, stages, start_pos)
         return stages["out_partial"].to(BF16)[None]
+
+    def _all_reduce(self, inputs: dict, start_pos: int):
+        """dist.all_reduce of the index scores (V4-model L422-423): every rank's BF16 partial over its heads,
+        summed in rank order and rounded to BF16; the other ranks' partials computed here from their shards."""
+        shards = getattr(getattr(self, "indexer", None), "shards", [None])
+        if len(shards) == 1:
+            return official_path.all_reduce
+
+        def all_reduce(score):
+            with patched(official_path, "all_reduce", lambda s: s):
+                partials = [score if r == self.indexer.rank else official_path.index_layer(
+                    {**inputs, **shard}, model=self.m.name, layer=self.layer, start_pos=start_pos)["scores"]
+                    for r, shard in enumerate(shards)]
+            return sum_partials(partials, self.indexer.rank)
+        return all_reduce
+
+    def _compress(self, x, start_pos: int, T: int) -> dict:
+        """The compressor's step: the entries it completes become the table's rows the attention reads."""
+        if not hasattr(self, "compressor"):
+            return {}
+        stages = self.compressor(x, start_pos)
+        if stages:
+            E = stages["cmp_normed"].shape[0]
+            first = 0 if start_pos == 0 else (start_pos + T) // self.ratio - E
+            self.entries[first:first + E] = stages["cmp_normed"].numpy()
+        return stages
 
     def _compresses(self, start_pos: int) -> bool:
         return start_pos == 0 and (self.m.name not in ("v4.1-flash",) or self.layer in self.m.kv_source_layers)
@@ -230,7 +313,24 @@ def _weights(name: str, seed: int, layer: int):
     """The attention's projection and output weights of a layer (built once a process: seconds each)."""
     m = profile(name)
     return (projection_weights(m, np.random.default_rng((seed, layer, 2))),
-            output_weights(m, np.random.default_rng((seed, layer, 3))))
+            output_weights(m, np.random.default_rng((seed, layer, 3)), O_LORA_RANK[name]))
+
+
+# o_lora_rank: ATTN.LAYER's 64, or one FP8 block of wo_b's columns (V4: 128), so that each tensor-parallel
+# rank's group of wo_b's columns (a RowParallelLinear) holds whole scale blocks
+O_LORA_RANK = {name: max(OUTPUT_RANK, block) for name, block in FP8_LINEAR_BLOCK.items()}
+
+
+CMP_WEIGHTS = ("cmp_wkv", "cmp_wgate", "cmp_ape", "cmp_norm")
+
+
+def compressor_weights(attn: Attention) -> dict:
+    c = getattr(attn, "compressor", None)
+    if c is None:
+        return {}
+    weights = {"cmp_wkv": c.wkv.weight, "cmp_norm": c.norm.weight}
+    weights.update({"cmp_wgate": c.wgate.weight} if hasattr(c.wgate, "weight") else {})
+    return weights | ({"cmp_ape": c.ape} if hasattr(c, "ape") else {})
 
 
 class Block(nn.Module):
@@ -245,7 +345,7 @@ class ControlModel(nn.Module):
     def __init__(self, name: str, layers, *, seed: int = 0, world_size: int = 1, rank: int = 0, max_pos: int = 4096):
         super().__init__()
         self.name, self.seed, self.max_pos, self.layer_ids = name, seed, max_pos, tuple(sorted(layers))
-        self.world_size, self._weights_recorded = world_size, set()
+        self.world_size, self.rank, self._weights_recorded = world_size, rank, set()
         self._weight_ptrs, self._decoded = set(), {}
         per = LAYER_HEADS // world_size
         heads = slice(rank * per, (rank + 1) * per)
@@ -296,10 +396,10 @@ class ControlModel(nn.Module):
         rec = self.recorder
         if rec is not None and (self.record_steps is None or start_pos in self.record_steps):
             step = (start_pos, inputs["x"].shape[0])
-            for name, value in {**inputs, **stages}.items():
+            for name, value in {**inputs, **stages, **compressor_weights(attn)}.items():
                 if name == "out_partial" and self.world_size == 1:
                     name = "out"          # RowParallelLinear at world size 1: no all-reduce (V4 L175)
-                if name in ("wq_b", "wq_b_scale", "weights_proj", "wk", "k_norm", "sink"):
+                if name in ("wq_b", "wq_b_scale", "weights_proj", "wk", "k_norm", "sink", *CMP_WEIGHTS):
                     if (layer, name) not in self._weights_recorded:
                         rec.record(name, value, layer=layer)
                         self._weights_recorded.add((layer, name))
@@ -345,7 +445,7 @@ def record_control(path, name: str, layers, prefill: int, decode: int = 0, *, se
     ranks = [ControlModel(name, layers, seed=seed, world_size=world_size, rank=r, max_pos=max_pos)
              for r in range(world_size)]
     dirs = [str(path) if world_size == 1 else f"{path}/rank{r}" for r in range(world_size)]
-    config = {"n_heads": LAYER_HEADS, "o_lora_rank": 64}
+    config = {"n_heads": LAYER_HEADS, "o_lora_rank": O_LORA_RANK[name]}
     with contextlib.ExitStack() as stack:
         for r, model in enumerate(ranks):
             model.recorder = stack.enter_context(Recorder(dirs[r], model=name, config=config, variants=variants,
@@ -359,6 +459,11 @@ def record_control(path, name: str, layers, prefill: int, decode: int = 0, *, se
                     for model in ranks:
                         model.recorder.record("out", out[0], layer=layer, step=(start_pos, T))
     return dirs
+
+
+def sum_partials(partials, rank: int) -> torch.Tensor:
+    """The index scores' all-reduce on rank `rank` (V4-model L422-423): as wo_b's, BF16 partials in rank order."""
+    return all_reduce(partials)
 
 
 def all_reduce(partials) -> torch.Tensor:

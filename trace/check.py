@@ -8,8 +8,8 @@ import time
 
 from ..properties.suite import ERROR, FAIL, NOT_IMPLEMENTED, PASS, Row
 from .format import MANIFEST, Step, Trace, TraceError
-from .judge import Judged, TraceTarget, judge_layer_step
-from .steps import History, judge_all_reduce
+from .judge import Judged, TraceTarget, case_of, judge_layer_step
+from .steps import History, judge_all_reduce, judge_index_all_reduce
 
 SHOWN = 6          # failing stages a row's detail lists (the earliest departing first)
 
@@ -65,7 +65,7 @@ def judge_trace(traces: list[Trace], wanted, layers: set | None = None, steps=la
     """Every selected layer-step of every rank, in forward order; its verdicts in the order computed."""
     first = traces[0]
     target = TraceTarget(first.variants)
-    history = History(first.model)
+    history = History(first.model, target)
     todo = [(layer, step) for layer, step in first.layer_steps()
             if (layers is None or layer in layers) and steps(step)]
     judged = Judged()
@@ -78,7 +78,9 @@ def judge_trace(traces: list[Trace], wanted, layers: set | None = None, steps=la
                     v.rank = rank
             judged.verdicts += verdicts
         judged.verdicts += history.judge(layer, step, ranks[0], wanted)
-        judged.verdicts += judge_all_reduce(layer, step, ranks, wanted) if first.world_size > 1 else []
+        if first.world_size > 1:
+            judged.verdicts += judge_index_all_reduce(target, case_of(first.model, layer, step, ranks[0]), ranks, wanted)
+            judged.verdicts += judge_all_reduce(layer, step, ranks, wanted)
         judged.layer_steps = done
         progress(done, len(todo), judged.verdicts)
     return judged

@@ -22,14 +22,17 @@ FILE_BYTES = 256 * 2 ** 20          # a safetensors file is closed past this man
 # (properties/path.py STAGES and the operation contract of index_layer, properties/attn.py ATTN_STAGES).
 WEIGHTS = ("rope_freqs", "wq_b", "wq_b_scale", "weights_proj", "wk", "k_norm", "sink", "attn_wq_a", "attn_wq_a_scale",
            "attn_q_norm", "attn_wq_b", "attn_wq_b_scale", "attn_wkv", "attn_wkv_scale", "attn_kv_norm", "attn_wo_a",
-           "attn_wo_b", "attn_wo_b_scale")
+           "attn_wo_b", "attn_wo_b_scale", "cmp_wkv", "cmp_wgate", "cmp_ape", "cmp_norm")
 STEP_INPUTS = ("x", "qr", "index_entry", "latent", "published_k_packed", "published_k_scales", "source_topk",
                "window_cache", "kv_entries", "kv_cache")
 STAGES = ("window_idx", "compressed_idx", "q", "q_rot", "q_had", "q_packed", "q_scales", "k", "k_normed", "k_rot",
           "k_had", "k_packed", "k_scales", "w_raw", "weights", "scores", "candidates", "topk", "indices",
-          "q_latent", "q_norm", "q_attn", "q_rescale", "q_attn_rot", "kv_proj", "kv_normed", "kv_rot", "kv_window",
+          "q_latent", "q_norm", "cmp_pooled", "cmp_normed", "q_attn", "q_rescale", "q_attn_rot", "kv_proj", "kv_normed", "kv_rot", "kv_window",
           "cmp_rot", "cmp", "kv", "o", "o_derot", "o_lora", "out_partial", "out")
 VOCABULARY = WEIGHTS + STEP_INPUTS + STAGES
+# family prefixes a writer may put before a name (the issue's "idx.scores"): read as the bare name
+# (a step's stage first; for a weight, family_name first: "attn.q_norm" of a step is q_norm, of no step attn_q_norm)
+FAMILIES = ("idx", "path", "pool", "cmp", "attn", "rope")
 INTEGER = {"window_idx", "compressed_idx", "topk", "indices", "source_topk"}
 BYTES = {"wq_b", "wq_b_scale", "attn_wq_a", "attn_wq_a_scale", "attn_wq_b", "attn_wq_b_scale", "attn_wkv",
          "attn_wkv_scale", "attn_wo_b", "attn_wo_b_scale", "q_packed", "q_scales", "k_packed", "k_scales",
@@ -39,6 +42,15 @@ STEP_KINDS = ("prefill", "decode")
 JUDGED_MODELS = ("v4-flash", "v4-pro", "v4.1-flash")     # V3.2's layer (dsa) has no stage judges here
 CONFIG_KEYS = ("dim", "head_dim", "rope_dim", "window", "index_n_heads", "index_head_dim", "index_topk",
                "compress_ratios", "norm_eps", "q_lora_rank", "candidate_topk_blocks", "candidate_block_size")
+
+
+def canonical(name: str, weight: bool) -> str:
+    """The vocabulary's name for `name`, a bare name or a family-prefixed one ("idx.scores" -> "scores")."""
+    family, dot, rest = name.partition(".")
+    if name in VOCABULARY or not dot or family not in FAMILIES:
+        return name
+    tries = (f"{family}_{rest}", rest) if weight else (rest, f"{family}_{rest}")
+    return next((n for n in tries if n in VOCABULARY), name)
 
 
 class TraceError(Exception):
@@ -117,10 +129,12 @@ class Recorder:
     def record(self, stage: str, tensor, *, layer: int, step=None, rows: tuple | None = None) -> str:
         """Record `tensor` as `stage` of `layer` at `step` (None: a weight, read at every step of the
         layer); `rows` (a, b): the record is rows a..b−1 of the tensor.  Returns its key."""
+        stage = canonical(stage, step is None)
         if stage not in VOCABULARY:
             raise ValueError(f"unknown stage {stage!r}; the stage names are those of docs/TRACE.md: "
                              f"{', '.join(VOCABULARY)}")
-        t = torch.as_tensor(tensor).detach().cpu().contiguous()
+        t = torch.as_tensor(tensor).detach().cpu().clone(memory_format=torch.contiguous_format)   # the caller may
+        # write it in place later (the official V4 compressor rotates its normed entry in place)
         key = self._store(_bytes_view(t))
         self.refer(stage, key, layer=layer, step=step, rows=rows)
         return key
@@ -238,6 +252,7 @@ class Trace:
     def _add(self, i: int, r, where: str):
         if not isinstance(r, dict) or not {"layer", "step", "stage", "file", "key"} <= set(r):
             raise TraceError(f"{where}: record {i} lacks layer, step, stage, file or key")
+        r = {**r, "stage": canonical(str(r["stage"]), r["step"] is None)}
         if r["stage"] not in VOCABULARY:
             raise TraceError(f"{where}: record {i}: unknown stage {r['stage']!r} (docs/TRACE.md lists the names)")
         if r["file"] not in self.files:

@@ -23,9 +23,12 @@ OFFICIAL_NAMES = {
     "attn.indexer.weights_proj": (("w_raw",), {"weight": "weights_proj"}),
     "attn.indexer.wk": (("k",), {"weight": "wk"}, ("latent",)),
     "attn.indexer.k_norm": (("k_normed",), {"weight": "k_norm"}),
+    "attn.compressor.wkv": ((), {"weight": "cmp_wkv"}),
+    "attn.compressor.wgate": ((), {"weight": "cmp_wgate"}),
+    "attn.compressor.norm": (("cmp_normed",), {"weight": "cmp_norm"}, ("cmp_pooled",)),
 }
 # parameters and buffers of layers.{i} recorded once: the sink, the RoPE table (fp32 frequencies)
-OFFICIAL_TENSORS = {"attn.attn_sink": "sink", "attn.rope_freqs": "rope_freqs"}
+OFFICIAL_TENSORS = {"attn.attn_sink": "sink", "attn.rope_freqs": "rope_freqs", "attn.compressor.ape": "cmp_ape"}
 STEP_MODULE = "attn"        # forward(x, start_pos): the step and its input x
 
 

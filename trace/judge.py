@@ -10,8 +10,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..properties import attn as attn_checks
+from ..properties import compressor as compressor_checks
 from ..properties import path as path_checks
+from ..properties import pool as pool_checks
 from ..properties.path import LayerCase, layer_kind
+from ..spec import compressor as spec_compressor
 from ..spec.models import profile
 from ..spec.rules import check_variants
 from .format import Step, TraceError
@@ -24,16 +27,31 @@ STAGE_TENSORS = {"q_fp4": ("q_packed", "q_scales"), "k_fp4": ("k_packed", "k_sca
 RULE_OF_KIND = {("topk", "reindex"): "POOL.REINDEX"}
 # the indexer's stages per head, which tensor parallelism splits over the ranks (V4 L388, L422-423)
 INDEX_HEADS = {"q", "q_rot", "q_had", "q_fp4", "w_raw", "weights", "scored_k", "scores"}
+# stages of a rank judged from every rank's (trace.steps): wo_b's all-reduce, the indexer's all-reduced scores
+ACROSS_RANKS = {"out", "scores", "scored_k"}
 # stages whose judge reads each token's rows alone: judged CHUNK tokens at a time (the attention
 # output's bounds hold a float64 copy of every listed KV row per token)
 ROW_LOCAL = {"o": ("q_attn_rot", "indices", "o")}
 CHUNK = 256
+# each stage's own input: the activations it is computed from (its weights aside; docs/TRACE.md's "from")
+FROM = {"q": ("qr",), "q_rot": ("q",), "q_had": ("q_rot",), "q_fp4": ("q_had", "q_rot"), "k": ("latent",),
+        "k_normed": ("k",), "k_rot": ("k_normed", "index_entry"), "k_had": ("k_rot",), "k_fp4": ("k_had", "k_rot"),
+        "w_raw": ("x",), "weights": ("w_raw",), "scores": ("q_packed", "k_packed", "weights"),
+        "scored_k": ("k_packed", "published_k_packed"), "candidates": ("scores",), "topk": ("scores",),
+        "indices": ("window_idx", "topk", "compressed_idx", "source_topk"), "q_latent": ("x",), "q_norm": ("q_latent",),
+        "qr": ("q_norm",), "q_attn": ("q_norm",), "kv_proj": ("x",), "kv_normed": ("kv_proj",), "q_rescale": ("q_attn",),
+        "q_attn_rot": ("q_rescale",), "kv_rot": ("kv_normed",), "kv_window": ("kv_rot",), "cmp_rot": ("kv_entries",),
+        "cmp": ("cmp_rot",), "kv": ("kv_window", "window_cache", "cmp", "kv_cache"), "o": ("q_attn_rot", "kv", "indices"),
+        "o_derot": ("o",), "o_lora": ("o_derot",), "out": ("o_lora",), "out_partial": ("o_lora",),
+        "cmp_pooled": ("x",), "cmp_normed": ("cmp_pooled",)}
+LAYER_INPUT = "x"           # every chain's root: recorded or not, it does not make a trace start later
 MISSING = re.compile(r"stage '(\w+)' missing")
 # each stage's axes, to name a failure's place: t (token), h (head), c (channel), e (entry), s (slot)
 AXES = {"scores": "te", "topk": "tk", "indices": "tk", "window_idx": "tk", "compressed_idx": "tk", "weights": "th",
         "w_raw": "th", "candidates": "te", "q": "thc", "q_rot": "thc", "q_had": "thc", "q_attn": "thc",
         "q_rescale": "thc", "q_attn_rot": "thc", "o": "thc", "o_derot": "thc", "o_lora": "tgc", "kv": "rc",
-        "cmp": "ec", "cmp_rot": "ec", "k": "ec", "k_normed": "ec", "k_rot": "ec", "k_had": "ec"}
+        "cmp": "ec", "cmp_rot": "ec", "cmp_pooled": "ec", "cmp_normed": "ec", "k": "ec", "k_normed": "ec",
+        "k_rot": "ec", "k_had": "ec"}
 AXIS_NAMES = {"t": "position", "h": "head", "c": "channel", "e": "entry", "k": "list slot", "g": "head group",
               "r": "row", "s": "ring slot"}
 
@@ -100,12 +118,27 @@ def stage_table(case) -> list[tuple[str, str, object, tuple]]:
     kind = layer_kind(case)
     table = [(s.name, RULE_OF_KIND.get((s.name, kind), s.rule_id), s.judge) for s in path_checks.STAGES
              if kind in s.kinds]
+    if kind == "candidate_source":          # the pin first: the pool's clause a port misses past 2048 blocks
+        at = [name for name, *_ in table].index("candidates")
+        table.insert(at, ("candidates", "POOL.PIN_NEWEST", pool_checks.judge_pinned_newest))
     if kind == "reuse":
         table += list(attn_checks.REUSE_STAGES)
+    table += compressor_stages(case)
     keep = (attn_checks._projects, attn_checks._projects_output)     # in a trace: judged where recorded
     table += [(name, rule, judge) for name, rule, applies, judge in attn_checks.ATTN_STAGES
               if applies in keep or applies(case)]
     return [(name, rule, judge, STAGE_TENSORS.get(name, (name,))) for name, rule, judge in table]
+
+
+def compressor_stages(case) -> list[tuple[str, str, object]]:
+    """The compressor's stages of a compressing layer: its pooled vectors (a prefill's; ratio 1: every
+    step's; a decode step's of a gated compressor are CMP.STATE's, trace.steps) and its RMSNorm."""
+    ratio = profile(case.model).ratio(case.layer)
+    if not ratio:
+        return []
+    pooled = [("cmp_pooled", compressor_checks.pooled_rule(case.model, ratio), compressor_checks.judge_pooled)]
+    return (pooled if case.start_pos == 0 or ratio == 1 else []) + [("cmp_normed", "CMP.NORM",
+                                                                       compressor_checks.judge_normed)]
 
 
 def judge_layer_step(target: TraceTarget, model: str, layer: int, step: Step, tensors: dict, wanted,
@@ -116,10 +149,10 @@ def judge_layer_step(target: TraceTarget, model: str, layer: int, step: Step, te
     target.table = tensors.get("rope_freqs")
     verdicts = []
     for stage, rule, judge, names in stage_table(case):
-        if world_size > 1 and (stage == "out" or stage in INDEX_HEADS):
-            continue                       # out: ATTN.TP.REDUCE's (trace.steps); a rank's index heads: not judged
-        if not wanted(rule) or not any(n in tensors for n in names):
-            continue                       # not recorded: n/i
+        if world_size > 1 and stage in ACROSS_RANKS:
+            continue                       # judged over every rank (trace.steps)
+        if not wanted(rule) or not any(n in tensors for n in names) or starts_here(stage, tensors):
+            continue                       # not recorded, or the trace's first stage: n/i
         verdict = Verdict(layer, step, stage, rule, PASS)
         verdicts.append(_run_by_rows(judge, target, case, tensors, verdict) if stage in ROW_LOCAL
                         else _run(judge, target, case, tensors, verdict))
@@ -127,6 +160,22 @@ def judge_layer_step(target: TraceTarget, model: str, layer: int, step: Step, te
         judge = attn_checks._projection("out_partial", "attn_wo_b", "o_lora")
         verdicts.append(_run(judge, target, case, tensors, Verdict(layer, step, "out_partial", "FP8.LINEAR", PASS)))
     return verdicts
+
+
+def upstream(stage: str) -> set[str]:
+    """Every activation a stage is computed from, directly or through the stages before it."""
+    names = set(FROM.get(stage, ()))
+    for name in FROM.get(stage, ()):
+        names |= upstream(name)
+    return names
+
+
+def starts_here(stage: str, tensors: dict) -> bool:
+    """Whether the trace starts at this stage: nothing it is computed from is recorded (the layer's x
+    aside), so it is an input of the stages after it, not a stage judged (n/i).  A stage recorded after
+    some of what it is computed from, but without its own input, is judged: an ERROR naming that input."""
+    return bool(FROM.get(stage)) and not (upstream(stage) - {LAYER_INPUT}) & set(tensors) \
+        and not set(FROM[stage]) & set(tensors)
 
 
 def _run_by_rows(judge, target, case, tensors, verdict: Verdict) -> Verdict:
@@ -145,11 +194,11 @@ def _run(judge, target, case, tensors, verdict: Verdict, first_token: int = 0) -
     try:
         judge(target, case, tensors)
     except KeyError as e:
-        verdict.status, verdict.detail = ERROR, _record_this(str(e).strip("'\""), verdict.stage)
+        verdict.status, verdict.detail = ERROR, record_this(str(e).strip("'\""), verdict.stage)
     except AssertionError as e:
         missing = MISSING.search(str(e))
         if missing:
-            verdict.status, verdict.detail = ERROR, _record_this(missing.group(1), verdict.stage)
+            verdict.status, verdict.detail = ERROR, record_this(missing.group(1), verdict.stage)
         else:
             verdict.status, verdict.detail = FAIL, locate(str(e), verdict, first_token)
     except (ValueError, IndexError, TypeError) as e:      # a recorded tensor the judge cannot read
@@ -157,7 +206,7 @@ def _run(judge, target, case, tensors, verdict: Verdict, first_token: int = 0) -
     return verdict
 
 
-def _record_this(name: str, stage: str) -> str:
+def record_this(name: str, stage: str) -> str:
     return f"stage {stage} is judged from {name}, which the trace does not hold: record {name!r}"
 
 
@@ -199,6 +248,9 @@ def expected_shapes(model: str, layer: int, step: Step, config_heads: int | None
         E = (step.start_pos + T) // m.ratio(layer)
         shapes.update(kv_entries=(E, m.head_dim), kv_cache=(E, m.head_dim), latent=(E, m.head_dim),
                       index_entry=(E, m.index_head_dim), scores=(T, E))
+        width = spec_compressor.channel_factor(model, m.ratio(layer)) * m.head_dim
+        shapes.update(cmp_wkv=(width, m.dim), cmp_wgate=(width, m.dim), cmp_ape=(m.ratio(layer), width),
+                      cmp_norm=(m.head_dim,))
     return shapes
 
 

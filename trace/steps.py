@@ -1,5 +1,5 @@
 """The judgements across steps, layers and ranks of a trace, from what earlier layer-steps left:
-the window ring (PATH.WINDOW.RING), the compressed cache a decode step reads (PATH.QDQ), the index-K
+the window ring (PATH.WINDOW.RING), the compressor's state (CMP.STATE), the compressed cache a decode step reads (PATH.QDQ), the index-K
 cache a V4.1 source scores where it publishes nothing (PATH.K.PUBLISHED), the pool and index K a
 re-index layer takes from layer 20 and the lists a reuse layer takes from its source (POOL.REINDEX,
 LAYER.V41), and wo_b's all-reduce over the ranks (ATTN.TP.REDUCE).  Each keeps rows, not layers: the
@@ -8,20 +8,24 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..properties import path as path_checks
 from ..properties.attn import assert_row_parallel
+from ..properties.compressor import assert_pooled, recorded_params
 from ..properties.compare import assert_bytes_equal, assert_equal
+from ..spec import compressor as spec_compressor
 from ..spec import path as spec_path
 from ..spec.models import profile
 from ..spec.pool import layer_role
 from .format import Step
-from .judge import FAIL, PASS, Verdict, locate
+from .judge import ERROR, FAIL, MISSING, PASS, Verdict, locate, record_this
 
 
 class History:
     """What the layer-steps judged so far leave for the next ones."""
 
-    def __init__(self, model: str):
-        self.m = profile(model)
+    def __init__(self, model: str, target=None):
+        self.m, self.target = profile(model), target
+        self.x: dict[int, dict] = {}                   # compressing layer -> {position: x row}, its last 2·ratio
         self.prefill: dict[int, int] = {}              # layer -> its prefill's length
         self.window: dict[int, dict] = {}              # layer -> {position: window KV row}
         self.cache: dict[int, dict] = {}               # KV-source layer -> {entry: cache row}
@@ -40,6 +44,8 @@ class History:
                     judge(layer, step, tensors)
                 except AssertionError as e:
                     v.status, v.detail = FAIL, locate(str(e), v)
+                except KeyError as e:
+                    v.status, v.detail = ERROR, record_this(str(e).strip("'\""), stage)
                 verdicts.append(v)
         self._keep(layer, step, tensors)
         return verdicts
@@ -48,6 +54,8 @@ class History:
         role = layer_role(self.m, layer)
         if step.start_pos and "window_cache" in tensors and self._ring_known(layer, step):
             yield "window_cache", "PATH.WINDOW.RING", self._ring
+        if step.start_pos and self.m.ratio(layer) > 1 and "cmp_pooled" in tensors and self._window_known(layer, step):
+            yield "cmp_pooled", "CMP.STATE", self._compressor_state
         source = role.kv_source if role.kv_source >= 0 else layer
         if step.start_pos and "kv_cache" in tensors and self.cache.get(source):
             yield "kv_cache", "PATH.QDQ", self._cache
@@ -76,6 +84,26 @@ class History:
                                      f"{known[0]}…{known[-1]}, the window KV of positions "
                                      f"{[int(slots[q]) for q in known][:4]}… as their steps wrote it",
                      context=lambda i: f"ring slot {known[i[0]]}")
+
+    def _window(self, layer: int, step: Step) -> range:
+        """The positions a decode step's completed group pools: its group (and, overlapping, the one before)."""
+        ratio = self.m.ratio(layer)
+        first = ((step.start_pos + 1) // ratio - 1 - spec_compressor.overlaps(self.m.name, ratio)) * ratio
+        return range(max(0, first), step.start_pos)
+
+    def _window_known(self, layer: int, step: Step) -> bool:
+        return all(p in self.x.get(layer, {}) for p in self._window(layer, step))
+
+    def _compressor_state(self, layer: int, step: Step, tensors: dict):
+        """The group a decode step completes is pooled from the fp32 state its tokens left: as a prefill
+        of those tokens pools it (CMP.STATE), judged on the tokens' recorded x."""
+        ratio, rows = self.m.ratio(layer), self.x[layer]
+        x = np.concatenate([np.stack([rows[p] for p in self._window(layer, step)]), tensors["x"]])
+        entry = (step.start_pos + 1) // ratio - 1
+        assert_pooled(self.target, x, recorded_params(tensors, self.m.name, ratio), self.m.name, ratio,
+                      tensors["cmp_pooled"], f"CMP.STATE: entry {entry}, completed at decode {step.start_pos}, pooled "
+                                             f"from the state of positions {self._window(layer, step)[0]}…"
+                                             f"{step.start_pos} as one prefill of them pools it")
 
     def _cache(self, layer: int, step: Step, tensors: dict):
         role = layer_role(self.m, layer)
@@ -112,6 +140,12 @@ class History:
                      what=f"LAYER.V41: a reuse layer attends to layer {source}'s top-k of the same step")
 
     def _keep(self, layer: int, step: Step, tensors: dict):
+        if self.m.ratio(layer) > 1 and "x" in tensors:
+            rows = self.x[layer] = {} if step.start_pos == 0 else self.x.setdefault(layer, {})
+            for t, row in enumerate(tensors["x"]):
+                rows[step.start_pos + t] = row
+            for p in sorted(rows)[:-2 * self.m.ratio(layer)]:
+                del rows[p]
         for stage in ("candidates", "k_packed", "k_scales", "topk"):
             if stage in tensors:
                 self.this_step[layer, stage] = tensors[stage]
@@ -135,6 +169,23 @@ class History:
             self.published = (step.start_pos + step.seqlen, tensors["k_packed"], tensors["k_scales"])
 
 
+def judge_index_all_reduce(target, case, ranks: list[dict], wanted) -> list[Verdict]:
+    """IDX.SCORE.TP on one layer-step of every rank: each rank's scores the all-reduce of the ranks'
+    head shards (an indexer layer whose ranks all record their scores)."""
+    if not wanted("IDX.SCORE.TP") or not all("scores" in r for r in ranks):
+        return []
+    verdicts = []
+    for rank in range(len(ranks)):
+        v = Verdict(case.layer, Step(case.start_pos, case.seqlen), "scores", "IDX.SCORE.TP", PASS, rank=rank)
+        try:
+            path_checks.judge_sharded_scores(target, case, ranks, rank)
+        except AssertionError as e:
+            missing = MISSING.search(str(e))
+            v.status, v.detail = (ERROR, record_this(missing.group(1), "scores")) if missing else (FAIL, locate(str(e), v))
+        verdicts.append(v)
+    return verdicts
+
+
 def judge_all_reduce(layer: int, step: Step, ranks: list[dict], wanted) -> list[Verdict]:
     """ATTN.TP.REDUCE on one layer-step of every rank: each rank's out the all-reduce of the partials."""
     if not wanted("ATTN.TP.REDUCE") or not all("out" in r for r in ranks):
@@ -144,7 +195,7 @@ def judge_all_reduce(layer: int, step: Step, ranks: list[dict], wanted) -> list[
     for rank, tensors in enumerate(ranks):
         v = Verdict(layer, step, "out", "ATTN.TP.REDUCE", PASS, rank=rank)
         if any(p is None for p in partials):
-            v.status = "ERROR"
+            v.status = ERROR
             v.detail = (f"stage out is judged from every rank's out_partial, which rank "
                         f"{partials.index(None)}'s trace does not hold: record 'out_partial'")
         else:
