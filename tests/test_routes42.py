@@ -29,8 +29,9 @@ def _collecting(phase, info):
     if phase != "start" or SENT or os.getpid() == COMMAND or not _hypothesis_collects():
         return
     from dsv4spec.command import SIGNALLED
-    SENT.append(os.kill(COMMAND, signal.{name}))
+    SENT.append(COMMAND)
     try:
+        os.kill(COMMAND, signal.{name})
         deadline = time.monotonic() + 30
         while not SIGNALLED.get("signal") and time.monotonic() < deadline:
             time.sleep(0.01)
