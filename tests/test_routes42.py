@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from test_c_port import built  # noqa: F401 -- the fixture: the C example port, built by its Makefile
-from test_faults import ENV, HOSTILE, REPORTS, _finished, _group_ended
+from test_faults import ENV, HOSTILE, REPORTS, _finished, _group_ended, _verify
 
 # Imported by the command before its main: in the process running the rules (the guard's forked
 # child), the first collection after Hypothesis has put its gc callback in place sends the signal to
@@ -99,3 +99,30 @@ def test_a_format_a_contract_version_withheld_is_named_in_the_verify_row(tmp_pat
     assert row["status"] == "n/i", row
     assert row["detail"].endswith(": contract 1 withholds kv_qdq(x, 'fp4_e8m0') (the format came in contract 2)"), row
     assert "missing" not in row["detail"], row
+
+
+OWN_HANDLER = """
+import os, signal, time
+from dsv4spec.impl import e2m1_encode as _encode
+signal.signal(signal.SIGTERM, lambda *_: None)      # at import: the suite's handler is never called again
+
+def e2m1_encode(x):
+    if not os.path.exists("entered"):
+        open("entered", "w").write(str(os.getpid()))
+        time.sleep(1)
+    return _encode(x)
+"""
+
+
+def test_a_targets_own_sigterm_handler_does_not_swallow_the_commands(tmp_path):
+    """A run that ended within the guard's grace after the signal exited 0, its SIGTERM unsaid."""
+    from test_signals import _entered
+    (tmp_path / "own.py").write_text(OWN_HANDLER)
+    run = _verify(tmp_path, "--target", "own", "--rules", "FMT.E2M1.RNE,FMT.E2M1.SATURATE", "--json", "r.json")
+    _entered(tmp_path, run)
+    run.send_signal(signal.SIGTERM)
+    out, err = _finished(run, 300)
+    assert run.returncode == 143, out + err
+    assert "finished without acting on the SIGTERM the command received (a target's own handler took it" in err, err
+    assert [r["status"] for r in json.loads((tmp_path / "r.json").read_text())["results"]] == ["PASS", "PASS"]
+    assert _group_ended(run.pid) == []
