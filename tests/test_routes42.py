@@ -126,3 +126,22 @@ def test_a_targets_own_sigterm_handler_does_not_swallow_the_commands(tmp_path):
     assert "finished without acting on the SIGTERM the command received (a target's own handler took it" in err, err
     assert [r["status"] for r in json.loads((tmp_path / "r.json").read_text())["results"]] == ["PASS", "PASS"]
     assert _group_ended(run.pid) == []
+
+
+def test_a_standard_output_without_a_reader_keeps_the_file_reports_in_process(tmp_path, monkeypatch, capsys):
+    """The cheap sibling of test_signals' `| true` case (a command of its own, thorough): the same
+    writing of the verdict, to a pipe whose reader has gone."""
+    import contextlib
+    import os
+    from dsv4spec.cli import main
+    read, write = os.pipe()
+    os.close(read)
+    monkeypatch.chdir(tmp_path)
+    with os.fdopen(write, "w") as readerless, contextlib.redirect_stdout(readerless):
+        status = main(["verify", "--target", "impl", "--rules", "FMT.E2M1.ZERO_SIGN", "--json", "r.json",
+                       "--markdown", "r.md"])
+    assert status == 4
+    assert "standard output is closed or has no reader: the matrix and the verdict line were not written" in \
+        capsys.readouterr().err
+    assert json.loads((tmp_path / "r.json").read_text())["results"][0]["status"] == "PASS"
+    assert "| `FMT.E2M1.ZERO_SIGN` |" in (tmp_path / "r.md").read_text()
