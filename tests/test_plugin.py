@@ -210,7 +210,8 @@ def test_a_target_that_ends_pytests_process_is_an_error_with_a_summary_and_junit
     assert list(cases["FMT.E2M1.RNE[ender]"]) == []         # passed
 
 
-@pytest.mark.parametrize("isolate", [pytest.param([], id="in-process"), pytest.param(["--dsv4spec-isolate"], id="isolate")])
+@pytest.mark.parametrize("isolate", [pytest.param([], id="in-process"),
+                                     pytest.param(["--dsv4spec-isolate"], id="isolate")])
 def test_a_thread_the_target_leaves_running_is_named_and_does_not_hold_pytest(tmp_path, isolate):
     """In pytest's process it kept pytest from ever exiting after "1 passed"; in the isolate worker it
     went unreported with status 0."""

@@ -1,6 +1,7 @@
 """Issue 42's items on the routes where the issue found them: a signal handled inside Hypothesis's
 gc callback on `verify --rules FMT --target exec:<the C example port>`, an exec port's reply of too
-many records through `verify`, a version-withheld format named in a verify row."""
+many records through `verify`, a version-withheld format named in a verify row, a target's own
+SIGTERM handler, a standard output without a reader."""
 import json
 import resource
 import signal
@@ -39,10 +40,11 @@ def _collecting(phase, info):
 
 gc.callbacks.append(_collecting)
 """
-COMMAND = "import collector, runpy, sys; sys.argv[0] = 'dsv4spec'; runpy.run_module('dsv4spec', run_name='__main__')"
+COMMAND = ("import collector, runpy, sys; sys.argv[0] = 'dsv4spec'; "
+           "runpy.run_module('dsv4spec', run_name='__main__')")
 
 @pytest.mark.parametrize("name, status", [("SIGTERM", 143), ("SIGINT", 130)])
-def test_a_signal_inside_hypothesis_gc_callback_interrupts_verify_of_the_c_port(tmp_path, built, name, status):  # noqa: F811
+def test_a_signal_in_hypothesis_gc_callback_stops_verify_of_the_c_port(tmp_path, built, name, status):  # noqa: F811
     """The handler raised there (Python discards it) after ignoring both signals: the run went on to
     exit 0, its reports not marked interrupted (7 of 11 SIGTERM trials on this route)."""
     (tmp_path / "collector.py").write_text(SIGNAL_IN_HYPOTHESIS_GC.format(name=name))
@@ -54,7 +56,8 @@ def test_a_signal_inside_hypothesis_gc_callback_interrupts_verify_of_the_c_port(
     assert run.returncode == status, out + err
     assert "did not stop within" not in err, err        # the run's own process acted on it, not the guard's kill
     report = json.loads((tmp_path / "r.json").read_text())
-    assert report["interrupted"] and report["header"]["interrupted_by"] == ("SIGTERM" if name == "SIGTERM" else "Ctrl-C")
+    assert report["interrupted"]
+    assert report["header"]["interrupted_by"] == ("SIGTERM" if name == "SIGTERM" else "Ctrl-C")
     assert report["not_run"] and all(r["target"] == "c-port" for r in report["not_run"]), report["not_run"]
     assert '<property name="interrupted" value="true" />' in (tmp_path / "r.xml").read_text()
     assert _group_ended(run.pid) == []
