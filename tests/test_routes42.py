@@ -148,3 +148,19 @@ def test_a_standard_output_without_a_reader_keeps_the_file_reports_in_process(tm
         capsys.readouterr().err
     assert json.loads((tmp_path / "r.json").read_text())["results"][0]["status"] == "PASS"
     assert "| `FMT.E2M1.ZERO_SIGN` |" in (tmp_path / "r.md").read_text()
+
+
+def test_a_targets_own_sigterm_handler_does_not_swallow_pytests(tmp_path):
+    """The pytest route without --dsv4spec-isolate: the session finished with status 0."""
+    from test_signals import _entered
+    (tmp_path / "own.py").write_text(OWN_HANDLER)
+    run = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--dsv4spec-target", "own",
+                            "--dsv4spec-rules", "FMT.E2M1.RNE,FMT.E2M1.SATURATE", "--dsv4spec-max-examples", "1"],
+                           cwd=tmp_path, env=ENV, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, start_new_session=True)
+    _entered(tmp_path, run)
+    run.send_signal(signal.SIGTERM)
+    out, err = _finished(run, 300)
+    assert run.returncode == 143, out + err
+    assert "2 passed" in out and "finished without acting on the SIGTERM pytest received" in out, out + err
+    assert _group_ended(run.pid) == []
