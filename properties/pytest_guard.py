@@ -10,9 +10,10 @@ naming the operation and how the process ended, every item after it did not run,
 is written with them, and the exit status is 1.  The parent forwards SIGTERM (and a SIGINT that did
 not come from the terminal, which reaches the child itself) and kills the child if it has not
 ended a few seconds later (a child that finished without dying of a forwarded SIGTERM, taken by a
-target's own handler, still ends the session with 143); the child is killed if the parent dies.  Whatever a target forked or
-started and left running (the parent is a subreaper: such a process stays its descendant when the
-child ends) is named, ended, and makes the exit status at least 1, as `dsv4spec verify` does.
+target's own handler, still ends the session with 143); the child is killed if the parent dies.
+Whatever a target forked or started and left running (the parent is a subreaper: such a process
+stays its descendant when the child ends) is named, ended, and makes the exit status at least 1,
+as `dsv4spec verify` does.
 """
 from __future__ import annotations
 
