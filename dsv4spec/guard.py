@@ -13,7 +13,8 @@ process for the target as before, and a verdict no target can end.
 The parent forwards SIGTERM and SIGINT to the child, which ends the run at its next safe point and
 writes what finished, marked interrupted; a child that has not ended STOP_GRACE_S later (a target
 hung in C, or one whose own handler took the signal) is killed with what it started, and the
-parent writes those reports from the rows it was told.  Whatever a target forked or started and
+parent writes those reports from the rows it was told; one that finished without hearing the
+signal (a target's own handler took it) exits with the signal's status as well.  Whatever a target forked or started and
 left running (the parent is a subreaper: such a process stays its descendant when the child ends)
 is named, ended, and makes the exit status at least 1 (it would hold the pipe, and the command,
 open).  The child stays in the command's process group, so that a target may still read the
@@ -72,7 +73,7 @@ def _child(run, conn):
     try:
         from dsv4spec.properties.workers import threads_left
         status = report_threads_left(threads_left(), status)
-        conn.send(("done", status))
+        conn.send(("done", (status, SIGNALLED.get("signal"))))     # the signal it heard, if any
     finally:
         atexit._run_exitfuncs()         # the ports' cleanup (exec_target)
         flushed(sys.stdout, sys.stderr)
@@ -95,8 +96,8 @@ def _parent(run, pid: int, conn) -> int:
     from dsv4spec.properties.workers import end_groups
     end_groups(watch.ports)             # what the child's ports left running, however it ended
     left = processes_left(descendants)      # what the target forked or started, still running
-    if watch.verdict is not None:
-        status = watch.verdict
+    if watch.verdict is not None:       # a signal forwarded (kill_at) that the run never heard is still the verdict's
+        status = watch.verdict if watch.heard or watch.kill_at is None else _unheard(watch.signal)
     elif watch.signal:                  # the child did not write the reports of the interrupted run
         how = f"did not stop within {STOP_GRACE_S:g} s of the signal and was killed" if watch.killed \
             else f"ended ({ended(code)})"
@@ -114,7 +115,7 @@ class _Watch(ForkedChild):
 
     def __init__(self, pid: int, conn):
         super().__init__(pid, conn, STOP_GRACE_S)
-        self.rows, self.infos, self.op, self.verdict, self.ports = [], None, None, None, set()
+        self.rows, self.infos, self.op, self.verdict, self.heard, self.ports = [], None, None, None, None, set()
         self.loading = None         # the spec of the target being loaded, until the targets are reported
 
     def kill(self):
@@ -133,7 +134,16 @@ class _Watch(ForkedChild):
         elif kind == "port":
             self.ports.add(value)
         elif kind == "done":
-            self.verdict = value
+            self.verdict, self.heard = value
+
+
+def _unheard(number: int) -> int:
+    """The exit status of a run whose process finished without hearing the signal the command
+    received and passed on (a target's own handler took it): the signal's, said on standard error."""
+    print(f"dsv4spec verify: the run's process finished without acting on the {signal.Signals(number).name} the "
+          f"command received (a target's own handler took it, or it came as the run ended); its reports are of "
+          f"the whole run", file=sys.stderr)
+    return 128 + number
 
 
 def _report_the_interruption(run, watch) -> int:

@@ -9,9 +9,11 @@ child that ends without saying so is reported by the parent: the item it was run
 naming the operation and how the process ended, every item after it did not run, the --junitxml
 is written with them, and the exit status is 1.  The parent forwards SIGTERM (and a SIGINT that did
 not come from the terminal, which reaches the child itself) and kills the child if it has not
-ended a few seconds later; the child is killed if the parent dies.  Whatever a target forked or
-started and left running (the parent is a subreaper: such a process stays its descendant when the
-child ends) is named, ended, and makes the exit status at least 1, as `dsv4spec verify` does.
+ended a few seconds later (a child that finished without dying of a forwarded SIGTERM, taken by a
+target's own handler, still ends the session with 143); the child is killed if the parent dies.
+Whatever a target forked or started and left running (the parent is a subreaper: such a process
+stays its descendant when the child ends) is named, ended, and makes the exit status at least 1,
+as `dsv4spec verify` does.
 """
 from __future__ import annotations
 
@@ -55,6 +57,10 @@ def fork_the_session(config) -> None:
         status = 128 + watch.signal
     elif watch.status is None and (status <= 0 or watch.item is not None):  # not pytest's own error (a usage error)
         status = watch.report(config, code)
+    elif watch.signal == signal.SIGTERM and watch.kill_at is not None and status >= 0:  # a target's handler took it
+        print("dsv4spec: the session finished without acting on the SIGTERM pytest received (a target's own "
+              "handler took it, or it came as the session ended); exit status 143", flush=True)
+        status = 128 + signal.SIGTERM
     status = _processes_left(status)
     sys.stdout.flush()
     sys.stderr.flush()

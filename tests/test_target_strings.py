@@ -22,12 +22,12 @@ def e2m1_encode(x):
 '''
 
 
-@pytest.mark.parametrize("isolate", [False, True], ids=["in-process", "isolate"])
-def test_every_report_is_written_for_any_string_a_target_produces(tmp_path, isolate):
+@pytest.mark.parametrize("route", [[], ["--isolate"], ["--jobs", "2"]], ids=["in-process", "isolate", "jobs"])
+def test_every_report_is_written_for_any_string_a_target_produces(tmp_path, route):
     (tmp_path / "stringy.py").write_text(HOSTILE_TARGET)
     run = subprocess.run([sys.executable, "-m", "dsv4spec", "verify", "--quiet", "--target", "stringy", "--rules",
                           "FMT.E2M1.RNE", "--max-examples", "2", "--json", "r.json", "--junit", "r.xml",
-                          "--markdown", "r.md", *["--isolate"] * isolate],
+                          "--markdown", "r.md", *route],
                          cwd=tmp_path, capture_output=True, env={**os.environ, "PYTHONIOENCODING": "utf-8"})
     out, err = run.stdout.decode("utf-8"), run.stderr.decode("utf-8", "backslashreplace")
     assert run.returncode == 1, out + err
