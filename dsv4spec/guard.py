@@ -57,7 +57,7 @@ def _child(run, conn):
     try:
         signal_on_parent_death(signal.SIGKILL)     # a command killed outright takes its child along, even one hung in C
         skip_dead_overflow_checks()         # here, not in the parent: it may ask torch for CUDA
-        from dsv4spec.properties.target import WATCH
+        from dsv4spec.runner.target import WATCH
         WATCH.report = lambda op: conn.send(("op", op))
         WATCH.port = lambda pgid: conn.send(("port", pgid))
         run.on_row = lambda row: conn.send(("row", asdict(row)))
@@ -69,7 +69,7 @@ def _child(run, conn):
         traceback.print_exc()
         status = 1
     try:
-        from dsv4spec.properties.workers import threads_left
+        from dsv4spec.runner.workers import threads_left
         status = report_threads_left(threads_left(), status)
         conn.send(("done", status))
     finally:
@@ -79,7 +79,7 @@ def _child(run, conn):
 
 
 def _info(target):
-    from dsv4spec.properties.workers import TargetInfo
+    from dsv4spec.runner.workers import TargetInfo
     return asdict(TargetInfo(target.spec, target.name, target.module, target.claims_conformance,
                              target.version, str(target.device)))
 
@@ -89,7 +89,7 @@ def _parent(run, pid: int, conn) -> int:
     code = watch.until_it_ends()
     if watch.signal:
         SIGNALLED.setdefault("signal", watch.signal)        # the reports' interrupted_by and exit status
-    from dsv4spec.properties.workers import end_groups
+    from dsv4spec.runner.workers import end_groups
     end_groups(watch.ports)             # what the child's ports left running, however it ended
     left = processes_left(descendants)      # what the target forked or started, still running
     if watch.verdict is not None:
@@ -131,8 +131,8 @@ class _Watch(ForkedChild):
 
 
 def _report_the_interruption(run, watch) -> int:
-    from dsv4spec.properties.suite import Row
-    from dsv4spec.properties.workers import TargetInfo
+    from dsv4spec.runner.suite import Row
+    from dsv4spec.runner.workers import TargetInfo
     targets = [TargetInfo(**i) for i in watch.infos] if watch.infos else [Unloaded(s) for s in run.specs]
     return run.conclude([Row(**r) for r in watch.rows], targets, interrupted=True)
 
@@ -140,8 +140,8 @@ def _report_the_interruption(run, watch) -> int:
 def _report_the_end(run, rows: list, infos, op, how: str) -> int:
     """The reports of a run whose process the target ended: the rows that finished, an ERROR for
     the rule that was running, and an ERROR "not run" for each rule after it."""
-    from dsv4spec.properties.suite import ERROR, Row
-    from dsv4spec.properties.workers import TargetInfo
+    from dsv4spec.runner.suite import ERROR, Row
+    from dsv4spec.runner.workers import TargetInfo
     rows = [Row(**r) for r in rows]
     targets = [TargetInfo(**i) for i in infos] if infos else [Unloaded(s) for s in run.specs]
     done = {(r.rule_id, r.target) for r in rows}

@@ -35,7 +35,7 @@ from hypothesis.errors import Unsatisfiable
 from ..spec import RULES
 from ..spec.rules import EXTENSIONS, IMPLEMENTATION_DEFINED, INFORMATIVE, KNOBS, select
 from .contract import DEFAULT_TIMEOUT_S as DEFAULT_TIMEOUT, NotImplementedOp, OperationTimeout, Target, printable
-from .families import FAMILY_MODULES
+from ..properties.families import FAMILY_MODULES
 
 PASS, FAIL, ERROR, TIMEOUT = "PASS", "FAIL", "ERROR", "TIMEOUT"
 # One word for a missing operation everywhere (matrix, progress, JSON, JUnit, pytest): n/i.
@@ -297,7 +297,7 @@ def check(rule_id: str, *, ops: tuple[str, ...] = (), extension: str | None = No
 
 def load_checks() -> list[Check]:
     for family in FAMILY_MODULES:
-        importlib.import_module(f"{__package__}.{family}")
+        importlib.import_module(f"dsv4spec.properties.{family}")
     return CHECKS
 
 
