@@ -44,7 +44,7 @@ from .path import (STAGES, LayerCase, cached_run, judge_rotation, layer_cases, l
                    normal_bf16)
 from .quant import assert_linear, fp8_linear_bounds, fp8_weight
 from .stages import first_broken, judge_every_stage, not_judged, report as report_stages
-from ..runner.suite import check, declared_choice, forall, skip
+from .checking import check, declared_choice, forall, skip
 
 OPS = {
     "sparse_attention": "sparse_attention(q [T,H,D], kv [N,D], sink f32 [H], indices int [T,K], scale, *, model) "

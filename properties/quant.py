@@ -46,7 +46,7 @@ from ..spec.rules import KNOBS, V4, V41
 from .compare import as_numpy, assert_bytes_equal, assert_equal, assert_same_shape, assert_within
 from . import boundaries as B
 from .formats import (e2m1_text, e4m3_text, e8m0_text, fed, fit, packed_text, spec_knobs, tensor)
-from ..runner.suite import check, declared_choice, detected, forall
+from .checking import check, declared_choice, detected, forall
 
 OPS = {
     "e2m1_encode": "e2m1_encode(x f32) -> uint8 codes: nearest E2M1, ties to even, saturating at ±6, −0 kept",
