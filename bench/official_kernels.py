@@ -201,7 +201,7 @@ def main(argv=None) -> int:
         print("official_kernels.py: needs a CUDA GPU (none present; --cpu runs a stand-in); nothing compared",
               file=sys.stderr)
         return 0
-    from dsv4spec.properties.target import load_target
+    from dsv4spec.runner.target import load_target
     gpu = "cpu" if args.cpu else "cuda"
     # every target takes and returns CPU tensors (official-kernels and kernels move them to the GPU)
     targets = {name: load_target(spec) for name, spec in

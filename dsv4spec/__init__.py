@@ -3,7 +3,7 @@ from pathlib import Path as _Path
 
 __version__ = "0.1.0"
 
-# In a source checkout the top-level folders spec/, impl/, kernels/, properties/ and golden/ are this
+# In a source checkout the top-level folders spec/, impl/, kernels/, properties/, runner/ and golden/ are this
 # package's subpackages (pyproject maps them).  When the working directory is the checkout, Python
 # finds this folder before the installed mapping, so point the package at the checkout too.
 _checkout = _Path(__file__).resolve().parent.parent

@@ -42,7 +42,7 @@ def cmd_rules(args) -> int:
 def cmd_ops(args) -> int:
     """The operation contract: every operation a target may provide, and the rules that check it."""
     import importlib
-    from dsv4spec.properties.suite import FAMILY_MODULES, load_checks
+    from dsv4spec.runner.suite import FAMILY_MODULES, load_checks
     checks = load_checks()
     families = [f for f in FAMILY_MODULES if not args.family or f == args.family]
     if not families:
@@ -58,7 +58,7 @@ def cmd_ops(args) -> int:
         for op, doc in ops.items():
             rules = sorted({c.rule_id for c in checks if op in c.ops})
             table.setdefault(family, []).append({"op": op, "signature": doc, "rules": rules})
-    from dsv4spec.properties.target import CONTRACT_CHANGES, CONTRACT_VERSION
+    from dsv4spec.runner.target import CONTRACT_CHANGES, CONTRACT_VERSION
     if args.json:
         contract = {"version": CONTRACT_VERSION,
                     "changes": [{"version": v, "date": date, "change": text}
@@ -88,8 +88,8 @@ def cmd_spec(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from dsv4spec.properties.entries import matching
-    from dsv4spec.properties.suite import DERANDOMIZED, RUN, new_seed, program
+    from dsv4spec.runner.entries import matching
+    from dsv4spec.runner.suite import DERANDOMIZED, RUN, new_seed, program
     rule_ids, specs, skip, xfail = _checked_verify_args(args)
     if args.seed is not None and args.profile in DERANDOMIZED:
         print(f"dsv4spec verify: --seed {args.seed} is ignored: profile {args.profile} is derandomized "
@@ -143,8 +143,8 @@ class _Run:
         """What the rows cannot say: threads and processes a target left running in a worker
         (--isolate, --jobs) or, in the guard's child, threads in this process (the guard looks for
         processes), and what an exec port left running, its port closed here."""
-        from dsv4spec.properties.exec_target import left_by
-        from dsv4spec.properties.workers import threads_left
+        from dsv4spec.runner.exec_target import left_by
+        from dsv4spec.runner.workers import threads_left
         findings = []
         for t in targets:
             where = f"{t.name}'s worker process"
@@ -159,9 +159,9 @@ class _Run:
         """Print and write the reports of `rows`, with the process-level `findings` (each makes the
         exit status at least 1, as does `forced`: the guard's report of a process the target ended);
         the exit status."""
-        from dsv4spec.properties import causes, report
-        from dsv4spec.properties.entries import matching
-        from dsv4spec.properties.suite import exit_status
+        from dsv4spec.runner import causes, report
+        from dsv4spec.runner.entries import matching
+        from dsv4spec.runner.suite import exit_status
         args, rule_ids, run_ids = self.args, self.rule_ids, self.run_ids
         rows = _listed(rows, targets, rule_ids, self.skip, self.xfail)
         rows = causes.annotate(rows, targets)       # one cause, one verdict: the others "same cause as …"
@@ -230,8 +230,8 @@ def colored(stream) -> bool:
 def _listed(rows, targets, rule_ids, skip, xfail):
     """The rows with a SKIP row for each rule of the skip file and the xfail file's reason on the
     rows of the rules it expects to fail, in the order rule × target."""
-    from dsv4spec.properties.entries import matching
-    from dsv4spec.properties.suite import FAIL, ERROR, SKIP, TIMEOUT, Row
+    from dsv4spec.runner.entries import matching
+    from dsv4spec.runner.suite import FAIL, ERROR, SKIP, TIMEOUT, Row
     names = [t.name for t in targets]
     rows = rows + [Row(r, t, SKIP, f"--skip line {e[2]}: {e[1]}") for t in names for r in rule_ids
                    for e in [matching(skip, r)] if e]
@@ -245,10 +245,10 @@ def _listed(rows, targets, rule_ids, skip, xfail):
 
 def _checked_verify_args(args) -> tuple[list[str], list[str]]:
     """The rule ids and target specs of a verify run; a usage error for anything wrong, before any run."""
-    from dsv4spec.properties import report
-    from dsv4spec.properties.entries import read_entries, stale
-    from dsv4spec.properties.suite import PROFILES
-    from dsv4spec.properties.target import targets_from_environment, timeout_seconds
+    from dsv4spec.runner import report
+    from dsv4spec.runner.entries import read_entries, stale
+    from dsv4spec.runner.suite import PROFILES
+    from dsv4spec.runner.target import targets_from_environment, timeout_seconds
     from dsv4spec.spec import select
     if args.profile not in PROFILES:
         raise UsageError(f"unknown profile {args.profile!r}; expected one of {', '.join(PROFILES)}")
@@ -275,7 +275,7 @@ def _checked_verify_args(args) -> tuple[list[str], list[str]]:
         for warning in stale(entries, rule_ids, kind):
             print(f"dsv4spec verify: warning: {warning}", file=sys.stderr)
     if args.shard:
-        from dsv4spec.properties.shard import shard_of
+        from dsv4spec.runner.shard import shard_of
         rule_ids = shard_of(rule_ids, *args.shard)
     return rule_ids, specs, skip, xfail
 
@@ -284,7 +284,7 @@ def _locate(spec: str) -> None:
     """locate(spec): a spec naming no target is a usage error before any run; one naming a target
     that cannot be loaded (an exec: port with no such file or program) is left to the run's load,
     which writes the reports with its ERROR as for any target that cannot be loaded."""
-    from dsv4spec.properties.target import TargetLoadError, locate
+    from dsv4spec.runner.target import TargetLoadError, locate
     try:
         locate(spec)
     except TargetLoadError:
@@ -324,7 +324,7 @@ def _triton_version() -> str | None:
 
 def _run_verify(args, specs, rule_ids, progress, on_targets=lambda _: None, on_loading=lambda _: None):
     """(rows, targets, interrupted): in this process, or in worker processes for --isolate/--jobs."""
-    from dsv4spec.properties.suite import RUN, load_checks, verify
+    from dsv4spec.runner.suite import RUN, load_checks, verify
     workers = args.jobs > 1 or args.isolate
     targets = []
     try:
@@ -338,7 +338,7 @@ def _run_verify(args, specs, rule_ids, progress, on_targets=lambda _: None, on_l
             loaded = [t for t in targets if not getattr(t, "load_error", "")]
             rows = verify(loaded, profile=args.profile, progress=progress, rule_ids=rule_ids)
             return rows + _unloaded_rows(targets, rule_ids), targets, False
-        from dsv4spec.properties import workers as pool
+        from dsv4spec.runner import workers as pool
         rows, infos = pool.run(specs, rule_ids, args.profile, jobs=args.jobs, seed=RUN.seed,
                                timeout=args.timeout, isolate=args.isolate, progress=progress)
         return rows, [infos[s] for s in specs], False
@@ -352,9 +352,9 @@ def _run_verify(args, specs, rule_ids, progress, on_targets=lambda _: None, on_l
 def _loaded(spec: str, timeout: float):
     """The target `spec` names, or, where it cannot be loaded, what a worker reports of it: its load
     error (a usage error where the spec names no target), so that every route writes the same reports."""
-    from dsv4spec.properties.suite import RUN
-    from dsv4spec.properties.target import TargetLoadError, TargetNotFound, load_target
-    from dsv4spec.properties.workers import TargetInfo
+    from dsv4spec.runner.suite import RUN
+    from dsv4spec.runner.target import TargetLoadError, TargetNotFound, load_target
+    from dsv4spec.runner.workers import TargetInfo
     try:
         target = load_target(spec)
     except (TargetNotFound, TargetLoadError) as e:
@@ -368,16 +368,16 @@ def _loaded(spec: str, timeout: float):
 def _unloaded_rows(targets, rule_ids) -> list:
     """An ERROR row, naming the load error, for each rule on each target that could not be loaded
     (not shown as progress: the load error is one line)."""
-    from dsv4spec.properties.suite import ERROR, Row
+    from dsv4spec.runner.suite import ERROR, Row
     return [Row(r, t.name, ERROR, t.load_error) for t in targets if getattr(t, "load_error", "") for r in rule_ids]
 
 
 def _header(args, targets, prefixes, rule_ids) -> dict:
     import shlex
     import dsv4spec
-    from dsv4spec.properties import report
-    from dsv4spec.properties.suite import RUN, examples_per_check
-    from dsv4spec.properties.workers import devices_for
+    from dsv4spec.runner import report
+    from dsv4spec.runner.suite import RUN, examples_per_check
+    from dsv4spec.runner.workers import devices_for
     from dsv4spec.spec import RULES
     devices = [f"cuda:{d}" if d is not None else report.environment()["device"] for d in devices_for(args.jobs)] \
         if args.jobs > 1 or args.isolate else []
@@ -471,7 +471,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_rules)
 
     p = sub.add_parser("ops", help="the operations a target may implement, and the rules checking each")
-    from dsv4spec.properties.suite import FAMILY_MODULES
+    from dsv4spec.runner.suite import FAMILY_MODULES
     p.add_argument("--family", metavar="F", help=f"one family: {', '.join(FAMILY_MODULES)}")
     p.add_argument("--json", action="store_true", help="as JSON")
     p.set_defaults(func=cmd_ops)
@@ -506,7 +506,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                    "dev, thorough")
     p.add_argument("--seed", type=int, metavar="N", help="seed of the dev and thorough profiles "
                    "(default: a fresh one, printed; ci is derandomized)")
-    from dsv4spec.properties.target import DEFAULT_TIMEOUT_S
+    from dsv4spec.runner.target import DEFAULT_TIMEOUT_S
     p.add_argument("--max-examples", type=int, metavar="N", help="examples per check, instead of the "
                    "profile's (ci sizes them per rule: FMT 400, FP4/FP8 200, IDX/POOL 50, the layer checks 2 "
                    "drawn cases after their fixed ones, else 25; dev and thorough draw 10 and 100 layers in a layer check)")
@@ -525,7 +525,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "machine, balanced by the rules' expected cost; `dsv4spec report merge` joins the shards' "
                    "--json reports")
     p.add_argument("--json", metavar="F", help="write a JSON report (schema_version 4; its JSON Schema: "
-                                                "dsv4spec/properties/report.schema.json); F - is standard "
+                                                "dsv4spec/runner/report.schema.json); F - is standard "
                                                 "output, as for --junit and --markdown (the matrix then goes "
                                                 "to standard error)")
     p.add_argument("--junit", metavar="F", help="write a JUnit XML report")

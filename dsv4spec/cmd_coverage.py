@@ -30,9 +30,9 @@ def register(subparsers):
 
 def run(args) -> int:
     from dsv4spec.command import UsageError, prefixes
-    from dsv4spec.properties.coverage import coverage, render
-    from dsv4spec.properties.suite import DERANDOMIZED, PROFILES, RUN, new_seed
-    from dsv4spec.properties.target import load_target
+    from dsv4spec.runner.coverage import coverage, render
+    from dsv4spec.runner.suite import DERANDOMIZED, PROFILES, RUN, new_seed
+    from dsv4spec.runner.target import load_target
     if args.profile not in PROFILES:
         raise UsageError(f"unknown profile {args.profile!r}; expected one of {', '.join(PROFILES)}")
     RUN.seed = None if args.profile in DERANDOMIZED else (args.seed if args.seed is not None else new_seed())

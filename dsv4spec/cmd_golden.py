@@ -108,7 +108,7 @@ def run(args) -> int:
             print("(a case is filed under the rule it gates; for the clause a difference breaks and the variant "
                   "it matches, answer the vectors of `golden export` and run `golden check-vectors`)")
         return 1 if bad else 0
-    from dsv4spec.properties.target import load_target
+    from dsv4spec.runner.target import load_target
     status = 0
     for spec in args.target or ["impl"]:
         print(f"# {spec}")
@@ -118,7 +118,7 @@ def run(args) -> int:
 
 def _check_vectors(args, rules) -> int:
     from dsv4spec.golden import vectors
-    from dsv4spec.properties.suite import program
+    from dsv4spec.runner.suite import program
     try:
         rows = vectors.judge(args.dir, args.out, rules=rules, program=program(), ops=args.ops)
     except (FileNotFoundError, ValueError) as e:

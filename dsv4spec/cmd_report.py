@@ -34,8 +34,8 @@ def register(subparsers):
 
 def merge(args) -> int:
     from types import SimpleNamespace
-    from dsv4spec.properties import merge, report
-    from dsv4spec.properties.suite import exit_status
+    from dsv4spec.runner import merge, report
+    from dsv4spec.runner.suite import exit_status
     for path in filter(None, (args.json, args.junit, args.markdown)):
         report.check_writable(path)
     shards = [(path, merge.read(path)) for path in args.reports]

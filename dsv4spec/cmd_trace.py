@@ -41,7 +41,7 @@ def register(subparsers):
 
 def _selection(args) -> list[str]:
     from dsv4spec.command import UsageError, prefixes
-    from dsv4spec.properties.shard import shard_of
+    from dsv4spec.runner.shard import shard_of
     from dsv4spec.spec.rules import select
     rule_ids = [r.id for r in select(prefixes(args.rules))]
     if not rule_ids:
@@ -51,7 +51,7 @@ def _selection(args) -> list[str]:
 
 def check_trace(args) -> int:
     from dsv4spec.command import UsageError, prefixes
-    from dsv4spec.properties import report
+    from dsv4spec.runner import report
     from dsv4spec.trace import TraceError
     from dsv4spec.trace.check import Clock, judge_trace, open_trace, parse_numbers, rows_of, stage_lines, step_filter
     for path in filter(None, (args.json, args.junit, args.markdown)):
@@ -81,7 +81,7 @@ def check_trace(args) -> int:
     print(report.terminal(rows, color=out.isatty()), file=out)
     print("\nstages (departing first, in the order the forward computed them):", file=out)
     print("\n".join("  " + line for line in stage_lines(judged)), file=out)
-    from dsv4spec.properties.suite import exit_status
+    from dsv4spec.runner.suite import exit_status
     from types import SimpleNamespace
     status = exit_status(rows, [SimpleNamespace(name=TARGET, claims_conformance=True)])
     lost = []
@@ -115,8 +115,8 @@ def _progress(quiet: bool):
 def _header(args, traces, judged, rule_ids, prefixes, wall_s) -> dict:
     import shlex
     import dsv4spec
-    from dsv4spec.properties import report
-    from dsv4spec.properties.target import DEFAULT_TIMEOUT_S
+    from dsv4spec.runner import report
+    from dsv4spec.runner.target import DEFAULT_TIMEOUT_S
     from dsv4spec.spec import RULES
     first = traces[0]
     return {"tool": {"name": "dsv4spec", "version": dsv4spec.__version__},

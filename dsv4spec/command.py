@@ -15,7 +15,7 @@ class UsageError(Exception):
 def shard_argument(text: str) -> tuple[int, int]:
     """--shard K/N of verify and check-trace, as argparse takes a type."""
     import argparse
-    from dsv4spec.properties.shard import parse
+    from dsv4spec.runner.shard import parse
     try:
         return parse(text)
     except ValueError as e:
@@ -55,7 +55,7 @@ class terminated_as_interrupted:
     one that comes while the reports are written is recorded, so that they are written whole."""
 
     def __enter__(self):
-        from dsv4spec.properties.contract import WATCH
+        from dsv4spec.runner.contract import WATCH
         self.saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
         SIGNALLED.clear()
         self.watch, self.safe_point = WATCH, WATCH.safe_point
@@ -86,8 +86,8 @@ class Unloaded:
 
 def handled(call, args) -> int:
     """call(), with a usage or load error reported in one line and its exit status."""
-    from dsv4spec.properties.contract import printable
-    from dsv4spec.properties.target import TargetLoadError
+    from dsv4spec.runner.contract import printable
+    from dsv4spec.runner.target import TargetLoadError
     try:
         return call()
     except (UsageError, ValueError, FileNotFoundError, TargetLoadError) as e:

@@ -58,7 +58,7 @@ def _child(run, conn):
     try:
         signal_on_parent_death(signal.SIGKILL)     # a command killed outright takes its child along, even one hung in C
         skip_dead_overflow_checks()         # here, not in the parent: it may ask torch for CUDA
-        from dsv4spec.properties.target import WATCH
+        from dsv4spec.runner.target import WATCH
         WATCH.report = lambda op: conn.send(("op", op))
         WATCH.port = lambda pgid: conn.send(("port", pgid))
         run.on_row = lambda row: conn.send(("row", asdict(row)))
@@ -71,7 +71,7 @@ def _child(run, conn):
         traceback.print_exc()
         status = 1
     try:
-        from dsv4spec.properties.workers import threads_left
+        from dsv4spec.runner.workers import threads_left
         status = report_threads_left(threads_left(), status)
         conn.send(("done", (status, SIGNALLED.get("signal"))))     # the signal it heard, if any
     finally:
@@ -81,7 +81,7 @@ def _child(run, conn):
 
 
 def _info(target):
-    from dsv4spec.properties.workers import TargetInfo
+    from dsv4spec.runner.workers import TargetInfo
     if isinstance(target, TargetInfo):      # a target that could not be loaded, with its load error
         return asdict(target)
     return asdict(TargetInfo(target.spec, target.name, target.module, target.claims_conformance,
@@ -93,7 +93,7 @@ def _parent(run, pid: int, conn) -> int:
     code = watch.until_it_ends()
     if watch.signal:
         SIGNALLED.setdefault("signal", watch.signal)        # the reports' interrupted_by and exit status
-    from dsv4spec.properties.workers import end_groups
+    from dsv4spec.runner.workers import end_groups
     end_groups(watch.ports)             # what the child's ports left running, however it ended
     left = processes_left(descendants)      # what the target forked or started, still running
     if watch.verdict is not None:       # a signal forwarded (kill_at) that the run never heard is still the verdict's
@@ -147,8 +147,8 @@ def _unheard(number: int) -> int:
 
 
 def _report_the_interruption(run, watch) -> int:
-    from dsv4spec.properties.suite import Row
-    from dsv4spec.properties.workers import TargetInfo
+    from dsv4spec.runner.suite import Row
+    from dsv4spec.runner.workers import TargetInfo
     targets = [TargetInfo(**i) for i in watch.infos] if watch.infos else [Unloaded(s) for s in run.specs]
     return run.conclude([Row(**r) for r in watch.rows], targets, interrupted=True)
 
@@ -157,8 +157,8 @@ def _report_the_end(run, watch, how: str) -> int:
     """The reports of a run whose process the target ended: the rows that finished, an ERROR for
     the rule that was running, and an ERROR "not run" for each rule after it; a target that ended
     it while being loaded could not be loaded, as a worker reports it."""
-    from dsv4spec.properties.suite import ERROR, Row
-    from dsv4spec.properties.workers import TargetInfo
+    from dsv4spec.runner.suite import ERROR, Row
+    from dsv4spec.runner.workers import TargetInfo
     if watch.infos is None and watch.loading is not None:
         return _report_a_load_that_ended(run, watch.loading, how)
     rows, infos, op = [Row(**r) for r in watch.rows], watch.infos, watch.op
@@ -179,8 +179,8 @@ def _report_a_load_that_ended(run, spec: str, how: str) -> int:
     """The reports of a run whose process a target ended while it was being loaded: its rules ERROR
     with its load error (exit status 3, the words of a worker that died loading it), the other
     targets' not run."""
-    from dsv4spec.properties.suite import ERROR, Row
-    from dsv4spec.properties.workers import LOADING, TargetInfo
+    from dsv4spec.runner.suite import ERROR, Row
+    from dsv4spec.runner.workers import LOADING, TargetInfo
     why = f"target {spec!r} could not be loaded: the target's process died ({how}) in {LOADING}"
     targets = [TargetInfo(s, s, load_error=why if s == spec else "") for s in run.specs]
     rows = [Row(r, s, ERROR, why if s == spec else f"not run: {why}") for s in run.specs for r in run.run_ids]

@@ -400,7 +400,7 @@ def _public(module) -> dict:
 def mutant_target(mutant: Mutant):
     """The package of the mutated module (impl or official), its operations taken from the copies
     (the mutated module and its importers), as the package's __init__ binds them."""
-    from dsv4spec.properties.target import Target
+    from dsv4spec.runner.target import Target
     copies = _Copies(mutant)
     package = importlib.import_module(f"dsv4spec.{copies.package}")
     provider = types.SimpleNamespace(**{k: getattr(package, k) for k in dir(package) if not k.startswith("_")})
@@ -533,7 +533,7 @@ def _reaching(package: str) -> dict[tuple[str, str], set[str]]:
 def reaching_ops(mutant: Mutant) -> set[str]:
     """The operations whose code reaches the mutated definition (module-level code: all that reach
     any definition of the module), and the per-format names a reached bundled one provides."""
-    from dsv4spec.properties.target import SPLIT
+    from dsv4spec.runner.target import SPLIT
     reach = _reaching(mutant.module.split(".")[0])
     names = [mutant.function, *mutant.function.split(",")]
     if any((mutant.module, n) in reach for n in names):
@@ -547,8 +547,8 @@ def rules_for(mutant: Mutant, prefixes=None) -> list[str]:
     """The rules (within the prefixes) with a check calling an operation that reaches the mutated
     definition, nearest first (a check calling an operation of the mutated module itself, then of a
     module importing it, …: the cheapest to fail), each distance in registry order."""
-    from dsv4spec.properties.suite import load_checks
-    from dsv4spec.properties.target import SPLIT
+    from dsv4spec.runner.suite import load_checks
+    from dsv4spec.runner.target import SPLIT
     from dsv4spec.spec.rules import select
     ops = reaching_ops(mutant)
     hops = importers(mutant.module)
@@ -590,7 +590,7 @@ def verdict(rule_id: str, target, profile: str = "ci") -> str:
     """The rule's status on the target, fast: its checks without shrinking, stopping at the first
     one not passed; a failure that an undeclared implementation-defined choice might explain (a
     knob of suite.CHOICES was read) is confirmed by the full run_rule (which names VARIANTs)."""
-    from dsv4spec.properties.suite import CHOICES, _reading, checks_for, run_check, run_rule
+    from dsv4spec.runner.suite import CHOICES, _reading, checks_for, run_check, run_rule
     read: set = set()
     probe = _reading(target, read)
     for chk in checks_for(rule_id):
@@ -608,7 +608,7 @@ def run_mutant(mutant: Mutant, prefixes=None, profile: str = "ci", limit_s: int 
     """Killed at the first rule not passed: every rule first with QUICK_EXAMPLES examples a check (a
     failure there is a failure on a valid draw of the same checks), then, for what survived that,
     every rule at the profile's own size.  A survivor ran both passes."""
-    from dsv4spec.properties.suite import RUN
+    from dsv4spec.runner.suite import RUN
     start = time.perf_counter()
     rules = rules_for(mutant, prefixes)
     if not rules:

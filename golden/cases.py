@@ -189,7 +189,7 @@ def codec_cases() -> list[Case]:
 
 
 # ---------------------------------------------------------------------------------------------
-# fp32 codec inputs: the scale classes no BF16 amax reaches (properties/coverage/quant.py: pow2_scale,
+# fp32 codec inputs: the scale classes no BF16 amax reaches (runner/coverage/quant.py: pow2_scale,
 # kv_midpoints); a target whose quantizers take BF16 is not asked them (store.check_target)
 # ---------------------------------------------------------------------------------------------
 

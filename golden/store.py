@@ -301,7 +301,7 @@ def check_outputs(port_dir: Path, data: Path = DATA, rules: list[str] | None = N
 def _case_ops(case: Case) -> set[str]:
     """The operation names that answer a case: its own, and the per-format name of a bundled one
     (the kv_qdq case of fmt fp4_e4m3 is kv_qdq_fp4_e4m3's)."""
-    from ..properties.target import SPLIT
+    from ..runner.target import SPLIT
     return {case.op} | {split for split, (bundled, fmt) in SPLIT.items()
                         if bundled == case.op and case.args.get("fmt") == fmt}
 

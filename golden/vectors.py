@@ -260,7 +260,7 @@ def rule_file(rule_id: str) -> str:
 
 def _profiles():
     from hypothesis import Phase
-    from ..properties.suite import CI_EXAMPLES, register_profile
+    from ..runner.suite import CI_EXAMPLES, register_profile
     phases = {1: (Phase.explicit,), 2: (Phase.explicit, Phase.generate)}
     register_profile("vectors-1", parent="ci", phases=phases[1])
     register_profile("vectors-2", parent="ci", phases=phases[2], max_examples=25)
@@ -272,7 +272,7 @@ def _profiles():
 
 def profile(level: int, rule_id: str) -> str:
     """The Hypothesis profile of a level for one rule (run_check adds -noshrink, the same)."""
-    from ..properties.suite import profile_for
+    from ..runner.suite import profile_for
     _profiles()
     if level == 3:
         sized = profile_for(rule_id, "ci")
@@ -283,7 +283,7 @@ def profile(level: int, rule_id: str) -> str:
 @contextmanager
 def only_checks(rule_id: str, names):
     """suite.run_rule judging `rule_id` on the named checks alone (those the vectors hold)."""
-    from ..properties import suite
+    from ..runner import suite
     original = suite.checks_for
     suite.checks_for = lambda r: [c for c in original(r) if r != rule_id or c.name in names]
     try:
@@ -354,7 +354,7 @@ def record_rule(rule_id: str, reference, level: int, canonical=None) -> RuleVect
     rejects NaN input, the official code keeps it in its block), a check takes one branch on it and
     another on a port making the canonical choice; the calls of the `canonical` target (spec/'s
     quantizers) on that check are recorded too."""
-    from ..properties.suite import PASS, checks_for
+    from ..runner.suite import PASS, checks_for
     by_key: dict[str, Record] = {}
     expected: dict[str, Record] = {}
     checks, omitted = [], {}
@@ -411,8 +411,8 @@ class _SpecQuantizers:
 
 def _calls(chk, reference, level: int, rule_id: str):
     """([(level, call)], outcomes) of one check on a recording view of `reference`."""
-    from ..properties.suite import run_check
-    from ..properties.target import Target
+    from ..runner.suite import run_check
+    from ..runner.target import Target
     recording = _Recording(reference.provider, _known_ops())
     target = Target(recording, reference.spec, name=reference.name)
     target.timeout, target.input_dtypes = 0, reference.input_dtypes
@@ -439,7 +439,7 @@ def _no_examples(outcome) -> bool:
 
 
 def _known_ops() -> set[str]:
-    from ..properties.target import known_ops
+    from ..runner.target import known_ops
     return known_ops()
 
 
@@ -451,8 +451,8 @@ def export(out: Path, rules: list[str] | None = None, level: int = DEFAULT_LEVEL
     from hypothesis import __version__ as hypothesis_version
 
     from .. import __version__
-    from ..properties.suite import load_checks
-    from ..properties.target import Target, load_target
+    from ..runner.suite import load_checks
+    from ..runner.target import Target, load_target
     from ..spec import RULES
     from ..spec.rules import select
     if level not in LEVELS:
@@ -672,8 +672,8 @@ def judge(export_dir: Path, port_dir: Path, rules: list[str] | None = None, prog
     (port_dir/<RULE>.txt).  A missing or unreadable file is ERROR on the checks that need it.  Where
     the port declares its operations (`ops`, else port.txt's ops=), a rule that calls none of them
     and has no output file is n/i, as `verify` reads a target without them."""
-    from ..properties.suite import ERROR, NOT_IMPLEMENTED, Row, load_checks, run_rule
-    from ..properties.target import Target
+    from ..runner.suite import ERROR, NOT_IMPLEMENTED, Row, load_checks, run_rule
+    from ..runner.target import Target
     from ..spec.rules import _matches
     export_dir, port_dir = Path(export_dir), Path(port_dir)
     info = read_info(export_dir)
@@ -721,7 +721,7 @@ PORT = "port.txt"
 def declared_ops(port_dir: Path, ops: str | None = None) -> frozenset | None:
     """The operations a port declares it implements: `ops` (comma-separated, the command line's
     --ops), else OUT/port.txt's `ops=`; None where it declares none.  Unknown names are a ValueError."""
-    from ..properties.target import known_ops
+    from ..runner.target import known_ops
     text = ops if ops is not None else read_declarations(port_dir).get("ops")
     if text is None:
         return None
@@ -757,7 +757,7 @@ def read_declarations(port_dir: Path) -> dict:
             declared[key] = value
     from ..spec.rules import check_variants
     check_variants({k[len("variant."):]: v for k, v in declared.items() if k.startswith("variant.")})
-    from ..properties.contract import CONTRACT_VERSION
+    from ..runner.contract import CONTRACT_VERSION
     if "contract" in declared and not (declared["contract"].isdigit() and 1 <= int(declared["contract"]) <= CONTRACT_VERSION):
         raise ValueError(f"{path} contract= must be the contract version the port was written against, an integer "
                          f"from 1 to {CONTRACT_VERSION}, got {declared['contract']!r}")

@@ -44,7 +44,7 @@ from .path import (STAGES, LayerCase, cached_run, judge_rotation, layer_cases, l
                    normal_bf16)
 from .quant import assert_linear, fp8_linear_bounds, fp8_weight
 from .stages import first_broken, judge_every_stage, not_judged, report as report_stages
-from .suite import check, declared_choice, forall, skip
+from .checking import check, declared_choice, forall, skip
 
 OPS = {
     "sparse_attention": "sparse_attention(q [T,H,D], kv [N,D], sink f32 [H], indices int [T,K], scale, *, model) "
@@ -258,7 +258,7 @@ def minus_one_entries_contribute_nothing(target, T, H, D, K, seed, model, invali
         **shapes, model=st.sampled_from(V4_MODELS), duplicates=st.integers(1, 40))
 def an_index_listed_twice_is_attended_twice(target, T, H, D, K, seed, model, duplicates):
     """Under attention_form=dense_mask: declared, not asked; expected of an undeclared target (naming
-    the variant, suite._matching_variant), its answer must be the mask's, each listed row once."""
+    the variant, runner/suite.py _matching_variant), its answer must be the mask's, each listed row once."""
     dense = target.variant("attention_form") == "dense_mask"
     if dense and "attention_form" in target.declared:
         skip("attention_form=dense_mask: a mask over the rows cannot express a repeated list entry (judged in the "

@@ -3,7 +3,7 @@ and one above, laid out on several rows and several blocks (odd and even positio
 
 Each function returns inputs built with exact arithmetic (powers of two times fp32 values whose
 neighbours are taken from the bit pattern); the checks in quant.py and formats.py carry them as
-permanent @examples, and properties/coverage/ lists the boundaries they reach.
+permanent @examples, and runner/coverage/ lists the boundaries they reach.
 """
 from __future__ import annotations
 
@@ -144,7 +144,7 @@ IDX_RANGE = range_class(IDX, 6 * 2.0 ** -126, 2.0 ** -126, saturate=False)
 
 # ---------------------------------------------------------------------------------------------
 # Groups of points for random draws (properties/quant.py's block kinds): a strategy picks a group,
-# then a point in it, so each listed boundary (properties/coverage/) is drawn often, not only by
+# then a point in it, so each listed boundary (runner/coverage/) is drawn often, not only by
 # an @example.  Each group is one boundary: exactly on it, or one ulp below, or one above.
 # ---------------------------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from ..spec import budget as spec
 from ..spec.models import profile
 from ..spec.rules import V4_ALL
-from .suite import check, forall
+from .checking import check, forall
 
 OPS = {
     "kv_bytes_per_token": "kv_bytes_per_token(model: str) -> float",

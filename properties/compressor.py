@@ -46,7 +46,7 @@ from ..spec.models import profile
 from ..spec.rules import V4, V41, V4_ALL
 from .compare import as_numpy, assert_same_shape, assert_within as assert_bf16_within, difference_kind
 from .rope import assert_table
-from .suite import RUN, check, declared_choice, forall
+from .checking import RUN, check, declared_choice, forall
 
 OPS = {
     "compress": "compress(x [B,S,dim] f32, params, *, model, ratio) -> entries [B, S//ratio, d] f32",

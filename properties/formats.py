@@ -23,7 +23,7 @@ from ..spec import formats as F
 from ..spec import quant as Q
 from . import boundaries as B
 from .compare import as_numpy, assert_bytes_equal, assert_equal
-from .suite import check, forall
+from .checking import check, forall
 
 __all__ = ["e2m1_text", "e4m3_text", "e8m0_text", "packed_text", "f32_text", "spec_knobs",
            "edge_f32", "tensor", "neighbours", "f32_arrays", "fit", "fed"]

@@ -47,7 +47,7 @@ from ..spec.quant import fp4_e8m0_dequantize
 from ..spec.rules import V4_ALL
 from .compare import as_numpy, assert_close, assert_equal, difference_kind  # noqa: F401
 from .ranking import assert_topk
-from .suite import check, forall
+from .checking import check, forall
 
 __all__ = ["OPS", "ScoreCase", "score_cases", "expected_scores", "RowsCase", "score_rows"]
 

@@ -26,7 +26,7 @@ from ..spec import RULES
 from ..spec.rules import KNOBS
 from .compare import as_numpy, assert_bytes_equal, assert_equal
 from .formats import fit
-from .suite import check, forall
+from .checking import check, forall
 
 OPS = {
     "entry_pack": "entry_pack(kind, x f32 [..., dims]) -> uint8 [..., nbytes]",

@@ -62,7 +62,7 @@ from .quant import assert_linear, fp8_linear_bounds, fp8_weight
 from .pool import reindex_cases, wide_reindex_case
 from .stages import first_broken, judge_every_stage, report as report_stages
 from .ranking import assert_pool, assert_topk
-from .suite import check, declared_choice, forall
+from .checking import check, declared_choice, forall
 
 OPS = {
     "window_index": "window_index(seqlen, start_pos) -> int [T, W]: i−127..i in prefill, 128 ring slots in decode",

@@ -32,7 +32,7 @@ from ..spec.rules import V4
 from .compare import as_numpy
 from .indexer import ScoreCase, _t, expected_scores, make_score_case
 from .ranking import TOPK_CLAUSES, assert_pool, assert_topk
-from .suite import check, forall
+from .checking import check, forall
 
 __all__ = ["OPS", "PoolCase", "pool_cases"]
 

@@ -22,7 +22,7 @@ the block; codes and bytes uint8):
         the Linear of an E4M3 weight: x BF16 values, w E4M3 bytes, w_scale E8M0 bytes (uint8, or
         the torch float8_e4m3fn / float8_e8m0fnu tensors of a checkpoint); act_quant, block-scaled GEMM
 
-The quantizers' values arrive in the dtype the target declares for them (properties/target.py): a
+The quantizers' values arrive in the dtype the target declares for them (runner/target.py): a
 BF16-only quantizer gets BF16 tensors holding BF16 values, the official domain.  A NaN or ±Inf in a
 quantizer's input may do anything to its own block, never to the others (FP4.NONFINITE,
 FP8.NONFINITE); raising ValueError instead is allowed and reported.  The rules are in spec/quant.py.
@@ -46,7 +46,7 @@ from ..spec.rules import KNOBS, V4, V41
 from .compare import as_numpy, assert_bytes_equal, assert_equal, assert_same_shape, assert_within
 from . import boundaries as B
 from .formats import (e2m1_text, e4m3_text, e8m0_text, fed, fit, packed_text, spec_knobs, tensor)
-from .suite import check, declared_choice, detected, forall
+from .checking import check, declared_choice, detected, forall
 
 OPS = {
     "e2m1_encode": "e2m1_encode(x f32) -> uint8 codes: nearest E2M1, ties to even, saturating at ±6, −0 kept",

@@ -23,7 +23,7 @@ from ..spec import indexer as spec_indexer
 from ..spec import rope as spec
 from ..spec.models import PROFILES, profile
 from .compare import as_numpy, assert_equal, difference_kind
-from .suite import check, declared_choice, forall
+from .checking import check, declared_choice, forall
 
 OPS = {
     "rope_freqs": "rope_freqs(model, layer, use) -> f32 [rope_dim/2]: the layer's table (one per layer)",

@@ -9,7 +9,7 @@ the inputs of (a contract version that withheld them) is listed as not judged, w
 """
 from __future__ import annotations
 
-from .suite import NOT_JUDGED, PASS, FAIL, VARIANT, record_stages
+from .checking import NOT_JUDGED, PASS, FAIL, VARIANT, record_stages
 
 
 class StageFailures(AssertionError):

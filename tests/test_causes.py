@@ -1,4 +1,4 @@
-"""One cause, one verdict (properties/causes.py): a wrong shared operation fails several rules; the
+"""One cause, one verdict (runner/causes.py): a wrong shared operation fails several rules; the
 report names the rule whose clause a probe shows broken (else the first in the computation order)
 and marks the others, statuses unchanged."""
 from mutants.indexer import MUTANTS

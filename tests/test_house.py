@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # above.  impl and official share a rank but are independent readings of the spec: neither imports
 # the other.  "base" is the few modules of dsv4spec/ that import nothing above themselves and that
 # every layer may use; the rest of dsv4spec/ is the command line, on top.
-LAYERS = (("base",), ("spec",), ("impl", "official"), ("kernels",), ("properties",), ("trace",), ("golden",), ("cli",))
+LAYERS = (("base",), ("spec",), ("impl", "official"), ("kernels",), ("properties",), ("runner",), ("trace",), ("golden",),
+          ("cli",))
 BASE = {"dsv4spec", "dsv4spec.triton_mode", "dsv4spec.interpreter", "dsv4spec.parent_death", "dsv4spec.processes"}
 RANK = {layer: rank for rank, layers in enumerate(LAYERS) for layer in layers}
 
@@ -50,16 +51,21 @@ def package_modules(root: Path) -> dict[str, tuple[Path, bool]]:
     return modules
 
 
+def from_module(name: str, is_package: bool, node: ast.ImportFrom) -> str:
+    """The absolute name of the module a `from ... import` of module `name` imports from."""
+    if not node.level:
+        return node.module or ""
+    parts = name.split(".") if is_package else name.split(".")[:-1]
+    parts = parts[:len(parts) - (node.level - 1)]
+    return ".".join(parts + ([node.module] if node.module else []))
+
+
 def imported(name: str, is_package: bool, node: ast.Import | ast.ImportFrom, known) -> set[str]:
     """The package modules an import statement of module `name` imports."""
     if isinstance(node, ast.Import):
         candidates = [alias.name for alias in node.names]
     else:
-        base = node.module or ""
-        if node.level:
-            parts = name.split(".") if is_package else name.split(".")[:-1]
-            parts = parts[:len(parts) - (node.level - 1)]
-            base = ".".join(parts + ([node.module] if node.module else []))
+        base = from_module(name, is_package, node)
         candidates = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
     found = set()
     for candidate in candidates:
@@ -160,8 +166,8 @@ def test_the_graph_sees_every_package_and_both_kinds_of_import():
     inside functions."""
     graph = import_graph(ROOT)
     assert {layer_of(m) for m in graph} == set(RANK), "a package folder the layers do not name"
-    assert "dsv4spec.spec.rules" in graph["dsv4spec.properties.suite"]            # from ..spec.rules import
-    assert "dsv4spec.properties.target" in graph["dsv4spec.command"]              # inside handled()
+    assert "dsv4spec.spec.rules" in graph["dsv4spec.runner.suite"]                # from ..spec.rules import
+    assert "dsv4spec.runner.target" in graph["dsv4spec.command"]                  # inside handled()
     assert "dsv4spec.triton_mode" in graph["dsv4spec.interpreter"]                # from dsv4spec.x import
     assert "dsv4spec.kernels.topk.radix" in graph["dsv4spec.kernels.topk.filter"]   # a subpackage's modules
 
@@ -185,8 +191,51 @@ def test_house_md_states_the_layers_this_test_enforces():
         assert module.rpartition(".")[2] in text, f"docs/HOUSE.md does not name the base module {module}"
 
 
+
+def old_names() -> list[str]:
+    """The runner's modules' names from before issue 41 moved them out of properties/."""
+    from dsv4spec.properties import MOVED
+    return [f"dsv4spec.properties.{name}" for name in MOVED] + ["dsv4spec.properties.coverage.engine"]
+
+
+def test_every_old_name_of_the_runner_imports_as_its_module():
+    """`import dsv4spec.properties.target` and the rest keep working, as the very module of the new
+    name (one module object: its state, its classes and a patch of it are shared)."""
+    import importlib
+    for old in old_names():
+        new = old.replace("dsv4spec.properties.", "dsv4spec.runner.")
+        assert importlib.import_module(old) is importlib.import_module(new), old
+    from dsv4spec.properties.suite import check, run_rule, verify  # noqa: F401
+    from dsv4spec.properties.target import Target, load_target  # noqa: F401
+    from dsv4spec.properties import plugin, adapters  # noqa: F401
+    assert not (ROOT / "properties" / "suite.py").exists()        # a finder, not a file at the old path
+
+
+def test_the_pytest_plugin_entry_point_names_a_module_that_imports():
+    import importlib
+    entry = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["pytest11"]["dsv4spec"]
+    assert hasattr(importlib.import_module(entry), "pytest_addoption"), entry
+
+
+def test_no_module_imports_an_old_name():
+    """The package imports the runner by its own name; the old names are for users only."""
+    old = old_names()
+    found = []
+    for name, (path, is_package) in package_modules(ROOT).items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                named = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = from_module(name, is_package, node)
+                named = [base] + [f"{base}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            found += [f"{name} imports {n}" for n in named if n in old or n.startswith(tuple(f"{o}." for o in old))]
+    assert not found, "\n".join(found)
+
+
 MODULE_LINES = 900
-LAYER_FOLDERS = ("spec", "impl", "properties", "kernels", "golden", "trace")
+LAYER_FOLDERS = ("spec", "impl", "properties", "runner", "kernels", "golden", "trace")
 
 
 def long_modules(root: Path) -> dict[str, int]:

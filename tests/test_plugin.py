@@ -167,7 +167,7 @@ def test_a_timeout_that_is_not_a_positive_finite_number_is_refused_by_the_plugin
     assert "must be a positive, finite number of seconds" in run.stderr
 
 
-# Without --dsv4spec-isolate the session forks (properties/pytest_guard.py): a target that ends the
+# Without --dsv4spec-isolate the session forks (runner/pytest_guard.py): a target that ends the
 # process, or leaves a thread, cannot end or hold the session (issue 42)
 # ------------------------------------------------------------------------------------------------
 

@@ -305,7 +305,7 @@ def test_the_official_factorisation_is_an_entry_point_checked_by_the_same_rules(
 
 
 def test_the_private_hypothesis_hook_the_suite_patches_is_there_and_patched():
-    """properties/suite.py turns off Hypothesis's mining of local modules' literals through a private
+    """properties/checking.py turns off Hypothesis's mining of local modules' literals through a private
     hook; in the Hypothesis range pyproject.toml pins, the hook must exist and be patched, or a
     printed seed stops reproducing (this test then names the change); it is patched only while a check
     runs."""

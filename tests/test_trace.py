@@ -64,7 +64,7 @@ def test_the_control_trace_passes_every_recorded_stage(v41_trace, capsys):
 
 def test_the_report_validates_and_shards_merge(v41_trace, capsys):
     jsonschema = pytest.importorskip("jsonschema")
-    schema = json.loads(open(os.path.join(os.path.dirname(control.__file__), "..", "properties",
+    schema = json.loads(open(os.path.join(os.path.dirname(control.__file__), "..", "runner",
                                           "report.schema.json")).read())
     jsonschema.validate(json.loads((v41_trace / "r.json").read_text()), schema)
     args = ["check-trace", str(v41_trace), "--quiet", "--rules", "PATH.WINDOW,IDX.WEIGHT", "--layers", "20"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 
-from ..properties.suite import ERROR, FAIL, NOT_IMPLEMENTED, PASS, Row
+from ..runner.suite import ERROR, FAIL, NOT_IMPLEMENTED, PASS, Row
 from .format import MANIFEST, Step, Trace, TraceError
 from .judge import Judged, TraceTarget, case_of, judge_layer_step
 from .steps import History, judge_all_reduce, judge_index_all_reduce

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...spec.rules import select
-from ..compare import as_numpy
+from ...properties.compare import as_numpy
 from ..suite import checks_for, run_check
 from ..target import Target, load_target
 from .attn import attn_boundaries
@@ -205,7 +205,7 @@ def layer_key_calls(key: tuple) -> list[Call]:
 
 def layer_strategy_rules() -> dict[str, tuple]:
     """{rule: the layer kinds its layer check draws from (path.layer_keys)}."""
-    from .. import attn, path      # noqa: F401  (each registers its layer checks' kinds)
+    from ...properties import attn, path      # noqa: F401  (each registers its layer checks' kinds)
     return dict(path.LAYER_CHECK_KINDS)
 
 
@@ -213,7 +213,7 @@ _KEYS: dict = {}         # sorted kinds -> the default draws of layer_keys(kinds
 
 
 def _layer_keys(kinds: tuple) -> list[tuple]:
-    from ..path import layer_keys
+    from ...properties.path import layer_keys
     key = tuple(sorted(kinds))
     if key not in _KEYS:
         _KEYS[key] = drawn_values(layer_keys(key))
@@ -291,7 +291,7 @@ def render(results: list[RuleCoverage], show_reached: bool = False, show_clauses
     --clauses the statement's clauses beside the check and the mutants that fail when one changes.
     A layer boundary also shows the share of its layer strategy's own draws that reach it
     (strategy_rates): what a layer check draws per example, which ci's 2 draws cannot show."""
-    from .. import clauses as CL
+    from ...properties import clauses as CL
     lines = []
     for rc in results:
         total = len(rc.reached) + len(rc.missed)

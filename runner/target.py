@@ -170,7 +170,7 @@ PRODUCTION = ("flashmla", "flashmla-decode", "deepgemm", "deepgemm-logits", "sgl
 def locate(spec: str) -> str:
     """The `pkg.module[:attr]` reference a target spec stands for, without importing the target;
     TargetNotFound when there is nothing of that name."""
-    if spec.startswith(EXEC_PREFIX):        # a port in any language (properties/exec_target.py)
+    if spec.startswith(EXEC_PREFIX):        # a port in any language (runner/exec_target.py)
         exec_command(spec)
     ok = _official_kernels(spec)
     if ok:

@@ -5,7 +5,7 @@ A shard is a pure function of the selected rule ids and N (never of the machine,
 a timing): the rules, costliest first, each go to the shard with the least expected cost so far.
 The expected cost of a rule is its number of checks, a layer check counting LAYER_CHECK_COST
 (the ci profile sizes an ordinary check to about a second or two of CPU time; a layer check runs
-several whole layers at 2–5 s each, properties/suite.py).
+several whole layers at 2–5 s each, runner/suite.py).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The target contract: the Target that wraps a provider's operations, the errors a call can end
 in, and the results' checks (dtype, device, shape) made where each result comes back.
 
-properties/target.py finds and loads targets; exec_target.py wraps a port over PROTOCOL.md; both build
+runner/target.py finds and loads targets; exec_target.py wraps a port over PROTOCOL.md; both build
 on this module, which imports neither.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ import types
 from importlib import metadata
 
 from ..spec.rules import EXTENSIONS, KNOBS, MODELS, check_variants
-from .families import FAMILY_MODULES
+from ..properties.families import FAMILY_MODULES
 
 DEFAULT_TIMEOUT_S = 60.0       # one operation call; `verify --timeout` changes it
 
@@ -645,7 +645,7 @@ def known_ops() -> set[str]:
     """Every canonical operation name (the OPS of each family module, and the bundled names that
     provide several: kv_qdq)."""
     return {op for family in FAMILY_MODULES
-            for op in getattr(importlib.import_module(f"{__package__}.{family}"), "OPS", {})} \
+            for op in getattr(importlib.import_module(f"dsv4spec.properties.{family}"), "OPS", {})} \
         | {bundled for bundled, _ in SPLIT.values()}
 
 

@@ -79,7 +79,7 @@ def _attention_model(target) -> str:
 
 def _newest_probe(target) -> bool:
     """POOL.PIN_NEWEST alone: rows whose newest block scores below every older block keep it."""
-    from .pool import _pool_check, make_pool
+    from ..properties.pool import _pool_check, make_pool
     try:
         _pool_check(target, make_pool("weak_newest", 1, 3, 61, 3), ("newest",), "POOL.PIN_NEWEST probe")
     except AssertionError:

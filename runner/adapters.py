@@ -1,6 +1,6 @@
 """Converters for adapting real code to the target contract (import as `dsv4spec.adapters`).
 
-The suite checks every result strictly (properties/target.py, RESULTS): codes and scale bytes are
+The suite checks every result strictly (runner/target.py, RESULTS): codes and scale bytes are
 uint8 tensors, values float32 (or bfloat16), indices int64 (or int32), on the inputs' device, in
 the shapes of `dsv4spec ops`.  Libraries return other encodings; these functions convert them
 exactly -- by reinterpreting bits or by exact integer arithmetic, never through a rounding cast --

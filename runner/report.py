@@ -1,6 +1,6 @@
 """Reports of a verify run: terminal matrix, JSON, JUnit XML, Markdown.
 
-JSON (schema_version 4; properties/report.schema.json is its JSON Schema), one object:
+JSON (schema_version 4; runner/report.schema.json is its JSON Schema), one object:
 
     schema_version   4
     header           the run: tool {name, version}, spec {rules, digest} (the digest is a sha256
