@@ -521,7 +521,7 @@ def layer_kind(case) -> str:
     return spec_pool.layer_role(profile(case.model), case.layer).kind
 
 
-_Q_BOUNDS = Kept(128 * 2 ** 20)     # FP8.LINEAR's bounds on q of a run's cases
+_Q_BOUNDS = Kept(64 * 2 ** 20)      # FP8.LINEAR's bounds on q of a run's 13 cases: about 22 MB
 
 
 def _q_bounds(case, b: int):
