@@ -24,7 +24,6 @@ mistake in those clauses is reported on its own rule.
 from __future__ import annotations
 
 import functools
-import hashlib
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -43,7 +42,7 @@ from .compare import as_numpy, assert_equal, assert_within, difference_kind
 from .path import (STAGES, LayerCase, cached_run, judge_rotation, layer_cases, layer_kind, make_layer_case,
                    normal_bf16)
 from .quant import assert_linear, fp8_linear_bounds, fp8_weight
-from .stages import first_broken, judge_every_stage, not_judged, report as report_stages
+from .stages import Kept, first_broken, judge_every_stage, not_judged, report as report_stages
 from .checking import check, declared_choice, forall, skip
 
 OPS = {
@@ -655,19 +654,13 @@ def _given(out, name, case) -> np.ndarray:
     return _stage(out, name, case) if "attn_wq_a" in case.arrays() else case.arrays()[name].astype(np.float64)
 
 
-_LINEAR_BOUNDS: dict = {}        # (sha1 of x, id(w)) -> (w, FP8.LINEAR's bounds), oldest first
+_LINEAR_BOUNDS = Kept(64 * 2 ** 20)       # FP8.LINEAR's bounds of a run's 92 stages: about 22 MB
 
 
 def _linear_bounds(x, w, w_scale, block):
     """fp8_linear_bounds, kept for the inputs of a target's stage (every correct target writes the
     same one: computed once)."""
-    key = (hashlib.sha1(np.ascontiguousarray(x)).hexdigest(), id(w))
-    kept = _LINEAR_BOUNDS.get(key)
-    if kept is None or kept[0] is not w:
-        kept = _LINEAR_BOUNDS[key] = (w, fp8_linear_bounds(x, w, w_scale, block))
-        while len(_LINEAR_BOUNDS) > 32:
-            _LINEAR_BOUNDS.pop(next(iter(_LINEAR_BOUNDS)))
-    return kept[1]
+    return _LINEAR_BOUNDS.get(lambda: fp8_linear_bounds(x, w, w_scale, block), x, w, w_scale, block)
 
 
 def _projection(name, weight, source):
@@ -743,13 +736,16 @@ def _judge_kv(target, case, out):
           f"compressed rows] (window_layout={layout}; decode: the new row {where})", case)
 
 
+_ATTENTION_BOUNDS = Kept(256 * 2 ** 20)   # the o stage's (lo, hi) of a run's 27 cases: about 120 MB
+
+
 def _judge_o(target, case, out, clause: str = "order", what: str = "ATTN.PROB.ORDER: the layer's sparse attention"):
     m = profile(case.model)
     q, kv = _stage(out, "q_attn_rot", case), _stage(out, "kv", case)
     sink, idx = case.arrays()["sink"].astype(np.float64), _stage(out, "indices", case).astype(np.int64)
     chosen = precision(target)
-    lo, hi = spec.bounds(q, kv, sink, idx, spec.softmax_scale(m), spec.running_max_init(m), _order(target, clause),
-                         **chosen)
+    args = (q, kv, sink, idx, spec.softmax_scale(m), spec.running_max_init(m), _order(target, clause))
+    lo, hi = _ATTENTION_BOUNDS.get(lambda: spec.bounds(*args, **chosen), *args, *chosen.items())
     got = _stage(out, "o", case)
     ok = spec.admitted(got, lo, hi)
     if not ok.all():

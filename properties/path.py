@@ -60,7 +60,7 @@ from .compare import as_numpy, assert_bytes_equal, assert_equal, assert_within
 from .indexer import assert_sharded_scores, assert_weights, expected_scores, make_score_case, ScoreCase, scores_under
 from .quant import assert_linear, fp8_linear_bounds, fp8_weight
 from .pool import reindex_cases, wide_reindex_case
-from .stages import first_broken, judge_every_stage, report as report_stages
+from .stages import Kept, first_broken, judge_every_stage, report as report_stages
 from .ranking import assert_pool, assert_topk
 from .checking import check, declared_choice, forall
 
@@ -521,21 +521,16 @@ def layer_kind(case) -> str:
     return spec_pool.layer_role(profile(case.model), case.layer).kind
 
 
-_Q_BOUNDS: dict = {}        # (id(qr), id(wq_b)) -> (qr, wq_b, FP8.LINEAR's bounds on q), oldest first
+_Q_BOUNDS = Kept(64 * 2 ** 20)      # FP8.LINEAR's bounds on q of a run's 13 cases: about 22 MB
 
 
 def _q_bounds(case, b: int):
     """The spec's bounds on a case's q (two exact block GEMMs at the real width, about a second),
-    computed once for the case's qr and wq_b arrays while kept: every target's run of the case, and
-    its attention case (the same arrays), is judged on them."""
+    computed once for the case's qr and wq_b while kept: every target's run of the case, and its
+    attention case (the same arrays), is judged on them."""
     a = case.arrays()
-    key = (id(a["qr"]), id(a["wq_b"]))
-    kept = _Q_BOUNDS.get(key)
-    if kept is None or kept[0] is not a["qr"] or kept[1] is not a["wq_b"]:
-        kept = _Q_BOUNDS[key] = (a["qr"], a["wq_b"], fp8_linear_bounds(a["qr"], a["wq_b"], a["wq_b_scale"], b))
-        while len(_Q_BOUNDS) > 16:
-            _Q_BOUNDS.pop(next(iter(_Q_BOUNDS)))
-    return kept[2]
+    return _Q_BOUNDS.get(lambda: fp8_linear_bounds(a["qr"], a["wq_b"], a["wq_b_scale"], b),
+                         a["qr"], a["wq_b"], a["wq_b_scale"], b)
 
 
 def _judge_q(target, case, out):

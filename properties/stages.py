@@ -9,6 +9,10 @@ the inputs of (a contract version that withheld them) is listed as not judged, w
 """
 from __future__ import annotations
 
+import hashlib
+
+import numpy as np
+
 from .checking import NOT_JUDGED, PASS, FAIL, VARIANT, record_stages
 
 
@@ -83,3 +87,34 @@ def report(rule_id: str, case, verdicts: list[dict]) -> None:
 def not_judged(stages, why: str, rule_of: dict) -> list[dict]:
     """The verdicts 'not judged' of the stages `stages` (names), each with its rule, and why."""
     return [verdict(name, rule_of[name], NOT_JUDGED, why) for name in stages]
+
+
+def content_key(*parts) -> str:
+    """A digest of arrays' dtypes, shapes and bytes and of other values' reprs."""
+    digest = hashlib.sha1()
+    for part in parts:
+        if isinstance(part, np.ndarray):
+            digest.update(f"{part.dtype}{part.shape}".encode())
+            digest.update(np.ascontiguousarray(part).view(np.uint8).ravel())
+        else:
+            digest.update(repr(part).encode())
+    return digest.hexdigest()
+
+
+class Kept:
+    """A stage's reference values, kept by the content of what they are computed from while they fit
+    `budget` bytes (the least recently used dropped first): every target that writes the same stage
+    before (impl, official, most mutants) is judged on one computation."""
+
+    def __init__(self, budget: int):
+        self.budget, self.values = budget, {}
+
+    def get(self, compute, *parts):
+        key = content_key(*parts)
+        value = self.values.pop(key, None)
+        if value is None:
+            value = compute()
+        self.values[key] = value
+        while len(self.values) > 1 and sum(a.nbytes for v in self.values.values() for a in v) > self.budget:
+            self.values.pop(next(iter(self.values)))
+        return value

@@ -112,12 +112,17 @@ def _gathered(kv, indices) -> tuple[np.ndarray, np.ndarray]:
     """(rows [T, K, D] with −1 read as 0, valid [T, K])."""
     kv, indices = np.asarray(kv, dtype=np.float64), np.asarray(indices, dtype=np.int64)
     valid = indices != -1
-    return np.where(valid[..., None], kv[np.where(valid, indices, 0)], 0.0), valid
+    rows = kv[np.where(valid, indices, 0)]
+    rows[~valid] = 0.0
+    return rows, valid
 
 
 def scores(q, kv, indices, scale) -> np.ndarray:
     """s [T, H, K] = scale · (q · kv[i]) in float64, −inf where i = −1."""
-    rows, valid = _gathered(kv, indices)
+    return _scores(q, *_gathered(kv, indices), scale)
+
+
+def _scores(q, rows, valid, scale) -> np.ndarray:
     s = np.einsum("thd,tkd->thk", np.asarray(q, dtype=np.float64), rows) * float(np.float32(scale))
     return np.where(valid[:, None, :], s, -np.inf)
 
@@ -146,7 +151,7 @@ def probabilities(s, m) -> np.ndarray:
 
 def _parts(q, kv, sink, indices, scale, init):
     rows, valid = _gathered(kv, indices)
-    s = scores(q, kv, indices, scale)
+    s = _scores(q, rows, valid, scale)
     m = running_maxima(s, init)
     M = m[..., -1:] if s.shape[-1] else np.full(s.shape[:2] + (1,), init)
     with np.errstate(invalid="ignore", over="ignore"):

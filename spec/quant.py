@@ -437,9 +437,12 @@ MMA_LOSS = 2.0 ** -12       # what one instruction step may lose, relative to Σ
 _E4M3_QUANTUM = 2 ** 9      # every E4M3 value is an integer times 2^-9
 
 
+_E4M3_INTEGERS = e4m3_decode(np.arange(256, dtype=np.uint8)).astype(np.float64) * _E4M3_QUANTUM
+
+
 def _e4m3_integers(codes) -> np.ndarray:
     """E4M3 values × 2^9, as integer-valued float64 (|value| ≤ 448·2^9 < 2^18)."""
-    return e4m3_decode(np.asarray(codes, np.uint8)).astype(np.float64) * _E4M3_QUANTUM
+    return _E4M3_INTEGERS[np.asarray(codes, np.uint8)]
 
 
 def _weight_scales(w_scales, n: int, block: int) -> np.ndarray:

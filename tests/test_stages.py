@@ -127,3 +127,24 @@ def test_the_stage_by_stage_line_shows_a_variant_stage_with_its_choice():
     provider, choice, _ = UNDER_A_CHOICE[0]
     verdicts = checks.attention_stage_verdicts(Target(provider, provider.NAME), _case())
     assert f"o VARIANT ({choice})" in summary(verdicts) and "o_derot PASS" in summary(verdicts)
+
+
+def test_kept_references_are_found_by_content_and_dropped_past_the_budget():
+    """A reference is computed once for inputs of the same bytes (another array object), again for
+    other bytes, dtype or shape, and the least recently used is dropped past the byte budget."""
+    import numpy as np
+    from dsv4spec.properties.stages import Kept
+    computed = []
+
+    def compute(x):
+        computed.append(x)
+        return (np.zeros(128),)                 # 1 KiB a value
+
+    kept, x = Kept(2048), np.arange(4.0)
+    first = kept.get(lambda: compute(x), x, "o")
+    assert kept.get(lambda: compute(x), x.copy(), "o") is first and len(computed) == 1
+    for other in (x + 1, x.astype(np.float32), x.reshape(2, 2)):
+        kept.get(lambda: compute(other), other, "o")
+    assert len(computed) == 4 and len(kept.values) == 2
+    kept.get(lambda: compute(x), x, "o")
+    assert len(computed) == 5
