@@ -147,6 +147,10 @@ JUDGES = {      # every judge -> its probe, or why its admitted set needs none o
     "properties/quant.py:fp8_linear_bounds": fp8_linear_probe,
     "properties/path.py:_q_bounds": "caches fp8_linear_bounds",
     "spec/compressor.py:entry_tolerance": entry_probe,
+    "spec/compressor.py:pooled_tolerance": "entry_tolerance's first part (probed there); judged alone on a trace's "
+                                           "cmp_pooled, which the control trace passes (tests/test_trace.py)",
+    "spec/compressor.py:norm_tolerance": "entry_tolerance's second part (probed there); judged alone on a trace's "
+                                         "cmp_normed, which the control trace passes (tests/test_trace.py)",
     "spec/compressor.py:rope_tolerance": compressed_rope_probe,
     # a declared precision choice (rope_table, compressor_pooling, attn_scores, attn_probs) only adds
     # non-negative terms to these judges: their admitted sets hold the canonical ones, probed above
