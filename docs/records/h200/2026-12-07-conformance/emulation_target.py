@@ -1,34 +1,23 @@
-import torch
-from dsv4spec import impl
-from dsv4spec.spec import attn as spec
-from dsv4spec.spec.models import profile
+"""FlashMLA's split sparse decode, emulated on the CPU (tests/test_attn.py::_flashmla_decode_splits),
+as a target with the built-in flashmla-decode's SHAPES and MODELS, so that a dev seed draws the cases
+the library was given.  From the checkout's root:
+
+    PYTHONPATH=docs/records/h200/2026-12-07-conformance dsv4spec verify --target emulation_target \
+        --profile dev --seed 3 --rules ATTN.PROB.ORDER,ATTN.PROB.BF16
+"""
+import importlib.util
+import sys
+from pathlib import Path
+
+from dsv4spec.production import FlashMLADecode
+
+_TESTS = Path(__file__).resolve().parents[4] / "tests"
+sys.path.insert(0, str(_TESTS))                     # test_attn imports the mutants package beside it
+_found = importlib.util.spec_from_file_location("_test_attn", _TESTS / "test_attn.py")
+_test_attn = importlib.util.module_from_spec(_found)
+_found.loader.exec_module(_test_attn)
+
 NAME = "flashmla-decode-emulation"
-from dsv4spec.production import V4
-MODELS = V4 + ("v3.2",)
-SHAPES = {"sparse_attention": {"D": (512,), "H": (64, 128), "K": 64}}
-def _flashmla_decode_splits(q, kv, sink, indices, scale, *, model):
-    """FlashMLA's SM90 sparse FP8 decode order as the H100 record shows it (csrc/sm90/decode/sparse_fp8/
-    splitkv_mla.cuh at 9241ae3e): each block of 64 of a token's list in a split of its own (num_sm_parts,
-    L770), its probabilities rounded to BF16 against that split's running max (scale_softmax L55-80), the
-    splits' fp32 partial sums and outputs then combined against the largest max."""
-    q, kv, sink, indices, scale = impl.attn.check_attention_inputs("sparse_attention", q, kv, sink, indices, scale)
-    T, H, D = q.shape
-    init = spec.running_max_init(profile(model))
-    parts = []
-    for start in range(0, indices.shape[1], 64):
-        blk = indices[:, start:start + 64]
-        valid = blk != -1
-        rows = kv[blk.clamp_min(0)] * valid[..., None]
-        s = (torch.einsum("thd,tbd->thb", q, rows) * scale).masked_fill(~valid[:, None, :], float("-inf"))
-        m = torch.maximum(torch.full((T, H), init), s.amax(-1))
-        p = torch.exp(s - m[..., None]).nan_to_num(0.0)
-        parts.append((torch.einsum("thb,tbd->thd", p.bfloat16().float(), rows), p.sum(-1), m))
-    top = torch.stack([m for *_, m in parts]).amax(0)
-    weight = [torch.exp(m - top).nan_to_num(0.0) for *_, m in parts]
-    acc = sum(o * w[..., None] for (o, _, _), w in zip(parts, weight))
-    total = sum(t * w for (_, t, _), w in zip(parts, weight)) + torch.exp(sink[None, :] - top)
-    return (acc / total[..., None]).bfloat16().float()
-
-
-
-sparse_attention = _flashmla_decode_splits
+MODELS = FlashMLADecode.MODELS
+SHAPES = {"sparse_attention": FlashMLADecode.SHAPES["sparse_attention"]}
+sparse_attention = _test_attn._flashmla_decode_splits
