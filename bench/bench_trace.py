@@ -33,9 +33,11 @@ REFERENCE_GB_PER_1K, REFERENCE_GB_BASE = 0.65, 0.5
 SHORT = 3              # exit status: not enough memory to run it here
 
 
-def needed_gb(tokens: int) -> float:
-    """The larger of the two peaks (the reference's stages are freed before the judge starts)."""
-    return max(JUDGE_GB_BASE + JUDGE_GB_PER_1K * tokens / 1000, REFERENCE_GB_BASE + REFERENCE_GB_PER_1K * tokens / 1000)
+def needed_gb(tokens: int, shards: int = 1) -> float:
+    """The larger of the two peaks (the reference's stages are freed before the judge starts); shards
+    judge side by side, each counted at a whole judge's peak."""
+    return max(shards * (JUDGE_GB_BASE + JUDGE_GB_PER_1K * tokens / 1000),
+               REFERENCE_GB_BASE + REFERENCE_GB_PER_1K * tokens / 1000)
 
 
 def available_gb() -> float | None:
@@ -61,6 +63,19 @@ def inputs(model: str, layer: int, tokens: int, seed: int = 0) -> dict:
     return {k: torch.from_numpy(v) for k, v in out.items()}
 
 
+def judge(trace_dir: str, shards: int) -> tuple[list[str], int]:
+    """`dsv4spec check-trace` in fresh processes, side by side, their progress on this standard error;
+    each one's last report line, and the largest exit status."""
+    command = [sys.executable, "-m", "dsv4spec", "check-trace", trace_dir]
+    children = [subprocess.Popen(command + (["--shard", f"{k}/{shards}"] if shards > 1 else []),
+                                 stdout=subprocess.PIPE, text=True) for k in range(1, shards + 1)]
+    outputs = [child.communicate()[0] for child in children]
+    for out in outputs:
+        print(out, file=sys.stderr)
+    last = [out.strip().splitlines()[-1] if out.strip() else "no report (its standard error says why)" for out in outputs]
+    return last, max(child.returncode for child in children)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="v4.1-flash")
@@ -68,9 +83,12 @@ def main() -> int:
     p.add_argument("--tokens", type=int, default=65536)
     p.add_argument("--out", help="where the trace goes (default: a temporary directory)")
     p.add_argument("--keep", action="store_true", help="keep the trace")
+    p.add_argument("--shards", type=int, default=1,
+                   help="judge as this many `check-trace --shard K/N` processes side by side (the peak "
+                        "reported is the largest one's, the CPU their sum)")
     p.add_argument("--force", action="store_true", help="run even where the memory looks short")
     args = p.parse_args()
-    need, have = needed_gb(args.tokens), available_gb()
+    need, have = needed_gb(args.tokens, args.shards), available_gb()
     if have is not None and need > have and not args.force:
         print(f"bench_trace: --tokens {args.tokens} needs about {need:.0f} GB at its peak (measured slopes, "
               f"docs/TRACE.md) and {have:.1f} GB is available: run it on a machine with the memory, or fewer "
@@ -96,20 +114,20 @@ def main() -> int:
     trace_mb = sum(os.path.getsize(os.path.join(out_dir, f)) for f in os.listdir(out_dir)) / 2 ** 20
     del stages, given
     started = time.perf_counter()
-    child = subprocess.run([sys.executable, "-m", "dsv4spec", "check-trace", out_dir, "--quiet"],
-                           capture_output=True, text=True)
+    print(f"bench_trace: reference {reference_s:.1f} s, recorded {trace_mb:.0f} MB in {record_s:.1f} s; judging",
+          file=sys.stderr, flush=True)
+    verdicts, status = judge(out_dir, args.shards)
     judge_s = time.perf_counter() - started
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     peak_mb, judge_cpu = usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
-    verdict = child.stdout.strip().splitlines()[-1] if child.stdout.strip() else child.stderr.strip()[-300:]
     print(json.dumps({"model": args.model, "layer": args.layer, "tokens": args.tokens, "threads": torch.get_num_threads(),
                       "reference_s": round(reference_s, 2), "record_s": round(record_s, 2),
                       "judge_s": round(judge_s, 2), "judge_over_reference_s": round(judge_s / reference_s, 2),
                       "reference_cpu_s": round(reference_cpu, 2), "judge_cpu_s": round(judge_cpu, 2),
                       "judge_over_reference_cpu": round(judge_cpu / reference_cpu, 2),
                       "reference_peak_mb": round(reference_peak_mb), "judge_peak_mb": round(peak_mb),
-                      "estimated_peak_mb": round(need * 1024), "trace_mb": round(trace_mb), "exit": child.returncode,
-                      "verdict": verdict}))
+                      "estimated_peak_mb": round(need * 1024), "trace_mb": round(trace_mb), "shards": args.shards,
+                      "exit": status, "verdict": verdicts}))
     if not args.keep and not args.out:
         shutil.rmtree(out_dir)
     return 0
