@@ -19,7 +19,6 @@ import functools
 import numpy as np
 
 from .models import Model
-from .quant import MMA_LOSS, MMA_STEP
 from .rules import IMPLEMENTATION_DEFINED, INFORMATIVE, V4, V41, V4_ALL, knob, rule
 
 V32 = ("v3.2",)
@@ -301,15 +300,6 @@ def index_score_tolerance(q, k, w, score_dtype: str = "bf16") -> np.ndarray:
     return (heads + dim) * 2.0 ** -24 * weighted_l1(q, k, w) + underflow * (1 + 2.0 ** -20)
 
 
-def fp8_index_score_tolerance(q, k, w) -> np.ndarray:
-    """The fp32 bound of index_score_tolerance plus the FP8 tensor core's loss on each head's dot: V3.2's
-    fp8_index multiplies its E4M3 k and q tiles with T.gemm (V32-kernel L231-238), an FP8 MMA on Hopper
-    that sums 32 products a step into an accumulator of about 13 fraction bits (FP8.LINEAR's model):
-    ceil(D/32)·2^-12 of Σ_h |w_h|·Σ_d |q_hd·k_d| more."""
-    steps = -(-np.asarray(q).shape[-1] // MMA_STEP)
-    return index_score_tolerance(q, k, w, "fp32") + steps * MMA_LOSS * weighted_l1(q, k, w)
-
-
 def weighted_l1(q, k, w) -> np.ndarray:
     """Σ_h |w_h| · Σ_d |q_hd·k_d| [T, S]: what an fp32 score's roundings are relative to."""
     _, l1, w = _score_terms(q, k, w)
@@ -391,8 +381,8 @@ rule("IDX.SCORE.V32_FP32", "V3.2 score is fp32 throughout",
      fp32 (score_dtype='fp32'): no step rounds to BF16.  Compared within (D + H)·2^-24 ·
      Σ_h |w_h|·Σ_d |q·k| + Σ_h |w_h|·min(D·2^-150, Σ_d |q·k|) + H·2^-149 of the exact value (the
      second and third terms: underflow).  From E4M3 q and k (the FP8 score operation and its cache form) the
-     dots are FP8 tensor-core products (T.gemm of the FP8 tiles), so ceil(D/32)·2^-12 ·
-     Σ_h |w_h|·Σ_d |q·k| more is admitted: FP8.LINEAR's model of the MMA's accumulator.""",
+     dots are FP8 tensor-core products (T.gemm of the FP8 tiles), whose accumulator is not fp32's: those
+     forms are judged on codes whose dots any accumulator of 11 or more fraction bits keeps exact.""",
      applies_to=V32, policy="tolerance",
      sources=("V32-kernel L231-238 (T.gemm of the FP8 k and q tiles into fp32 logits)", "V32-kernel L240-247",
               "V32-model L471-473 (fp32 weights × q_scale × softmax_scale into fp8_index)"),
@@ -403,12 +393,14 @@ rule("IDX.SCORE.V32_FP32", "V3.2 score is fp32 throughout",
      sum of subnormals is exact), each head's dot error is scaled by its |w_h|, and each of the H
      weighted terms may underflow too.  Weighting the dots' underflow by |w_h| matters: a faithful
      fp32 evaluation with dots near 2^-140 and |w_h| = 2^20 lies 76-2301 times beyond an unweighted
-     (D + H)·2^-149.  The FP8 MMA term: an FP8 MMA on Hopper keeps about 13 fraction bits in its
-     accumulator (FP8.LINEAR); DeepGEMM's FP8 MQA logits on an H200 gave 248.9140625 where the exact
-     fp32 value is 248.8213 (T = H = S = 1, 2026-12-07), 3.7·10^-4 of it, 38 times the fp32 bound and
-     within the MMA term (9.8·10^-4 of Σ|w||q·k| at D = 128).  A score rounded to BF16 still departs
-     by up to 2^-9 of itself, beyond 2^-10 of Σ|w||q·k| where the heads and products share a sign,
-     as the check's same-sign cases draw.""")
+     (D + H)·2^-149.  The FP8 forms: an FP8 MMA on Hopper keeps about 13 fraction bits in its
+     accumulator (FP8.LINEAR; DeepSeek-V3 §3.3.2), so on arbitrary codes its dots are not fp32's.
+     DeepGEMM's FP8 MQA logits gave 248.9140625 for an exact 248.8213 on an H200 and, on an H100,
+     1166689.5 for 1167853.2 where every product was positive: 4.08·2^-12 of Σ|q·k| over the four
+     32-product steps of D = 128, beyond any bound of 2^-12 a step (2026-12-07).  The FP8 forms draw q
+     rows of ±2^a and ±2^(a+1) and k rows of one binade: every product is a multiple of g = 2^(a+b−3) of at
+     most 30g, every partial sum of 128 below 2^12·g, so the MMA is exact in any order and the fp32
+     bound above judges the rest, in which a BF16 rounding of the score (up to 2^-9 of it) departs.""")
 
 rule("IDX.SCORE.FP4", "FP4 scores equal the scores of the dequantized q and k",
      """index_scores_fp4 on packed E2M1 q and k with E8M0 scales per 32 is the BF16 score of the

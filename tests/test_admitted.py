@@ -136,7 +136,6 @@ JUDGES = {      # every judge -> its probe, or why its admitted set needs none o
     "spec/indexer.py:hadamard_tolerance": hadamard_probe,
     "spec/indexer.py:index_score_tolerance": (index_score_probe, index_score_fp32_probe),
     "spec/indexer.py:index_score_allreduce_tolerance": "added to index_score_tolerance's (never alone)",
-    "spec/indexer.py:fp8_index_score_tolerance": "index_score_tolerance's fp32 set (probed there) widened by a nonnegative term",
     "spec/attn.py:q_rescale_admitted": q_rescale_probe,
     "spec/attn.py:admitted": "the BF16 values of [bf16(lo), bf16(hi)] of spec/attn.py:bounds (probed there)",
     "properties/attn.py:_linear_bounds": "caches fp8_linear_bounds",

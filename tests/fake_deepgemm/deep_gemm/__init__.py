@@ -20,6 +20,11 @@ def fp8_gemm_nt(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, comp
     d.copy_(torch.einsum("mkj,nkj->mn", a_blocks, b_blocks).float().to(torch.bfloat16))
 
 
+def _dots(q, k):
+    """The MMA: E4M3 q [..., H, D] · k [..., S, D] -> [..., H, S], exact (float64 of the codes)."""
+    return q.double() @ k.double().transpose(-1, -2)
+
+
 def fp8_mqa_logits(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits=True, max_seqlen_k=0):
     """csrc/apis/attention.hpp fp8_mqa_logits: Σ_h weights·ReLU(q·k)·k_scale in fp32 over each query's keys
     [start, end), −inf elsewhere when clean_logits; computed in float64, rounded once to fp32."""
@@ -27,7 +32,7 @@ def fp8_mqa_logits(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_l
     assert q.dtype == k.dtype == torch.float8_e4m3fn and k_scale.dtype == weights.dtype == torch.float32
     assert q.shape[-1] == k.shape[-1] == 128 and q.shape[1] in (32, 64) and clean_logits
     assert max_seqlen_k == 0, "Assertion error (csrc/apis/attention.hpp:177): not clean_logits"
-    dots = torch.einsum("thd,sd->ths", q.double(), k.double()).clamp(min=0) * k_scale.double()
+    dots = _dots(q, k).clamp(min=0) * k_scale.double()
     logits = (dots * weights.double()[..., None]).sum(1).float()
     s = torch.arange(k.shape[0])
     inside = (s >= cu_seq_len_k_start[:, None]) & (s < cu_seq_len_k_end[:, None])
@@ -50,7 +55,7 @@ def fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, schedu
     raw = kv_cache.reshape(pages, -1)
     codes = raw[:, :block_kv * d].contiguous().view(torch.float8_e4m3fn).view(pages, block_kv, d)
     scales = raw[:, block_kv * d:].contiguous().view(torch.float32).view(pages, block_kv)
-    keys = (codes.double() * scales.double()[..., None])[block_table.long()].reshape(b, -1, d)
-    dots = torch.einsum("bhd,bsd->bhs", q[:, 0].double(), keys).clamp(min=0)
+    pages_of = block_table.long()
+    dots = _dots(q[:, 0], codes[pages_of].reshape(b, -1, d)).clamp(min=0) * scales.double()[pages_of].reshape(b, 1, -1)
     logits = (dots * weights.double()[..., None]).sum(1).float()
     return torch.cat([logits, torch.full((b, max(0, max_context_len - logits.shape[1])), float("nan"))], 1)
