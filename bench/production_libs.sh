@@ -7,7 +7,8 @@
 #   on the GPU:    bash bench/production_libs.sh run OUTDIR       (carry .production)
 #
 # OUTDIR receives log.txt and verify_<target>_<profile>.json for each built target at ci and dev.
-# VERIFY_S (default 150) bounds each verify run; SEED the dev seed; NVCC_THREADS the nvcc threads.
+# VERIFY_S (default 150) bounds each verify run; SEED the dev seed; NVCC_THREADS the nvcc threads;
+# LIBS the libraries to build (default: flashmla deepgemm).
 set -uo pipefail
 MIRROR=${MIRROR:-/work/.mirror}
 FLASHMLA_REV=9241ae3ef9bac614dd25e45e507e089f888280e0
@@ -73,7 +74,8 @@ lane() {   # lane NAME DIR [ENV=VALUE...]
     stamp "$name $p exit $?"; tail -3 "$out/verify_${name}_$p.txt"
   done
 }
-lane flashmla .production/FlashMLA FLASH_MLA_DISABLE_SM100=1 & flashmla=$!
-lane deepgemm .production/DeepGEMM & deepgemm=$!
-wait $flashmla $deepgemm        # by pid: a bare wait would also wait for the tee above, forever
+pids=()
+case " ${LIBS:-flashmla deepgemm} " in *" flashmla "*) lane flashmla .production/FlashMLA FLASH_MLA_DISABLE_SM100=1 & pids+=($!);; esac
+case " ${LIBS:-flashmla deepgemm} " in *" deepgemm "*) lane deepgemm .production/DeepGEMM & pids+=($!);; esac
+wait "${pids[@]}"               # by pid: a bare wait would also wait for the tee above, forever
 stamp done
