@@ -265,11 +265,20 @@ def test_ml_dtypes_e4m3_disagrees_exactly_above_464():
     assert np.array_equal(got[differs], F.e4m3_encode(x[differs], overflow="nan"))
 
 
+# torch's float8_e4m3fn cast saturates in some releases (2.13) and gives NaN beyond 448's rounding range
+# in others (2.11): FMT.E4M3.SATFINITE judges the installed one
+TORCH_SATURATES = int(torch.tensor([1e4]).to(torch.float8_e4m3fn).view(torch.uint8)) == 0x7E
+
+
 def test_torch_e4m3_agrees_everywhere():
     x = dense_sweep()
     got = _disagreements(TORCH, "e4m3_encode", x).astype(np.int64)
     want = F.e4m3_encode(x).astype(np.int64)
-    assert np.all((got == want) | ((got & 0x7F == 0x7F) & (want & 0x7F == 0x7F)))
+    nan_got, nan_want = got & 0x7F == 0x7F, want & 0x7F == 0x7F
+    same = (got == want) | (nan_got & nan_want)
+    if not TORCH_SATURATES:
+        same |= nan_got & ~(np.abs(x) <= 464)            # above 464, halfway from 448 to 480 (ties go to 448)
+    assert np.all(same)
 
 
 def test_ml_dtypes_e2m1_agrees_on_finite_and_maps_nonfinite():
@@ -322,7 +331,7 @@ CAST_ROWS = {
                   "FMT.CEIL_LOG2": NOT_IMPLEMENTED},
     "torch": {"FMT.E2M1.VALUES": NOT_IMPLEMENTED, "FMT.E2M1.RNE": NOT_IMPLEMENTED,
               "FMT.E2M1.SATURATE": NOT_IMPLEMENTED, "FMT.E2M1.ZERO_SIGN": NOT_IMPLEMENTED,
-              "FMT.E4M3.VALUES": PASS, "FMT.E4M3.RNE": PASS, "FMT.E4M3.SATFINITE": PASS,
+              "FMT.E4M3.VALUES": PASS, "FMT.E4M3.RNE": PASS, "FMT.E4M3.SATFINITE": PASS if TORCH_SATURATES else FAIL,
               "FMT.E8M0.VALUES": PASS, "FMT.BF16.RNE": PASS, "FMT.CEIL_LOG2": NOT_IMPLEMENTED},
 }
 
@@ -334,5 +343,5 @@ def test_cast_target_rows(name, provider):
         warnings.simplefilter("ignore")
         rows = {r: run_rule(r, target) for r in CAST_ROWS[name]}
     assert {r: row.status for r, row in rows.items()} == CAST_ROWS[name]
-    if name == "ml_dtypes":
+    if name == "ml_dtypes" or not TORCH_SATURATES:
         assert "matches e4m3_overflow=nan (undeclared)" in rows["FMT.E4M3.SATFINITE"].detail

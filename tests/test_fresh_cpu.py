@@ -1,6 +1,7 @@
 """What a user runs on a fresh machine: the installed `dsv4spec` command, in an environment with
 nothing of ours in it (no TRITON_INTERPRET, no PYTHONPATH), outside the checkout.  Without a GPU the
 kernels run in Triton's interpreter, which the command must choose before anything imports Triton."""
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -61,7 +62,8 @@ def test_triton_imported_for_a_gpu_on_a_cpu_machine_is_an_error_that_says_what_t
         pytest.skip("a GPU machine runs the kernels compiled, as the Triton imported expects")
     done = subprocess.run([sys.executable, "-c", IMPORTS_TRITON_FIRST, "verify", "--target", "kernels",
                            "--rules", "FP4.KV.SCALE", "--max-examples", "1", "--quiet"],
-                          capture_output=True, text=True, cwd=tmp_path, env=scrubbed(tmp_path))
+                          capture_output=True, text=True, cwd=tmp_path,     # the GPUs this process sees, no more
+                          env={**scrubbed(tmp_path), "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")})
     assert done.returncode == 3, done.stdout[-3000:] + done.stderr[-2000:]
     assert "TritonModeMismatch: Triton was imported for a GPU" in done.stderr, done.stderr
     assert "Set TRITON_INTERPRET=1 in the environment before Python starts" in done.stderr, done.stderr
