@@ -188,12 +188,22 @@ def locate(spec: str) -> str:
         sys.path.append(os.getcwd())
     module = spec.partition(":")[0]
     if ":" not in spec and _find(module) is None:
-        hint = f"; for the file {spec}, write --target {_module_of_file(spec)}" if spec.endswith(".py") else ""
+        hint = _file_hint(spec) if spec.endswith(".py") else ""
         raise TargetNotFound(f"unknown target {spec!r}{hint}; built-in targets are "
                              f"{', '.join((*BUILTIN, *PRODUCTION))}; "
                              f"otherwise give an entry point of group {ENTRY_POINT_GROUP}, a module "
                              f"(pkg.module, or a file in the working directory without .py) or pkg.module:attr")
     return spec
+
+
+def _file_hint(path: str) -> str:
+    """How to name a target file: as a module of the working directory, or from the folder it is in."""
+    relative = os.path.relpath(os.path.abspath(path))
+    if relative.startswith(os.pardir + os.sep):
+        folder, name = os.path.split(os.path.abspath(path))
+        return (f"; the file {path} is outside the working directory: put its folder on the path "
+                f"(PYTHONPATH={folder}) and write --target {os.path.splitext(name)[0]}")
+    return f"; for the file {path}, write --target {_module_of_file(path)}"
 
 
 def _module_of_file(path: str) -> str:

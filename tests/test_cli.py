@@ -48,6 +48,8 @@ TARGETS = {
     (["verify", "--target", "mytarget:helper", "--rules", "FMT.E2M1.RNE"], "write mytarget:helper()", 2),
     (["verify", "--target", "mytarget.py"], "write --target mytarget;", 2),
     (["verify", "--target", "./mytarget.py"], "for the file ./mytarget.py, write --target mytarget;", 2),
+    (["verify", "--target", "/elsewhere/port.py"], "outside the working directory: put its folder on the path "
+                                                   "(PYTHONPATH=/elsewhere) and write --target port;", 2),
     (["verify", "--target", "impl", "--timeout", "0"], "--timeout must be a positive", 2),
     (["verify", "--target", "impl", "--jobs", "0"], "--jobs must be at least 1", 2),
     (["verify", "--target", "impl", "--seed", "abc"], "invalid int value: 'abc'", 2),
