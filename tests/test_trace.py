@@ -3,6 +3,7 @@ on their rule at the stage, layer and step planted and nowhere earlier; broken t
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -18,8 +19,8 @@ from dsv4spec.official import compressor as official_compressor
 from dsv4spec.official import path as official_path
 from dsv4spec.official import rope as official_rope
 from dsv4spec.properties.path import make_layer_case
-from dsv4spec.trace import Recorder, Trace, TraceError, record_official
-from dsv4spec.trace.format import WEIGHTS
+from dsv4spec.trace import Recorder, Step, Trace, TraceError, record_official
+from dsv4spec.trace.format import WEIGHTS, canonical
 from dsv4spec.trace.check import judge_trace, open_trace
 
 V41_LAYERS = (0, 2, 20, 21, 24)     # window, ratio-2 index source, candidate source, reuse, re-index
@@ -96,6 +97,22 @@ def test_record_official_hooks_record_the_module_outputs(tmp_path):
     # wo_a is an einsum, not a call (V4-model L537-541): o_lora is wo_b's input, but o_derot no hook sees
     assert {(v.status, v.stage, "record 'o_derot'" in v.detail) for v in departing(verdicts)} == \
         {("ERROR", "o_lora", True)}
+
+
+def test_record_official_hooks_record_the_v4_csa_indexer_s_own_compressor(tmp_path):
+    """layers.2.attn.indexer.compressor (V4-model L398): its weights, pooled and normed entries recorded
+    by the hooks, judged by the compressor's rules as the KV compressor's, prefill and decode (15: the
+    entry completing the group 12…15)."""
+    model = control.ControlModel("v4-flash", (2,))
+    with record_official(model, tmp_path, model_name="v4-flash", config={"n_heads": 16}):
+        for start_pos, T in ((0, 8), *((p, 1) for p in range(8, 16))):
+            model(start_pos, T)
+    assert {"idx_cmp_wkv", "idx_cmp_wgate", "idx_cmp_ape", "idx_cmp_norm"} <= set(Trace(str(tmp_path)).stages(2, Step(0, 8)))
+    verdicts = judged(tmp_path, rules=["CMP"])
+    assert not departing(verdicts), departing(verdicts)[0].detail
+    judged_here = {(v.stage, v.rule, v.step.start_pos) for v in verdicts}
+    assert {("idx_cmp_pooled", "CMP.OVERLAP", 0), ("idx_cmp_normed", "CMP.NORM", 0), ("idx_cmp_pooled", "CMP.STATE", 11),
+            ("idx_cmp_pooled", "CMP.STATE", 15), ("cmp_pooled", "CMP.STATE", 15)} <= judged_here
 
 
 def test_a_stage_without_its_input_is_an_error_naming_the_tensor(tmp_path):
@@ -331,14 +348,23 @@ _overlap_transform, _cmp_rms_norm = official_compressor.overlap_transform, offic
 _cmp_forward = official_compressor.Compressor.forward
 
 
-def _overlap_halves_swapped(t, value):
-    """Overlapping windows taking group j−1's second half and group j's first (the halves swapped)."""
+KV_HEAD_DIM, INDEX_HEAD_DIM = 512, 128         # the KV compressor's entries, the V4 CSA indexer's own
+
+
+def _overlap_halves_swapped(t, value, head_dim=KV_HEAD_DIM):
+    """Overlapping windows taking group j−1's second half and group j's first (the halves swapped), in
+    the compressor of entries of head_dim (the other left official)."""
     d = t.shape[-1] // 2
+    if d != head_dim:
+        return _overlap_transform(t, value)
     return _overlap_transform(torch.cat([t[..., d:], t[..., :d]], -1), value)
 
 
-def _state_not_shifted(compressor, x, start_pos):
-    """A decode step that completes a group without moving its half to the next window's first slots."""
+def _state_not_shifted(compressor, x, start_pos, head_dim=KV_HEAD_DIM):
+    """A decode step that completes a group without moving its half to the next window's first slots,
+    in the (overlapping) compressor of entries of head_dim (the other left official)."""
+    if compressor.kv_state.shape[-1] != 2 * head_dim:
+        return _cmp_forward(compressor, x, start_pos)
     kept = compressor.kv_state[:, :compressor.ratio].clone(), compressor.score_state[:, :compressor.ratio].clone()
     out = _cmp_forward(compressor, x, start_pos)
     compressor.kv_state[:, :compressor.ratio], compressor.score_state[:, :compressor.ratio] = kept
@@ -393,6 +419,10 @@ PLANTED = {
     "compressor_state_not_shifted": ("v4-flash", (2,), 8, 8,    # planted at 11: shows when group 3 completes
                                      (2, 11, official_compressor.Compressor, "forward", _state_not_shifted),
                                      ("CMP.STATE", "cmp_pooled", 2, 15)),
+    "index_compressor_state_not_shifted": ("v4-flash", (2,), 8, 8,      # the V4 CSA indexer's own compressor
+                                           (2, 11, official_compressor.Compressor, "forward",
+                                            functools.partial(_state_not_shifted, head_dim=INDEX_HEAD_DIM)),
+                                           ("CMP.STATE", "idx_cmp_pooled", 2, 15)),
     "index_scores_not_all_reduced": ("v4-flash", (2,), 8, 0,           # a rank's top-k of its own heads' scores
                                      (2, 0, control, "sum_partials", lambda partials, rank: partials[rank]),
                                      ("IDX.SCORE.TP", "scores", 2, 0), {"world_size": 2}),
@@ -497,6 +527,15 @@ def test_the_v4_control_trace_passes(tmp_path):
     verdicts = judged(tmp_path)
     assert not departing(verdicts), departing(verdicts)[0].detail[:500]
     assert {"PATH.HADAMARD", "ATTN.Q_NORM", "PATH.WINDOW.RING", "PATH.QDQ"} <= {v.rule for v in verdicts}
+    assert {("idx_cmp_pooled", "CMP.OVERLAP"), ("idx_cmp_normed", "CMP.NORM"), ("idx_cmp_pooled", "CMP.STATE")} <= \
+        {(v.stage, v.rule) for v in verdicts}            # the CSA indexer's own compressor
+
+
+def test_a_family_prefixed_name_reads_as_its_stage():
+    assert [canonical(name, weight) for name, weight in (("idx.scores", False), ("attn.q_norm", False),
+                                                         ("attn.q_norm", True), ("idx.cmp_pooled", False),
+                                                         ("cmp.pooled", False), ("idx.cmp_wkv", True))] == \
+        ["scores", "q_norm", "attn_q_norm", "idx_cmp_pooled", "cmp_pooled", "idx_cmp_wkv"]
 
 
 # ------------------------------------------------------------------------------------------------

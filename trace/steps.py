@@ -6,11 +6,14 @@ LAYER.V41), and wo_b's all-reduce over the ranks (ATTN.TP.REDUCE).  Each keeps r
 newest 128 window rows of a layer, the cache rows seen, one publication."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..properties import path as path_checks
 from ..properties.attn import assert_row_parallel
-from ..properties.compressor import assert_pooled, recorded_params
+from ..properties.compressor import (COMPRESSOR_NAMES, INDEX_COMPRESSOR, KV_COMPRESSOR, assert_pooled,
+                                     recorded_params)
 from ..properties.compare import assert_bytes_equal, assert_equal
 from ..spec import compressor as spec_compressor
 from ..spec import path as spec_path
@@ -54,8 +57,10 @@ class History:
         role = layer_role(self.m, layer)
         if step.start_pos and "window_cache" in tensors and self._ring_known(layer, step):
             yield "window_cache", "PATH.WINDOW.RING", self._ring
-        if step.start_pos and self.m.ratio(layer) > 1 and "cmp_pooled" in tensors and self._window_known(layer, step):
-            yield "cmp_pooled", "CMP.STATE", self._compressor_state
+        for prefix in (KV_COMPRESSOR, INDEX_COMPRESSOR):
+            if step.start_pos and self.m.ratio(layer) > 1 and prefix + "pooled" in tensors \
+                    and self._window_known(layer, step):
+                yield prefix + "pooled", "CMP.STATE", functools.partial(self._compressor_state, prefix=prefix)
         source = role.kv_source if role.kv_source >= 0 else layer
         if step.start_pos and "kv_cache" in tensors and self.cache.get(source):
             yield "kv_cache", "PATH.QDQ", self._cache
@@ -94,16 +99,17 @@ class History:
     def _window_known(self, layer: int, step: Step) -> bool:
         return all(p in self.x.get(layer, {}) for p in self._window(layer, step))
 
-    def _compressor_state(self, layer: int, step: Step, tensors: dict):
+    def _compressor_state(self, layer: int, step: Step, tensors: dict, prefix: str):
         """The group a decode step completes is pooled from the fp32 state its tokens left: as a prefill
         of those tokens pools it (CMP.STATE), judged on the tokens' recorded x."""
         ratio, rows = self.m.ratio(layer), self.x[layer]
         x = np.concatenate([np.stack([rows[p] for p in self._window(layer, step)]), tensors["x"]])
         entry = (step.start_pos + 1) // ratio - 1
-        assert_pooled(self.target, x, recorded_params(tensors, self.m.name, ratio), self.m.name, ratio,
-                      tensors["cmp_pooled"], f"CMP.STATE: entry {entry}, completed at decode {step.start_pos}, pooled "
-                                             f"from the state of positions {self._window(layer, step)[0]}…"
-                                             f"{step.start_pos} as one prefill of them pools it")
+        assert_pooled(self.target, x, recorded_params(tensors, self.m.name, ratio, prefix), self.m.name, ratio,
+                      tensors[prefix + "pooled"], f"CMP.STATE: {COMPRESSOR_NAMES[prefix]}'s entry {entry}, completed "
+                                                  f"at decode {step.start_pos}, pooled from the state of positions "
+                                                  f"{self._window(layer, step)[0]}…{step.start_pos} as one prefill "
+                                                  f"of them pools it")
 
     def _cache(self, layer: int, step: Step, tensors: dict):
         role = layer_role(self.m, layer)
