@@ -257,6 +257,37 @@ def test_tp2_control_traces_pass_and_a_rank_skipping_the_all_reduce_fails(tmp_pa
         ("ATTN.TP.REDUCE", "out", 0, 0, "FAIL")
 
 
+def _point_at(path, layer: int, start_pos: int, stage: str, other: str):
+    """Rewrite a trace so that `stage` of a layer-step reads the tensor its `other` record holds."""
+    def edit(m):
+        at = {r["stage"]: r for r in m["records"] if r["layer"] == layer and (r["step"] or {}).get("start_pos") == start_pos}
+        at[stage].update(file=at[other]["file"], key=at[other]["key"], rows=at[other].get("rows"))
+    _rewrite(path, edit)
+
+
+def test_tp2_path_k_published_is_judged_on_every_rank(tmp_path):
+    """W = 2: the index K is not sharded (V41-model L518-519, a Linear and an RMSNorm; the compressor's
+    L446-448), so every rank scores its own copy of layer 20's publication with its own heads.  Layer 2
+    scoring its own cache at 10 fails on every rank's all-reduced scores; rank 1 alone reading another
+    cache than layer 20's of the step before fails on rank 1, at that step."""
+    layers, prefill, decode, plant = (*PLANTED["stale_index_k_read"][1:4], PLANTED["stale_index_k_read"][4])
+    control.record_control(tmp_path / "ok", "v4.1-flash", layers, prefill, decode, world_size=2)
+    verdicts = judged(tmp_path / "ok")
+    assert not departing(verdicts), departing(verdicts)[0].detail[:400]
+    assert {(v.stage, v.rank) for v in verdicts if v.rule == "PATH.K.PUBLISHED" and v.step.start_pos == 10} == \
+        {(stage, rank) for stage in ("published_k_packed", "scored_k") for rank in (0, 1)}
+    control.record_control(tmp_path / "stale", "v4.1-flash", layers, prefill, decode, world_size=2, plant=plant)
+    first = departing(judged(tmp_path / "stale"))
+    assert {(v.rule, v.stage, v.layer, v.step.start_pos, v.rank, v.status) for v in first[:2]} == \
+        {("PATH.K.PUBLISHED", "scored_k", 2, 10, rank, "FAIL") for rank in (0, 1)}, first[0].detail[:400]
+    rank1 = _copy(tmp_path / "ok", tmp_path / "rank1") / "rank1"
+    for name in ("packed", "scales"):
+        _point_at(rank1, 2, 10, f"published_k_{name}", f"k_{name}")
+    first = departing(judged(tmp_path / "rank1"))[0]
+    assert (first.rule, first.stage, first.layer, first.step.start_pos, first.rank, first.status) == \
+        ("PATH.K.PUBLISHED", "published_k_packed", 2, 10, 1, "FAIL"), first.detail[:400]
+
+
 # ------------------------------------------------------------------------------------------------
 # planted deviations: each FAILs on its rule at the stage, layer and step planted, nowhere earlier
 # ------------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from ..spec import path as spec_path
 from ..spec.models import profile
 from ..spec.pool import layer_role
 from .format import Step
-from .judge import ERROR, FAIL, MISSING, PASS, Verdict, locate, record_this
+from .judge import ERROR, FAIL, MISSING, PASS, Verdict, locate, record_this, stage_table
 
 
 class History:
@@ -175,20 +175,30 @@ class History:
             self.published = (step.start_pos + step.seqlen, tensors["k_packed"], tensors["k_scales"])
 
 
-def judge_index_all_reduce(target, case, ranks: list[dict], wanted) -> list[Verdict]:
-    """IDX.SCORE.TP on one layer-step of every rank: each rank's scores the all-reduce of the ranks'
-    head shards (an indexer layer whose ranks all record their scores)."""
-    if not wanted("IDX.SCORE.TP") or not all("scores" in r for r in ranks):
+# the indexer's judgements of every rank's scores (W > 1): the all-reduce, and the keys it scores
+# (scored_k first, as the stages of one rank: properties/path.py STAGES)
+SHARDED_SCORES = (("scored_k", "PATH.K.PUBLISHED", path_checks.judge_sharded_scored_keys),
+                  ("scores", "IDX.SCORE.TP", path_checks.judge_sharded_scores))
+
+
+def judge_index_all_reduce(target, cases: list, ranks: list[dict], wanted) -> list[Verdict]:
+    """IDX.SCORE.TP and PATH.K.PUBLISHED on one layer-step of every rank (cases: each rank's): each rank's
+    scores the all-reduce of the ranks' head shards over its own keys (an indexer layer whose ranks all
+    record their scores)."""
+    if not all("scores" in r for r in ranks):
         return []
-    verdicts = []
-    for rank in range(len(ranks)):
-        v = Verdict(case.layer, Step(case.start_pos, case.seqlen), "scores", "IDX.SCORE.TP", PASS, rank=rank)
-        try:
-            path_checks.judge_sharded_scores(target, case, ranks, rank)
-        except AssertionError as e:
-            missing = MISSING.search(str(e))
-            v.status, v.detail = (ERROR, record_this(missing.group(1), "scores")) if missing else (FAIL, locate(str(e), v))
-        verdicts.append(v)
+    verdicts, layer_stages = [], {name for name, *_ in stage_table(cases[0])}
+    for stage, rule, judge in SHARDED_SCORES:
+        for rank, case in enumerate(cases):
+            if not wanted(rule) or stage not in layer_stages:
+                continue
+            v = Verdict(case.layer, Step(case.start_pos, case.seqlen), stage, rule, PASS, rank=rank)
+            try:
+                judge(target, case, ranks, rank)
+            except AssertionError as e:
+                missing = MISSING.search(str(e))
+                v.status, v.detail = (ERROR, record_this(missing.group(1), stage)) if missing else (FAIL, locate(str(e), v))
+            verdicts.append(v)
     return verdicts
 
 
