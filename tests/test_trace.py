@@ -248,6 +248,7 @@ def test_tp2_control_traces_pass_and_a_rank_skipping_the_all_reduce_fails(tmp_pa
         assert not departing(verdicts), (name, departing(verdicts)[0].detail[:400])
         assert {v.rank for v in verdicts if v.rule == "ATTN.TP.REDUCE"} == {0, 1}
         assert {v.rank for v in verdicts if v.rule == "IDX.SCORE.TP"} == {0, 1}
+        assert {v.rank for v in verdicts if v.rule == "IDX.TOPK.TP"} == {1}       # rank 1's against rank 0's
         assert {v.rank for v in verdicts if v.stage in ("q", "w_raw", "weights")} == {0, 1}
         assert any(v.stage == "out_partial" and v.rule == "FP8.LINEAR" for v in verdicts)
     control.record_control(tmp_path / "bad", "v4.1-flash", (0,), prefill=6, decode=1, world_size=2,
@@ -286,6 +287,17 @@ def test_tp2_path_k_published_is_judged_on_every_rank(tmp_path):
     first = departing(judged(tmp_path / "rank1"))[0]
     assert (first.rule, first.stage, first.layer, first.step.start_pos, first.rank, first.status) == \
         ("PATH.K.PUBLISHED", "published_k_packed", 2, 10, 1, "FAIL"), first.detail[:400]
+
+
+def test_tp2_ranks_choosing_other_top_k_fail_idx_topk_tp_at_the_token(tmp_path):
+    """IDX.TOPK.TP: rank 1's lists are rank 0's as sets (its order its own); a token whose set differs
+    FAILs at that rank, step and position."""
+    lists = {0: [[0, 1, 2, 3], [0, 1, 2, 4]], 1: [[3, 2, 1, 0], [0, 1, 2, 5]]}
+    for rank, topk in lists.items():
+        with Recorder(tmp_path / f"rank{rank}", model="v4.1-flash", world_size=2, rank=rank) as rec:
+            rec.record("topk", torch.tensor(topk), layer=2, step=(0, 2))
+    (v,) = [v for v in judged(tmp_path) if v.rule == "IDX.TOPK.TP"]
+    assert (v.status, v.stage, v.layer, v.rank) == ("FAIL", "topk", 2, 1) and v.detail.startswith("position 1"), v.detail
 
 
 # ------------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import time
 from ..runner.suite import ERROR, FAIL, NOT_IMPLEMENTED, PASS, Row
 from .format import MANIFEST, Step, Trace, TraceError
 from .judge import Judged, TraceTarget, case_of, judge_layer_step
-from .steps import History, judge_all_reduce, judge_index_all_reduce
+from .steps import History, judge_all_reduce, judge_index_all_reduce, judge_same_topk
 
 SHOWN = 6          # failing stages a row's detail lists (the earliest departing first)
 
@@ -81,6 +81,7 @@ def judge_trace(traces: list[Trace], wanted, layers: set | None = None, steps=la
         if first.world_size > 1:
             cases = [case_of(first.model, layer, step, tensors) for tensors in ranks]
             judged.verdicts += judge_index_all_reduce(target, cases, ranks, wanted)
+            judged.verdicts += judge_same_topk(layer, step, ranks, wanted)
             judged.verdicts += judge_all_reduce(layer, step, ranks, wanted)
         judged.layer_steps = done
         progress(done, len(todo), judged.verdicts)

@@ -215,10 +215,31 @@ def judge_all_reduce(layer: int, step: Step, ranks: list[dict], wanted) -> list[
             v.detail = (f"stage out is judged from every rank's out_partial, which rank "
                         f"{partials.index(None)}'s trace does not hold: record 'out_partial'")
         else:
-            try:
-                assert_row_parallel(np.stack(partials), tensors["out"],
-                                    f"ATTN.TP.REDUCE: out = bf16(Σ_r fp32(out_partial_r)) over {len(ranks)} ranks")
-            except AssertionError as e:
-                v.status, v.detail = FAIL, locate(str(e), v)
+            failing(v, assert_row_parallel, np.stack(partials), tensors["out"],
+                    f"ATTN.TP.REDUCE: out = bf16(Σ_r fp32(out_partial_r)) over {len(ranks)} ranks")
         verdicts.append(v)
     return verdicts
+
+
+def judge_same_topk(layer: int, step: Step, ranks: list[dict], wanted) -> list[Verdict]:
+    """IDX.TOPK.TP on one layer-step of every rank: each rank's top-k lists are rank 0's, as sets per
+    token (each rank's order is its own IDX.TOPK.SELECTION's)."""
+    if not wanted("IDX.TOPK.TP") or not all("topk" in r for r in ranks):
+        return []
+    first = np.sort(np.asarray(ranks[0]["topk"], np.int64), axis=-1)
+    verdicts = []
+    for rank in range(1, len(ranks)):
+        v = Verdict(layer, step, "topk", "IDX.TOPK.TP", PASS, rank=rank)
+        failing(v, assert_equal, np.sort(np.asarray(ranks[rank]["topk"], np.int64), axis=-1), first,
+                what=f"IDX.TOPK.TP: rank {rank}'s top-k lists are rank 0's (sorted, per token)")
+        verdicts.append(v)
+    return verdicts
+
+
+def failing(v: Verdict, judge, *args, **kwargs) -> Verdict:
+    """v FAILs with the judge's message, placed, if the judge raises an AssertionError."""
+    try:
+        judge(*args, **kwargs)
+    except AssertionError as e:
+        v.status, v.detail = FAIL, locate(str(e), v)
+    return v
