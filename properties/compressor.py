@@ -547,6 +547,6 @@ def judge_normed(target, case, out, prefix: str = KV_COMPRESSOR):
     """cmp_normed = RMSNorm(cmp_pooled) with the recorded weight and the profile's eps, BF16."""
     p, weight = np.asarray(out[prefix + "pooled"], np.float64), np.asarray(out[prefix + "norm"], np.float64)
     tol, _ = spec.norm_tolerance(p, 0.0, weight, case.model)
-    assert_bf16_within(out[prefix + "normed"], spec.rms_norm(p, weight, profile(case.model).norm_eps), 2 * tol + 1e-35,
-                       what=f"CMP.NORM: {COMPRESSOR_NAMES[prefix]}'s entry = w·p / sqrt(mean(p^2) + {profile(case.model).norm_eps:g}) [{case!r}]",
-                       bf16=True)
+    eps = profile(case.model).norm_eps
+    assert_bf16_within(out[prefix + "normed"], spec.rms_norm(p, weight, eps), 2 * tol + 1e-35, bf16=True,
+                       what=f"CMP.NORM: {COMPRESSOR_NAMES[prefix]}'s entry = w·p / sqrt(mean(p^2) + {eps:g}) [{case!r}]")

@@ -45,15 +45,16 @@ FROM = {"q": ("qr",), "q_rot": ("q",), "q_had": ("q_rot",), "q_fp4": ("q_had", "
         "q_attn_rot": ("q_rescale",), "kv_rot": ("kv_normed",), "kv_window": ("kv_rot",), "cmp_rot": ("kv_entries",),
         "cmp": ("cmp_rot",), "kv": ("kv_window", "window_cache", "cmp", "kv_cache"), "o": ("q_attn_rot", "kv", "indices"),
         "o_derot": ("o",), "o_lora": ("o_derot",), "out": ("o_lora",), "out_partial": ("o_lora",),
-        "cmp_pooled": ("x",), "cmp_normed": ("cmp_pooled",), "idx_cmp_pooled": ("x",), "idx_cmp_normed": ("idx_cmp_pooled",)}
+        "cmp_pooled": ("x",), "cmp_normed": ("cmp_pooled",), "idx_cmp_pooled": ("x",),
+        "idx_cmp_normed": ("idx_cmp_pooled",)}
 LAYER_INPUT = "x"           # every chain's root: recorded or not, it does not make a trace start later
 MISSING = re.compile(r"stage '(\w+)' missing")
 # each stage's axes, to name a failure's place: t (token), h (head), c (channel), e (entry), s (slot)
 AXES = {"scores": "te", "topk": "tk", "indices": "tk", "window_idx": "tk", "compressed_idx": "tk", "weights": "th",
         "w_raw": "th", "candidates": "te", "q": "thc", "q_rot": "thc", "q_had": "thc", "q_attn": "thc",
         "q_rescale": "thc", "q_attn_rot": "thc", "o": "thc", "o_derot": "thc", "o_lora": "tgc", "kv": "rc",
-        "cmp": "ec", "cmp_rot": "ec", "cmp_pooled": "ec", "cmp_normed": "ec", "idx_cmp_pooled": "ec", "idx_cmp_normed": "ec", "k": "ec", "k_normed": "ec",
-        "k_rot": "ec", "k_had": "ec"}
+        "cmp": "ec", "cmp_rot": "ec", "cmp_pooled": "ec", "cmp_normed": "ec", "idx_cmp_pooled": "ec",
+        "idx_cmp_normed": "ec", "k": "ec", "k_normed": "ec", "k_rot": "ec", "k_had": "ec"}
 AXIS_NAMES = {"t": "position", "h": "head", "c": "channel", "e": "entry", "k": "list slot", "g": "head group",
               "r": "row", "s": "ring slot"}
 

@@ -1,9 +1,11 @@
 """The judgements across steps, layers and ranks of a trace, from what earlier layer-steps left:
-the window ring (PATH.WINDOW.RING), the compressor's state (CMP.STATE), the compressed cache a decode step reads (PATH.QDQ), the index-K
+the window ring (PATH.WINDOW.RING), the compressors' state (CMP.STATE), the compressed cache a decode step reads (PATH.QDQ), the index-K
 cache a V4.1 source scores where it publishes nothing (PATH.K.PUBLISHED), the pool and index K a
 re-index layer takes from layer 20 and the lists a reuse layer takes from its source (POOL.REINDEX,
-LAYER.V41), and wo_b's all-reduce over the ranks (ATTN.TP.REDUCE).  Each keeps rows, not layers: the
-newest 128 window rows of a layer, the cache rows seen, one publication."""
+LAYER.V41), each kept per tensor-parallel rank; and across the ranks, the indexer's all-reduced scores
+and the keys they score (IDX.SCORE.TP, PATH.K.PUBLISHED), their top-k (IDX.TOPK.TP) and wo_b's
+all-reduce (ATTN.TP.REDUCE).  Each keeps rows, not layers: the newest 128 window rows of a layer, the
+cache rows seen, one publication."""
 from __future__ import annotations
 
 import functools
@@ -57,7 +59,7 @@ class History:
         role = layer_role(self.m, layer)
         if step.start_pos and "window_cache" in tensors and self._ring_known(layer, step):
             yield "window_cache", "PATH.WINDOW.RING", self._ring
-        for prefix in (KV_COMPRESSOR, INDEX_COMPRESSOR):
+        for prefix in (INDEX_COMPRESSOR, KV_COMPRESSOR):           # in the order the forward runs them
             if step.start_pos and self.m.ratio(layer) > 1 and prefix + "pooled" in tensors \
                     and self._window_known(layer, step):
                 yield prefix + "pooled", "CMP.STATE", functools.partial(self._compressor_state, prefix=prefix)
@@ -193,12 +195,7 @@ def judge_index_all_reduce(target, cases: list, ranks: list[dict], wanted) -> li
             if not wanted(rule) or stage not in layer_stages:
                 continue
             v = Verdict(case.layer, Step(case.start_pos, case.seqlen), stage, rule, PASS, rank=rank)
-            try:
-                judge(target, case, ranks, rank)
-            except AssertionError as e:
-                missing = MISSING.search(str(e))
-                v.status, v.detail = (ERROR, record_this(missing.group(1), stage)) if missing else (FAIL, locate(str(e), v))
-            verdicts.append(v)
+            verdicts.append(failing(v, judge, target, case, ranks, rank))
     return verdicts
 
 
@@ -237,9 +234,11 @@ def judge_same_topk(layer: int, step: Step, ranks: list[dict], wanted) -> list[V
 
 
 def failing(v: Verdict, judge, *args, **kwargs) -> Verdict:
-    """v FAILs with the judge's message, placed, if the judge raises an AssertionError."""
+    """v FAILs with the judge's message, placed, if the judge raises an AssertionError (an ERROR
+    naming the tensor to record, if the judge found one missing)."""
     try:
         judge(*args, **kwargs)
     except AssertionError as e:
-        v.status, v.detail = FAIL, locate(str(e), v)
+        missing = MISSING.search(str(e))
+        v.status, v.detail = (ERROR, record_this(missing.group(1), v.stage)) if missing else (FAIL, locate(str(e), v))
     return v
