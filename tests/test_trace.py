@@ -462,6 +462,10 @@ PLANTED = {
     "compressor_state_not_shifted": ("v4-flash", (2,), 8, 8,    # planted at 11: shows when group 3 completes
                                      (2, 11, official_compressor.Compressor, "forward", _state_not_shifted),
                                      ("CMP.STATE", "cmp_pooled", 2, 15)),
+    "index_compressor_overlap_halves_swapped": ("v4-flash", (2,), 8, 0,        # the V4 CSA indexer's own compressor
+                                                (2, 0, official_compressor, "overlap_transform",
+                                                 functools.partial(_overlap_halves_swapped, head_dim=INDEX_HEAD_DIM)),
+                                                ("CMP.OVERLAP", "idx_cmp_pooled", 2, 0)),
     "index_compressor_state_not_shifted": ("v4-flash", (2,), 8, 8,      # the V4 CSA indexer's own compressor
                                            (2, 11, official_compressor.Compressor, "forward",
                                             functools.partial(_state_not_shifted, head_dim=INDEX_HEAD_DIM)),
