@@ -298,6 +298,9 @@ def test_tp2_ranks_choosing_other_top_k_fail_idx_topk_tp_at_the_token(tmp_path):
             rec.record("topk", torch.tensor(topk), layer=2, step=(0, 2))
     (v,) = [v for v in judged(tmp_path) if v.rule == "IDX.TOPK.TP"]
     assert (v.status, v.stage, v.layer, v.rank) == ("FAIL", "topk", 2, 1) and v.detail.startswith("position 1"), v.detail
+    assert main(["check-trace", str(tmp_path), "--quiet", "--rules", "IDX.TOPK", "--json", str(tmp_path / "r.json")]) == 1
+    (row,) = [r for r in json.loads((tmp_path / "r.json").read_text())["results"] if r["rule"] == "IDX.TOPK.TP"]
+    assert row["status"] == "FAIL" and "rank 1" in row["detail"], row
 
 
 # ------------------------------------------------------------------------------------------------
