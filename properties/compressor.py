@@ -504,8 +504,11 @@ def decode_pools_the_fp32_state(target, case, first):
 
 
 # --- the compressor's stages on a recorded layer (check-trace, trace/judge.py) -----------------------
-# A recorded compressor's weights: the trace's names of wkv, wgate and ape (params of compress()).
-RECORDED_WEIGHTS = {"wkv": "cmp_wkv", "wgate": "cmp_wgate", "ape": "cmp_ape"}
+# A layer's compressors as a trace names them: the KV compressor's stages and weights are cmp_pooled,
+# cmp_normed, cmp_wkv, cmp_wgate, cmp_ape, cmp_norm; the V4 CSA indexer's own (head_dim 128, V4-model
+# L398) the same names under idx_cmp_.  The same rules state both (V4-model L279-377 is one class).
+KV_COMPRESSOR, INDEX_COMPRESSOR = "cmp_", "idx_cmp_"
+COMPRESSOR_NAMES = {KV_COMPRESSOR: "the compressor", INDEX_COMPRESSOR: "the indexer's compressor"}
 
 
 def pooled_rule(model: str, ratio: int) -> str:
@@ -513,11 +516,11 @@ def pooled_rule(model: str, ratio: int) -> str:
     return "CMP.RATIO1" if ratio == 1 else "CMP.OVERLAP" if spec.overlaps(model, ratio) else "CMP.GATE"
 
 
-def recorded_params(tensors: dict, model: str, ratio: int) -> dict:
+def recorded_params(tensors: dict, model: str, ratio: int, prefix: str = KV_COMPRESSOR) -> dict:
     """compress()'s params from a trace's tensors (KeyError naming the one not recorded)."""
     names = ["wkv"] + (["wgate"] if spec.has_gate(ratio) else []) + (["ape"] if spec.has_gate(ratio)
                                                                      and spec.has_ape(model) else [])
-    return {name: tensors[RECORDED_WEIGHTS[name]] for name in names}
+    return {name: tensors[prefix + name] for name in names}
 
 
 def assert_pooled(target, x, params: dict, model: str, ratio: int, got, what: str):
@@ -532,17 +535,18 @@ def assert_pooled(target, x, params: dict, model: str, ratio: int, got, what: st
     assert_bf16_within(got, ref[first:], tol[first:] + 1e-35, what=what, bf16=True)
 
 
-def judge_pooled(target, case, out):
+def judge_pooled(target, case, out, prefix: str = KV_COMPRESSOR):
     """cmp_pooled of a prefill (ratio 1: of any step): from the step's x and the recorded wkv, wgate, ape."""
     ratio = profile(case.model).ratio(case.layer)
-    assert_pooled(target, out["x"], recorded_params(out, case.model, ratio), case.model, ratio, out["cmp_pooled"],
-                  f"{pooled_rule(case.model, ratio)}: the compressor's pooled vectors, ratio {ratio} [{case!r}]")
+    assert_pooled(target, out["x"], recorded_params(out, case.model, ratio, prefix), case.model, ratio,
+                  out[prefix + "pooled"], f"{pooled_rule(case.model, ratio)}: {COMPRESSOR_NAMES[prefix]}'s pooled "
+                                          f"vectors, ratio {ratio} [{case!r}]")
 
 
-def judge_normed(target, case, out):
+def judge_normed(target, case, out, prefix: str = KV_COMPRESSOR):
     """cmp_normed = RMSNorm(cmp_pooled) with the recorded weight and the profile's eps, BF16."""
-    p, weight = np.asarray(out["cmp_pooled"], np.float64), np.asarray(out["cmp_norm"], np.float64)
+    p, weight = np.asarray(out[prefix + "pooled"], np.float64), np.asarray(out[prefix + "norm"], np.float64)
     tol, _ = spec.norm_tolerance(p, 0.0, weight, case.model)
-    assert_bf16_within(out["cmp_normed"], spec.rms_norm(p, weight, profile(case.model).norm_eps), 2 * tol + 1e-35,
-                       what=f"CMP.NORM: entry = w·p / sqrt(mean(p^2) + {profile(case.model).norm_eps:g}) [{case!r}]",
-                       bf16=True)
+    eps = profile(case.model).norm_eps
+    assert_bf16_within(out[prefix + "normed"], spec.rms_norm(p, weight, eps), 2 * tol + 1e-35, bf16=True,
+                       what=f"CMP.NORM: {COMPRESSOR_NAMES[prefix]}'s entry = w·p / sqrt(mean(p^2) + {eps:g}) [{case!r}]")

@@ -734,17 +734,38 @@ def _judge_scores(target, case, out):
         raise AssertionError(f"IDX.SCORE.FP4: {why} [{case!r}]")
 
 
-def judge_sharded_scores(target, case, ranks: list, rank: int) -> None:
+def judge_sharded_scores(target, case, ranks: list, rank: int, reading: str | None = None) -> None:
     """IDX.SCORE.TP on a recorded layer-step of every tensor-parallel rank (check-trace): rank `rank`'s
-    scores are the BF16 all-reduce of the ranks' partial scores over their heads (their own q and
-    weights), within IDX.SCORE.TP's bound of the full score of every rank's heads."""
+    scores (case: that rank's) are the BF16 all-reduce of the ranks' partial scores over their heads
+    (their own q and weights) and its own keys, within IDX.SCORE.TP's bound of the full score of
+    every rank's heads."""
     qs = [spec_quant.fp4_e8m0_dequantize(_need(o, "q_packed", case), _need(o, "q_scales", case)) for o in ranks]
-    full = ScoreCase(case.label, np.concatenate(qs, axis=1), scored_keys(case, ranks[rank], _reading(target, case)),
+    keys = scored_keys(case, ranks[rank], reading or _reading(target, case))
+    full = ScoreCase(case.label, np.concatenate(qs, axis=1), keys,
                      np.concatenate([_need(o, "weights", case) for o in ranks], axis=1), _visible(case))
     ends = np.cumsum([0] + [q.shape[1] for q in qs])
     assert_sharded_scores(target, _need(ranks[rank], "scores", case), full,
                           [np.arange(a, b) for a, b in zip(ends[:-1], ends[1:])],
                           f"IDX.SCORE.TP: rank {rank}'s scores, the all-reduce of {len(ranks)} ranks' head shards")
+
+
+def judge_sharded_scored_keys(target, case, ranks: list, rank: int) -> None:
+    """PATH.K.PUBLISHED at world size > 1: the index-K cache is not sharded, so rank `rank` scores its
+    own copy of the cache published last with its heads, and its all-reduced scores are those keys'
+    (scores of the other reading's keys break it; off under both readings: IDX.SCORE.TP's to report)."""
+    if not scores_published_k(case):
+        return
+    reading = target.variant("index_k_read")
+    other = "own" if reading == "published" else "published"
+    try:
+        judge_sharded_scores(target, case, ranks, rank, reading)
+    except AssertionError as why:
+        try:
+            judge_sharded_scores(target, case, ranks, rank, other)
+        except AssertionError:
+            return
+        raise AssertionError(f"PATH.K.PUBLISHED (index_k_read={reading}): rank {rank}'s all-reduced scores are those "
+                             f"of {READINGS[other]}, expected those of {READINGS[reading]}: {why}") from None
 
 
 def _judge_scored_keys(target, case, out):

@@ -185,13 +185,21 @@ def only_the_last_64_channels_rotate(target, seed, D):
 @forall(dict(seed=0, spread=0, far=False), dict(seed=2, spread=20, far=True),
         seed=st.integers(0, 2 ** 32 - 1), spread=st.sampled_from((0, 8, 30)), far=st.booleans())
 def rotation_is_fp32_rounded_once_to_bf16(target, seed, spread, far):
+    """Drawn BF16 vectors, and the rows of one pair on which the table's precision shows
+    (table_rows, after the drawn tokens), judged by the table declared."""
     rng = np.random.default_rng(seed)
     x = spec_indexer.round_bf16(rng.standard_normal((4, 3, 128)) * 2.0 ** rng.integers(-spread, spread + 1, (4, 3, 128)))
     positions = rng.integers(0, 2 ** 20 if far else 4096, 4)
     freqs = _table("v4.1-flash", int(rng.integers(0, 2)) * 20)
+    rows, at = table_rows(int(rng.integers(0, 32)), int(positions[0]), freqs)
+    probe = np.zeros((len(rows), 3, 128))
+    probe[..., 64:] = rows[:, None, :]
+    x, positions = np.concatenate([x, probe]), np.concatenate([positions, np.full(len(rows), at)])
     got = _rotate(target, x, positions, freqs)
     if not spec_indexer.is_bf16(got).all():
         raise AssertionError("ROPE.ROUNDING: the rotated values must be written back as BF16")
-    _within(got, spec.rotate_exact(x, positions, freqs),
-            spec.rotate_tolerance(x, positions, freqs, declared_choice(target, "rope_table")),
+    table = declared_choice(target, "rope_table")
+    assert_table(got[4:], x[4:], positions[4:], freqs, table,
+                 f"ROPE.ROUNDING: {len(rows)} vectors the rotation at position {at} turns to nearly 0 in one channel")
+    _within(got, spec.rotate_exact(x, positions, freqs), spec.rotate_tolerance(x, positions, freqs, table),
             "ROPE.ROUNDING: fp32 rotation by fl32(p·f), one BF16 rounding")

@@ -594,7 +594,9 @@ rule("IDX.TOPK.TP", "Tensor parallelism: V3.2 checks a replicated top-k; V4/V4.1
      and takes its own top-k, relying on the all-reduce giving every rank the same bits and
      torch.topk the same indices for the same input.  A tensor-parallel port must therefore give
      every rank bit-identical scores, or choose on one rank and broadcast.  Informative: one
-     process sees one rank, and each rank's result is judged by the IDX.TOPK rules.""",
+     process sees one rank, and each rank's result is judged by the IDX.TOPK rules; a trace of
+     every rank (check-trace) is judged on it: each rank's top-k lists, as sets per token, are
+     rank 0's.""",
      applies_to=V32 + V4_ALL, policy="tie-aware", status=INFORMATIVE,
      sources=("V32-model L441, L444 (wq_b and weights_proj: Linear, not ColumnParallelLinear)",
               "V32-model L455-476 (all heads scored, no all_reduce)",

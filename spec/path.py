@@ -447,7 +447,12 @@ rule("PATH.K.PUBLISHED", "A V4.1 indexer scores the index-K cache published last
      reuse it, follow those scores.  The selection differs from the own cache's once more than
      index_topk = 512 entries are visible (p ≥ 1026): below, every visible entry is taken.  Layer
      20 publishes at every step and the re-index layers own no cache: both always score layer
-     20's current one.  V4 indexers keep their own cache.""",
+     20's current one.  V4 indexers keep their own cache.  Tensor parallelism changes none of
+     this: the index K is not sharded (wk a Linear, k_norm an RMSNorm, the compressor's wkv and
+     wgate Linears: every rank computes, writes and publishes the same cache, into its own
+     process's shared slot), only the index heads are (IDX.SCORE.TP); so each rank scores its own
+     copy of the cache published last with its heads, and its all-reduced scores are those of
+     that cache's keys.""",
      applies_to=V41, policy="tolerance", knob="index_k_read",
      sources=("V41-model L461-462 (ratio 1: a latent every step)",
               "V41-model L476-484 (decode at ratio > 1: a latent only when (start_pos + 1) % ratio == 0, else None)",
@@ -456,5 +461,11 @@ rule("PATH.K.PUBLISHED", "A V4.1 indexer scores the index-K cache published last
               "V41-model L500, L517-525 (owns_k: the KV sources keep a cache)",
               "V41-model L746-748 (the compressed KV: the layer's own at every step)",
               "V41-model L725-726, L736 (the reuse layers take the index source's top-k)",
-              "V4-model L399, L420 (V4: each indexer scores its own kv_cache)"),
-     tolerance="IDX.SCORE.FP4's on the scored keys; the top-k tie-aware (IDX.TOPK.SELECTION)")
+              "V4-model L399, L420 (V4: each indexer scores its own kv_cache)",
+              "V41-model L446-448, L518-519 (the compressor's wkv, wgate and the indexer's wk Linear, k_norm "
+              "RMSNorm: not sharded)",
+              "V41-model L508, L514-515 (the index heads sharded: n_local_heads, ColumnParallel wq_b, weights_proj)",
+              "V41-model L548, L554 (shared_attn.index_k: each process's own)",
+              "V41-model L558-559 (the scores all-reduced over the ranks)"),
+     tolerance="IDX.SCORE.FP4's on the scored keys (W > 1: IDX.SCORE.TP's); the top-k tie-aware "
+               "(IDX.TOPK.SELECTION)")

@@ -328,8 +328,8 @@ knob("rope_table", "fp32",
               "apply_rotary_emb multiplies in fp32 (V4-model L235, L242)"},
      """The precision of the RoPE table a port multiplies by.  Declared bf16, every rotation (ROPE.ROUNDING,
      ATTN.DEROTATE, the layers' rotated stages) admits the error of cos and sin each within 2^-9 of itself:
-     2^-7·(|x[2i]| + |x[2i+1]|) more per element (the rounded cos and sin, and BF16 products).  ROPE.PAIRS
-     and CMP.ROPE also rotate pairs that the angle turns to nearly 0 in one channel, where what remains is
+     2^-7·(|x[2i]| + |x[2i+1]|) more per element (the rounded cos and sin, and BF16 products).  ROPE.ROUNDING,
+     ROPE.PAIRS and CMP.ROPE also rotate pairs that the angle turns to nearly 0 in one channel, where what remains is
      the table's own rounding and no value is both the fp32 table's (ROPE.ROUNDING's interval) and a BF16
      table's (cos and sin rounded to nearest BF16, the products and sum in fp32 within that interval of
      their exact value, or in BF16 bit for bit): there each reads its own table, so a BF16 table

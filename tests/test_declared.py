@@ -123,13 +123,13 @@ def test_a_declared_bf16_rope_table_reads_variant_on_the_rotations(rule_id, monk
     assert row.status == VARIANT and "rope_table=bf16" in row.detail, row.detail
 
 
-@pytest.mark.parametrize("rule_id", ["ROPE.ROUNDING", "ATTN.DEROTATE"])
+@pytest.mark.parametrize("rule_id", ["ATTN.DEROTATE"])
 def test_the_bf16_rope_table_undeclared_fails_the_rotations(rule_id, monkeypatch):
     monkeypatch.setattr(suite.RUN, "max_examples", 10)
     assert run_rule(rule_id, Target(D.bf16_rope_table(declared=False), "undeclared")).status == FAIL
 
 
-@pytest.mark.parametrize("rule_id", ["ROPE.PAIRS", "CMP.ROPE"])
+@pytest.mark.parametrize("rule_id", ["ROPE.ROUNDING", "ROPE.PAIRS", "CMP.ROPE"])
 def test_the_bf16_rope_table_undeclared_fails_where_the_probe_shows_it_and_is_named(rule_id, monkeypatch):
     """The probes turn a pair to nearly 0 (rope.table_rows, compressor.table_showing), where the
     table's own rounding is what remains: undeclared, a BF16 table FAILs there, named."""

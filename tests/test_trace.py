@@ -3,6 +3,7 @@ on their rule at the stage, layer and step planted and nowhere earlier; broken t
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -18,8 +19,8 @@ from dsv4spec.official import compressor as official_compressor
 from dsv4spec.official import path as official_path
 from dsv4spec.official import rope as official_rope
 from dsv4spec.properties.path import make_layer_case
-from dsv4spec.trace import Recorder, Trace, TraceError, record_official
-from dsv4spec.trace.format import WEIGHTS
+from dsv4spec.trace import Recorder, Step, Trace, TraceError, record_official
+from dsv4spec.trace.format import WEIGHTS, canonical
 from dsv4spec.trace.check import judge_trace, open_trace
 
 V41_LAYERS = (0, 2, 20, 21, 24)     # window, ratio-2 index source, candidate source, reuse, re-index
@@ -96,6 +97,22 @@ def test_record_official_hooks_record_the_module_outputs(tmp_path):
     # wo_a is an einsum, not a call (V4-model L537-541): o_lora is wo_b's input, but o_derot no hook sees
     assert {(v.status, v.stage, "record 'o_derot'" in v.detail) for v in departing(verdicts)} == \
         {("ERROR", "o_lora", True)}
+
+
+def test_record_official_hooks_record_the_v4_csa_indexer_s_own_compressor(tmp_path):
+    """layers.2.attn.indexer.compressor (V4-model L398): its weights, pooled and normed entries recorded
+    by the hooks, judged by the compressor's rules as the KV compressor's, prefill and decode (15: the
+    entry completing the group 12…15)."""
+    model = control.ControlModel("v4-flash", (2,))
+    with record_official(model, tmp_path, model_name="v4-flash", config={"n_heads": 16}):
+        for start_pos, T in ((0, 8), *((p, 1) for p in range(8, 16))):
+            model(start_pos, T)
+    assert {"idx_cmp_wkv", "idx_cmp_wgate", "idx_cmp_ape", "idx_cmp_norm"} <= set(Trace(str(tmp_path)).stages(2, Step(0, 8)))
+    verdicts = judged(tmp_path, rules=["CMP"])
+    assert not departing(verdicts), departing(verdicts)[0].detail
+    judged_here = {(v.stage, v.rule, v.step.start_pos) for v in verdicts}
+    assert {("idx_cmp_pooled", "CMP.OVERLAP", 0), ("idx_cmp_normed", "CMP.NORM", 0), ("idx_cmp_pooled", "CMP.STATE", 11),
+            ("idx_cmp_pooled", "CMP.STATE", 15), ("cmp_pooled", "CMP.STATE", 15)} <= judged_here
 
 
 def test_a_stage_without_its_input_is_an_error_naming_the_tensor(tmp_path):
@@ -231,6 +248,7 @@ def test_tp2_control_traces_pass_and_a_rank_skipping_the_all_reduce_fails(tmp_pa
         assert not departing(verdicts), (name, departing(verdicts)[0].detail[:400])
         assert {v.rank for v in verdicts if v.rule == "ATTN.TP.REDUCE"} == {0, 1}
         assert {v.rank for v in verdicts if v.rule == "IDX.SCORE.TP"} == {0, 1}
+        assert {v.rank for v in verdicts if v.rule == "IDX.TOPK.TP"} == {1}       # rank 1's against rank 0's
         assert {v.rank for v in verdicts if v.stage in ("q", "w_raw", "weights")} == {0, 1}
         assert any(v.stage == "out_partial" and v.rule == "FP8.LINEAR" for v in verdicts)
     control.record_control(tmp_path / "bad", "v4.1-flash", (0,), prefill=6, decode=1, world_size=2,
@@ -238,6 +256,51 @@ def test_tp2_control_traces_pass_and_a_rank_skipping_the_all_reduce_fails(tmp_pa
     first = departing(judged(tmp_path / "bad"))[0]
     assert (first.rule, first.stage, first.layer, first.step.start_pos, first.status) == \
         ("ATTN.TP.REDUCE", "out", 0, 0, "FAIL")
+
+
+def _point_at(path, layer: int, start_pos: int, stage: str, other: str):
+    """Rewrite a trace so that `stage` of a layer-step reads the tensor its `other` record holds."""
+    def edit(m):
+        at = {r["stage"]: r for r in m["records"] if r["layer"] == layer and (r["step"] or {}).get("start_pos") == start_pos}
+        at[stage].update(file=at[other]["file"], key=at[other]["key"], rows=at[other].get("rows"))
+    _rewrite(path, edit)
+
+
+def test_tp2_path_k_published_is_judged_on_every_rank(tmp_path):
+    """W = 2: the index K is not sharded (V41-model L518-519, a Linear and an RMSNorm; the compressor's
+    L446-448), so every rank scores its own copy of layer 20's publication with its own heads.  Layer 2
+    scoring its own cache at 10 fails on every rank's all-reduced scores; rank 1 alone reading another
+    cache than layer 20's of the step before fails on rank 1, at that step."""
+    layers, prefill, decode, plant = (*PLANTED["stale_index_k_read"][1:4], PLANTED["stale_index_k_read"][4])
+    control.record_control(tmp_path / "ok", "v4.1-flash", layers, prefill, decode, world_size=2)
+    verdicts = judged(tmp_path / "ok")
+    assert not departing(verdicts), departing(verdicts)[0].detail[:400]
+    assert {(v.stage, v.rank) for v in verdicts if v.rule == "PATH.K.PUBLISHED" and v.step.start_pos == 10} == \
+        {(stage, rank) for stage in ("published_k_packed", "scored_k") for rank in (0, 1)}
+    control.record_control(tmp_path / "stale", "v4.1-flash", layers, prefill, decode, world_size=2, plant=plant)
+    first = departing(judged(tmp_path / "stale"))
+    assert {(v.rule, v.stage, v.layer, v.step.start_pos, v.rank, v.status) for v in first[:2]} == \
+        {("PATH.K.PUBLISHED", "scored_k", 2, 10, rank, "FAIL") for rank in (0, 1)}, first[0].detail[:400]
+    rank1 = _copy(tmp_path / "ok", tmp_path / "rank1") / "rank1"
+    for name in ("packed", "scales"):
+        _point_at(rank1, 2, 10, f"published_k_{name}", f"k_{name}")
+    first = departing(judged(tmp_path / "rank1"))[0]
+    assert (first.rule, first.stage, first.layer, first.step.start_pos, first.rank, first.status) == \
+        ("PATH.K.PUBLISHED", "published_k_packed", 2, 10, 1, "FAIL"), first.detail[:400]
+
+
+def test_tp2_ranks_choosing_other_top_k_fail_idx_topk_tp_at_the_token(tmp_path):
+    """IDX.TOPK.TP: rank 1's lists are rank 0's as sets (its order its own); a token whose set differs
+    FAILs at that rank, step and position."""
+    lists = {0: [[0, 1, 2, 3], [0, 1, 2, 4]], 1: [[3, 2, 1, 0], [0, 1, 2, 5]]}
+    for rank, topk in lists.items():
+        with Recorder(tmp_path / f"rank{rank}", model="v4.1-flash", world_size=2, rank=rank) as rec:
+            rec.record("topk", torch.tensor(topk), layer=2, step=(0, 2))
+    (v,) = [v for v in judged(tmp_path) if v.rule == "IDX.TOPK.TP"]
+    assert (v.status, v.stage, v.layer, v.rank) == ("FAIL", "topk", 2, 1) and v.detail.startswith("position 1"), v.detail
+    assert main(["check-trace", str(tmp_path), "--quiet", "--rules", "IDX.TOPK", "--json", str(tmp_path / "r.json")]) == 1
+    (row,) = [r for r in json.loads((tmp_path / "r.json").read_text())["results"] if r["rule"] == "IDX.TOPK.TP"]
+    assert row["status"] == "FAIL" and "rank 1" in row["detail"], row
 
 
 # ------------------------------------------------------------------------------------------------
@@ -331,14 +394,23 @@ _overlap_transform, _cmp_rms_norm = official_compressor.overlap_transform, offic
 _cmp_forward = official_compressor.Compressor.forward
 
 
-def _overlap_halves_swapped(t, value):
-    """Overlapping windows taking group j−1's second half and group j's first (the halves swapped)."""
+KV_HEAD_DIM, INDEX_HEAD_DIM = 512, 128         # the KV compressor's entries, the V4 CSA indexer's own
+
+
+def _overlap_halves_swapped(t, value, head_dim=KV_HEAD_DIM):
+    """Overlapping windows taking group j−1's second half and group j's first (the halves swapped), in
+    the compressor of entries of head_dim (the other left official)."""
     d = t.shape[-1] // 2
+    if d != head_dim:
+        return _overlap_transform(t, value)
     return _overlap_transform(torch.cat([t[..., d:], t[..., :d]], -1), value)
 
 
-def _state_not_shifted(compressor, x, start_pos):
-    """A decode step that completes a group without moving its half to the next window's first slots."""
+def _state_not_shifted(compressor, x, start_pos, head_dim=KV_HEAD_DIM):
+    """A decode step that completes a group without moving its half to the next window's first slots,
+    in the (overlapping) compressor of entries of head_dim (the other left official)."""
+    if compressor.kv_state.shape[-1] != 2 * head_dim:
+        return _cmp_forward(compressor, x, start_pos)
     kept = compressor.kv_state[:, :compressor.ratio].clone(), compressor.score_state[:, :compressor.ratio].clone()
     out = _cmp_forward(compressor, x, start_pos)
     compressor.kv_state[:, :compressor.ratio], compressor.score_state[:, :compressor.ratio] = kept
@@ -393,6 +465,14 @@ PLANTED = {
     "compressor_state_not_shifted": ("v4-flash", (2,), 8, 8,    # planted at 11: shows when group 3 completes
                                      (2, 11, official_compressor.Compressor, "forward", _state_not_shifted),
                                      ("CMP.STATE", "cmp_pooled", 2, 15)),
+    "index_compressor_overlap_halves_swapped": ("v4-flash", (2,), 8, 0,        # the V4 CSA indexer's own compressor
+                                                (2, 0, official_compressor, "overlap_transform",
+                                                 functools.partial(_overlap_halves_swapped, head_dim=INDEX_HEAD_DIM)),
+                                                ("CMP.OVERLAP", "idx_cmp_pooled", 2, 0)),
+    "index_compressor_state_not_shifted": ("v4-flash", (2,), 8, 8,      # the V4 CSA indexer's own compressor
+                                           (2, 11, official_compressor.Compressor, "forward",
+                                            functools.partial(_state_not_shifted, head_dim=INDEX_HEAD_DIM)),
+                                           ("CMP.STATE", "idx_cmp_pooled", 2, 15)),
     "index_scores_not_all_reduced": ("v4-flash", (2,), 8, 0,           # a rank's top-k of its own heads' scores
                                      (2, 0, control, "sum_partials", lambda partials, rank: partials[rank]),
                                      ("IDX.SCORE.TP", "scores", 2, 0), {"world_size": 2}),
@@ -497,6 +577,15 @@ def test_the_v4_control_trace_passes(tmp_path):
     verdicts = judged(tmp_path)
     assert not departing(verdicts), departing(verdicts)[0].detail[:500]
     assert {"PATH.HADAMARD", "ATTN.Q_NORM", "PATH.WINDOW.RING", "PATH.QDQ"} <= {v.rule for v in verdicts}
+    assert {("idx_cmp_pooled", "CMP.OVERLAP"), ("idx_cmp_normed", "CMP.NORM"), ("idx_cmp_pooled", "CMP.STATE")} <= \
+        {(v.stage, v.rule) for v in verdicts}            # the CSA indexer's own compressor
+
+
+def test_a_family_prefixed_name_reads_as_its_stage():
+    assert [canonical(name, weight) for name, weight in (("idx.scores", False), ("attn.q_norm", False),
+                                                         ("attn.q_norm", True), ("idx.cmp_pooled", False),
+                                                         ("cmp.pooled", False), ("idx.cmp_wkv", True))] == \
+        ["scores", "q_norm", "attn_q_norm", "idx_cmp_pooled", "cmp_pooled", "idx_cmp_wkv"]
 
 
 # ------------------------------------------------------------------------------------------------

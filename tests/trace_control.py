@@ -8,7 +8,9 @@ the window ring, the compressed KV cache, the index-K cache layer 20 publishes a
 Each compressing layer runs the official compressor (`layers.{i}.attn.compressor`, dsv4spec.official
 .compressor) on its x; its pre-RoPE entries (V4.1: the latent, which the indexer's wk also reads) are
 what the attention reads, entry j complete once position j·ratio + ratio − 1 has been fed.  The V4 CSA
-indexer's own entries come from a fixed random table (its compressor is not run).
+indexer runs its own compressor (`layers.{i}.attn.indexer.compressor`, head_dim 128, V4-model L398) on
+the same x: its pre-RoPE entries are the index entries its K is rotated, Hadamard-transformed and
+FP4-quantized from.
 
 `plant` (a dict) plants one deviation: {"layer": i, "start_pos": p, "stage": name, "fn": f} replaces the
 official function named by `patch` (a (module, name) pair) by f while that layer-step runs, so every stage
@@ -89,28 +91,29 @@ class CompressorNorm(RMSNorm):
 class Compressor(nn.Module):
     """official.compressor's Compressor with random weights, returning its pre-RoPE entries (the
     attention rotates them, as official.attn does): {"cmp_pooled", "cmp_normed"} of the groups a step
-    completes, else {}."""
+    completes, else {}; the indexer's (head_dim 128): the same under the prefix idx_cmp_."""
 
-    def __init__(self, m, ratio: int, rng):
+    def __init__(self, m, ratio: int, rng, head_dim: int | None = None, prefix: str = "cmp_"):
         super().__init__()
-        width = spec_compressor.channel_factor(m.name, ratio) * m.head_dim
+        head_dim, self.prefix = head_dim or m.head_dim, prefix
+        width = spec_compressor.channel_factor(m.name, ratio) * head_dim
         self.wkv, self.wgate = nn.Module(), nn.Module()
         self.wkv.weight = nn.Parameter(_t(normal_bf16(rng, (width, m.dim), m.dim ** -0.5)), requires_grad=False)
-        params = {"wkv": self.wkv.weight, "norm": torch.ones(m.head_dim), "rope_freqs": torch.zeros(m.rope_dim // 2)}
+        params = {"wkv": self.wkv.weight, "norm": torch.ones(head_dim), "rope_freqs": torch.zeros(m.rope_dim // 2)}
         if spec_compressor.has_gate(ratio):
             self.wgate.weight = nn.Parameter(_t(normal_bf16(rng, (width, m.dim), m.dim ** -0.5)), requires_grad=False)
             params["wgate"] = self.wgate.weight
             if spec_compressor.has_ape(m.name):
                 self.register_buffer("ape", _t(rng.standard_normal((ratio, width)).astype(np.float32)))
                 params["ape"] = self.ape
-        self.norm = CompressorNorm(normal_bf16(rng, (m.head_dim,), 0.1, 1.0), m.norm_eps)
+        self.norm = CompressorNorm(normal_bf16(rng, (head_dim,), 0.1, 1.0), m.norm_eps)
         self.state = official_compressor.Compressor(params, m.name, ratio, 1)
         self.state._finish = self._finish
         self.stages: dict = {}
 
     def _finish(self, pooled, positions):
-        self.stages = {"cmp_pooled": pooled[0].float(), "cmp_normed": self.norm(pooled)[0].float()}
-        return self.stages["cmp_normed"][None]
+        self.stages = {self.prefix + "pooled": pooled[0].float(), self.prefix + "normed": self.norm(pooled)[0].float()}
+        return self.stages[self.prefix + "normed"][None]
 
     def forward(self, x, start_pos: int) -> dict:
         self.stages = {}
@@ -173,6 +176,8 @@ class Attention(nn.Module):
             self.entries = normal_bf16(table, (model.max_entries(self.ratio), m.head_dim))
             if self.role.kind == "csa":
                 self.index_entries = normal_bf16(table, (model.max_entries(self.ratio), m.index_head_dim))
+                self.indexer.compressor = Compressor(m, self.ratio, np.random.default_rng((model.seed, layer, 9)),
+                                                     m.index_head_dim, "idx_cmp_")
         self.ring = torch.zeros(m.window, m.head_dim, dtype=BF16)
         self.cache = torch.zeros(0, m.head_dim)
         if self.ratio and (m.name not in ("v4.1-flash",) or layer in m.kv_source_layers):
@@ -225,14 +230,20 @@ class Attention(nn.Module):
         return all_reduce
 
     def _compress(self, x, start_pos: int, T: int) -> dict:
-        """The compressor's step: the entries it completes become the table's rows the attention reads."""
-        if not hasattr(self, "compressor"):
-            return {}
-        stages = self.compressor(x, start_pos)
+        """The compressors' step (the indexer's first: V4-model L511 runs it, L417, before L525, L532): the entries
+        each completes become the table's rows the attention (the indexer) reads."""
+        stages = {}
+        for owner, table in ((getattr(self, "indexer", None), "index_entries"), (self, "entries")):
+            if hasattr(owner, "compressor"):
+                stages.update(self._compress_into(owner.compressor, getattr(self, table), x, start_pos, T))
+        return stages
+
+    def _compress_into(self, compressor, entries, x, start_pos: int, T: int) -> dict:
+        stages = compressor(x, start_pos)
         if stages:
-            E = stages["cmp_normed"].shape[0]
-            first = 0 if start_pos == 0 else (start_pos + T) // self.ratio - E
-            self.entries[first:first + E] = stages["cmp_normed"].numpy()
+            normed = stages[compressor.prefix + "normed"]
+            first = 0 if start_pos == 0 else (start_pos + T) // self.ratio - normed.shape[0]
+            entries[first:first + normed.shape[0]] = normed.numpy()
         return stages
 
     def _compresses(self, start_pos: int) -> bool:
@@ -321,16 +332,18 @@ def _weights(name: str, seed: int, layer: int):
 O_LORA_RANK = {name: max(OUTPUT_RANK, block) for name, block in FP8_LINEAR_BLOCK.items()}
 
 
-CMP_WEIGHTS = ("cmp_wkv", "cmp_wgate", "cmp_ape", "cmp_norm")
+CMP_WEIGHTS = tuple(prefix + name for prefix in ("cmp_", "idx_cmp_") for name in ("wkv", "wgate", "ape", "norm"))
 
 
 def compressor_weights(attn: Attention) -> dict:
-    c = getattr(attn, "compressor", None)
-    if c is None:
-        return {}
-    weights = {"cmp_wkv": c.wkv.weight, "cmp_norm": c.norm.weight}
-    weights.update({"cmp_wgate": c.wgate.weight} if hasattr(c.wgate, "weight") else {})
-    return weights | ({"cmp_ape": c.ape} if hasattr(c, "ape") else {})
+    """The weights of the layer's compressors: its own and, V4 CSA, its indexer's."""
+    weights = {}
+    for c in (getattr(attn, "compressor", None), getattr(getattr(attn, "indexer", None), "compressor", None)):
+        if c is not None:
+            named = {"wkv": c.wkv.weight, "norm": c.norm.weight, "wgate": getattr(c.wgate, "weight", None),
+                     "ape": getattr(c, "ape", None)}
+            weights |= {c.prefix + name: value for name, value in named.items() if value is not None}
+    return weights
 
 
 class Block(nn.Module):

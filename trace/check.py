@@ -9,7 +9,7 @@ import time
 from ..runner.suite import ERROR, FAIL, NOT_IMPLEMENTED, PASS, Row
 from .format import MANIFEST, Step, Trace, TraceError
 from .judge import Judged, TraceTarget, case_of, judge_layer_step
-from .steps import History, judge_all_reduce, judge_index_all_reduce
+from .steps import History, judge_all_reduce, judge_index_all_reduce, judge_same_topk
 
 SHOWN = 6          # failing stages a row's detail lists (the earliest departing first)
 
@@ -65,7 +65,7 @@ def judge_trace(traces: list[Trace], wanted, layers: set | None = None, steps=la
     """Every selected layer-step of every rank, in forward order; its verdicts in the order computed."""
     first = traces[0]
     target = TraceTarget(first.variants)
-    history = History(first.model, target)
+    histories = [History(first.model, target) for _ in traces]      # every rank keeps its own decode state
     todo = [(layer, step) for layer, step in first.layer_steps()
             if (layers is None or layer in layers) and steps(step)]
     judged = Judged()
@@ -73,13 +73,15 @@ def judge_trace(traces: list[Trace], wanted, layers: set | None = None, steps=la
         ranks = [t.load(layer, step) for t in traces]
         for rank, tensors in enumerate(ranks):
             verdicts = judge_layer_step(target, first.model, layer, step, tensors, wanted, first.world_size)
+            verdicts += histories[rank].judge(layer, step, tensors, wanted)
             if first.world_size > 1:
                 for v in verdicts:
                     v.rank = rank
             judged.verdicts += verdicts
-        judged.verdicts += history.judge(layer, step, ranks[0], wanted)
         if first.world_size > 1:
-            judged.verdicts += judge_index_all_reduce(target, case_of(first.model, layer, step, ranks[0]), ranks, wanted)
+            cases = [case_of(first.model, layer, step, tensors) for tensors in ranks]
+            judged.verdicts += judge_index_all_reduce(target, cases, ranks, wanted)
+            judged.verdicts += judge_same_topk(layer, step, ranks, wanted)
             judged.verdicts += judge_all_reduce(layer, step, ranks, wanted)
         judged.layer_steps = done
         progress(done, len(todo), judged.verdicts)

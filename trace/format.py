@@ -22,16 +22,19 @@ FILE_BYTES = 256 * 2 ** 20          # a safetensors file is closed past this man
 # (properties/path.py STAGES and the operation contract of index_layer, properties/attn.py ATTN_STAGES).
 WEIGHTS = ("rope_freqs", "wq_b", "wq_b_scale", "weights_proj", "wk", "k_norm", "sink", "attn_wq_a", "attn_wq_a_scale",
            "attn_q_norm", "attn_wq_b", "attn_wq_b_scale", "attn_wkv", "attn_wkv_scale", "attn_kv_norm", "attn_wo_a",
-           "attn_wo_b", "attn_wo_b_scale", "cmp_wkv", "cmp_wgate", "cmp_ape", "cmp_norm")
+           "attn_wo_b", "attn_wo_b_scale", "cmp_wkv", "cmp_wgate", "cmp_ape", "cmp_norm", "idx_cmp_wkv",
+           "idx_cmp_wgate", "idx_cmp_ape", "idx_cmp_norm")
 STEP_INPUTS = ("x", "qr", "index_entry", "latent", "published_k_packed", "published_k_scales", "source_topk",
                "window_cache", "kv_entries", "kv_cache")
-STAGES = ("window_idx", "compressed_idx", "q", "q_rot", "q_had", "q_packed", "q_scales", "k", "k_normed", "k_rot",
-          "k_had", "k_packed", "k_scales", "w_raw", "weights", "scores", "candidates", "topk", "indices",
-          "q_latent", "q_norm", "cmp_pooled", "cmp_normed", "q_attn", "q_rescale", "q_attn_rot", "kv_proj", "kv_normed", "kv_rot", "kv_window",
-          "cmp_rot", "cmp", "kv", "o", "o_derot", "o_lora", "out_partial", "out")
+STAGES = ("window_idx", "compressed_idx", "q", "q_rot", "q_had", "q_packed", "q_scales", "k", "k_normed",
+          "idx_cmp_pooled", "idx_cmp_normed", "k_rot", "k_had", "k_packed", "k_scales", "w_raw", "weights", "scores",
+          "candidates", "topk", "indices", "q_latent", "q_norm", "cmp_pooled", "cmp_normed", "q_attn", "q_rescale",
+          "q_attn_rot", "kv_proj", "kv_normed", "kv_rot", "kv_window", "cmp_rot", "cmp", "kv", "o", "o_derot", "o_lora",
+          "out_partial", "out")
 VOCABULARY = WEIGHTS + STEP_INPUTS + STAGES
-# family prefixes a writer may put before a name (the "idx.scores"): read as the bare name
-# (a step's stage first; for a weight, family_name first: "attn.q_norm" of a step is q_norm, of no step attn_q_norm)
+# family prefixes a writer may put before a name (the "idx.scores"): read as the bare name (a
+# step's stage first, unless family_name is a step's stage too; for a weight, family_name first: "attn.q_norm"
+# of a step is q_norm, of no step attn_q_norm; "idx.cmp_pooled" is the indexer's compressor's, idx_cmp_pooled)
 FAMILIES = ("idx", "path", "pool", "cmp", "attn", "rope")
 INTEGER = {"window_idx", "compressed_idx", "topk", "indices", "source_topk"}
 BYTES = {"wq_b", "wq_b_scale", "attn_wq_a", "attn_wq_a_scale", "attn_wq_b", "attn_wq_b_scale", "attn_wkv",
@@ -49,7 +52,8 @@ def canonical(name: str, weight: bool) -> str:
     family, dot, rest = name.partition(".")
     if name in VOCABULARY or not dot or family not in FAMILIES:
         return name
-    tries = (f"{family}_{rest}", rest) if weight else (rest, f"{family}_{rest}")
+    prefixed = f"{family}_{rest}"
+    tries = (prefixed, rest) if weight or prefixed in STAGES else (rest, prefixed)
     return next((n for n in tries if n in VOCABULARY), name)
 
 

@@ -26,9 +26,13 @@ OFFICIAL_NAMES = {
     "attn.compressor.wkv": ((), {"weight": "cmp_wkv"}),
     "attn.compressor.wgate": ((), {"weight": "cmp_wgate"}),
     "attn.compressor.norm": (("cmp_normed",), {"weight": "cmp_norm"}, ("cmp_pooled",)),
+    "attn.indexer.compressor.wkv": ((), {"weight": "idx_cmp_wkv"}),          # V4 CSA: the indexer's own (L398)
+    "attn.indexer.compressor.wgate": ((), {"weight": "idx_cmp_wgate"}),
+    "attn.indexer.compressor.norm": (("idx_cmp_normed",), {"weight": "idx_cmp_norm"}, ("idx_cmp_pooled",)),
 }
 # parameters and buffers of layers.{i} recorded once: the sink, the RoPE table (fp32 frequencies)
-OFFICIAL_TENSORS = {"attn.attn_sink": "sink", "attn.rope_freqs": "rope_freqs", "attn.compressor.ape": "cmp_ape"}
+OFFICIAL_TENSORS = {"attn.attn_sink": "sink", "attn.rope_freqs": "rope_freqs", "attn.compressor.ape": "cmp_ape",
+                    "attn.indexer.compressor.ape": "idx_cmp_ape"}
 STEP_MODULE = "attn"        # forward(x, start_pos): the step and its input x
 
 

@@ -4,6 +4,7 @@ layer-step at a time; then the judgements across steps and ranks (trace.steps). 
 written here: this module builds the judges' case from a layer-step and reports what they say."""
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 
@@ -16,6 +17,7 @@ from ..properties import pool as pool_checks
 from ..properties.path import LayerCase, layer_kind
 from ..spec import compressor as spec_compressor
 from ..spec.models import profile
+from ..spec.pool import layer_role
 from ..spec.rules import check_variants
 from .format import Step, TraceError
 
@@ -43,15 +45,16 @@ FROM = {"q": ("qr",), "q_rot": ("q",), "q_had": ("q_rot",), "q_fp4": ("q_had", "
         "q_attn_rot": ("q_rescale",), "kv_rot": ("kv_normed",), "kv_window": ("kv_rot",), "cmp_rot": ("kv_entries",),
         "cmp": ("cmp_rot",), "kv": ("kv_window", "window_cache", "cmp", "kv_cache"), "o": ("q_attn_rot", "kv", "indices"),
         "o_derot": ("o",), "o_lora": ("o_derot",), "out": ("o_lora",), "out_partial": ("o_lora",),
-        "cmp_pooled": ("x",), "cmp_normed": ("cmp_pooled",)}
+        "cmp_pooled": ("x",), "cmp_normed": ("cmp_pooled",), "idx_cmp_pooled": ("x",),
+        "idx_cmp_normed": ("idx_cmp_pooled",)}
 LAYER_INPUT = "x"           # every chain's root: recorded or not, it does not make a trace start later
 MISSING = re.compile(r"stage '(\w+)' missing")
 # each stage's axes, to name a failure's place: t (token), h (head), c (channel), e (entry), s (slot)
 AXES = {"scores": "te", "topk": "tk", "indices": "tk", "window_idx": "tk", "compressed_idx": "tk", "weights": "th",
         "w_raw": "th", "candidates": "te", "q": "thc", "q_rot": "thc", "q_had": "thc", "q_attn": "thc",
         "q_rescale": "thc", "q_attn_rot": "thc", "o": "thc", "o_derot": "thc", "o_lora": "tgc", "kv": "rc",
-        "cmp": "ec", "cmp_rot": "ec", "cmp_pooled": "ec", "cmp_normed": "ec", "k": "ec", "k_normed": "ec",
-        "k_rot": "ec", "k_had": "ec"}
+        "cmp": "ec", "cmp_rot": "ec", "cmp_pooled": "ec", "cmp_normed": "ec", "idx_cmp_pooled": "ec",
+        "idx_cmp_normed": "ec", "k": "ec", "k_normed": "ec", "k_rot": "ec", "k_had": "ec"}
 AXIS_NAMES = {"t": "position", "h": "head", "c": "channel", "e": "entry", "k": "list slot", "g": "head group",
               "r": "row", "s": "ring slot"}
 
@@ -121,24 +124,29 @@ def stage_table(case) -> list[tuple[str, str, object, tuple]]:
     if kind == "candidate_source":          # the pin first: the pool's clause a port misses past 2048 blocks
         at = [name for name, *_ in table].index("candidates")
         table.insert(at, ("candidates", "POOL.PIN_NEWEST", pool_checks.judge_pinned_newest))
+    if kind == "csa":                       # the indexer's own compressor makes the index K it rotates
+        at = [name for name, *_ in table].index("k_rot")
+        table[at:at] = compressor_stages(case, compressor_checks.INDEX_COMPRESSOR)
     if kind == "reuse":
         table += list(attn_checks.REUSE_STAGES)
-    table += compressor_stages(case)
+    table += compressor_stages(case, compressor_checks.KV_COMPRESSOR)
     keep = (attn_checks._projects, attn_checks._projects_output)     # in a trace: judged where recorded
     table += [(name, rule, judge) for name, rule, applies, judge in attn_checks.ATTN_STAGES
               if applies in keep or applies(case)]
     return [(name, rule, judge, STAGE_TENSORS.get(name, (name,))) for name, rule, judge in table]
 
 
-def compressor_stages(case) -> list[tuple[str, str, object]]:
-    """The compressor's stages of a compressing layer: its pooled vectors (a prefill's; ratio 1: every
-    step's; a decode step's of a gated compressor are CMP.STATE's, trace.steps) and its RMSNorm."""
+def compressor_stages(case, prefix: str) -> list[tuple[str, str, object]]:
+    """The stages of a compressor of a compressing layer (prefix: properties/compressor.py's names of the
+    KV compressor's or the V4 CSA indexer's): its pooled vectors (a prefill's; ratio 1: every step's; a
+    decode step's of a gated compressor are CMP.STATE's, trace.steps) and its RMSNorm."""
     ratio = profile(case.model).ratio(case.layer)
     if not ratio:
         return []
-    pooled = [("cmp_pooled", compressor_checks.pooled_rule(case.model, ratio), compressor_checks.judge_pooled)]
-    return (pooled if case.start_pos == 0 or ratio == 1 else []) + [("cmp_normed", "CMP.NORM",
-                                                                       compressor_checks.judge_normed)]
+    pooled = [(prefix + "pooled", compressor_checks.pooled_rule(case.model, ratio),
+               functools.partial(compressor_checks.judge_pooled, prefix=prefix))]
+    normed = [(prefix + "normed", "CMP.NORM", functools.partial(compressor_checks.judge_normed, prefix=prefix))]
+    return (pooled if case.start_pos == 0 or ratio == 1 else []) + normed
 
 
 def judge_layer_step(target: TraceTarget, model: str, layer: int, step: Step, tensors: dict, wanted,
@@ -251,6 +259,10 @@ def expected_shapes(model: str, layer: int, step: Step, config_heads: int | None
         width = spec_compressor.channel_factor(model, m.ratio(layer)) * m.head_dim
         shapes.update(cmp_wkv=(width, m.dim), cmp_wgate=(width, m.dim), cmp_ape=(m.ratio(layer), width),
                       cmp_norm=(m.head_dim,))
+        if layer_role(m, layer).kind == "csa":          # the indexer's own compressor (V4-model L398)
+            width = spec_compressor.channel_factor(model, m.ratio(layer)) * m.index_head_dim
+            shapes.update(idx_cmp_wkv=(width, m.dim), idx_cmp_wgate=(width, m.dim),
+                          idx_cmp_ape=(m.ratio(layer), width), idx_cmp_norm=(m.index_head_dim,))
     return shapes
 
 

@@ -1,23 +1,28 @@
 """The judgements across steps, layers and ranks of a trace, from what earlier layer-steps left:
-the window ring (PATH.WINDOW.RING), the compressor's state (CMP.STATE), the compressed cache a decode step reads (PATH.QDQ), the index-K
+the window ring (PATH.WINDOW.RING), the compressors' state (CMP.STATE), the compressed cache a decode step reads (PATH.QDQ), the index-K
 cache a V4.1 source scores where it publishes nothing (PATH.K.PUBLISHED), the pool and index K a
 re-index layer takes from layer 20 and the lists a reuse layer takes from its source (POOL.REINDEX,
-LAYER.V41), and wo_b's all-reduce over the ranks (ATTN.TP.REDUCE).  Each keeps rows, not layers: the
-newest 128 window rows of a layer, the cache rows seen, one publication."""
+LAYER.V41), each kept per tensor-parallel rank; and across the ranks, the indexer's all-reduced scores
+and the keys they score (IDX.SCORE.TP, PATH.K.PUBLISHED), their top-k (IDX.TOPK.TP) and wo_b's
+all-reduce (ATTN.TP.REDUCE).  Each keeps rows, not layers: the newest 128 window rows of a layer, the
+cache rows seen, one publication."""
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
 from ..properties import path as path_checks
 from ..properties.attn import assert_row_parallel
-from ..properties.compressor import assert_pooled, recorded_params
+from ..properties.compressor import (COMPRESSOR_NAMES, INDEX_COMPRESSOR, KV_COMPRESSOR, assert_pooled,
+                                     recorded_params)
 from ..properties.compare import assert_bytes_equal, assert_equal
 from ..spec import compressor as spec_compressor
 from ..spec import path as spec_path
 from ..spec.models import profile
 from ..spec.pool import layer_role
 from .format import Step
-from .judge import ERROR, FAIL, MISSING, PASS, Verdict, locate, record_this
+from .judge import ERROR, FAIL, MISSING, PASS, Verdict, locate, record_this, stage_table
 
 
 class History:
@@ -54,8 +59,10 @@ class History:
         role = layer_role(self.m, layer)
         if step.start_pos and "window_cache" in tensors and self._ring_known(layer, step):
             yield "window_cache", "PATH.WINDOW.RING", self._ring
-        if step.start_pos and self.m.ratio(layer) > 1 and "cmp_pooled" in tensors and self._window_known(layer, step):
-            yield "cmp_pooled", "CMP.STATE", self._compressor_state
+        for prefix in (INDEX_COMPRESSOR, KV_COMPRESSOR):           # in the order the forward runs them
+            if step.start_pos and self.m.ratio(layer) > 1 and prefix + "pooled" in tensors \
+                    and self._window_known(layer, step):
+                yield prefix + "pooled", "CMP.STATE", functools.partial(self._compressor_state, prefix=prefix)
         source = role.kv_source if role.kv_source >= 0 else layer
         if step.start_pos and "kv_cache" in tensors and self.cache.get(source):
             yield "kv_cache", "PATH.QDQ", self._cache
@@ -94,16 +101,17 @@ class History:
     def _window_known(self, layer: int, step: Step) -> bool:
         return all(p in self.x.get(layer, {}) for p in self._window(layer, step))
 
-    def _compressor_state(self, layer: int, step: Step, tensors: dict):
+    def _compressor_state(self, layer: int, step: Step, tensors: dict, prefix: str):
         """The group a decode step completes is pooled from the fp32 state its tokens left: as a prefill
         of those tokens pools it (CMP.STATE), judged on the tokens' recorded x."""
         ratio, rows = self.m.ratio(layer), self.x[layer]
         x = np.concatenate([np.stack([rows[p] for p in self._window(layer, step)]), tensors["x"]])
         entry = (step.start_pos + 1) // ratio - 1
-        assert_pooled(self.target, x, recorded_params(tensors, self.m.name, ratio), self.m.name, ratio,
-                      tensors["cmp_pooled"], f"CMP.STATE: entry {entry}, completed at decode {step.start_pos}, pooled "
-                                             f"from the state of positions {self._window(layer, step)[0]}…"
-                                             f"{step.start_pos} as one prefill of them pools it")
+        assert_pooled(self.target, x, recorded_params(tensors, self.m.name, ratio, prefix), self.m.name, ratio,
+                      tensors[prefix + "pooled"], f"CMP.STATE: {COMPRESSOR_NAMES[prefix]}'s entry {entry}, completed "
+                                                  f"at decode {step.start_pos}, pooled from the state of positions "
+                                                  f"{self._window(layer, step)[0]}…{step.start_pos} as one prefill "
+                                                  f"of them pools it")
 
     def _cache(self, layer: int, step: Step, tensors: dict):
         role = layer_role(self.m, layer)
@@ -169,20 +177,25 @@ class History:
             self.published = (step.start_pos + step.seqlen, tensors["k_packed"], tensors["k_scales"])
 
 
-def judge_index_all_reduce(target, case, ranks: list[dict], wanted) -> list[Verdict]:
-    """IDX.SCORE.TP on one layer-step of every rank: each rank's scores the all-reduce of the ranks'
-    head shards (an indexer layer whose ranks all record their scores)."""
-    if not wanted("IDX.SCORE.TP") or not all("scores" in r for r in ranks):
+# the indexer's judgements of every rank's scores (W > 1): the all-reduce, and the keys it scores
+# (scored_k first, as the stages of one rank: properties/path.py STAGES)
+SHARDED_SCORES = (("scored_k", "PATH.K.PUBLISHED", path_checks.judge_sharded_scored_keys),
+                  ("scores", "IDX.SCORE.TP", path_checks.judge_sharded_scores))
+
+
+def judge_index_all_reduce(target, cases: list, ranks: list[dict], wanted) -> list[Verdict]:
+    """IDX.SCORE.TP and PATH.K.PUBLISHED on one layer-step of every rank (cases: each rank's): each rank's
+    scores the all-reduce of the ranks' head shards over its own keys (an indexer layer whose ranks all
+    record their scores)."""
+    if not all("scores" in r for r in ranks):
         return []
-    verdicts = []
-    for rank in range(len(ranks)):
-        v = Verdict(case.layer, Step(case.start_pos, case.seqlen), "scores", "IDX.SCORE.TP", PASS, rank=rank)
-        try:
-            path_checks.judge_sharded_scores(target, case, ranks, rank)
-        except AssertionError as e:
-            missing = MISSING.search(str(e))
-            v.status, v.detail = (ERROR, record_this(missing.group(1), "scores")) if missing else (FAIL, locate(str(e), v))
-        verdicts.append(v)
+    verdicts, layer_stages = [], {name for name, *_ in stage_table(cases[0])}
+    for stage, rule, judge in SHARDED_SCORES:
+        for rank, case in enumerate(cases):
+            if not wanted(rule) or stage not in layer_stages:
+                continue
+            v = Verdict(case.layer, Step(case.start_pos, case.seqlen), stage, rule, PASS, rank=rank)
+            verdicts.append(failing(v, judge, target, case, ranks, rank))
     return verdicts
 
 
@@ -199,10 +212,33 @@ def judge_all_reduce(layer: int, step: Step, ranks: list[dict], wanted) -> list[
             v.detail = (f"stage out is judged from every rank's out_partial, which rank "
                         f"{partials.index(None)}'s trace does not hold: record 'out_partial'")
         else:
-            try:
-                assert_row_parallel(np.stack(partials), tensors["out"],
-                                    f"ATTN.TP.REDUCE: out = bf16(Σ_r fp32(out_partial_r)) over {len(ranks)} ranks")
-            except AssertionError as e:
-                v.status, v.detail = FAIL, locate(str(e), v)
+            failing(v, assert_row_parallel, np.stack(partials), tensors["out"],
+                    f"ATTN.TP.REDUCE: out = bf16(Σ_r fp32(out_partial_r)) over {len(ranks)} ranks")
         verdicts.append(v)
     return verdicts
+
+
+def judge_same_topk(layer: int, step: Step, ranks: list[dict], wanted) -> list[Verdict]:
+    """IDX.TOPK.TP on one layer-step of every rank: each rank's top-k lists are rank 0's, as sets per
+    token (each rank's order is its own IDX.TOPK.SELECTION's)."""
+    if not wanted("IDX.TOPK.TP") or not all("topk" in r for r in ranks):
+        return []
+    first = np.sort(np.asarray(ranks[0]["topk"], np.int64), axis=-1)
+    verdicts = []
+    for rank in range(1, len(ranks)):
+        v = Verdict(layer, step, "topk", "IDX.TOPK.TP", PASS, rank=rank)
+        failing(v, assert_equal, np.sort(np.asarray(ranks[rank]["topk"], np.int64), axis=-1), first,
+                what=f"IDX.TOPK.TP: rank {rank}'s top-k lists are rank 0's (sorted, per token)")
+        verdicts.append(v)
+    return verdicts
+
+
+def failing(v: Verdict, judge, *args, **kwargs) -> Verdict:
+    """v FAILs with the judge's message, placed, if the judge raises an AssertionError (an ERROR
+    naming the tensor to record, if the judge found one missing)."""
+    try:
+        judge(*args, **kwargs)
+    except AssertionError as e:
+        missing = MISSING.search(str(e))
+        v.status, v.detail = (ERROR, record_this(missing.group(1), v.stage)) if missing else (FAIL, locate(str(e), v))
+    return v
