@@ -25,8 +25,9 @@ class StageFailures(AssertionError):
 
 
 class Verdict(dict):
-    """A stage's verdict; `knobs`: the knobs its judge read (the verdict stands under any value of the others)."""
-    knobs = frozenset()
+    """A stage's verdict; `knobs`: the knobs its judge read (the verdict stands under any value of the
+    others), None where no judge ran."""
+    knobs = None
 
 
 def verdict(stage: str, rule: str, status: str, detail: str = "") -> dict:

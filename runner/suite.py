@@ -133,7 +133,7 @@ def _standing(e: BaseException) -> tuple:
     other values of knobs outside one of them judges that example again and fails it again."""
     raised = e.exceptions if isinstance(e, BaseExceptionGroup) else (e,)
     return tuple(v.knobs for x in raised if getattr(x, "on_explicit_example", False)
-                 for v in getattr(x, "stages", ()) if v["status"] == FAIL and hasattr(v, "knobs"))
+                 for v in getattr(x, "stages", ()) if v["status"] == FAIL and getattr(v, "knobs", None) is not None)
 
 
 def run_rule(rule_id: str, target: Target, profile: str = "ci") -> Row:
