@@ -220,8 +220,7 @@ def _matching_variant(knob: str | None, read: set, chks: list[Check], target: Ta
 
     A variant is named only if it tells the target from the canonical reading: passing checks that
     the reference implementation (impl, canonical) passes as well show only a wider tolerance (the
-    attn_order knob's list_order admits fp32 probabilities too), so such a variant is not named; the
-    reference is asked first, the target only where the reference fails.
+    attn_order knob's list_order admits fp32 probabilities too), so such a variant is not named.
     A knob of a step left out on purpose (declared_only: kv_qdq, index_qdq, …) is never tried: its
     stages are whole layers, and a port that leaves a step out says so.  Nor is a combination that
     leaves alone every knob a stage read that failed on an explicit example (`outcomes`' standing):
@@ -246,7 +245,7 @@ def _matching_variant(knob: str | None, read: set, chks: list[Check], target: Ta
         view = target
         for k, v in combo:
             view = view.expecting(k, v)
-        if not _passes(chks, _reference_expecting(combo), profile) and _passes(chks, view, profile):
+        if _passes(chks, view, profile) and not _passes(chks, _reference_expecting(combo), profile):
             return combo
     return None
 
