@@ -235,7 +235,7 @@ def forall(*examples: dict, **strategies):
     def wrap(body):
         @functools.wraps(body)
         def run(target):
-            fn = _announced(body, target, len(examples))
+            fn = _marking_explicit(_announced(body, target, len(examples)), len(examples))
             # inner's source is what Hypothesis hashes into a derandomized profile's draws: keep it as is
             def inner(**drawn):
                 fn(target, **drawn)
@@ -266,6 +266,21 @@ def _announced(fn, target, explicit: int):
         started(explicit=next(count) <= explicit)
         return fn(target, **drawn)
     return announced
+
+
+def _marking_explicit(fn, explicit: int):
+    """fn, marking what it raises on one of the `explicit` @examples (on_explicit_example): every run
+    of the check, shrinking or not, runs each of them (Phase.explicit, first)."""
+    count = iter(range(1, 1 << 62))
+
+    def marked(target, **drawn):
+        on_explicit = next(count) <= explicit
+        try:
+            return fn(target, **drawn)
+        except Exception as e:
+            e.on_explicit_example = on_explicit
+            raise
+    return marked
 
 
 def check(rule_id: str, *, ops: tuple[str, ...] = (), extension: str | None = None):

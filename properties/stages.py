@@ -24,8 +24,14 @@ class StageFailures(AssertionError):
         self.stages = stages
 
 
+class Verdict(dict):
+    """A stage's verdict; `knobs`: the knobs its judge read (the verdict stands under any value of the
+    others), None where no judge ran."""
+    knobs = None
+
+
 def verdict(stage: str, rule: str, status: str, detail: str = "") -> dict:
-    return {"stage": stage, "rule": rule, "status": status, "detail": detail}
+    return Verdict(stage=stage, rule=rule, status=status, detail=detail)
 
 
 def judge_every_stage(stages, target, case, out) -> list[dict]:
@@ -33,8 +39,9 @@ def judge_every_stage(stages, target, case, out) -> list[dict]:
     stage whose judge passed it under a declared choice (returning "knob=value") reads VARIANT with it."""
     verdicts = []
     for name, rule_id, judge in stages:
+        knobs: set = set()
         try:
-            choice = judge(target, case, out)
+            choice = judge(_recording(target, knobs), case, out)
         except AssertionError as e:
             verdicts.append(verdict(name, rule_id, FAIL, str(e)))
         except Exception as e:      # noqa: BLE001 -- the judge could not read what a broken stage left
@@ -45,7 +52,17 @@ def judge_every_stage(stages, target, case, out) -> list[dict]:
                                                          f"stage {broken[0]!r} left ({type(e).__name__}: {e}) [{case!r}]"))
         else:
             verdicts.append(verdict(name, rule_id, VARIANT, choice) if choice else verdict(name, rule_id, PASS))
+        verdicts[-1].knobs = frozenset(knobs)
     return verdicts
+
+
+def _recording(target, knobs: set):
+    """A view of `target` that adds to `knobs` every knob asked of it (through the target's own
+    `variant`, so that a view recording for the whole rule records it too)."""
+    view = type(target).__new__(type(target))
+    view.__dict__.update(target.__dict__)
+    view.variant = lambda knob: (knobs.add(knob), target.variant(knob))[1]
+    return view
 
 
 def first_broken(verdicts: list[dict]):

@@ -52,6 +52,7 @@ class Outcome:
     detected: frozenset = frozenset()
     stages: list = field(default_factory=list)     # a layer rule's verdicts, stage by stage
     declared: frozenset = frozenset()     # the declared knob values its judges read (declared_choice)
+    standing: tuple = ()    # the knobs read by each stage judge that failed on an explicit example
 
 
 @dataclass
@@ -95,6 +96,7 @@ def run_check(chk: Check, target: Target, profile: str = "ci", shrink: bool = Tr
     _DECLARED.clear()
     target.received.call, target.received.unserved = None, ""
     start = time.perf_counter()
+    standing = ()
     try:
         # A target's numeric warnings (NaN casts and the like) are not results; the checks judge values.
         # Short array reprs keep a falsifying example readable.
@@ -121,8 +123,17 @@ def run_check(chk: Check, target: Target, profile: str = "ci", shrink: bool = Tr
         if getattr(_reported(e), "stages", None) is not None:      # the counterexample's own verdicts
             _STAGES.clear()
             record_stages(_reported(e).stages)
+        standing = _standing(e)
     return Outcome(status, detail, time.perf_counter() - start, frozenset(_DETECTED), list(_STAGES.values()),
-                   frozenset(_DECLARED))
+                   frozenset(_DECLARED), standing)
+
+
+def _standing(e: BaseException) -> tuple:
+    """The knobs read by each stage judge that failed on an explicit example: a run of the check under
+    other values of knobs outside one of them judges that example again and fails it again."""
+    raised = e.exceptions if isinstance(e, BaseExceptionGroup) else (e,)
+    return tuple(v.knobs for x in raised if getattr(x, "on_explicit_example", False)
+                 for v in getattr(x, "stages", ()) if v["status"] == FAIL and getattr(v, "knobs", None) is not None)
 
 
 def run_rule(rule_id: str, target: Target, profile: str = "ci") -> Row:
@@ -166,7 +177,7 @@ def run_rule(rule_id: str, target: Target, profile: str = "ci") -> Row:
     elif status == PASS and choices:
         status, detail = VARIANT, "detected: " + ", ".join(choices)
     elif status in (FAIL, ERROR):   # (an ERROR too: a target may reject what it reads in the wrong place)
-        match = _matching_variant(r.knob, read, chks, target, profile)
+        match = _matching_variant(r.knob, read, chks, target, profile, outcomes.values())
         if match and all(k in CHOICES and k not in target.declared for k, _ in match):
             status, detail = VARIANT, "detected: " + _named(match)
         elif match:
@@ -192,7 +203,7 @@ def _reading(target: Target, read: set) -> Target:
 
 
 def _matching_variant(knob: str | None, read: set, chks: list[Check], target: Target,
-                      profile: str) -> list[tuple[str, str]] | None:
+                      profile: str, outcomes=()) -> list[tuple[str, str]] | None:
     """The undeclared knob values under which every check of a failing rule passes.
 
     Tried: each other value of the rule's own knob, then each other value of another knob the
@@ -211,7 +222,9 @@ def _matching_variant(knob: str | None, read: set, chks: list[Check], target: Ta
     the reference implementation (impl, canonical) passes as well show only a wider tolerance (the
     attn_order knob's list_order admits fp32 probabilities too), so such a variant is not named.
     A knob of a step left out on purpose (declared_only: kv_qdq, index_qdq, …) is never tried: its
-    stages are whole layers, and a port that leaves a step out says so.
+    stages are whole layers, and a port that leaves a step out says so.  Nor is a combination that
+    leaves alone every knob a stage read that failed on an explicit example (`outcomes`' standing):
+    the check fails again there.
     """
     def others(k):
         return [(k, v) for v in KNOBS[k].values if v != target.variant(k)]
@@ -227,12 +240,19 @@ def _matching_variant(knob: str | None, read: set, chks: list[Check], target: Ta
         pairs = [p for k in sorted(read - {knob}) for p in others(k)]
         combos = [[o] for o in own] + [[p] for p in pairs] + [[o, p] for o in own for p in pairs]
     for combo in combos:
+        if _still_failing(combo, outcomes):
+            continue
         view = target
         for k, v in combo:
             view = view.expecting(k, v)
         if _passes(chks, view, profile) and not _passes(chks, _reference_expecting(combo), profile):
             return combo
     return None
+
+
+def _still_failing(combo: list[tuple[str, str]], outcomes) -> bool:
+    changed = {k for k, _ in combo}
+    return any(not changed & knobs for o in outcomes for knobs in o.standing)
 
 
 def _passes(chks: list[Check], target: Target, profile: str) -> bool:

@@ -19,6 +19,11 @@ def fp4_e8m0_quantize(x):
 """
 
 
+# The plugin's plumbing, not the examples: 10 a check keep every verdict these runs read (each
+# failure shows on an explicit example) at a tenth of the examples' cost.
+FEW = ("--dsv4spec-max-examples", "10")
+
+
 def pytest_run(tmp_path, *args):
     # The plugin loads through its pytest11 entry point (the project is installed), as for a user.
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", *args],
@@ -32,7 +37,7 @@ def test_rules_run_as_pytest_items_with_skip_and_xfail_files(tmp_path):
     (tmp_path / "skip.txt").write_text("FP4.PACK  packing is not ours\n")
     result = pytest_run(tmp_path, "--dsv4spec-target", "lossy", "--dsv4spec-rules", "FP4.E2M1,FP4.PACK,FP4.IDX.SCALE",
                         "--dsv4spec-xfail", "xfail.txt", "--dsv4spec-skip", "skip.txt", "--dsv4spec-profile", "dev",
-                        "--dsv4spec-seed", "5")
+                        "--dsv4spec-seed", "5", *FEW)
     out = result.stdout
     assert result.returncode == 1, out + result.stderr
     assert "dsv4spec: profile dev (seed 5); targets lossy" in out
@@ -55,7 +60,7 @@ def test_xdist_workers_share_one_printed_seed(tmp_path):
     import re
     (tmp_path / "lossy.py").write_text(LOSSY)
     result = pytest_run(tmp_path, "-n", "2", "--dsv4spec-target", "lossy", "--dsv4spec-rules", "FP4.E2M1",
-                        "--dsv4spec-profile", "dev")
+                        "--dsv4spec-profile", "dev", *FEW)
     header = re.search(r"profile dev \(seed (\d+)\)", result.stdout).group(1)
     assert set(re.findall(r"--seed (\d+)", result.stdout)) == {header}, result.stdout
 
@@ -76,7 +81,7 @@ def test_the_suite_changes_no_hypothesis_profile_of_the_users(tmp_path):
     the suite beside them must neither re-register it nor load a profile of its own."""
     (tmp_path / "test_user.py").write_text(USER_TEST)
     result = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-s", "-q", "test_user.py",
-                             "--dsv4spec-target", "impl", "--dsv4spec-rules", "FMT.E2M1.RNE"],
+                             "--dsv4spec-target", "impl", "--dsv4spec-rules", "FMT.E2M1.RNE", *FEW],
                             capture_output=True, text=True, cwd=tmp_path,
                             env={"PATH": "/usr/bin:/bin", "PYTHONPATH": HOME, "TRITON_INTERPRET": "1", "CI": "true"})
     assert "USER EXAMPLES 100 PROFILE ci MAX 100" in result.stdout, result.stdout + result.stderr
@@ -100,10 +105,10 @@ def test_importing_the_suite_registers_only_profiles_of_its_own():
 def test_hypothesis_seed_is_honoured_in_dev_and_said_ignored_in_ci(tmp_path):
     (tmp_path / "lossy.py").write_text(LOSSY)
     dev = pytest_run(tmp_path, "--dsv4spec-target", "lossy", "--dsv4spec-rules", "FP4.E2M1.ZERO_SIGN",
-                     "--dsv4spec-profile", "dev", "--hypothesis-seed", "7")
+                     "--dsv4spec-profile", "dev", "--hypothesis-seed", "7", *FEW)
     assert "profile dev (seed 7)" in dev.stdout and "--seed 7" in dev.stdout, dev.stdout
     ci = pytest_run(tmp_path, "--dsv4spec-target", "lossy", "--dsv4spec-rules", "FP4.E2M1.ZERO_SIGN",
-                    "--hypothesis-seed", "7")
+                    "--hypothesis-seed", "7", *FEW)
     assert "--hypothesis-seed 7 ignored by dsv4spec: profile ci is derandomized" in ci.stdout, ci.stdout
     both = pytest_run(tmp_path, "--dsv4spec-target", "lossy", "--dsv4spec-profile", "dev", "--dsv4spec-seed", "3",
                       "--hypothesis-seed", "7")
@@ -120,7 +125,7 @@ def test_hypothesis_profile_naming_a_suite_profile_is_refused_in_one_line(tmp_pa
 
 def test_pytest_agrees_with_the_cli_on_who_claims_conformance(tmp_path):
     (tmp_path / "lossy.py").write_text(LOSSY)
-    args = ("--dsv4spec-target", "lossy", "--dsv4spec-rules", "FP4.E2M1.ZERO_SIGN")
+    args = ("--dsv4spec-target", "lossy", "--dsv4spec-rules", "FP4.E2M1.ZERO_SIGN", *FEW)
     assert pytest_run(tmp_path, *args).returncode == 1
     (tmp_path / "lossy.py").write_text(LOSSY + "CLAIMS_CONFORMANCE = False\n")
     relaxed = pytest_run(tmp_path, *args)

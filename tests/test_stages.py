@@ -148,3 +148,39 @@ def test_kept_references_are_found_by_content_and_dropped_past_the_budget():
     assert len(computed) == 4 and len(kept.values) == 2
     kept.get(lambda: compute(x), x, "o")
     assert len(computed) == 5
+
+
+def _stage_check(*examples):
+    """A check whose one layer case breaks stage 'o' (its judge reads attn_order) and passes stage
+    'q_rot' (its judge reads rope_table): on its explicit examples, else on a drawn one."""
+    from hypothesis import strategies as st
+    from dsv4spec.properties.stages import judge_every_stage
+
+    def judge_o(target, case, out):
+        raise AssertionError(f"o broken under attn_order={target.variant('attn_order')}")
+
+    def judge_q_rot(target, case, out):
+        target.variant("rope_table")
+
+    @suite.forall(*examples, n=st.integers(0, 3))
+    def one_case(target, n):
+        stages = [("q_rot", "ROPE.POSITIONS", judge_q_rot), ("o", "ATTN.PROB.ORDER", judge_o)]
+        report_stages("ATTN.LAYER", "case", judge_every_stage(stages, target, "case", {}))
+    return suite.Check("ATTN.LAYER", "one_case", one_case, ())
+
+
+def test_a_stage_failed_on_an_explicit_example_stands_under_the_knobs_its_judge_did_not_read():
+    """Naming a variant skips a run the failure survives: the explicit example's broken stage read
+    attn_order alone, so a rope_table choice leaves it broken and an attn_order one may not."""
+    outcome = suite.run_check(_stage_check(dict(n=0), dict(n=1)), Target(impl, "impl"))
+    assert outcome.status == "FAIL" and outcome.standing == (frozenset({"attn_order"}),)
+    assert suite._still_failing([("rope_table", "bf16")], [outcome])
+    assert not suite._still_failing([("attn_order", "list")], [outcome])
+    assert not suite._still_failing([("rope_table", "bf16"), ("attn_order", "list")], [outcome])
+
+
+def test_a_stage_failed_on_a_drawn_example_stands_under_nothing():
+    """A drawn (and shrunk) counterexample may be one a run without shrinking never draws."""
+    outcome = suite.run_check(_stage_check(), Target(impl, "impl"))
+    assert outcome.status == "FAIL" and outcome.standing == ()
+    assert not suite._still_failing([("rope_table", "bf16")], [outcome])
