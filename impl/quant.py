@@ -298,6 +298,11 @@ def _e4m3_doubles(codes: torch.Tensor) -> torch.Tensor:
     return table.index_select(0, codes.flatten().int()).view(codes.shape)
 
 
+def _block_sums(a: torch.Tensor, wb: torch.Tensor) -> torch.Tensor:
+    """Each K block's dot [..., N, nb] of the E4M3 values a [..., nb, b] and wb [N, nb, b], exact."""
+    return torch.einsum("...kb,nkb->...nk", a, wb)
+
+
 def fp8_linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, block: int) -> torch.Tensor:
     """The Linear of an E4M3 weight (FP8.LINEAR): x [..., K] BF16 values, w [N, K] E4M3 bytes,
     w_scale [ceil(N/b), K/b] E8M0 bytes -> f32 [..., N] holding BF16 values.
@@ -317,7 +322,7 @@ def fp8_linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, block: i
     xq, xs = fp8_quantize(x, block)
     a = _blocks(_e4m3_doubles(xq), block)                                     # [..., nb, b]
     wb = _blocks(_e4m3_doubles(w), block)                                     # [N, nb, b]
-    sums = torch.einsum("...kb,nkb->...nk", a, wb).float()                    # exact, then one fp32 rounding
+    sums = _block_sums(a, wb).float()                                         # exact, then one fp32 rounding
     s_w = e8m0_decode(w_scale).repeat_interleave(block, dim=0)[:n]            # [N, nb]
     terms = sums * (e8m0_decode(xs).unsqueeze(-2) * s_w)
     acc = torch.zeros(terms.shape[:-1])

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from dsv4spec import production
+from hopper_mma import mma_sum
 from dsv4spec.properties.suite import run_rule
 from dsv4spec.properties.target import Target
 
@@ -162,18 +163,8 @@ def test_deepgemm_paged_logits_read_its_pages_of_the_v32_index_k_cache():
 
 
 def truncating_mma(fraction_bits: int):
-    """An FP8 tensor core's dots as FP8.LINEAR models Hopper's: 32 products a step, each addend (and the
-    accumulator) aligned to the largest of them and cut toward zero to `fraction_bits` below its leading bit."""
-    def dots(q, k):
-        products = q.double()[..., :, None, :] * k.double()[..., None, :, :]          # [..., H, S, D]
-        acc = torch.zeros(products.shape[:-1], dtype=torch.float64)
-        for step in range(0, products.shape[-1], 32):
-            terms = torch.cat([acc[..., None], products[..., step:step + 32]], -1)
-            top = terms.abs().amax(-1, keepdim=True)
-            ulp = torch.where(top > 0, torch.exp2(torch.floor(torch.log2(top)) - fraction_bits), torch.ones_like(top))
-            acc = (torch.trunc(terms / ulp) * ulp).sum(-1)
-        return acc
-    return dots
+    """DeepGEMM's MMA as tests/hopper_mma.py models it, with `fraction_bits`."""
+    return lambda q, k: mma_sum(q.double()[..., :, None, :] * k.double()[..., None, :, :], fraction_bits)
 
 
 def test_deepgemm_logits_through_a_truncating_fp8_mma_pass_and_a_narrow_accumulator_or_bf16_fails(monkeypatch):

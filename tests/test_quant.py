@@ -261,3 +261,15 @@ def test_act_quant_over_a_wrong_span_passes_plain_rows_and_fails_rows_with_a_blo
     assert error_ratio(wrong, None) <= 1
     assert error_ratio(wrong, (18, small)) > 10
     assert error_ratio(impl.fp8_linear, (18, small)) <= 1
+
+
+@pytest.mark.parametrize("fraction_bits, status", [(13, "PASS"), (8, "FAIL")])
+def test_fp8_linear_admits_hoppers_mma_and_not_a_coarser_one(monkeypatch, fraction_bits, status):
+    """FP8.LINEAR's model of the MMA inside a K block (ceil(b/32)·2^-12 of Σ|a·w|) admits an MMA that cuts
+    every aligned addend to 13 fraction bits (tests/hopper_mma.py, Hopper's about; it passes at dev seeds
+    1-3, and at 11 bits, too) and fails one of 8."""
+    from hopper_mma import mma_sum
+    from dsv4spec.properties.suite import run_rule
+    from dsv4spec.properties.target import Target
+    monkeypatch.setattr(impl.quant, "_block_sums", lambda a, wb: mma_sum(a.unsqueeze(-3) * wb, fraction_bits))
+    assert run_rule("FP8.LINEAR", Target(impl, f"mma{fraction_bits}")).status == status
