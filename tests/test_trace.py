@@ -649,6 +649,33 @@ def test_a_long_prefill_s_attention_is_judged_by_token_chunks_at_its_positions(t
     assert whole.detail.split(":")[0] == chunked.detail.split(":")[0] and "position" in whole.detail
 
 
+@pytest.mark.parametrize("stage, at, place", [("q_attn_rot", (280, 3, 500), "position 280, head 3, channel 500"),
+                                              ("kv_rot", (300, 450), "position 300, channel 450"),
+                                              ("o_derot", (257, 15, 511), "position 257, head 15, channel 511")])
+def test_a_deviation_in_a_late_token_chunk_is_located_at_its_absolute_position(tmp_path, monkeypatch, stage, at,
+                                                                               place):
+    """A prefill of 320 tokens judged CHUNK = 256 tokens at a time, each chunk rotated from its own first
+    position: a stage off at one value of the second chunk FAILs there, at the place (and the judge's
+    own index) the whole step's judge names."""
+    from dsv4spec.cmd_bench import _script
+    from dsv4spec.trace import judge as trace_judge
+    given = _script("bench_trace").inputs("v4.1-flash", 0, 320)
+    stages = official_attn.attention_layer(dict(given), model="v4.1-flash", layer=0, start_pos=0)
+    stages[stage][at] += 8
+    with Recorder(tmp_path, model="v4.1-flash", config={"n_heads": 16}) as rec:
+        rec.record("sink", given.pop("sink"), layer=0)
+        for name, value in {**given, **stages}.items():
+            rec.record(name, value.to(torch.bfloat16) if value.is_floating_point() else value, layer=0, step=(0, 320))
+    rules = ["ROPE.POSITIONS", "ATTN.DEROTATE"]
+    chunked = departing(judged(tmp_path, rules=rules))
+    monkeypatch.setattr(trace_judge, "CHUNK", 10 ** 6)
+    whole = departing(judged(tmp_path, rules=rules))
+    assert [(v.stage, v.status) for v in chunked] == [(v.stage, v.status) for v in whole] == [(stage, "FAIL")]
+    index = f"at {tuple(at)}"
+    assert chunked[0].detail.startswith(place + ": ") and index in chunked[0].detail, chunked[0].detail[:300]
+    assert whole[0].detail.startswith(place + ": ") and index in whole[0].detail, whole[0].detail[:300]
+
+
 @pytest.mark.thorough
 def test_decode_across_the_ring_wrap_and_a_completed_hca_entry(tmp_path):
     """V4-Flash window and HCA layers: a prefill of 126, then decode 126…130: HCA entry 0 completes at
