@@ -711,4 +711,13 @@ def test_the_benchmark_refuses_a_prefill_the_memory_cannot_hold_in_one_line(monk
     monkeypatch.setattr("sys.argv", ["bench_trace.py", "--tokens", "65536"])
     assert bench.main() == bench.SHORT
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--tokens 65536 needs about 53 GB" in err and "16.0 GB is available" in err
+    assert err.count("\n") == 1 and "--tokens 65536 needs about 41 GB" in err and "16.0 GB is available" in err
+
+
+def test_the_benchmark_reads_the_judge_s_own_peak_not_the_memory_it_was_forked_from(small_trace):
+    """A child's ru_maxrss counts the resident memory of the process it was forked from (the reference's):
+    the judge reports its own."""
+    from dsv4spec.cmd_bench import _script
+    held = np.ones(2 ** 27)         # 1 GiB resident here
+    verdicts, status, peak_mb = _script("bench_trace").judge(str(small_trace), 1)
+    assert status == 0 and peak_mb is not None and peak_mb < held.nbytes / 2 ** 20, (peak_mb, verdicts)
