@@ -239,7 +239,7 @@ def locate(message: str, v: Verdict, first_token: int = 0) -> str:
     if not m:
         return message
     if first_token:
-        message = shift_token(message, m, first_token)
+        message = shift_tokens(message, first_token)
         m = AT.search(message)
     if m.group(1):
         index = [int(i) for i in m.group(1).split(",")]
@@ -254,12 +254,14 @@ def locate(message: str, v: Verdict, first_token: int = 0) -> str:
     return (", ".join(parts) + ": " if parts else "") + message
 
 
-def shift_token(message: str, m: re.Match, first_token: int) -> str:
-    """The message with the first index of its place (the token's, in a chunk) moved on by first_token."""
-    group = next(g for g in (1, 2, 5) if m.group(g))
-    start = m.start(group)
-    end = start + len(re.match(r"\d+", m.group(group)).group())
-    return message[:start] + str(int(message[start:end]) + first_token) + message[end:]
+def shift_tokens(message: str, first_token: int) -> str:
+    """The message with the first index (the token's, in a chunk) of every place it names moved on by first_token."""
+    def shifted(m: re.Match) -> str:
+        group = next(g for g in (1, 2, 5) if m.group(g))
+        at = m.start(group) - m.start()
+        token = re.match(r"\d+", m.group(group)).group()
+        return m.group()[:at] + str(int(token) + first_token) + m.group()[at + len(token):]
+    return AT.sub(shifted, message)
 
 
 # ------------------------------------------------------------------------------------------------
