@@ -6,7 +6,7 @@ memory of judging one layer's prefill record (docs/TRACE.md).  Not a test: a mea
 One layer-step, its attention started from the given q_attn and kv_normed (16 heads, as ATTN.LAYER's
 cases): the official control computes its stages (reference), dsv4spec.trace.Recorder writes them
 (record), then `dsv4spec check-trace` judges them in a fresh process (judge), whose peak resident
-memory is read from the kernel (ru_maxrss of the child), as is the reference's (this process's).  Prints
+memory it reports itself (VmHWM), the reference's read from the kernel (ru_maxrss of this process).  Prints
 one JSON line.  Before anything, the memory the measured slopes predict for --tokens is compared with
 what the machine has available: short, it exits 3 in one line, having run nothing.
 """
@@ -26,10 +26,11 @@ import numpy as np
 import torch
 
 
-# Memory, measured (docs/TRACE.md): the judge's peak grows by about 0.8 GB a thousand tokens from
-# 0.5 GB, the reference's (this process: the layer's stages, then the trace written) by REFERENCE_GB_PER_1K.
-JUDGE_GB_PER_1K, JUDGE_GB_BASE = 0.8, 0.5
-REFERENCE_GB_PER_1K, REFERENCE_GB_BASE = 0.65, 0.5
+# Memory, measured (docs/TRACE.md, 4 096 and 16 384 tokens): the judge's peak grows by about 0.3 GB a
+# thousand tokens from 1 GB (the trace's tensors as float32, and a chunk), the reference's (this process:
+# the layer's stages and its gathered window rows, then the trace written) by about 0.62 GB from 0.5 GB.
+JUDGE_GB_PER_1K, JUDGE_GB_BASE = 0.3, 1.0
+REFERENCE_GB_PER_1K, REFERENCE_GB_BASE = 0.62, 0.5
 SHORT = 3              # exit status: not enough memory to run it here
 
 
@@ -63,17 +64,42 @@ def inputs(model: str, layer: int, tokens: int, seed: int = 0) -> dict:
     return {k: torch.from_numpy(v) for k, v in out.items()}
 
 
-def judge(trace_dir: str, shards: int) -> tuple[list[str], int]:
+# the judge as a child that writes its own peak (VmHWM, kB) where BENCH_TRACE_PEAK says: the kernel's
+# ru_maxrss of a child counts the resident memory of the process it was forked from (here the reference's)
+JUDGE_CHILD = """import os, sys
+from dsv4spec.cli import main
+sys.argv[0] = "dsv4spec"
+try:
+    status = main()
+finally:
+    with open(os.environ["BENCH_TRACE_PEAK"], "w") as peak:
+        peak.write(next(line for line in open("/proc/self/status") if line.startswith("VmHWM")).split()[1])
+sys.exit(status)"""
+
+
+def judge(trace_dir: str, shards: int) -> tuple[list[str], int, float | None]:
     """`dsv4spec check-trace` in fresh processes, side by side, their progress on this standard error;
-    each one's last report line, and the largest exit status."""
-    command = [sys.executable, "-m", "dsv4spec", "check-trace", trace_dir]
-    children = [subprocess.Popen(command + (["--shard", f"{k}/{shards}"] if shards > 1 else []),
-                                 stdout=subprocess.PIPE, text=True) for k in range(1, shards + 1)]
+    each one's last report line, the largest exit status, and the largest peak in MB (None: unread)."""
+    command = [sys.executable, "-c", JUDGE_CHILD, "check-trace", trace_dir]
+    peaks = [os.path.join(trace_dir, f".peak{k}") for k in range(1, shards + 1)]
+    children = [subprocess.Popen(command + (["--shard", f"{k}/{shards}"] if shards > 1 else []), stdout=subprocess.PIPE,
+                                 text=True, env={**os.environ, "BENCH_TRACE_PEAK": peak})
+                for k, peak in zip(range(1, shards + 1), peaks)]
     outputs = [child.communicate()[0] for child in children]
     for out in outputs:
         print(out, file=sys.stderr)
     last = [out.strip().splitlines()[-1] if out.strip() else "no report (its standard error says why)" for out in outputs]
-    return last, max(child.returncode for child in children)
+    return last, max(child.returncode for child in children), read_peak_mb(peaks)
+
+
+def read_peak_mb(files: list[str]) -> float | None:
+    try:
+        peaks = [int(open(f).read()) / 1024 for f in files]
+    except (OSError, ValueError):
+        return None
+    for f in files:
+        os.remove(f)
+    return max(peaks)
 
 
 def main() -> int:
@@ -116,10 +142,11 @@ def main() -> int:
     started = time.perf_counter()
     print(f"bench_trace: reference {reference_s:.1f} s, recorded {trace_mb:.0f} MB in {record_s:.1f} s; judging",
           file=sys.stderr, flush=True)
-    verdicts, status = judge(out_dir, args.shards)
+    verdicts, status, peak_mb = judge(out_dir, args.shards)
     judge_s = time.perf_counter() - started
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    peak_mb, judge_cpu = usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
+    judge_cpu = usage.ru_utime + usage.ru_stime
+    peak_mb = usage.ru_maxrss / 1024 if peak_mb is None else peak_mb
     print(json.dumps({"model": args.model, "layer": args.layer, "tokens": args.tokens, "threads": torch.get_num_threads(),
                       "reference_s": round(reference_s, 2), "record_s": round(record_s, 2),
                       "judge_s": round(judge_s, 2), "judge_over_reference_s": round(judge_s / reference_s, 2),

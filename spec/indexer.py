@@ -30,12 +30,22 @@ BF16_MIN_EXP = -126          # smallest normal exponent; subnormals are multiple
 BF16_MANTISSA_BITS = 7
 
 
+FLOAT64_BIAS, FLOAT64_MANTISSA_BITS, FLOAT64_TOP_FIELD = 1023, 52, 0x7FF
+
+
 def bf16_quantum(x) -> np.ndarray:
-    """The spacing of BF16 numbers at |x| (one BF16 ulp); 2^-133 below the normal range."""
-    a = np.abs(np.asarray(x, dtype=np.float64))
-    _, e = np.frexp(np.where(np.isfinite(a), a, 1.0))            # a = m·2^e, 0.5 ≤ m < 1
-    binade = np.where(a > 0, e - 1, BF16_MIN_EXP)                  # 0 is below the normal range
-    return np.ldexp(1.0, np.maximum(binade, BF16_MIN_EXP) - BF16_MANTISSA_BITS)
+    """The spacing of BF16 numbers at |x| (one BF16 ulp); 2^-133 below the normal range (0 and NaN too),
+    2^-7 at ±inf.  Read from x's float64 exponent field: a normal a = 1.f·2^(field − 1023)."""
+    a = np.asarray(x, dtype=np.float64)
+    shape, a = a.shape, a.reshape(-1)
+    field = (a.view(np.uint64) >> np.uint64(FLOAT64_MANTISSA_BITS)) & np.uint64(FLOAT64_TOP_FIELD)
+    np.maximum(field, np.uint64(FLOAT64_BIAS + BF16_MIN_EXP), out=field)
+    special = field == FLOAT64_TOP_FIELD                                              # ±inf, NaN
+    if special.any():
+        field[special] = np.where(np.isnan(a[special]), FLOAT64_BIAS + BF16_MIN_EXP, FLOAT64_BIAS)
+    field -= np.uint64(BF16_MANTISSA_BITS)
+    field <<= np.uint64(FLOAT64_MANTISSA_BITS)
+    return field.view(np.float64).reshape(shape)[()]
 
 
 def round_bf16(x) -> np.ndarray:

@@ -35,6 +35,23 @@ def test_bf16_quantum_is_the_gap_to_the_next_bf16_magnitude_at_every_pattern():
     assert np.array_equal(spec.bf16_quantum(-values), gap)
 
 
+def test_bf16_quantum_is_frexp_s_binade_at_every_float64_exponent():
+    """Read from the exponent field, the quantum is bit for bit the one frexp's binade gives: every one of
+    the 2048 exponent fields (subnormals, ±inf and NaN among them), each with its smallest, largest and
+    random mantissas, both signs, the zeros."""
+    def by_frexp(x):
+        a = np.abs(x)
+        _, e = np.frexp(np.where(np.isfinite(a), a, 1.0))            # a = m·2^e, 0.5 ≤ m < 1
+        binade = np.where(a > 0, e - 1, spec.BF16_MIN_EXP)
+        return np.ldexp(1.0, np.maximum(binade, spec.BF16_MIN_EXP) - spec.BF16_MANTISSA_BITS)
+    fields = np.arange(2048, dtype=np.uint64) << np.uint64(52)
+    mantissas = np.random.default_rng(0).integers(0, 1 << 52, (2048, 16), dtype=np.uint64)
+    mantissas[:, 0], mantissas[:, 1] = 0, (1 << 52) - 1
+    x = (fields[:, None] | mantissas).ravel().view(np.float64)
+    x = np.concatenate([x, -x, [0.0, -0.0]])
+    assert np.array_equal(spec.bf16_quantum(x).view(np.uint64), by_frexp(x).view(np.uint64))
+
+
 def test_round_bf16_agrees_with_the_fp32_rule_and_torch_on_fp32_inputs():
     rng = np.random.default_rng(0)
     x = (rng.standard_normal(20000) * 2.0 ** rng.integers(-140, 128, 20000)).astype(np.float32)

@@ -649,6 +649,34 @@ def test_a_long_prefill_s_attention_is_judged_by_token_chunks_at_its_positions(t
     assert whole.detail.split(":")[0] == chunked.detail.split(":")[0] and "position" in whole.detail
 
 
+@pytest.mark.parametrize("rule, stage, places, named", [
+    ("ROPE.POSITIONS", "q_attn_rot", [(280, 3, 500)], "position 280, head 3, channel 500"),
+    ("ROPE.POSITIONS", "kv_rot", [(300, 450)], "position 300, channel 450"),
+    ("ATTN.DEROTATE", "o_derot", [(257, 15, 511)], "position 257, head 15, channel 511"),
+    ("PATH.QDQ", "kv_window", [(270, 7), (301, 8)], "position 270, channel 7")])      # its judge lists each place
+def test_a_deviation_in_a_late_token_chunk_is_located_at_its_absolute_position(tmp_path, monkeypatch, rule, stage,
+                                                                               places, named):
+    """A prefill of 320 tokens judged CHUNK = 256 tokens at a time, each chunk a case from its own first
+    position: a stage off at values of the second chunk FAILs there, at the places (in the judge's own
+    words too) the whole step's judge names."""
+    from dsv4spec.cmd_bench import _script
+    from dsv4spec.trace import judge as trace_judge
+    given = _script("bench_trace").inputs("v4.1-flash", 0, 320)
+    stages = official_attn.attention_layer(dict(given), model="v4.1-flash", layer=0, start_pos=0)
+    for place in places:
+        stages[stage][place] += 8
+    with Recorder(tmp_path, model="v4.1-flash", config={"n_heads": 16}) as rec:
+        rec.record("sink", given.pop("sink"), layer=0)
+        for name, value in {**given, **stages}.items():
+            rec.record(name, value.to(torch.bfloat16) if value.is_floating_point() else value, layer=0, step=(0, 320))
+    chunked = departing(judged(tmp_path, rules=[rule]))
+    monkeypatch.setattr(trace_judge, "CHUNK", 10 ** 6)
+    whole = departing(judged(tmp_path, rules=[rule]))
+    assert [(v.stage, v.status) for v in chunked] == [(v.stage, v.status) for v in whole] == [(stage, "FAIL")]
+    for v in chunked + whole:
+        assert v.detail.startswith(named + ": ") and all(f"at {p}" in v.detail for p in places), v.detail[:400]
+
+
 @pytest.mark.thorough
 def test_decode_across_the_ring_wrap_and_a_completed_hca_entry(tmp_path):
     """V4-Flash window and HCA layers: a prefill of 126, then decode 126…130: HCA entry 0 completes at
@@ -684,4 +712,13 @@ def test_the_benchmark_refuses_a_prefill_the_memory_cannot_hold_in_one_line(monk
     monkeypatch.setattr("sys.argv", ["bench_trace.py", "--tokens", "65536"])
     assert bench.main() == bench.SHORT
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--tokens 65536 needs about 53 GB" in err and "16.0 GB is available" in err
+    assert err.count("\n") == 1 and "--tokens 65536 needs about 41 GB" in err and "16.0 GB is available" in err
+
+
+def test_the_benchmark_reads_the_judge_s_own_peak_not_the_memory_it_was_forked_from(small_trace):
+    """A child's ru_maxrss counts the resident memory of the process it was forked from (the reference's):
+    the judge reports its own."""
+    from dsv4spec.cmd_bench import _script
+    held = np.ones(2 ** 27)         # 1 GiB resident here
+    verdicts, status, peak_mb = _script("bench_trace").judge(str(small_trace), 1)
+    assert status == 0 and peak_mb is not None and peak_mb < held.nbytes / 2 ** 20, (peak_mb, verdicts)

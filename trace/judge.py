@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -31,9 +31,14 @@ RULE_OF_KIND = {("topk", "reindex"): "POOL.REINDEX"}
 INDEX_HEADS = {"q", "q_rot", "q_had", "q_fp4", "w_raw", "weights", "scored_k", "scores"}
 # stages of a rank judged from every rank's (trace.steps): wo_b's all-reduce, the indexer's all-reduced scores
 ACROSS_RANKS = {"out", "scores", "scored_k"}
-# stages whose judge reads each token's rows alone: judged CHUNK tokens at a time (the attention
-# output's bounds hold a float64 copy of every listed KV row per token)
-ROW_LOCAL = {"o": ("q_attn_rot", "indices", "o")}
+# stages whose judge reads each token's rows alone, and the step's tensors it reads by token: judged
+# CHUNK tokens at a time, each chunk a case of its own from its first token's position, so that the
+# judges' float64 copies (and the attention output's bounds, every listed KV row per token) stay a chunk's
+ROW_LOCAL = {"q_latent": ("x", "q_latent"), "q_norm": ("q_latent", "q_norm"), "q_attn": ("q_norm", "q_attn"),
+             "q_rescale": ("q_attn", "q_rescale"), "q_attn_rot": ("q_rescale", "q_attn_rot"),
+             "kv_proj": ("x", "kv_proj"), "kv_normed": ("kv_proj", "kv_normed"), "kv_rot": ("kv_normed", "kv_rot"),
+             "kv_window": ("kv_rot", "kv_window"), "o": ("q_attn_rot", "indices", "o"), "o_derot": ("o", "o_derot"),
+             "o_lora": ("o_derot", "o_lora"), "out": ("o_lora", "out")}
 CHUNK = 256
 # each stage's own input: the activations it is computed from (its weights aside; docs/TRACE.md's "from")
 FROM = {"q": ("qr",), "q_rot": ("q",), "q_had": ("q_rot",), "q_fp4": ("q_had", "q_rot"), "k": ("latent",),
@@ -188,14 +193,19 @@ def starts_here(stage: str, tensors: dict) -> bool:
 
 def _run_by_rows(judge, target, case, tensors, verdict: Verdict) -> Verdict:
     """A judge whose tokens are independent, run CHUNK tokens at a time: memory bounded on a long prefill."""
-    names = ROW_LOCAL[verdict.stage]
-    T = next((len(tensors[n]) for n in names if n in tensors), 0)
-    for start in range(0, T, CHUNK):
-        rows = {**tensors, **{n: tensors[n][start:start + CHUNK] for n in names if n in tensors}}
-        _run(judge, target, case, rows, verdict, start)
+    names = [n for n in ROW_LOCAL[verdict.stage] if n in tensors]
+    for start in range(0, case.tokens, CHUNK):
+        rows = {**tensors, **{n: tensors[n][start:start + CHUNK] for n in names}}
+        _run(judge, target, chunk_case(case, rows, start), rows, verdict, start)
         if verdict.status != PASS:
             break
     return verdict
+
+
+def chunk_case(case: TraceCase, rows: dict, first_token: int) -> TraceCase:
+    """The case of a chunk of a step's tokens: its rows, from its first token's position (its label the step's)."""
+    return replace(case, start_pos=case.start_pos + first_token, inputs=tuple(rows.items()),
+                               tokens=min(CHUNK, case.tokens - first_token))
 
 
 def _run(judge, target, case, tensors, verdict: Verdict, first_token: int = 0) -> Verdict:
@@ -222,10 +232,15 @@ AT = re.compile(r"at (?:\(([\d, ]+)\)|token (\d+) head (\d+) channel (\d+)|\(t=(
 
 
 def locate(message: str, v: Verdict, first_token: int = 0) -> str:
-    """The judge's message, led by the failure's place: position (start_pos + t), head, channel."""
+    """The judge's message, led by the failure's place: position (start_pos + t), head, channel.  A
+    chunk's message (first_token: the chunk's in the step) has its token index counted from the step's
+    first token, as the whole step's judge would have it (its count of values off is the chunk's)."""
     m = AT.search(message)
     if not m:
         return message
+    if first_token:
+        message = shift_tokens(message, first_token)
+        m = AT.search(message)
     if m.group(1):
         index = [int(i) for i in m.group(1).split(",")]
     else:
@@ -235,8 +250,18 @@ def locate(message: str, v: Verdict, first_token: int = 0) -> str:
         axes = "thc"
     parts = []
     for axis, i in zip(axes, index):
-        parts.append(f"{AXIS_NAMES[axis]} {v.step.start_pos + first_token + i if axis == 't' else i}")
+        parts.append(f"{AXIS_NAMES[axis]} {v.step.start_pos + i if axis == 't' else i}")
     return (", ".join(parts) + ": " if parts else "") + message
+
+
+def shift_tokens(message: str, first_token: int) -> str:
+    """The message with the first index (the token's, in a chunk) of every place it names moved on by first_token."""
+    def shifted(m: re.Match) -> str:
+        group = next(g for g in (1, 2, 5) if m.group(g))
+        at = m.start(group) - m.start()
+        token = re.match(r"\d+", m.group(group)).group()
+        return m.group()[:at] + str(int(token) + first_token) + m.group()[at + len(token):]
+    return AT.sub(shifted, message)
 
 
 # ------------------------------------------------------------------------------------------------
