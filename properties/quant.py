@@ -789,12 +789,18 @@ def e4m3_codes(x) -> np.ndarray:
     return _e4m3_table()[index]
 
 
+_CHUNK = 2 ** 16                        # values a slice of an FP8 weight is drawn in
+
+
 def fp8_weight(rng, n: int, k: int, block: int, exponents=(-14, -8)) -> tuple[np.ndarray, np.ndarray]:
     """A checkpoint-like E4M3 weight [n, k]: normal values with their amax near 448, and one E8M0
     scale per block×block block, 2^e with e uniform in `exponents` (so the blocks' scales differ)."""
-    values = rng.standard_normal((n, k))
-    values *= 128
-    codes = e4m3_codes(np.clip(values, -448, 448, out=values).astype(F32))
+    codes = np.empty((n, k), np.uint8)
+    rows = max(1, _CHUNK // k)          # drawn a slice of rows at a time: the same draws, in cache
+    for r in range(0, n, rows):
+        values = rng.standard_normal((min(rows, n - r), k))
+        values *= 128
+        codes[r:r + rows] = e4m3_codes(np.clip(values, -448, 448, out=values).astype(F32))
     lo, hi = exponents
     scales = (127 + rng.integers(lo, hi + 1, (-(-n // block), k // block))).astype(np.uint8)
     return codes, scales

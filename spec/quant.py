@@ -467,12 +467,28 @@ def fp8_linear_blocks(x, w_codes, w_scales, block: int):
     xq, xs = fp8_quantize(x, block)
     lead = xq.shape[:-1]
     a = np.moveaxis(_e4m3_integers(xq).reshape(-1, k // block, block), 1, 0)            # [nb, M, b]
-    w = np.moveaxis(_e4m3_integers(w_codes).reshape(n, k // block, block), 1, 0)        # [nb, N, b]
+    sums, mags = _block_dots(a, w_codes, block)                                         # [M, N, nb]
     unit = 2.0 ** -18
-    sums = np.moveaxis(a @ np.swapaxes(w, 1, 2), 0, -1) * unit                           # [M, N, nb]
-    mags = np.moveaxis(np.abs(a) @ np.swapaxes(np.abs(w), 1, 2), 0, -1) * unit
+    sums *= unit
+    mags *= unit
     scale = e8m0_decode(xs).astype(np.float64).reshape(-1, 1, k // block) * _weight_scales(w_scales, n, block)[None]
     return tuple(t.reshape(*lead, n, k // block) for t in (sums, mags, scale))
+
+
+_DOT_CHUNK = 2 ** 15     # weight values a slice of _block_dots holds
+
+
+def _block_dots(a, w_codes, block: int):
+    """Per K block, Σ a·w and Σ|a|·|w| [M, N, nb] of the activation's E4M3 integers a [nb, M, b] and
+    the weight's; a slice of weight rows at a time (the same exact sums, in cache)."""
+    n, k = w_codes.shape
+    sums, mags = (np.empty((a.shape[1], n, k // block)) for _ in range(2))
+    rows = max(1, _DOT_CHUNK // k)
+    for r in range(0, n, rows):
+        w = np.transpose(_e4m3_integers(w_codes[r:r + rows]).reshape(-1, k // block, block), (1, 2, 0))  # [nb, b, rows]
+        sums[:, r:r + rows] = np.moveaxis(a @ w, 0, -1)
+        mags[:, r:r + rows] = np.moveaxis(np.abs(a) @ np.abs(w), 0, -1)
+    return sums, mags
 
 
 def fp8_linear(x, w_codes, w_scales, block: int) -> np.ndarray:

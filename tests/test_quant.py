@@ -229,6 +229,32 @@ def test_float8_dtypes_are_accepted_as_bytes():
 
 
 # ---------------------------------------------------------------------------------------------
+# FP8.LINEAR's drawn weights and exact block sums, computed a slice of rows at a time
+# ---------------------------------------------------------------------------------------------
+
+def test_an_fp8_weight_drawn_in_slices_is_the_weight_of_one_draw():
+    from dsv4spec.properties.quant import e4m3_codes, fp8_weight
+    n, k, block = 300, 512, 128                      # slices of 128 rows, the last one partial
+    codes, scales = fp8_weight(np.random.default_rng(3), n, k, block)
+    rng = np.random.default_rng(3)
+    values = np.clip(rng.standard_normal((n, k)) * 128, -448, 448).astype(np.float32)
+    assert np.array_equal(codes, e4m3_codes(values))
+    assert np.array_equal(scales, (127 + rng.integers(-14, -7, (3, 4))).astype(np.uint8))
+
+
+def test_fp8_linear_block_sums_are_the_exact_integer_dots():
+    from dsv4spec.properties.quant import fp8_activation, fp8_weight
+    n, k, block = 100, 1024, 128                     # slices of 32 weight rows, the last one partial
+    w, w_scale = fp8_weight(np.random.default_rng(4), n, k, block)
+    x = fp8_activation(np.random.default_rng(5), (3, k))
+    sums, mags, _ = Q.fp8_linear_blocks(x, w, w_scale, block)
+    a = Q._e4m3_integers(Q.fp8_quantize(x, block)[0]).astype(np.int64).reshape(3, k // block, block)
+    b = Q._e4m3_integers(w).astype(np.int64).reshape(n, k // block, block)
+    assert np.array_equal(sums, np.einsum("mkb,nkb->mnk", a, b) * 2.0 ** -18)
+    assert np.array_equal(mags, np.einsum("mkb,nkb->mnk", abs(a), abs(b)) * 2.0 ** -18)
+
+
+# ---------------------------------------------------------------------------------------------
 # FP8.LINEAR: act_quant's span shows where one run of activations is an outlier (issue 35)
 # ---------------------------------------------------------------------------------------------
 

@@ -45,14 +45,14 @@ def verify(tmp_path, *args):
 def test_a_segfault_and_a_hang_cost_only_their_rules(tmp_path):
     (tmp_path / "crashy.py").write_text(CRASHY)
     result, seconds = verify(tmp_path, "--target", "crashy", "--target", "impl", "--rules", "FMT.E2M1,FMT.E4M3.RNE",
-                             "--isolate", "--timeout", "2", "--json", "r.json")
+                             "--isolate", "--timeout", "2", "--json", "r.json", "--max-examples", "10")
     assert result.returncode == 1, result.stdout + result.stderr
     rows = {(r["target"], r["rule"]): r for r in json.loads((tmp_path / "r.json").read_text())["results"]}
     crashed = rows[("crashy", "FMT.E2M1.RNE")]
     assert crashed["status"] == "ERROR" and "died (signal SIGSEGV) in e2m1_encode" in crashed["detail"]
     hung = rows[("crashy", "FMT.E4M3.RNE")]
     assert hung["status"] == "TIMEOUT" and "e4m3_encode did not return within 2 s" in hung["detail"]
-    assert "--timeout 2 --isolate" in hung["reproduce"]
+    assert "--timeout 2 --max-examples 10 --isolate" in hung["reproduce"]
     assert rows[("crashy", "FMT.E2M1.VALUES")]["status"] == "PASS"              # e2m1_decode is fine
     assert {r["status"] for (t, _), r in rows.items() if t == "impl"} == {"PASS"}
     assert seconds < 120
