@@ -36,12 +36,12 @@ thorough: $(BIN)/.installed
 	$(BIN)/dsv4spec verify --profile thorough --jobs $(VERIFY_JOBS) --json thorough.json --markdown thorough.md
 	$(BIN)/dsv4spec coverage --profile thorough
 	TRITON_INTERPRET=1 $(BIN)/dsv4spec mutate --jobs $(VERIFY_JOBS) --json mutate.json --markdown mutate.md
-	OMP_NUM_THREADS=1 TRITON_INTERPRET=1 $(BIN)/python -m pytest -n $(JOBS) -q -m thorough tests
+	OMP_NUM_THREADS=1 TRITON_INTERPRET=1 $(BIN)/python -m pytest -n $(JOBS) --dist worksteal -q -m thorough tests
 
 # One torch thread a worker: pytest-xdist already runs a worker per core, and torch's own threads on
 # top of them cost a third more CPU time on small tensors (no result depends on the thread count).
 test: $(BIN)/.installed
-	OMP_NUM_THREADS=1 TRITON_INTERPRET=1 $(BIN)/python -m pytest -n $(JOBS) -q tests
+	OMP_NUM_THREADS=1 TRITON_INTERPRET=1 $(BIN)/python -m pytest -n $(JOBS) --dist worksteal -q tests
 
 spec: $(BIN)/.installed
 	$(BIN)/dsv4spec spec --write SPEC.md
