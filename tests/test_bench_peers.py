@@ -70,10 +70,11 @@ def test_a_missing_package_skips_every_shape_with_one_reason(tmp_path):
 
 
 def test_a_hanging_peer_is_stopped_at_the_budget(tmp_path):
-    got = flaggems(fake_flaggems(tmp_path, {2: "hang"}), budget=8.0)     # a child answers a shape in ~1-3 s
-    assert got["1x64x8"]["validity"] == "valid"
-    assert got["2x64x8"]["error"].startswith("timed out")
-    assert got["3x64x8"] == {"skipped": "the FlagGems budget (8 s) was spent"}
+    """The first shape hangs: nothing here waits on how fast a child answers (the segfault test keeps the
+    rows answered before a failure)."""
+    got = flaggems(fake_flaggems(tmp_path, {1: "hang"}), budget=3.0)
+    assert got["1x64x8"]["error"].startswith("timed out")
+    assert got["2x64x8"] == got["3x64x8"] == {"skipped": "the FlagGems budget (3 s) was spent"}
 
 
 def row(ours, **peers):
