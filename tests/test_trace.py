@@ -653,7 +653,8 @@ def test_a_long_prefill_s_attention_is_judged_by_token_chunks_at_its_positions(t
     ("ROPE.POSITIONS", "q_attn_rot", [(280, 3, 500)], "position 280, head 3, channel 500"),
     ("ROPE.POSITIONS", "kv_rot", [(300, 450)], "position 300, channel 450"),
     ("ATTN.DEROTATE", "o_derot", [(257, 15, 511)], "position 257, head 15, channel 511"),
-    ("PATH.QDQ", "kv_window", [(270, 7), (301, 8)], "position 270, channel 7")])      # its judge lists each place
+    ("PATH.QDQ", "kv_window", [(270, 7), (301, 8)], "position 270, channel 7"),       # its judge lists each place
+    ("ATTN.PROB.ORDER", "o", [(300, 2, 100)], "position 300, head 2, channel 100")])
 def test_a_deviation_in_a_late_token_chunk_is_located_at_its_absolute_position(tmp_path, monkeypatch, rule, stage,
                                                                                places, named):
     """A prefill of 320 tokens judged CHUNK = 256 tokens at a time, each chunk a case from its own first
@@ -675,6 +676,23 @@ def test_a_deviation_in_a_late_token_chunk_is_located_at_its_absolute_position(t
     assert [(v.stage, v.status) for v in chunked] == [(v.stage, v.status) for v in whole] == [(stage, "FAIL")]
     for v in chunked + whole:
         assert v.detail.startswith(named + ": ") and all(f"at {p}" in v.detail for p in places), v.detail[:400]
+    assert "the counts are of positions 256-319, the first chunk that departs" in chunked[0].detail
+    assert "chunk" not in whole[0].detail, whole[0].detail[-300:]
+
+
+def test_a_chunk_s_attention_reads_only_the_kv_rows_its_lists_name():
+    """reads_only: the rows the lists name, in order, the lists renumbered into them (the same rows
+    gathered); lists naming a row the KV lacks are left for the judge to report."""
+    from dsv4spec.trace.judge import reads_only
+    kv = np.arange(40.0).reshape(10, 4)
+    indices = np.array([[7, 3, -1], [3, 9, 7]], dtype=np.int32)
+    rows = reads_only({"kv": kv, "indices": indices, "o": 0})
+    assert rows["indices"].dtype == np.int32 and rows["indices"].tolist() == [[1, 0, -1], [0, 2, 1]]
+    named = indices != -1
+    assert (rows["kv"][rows["indices"][named]] == kv[indices[named]]).all() and len(rows["kv"]) == 3
+    for wrong in ([[10, 3, -1]], [[-2, 3, 1]]):
+        kept = reads_only({"kv": kv, "indices": np.array(wrong)})
+        assert kept["kv"] is kv and kept["indices"].tolist() == wrong
 
 
 @pytest.mark.thorough

@@ -196,10 +196,36 @@ def _run_by_rows(judge, target, case, tensors, verdict: Verdict) -> Verdict:
     names = [n for n in ROW_LOCAL[verdict.stage] if n in tensors]
     for start in range(0, case.tokens, CHUNK):
         rows = {**tensors, **{n: tensors[n][start:start + CHUNK] for n in names}}
+        rows = reads_only(rows) if verdict.stage == "o" else rows
         _run(judge, target, chunk_case(case, rows, start), rows, verdict, start)
         if verdict.status != PASS:
+            if case.tokens > CHUNK:
+                verdict.detail += chunk_said(case, start)
             break
     return verdict
+
+
+def reads_only(rows: dict) -> dict:
+    """A chunk's attention with only the KV rows its lists name, the lists renumbered into them: the same
+    rows gathered, so the same values judged, without the whole step's KV converted and scanned per chunk
+    (which made a prefill's judge grow with its tokens squared).  Lists naming a row the KV lacks are left
+    as they are, for the judge to report."""
+    kv, indices = rows.get("kv"), rows.get("indices")
+    if kv is None or indices is None:
+        return rows
+    named = indices != -1
+    used = np.unique(indices[named])
+    if used.size and (used[0] < 0 or used[-1] >= len(kv)):
+        return rows
+    renumbered = np.where(named, np.searchsorted(used, indices), -1).astype(indices.dtype)
+    return {**rows, "kv": kv[used], "indices": renumbered}
+
+
+def chunk_said(case: TraceCase, start: int) -> str:
+    """What a chunked verdict's counts cover: the chunk judged last, not the whole step."""
+    end = min(start + CHUNK, case.tokens) - 1
+    return (f" [judged {CHUNK} tokens at a time: the counts are of positions {case.start_pos + start}"
+            f"-{case.start_pos + end}, the first chunk that departs; the step's later tokens were not judged]")
 
 
 def chunk_case(case: TraceCase, rows: dict, first_token: int) -> TraceCase:
