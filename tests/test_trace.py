@@ -682,7 +682,7 @@ def test_a_deviation_in_a_late_token_chunk_is_located_at_its_absolute_position(t
 
 def test_a_chunk_s_attention_reads_only_the_kv_rows_its_lists_name():
     """reads_only: the rows the lists name, in order, the lists renumbered into them (the same rows
-    gathered); lists naming a row the KV lacks are left for the judge to report."""
+    gathered); lists naming a row the KV lacks, or none, are left as they are."""
     from dsv4spec.trace.judge import reads_only
     kv = np.arange(40.0).reshape(10, 4)
     indices = np.array([[7, 3, -1], [3, 9, 7]], dtype=np.int32)
@@ -690,7 +690,7 @@ def test_a_chunk_s_attention_reads_only_the_kv_rows_its_lists_name():
     assert rows["indices"].dtype == np.int32 and rows["indices"].tolist() == [[1, 0, -1], [0, 2, 1]]
     named = indices != -1
     assert (rows["kv"][rows["indices"][named]] == kv[indices[named]]).all() and len(rows["kv"]) == 3
-    for wrong in ([[10, 3, -1]], [[-2, 3, 1]]):
+    for wrong in ([[10, 3, -1]], [[-2, 3, 1]], [[-1, -1, -1]]):
         kept = reads_only({"kv": kv, "indices": np.array(wrong)})
         assert kept["kv"] is kv and kept["indices"].tolist() == wrong
 

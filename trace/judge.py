@@ -208,14 +208,14 @@ def _run_by_rows(judge, target, case, tensors, verdict: Verdict) -> Verdict:
 def reads_only(rows: dict) -> dict:
     """A chunk's attention with only the KV rows its lists name, the lists renumbered into them: the same
     rows gathered, so the same values judged, without the whole step's KV converted and scanned per chunk
-    (which made a prefill's judge grow with its tokens squared).  Lists naming a row the KV lacks are left
-    as they are, for the judge to report."""
+    (which made a prefill's judge grow with its tokens squared).  Lists naming a row the KV lacks, or no
+    row at all (the judge reads row 0 for −1), are left as they are."""
     kv, indices = rows.get("kv"), rows.get("indices")
     if kv is None or indices is None:
         return rows
     named = indices != -1
     used = np.unique(indices[named])
-    if used.size and (used[0] < 0 or used[-1] >= len(kv)):
+    if not used.size or used[0] < 0 or used[-1] >= len(kv):
         return rows
     renumbered = np.where(named, np.searchsorted(used, indices), -1).astype(indices.dtype)
     return {**rows, "kv": kv[used], "indices": renumbered}
