@@ -647,6 +647,7 @@ def test_a_long_prefill_s_attention_is_judged_by_token_chunks_at_its_positions(t
     monkeypatch.setattr(trace_judge, "CHUNK", 3)
     chunked = departing(judged(tmp_path, rules=["ATTN.PROB"]))[0]
     assert whole.detail.split(":")[0] == chunked.detail.split(":")[0] and "position" in whole.detail
+    assert "the step's later tokens were not judged]" in chunked.detail and "chunk" not in whole.detail
 
 
 @pytest.mark.parametrize("rule, stage, places, named", [
@@ -676,7 +677,7 @@ def test_a_deviation_in_a_late_token_chunk_is_located_at_its_absolute_position(t
     assert [(v.stage, v.status) for v in chunked] == [(v.stage, v.status) for v in whole] == [(stage, "FAIL")]
     for v in chunked + whole:
         assert v.detail.startswith(named + ": ") and all(f"at {p}" in v.detail for p in places), v.detail[:400]
-    assert "the counts are of positions 256-319, the first chunk that departs" in chunked[0].detail
+    assert "the counts are of positions 256-319, the first chunk that departs]" in chunked[0].detail   # the last
     assert "chunk" not in whole[0].detail, whole[0].detail[-300:]
 
 

@@ -199,7 +199,7 @@ def _run_by_rows(judge, target, case, tensors, verdict: Verdict) -> Verdict:
         rows = reads_only(rows) if verdict.stage == "o" else rows
         _run(judge, target, chunk_case(case, rows, start), rows, verdict, start)
         if verdict.status != PASS:
-            if case.tokens > CHUNK:
+            if verdict.status == FAIL and case.tokens > CHUNK:
                 verdict.detail += chunk_said(case, start)
             break
     return verdict
@@ -222,10 +222,11 @@ def reads_only(rows: dict) -> dict:
 
 
 def chunk_said(case: TraceCase, start: int) -> str:
-    """What a chunked verdict's counts cover: the chunk judged last, not the whole step."""
-    end = min(start + CHUNK, case.tokens) - 1
+    """What a chunked FAIL's counts cover: the chunk judged last, not the whole step."""
+    end = min(start + CHUNK, case.tokens)
+    later = "; the step's later tokens were not judged" if end < case.tokens else ""
     return (f" [judged {CHUNK} tokens at a time: the counts are of positions {case.start_pos + start}"
-            f"-{case.start_pos + end}, the first chunk that departs; the step's later tokens were not judged]")
+            f"-{case.start_pos + end - 1}, the first chunk that departs{later}]")
 
 
 def chunk_case(case: TraceCase, rows: dict, first_token: int) -> TraceCase:
