@@ -10,6 +10,16 @@ import os
 import sys
 
 
+# The device files a GPU driver makes on Linux: NVIDIA's, ROCm's and WSL2's.  Where none exists torch
+# sees no GPU, and a process that only asks whether there is one need not import torch (1.1-1.5 CPU s).
+GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
+
+
+def no_gpu_here() -> bool:
+    """True only where torch cannot see a GPU: a Linux machine with none of GPU_DEVICE_FILES."""
+    return sys.platform.startswith("linux") and not any(os.path.exists(f) for f in GPU_DEVICE_FILES)
+
+
 class TritonModeMismatch(RuntimeError):
     """Triton was imported in the other mode than the one the kernels need."""
 

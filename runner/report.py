@@ -50,6 +50,8 @@ import sys
 import tempfile
 import xml.etree.ElementTree as ET
 
+from dsv4spec.triton_mode import no_gpu_here
+
 from ..spec import RULES
 from .contract import printable
 from .suite import ERROR, FAIL, NOT_IMPLEMENTED, NOT_JUDGED, PASS, SKIP, TIMEOUT, VARIANT, Row
@@ -76,12 +78,30 @@ def environment() -> dict:
     """The machine part of a report's header."""
     import datetime
     import platform
-    import torch
-    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] \
-        if torch.cuda.is_available() else []
-    return {"python": platform.python_version(), "torch": torch.__version__,
+    gpus = _gpu_names()
+    return {"python": platform.python_version(), "torch": _torch_version(),
             "device": "cuda" if gpus else "cpu", "gpus": gpus,
             "date": datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()}
+
+
+def _gpu_names() -> list[str]:
+    if "torch" not in sys.modules and no_gpu_here():    # a supervisor of CPU workers: no torch to import
+        return []
+    import torch
+    return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] \
+        if torch.cuda.is_available() else []
+
+
+def _torch_version() -> str:
+    """torch.__version__, read from the installed package's metadata where torch is not imported."""
+    if "torch" not in sys.modules:
+        import importlib.metadata
+        try:
+            return importlib.metadata.version("torch")
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    import torch
+    return torch.__version__
 
 
 def header_line(header: dict) -> str:

@@ -30,6 +30,7 @@ from multiprocessing.connection import wait
 
 from dsv4spec.interpreter import skip_dead_overflow_checks
 from dsv4spec.processes import in_group, processes_left
+from dsv4spec.triton_mode import no_gpu_here
 
 from . import suite
 from .suite import ERROR, TIMEOUT, Row
@@ -67,6 +68,8 @@ def visible_gpus() -> list[str]:
     listed = os.environ.get("CUDA_VISIBLE_DEVICES")
     if listed is not None:
         return [d for d in listed.split(",") if d.strip()]
+    if no_gpu_here():               # the supervisor of workers on the CPU never imports torch
+        return []
     try:
         import torch
         return [str(i) for i in range(torch.cuda.device_count())]

@@ -75,3 +75,31 @@ def test_jobs_2_reports_what_jobs_1_reports(tmp_path):
     assert any(r["status"] == "FAIL" for r in reports[0]["results"])
     assert reports[1]["header"]["workers"] == 2 and len(reports[1]["header"]["worker_devices"]) == 2
     assert one.stdout.split("\n", 1)[1] == two.stdout.split("\n", 1)[1]        # the same text but the header line
+
+
+SUPERVISOR = """
+import sys
+from dsv4spec.runner import report, workers
+devices, header = workers.devices_for(2), report.environment()
+print('torch' in sys.modules, header['torch'], header['device'], devices)
+"""
+
+
+def test_the_supervisor_of_cpu_workers_never_imports_torch_and_names_its_version():
+    """Where no GPU driver's device file exists, the command that only hands rules to workers
+    (--isolate, --jobs) counts no GPU and reads torch's version without importing it (1-1.5 CPU s)."""
+    import torch
+    from dsv4spec.triton_mode import no_gpu_here
+    if not no_gpu_here():
+        import pytest
+        pytest.skip("a GPU driver's device file is here: the supervisor asks torch")
+    done = subprocess.run([sys.executable, "-c", SUPERVISOR], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": HOME})
+    assert done.stdout.split() == ["False", torch.__version__, "cpu", "[None,", "None]"], done.stdout + done.stderr
+
+
+def test_a_gpu_drivers_device_file_sends_the_question_to_torch(monkeypatch):
+    from dsv4spec import triton_mode
+    for present in triton_mode.GPU_DEVICE_FILES:
+        monkeypatch.setattr(triton_mode.os.path, "exists", lambda path: path == present)
+        assert not triton_mode.no_gpu_here(), present
