@@ -49,7 +49,12 @@ LONG_TAIL = {
     "test_kernels_indexer.py::test_topk_filter_reservations_across_many_tiles": 3,
     "test_kernels_indexer.py::test_topk_sync_free_block_mask": 2,
     # the control's codec rules through a BF16-only port: test_official runs every rule at fp32
-    "test_official.py::test_a_bf16_only_port_passes_every_codec_rule": 10,
+    "test_official.py::test_a_bf16_only_port_passes_every_codec_rule": 5,
+    # the cast targets' rows (`make verify` runs both on every rule, unasserted): make test asserts the rows
+    # that are not PASS (ml_dtypes' FAIL naming its overflow, the n/i of what a cast lacks) and one PASS each
+    "test_formats.py::test_cast_target_rows":
+        lambda cases: [c for c in cases if c.name.split("-")[1].rstrip("]") in (
+            "FMT.E4M3.SATFINITE", "FMT.CEIL_LOG2", "FMT.E2M1.VALUES", "FMT.E8M0.VALUES")],
     # every mutant of a codec rule is caught (test_mutants); its focus on the other rules is sampled: the
     # cheapest case (11 s; e2m1_zero_sign_lost, the CRC's pick, 54 s), still three rules of two families
     "test_mutants_quant.py::test_mutant_fails_only_its_own_rules": ("[e8m0_scale_one_too_low]",),
