@@ -78,30 +78,25 @@ def environment() -> dict:
     """The machine part of a report's header."""
     import datetime
     import platform
-    gpus = _gpu_names()
-    return {"python": platform.python_version(), "torch": _torch_version(),
+    version, gpus = _torch_and_gpus()
+    return {"python": platform.python_version(), "torch": version,
             "device": "cuda" if gpus else "cpu", "gpus": gpus,
             "date": datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()}
 
 
-def _gpu_names() -> list[str]:
-    if "torch" not in sys.modules and no_gpu_here():    # a supervisor of CPU workers: no torch to import
-        return []
-    import torch
-    return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] \
-        if torch.cuda.is_available() else []
-
-
-def _torch_version() -> str:
-    """torch.__version__, read from the installed package's metadata where torch is not imported."""
-    if "torch" not in sys.modules:
+def _torch_and_gpus() -> tuple[str, list[str]]:
+    """torch's version and the GPUs it sees; where torch is not imported and no GPU driver is here (a
+    supervisor of CPU workers), the version from the installed package's metadata, without importing it."""
+    if "torch" not in sys.modules and no_gpu_here():
         import importlib.metadata
         try:
-            return importlib.metadata.version("torch")
+            return importlib.metadata.version("torch"), []
         except importlib.metadata.PackageNotFoundError:
             pass
     import torch
-    return torch.__version__
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] \
+        if torch.cuda.is_available() else []
+    return torch.__version__, gpus
 
 
 def header_line(header: dict) -> str:

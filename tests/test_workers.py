@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 import dsv4spec
 
 HOME = str(Path(dsv4spec.__file__).resolve().parent.parent)
@@ -91,7 +93,6 @@ def test_the_supervisor_of_cpu_workers_never_imports_torch_and_names_its_version
     import torch
     from dsv4spec.triton_mode import no_gpu_here
     if not no_gpu_here():
-        import pytest
         pytest.skip("a GPU driver's device file is here: the supervisor asks torch")
     done = subprocess.run([sys.executable, "-c", SUPERVISOR], capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": HOME})
